@@ -1,0 +1,9 @@
+//! sans-IO protocol codecs for sluice.
+//!
+//! Owns: byte-level encoding and decoding of device and cloud protocols, and pure helpers on
+//! their data (topic validation and matching). Does not own: sockets, clocks, tasks or any
+//! runtime — callers hand in bytes and get packets back, so everything here is deterministic,
+//! property-tested and fuzzed. Invariant: no input bytes can make any function here panic.
+#![forbid(unsafe_code)]
+
+pub mod mqtt;

@@ -1,0 +1,2 @@
+//! Per-core data plane. (in progress)
+pub mod ack;
