@@ -15,8 +15,11 @@
 
 mod decode;
 mod encode;
+mod properties;
+mod reason_codes;
 pub mod topic;
 mod types;
+mod wire;
 
 pub use decode::{DecodeError, Decoder};
 pub use encode::{encode, EncodeError};

@@ -1,20 +1,63 @@
-//! Topic names and filters (MQTT §4.7). (Implementation in progress.)
+//! Topic names and topic filters (MQTT 3.1.1 and 5.0 §4.7).
+//!
+//! Owns: validity of names and filters and matching one against the other. Does not own:
+//! shared-subscription prefixes (`$share/{group}/`), which the session strips before matching,
+//! or topic aliases.
+//!
+//! Rules: levels are separated by `/` and may be empty. A topic name is non-empty, at most
+//! 65535 bytes, and has no `+`, `#` or U+0000. A filter is the same except that `+` may fill a
+//! whole level anywhere and `#` may fill a whole level only as the last one. `#` also matches
+//! the parent level (`sport/#` matches `sport`); `+` matches exactly one level, which may be
+//! empty. Topics starting with `$` are not matched by a filter whose first level is a wildcard.
+//!
+//! Invariants: nothing here allocates or panics; [`matches`] is linear in the shorter input.
+//! [`matches`] assumes a valid filter and name; on invalid input it returns some answer.
+
+/// Longest topic name or filter: a UTF-8 string's length prefix is a `u16`.
+const MAX_LEN: usize = u16::MAX as usize;
 
 /// A topic name a client may publish to: non-empty, no wildcards, no NUL, ≤ 65535 bytes.
 pub fn valid_topic_name(topic: &str) -> bool {
-    let _ = topic;
-    todo!()
+    !topic.is_empty()
+        && topic.len() <= MAX_LEN
+        && !topic.bytes().any(|b| matches!(b, b'+' | b'#' | 0))
 }
 
 /// A topic filter a client may subscribe to: `+` fills a whole level, `#` only last and whole.
 pub fn valid_topic_filter(filter: &str) -> bool {
-    let _ = filter;
-    todo!()
+    if filter.is_empty() || filter.len() > MAX_LEN {
+        return false;
+    }
+    let mut levels = filter.split('/').peekable();
+    while let Some(level) = levels.next() {
+        let is_last = levels.peek().is_none();
+        let valid = match level {
+            "+" => true,
+            "#" => is_last,
+            _ => !level.bytes().any(|b| matches!(b, b'+' | b'#' | 0)),
+        };
+        if !valid {
+            return false;
+        }
+    }
+    true
 }
 
 /// Whether `filter` matches `topic`. Wildcards at the first level do not match topics that
 /// begin with `$` (§4.7.2).
 pub fn matches(filter: &str, topic: &str) -> bool {
-    let _ = (filter, topic);
-    todo!()
+    if topic.starts_with('$') && matches!(filter.as_bytes().first(), Some(b'+' | b'#')) {
+        return false;
+    }
+    let mut filter_levels = filter.split('/');
+    let mut topic_levels = topic.split('/');
+    loop {
+        match (filter_levels.next(), topic_levels.next()) {
+            (Some("#"), _) => return true,
+            (Some("+"), Some(_)) => {}
+            (Some(f), Some(t)) if f == t => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
 }
