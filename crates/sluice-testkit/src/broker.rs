@@ -160,8 +160,16 @@ impl MosquittoBuilder {
         };
         let mut last_error = None;
         for _attempt in 0..BIND_ATTEMPTS {
-            broker.plain_port = if self.plain_listener { Some(free_port()?) } else { None };
-            broker.tls_port = if tls_files.is_some() { Some(free_port()?) } else { None };
+            broker.plain_port = if self.plain_listener {
+                Some(free_port()?)
+            } else {
+                None
+            };
+            broker.tls_port = if tls_files.is_some() {
+                Some(free_port()?)
+            } else {
+                None
+            };
             let conf = self.render(&broker, tls_files.as_ref());
             fs::write(&broker.conf_path, conf)
                 .with_context(|| format!("writing {}", broker.conf_path.display()))?;
@@ -171,8 +179,9 @@ impl MosquittoBuilder {
                 Err(LaunchError::Other(e)) => return Err(e),
             }
         }
-        Err(last_error.unwrap_or_else(|| anyhow!("no start attempt was made")))
-            .context(format!("mosquitto could not bind free ports in {BIND_ATTEMPTS} attempts"))
+        Err(last_error.unwrap_or_else(|| anyhow!("no start attempt was made"))).context(format!(
+            "mosquitto could not bind free ports in {BIND_ATTEMPTS} attempts"
+        ))
     }
 
     fn render(&self, broker: &Mosquitto, tls_files: Option<&TlsFiles>) -> String {
@@ -370,7 +379,9 @@ impl Mosquitto {
             // `kill` fails only if the process was already reaped, which `take` rules out;
             // if it already exited on its own, `wait` below still reaps it.
             let _ = child.kill();
-            child.wait().context("reaping the killed mosquitto process")?;
+            child
+                .wait()
+                .context("reaping the killed mosquitto process")?;
         }
         Ok(())
     }
@@ -443,7 +454,9 @@ impl Mosquitto {
                     self.conf_path.display(),
                     self.log_tail(LOG_TAIL_LINES)
                 );
-                if new_log.contains("Address already in use") || stderr.contains("Address already in use") {
+                if new_log.contains("Address already in use")
+                    || stderr.contains("Address already in use")
+                {
                     return Err(LaunchError::AddressInUse(error));
                 }
                 return Err(LaunchError::Other(error));
@@ -480,7 +493,10 @@ pub fn find_mosquitto() -> anyhow::Result<PathBuf> {
         if path.is_file() {
             return Ok(path);
         }
-        bail!("${MOSQUITTO_BIN_ENV} points to {}, which is not a file", path.display());
+        bail!(
+            "${MOSQUITTO_BIN_ENV} points to {}, which is not a file",
+            path.display()
+        );
     }
     let mut candidates = vec![
         PathBuf::from("/usr/sbin/mosquitto"),
@@ -500,7 +516,8 @@ pub fn find_mosquitto() -> anyhow::Result<PathBuf> {
 fn copy_tls_files(files: &TlsFiles, dir: &Path) -> anyhow::Result<TlsFiles> {
     let copy = |from: &Path, name: &str| -> anyhow::Result<PathBuf> {
         let to = dir.join(name);
-        fs::copy(from, &to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
         Ok(to)
     };
     Ok(TlsFiles {
@@ -513,7 +530,9 @@ fn copy_tls_files(files: &TlsFiles, dir: &Path) -> anyhow::Result<TlsFiles> {
 /// Whether this process runs as root, judged by the owner of a directory it just created
 /// (avoids `unsafe` libc calls).
 fn running_as_root(fresh_dir: &Path) -> bool {
-    fs::metadata(fresh_dir).map(|m| m.uid() == 0).unwrap_or(false)
+    fs::metadata(fresh_dir)
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
 }
 
 fn tail(text: &str, lines: usize) -> String {

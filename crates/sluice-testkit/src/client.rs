@@ -173,7 +173,10 @@ impl TestClient {
     /// Connect to `addr`, send CONNECT and wait for CONNACK. Returns the CONNACK whatever its
     /// code — a refused connection is `Ok` with a non-zero `code` (the broker then closes it);
     /// `Err` means no CONNACK arrived (TCP/TLS failure, close, timeout, bad bytes).
-    pub async fn connect(addr: SocketAddr, opts: ConnectOpts) -> anyhow::Result<(TestClient, ConnAck)> {
+    pub async fn connect(
+        addr: SocketAddr,
+        opts: ConnectOpts,
+    ) -> anyhow::Result<(TestClient, ConnAck)> {
         let deadline = Instant::now() + opts.timeout;
         let mut client = TestClient::open(addr, &opts).await?;
         let connect = Connect {
@@ -186,11 +189,17 @@ impl TestClient {
             password: opts.password,
             properties: opts.properties,
         };
-        client.send_packet(&Packet::Connect(connect)).await.context("sending CONNECT")?;
+        client
+            .send_packet(&Packet::Connect(connect))
+            .await
+            .context("sending CONNECT")?;
         match client.read_next(deadline).await? {
             Incoming::Packet(Packet::ConnAck(connack)) => Ok((client, connack)),
             Incoming::Packet(other) => {
-                bail!("{addr} sent {} before CONNACK (protocol violation)", other.name())
+                bail!(
+                    "{addr} sent {} before CONNACK (protocol violation)",
+                    other.name()
+                )
             }
             Incoming::Duplicate => bail!("{addr} sent PUBLISH before CONNACK"),
             Incoming::TimedOut => bail!("no CONNACK from {addr} within {:?}", opts.timeout),
@@ -213,10 +222,13 @@ impl TestClient {
             Some((config, name)) => {
                 let server_name = ServerName::try_from(name.clone())
                     .with_context(|| format!("{name:?} is not a valid TLS server name"))?;
-                let tls = timeout_at(deadline, TlsConnector::from(config.clone()).connect(server_name, tcp))
-                    .await
-                    .map_err(|_| anyhow!("TLS handshake with {addr} timed out"))?
-                    .with_context(|| format!("TLS handshake with {addr} as {name:?}"))?;
+                let tls = timeout_at(
+                    deadline,
+                    TlsConnector::from(config.clone()).connect(server_name, tcp),
+                )
+                .await
+                .map_err(|_| anyhow!("TLS handshake with {addr} timed out"))?
+                .with_context(|| format!("TLS handshake with {addr} as {name:?}"))?;
                 Box::new(tls)
             }
         };
@@ -250,7 +262,10 @@ impl TestClient {
     }
     /// Publishes received but not yet taken by [`TestClient::recv`].
     pub fn buffered_publishes(&self) -> usize {
-        self.inbox.iter().filter(|p| matches!(p, Packet::Publish(_))).count()
+        self.inbox
+            .iter()
+            .filter(|p| matches!(p, Packet::Publish(_)))
+            .count()
     }
 
     /// Publish and wait for the flow to complete: nothing for QoS 0 (returns 0 once written),
@@ -278,7 +293,11 @@ impl TestClient {
         qos: QoS,
         retain: bool,
     ) -> anyhow::Result<Option<u16>> {
-        let packet_id = if qos == QoS::AtMostOnce { None } else { Some(self.allocate_packet_id()?) };
+        let packet_id = if qos == QoS::AtMostOnce {
+            None
+        } else {
+            Some(self.allocate_packet_id()?)
+        };
         let publish = Publish {
             dup: false,
             qos,
@@ -288,7 +307,9 @@ impl TestClient {
             properties: None,
             payload: payload.into(),
         };
-        self.send_packet(&Packet::Publish(publish)).await.context("sending PUBLISH")?;
+        self.send_packet(&Packet::Publish(publish))
+            .await
+            .context("sending PUBLISH")?;
         Ok(packet_id)
     }
 
@@ -325,7 +346,10 @@ impl TestClient {
                 },
             })
             .collect();
-        Ok(self.subscribe_with(filters, Properties::default()).await?.codes)
+        Ok(self
+            .subscribe_with(filters, Properties::default())
+            .await?
+            .codes)
     }
 
     /// Subscribe with full MQTT 5 options and properties; returns the whole SUBACK.
@@ -336,12 +360,20 @@ impl TestClient {
     ) -> anyhow::Result<SubAck> {
         let packet_id = self.allocate_packet_id()?;
         let result = async {
-            self.send_packet(&Packet::Subscribe(Subscribe { packet_id, filters, properties }))
-                .await
-                .context("sending SUBSCRIBE")?;
+            self.send_packet(&Packet::Subscribe(Subscribe {
+                packet_id,
+                filters,
+                properties,
+            }))
+            .await
+            .context("sending SUBSCRIBE")?;
             let deadline = Instant::now() + self.ack_timeout;
             match self
-                .wait_for_or_fail(deadline, "SUBACK", |p| matches!(p, Packet::SubAck(s) if s.packet_id == packet_id))
+                .wait_for_or_fail(
+                    deadline,
+                    "SUBACK",
+                    |p| matches!(p, Packet::SubAck(s) if s.packet_id == packet_id),
+                )
                 .await?
             {
                 Packet::SubAck(suback) => Ok(suback),
@@ -363,10 +395,16 @@ impl TestClient {
                 filters: filters.iter().map(|f| ByteString::from(*f)).collect(),
                 properties: Properties::default(),
             };
-            self.send_packet(&Packet::Unsubscribe(unsubscribe)).await.context("sending UNSUBSCRIBE")?;
+            self.send_packet(&Packet::Unsubscribe(unsubscribe))
+                .await
+                .context("sending UNSUBSCRIBE")?;
             let deadline = Instant::now() + self.ack_timeout;
             match self
-                .wait_for_or_fail(deadline, "UNSUBACK", |p| matches!(p, Packet::UnsubAck(u) if u.packet_id == packet_id))
+                .wait_for_or_fail(
+                    deadline,
+                    "UNSUBACK",
+                    |p| matches!(p, Packet::UnsubAck(u) if u.packet_id == packet_id),
+                )
                 .await?
             {
                 Packet::UnsubAck(unsuback) => Ok(unsuback.codes),
@@ -383,13 +421,20 @@ impl TestClient {
     /// `Ok(None)` if none arrives within `timeout`; `Err` if the connection closed, the broker
     /// sent DISCONNECT, or it sent bytes that do not decode.
     pub async fn recv(&mut self, timeout: Duration) -> anyhow::Result<Option<Publish>> {
-        if let Some(pos) = self.inbox.iter().position(|p| matches!(p, Packet::Publish(_))) {
+        if let Some(pos) = self
+            .inbox
+            .iter()
+            .position(|p| matches!(p, Packet::Publish(_)))
+        {
             if let Some(Packet::Publish(publish)) = self.inbox.remove(pos) {
                 return Ok(Some(publish));
             }
         }
         let deadline = Instant::now() + timeout;
-        match self.wait_for(deadline, "PUBLISH", |p| matches!(p, Packet::Publish(_))).await {
+        match self
+            .wait_for(deadline, "PUBLISH", |p| matches!(p, Packet::Publish(_)))
+            .await
+        {
             Ok(Packet::Publish(publish)) => Ok(Some(publish)),
             Ok(other) => bail!("internal error: recv matched {}", other.name()),
             Err(WaitError::TimedOut) => Ok(None),
@@ -418,16 +463,24 @@ impl TestClient {
     /// Send PINGREQ and wait for PINGRESP; returns the round-trip time.
     pub async fn ping(&mut self) -> anyhow::Result<Duration> {
         let start = Instant::now();
-        self.send_packet(&Packet::PingReq).await.context("sending PINGREQ")?;
+        self.send_packet(&Packet::PingReq)
+            .await
+            .context("sending PINGREQ")?;
         let deadline = start + self.ack_timeout;
-        self.wait_for_or_fail(deadline, "PINGRESP", |p| matches!(p, Packet::PingResp)).await?;
+        self.wait_for_or_fail(deadline, "PINGRESP", |p| matches!(p, Packet::PingResp))
+            .await?;
         Ok(start.elapsed())
     }
 
     /// Send DISCONNECT (normal disconnection, so no will) and close the connection.
     pub async fn disconnect(mut self) -> anyhow::Result<()> {
-        let disconnect = Disconnect { reason: reason::SUCCESS, properties: Properties::default() };
-        self.send_packet(&Packet::Disconnect(disconnect)).await.context("sending DISCONNECT")?;
+        let disconnect = Disconnect {
+            reason: reason::SUCCESS,
+            properties: Properties::default(),
+        };
+        self.send_packet(&Packet::Disconnect(disconnect))
+            .await
+            .context("sending DISCONNECT")?;
         // The broker may close first; a failed shutdown changes nothing for the test.
         let _ = self.io.shutdown().await;
         Ok(())
@@ -445,7 +498,14 @@ impl TestClient {
             io.flush().await
         })
         .await
-        .map_err(|_| anyhow!("writing {} to {} blocked for {:?}", packet.name(), self.peer, self.ack_timeout))?
+        .map_err(|_| {
+            anyhow!(
+                "writing {} to {} blocked for {:?}",
+                packet.name(),
+                self.peer,
+                self.ack_timeout
+            )
+        })?
         .with_context(|| format!("writing {} to {}", packet.name(), self.peer))
     }
 
@@ -503,10 +563,12 @@ impl TestClient {
     ) -> anyhow::Result<Packet> {
         let allowed = deadline.saturating_duration_since(Instant::now());
         let peer = self.peer;
-        self.wait_for(deadline, what, wanted).await.map_err(|e| match e {
-            WaitError::TimedOut => anyhow!("no {what} from {peer} within {allowed:?}"),
-            WaitError::Failed(e) => e,
-        })
+        self.wait_for(deadline, what, wanted)
+            .await
+            .map_err(|e| match e {
+                WaitError::TimedOut => anyhow!("no {what} from {peer} within {allowed:?}"),
+                WaitError::Failed(e) => e,
+            })
     }
 
     /// Wait until a packet satisfying `wanted` arrives (checking the inbox first), keeping
@@ -530,7 +592,11 @@ impl TestClient {
                         "{} sent DISCONNECT (reason 0x{:02X}{}) while we waited for {what}",
                         self.peer,
                         d.reason,
-                        d.properties.reason_string.as_ref().map(|s| format!(": {s}")).unwrap_or_default()
+                        d.properties
+                            .reason_string
+                            .as_ref()
+                            .map(|s| format!(": {s}"))
+                            .unwrap_or_default()
                     )))
                 }
                 Incoming::Packet(Packet::PingResp | Packet::PubRel(_)) => {}
@@ -586,11 +652,13 @@ impl TestClient {
             Packet::Publish(publish) => match (publish.qos, publish.packet_id) {
                 (QoS::AtMostOnce, _) => {}
                 (QoS::AtLeastOnce, Some(id)) => {
-                    self.send_packet(&Packet::PubAck(response(id, reason::SUCCESS))).await?;
+                    self.send_packet(&Packet::PubAck(response(id, reason::SUCCESS)))
+                        .await?;
                 }
                 (QoS::ExactlyOnce, Some(id)) => {
                     let first_time = self.awaiting_pubrel.insert(id);
-                    self.send_packet(&Packet::PubRec(response(id, reason::SUCCESS))).await?;
+                    self.send_packet(&Packet::PubRec(response(id, reason::SUCCESS)))
+                        .await?;
                     if !first_time {
                         return Ok(Incoming::Duplicate);
                     }
@@ -598,15 +666,19 @@ impl TestClient {
                 (_, None) => bail!("{} sent a QoS > 0 PUBLISH without a packet id", self.peer),
             },
             Packet::PubRel(r) => {
-                let code = if self.awaiting_pubrel.remove(&r.packet_id) || self.version == ProtocolVersion::V311 {
+                let code = if self.awaiting_pubrel.remove(&r.packet_id)
+                    || self.version == ProtocolVersion::V311
+                {
                     reason::SUCCESS
                 } else {
                     reason::PACKET_IDENTIFIER_NOT_FOUND
                 };
-                self.send_packet(&Packet::PubComp(response(r.packet_id, code))).await?;
+                self.send_packet(&Packet::PubComp(response(r.packet_id, code)))
+                    .await?;
             }
             Packet::PubRec(r) if r.reason < 0x80 => {
-                self.send_packet(&Packet::PubRel(response(r.packet_id, reason::SUCCESS))).await?;
+                self.send_packet(&Packet::PubRel(response(r.packet_id, reason::SUCCESS)))
+                    .await?;
             }
             _ => {}
         }
@@ -639,5 +711,9 @@ impl From<anyhow::Error> for WaitError {
 }
 
 fn response(packet_id: u16, code: u8) -> PubResponse {
-    PubResponse { packet_id, reason: code, properties: None }
+    PubResponse {
+        packet_id,
+        reason: code,
+        properties: None,
+    }
 }

@@ -18,7 +18,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 pub fn free_port() -> anyhow::Result<u16> {
     let listener =
         TcpListener::bind(("127.0.0.1", 0)).context("binding 127.0.0.1:0 to find a free port")?;
-    let port = listener.local_addr().context("reading the bound address")?.port();
+    let port = listener
+        .local_addr()
+        .context("reading the bound address")?
+        .port();
     Ok(port)
 }
 
