@@ -179,6 +179,9 @@ impl TestPki {
 
     /// Like [`TestPki::rustls_client_config`] but offering exactly `versions` (e.g. TLS 1.2
     /// only, to check that a server refuses it).
+    ///
+    /// # Panics
+    /// If `versions` is empty (a bug in the test).
     pub fn rustls_client_config_with_versions(
         &self,
         with_client_cert: bool,

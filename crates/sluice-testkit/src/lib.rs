@@ -2,10 +2,29 @@
 //!
 //! Owns: a throw-away PKI generated at test time ([`certs`]), a real Mosquitto broker as a
 //! child process ([`broker`]), an MQTT test client on sluice-proto's codec ([`client`]),
-//! free-port helpers ([`ports`]).
-//! Does not own: any production code path — nothing here is linked into the `sluice` binary.
+//! free-port helpers ([`ports`]). Does not own: any production code path — nothing here is
+//! linked into the `sluice` binary.
+//!
 //! Invariants: hermetic (temp dirs, loopback ports, no system trust store); every resource a
-//! helper starts is released when its handle is dropped.
+//! helper starts (broker process, temp dir) is released when its handle is dropped.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use sluice_proto::mqtt::QoS;
+//! use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
+//!
+//! let pki = TestPki::generate();
+//! let cloud = Mosquitto::builder().tls(&pki).start()?; // TLS 1.3 only
+//! let tls = pki.rustls_client_config(false);
+//! let (mut sub, _) =
+//!     TestClient::connect(cloud.tls_addr(), ConnectOpts::v5("sub").with_tls(tls, "localhost")).await?;
+//! sub.subscribe(&[("sensors/#", QoS::AtLeastOnce)]).await?;
+//! let (mut publ, _) = TestClient::connect(cloud.plain_addr(), ConnectOpts::v311("pub")).await?;
+//! assert_eq!(publ.publish("sensors/t", &b"21.5"[..], QoS::AtLeastOnce, false).await?, 0);
+//! let message = sub.recv(std::time::Duration::from_secs(5)).await?.expect("delivered");
+//! assert_eq!(&message.payload[..], b"21.5");
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod broker;
