@@ -1,1 +1,262 @@
-//! (in progress)
+//! Cloud uplink: one MQTT session per (shard, uplink) to a cloud broker, over TLS 1.3, QoS 1.
+//!
+//! Owns: the per-uplink byte-bounded queue ([`UplinkQueue`]), the topic mapping ([`UplinkRoute`]),
+//! the TLS client configuration ([`client_tls_config`]), the session task ([`spawn`]) that
+//! connects, publishes, receives PUBACKs and downlink PUBLISHes, and the uplink metrics
+//! ([`UplinkMetrics`]). Does not own: deciding which uplinks a device message goes to (the shard
+//! calls [`UplinkRoute::forwards`] and pushes a clone per uplink, sharing the [`AckToken`]),
+//! acknowledging devices (the device connection drains its `DeviceAcks`), what is done with a
+//! downlink message (the `downlink` callback), or config parsing and validation (`config/`).
+//!
+//! Everything here runs on one shard thread inside a `LocalSet` (`Rc`, `RefCell`,
+//! `spawn_local`, no locks); shards share nothing, so every shard has its own cloud session
+//! with client id `"{client_id}-{shard}"`.
+//!
+//! # Path of one message
+//! device connection → `UplinkQueue::push` (reserves bytes; waits while the queue is full, which
+//! stops the device connection reading its socket) → session task takes it when the inflight
+//! window has room, maps its topic, encodes it with others into one write → cloud PUBACK →
+//! `AckToken::complete` (the device gets its PUBACK once every uplink completed) → bytes released.
+//!
+//! # Invariants
+//! - **Bounded memory.** A message's bytes (topic + payload + [`MESSAGE_OVERHEAD_BYTES`]) are
+//!   reserved when it is pushed and released only when it is finished: cloud PUBACK (QoS 1),
+//!   written to the socket (QoS 0), or dropped with a counted reason. So `capacity_bytes` covers
+//!   queued *and* inflight messages. Overflow policy: QoS 1 back-pressures the device
+//!   ([`UplinkQueue::push`] waits); QoS 0 is dropped by the caller on [`UplinkQueue::try_push`]
+//!   failure (reason `uplink_queue_full`). One message larger than the capacity is admitted
+//!   when nothing else is held, so a big message can never wedge a device.
+//! - **Order.** The queue is FIFO and the session sends in queue order. When a connection ends,
+//!   every unacknowledged inflight message goes back to the *front* of the queue in its original
+//!   order and is resent first (with DUP set) on the next connection, so per-device order is kept
+//!   (modulo at-least-once duplicates).
+//! - **Ack after cloud ack.** An [`AckToken`] is completed only when the cloud broker PUBACKed the
+//!   message — with three documented exceptions where resending can never help and a device must
+//!   not be stuck forever, each counted in `sluice_uplink_dropped_total{reason}`:
+//!   `too_large_for_cloud` (bigger than the broker's Maximum Packet Size),
+//!   `invalid_for_cloud` (cannot be encoded, e.g. a templated topic over 65535 bytes) and
+//!   `cloud_rejected` (an MQTT 5 PUBACK with a failure reason code such as Not Authorized).
+//!   QoS 0 messages in a write that fails are lost (`connection_lost`), as QoS 0 allows.
+//! - Network input never panics the process; a protocol error closes only this session.
+//!
+//! # Reconnect policy
+//! Any failure (cloud unreachable, TLS failure, CONNECT refused, protocol error, keep-alive
+//! timeout, EOF) logs one WARN line naming who is to blame and the retry delay, then waits a
+//! jittered exponential backoff: attempt *n* waits a random delay in `[d/2, d]` with
+//! `d = min(reconnect_max, reconnect_min · 2ⁿ)`. The attempt counter resets after a connection
+//! stayed up at least `max(reconnect_max, 10 s)`. The session never gives up; only shutdown ends
+//! it (sending DISCONNECT when connected). Each connection starts a clean session
+//! (`clean_start = true`), re-subscribes to the `receive` filters and resends what was inflight.
+
+mod metrics;
+mod queue;
+mod route;
+mod session;
+mod tls;
+
+pub use metrics::{DropReason, UplinkMetrics, UplinkState};
+pub use queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
+pub use route::UplinkRoute;
+pub use session::spawn;
+pub use tls::client_tls_config;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use bytestring::ByteString;
+use sluice_proto::mqtt::QoS;
+
+use crate::shard::ack::AckToken;
+
+/// One message on its way to the cloud.
+#[derive(Debug)]
+pub struct UplinkMessage {
+    /// The device's client id (for `{device}` in topic templates).
+    pub device: ByteString,
+    /// The local topic.
+    pub topic: ByteString,
+    pub payload: Bytes,
+    /// `AtMostOnce` or `AtLeastOnce` (`ExactlyOnce` is sent as `AtLeastOnce`).
+    pub qos: QoS,
+    pub retain: bool,
+    /// When the gateway read it from the device (start of the ack-latency histogram).
+    pub received_at: Instant,
+    /// `Some` for QoS ≥ 1: completed when the cloud PUBACKs (see the module invariants).
+    pub ack: Option<AckToken>,
+}
+
+impl UplinkMessage {
+    /// Bytes this message holds in an [`UplinkQueue`] from push until it is finished.
+    pub fn cost(&self) -> usize {
+        self.topic.len() + self.payload.len() + MESSAGE_OVERHEAD_BYTES
+    }
+
+    /// Whether the cloud must acknowledge it (QoS ≥ 1 towards the cloud).
+    pub fn needs_cloud_ack(&self) -> bool {
+        self.qos != QoS::AtMostOnce
+    }
+}
+
+/// Who is to blame for an [`UplinkError`] (for the log line and for whoever reads it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The cloud broker or the network to it; retrying can help.
+    Cloud,
+    /// Our own configuration or files; retrying helps only once they are fixed.
+    Local,
+}
+
+impl Blame {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Blame::Cloud => "cloud",
+            Blame::Local => "local",
+        }
+    }
+}
+
+/// What failed in the uplink.
+#[derive(Debug, thiserror::Error)]
+pub enum UplinkError {
+    // --- start-up (TLS files) ---
+    #[error("cannot read {what} file {path}: {source}")]
+    ReadFile {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} file {path} contains no PEM certificate")]
+    NoCertificates { what: &'static str, path: PathBuf },
+    #[error("key file {path} contains no PEM private key (PKCS#8, PKCS#1 or SEC1)")]
+    NoPrivateKey { path: PathBuf },
+    #[error("CA certificate in {path} was rejected: {source}")]
+    BadCaCertificate {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("no CA certificates: ca_file is not set and no system bundle was found (tried SSL_CERT_FILE and {tried})")]
+    NoSystemRoots { tried: &'static str },
+    #[error("cert_file and key_file must be set together (got only {given})")]
+    HalfClientIdentity { given: &'static str },
+    #[error("client certificate {cert} or key {key} was rejected: {source}")]
+    BadClientIdentity {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("TLS configuration: {0}")]
+    TlsConfig(#[source] rustls::Error),
+    #[error("uplink url asks for TLS but no TLS client configuration was given")]
+    TlsConfigMissing,
+    #[error("uplink url is plaintext but allow_plaintext is false")]
+    PlaintextNotAllowed,
+    #[error("invalid TLS server name {0:?}")]
+    InvalidServerName(String),
+
+    // --- connecting ---
+    #[error("cloud broker {addr} unreachable: {source}")]
+    CloudUnreachable {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connecting timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("TLS handshake with the cloud broker failed: {0}")]
+    TlsHandshake(#[source] std::io::Error),
+    #[error("cloud broker refused CONNECT: code {code:#04x} ({reason})")]
+    ConnectRefused { code: u8, reason: &'static str },
+    #[error("cloud broker supports only QoS 0 (CONNACK Maximum QoS 0)")]
+    CloudQoS0Only,
+
+    // --- connected ---
+    #[error("protocol error from the cloud broker: {0}")]
+    Protocol(String),
+    #[error("cloud broker sent undecodable bytes: {0}")]
+    Decode(#[from] sluice_proto::mqtt::DecodeError),
+    #[error("encoding a packet failed: {0}")]
+    Encode(#[from] sluice_proto::mqtt::EncodeError),
+    #[error("connection to the cloud broker lost: {0}")]
+    ConnectionLost(#[source] std::io::Error),
+    #[error("cloud broker closed the connection")]
+    ClosedByCloud,
+    #[error("cloud broker sent DISCONNECT with reason {0:#04x}")]
+    DisconnectedByCloud(u8),
+    #[error("no packet from the cloud broker for {0:?} (keep-alive)")]
+    KeepAliveTimeout(Duration),
+    #[error("write to the cloud broker stalled for {0:?}")]
+    WriteTimeout(Duration),
+}
+
+impl UplinkError {
+    /// Who is to blame: the cloud side (retrying can help) or our own configuration.
+    pub fn blame(&self) -> Blame {
+        use UplinkError::*;
+        match self {
+            ReadFile { .. }
+            | NoCertificates { .. }
+            | NoPrivateKey { .. }
+            | BadCaCertificate { .. }
+            | NoSystemRoots { .. }
+            | HalfClientIdentity { .. }
+            | BadClientIdentity { .. }
+            | TlsConfig(_)
+            | TlsConfigMissing
+            | PlaintextNotAllowed
+            | InvalidServerName(_)
+            | Encode(_) => Blame::Local,
+            // A refused CONNECT for bad credentials is arguably ours, but only the cloud knows.
+            CloudUnreachable { .. }
+            | ConnectTimeout(_)
+            | TlsHandshake(_)
+            | ConnectRefused { .. }
+            | CloudQoS0Only
+            | Protocol(_)
+            | Decode(_)
+            | ConnectionLost(_)
+            | ClosedByCloud
+            | DisconnectedByCloud(_)
+            | KeepAliveTimeout(_)
+            | WriteTimeout(_) => Blame::Cloud,
+        }
+    }
+}
+
+/// Reason text for a CONNACK code (3.1.1 return codes or MQTT 5 reason codes).
+pub(crate) fn connack_reason(version: sluice_proto::mqtt::ProtocolVersion, code: u8) -> &'static str {
+    use sluice_proto::mqtt::{reason::*, ProtocolVersion};
+    match version {
+        ProtocolVersion::V311 => match code {
+            V3_UNACCEPTABLE_PROTOCOL_VERSION => "unacceptable protocol version",
+            V3_IDENTIFIER_REJECTED => "client identifier rejected",
+            V3_SERVER_UNAVAILABLE => "server unavailable",
+            V3_BAD_USER_NAME_OR_PASSWORD => "bad user name or password",
+            V3_NOT_AUTHORIZED => "not authorized",
+            _ => "unknown return code",
+        },
+        ProtocolVersion::V5 => match code {
+            UNSPECIFIED_ERROR => "unspecified error",
+            MALFORMED_PACKET => "malformed packet",
+            PROTOCOL_ERROR => "protocol error",
+            IMPLEMENTATION_SPECIFIC_ERROR => "implementation specific error",
+            UNSUPPORTED_PROTOCOL_VERSION => "unsupported protocol version",
+            CLIENT_IDENTIFIER_NOT_VALID => "client identifier not valid",
+            BAD_USER_NAME_OR_PASSWORD => "bad user name or password",
+            NOT_AUTHORIZED => "not authorized",
+            SERVER_UNAVAILABLE => "server unavailable",
+            SERVER_BUSY => "server busy",
+            PACKET_TOO_LARGE => "packet too large",
+            QUOTA_EXCEEDED => "quota exceeded",
+            0x8A => "banned",
+            0x8C => "bad authentication method",
+            0x9C => "use another server",
+            0x9D => "server moved",
+            0x9F => "connection rate exceeded",
+            _ => "unknown reason code",
+        },
+    }
+}

@@ -1,0 +1,348 @@
+//! The per-uplink FIFO between a shard's device connections and its cloud session task.
+//!
+//! Bound: bytes. A message costs [`UplinkMessage::cost`] (topic + payload +
+//! [`MESSAGE_OVERHEAD_BYTES`]); the cost is reserved at push and released by the session only
+//! when the message is finished (PUBACK, QoS 0 written, or a counted drop), so the bound
+//! covers waiting and inflight messages alike. A message is admitted when it fits, or when
+//! nothing at all is reserved (so one message bigger than the whole capacity still passes,
+//! alone). Overflow: [`UplinkQueue::push`] waits (back-pressure: the device connection stops
+//! reading its socket); [`UplinkQueue::try_push`] hands the message back (the caller drops it
+//! and counts `uplink_queue_full`). Waiting pushers are woken together when bytes are released
+//! and admitted in the order the runtime polls them; there is no stricter fairness.
+//!
+//! Shared with `Rc` on one shard thread; every `RefCell` borrow is released before any await.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use super::{DropReason, UplinkMessage, UplinkMetrics};
+
+/// Bytes charged per message on top of topic and payload (struct, packet header, bookkeeping).
+pub const MESSAGE_OVERHEAD_BYTES: usize = 64;
+
+/// A message in the queue, and whether it was sent before (it is resent with DUP set).
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) msg: UplinkMessage,
+    pub(crate) resend: bool,
+}
+
+#[derive(Debug)]
+pub struct UplinkQueue {
+    capacity_bytes: usize,
+    state: RefCell<State>,
+    /// Bytes were released: waiting pushers re-check.
+    space: Notify,
+    /// A message was queued: the session task re-checks (one stored permit at most).
+    ready: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    waiting: VecDeque<Queued>,
+    /// Cost of waiting plus inflight messages.
+    reserved_bytes: usize,
+    /// Where depth, bytes and `uplink_queue_full` drops are reported (set by [`super::spawn`]).
+    metrics: Option<Arc<UplinkMetrics>>,
+}
+
+impl UplinkQueue {
+    /// A queue holding at most `capacity_bytes` of waiting and inflight messages. Its metrics
+    /// are attached by [`super::spawn`] (the session's [`UplinkMetrics`]).
+    pub fn new(capacity_bytes: usize) -> UplinkQueue {
+        UplinkQueue {
+            capacity_bytes,
+            state: RefCell::new(State::default()),
+            space: Notify::new(),
+            ready: Notify::new(),
+        }
+    }
+
+    /// [`UplinkQueue::new`] reporting depth, bytes and refused pushes to `metrics` at once.
+    pub fn with_metrics(capacity_bytes: usize, metrics: Arc<UplinkMetrics>) -> UplinkQueue {
+        let q = UplinkQueue::new(capacity_bytes);
+        q.attach_metrics(metrics);
+        q
+    }
+
+    /// Report to `metrics` from now on: `queue_messages`, `queue_bytes`, and
+    /// `dropped_total{reason="uplink_queue_full"}` for every refused [`UplinkQueue::try_push`].
+    pub fn attach_metrics(&self, metrics: Arc<UplinkMetrics>) {
+        let mut st = self.state.borrow_mut();
+        st.metrics = Some(metrics);
+        Self::update_gauges(&st);
+    }
+
+    /// Queue `msg`, waiting while its bytes do not fit. Never waits when nothing is reserved.
+    /// Cancel-safe: dropping the future before it completes drops `msg` unqueued.
+    pub async fn push(&self, msg: UplinkMessage) {
+        let cost = msg.cost();
+        loop {
+            let released = self.space.notified();
+            tokio::pin!(released);
+            // Register before checking, so a release between the check and the await wakes us.
+            released.as_mut().enable();
+            if self.admits(cost) {
+                self.admit(msg, cost);
+                return;
+            }
+            released.await;
+        }
+    }
+
+    /// Queue `msg` if its bytes fit now; otherwise hand it back (for QoS 0: the caller drops
+    /// it). A refusal is counted in this uplink's `dropped_total{reason="uplink_queue_full"}`
+    /// (the caller may count it in its own metrics too).
+    // Handing the message back by value is the point (no allocation on the drop path).
+    #[allow(clippy::result_large_err)]
+    pub fn try_push(&self, msg: UplinkMessage) -> Result<(), UplinkMessage> {
+        let cost = msg.cost();
+        if self.admits(cost) {
+            self.admit(msg, cost);
+            Ok(())
+        } else {
+            if let Some(m) = &self.state.borrow().metrics {
+                m.record_drop(DropReason::QueueFull);
+            }
+            Err(msg)
+        }
+    }
+
+    /// Whether the reserved bytes reached the capacity (no message fits until some are released).
+    pub fn is_full(&self) -> bool {
+        self.state.borrow().reserved_bytes >= self.capacity_bytes
+    }
+
+    /// Messages waiting to be sent (inflight ones excluded).
+    pub fn len(&self) -> usize {
+        self.state.borrow().waiting.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes reserved by waiting and inflight messages.
+    pub fn reserved_bytes(&self) -> usize {
+        self.state.borrow().reserved_bytes
+    }
+
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity_bytes
+    }
+
+    fn admits(&self, cost: usize) -> bool {
+        let reserved = self.state.borrow().reserved_bytes;
+        reserved == 0 || reserved.saturating_add(cost) <= self.capacity_bytes
+    }
+
+    fn admit(&self, msg: UplinkMessage, cost: usize) {
+        {
+            let mut st = self.state.borrow_mut();
+            st.reserved_bytes += cost;
+            st.waiting.push_back(Queued { msg, resend: false });
+            Self::update_gauges(&st);
+        }
+        self.ready.notify_one();
+    }
+
+    fn update_gauges(st: &State) {
+        if let Some(m) = &st.metrics {
+            m.queue_messages.set(st.waiting.len() as i64);
+            m.queue_bytes.set(st.reserved_bytes as i64);
+        }
+    }
+
+    // ----- session side -----
+
+    /// Resolves after a message was queued since the last call (or immediately if a
+    /// notification is stored). Spurious wake-ups are possible: re-check.
+    pub(crate) async fn wait_ready(&self) {
+        self.ready.notified().await
+    }
+
+    /// Whether the front message exists and needs a cloud ack (`None`: queue empty).
+    pub(crate) fn front_needs_ack(&self) -> Option<bool> {
+        self.state.borrow().waiting.front().map(|q| q.msg.needs_cloud_ack())
+    }
+
+    /// Take the front message, unless it needs a cloud ack and `window_open` is false (order is
+    /// never skipped: a QoS 0 message behind it waits too). Its bytes stay reserved.
+    pub(crate) fn take_front(&self, window_open: bool) -> Option<Queued> {
+        let mut st = self.state.borrow_mut();
+        let front_needs_ack = st.waiting.front()?.msg.needs_cloud_ack();
+        if front_needs_ack && !window_open {
+            return None;
+        }
+        let q = st.waiting.pop_front();
+        Self::update_gauges(&st);
+        q
+    }
+
+    /// Put messages that were sent but not acknowledged back at the front, in the given
+    /// (original) order, marked for resend. Their bytes are still reserved.
+    pub(crate) fn requeue_front(&self, msgs: Vec<UplinkMessage>) {
+        if msgs.is_empty() {
+            return;
+        }
+        {
+            let mut st = self.state.borrow_mut();
+            for msg in msgs.into_iter().rev() {
+                st.waiting.push_front(Queued { msg, resend: true });
+            }
+            Self::update_gauges(&st);
+        }
+        self.ready.notify_one();
+    }
+
+    /// A message of `cost` bytes is finished: release its reservation and wake pushers.
+    pub(crate) fn release(&self, cost: usize) {
+        {
+            let mut st = self.state.borrow_mut();
+            // Invariant: every release matches one admitted message; saturate rather than panic.
+            st.reserved_bytes = st.reserved_bytes.saturating_sub(cost);
+            Self::update_gauges(&st);
+        }
+        self.space.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use bytestring::ByteString;
+    use sluice_proto::mqtt::QoS;
+    use std::time::Instant;
+
+    fn msg(topic: &str, payload_len: usize, qos: QoS) -> UplinkMessage {
+        UplinkMessage {
+            device: ByteString::from_static("dev"),
+            topic: ByteString::from(topic),
+            payload: Bytes::from(vec![7u8; payload_len]),
+            qos,
+            retain: false,
+            received_at: Instant::now(),
+            ack: None,
+        }
+    }
+
+    fn rt() -> (tokio::runtime::Runtime, tokio::task::LocalSet) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        (rt, tokio::task::LocalSet::new())
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[test]
+    fn queue_is_bounded_by_bytes_not_messages() {
+        let m = Arc::new(UplinkMetrics::new());
+        // Each message costs 1 + 36 + 64 = 101 bytes; three fit in 303, a fourth does not.
+        let q = UplinkQueue::with_metrics(303, m.clone());
+        for _ in 0..3 {
+            q.try_push(msg("t", 36, QoS::AtMostOnce)).unwrap();
+        }
+        assert!(q.is_full());
+        assert!(q.try_push(msg("t", 0, QoS::AtMostOnce)).is_err());
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.reserved_bytes(), 303);
+        assert_eq!(m.queue_messages.get(), 3);
+        assert_eq!(m.queue_bytes.get(), 303);
+        assert_eq!(m.dropped(DropReason::QueueFull), 1);
+    }
+
+    #[test]
+    fn bytes_stay_reserved_while_inflight_and_are_freed_on_release() {
+        let m = Arc::new(UplinkMetrics::new());
+        let q = UplinkQueue::with_metrics(202, m.clone());
+        q.try_push(msg("t", 36, QoS::AtLeastOnce)).unwrap();
+        q.try_push(msg("t", 36, QoS::AtLeastOnce)).unwrap();
+        let taken = q.take_front(true).unwrap();
+        assert_eq!(q.len(), 1);
+        // Taken (inflight) but not finished: still counts against the bound.
+        assert!(q.try_push(msg("t", 36, QoS::AtMostOnce)).is_err());
+        q.release(taken.msg.cost());
+        assert_eq!(m.queue_bytes.get(), 101);
+        q.try_push(msg("t", 36, QoS::AtMostOnce)).unwrap();
+    }
+
+    #[test]
+    fn push_waits_while_full_and_resumes_after_release() {
+        let (rt, local) = rt();
+        local.block_on(&rt, async {
+            let m = Arc::new(UplinkMetrics::new());
+            let q = std::rc::Rc::new(UplinkQueue::with_metrics(101, m));
+            q.push(msg("t", 36, QoS::AtLeastOnce)).await;
+            let q2 = q.clone();
+            let blocked = tokio::task::spawn_local(async move {
+                q2.push(msg("u", 36, QoS::AtLeastOnce)).await;
+            });
+            settle().await;
+            assert!(!blocked.is_finished(), "push must wait while the queue is full");
+            assert_eq!(q.len(), 1);
+            let first = q.take_front(true).unwrap();
+            settle().await;
+            assert!(!blocked.is_finished(), "taking for send does not free bytes");
+            q.release(first.msg.cost());
+            settle().await;
+            assert!(blocked.is_finished(), "release must wake the waiting push");
+            assert_eq!(q.take_front(true).unwrap().msg.topic, "u");
+        });
+    }
+
+    #[test]
+    fn a_message_larger_than_capacity_is_admitted_when_nothing_is_held() {
+        let (rt, local) = rt();
+        local.block_on(&rt, async {
+            let q = UplinkQueue::new(100);
+            q.push(msg("big", 10_000, QoS::AtLeastOnce)).await;
+            assert_eq!(q.len(), 1);
+            assert!(q.is_full());
+            // But not while something else is held.
+            assert!(q.try_push(msg("big", 10_000, QoS::AtMostOnce)).is_err());
+        });
+    }
+
+    #[test]
+    fn take_front_respects_the_window_and_never_skips_ahead() {
+        let q = UplinkQueue::new(10_000);
+        q.try_push(msg("a", 1, QoS::AtLeastOnce)).unwrap();
+        q.try_push(msg("b", 1, QoS::AtMostOnce)).unwrap();
+        assert!(q.take_front(false).is_none(), "QoS 1 front needs window room");
+        assert_eq!(q.take_front(true).unwrap().msg.topic, "a");
+        assert_eq!(q.front_needs_ack(), Some(false));
+        assert_eq!(q.take_front(false).unwrap().msg.topic, "b", "QoS 0 needs no window");
+        assert_eq!(q.front_needs_ack(), None);
+    }
+
+    #[test]
+    fn requeued_messages_go_first_in_original_order_marked_for_resend() {
+        let q = UplinkQueue::new(10_000);
+        for t in ["1", "2", "3", "4"] {
+            q.try_push(msg(t, 1, QoS::AtLeastOnce)).unwrap();
+        }
+        let a = q.take_front(true).unwrap();
+        let b = q.take_front(true).unwrap();
+        q.requeue_front(vec![a.msg, b.msg]);
+        let order: Vec<(String, bool)> = std::iter::from_fn(|| q.take_front(true))
+            .map(|q| (q.msg.topic.to_string(), q.resend))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                ("1".into(), true),
+                ("2".into(), true),
+                ("3".into(), false),
+                ("4".into(), false)
+            ]
+        );
+        assert_eq!(q.reserved_bytes(), 4 * 66);
+    }
+}

@@ -1,0 +1,748 @@
+//! The session task: one MQTT client connection to the cloud broker, reconnected forever.
+//!
+//! One task per (shard, uplink), spawned with `spawn_local` on the shard's `LocalSet`. The task
+//! owns the inflight map outright (no `RefCell`); it shares only the [`UplinkQueue`] with the
+//! shard's device connections.
+//!
+//! Per connection: TCP (`connect_timeout` covers TCP, TLS and CONNACK) → TLS 1.3 → CONNECT
+//! (`clean_start`, client id `"{client_id}-{shard}"`) → CONNACK → SUBSCRIBE `receive` filters
+//! (QoS 1) → serve loop. The serve loop first writes everything it can — pending control
+//! packets plus as many queued messages as the inflight window and [`MAX_BATCH_BYTES`] allow,
+//! encoded into one buffer and written with one `write_all` + flush — then waits for the first
+//! of: shutdown, bytes from the broker, a message queued while the window is open, or the
+//! keep-alive timer. A lone message is therefore written as soon as it is queued; batching only
+//! happens when messages are already waiting.
+//!
+//! Keep-alive: PINGREQ when nothing was written *or* nothing was read for `keep_alive` (the
+//! broker's Server Keep Alive wins in MQTT 5); the connection is dead when nothing was read for
+//! 1.5 × `keep_alive`. Writes that stall for that long (at least 5 s) also end the connection.
+//!
+//! Sizes: we accept packets up to [`MAX_INCOMING_PACKET_BYTES`] and (MQTT 5) tell the broker so,
+//! together with a Receive Maximum of [`DOWNLINK_RECEIVE_MAXIMUM`]; we request no topic aliases.
+//! Our window is `min(inflight, broker Receive Maximum)`, capped at 65534 so that a SUBSCRIBE
+//! always finds a free packet id. In MQTT 5 the downlink subscription sets No Local, so
+//! messages we publish are not echoed back when `forward` and `receive` overlap.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use bytestring::ByteString;
+use rand::Rng;
+use rustls::pki_types::ServerName;
+use sluice_proto::mqtt::{
+    encode, Connect, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse, Publish,
+    QoS, Subscribe, SubscribeFilter, SubscriptionOptions,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsConnector;
+use tracing::{debug, info, trace, warn};
+
+use super::queue::Queued;
+use super::{
+    connack_reason, DropReason, UplinkError, UplinkMessage, UplinkMetrics, UplinkQueue, UplinkRoute,
+    UplinkState,
+};
+use crate::config::{MqttProtocol, UplinkConfig};
+
+/// Most encoded bytes put into one write (tokio-rustls splits it into 16 KiB TLS records).
+pub const MAX_BATCH_BYTES: usize = 64 * 1024;
+/// Largest packet accepted from the cloud broker (MQTT 5: sent as Maximum Packet Size).
+pub const MAX_INCOMING_PACKET_BYTES: usize = 1024 * 1024;
+/// MQTT 5 Receive Maximum we announce: downlink QoS 1 messages unacknowledged at once.
+pub const DOWNLINK_RECEIVE_MAXIMUM: u16 = 64;
+/// A connection that stayed up this long (or `reconnect_max`, if longer) resets the backoff.
+const STABLE_CONNECTION: Duration = Duration::from_secs(10);
+/// Bound on writing DISCONNECT and closing TLS at shutdown.
+const SHUTDOWN_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+const READ_CHUNK: usize = 16 * 1024;
+/// Our inflight window never exceeds this, leaving one packet id for SUBSCRIBE.
+const MAX_WINDOW: usize = u16::MAX as usize - 1;
+
+/// Start the session task of one uplink on this shard. Must be called inside a `LocalSet`.
+/// The task runs until `shutdown` becomes `true` (or its sender is dropped); it then sends
+/// DISCONNECT if connected, leaves unacknowledged messages in `queue` and returns.
+///
+/// `tls` must be `Some` when `cfg.url.tls` (see [`super::client_tls_config`]); it is ignored for
+/// plaintext urls. `downlink` is called on the shard thread with every PUBLISH the cloud sends
+/// (topic unchanged), after its PUBACK was queued.
+pub fn spawn(
+    shard: usize,
+    cfg: Rc<UplinkConfig>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    queue: Rc<UplinkQueue>,
+    downlink: Rc<dyn Fn(Publish)>,
+    metrics: Arc<UplinkMetrics>,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let version = match cfg.protocol {
+        MqttProtocol::V311 => ProtocolVersion::V311,
+        MqttProtocol::V5 => ProtocolVersion::V5,
+    };
+    queue.attach_metrics(metrics.clone());
+    let session = Session {
+        shard,
+        client_id: ByteString::from(format!("{}-{}", cfg.client_id, shard)),
+        route: UplinkRoute::new(&cfg),
+        tls: tls.map(TlsConnector::from),
+        cfg,
+        queue,
+        downlink,
+        metrics,
+        version,
+        inflight: HashMap::new(),
+        next_packet_id: 1,
+        pending_subscribe: None,
+        send_seq: 0,
+    };
+    tokio::task::spawn_local(session.run(shutdown))
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
+
+/// One established connection (after a successful CONNACK).
+struct Connection {
+    io: Box<dyn Io>,
+    rbuf: BytesMut,
+    decoder: Decoder,
+    /// QoS 1 messages we may have unacknowledged.
+    window: usize,
+    /// The broker's Maximum Packet Size (`usize::MAX` when it set none).
+    max_packet: usize,
+    /// Zero disables keep-alive.
+    keep_alive: Duration,
+    retain_available: bool,
+}
+
+impl Connection {
+    fn io_timeout(&self) -> Duration {
+        if self.keep_alive.is_zero() {
+            Duration::from_secs(30)
+        } else {
+            (self.keep_alive * 3 / 2).max(Duration::from_secs(5))
+        }
+    }
+}
+
+/// A QoS 1 message written and not yet acknowledged; `seq` is its send order.
+struct Inflight {
+    seq: u64,
+    msg: UplinkMessage,
+}
+
+struct Session {
+    shard: usize,
+    cfg: Rc<UplinkConfig>,
+    tls: Option<TlsConnector>,
+    queue: Rc<UplinkQueue>,
+    downlink: Rc<dyn Fn(Publish)>,
+    metrics: Arc<UplinkMetrics>,
+    route: UplinkRoute,
+    version: ProtocolVersion,
+    client_id: ByteString,
+    inflight: HashMap<u16, Inflight>,
+    next_packet_id: u16,
+    pending_subscribe: Option<u16>,
+    send_seq: u64,
+}
+
+/// What woke the serve loop.
+enum Event {
+    Shutdown,
+    Read(std::io::Result<usize>),
+    Queued,
+    Timer,
+}
+
+impl Session {
+    async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = Backoff::new(self.cfg.reconnect_min, self.cfg.reconnect_max);
+        let stable_after = self.cfg.reconnect_max.max(STABLE_CONNECTION);
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            self.metrics.set_state(UplinkState::Connecting);
+            let connect_timeout = self.cfg.connect_timeout;
+            let attempt = tokio::select! {
+                r = tokio::time::timeout(connect_timeout, self.connect()) => {
+                    r.unwrap_or(Err(UplinkError::ConnectTimeout(connect_timeout)))
+                }
+                _ = shutdown_signal(&mut shutdown) => break,
+            };
+            let (error, was_connected) = match attempt {
+                Err(e) => {
+                    self.metrics.connect_failures.inc();
+                    (e, false)
+                }
+                Ok(mut conn) => {
+                    self.metrics.connects.inc();
+                    self.metrics.set_state(UplinkState::Connected);
+                    info!(
+                        shard = self.shard,
+                        uplink = %self.cfg.name,
+                        window = conn.window,
+                        keep_alive = ?conn.keep_alive,
+                        resending = self.queue.len(),
+                        "uplink connected"
+                    );
+                    let up_since = Instant::now();
+                    let result = self.serve(&mut conn, &mut shutdown).await;
+                    self.requeue_inflight();
+                    self.metrics.set_state(UplinkState::Disconnected);
+                    match result {
+                        Ok(()) => {
+                            info!(shard = self.shard, uplink = %self.cfg.name, "uplink disconnected for shutdown");
+                            break;
+                        }
+                        Err(e) => {
+                            if up_since.elapsed() >= stable_after {
+                                backoff.reset();
+                            }
+                            (e, true)
+                        }
+                    }
+                }
+            };
+            self.metrics.set_state(UplinkState::Disconnected);
+            let delay = backoff.next_delay();
+            if was_connected {
+                warn!(
+                    shard = self.shard,
+                    uplink = %self.cfg.name,
+                    blame = error.blame().as_str(),
+                    error = %error,
+                    retry_in = ?delay,
+                    "uplink connection lost; reconnecting"
+                );
+            } else {
+                warn!(
+                    shard = self.shard,
+                    uplink = %self.cfg.name,
+                    blame = error.blame().as_str(),
+                    error = %error,
+                    retry_in = ?delay,
+                    "uplink connect failed; retrying"
+                );
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown_signal(&mut shutdown) => break,
+            }
+        }
+        self.metrics.set_state(UplinkState::Disconnected);
+    }
+
+    /// TCP, TLS, CONNECT, CONNACK. The caller bounds it with `connect_timeout`.
+    async fn connect(&mut self) -> Result<Connection, UplinkError> {
+        let cfg = self.cfg.clone();
+        let host = cfg.url.host.as_str();
+        let port = cfg.url.port;
+        let tls = if cfg.url.tls {
+            let connector = self.tls.clone().ok_or(UplinkError::TlsConfigMissing)?;
+            let name = cfg.server_name.clone().unwrap_or_else(|| host.to_owned());
+            let server_name =
+                ServerName::try_from(name.clone()).map_err(|_| UplinkError::InvalidServerName(name))?;
+            Some((connector, server_name))
+        } else if !cfg.allow_plaintext {
+            return Err(UplinkError::PlaintextNotAllowed);
+        } else {
+            None
+        };
+        // Read at connect time so a rotated password is picked up on the next reconnect.
+        // A blocking read of a small local file, once per connection attempt.
+        let password = match &cfg.password_file {
+            Some(path) => Some(read_password(path)?),
+            None => None,
+        };
+
+        let tcp = TcpStream::connect((host, port))
+            .await
+            .map_err(|source| UplinkError::CloudUnreachable { addr: format!("{host}:{port}"), source })?;
+        // We coalesce writes ourselves; Nagle would only add latency to lone messages.
+        let _ = tcp.set_nodelay(true);
+        let mut io: Box<dyn Io> = match tls {
+            Some((connector, server_name)) => Box::new(
+                connector
+                    .connect(server_name, tcp)
+                    .await
+                    .map_err(UplinkError::TlsHandshake)?,
+            ),
+            None => Box::new(tcp),
+        };
+
+        let mut properties = Properties::default();
+        if self.version == ProtocolVersion::V5 {
+            properties.receive_maximum = Some(DOWNLINK_RECEIVE_MAXIMUM);
+            properties.maximum_packet_size = Some(MAX_INCOMING_PACKET_BYTES as u32);
+        }
+        let connect = Packet::Connect(Connect {
+            protocol: self.version,
+            clean_start: true,
+            keep_alive: keep_alive_secs(cfg.keep_alive),
+            client_id: self.client_id.clone(),
+            will: None,
+            username: cfg.username.as_deref().map(ByteString::from),
+            password,
+            properties,
+        });
+        let mut out = BytesMut::with_capacity(256);
+        encode(&connect, self.version, &mut out)?;
+        io.write_all(&out).await.map_err(UplinkError::ConnectionLost)?;
+        io.flush().await.map_err(UplinkError::ConnectionLost)?;
+
+        let mut decoder = Decoder::client(self.version, MAX_INCOMING_PACKET_BYTES);
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        let connack = loop {
+            if let Some(packet) = decoder.decode(&mut rbuf)? {
+                match packet {
+                    Packet::ConnAck(c) => break c,
+                    Packet::Disconnect(d) => return Err(UplinkError::DisconnectedByCloud(d.reason)),
+                    other => {
+                        return Err(UplinkError::Protocol(format!(
+                            "expected CONNACK, got {}",
+                            other.name()
+                        )))
+                    }
+                }
+            }
+            rbuf.reserve(READ_CHUNK);
+            let n = io.read_buf(&mut rbuf).await.map_err(UplinkError::ConnectionLost)?;
+            if n == 0 {
+                return Err(UplinkError::ClosedByCloud);
+            }
+        };
+        if connack.code != 0 {
+            return Err(UplinkError::ConnectRefused {
+                code: connack.code,
+                reason: connack_reason(self.version, connack.code),
+            });
+        }
+        let p = &connack.properties;
+        let receive_maximum = match p.receive_maximum {
+            Some(0) => return Err(UplinkError::Protocol("CONNACK Receive Maximum 0".into())),
+            Some(n) => n,
+            None => u16::MAX,
+        };
+        if p.maximum_qos == Some(0) {
+            return Err(UplinkError::CloudQoS0Only);
+        }
+        let keep_alive = match p.server_keep_alive {
+            Some(s) => Duration::from_secs(u64::from(s)),
+            None => Duration::from_secs(u64::from(keep_alive_secs(cfg.keep_alive))),
+        };
+        Ok(Connection {
+            io,
+            rbuf,
+            decoder,
+            window: usize::from(cfg.inflight.max(1)).min(usize::from(receive_maximum)).min(MAX_WINDOW),
+            max_packet: p.maximum_packet_size.map_or(usize::MAX, |m| m as usize),
+            keep_alive,
+            retain_available: p.retain_available != Some(0),
+        })
+    }
+
+    /// Serve one connection until an error (returned) or shutdown (`Ok`, DISCONNECT sent).
+    async fn serve(
+        &mut self,
+        c: &mut Connection,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), UplinkError> {
+        self.next_packet_id = 1;
+        let mut out = BytesMut::with_capacity(MAX_BATCH_BYTES + 1024);
+        // QoS 0 messages in `out`: finished once the write succeeds.
+        let mut unacked_in_write: Vec<UplinkMessage> = Vec::new();
+        if !self.cfg.receive.is_empty() {
+            self.encode_subscribe(&mut out)?;
+        }
+        let now = Instant::now();
+        let mut last_read = now;
+        let mut last_write = now;
+        let mut ping_outstanding = false;
+        // Packets that arrived together with the CONNACK.
+        while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
+            self.handle(packet, &mut out, &mut ping_outstanding)?;
+        }
+
+        loop {
+            let (sent, resent) = self.fill_batch(c, &mut out, &mut unacked_in_write);
+            if !out.is_empty() {
+                let written = write_all(c, &out, c.io_timeout()).await;
+                if let Err(e) = written {
+                    for msg in unacked_in_write.drain(..) {
+                        self.finish_dropped(msg, DropReason::ConnectionLost);
+                    }
+                    return Err(e);
+                }
+                self.metrics.writes.inc();
+                self.metrics.bytes_written.add(out.len() as u64);
+                self.metrics.messages_sent.add(sent);
+                self.metrics.messages_resent.add(resent);
+                out.clear();
+                for msg in unacked_in_write.drain(..) {
+                    self.finish(msg);
+                }
+                last_write = Instant::now();
+            }
+
+            let window_open = self.inflight.len() < c.window;
+            let can_take = window_open || self.queue.front_needs_ack() == Some(false);
+            let keep_alive = c.keep_alive;
+            let dead_at = last_read + keep_alive * 3 / 2;
+            let wake_at = if ping_outstanding {
+                dead_at
+            } else {
+                dead_at.min(last_read.min(last_write) + keep_alive)
+            };
+            if c.rbuf.capacity() - c.rbuf.len() < READ_CHUNK / 4 {
+                c.rbuf.reserve(READ_CHUNK);
+            }
+            let event = tokio::select! {
+                biased;
+                _ = shutdown_signal(shutdown) => Event::Shutdown,
+                r = c.io.read_buf(&mut c.rbuf) => Event::Read(r),
+                _ = self.queue.wait_ready(), if can_take => Event::Queued,
+                _ = tokio::time::sleep_until(wake_at.into()), if !keep_alive.is_zero() => Event::Timer,
+            };
+            match event {
+                Event::Shutdown => {
+                    self.disconnect(c, &mut out).await;
+                    return Ok(());
+                }
+                Event::Read(Err(e)) => return Err(UplinkError::ConnectionLost(e)),
+                Event::Read(Ok(0)) => return Err(UplinkError::ClosedByCloud),
+                Event::Read(Ok(_)) => {
+                    last_read = Instant::now();
+                    while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
+                        self.handle(packet, &mut out, &mut ping_outstanding)?;
+                    }
+                }
+                Event::Queued => {}
+                Event::Timer => {
+                    let now = Instant::now();
+                    if now >= dead_at {
+                        return Err(UplinkError::KeepAliveTimeout(keep_alive * 3 / 2));
+                    }
+                    if !ping_outstanding && now >= last_read.min(last_write) + keep_alive {
+                        encode(&Packet::PingReq, self.version, &mut out)?;
+                        ping_outstanding = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Take queued messages while the window and the batch size allow, encoding them after
+    /// whatever control packets `out` already holds. Returns (messages, of which resends).
+    fn fill_batch(
+        &mut self,
+        c: &Connection,
+        out: &mut BytesMut,
+        unacked_in_write: &mut Vec<UplinkMessage>,
+    ) -> (u64, u64) {
+        let (mut sent, mut resent) = (0, 0);
+        while out.len() < MAX_BATCH_BYTES {
+            let window_open = self.inflight.len() < c.window;
+            let Some(Queued { msg, resend }) = self.queue.take_front(window_open) else {
+                break;
+            };
+            let needs_ack = msg.needs_cloud_ack();
+            let packet_id = needs_ack.then(|| self.alloc_packet_id());
+            let publish = Packet::Publish(Publish {
+                dup: resend && needs_ack,
+                qos: if needs_ack { QoS::AtLeastOnce } else { QoS::AtMostOnce },
+                retain: msg.retain && c.retain_available,
+                topic: self.route.cloud_topic(&msg.device, &msg.topic),
+                packet_id,
+                properties: None,
+                payload: msg.payload.clone(),
+            });
+            let before = out.len();
+            match encode(&publish, self.version, out) {
+                Err(e) => {
+                    out.truncate(before);
+                    debug!(shard = self.shard, uplink = %self.cfg.name, error = %e, "message cannot be encoded for the cloud; dropped");
+                    self.finish_dropped(msg, DropReason::InvalidForCloud);
+                    continue;
+                }
+                Ok(()) if out.len() - before > c.max_packet => {
+                    let size = out.len() - before;
+                    out.truncate(before);
+                    debug!(
+                        shard = self.shard,
+                        uplink = %self.cfg.name,
+                        size,
+                        max = c.max_packet,
+                        "message exceeds the cloud broker's maximum packet size; dropped"
+                    );
+                    self.finish_dropped(msg, DropReason::TooLargeForCloud);
+                    continue;
+                }
+                Ok(()) => {}
+            }
+            trace!(shard = self.shard, packet_id = ?packet_id, dup = resend, "publish to cloud");
+            sent += 1;
+            resent += u64::from(resend);
+            match packet_id {
+                Some(id) => {
+                    self.send_seq += 1;
+                    self.inflight.insert(id, Inflight { seq: self.send_seq, msg });
+                }
+                None => unacked_in_write.push(msg),
+            }
+        }
+        self.metrics.inflight.set(self.inflight.len() as i64);
+        (sent, resent)
+    }
+
+    /// React to one packet from the broker; replies are appended to `out`.
+    fn handle(
+        &mut self,
+        packet: Packet,
+        out: &mut BytesMut,
+        ping_outstanding: &mut bool,
+    ) -> Result<(), UplinkError> {
+        match packet {
+            Packet::PubAck(ack) => self.on_puback(ack),
+            Packet::Publish(p) => {
+                if p.topic.is_empty() {
+                    return Err(UplinkError::Protocol("PUBLISH with an empty topic (no topic aliases were allowed)".into()));
+                }
+                match (p.qos, p.packet_id) {
+                    (QoS::AtMostOnce, _) => {}
+                    (QoS::AtLeastOnce, Some(id)) => encode(&Packet::PubAck(ok_response(id)), self.version, out)?,
+                    // We subscribe with QoS 1, so a conforming broker never sends QoS 2; if it
+                    // does, it is delivered on receipt (a resent duplicate may repeat it).
+                    (QoS::ExactlyOnce, Some(id)) => encode(&Packet::PubRec(ok_response(id)), self.version, out)?,
+                    (_, None) => return Err(UplinkError::Protocol("QoS>0 PUBLISH without packet id".into())),
+                }
+                self.metrics.downlink_messages.inc();
+                (self.downlink)(p);
+            }
+            Packet::PubRel(r) => encode(&Packet::PubComp(ok_response(r.packet_id)), self.version, out)?,
+            Packet::SubAck(s) => {
+                if self.pending_subscribe == Some(s.packet_id) {
+                    self.pending_subscribe = None;
+                    for (filter, code) in self.cfg.receive.iter().zip(&s.codes) {
+                        if *code >= 0x80 {
+                            warn!(
+                                shard = self.shard,
+                                uplink = %self.cfg.name,
+                                filter = %filter,
+                                code = format_args!("{code:#04x}"),
+                                "cloud broker refused a downlink subscription"
+                            );
+                        }
+                    }
+                }
+            }
+            Packet::PingResp => *ping_outstanding = false,
+            Packet::UnsubAck(_) => {}
+            Packet::Disconnect(d) => return Err(UplinkError::DisconnectedByCloud(d.reason)),
+            other => {
+                return Err(UplinkError::Protocol(format!("unexpected {} from the broker", other.name())))
+            }
+        }
+        Ok(())
+    }
+
+    fn on_puback(&mut self, ack: PubResponse) {
+        let Some(Inflight { msg, .. }) = self.inflight.remove(&ack.packet_id) else {
+            // A duplicate or late PUBACK (e.g. for a packet id of an earlier connection): harmless.
+            debug!(shard = self.shard, uplink = %self.cfg.name, packet_id = ack.packet_id, "PUBACK for a packet id not inflight; ignored");
+            return;
+        };
+        self.metrics.inflight.set(self.inflight.len() as i64);
+        if ack.reason >= 0x80 {
+            debug!(
+                shard = self.shard,
+                uplink = %self.cfg.name,
+                reason = format_args!("{:#04x}", ack.reason),
+                "cloud broker rejected a message; dropped"
+            );
+            self.finish_dropped(msg, DropReason::CloudRejected);
+            return;
+        }
+        self.metrics.messages_acked.inc();
+        self.metrics.ack_latency.observe(msg.received_at.elapsed());
+        self.finish(msg);
+    }
+
+    /// The message is done: release its bytes and complete its ack token.
+    fn finish(&self, msg: UplinkMessage) {
+        self.queue.release(msg.cost());
+        if let Some(token) = msg.ack {
+            token.complete();
+        }
+    }
+
+    fn finish_dropped(&self, msg: UplinkMessage, reason: DropReason) {
+        self.metrics.record_drop(reason);
+        self.finish(msg);
+    }
+
+    fn encode_subscribe(&mut self, out: &mut BytesMut) -> Result<(), UplinkError> {
+        let packet_id = self.alloc_packet_id();
+        self.pending_subscribe = Some(packet_id);
+        let v5 = self.version == ProtocolVersion::V5;
+        let filters = self
+            .cfg
+            .receive
+            .iter()
+            .map(|f| SubscribeFilter {
+                filter: ByteString::from(f.as_str()),
+                options: SubscriptionOptions {
+                    qos: QoS::AtLeastOnce,
+                    no_local: v5,
+                    retain_as_published: false,
+                    retain_handling: 0,
+                },
+            })
+            .collect();
+        let sub = Packet::Subscribe(Subscribe { packet_id, filters, properties: Properties::default() });
+        encode(&sub, self.version, out)?;
+        Ok(())
+    }
+
+    /// A packet id not inflight. Terminates: inflight ≤ MAX_WINDOW, plus one SUBSCRIBE.
+    fn alloc_packet_id(&mut self) -> u16 {
+        loop {
+            let id = self.next_packet_id;
+            self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
+            if !self.inflight.contains_key(&id) && self.pending_subscribe != Some(id) {
+                return id;
+            }
+        }
+    }
+
+    /// Put every unacknowledged message back at the front of the queue in send order.
+    fn requeue_inflight(&mut self) {
+        let mut pending: Vec<Inflight> = self.inflight.drain().map(|(_, f)| f).collect();
+        pending.sort_unstable_by_key(|f| f.seq);
+        self.queue.requeue_front(pending.into_iter().map(|f| f.msg).collect());
+        self.pending_subscribe = None;
+        self.metrics.inflight.set(0);
+    }
+
+    async fn disconnect(&self, c: &mut Connection, out: &mut BytesMut) {
+        let packet = Packet::Disconnect(Disconnect { reason: 0, properties: Properties::default() });
+        if encode(&packet, self.version, out).is_err() {
+            return;
+        }
+        if let Err(e) = write_all(c, out, SHUTDOWN_WRITE_TIMEOUT).await {
+            debug!(shard = self.shard, uplink = %self.cfg.name, error = %e, "DISCONNECT not delivered");
+            return;
+        }
+        let _ = tokio::time::timeout(SHUTDOWN_WRITE_TIMEOUT, c.io.shutdown()).await;
+    }
+}
+
+fn ok_response(packet_id: u16) -> PubResponse {
+    PubResponse { packet_id, reason: 0, properties: None }
+}
+
+async fn write_all(c: &mut Connection, bytes: &[u8], limit: Duration) -> Result<(), UplinkError> {
+    let write = async {
+        c.io.write_all(bytes).await?;
+        c.io.flush().await
+    };
+    match tokio::time::timeout(limit, write).await {
+        Err(_) => Err(UplinkError::WriteTimeout(limit)),
+        Ok(Err(e)) => Err(UplinkError::ConnectionLost(e)),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// Resolves when shutdown was requested or its sender is gone.
+async fn shutdown_signal(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keep-alive in whole seconds as CONNECT carries it (sub-second values round up).
+fn keep_alive_secs(d: Duration) -> u16 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.min(u64::from(u16::MAX)) as u16
+}
+
+fn read_password(path: &std::path::Path) -> Result<Bytes, UplinkError> {
+    let mut raw = std::fs::read(path)
+        .map_err(|source| UplinkError::ReadFile { what: "password", path: path.to_owned(), source })?;
+    while matches!(raw.last(), Some(b'\n' | b'\r')) {
+        raw.pop();
+    }
+    Ok(Bytes::from(raw))
+}
+
+/// Jittered exponential backoff: attempt n waits uniformly in
+/// `[max(min, d/2), d]` with `d = clamp(min · 2ⁿ, min, max)`.
+#[derive(Debug)]
+struct Backoff {
+    min: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff { min, max: max.max(min), attempt: 0 }
+    }
+
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let d = self.min.saturating_mul(1u32 << self.attempt.min(30)).clamp(self.min, self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        let lo = (d / 2).max(self.min);
+        let (lo_ns, hi_ns) = (lo.as_nanos() as u64, d.as_nanos() as u64);
+        if hi_ns <= lo_ns {
+            return d;
+        }
+        Duration::from_nanos(rand::thread_rng().gen_range(lo_ns..=hi_ns))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_exponentially_within_bounds_and_resets() {
+        let min = Duration::from_millis(100);
+        let max = Duration::from_secs(5);
+        let mut b = Backoff::new(min, max);
+        assert_eq!(b.next_delay(), min);
+        let second = b.next_delay();
+        assert!(second >= min && second <= min * 2, "{second:?}");
+        for _ in 0..40 {
+            let d = b.next_delay();
+            assert!(d >= min && d <= max, "{d:?}");
+        }
+        let late = b.next_delay();
+        assert!(late >= max / 2, "after many failures the delay is near the max: {late:?}");
+        b.reset();
+        assert_eq!(b.next_delay(), min);
+    }
+
+    #[test]
+    fn keep_alive_rounds_up_to_whole_seconds() {
+        assert_eq!(keep_alive_secs(Duration::from_millis(500)), 1);
+        assert_eq!(keep_alive_secs(Duration::from_secs(30)), 30);
+        assert_eq!(keep_alive_secs(Duration::from_secs(1_000_000)), u16::MAX);
+        assert_eq!(keep_alive_secs(Duration::ZERO), 0);
+    }
+}
