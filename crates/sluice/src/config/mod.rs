@@ -1,1 +1,362 @@
-//! (in progress)
+//! The gateway's configuration: one TOML file → a validated [`Config`].
+//!
+//! Owns: the config types (their field names are a contract other modules code against),
+//! defaults, parsing with key-path errors, semantic validation, and printing the effective
+//! config back as TOML. Does not own: acting on the values (each subsystem reads its section).
+//!
+//! Invariants:
+//! - Unknown keys are rejected, and every parse error names the key path
+//!   (`uplink[0].forwrd: unknown field ...`) and, where known, the line and column.
+//! - Sizes and durations carry units in the file (`"64MiB"`, `"30s"`); bare numbers are errors.
+//! - A `Config` returned by [`load`] or [`parse`] has passed [`Config::validate`], including that
+//!   every referenced file (CA bundle, certificate, key, password) can be opened.
+//! - `parse(&config.to_toml())` yields a config equal to `config`.
+//! - Secrets are referenced by path; `Debug` never prints a password or password hash.
+//! - Relative file paths are resolved by [`load`] against the config file's directory (and
+//!   stored resolved); [`parse`] leaves them relative to the working directory.
+//!
+//! The file format is documented option by option in `config/sluice.example.toml`.
+
+mod uplink;
+mod units;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use uplink::{MqttProtocol, ParseUplinkUrlError, Password, UplinkConfig, UplinkUrl};
+pub use units::{ByteSize, ParseByteSizeError};
+
+/// Loads the config file at `path`, or the built-in defaults when `path` is `None`.
+pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+    let Some(path) = path else {
+        let config = Config::default();
+        config.validate()?;
+        return Ok(config);
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut config = deserialize(&text)?;
+    if let Some(dir) = path.parent() {
+        config.resolve_relative_paths(dir);
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// Parses and validates config text. Relative file paths are relative to the working directory.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let config = deserialize(text)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Like [`parse`] but does not check that referenced files exist (for linting a config on a
+/// machine other than the gateway, and for testing the example file).
+pub fn parse_unchecked_files(text: &str) -> Result<Config, ConfigError> {
+    let config = deserialize(text)?;
+    validate::check(&config, validate::Files::Unchecked)?;
+    Ok(config)
+}
+
+/// Why a config could not be loaded. Each message names the file, line, or key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file itself could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML.
+    #[error("config syntax error at line {line}, column {column}: {message}")]
+    Syntax {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// A key is unknown, missing, or its value has the wrong type or form.
+    #[error("{key}: {message}{}", location_suffix(*.line, *.column))]
+    Value {
+        /// Dotted key path, e.g. `uplink[0].forward`.
+        key: String,
+        message: String,
+        line: Option<usize>,
+        column: Option<usize>,
+    },
+    /// Values are well-formed but not acceptable (alone or together).
+    #[error("{key}: {reason}")]
+    Invalid { key: String, reason: String },
+    /// A file the config refers to cannot be opened.
+    #[error("{key}: cannot read {path}: {source}")]
+    File {
+        key: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    /// The key path at fault, if the error concerns one key.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Value { key, .. }
+            | ConfigError::Invalid { key, .. }
+            | ConfigError::File { key, .. } => Some(key),
+            ConfigError::Read { .. } | ConfigError::Syntax { .. } => None,
+        }
+    }
+}
+
+fn location_suffix(line: Option<usize>, column: Option<usize>) -> String {
+    match (line, column) {
+        (Some(l), Some(c)) => format!(" (line {l}, column {c})"),
+        (Some(l), None) => format!(" (line {l})"),
+        _ => String::new(),
+    }
+}
+
+/// The whole file: `[gateway]`, `[mqtt]`, `[admin]`, `[log]` and any number of `[[uplink]]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub gateway: GatewayConfig,
+    pub mqtt: MqttConfig,
+    pub admin: AdminConfig,
+    pub log: LogConfig,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uplink: Vec<UplinkConfig>,
+}
+
+impl Config {
+    /// The effective config as TOML, units written back (`"30s"`, `"64MiB"`); [`parse`] accepts it.
+    pub fn to_toml(&self) -> String {
+        // Invariant: every type in Config serializes to TOML (no maps with non-string keys,
+        // `None` fields are skipped, tables come after plain values in every struct).
+        toml::to_string(self).expect("Config is always representable as TOML")
+    }
+
+    /// Checks values alone and together, and that referenced files can be opened.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate::check(self, validate::Files::MustExist)
+    }
+
+    fn resolve_relative_paths(&mut self, base: &Path) {
+        let resolve = |p: &mut Option<PathBuf>| {
+            if let Some(path) = p {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+        };
+        for u in &mut self.uplink {
+            resolve(&mut u.ca_file);
+            resolve(&mut u.cert_file);
+            resolve(&mut u.key_file);
+            resolve(&mut u.password_file);
+        }
+    }
+}
+
+/// `[gateway]`: threads and memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Data-plane shards (threads); 0 means one per available core.
+    pub shards: usize,
+    /// Pin each shard thread to its own core.
+    pub pin_threads: bool,
+    /// Capacity (messages) of each bounded inter-shard and control mailbox.
+    pub mailbox_capacity: usize,
+    /// Memory bound for messages waiting for the cloud, whole gateway, split evenly over shards.
+    pub max_buffered: ByteSize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            shards: 0,
+            pin_threads: true,
+            mailbox_capacity: 4096,
+            max_buffered: ByteSize::mib(64),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Most shards a config may ask for.
+    pub const MAX_SHARDS: usize = 1024;
+
+    /// The number of shards to run: `shards`, or the available cores when it is 0.
+    pub fn shard_count(&self) -> usize {
+        if self.shards != 0 {
+            return self.shards;
+        }
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(Self::MAX_SHARDS)
+    }
+
+    /// Each shard's share of `max_buffered`, in bytes.
+    pub fn max_buffered_per_shard(&self, shard_count: usize) -> u64 {
+        self.max_buffered.as_u64() / shard_count.max(1) as u64
+    }
+}
+
+/// `[mqtt]`: the device-facing MQTT listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttConfig {
+    #[serde(with = "units::socket_addr")]
+    pub listen: SocketAddr,
+    /// Most device connections open at once; more are refused.
+    pub max_connections: usize,
+    /// Largest MQTT packet accepted from or sent to a device.
+    pub max_packet_size: ByteSize,
+    /// Time allowed for CONNECT after the TCP accept.
+    #[serde(with = "units::duration")]
+    pub connect_timeout: Duration,
+    /// QoS 1/2 publishes a device may have unacknowledged (advertised to MQTT 5 clients).
+    pub receive_maximum: u16,
+    /// QoS 1/2 messages sent to a device and awaiting its ack.
+    pub max_inflight_out: u16,
+    /// Topic aliases a device may use (0 disables).
+    pub topic_alias_maximum: u16,
+    /// Longest a persistent session is kept while its device is offline.
+    #[serde(with = "units::duration")]
+    pub session_expiry_max: Duration,
+    /// Messages queued per device while it is offline or slow.
+    pub max_queued_messages: usize,
+    pub max_retained_messages: usize,
+    pub max_client_id_len: usize,
+    /// Assign a client id to devices that connect with an empty one.
+    pub allow_empty_client_id: bool,
+    /// If non-empty, client ids must start with one of these.
+    pub client_id_prefixes: Vec<String>,
+    /// Accept devices that present no username.
+    pub allow_anonymous: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<UserConfig>,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1883)),
+            max_connections: 10_000,
+            max_packet_size: ByteSize::mib(1),
+            connect_timeout: Duration::from_secs(10),
+            receive_maximum: 64,
+            max_inflight_out: 32,
+            topic_alias_maximum: 32,
+            session_expiry_max: Duration::from_secs(2 * 3600),
+            max_queued_messages: 1000,
+            max_retained_messages: 10_000,
+            max_client_id_len: 128,
+            allow_empty_client_id: true,
+            client_id_prefixes: Vec::new(),
+            allow_anonymous: true,
+            users: Vec::new(),
+        }
+    }
+}
+
+/// `[[mqtt.users]]`: a device login. `Debug` redacts the hash.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub username: String,
+    /// A PHC string, e.g. `$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>`.
+    pub password_hash: String,
+}
+
+impl fmt::Debug for UserConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserConfig")
+            .field("username", &self.username)
+            .field("password_hash", &"<redacted>")
+            .finish()
+    }
+}
+
+/// `[admin]`: the HTTP endpoint for `/metrics` and `/api/v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub enabled: bool,
+    #[serde(with = "units::socket_addr")]
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: true,
+            listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9100)),
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A level (`error`, `warn`, `info`, `debug`, `trace`) or an EnvFilter directive list
+    /// such as `"info,sluice::uplink=debug"`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".to_string() }
+    }
+}
+
+/// TOML text → `Config` without semantic checks; errors carry the key path.
+fn deserialize(text: &str) -> Result<Config, ConfigError> {
+    // Parse once on its own so that syntax errors are told apart from bad values.
+    if let Err(e) = text.parse::<toml::Table>() {
+        let (line, column) = line_column(text, e.span());
+        return Err(ConfigError::Syntax {
+            line: line.unwrap_or(1),
+            column: column.unwrap_or(1),
+            message: one_line(e.message()),
+        });
+    }
+    serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+        let key = match e.path().to_string() {
+            p if p == "." || p.is_empty() => "(top level)".to_string(),
+            p => p,
+        };
+        let inner = e.into_inner();
+        let (line, column) = line_column(text, inner.span());
+        ConfigError::Value { key, message: one_line(inner.message()), line, column }
+    })
+}
+
+/// toml's messages may span lines ("invalid table header\nexpected `.`, `]`").
+fn one_line(message: &str) -> String {
+    message.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+}
+
+/// 1-based line and column of the start of `span` in `text`.
+fn line_column(text: &str, span: Option<std::ops::Range<usize>>) -> (Option<usize>, Option<usize>) {
+    let Some(span) = span else { return (None, None) };
+    let start = span.start.min(text.len());
+    let Some(before) = text.get(..start) else { return (None, None) };
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (Some(line), Some(column))
+}

@@ -1,0 +1,393 @@
+//! `[[uplink]]`: one cloud MQTT broker the gateway forwards to and receives from.
+//!
+//! Owns: the uplink config types, the broker URL type and the protocol-version enum, and
+//! reading the password file. Does not own: connecting (that is `crate::uplink`) or checks
+//! across fields (`validate.rs`).
+//!
+//! Invariants: the password never appears in `Debug` output; `UplinkUrl` always carries an
+//! explicit port after parsing (8883 for `mqtts://`, 1883 for `mqtt://` when omitted).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::units;
+use super::ConfigError;
+
+/// One cloud broker connection (one MQTT session per shard).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UplinkConfig {
+    /// Unique among uplinks, `[a-zA-Z0-9_-]+`; used as a metric label.
+    pub name: String,
+    /// `mqtts://host[:port]` (default port 8883) or `mqtt://host[:port]` (default 1883).
+    pub url: UplinkUrl,
+    /// Allow an `mqtt://` (unencrypted) url.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// PEM bundle of CAs trusted to sign the broker's certificate; required for `mqtts://`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain (with `key_file`) for client-certificate auth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key for `cert_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// TLS SNI and certificate verification name; default: the url host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// Client id prefix; shard `n` uses `"{client_id}-{n}"`.
+    #[serde(default = "default_client_id")]
+    pub client_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// File whose contents (minus one final newline) are the password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    #[serde(default)]
+    pub protocol: MqttProtocol,
+    /// Local topic filters whose messages are sent to the cloud.
+    #[serde(default = "default_forward")]
+    pub forward: Vec<String>,
+    /// Cloud topic filters subscribed to and delivered to local subscribers.
+    #[serde(default)]
+    pub receive: Vec<String>,
+    /// Cloud topic = `topic_prefix` + local topic.
+    #[serde(default)]
+    pub topic_prefix: String,
+    /// Cloud topic built from `{device}` (the publishing client id) and `{topic}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_template: Option<String>,
+    /// Most QoS 1 messages unacknowledged by the broker, per session.
+    #[serde(default = "default_inflight")]
+    pub inflight: u16,
+    #[serde(default = "default_keep_alive", with = "units::duration")]
+    pub keep_alive: Duration,
+    #[serde(default = "default_connect_timeout", with = "units::duration")]
+    pub connect_timeout: Duration,
+    #[serde(default = "default_reconnect_min", with = "units::duration")]
+    pub reconnect_min: Duration,
+    #[serde(default = "default_reconnect_max", with = "units::duration")]
+    pub reconnect_max: Duration,
+}
+
+fn default_client_id() -> String {
+    "sluice".to_string()
+}
+fn default_forward() -> Vec<String> {
+    vec!["#".to_string()]
+}
+fn default_inflight() -> u16 {
+    256
+}
+fn default_keep_alive() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_reconnect_min() -> Duration {
+    Duration::from_millis(100)
+}
+fn default_reconnect_max() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl UplinkConfig {
+    /// An uplink with every optional field at its default.
+    pub fn new(name: impl Into<String>, url: UplinkUrl) -> Self {
+        UplinkConfig {
+            name: name.into(),
+            url,
+            allow_plaintext: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            server_name: None,
+            client_id: default_client_id(),
+            username: None,
+            password_file: None,
+            protocol: MqttProtocol::default(),
+            forward: default_forward(),
+            receive: Vec::new(),
+            topic_prefix: String::new(),
+            topic_template: None,
+            inflight: default_inflight(),
+            keep_alive: default_keep_alive(),
+            connect_timeout: default_connect_timeout(),
+            reconnect_min: default_reconnect_min(),
+            reconnect_max: default_reconnect_max(),
+        }
+    }
+
+    /// The name used for TLS SNI and certificate verification.
+    pub fn tls_server_name(&self) -> &str {
+        self.server_name.as_deref().unwrap_or(&self.url.host)
+    }
+
+    /// The MQTT client id of this uplink's session on `shard`.
+    pub fn session_client_id(&self, shard: usize) -> String {
+        format!("{}-{shard}", self.client_id)
+    }
+
+    /// Reads `password_file`, if set. One trailing `\n` or `\r\n` is removed.
+    pub fn read_password(&self, index: usize) -> Result<Option<Password>, ConfigError> {
+        let Some(path) = &self.password_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::File {
+            key: format!("uplink[{index}].password_file"),
+            path: path.clone(),
+            source,
+        })?;
+        let text = text
+            .strip_suffix("\r\n")
+            .or_else(|| text.strip_suffix('\n'))
+            .unwrap_or(&text);
+        Ok(Some(Password(text.to_string())))
+    }
+}
+
+/// A secret read from a file. `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(<redacted>)")
+    }
+}
+
+/// A broker address: `mqtts://host:port` or `mqtt://host:port`. Written as that string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UplinkUrl {
+    pub tls: bool,
+    /// A DNS name or IP address; IPv6 without brackets.
+    pub host: String,
+    pub port: u16,
+}
+
+/// Why a broker URL did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid uplink url {input:?}: {reason}")]
+pub struct ParseUplinkUrlError {
+    input: String,
+    reason: &'static str,
+}
+
+impl FromStr for UplinkUrl {
+    type Err = ParseUplinkUrlError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |reason| ParseUplinkUrlError { input: s.to_string(), reason };
+        let scheme_end = s.find("://").ok_or_else(|| {
+            err("expected mqtts://host:port (TLS) or mqtt://host:port (plaintext)")
+        })?;
+        let tls = match s[..scheme_end].to_ascii_lowercase().as_str() {
+            "mqtts" => true,
+            "mqtt" => false,
+            _ => return Err(err("the scheme must be mqtts:// (TLS) or mqtt:// (plaintext)")),
+        };
+        let rest = &s[scheme_end + 3..];
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains('@') {
+            return Err(err("credentials do not belong in the url; use username and password_file"));
+        }
+        if rest.contains(['/', '?', '#']) {
+            return Err(err("only a host and a port are allowed after the scheme"));
+        }
+        let default_port = if tls { 8883 } else { 1883 };
+        let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
+            let end = bracketed.find(']').ok_or_else(|| err("missing ']' after IPv6 address"))?;
+            let host = &bracketed[..end];
+            if host.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(err("invalid IPv6 address in brackets"));
+            }
+            let port = match &bracketed[end + 1..] {
+                "" => None,
+                after => Some(after.strip_prefix(':').ok_or_else(|| err("expected ':port' after ']'"))?),
+            };
+            (host, port)
+        } else {
+            match rest.split_once(':') {
+                Some((host, port)) if !port.contains(':') => (host, Some(port)),
+                Some(_) => return Err(err("IPv6 addresses need brackets, e.g. mqtts://[::1]:8883")),
+                None => (rest, None),
+            }
+        };
+        if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c.is_control()) {
+            return Err(err("missing or malformed host"));
+        }
+        let port = match port {
+            None => default_port,
+            Some(p) => match p.parse::<u16>() {
+                Ok(p) if p != 0 => p,
+                _ => return Err(err("the port must be a number from 1 to 65535")),
+            },
+        };
+        Ok(UplinkUrl { tls, host: host.to_string(), port })
+    }
+}
+
+impl fmt::Display for UplinkUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = if self.tls { "mqtts" } else { "mqtt" };
+        if self.host.contains(':') {
+            write!(f, "{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Serialize for UplinkUrl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for UplinkUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct UrlVisitor;
+        impl Visitor<'_> for UrlVisitor {
+            type Value = UplinkUrl;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a url such as \"mqtts://broker.example.com:8883\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<UplinkUrl, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_any(UrlVisitor)
+    }
+}
+
+/// MQTT protocol version spoken to the broker. Written as the string `"5"` or `"3.1.1"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MqttProtocol {
+    V311,
+    #[default]
+    V5,
+}
+
+impl MqttProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MqttProtocol::V311 => "3.1.1",
+            MqttProtocol::V5 => "5",
+        }
+    }
+}
+
+impl fmt::Display for MqttProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+const PROTOCOL_EXPECTED: &str = "protocol must be the string \"5\" or \"3.1.1\"";
+
+impl Serialize for MqttProtocol {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for MqttProtocol {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ProtocolVisitor;
+        impl Visitor<'_> for ProtocolVisitor {
+            type Value = MqttProtocol;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"5\" or \"3.1.1\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<MqttProtocol, E> {
+                match v.trim() {
+                    "5" => Ok(MqttProtocol::V5),
+                    "3.1.1" => Ok(MqttProtocol::V311),
+                    _ => Err(E::custom(PROTOCOL_EXPECTED)),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<MqttProtocol, E> {
+                Err(E::custom(format!("{PROTOCOL_EXPECTED} (quote it: protocol = \"5\")")))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<MqttProtocol, E> {
+                Err(E::custom(format!("{PROTOCOL_EXPECTED} (quote it: protocol = \"5\")")))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<MqttProtocol, E> {
+                Err(E::custom(format!("{PROTOCOL_EXPECTED} (quote it: protocol = \"3.1.1\")")))
+            }
+        }
+        d.deserialize_any(ProtocolVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> UplinkUrl {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn urls_default_the_port_by_scheme() {
+        assert_eq!(url("mqtts://cloud.example.com"), UplinkUrl { tls: true, host: "cloud.example.com".into(), port: 8883 });
+        assert_eq!(url("mqtt://10.0.0.1"), UplinkUrl { tls: false, host: "10.0.0.1".into(), port: 1883 });
+        assert_eq!(url("mqtts://h:9000/").port, 9000);
+        assert!(url("MQTTS://h").tls);
+    }
+
+    #[test]
+    fn ipv6_urls_need_brackets_and_print_with_them() {
+        let u = url("mqtts://[::1]:8884");
+        assert_eq!((u.host.as_str(), u.port), ("::1", 8884));
+        assert_eq!(u.to_string(), "mqtts://[::1]:8884");
+        assert_eq!(url("mqtts://[fe80::1]").port, 8883);
+        assert!("mqtts://::1".parse::<UplinkUrl>().is_err());
+    }
+
+    #[test]
+    fn malformed_urls_are_rejected_with_a_reason() {
+        for bad in [
+            "cloud.example.com:8883",
+            "tcp://h:1883",
+            "mqtts://",
+            "mqtts://h:0",
+            "mqtts://h:70000",
+            "mqtts://h:port",
+            "mqtts://user:pw@h",
+            "mqtts://h/path",
+            "mqtts://h h",
+        ] {
+            let e = bad.parse::<UplinkUrl>().unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn urls_print_then_parse_to_the_same_value() {
+        for s in ["mqtts://a.example:8883", "mqtt://b:1", "mqtts://[2001:db8::1]:443"] {
+            assert_eq!(url(s).to_string(), s);
+            assert_eq!(url(&url(s).to_string()), url(s));
+        }
+    }
+
+    #[test]
+    fn password_debug_output_hides_the_secret() {
+        let p = Password("hunter2".into());
+        assert!(!format!("{p:?}").contains("hunter2"));
+        assert_eq!(p.expose(), "hunter2");
+    }
+}

@@ -1,0 +1,389 @@
+//! Semantic checks on a deserialized [`Config`]: ranges, rules between fields, unique names,
+//! valid topic filters, and that referenced files exist and hold what they should.
+//!
+//! Owns: the rules, and the wording of their errors (`ConfigError::Invalid` / `File`, each
+//! naming the key path). Does not own: syntax or types (serde does that in `mod.rs`).
+//!
+//! The first failing rule is reported; rules are checked in file order (gateway, mqtt, admin,
+//! log, then each uplink) so the error points at the earliest problem.
+
+use std::collections::HashSet;
+use std::io::BufReader;
+use std::path::Path;
+use std::time::Duration;
+
+use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
+
+/// Whether `check` opens the files the config refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Files {
+    MustExist,
+    Unchecked,
+}
+
+/// Largest packet MQTT can express: 1 byte header + 4 bytes length + 268,435,455.
+const MQTT_MAX_PACKET: u64 = 268_435_460;
+/// Smallest packet limit we accept: room for a CONNECT with a modest client id and login.
+const MIN_PACKET_LIMIT: u64 = 128;
+
+pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
+    check_gateway(config)?;
+    check_mqtt(config)?;
+    check_admin(config)?;
+    if config.log.level.trim().is_empty() {
+        return invalid("log.level", "must not be empty; use e.g. \"info\" or \"info,sluice=debug\"");
+    }
+    let mut names = HashSet::new();
+    for (i, uplink) in config.uplink.iter().enumerate() {
+        check_uplink(i, uplink, files)?;
+        if !names.insert(uplink.name.as_str()) {
+            return invalid(
+                &format!("uplink[{i}].name"),
+                &format!("duplicate uplink name {:?}; names must be unique", uplink.name),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn invalid(key: &str, reason: &str) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid { key: key.to_string(), reason: reason.to_string() })
+}
+
+fn check_gateway(config: &Config) -> Result<(), ConfigError> {
+    let g = &config.gateway;
+    if g.shards > super::GatewayConfig::MAX_SHARDS {
+        return invalid(
+            "gateway.shards",
+            &format!("{} is more than the maximum of {}", g.shards, super::GatewayConfig::MAX_SHARDS),
+        );
+    }
+    if g.mailbox_capacity == 0 {
+        return invalid("gateway.mailbox_capacity", "must be at least 1");
+    }
+    if g.max_buffered < config.mqtt.max_packet_size {
+        return invalid(
+            "gateway.max_buffered",
+            &format!(
+                "{} is smaller than mqtt.max_packet_size ({}), so one message could not be buffered",
+                g.max_buffered, config.mqtt.max_packet_size
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn check_mqtt(config: &Config) -> Result<(), ConfigError> {
+    let m = &config.mqtt;
+    if m.max_connections == 0 {
+        return invalid("mqtt.max_connections", "must be at least 1");
+    }
+    let size = m.max_packet_size.as_u64();
+    if !(MIN_PACKET_LIMIT..=MQTT_MAX_PACKET).contains(&size) {
+        return invalid(
+            "mqtt.max_packet_size",
+            &format!("{} is outside the range 128B to 268435460B (MQTT's limit)", m.max_packet_size),
+        );
+    }
+    if m.connect_timeout.is_zero() {
+        return invalid("mqtt.connect_timeout", "must be more than 0s");
+    }
+    if m.receive_maximum == 0 {
+        return invalid("mqtt.receive_maximum", "must be at least 1 (MQTT 5 forbids 0)");
+    }
+    if m.max_inflight_out == 0 {
+        return invalid("mqtt.max_inflight_out", "must be at least 1");
+    }
+    if m.session_expiry_max > Duration::from_secs(u64::from(u32::MAX)) {
+        return invalid("mqtt.session_expiry_max", "must be at most 4294967295s (MQTT's limit)");
+    }
+    if m.max_client_id_len == 0 || m.max_client_id_len > 65_535 {
+        return invalid("mqtt.max_client_id_len", "must be from 1 to 65535");
+    }
+    for (i, prefix) in m.client_id_prefixes.iter().enumerate() {
+        if prefix.is_empty() {
+            return invalid(
+                &format!("mqtt.client_id_prefixes[{i}]"),
+                "must not be empty (an empty prefix admits every client id; use [] instead)",
+            );
+        }
+    }
+    let mut usernames = HashSet::new();
+    for (i, user) in m.users.iter().enumerate() {
+        if user.username.is_empty() {
+            return invalid(&format!("mqtt.users[{i}].username"), "must not be empty");
+        }
+        if !usernames.insert(user.username.as_str()) {
+            return invalid(
+                &format!("mqtt.users[{i}].username"),
+                &format!("duplicate username {:?}", user.username),
+            );
+        }
+        if let Err(reason) = check_password_hash(&user.password_hash) {
+            return invalid(&format!("mqtt.users[{i}].password_hash"), &reason);
+        }
+    }
+    if !m.allow_anonymous && m.users.is_empty() {
+        return invalid(
+            "mqtt.allow_anonymous",
+            "is false but no [[mqtt.users]] are configured, so no device could connect",
+        );
+    }
+    Ok(())
+}
+
+/// A PHC string (`$alg$...$salt$hash`) naming an Argon2 variant, the only one we can verify.
+fn check_password_hash(hash: &str) -> Result<(), String> {
+    const ADVICE: &str = "expected a PHC string such as \"$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>\"";
+    if !hash.starts_with('$') || hash.split('$').count() < 4 {
+        return Err(format!("not a password hash; {ADVICE}"));
+    }
+    let parsed = argon2::PasswordHash::new(hash).map_err(|e| format!("malformed hash ({e}); {ADVICE}"))?;
+    let alg = parsed.algorithm.as_str();
+    if !matches!(alg, "argon2id" | "argon2i" | "argon2d") {
+        return Err(format!("algorithm {alg:?} is not supported; use argon2id"));
+    }
+    if parsed.hash.is_none() || parsed.salt.is_none() {
+        return Err(format!("the hash or salt is missing; {ADVICE}"));
+    }
+    Ok(())
+}
+
+fn check_admin(config: &Config) -> Result<(), ConfigError> {
+    let a = &config.admin;
+    if a.enabled && a.listen.port() != 0 && a.listen == config.mqtt.listen {
+        return invalid("admin.listen", "is the same address as mqtt.listen");
+    }
+    Ok(())
+}
+
+fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigError> {
+    let key = |field: &str| format!("uplink[{i}].{field}");
+
+    if u.name.is_empty()
+        || !u.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return invalid(
+            &key("name"),
+            &format!("{:?} must be non-empty and use only a-z, A-Z, 0-9, '_' and '-'", u.name),
+        );
+    }
+
+    // Transport and TLS.
+    if u.url.tls {
+        if u.ca_file.is_none() {
+            return invalid(&key("ca_file"), "ca_file is required for mqtts uplinks");
+        }
+        let name = u.tls_server_name();
+        if rustls::pki_types::ServerName::try_from(name).is_err() {
+            let field = if u.server_name.is_some() { "server_name" } else { "url" };
+            return invalid(&key(field), &format!("{name:?} is not a valid TLS server name"));
+        }
+    } else {
+        if !u.allow_plaintext {
+            return invalid(
+                &key("url"),
+                &format!(
+                    "{} is unencrypted; use mqtts://, or set allow_plaintext = true to accept that",
+                    u.url
+                ),
+            );
+        }
+        for (field, set) in [
+            ("ca_file", u.ca_file.is_some()),
+            ("cert_file", u.cert_file.is_some()),
+            ("key_file", u.key_file.is_some()),
+            ("server_name", u.server_name.is_some()),
+        ] {
+            if set {
+                return invalid(&key(field), "only applies to mqtts:// urls, but the url is mqtt://");
+            }
+        }
+    }
+    match (&u.cert_file, &u.key_file) {
+        (Some(_), None) => return invalid(&key("key_file"), "cert_file is set, so key_file is required too"),
+        (None, Some(_)) => return invalid(&key("cert_file"), "key_file is set, so cert_file is required too"),
+        _ => {}
+    }
+
+    // Session.
+    if u.client_id.is_empty() {
+        return invalid(&key("client_id"), "must not be empty");
+    }
+    if u.username.as_deref() == Some("") {
+        return invalid(&key("username"), "must not be empty; omit it instead");
+    }
+    if u.password_file.is_some() && u.username.is_none() && u.protocol == MqttProtocol::V311 {
+        return invalid(&key("password_file"), "MQTT 3.1.1 requires a username when a password is set");
+    }
+
+    // Topics.
+    if u.forward.is_empty() && u.receive.is_empty() {
+        return invalid(&key("forward"), "forward and receive are both empty, so this uplink would carry nothing");
+    }
+    for (list, filters) in [("forward", &u.forward), ("receive", &u.receive)] {
+        for (j, filter) in filters.iter().enumerate() {
+            if !valid_topic_filter(filter) {
+                return invalid(
+                    &format!("uplink[{i}].{list}[{j}]"),
+                    &format!("{filter:?} is not a valid MQTT topic filter"),
+                );
+            }
+        }
+    }
+    if has_wildcard_or_nul(&u.topic_prefix) {
+        return invalid(&key("topic_prefix"), "must not contain '+', '#' or NUL");
+    }
+    if let Some(template) = &u.topic_template {
+        if !u.topic_prefix.is_empty() {
+            return invalid(
+                &key("topic_template"),
+                "topic_template and topic_prefix cannot both be set; put the prefix in the template",
+            );
+        }
+        if let Err(reason) = check_template(template) {
+            return invalid(&key("topic_template"), &reason);
+        }
+    }
+
+    // Flow control and timing.
+    if u.inflight == 0 {
+        return invalid(&key("inflight"), "must be at least 1");
+    }
+    if u.keep_alive > Duration::from_secs(65_535) || u.keep_alive.subsec_nanos() != 0 {
+        return invalid(&key("keep_alive"), "must be whole seconds from 0s to 65535s (MQTT's limit)");
+    }
+    if u.connect_timeout.is_zero() {
+        return invalid(&key("connect_timeout"), "must be more than 0s");
+    }
+    if u.reconnect_min.is_zero() {
+        return invalid(&key("reconnect_min"), "must be more than 0s");
+    }
+    if u.reconnect_max < u.reconnect_min {
+        return invalid(
+            &key("reconnect_max"),
+            &format!(
+                "{} is less than reconnect_min ({})",
+                humantime::format_duration(u.reconnect_max),
+                humantime::format_duration(u.reconnect_min)
+            ),
+        );
+    }
+
+    if files == Files::MustExist {
+        if let Some(path) = &u.ca_file {
+            check_pem(&key("ca_file"), path, Pem::Certificates)?;
+        }
+        if let Some(path) = &u.cert_file {
+            check_pem(&key("cert_file"), path, Pem::Certificates)?;
+        }
+        if let Some(path) = &u.key_file {
+            check_pem(&key("key_file"), path, Pem::PrivateKey)?;
+        }
+        u.read_password(i)?;
+    }
+    Ok(())
+}
+
+fn has_wildcard_or_nul(s: &str) -> bool {
+    s.contains(['+', '#', '\0'])
+}
+
+/// A template uses only `{device}` and `{topic}`, at least one of them, and no wildcards.
+fn check_template(template: &str) -> Result<(), String> {
+    if has_wildcard_or_nul(template) {
+        return Err("must not contain '+', '#' or NUL".to_string());
+    }
+    let mut rest = template;
+    let mut placeholders = 0;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let close = after.find('}').ok_or("has a '{' without a matching '}'")?;
+        match &after[..close] {
+            "device" | "topic" => placeholders += 1,
+            other => return Err(format!("unknown placeholder {{{other}}}; use {{device}} or {{topic}}")),
+        }
+        rest = &after[close + 1..];
+    }
+    if rest.contains('}') {
+        return Err("has a '}' without a matching '{'".to_string());
+    }
+    if placeholders == 0 {
+        return Err("must contain {topic} or {device}".to_string());
+    }
+    Ok(())
+}
+
+/// MQTT §4.7: non-empty, at most 65535 bytes, no NUL, `+` fills a whole level, `#` is a whole
+/// last level.
+fn valid_topic_filter(filter: &str) -> bool {
+    // Interim copy until `sluice_proto::mqtt::topic::valid_topic_filter` is implemented.
+    if filter.is_empty() || filter.len() > 65_535 || filter.contains('\0') {
+        return false;
+    }
+    let levels: Vec<&str> = filter.split('/').collect();
+    levels.iter().enumerate().all(|(i, level)| match *level {
+        "#" => i == levels.len() - 1,
+        "+" => true,
+        l => !l.contains(['+', '#']),
+    })
+}
+
+enum Pem {
+    Certificates,
+    PrivateKey,
+}
+
+fn check_pem(key: &str, path: &Path, want: Pem) -> Result<(), ConfigError> {
+    let file_error = |source| ConfigError::File { key: key.to_string(), path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(file_error)?;
+    let mut reader = BufReader::new(file);
+    let bad = |what: &str| {
+        Err(ConfigError::Invalid { key: key.to_string(), reason: format!("{}: {what}", path.display()) })
+    };
+    match want {
+        Pem::Certificates => {
+            let mut count = 0;
+            for cert in rustls_pemfile::certs(&mut reader) {
+                if let Err(e) = cert {
+                    return bad(&format!("malformed PEM ({e})"));
+                }
+                count += 1;
+            }
+            if count == 0 {
+                return bad("contains no PEM certificates (\"-----BEGIN CERTIFICATE-----\")");
+            }
+        }
+        Pem::PrivateKey => match rustls_pemfile::private_key(&mut reader) {
+            Ok(Some(_)) => {}
+            Ok(None) => return bad("contains no PEM private key"),
+            Err(e) => return bad(&format!("malformed PEM ({e})")),
+        },
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interim_filter_validator_follows_mqtt_rules() {
+        for ok in ["#", "+", "a/b", "a/+/c", "a/#", "+/+", "/", "sport/tennis/#"] {
+            assert!(valid_topic_filter(ok), "{ok}");
+        }
+        for bad in ["", "a#", "a/#/b", "a+", "a/b+/c", "#/a", "a\0b"] {
+            assert!(!valid_topic_filter(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn templates_must_use_known_placeholders() {
+        assert!(check_template("site1/{device}/{topic}").is_ok());
+        assert!(check_template("{topic}").is_ok());
+        assert!(check_template("fixed/topic").is_err());
+        assert!(check_template("a/{dev}/{topic}").is_err());
+        assert!(check_template("a/{topic").is_err());
+        assert!(check_template("a/+/{topic}").is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! `config/sluice.example.toml` must parse, load with its referenced files present, and
+//! document every option the config accepts.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice::config::{self, Config, MqttProtocol, UplinkConfig, UserConfig};
+
+fn example_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config/sluice.example.toml")
+}
+
+fn example_text() -> String {
+    std::fs::read_to_string(example_path()).expect("config/sluice.example.toml is readable")
+}
+
+/// Keys written as `key = value` in TOML text (section headers and comments ignored).
+fn keys_in(toml_text: &str) -> BTreeSet<String> {
+    toml_text
+        .lines()
+        .filter_map(|l| l.split_once(" = "))
+        .map(|(k, _)| k.trim().to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('#') && !k.starts_with('['))
+        .collect()
+}
+
+/// Keys the example shows, set or commented out (`# key = value`).
+fn documented_keys(example: &str) -> BTreeSet<String> {
+    let uncommented: String = example
+        .lines()
+        .map(|l| l.trim_start().trim_start_matches('#').trim_start())
+        .filter(|l| l.split_once(" = ").is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_')))
+        .collect::<Vec<_>>()
+        .join("\n");
+    keys_in(&uncommented)
+}
+
+/// A config with every optional field set, so that `to_toml` prints every key.
+fn every_key_set() -> Config {
+    let mut c = Config::default();
+    c.mqtt.users.push(UserConfig {
+        username: "dev1".into(),
+        password_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2x1aWNlc2FsdDE2Ynl0ZQ$AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8".into(),
+    });
+    let mut u = UplinkConfig::new("cloud", "mqtts://broker.example.com".parse().expect("url"));
+    u.ca_file = Some("ca.pem".into());
+    u.cert_file = Some("gw.pem".into());
+    u.key_file = Some("gw.key".into());
+    u.server_name = Some("broker.example.com".into());
+    u.username = Some("gw".into());
+    u.password_file = Some("pw".into());
+    u.topic_template = Some("{topic}".into());
+    c.uplink.push(u);
+    c
+}
+
+#[test]
+fn example_file_parses_with_an_uplink_and_every_section() {
+    let text = example_text();
+    let config = config::parse_unchecked_files(&text).unwrap_or_else(|e| panic!("example: {e}"));
+    let table: toml::Table = text.parse().expect("example is TOML");
+    for section in ["gateway", "mqtt", "admin", "log", "uplink"] {
+        assert!(table.contains_key(section), "example lacks [{section}]");
+    }
+    assert_eq!(config.uplink.len(), 1);
+    let u = &config.uplink[0];
+    assert!(u.url.tls, "the example uplink should show TLS");
+    assert!(u.ca_file.is_some());
+    assert_eq!(u.protocol, MqttProtocol::V5);
+}
+
+#[test]
+fn example_file_shows_the_default_values() {
+    // Apart from the uplink (an example; by default there is none) the example is the defaults.
+    let mut config = config::parse_unchecked_files(&example_text()).expect("example parses");
+    let uplink = config.uplink.remove(0);
+    assert_eq!(config, Config::default());
+    let defaults = UplinkConfig { ca_file: uplink.ca_file.clone(), ..UplinkConfig::new(uplink.name.clone(), uplink.url.clone()) };
+    assert_eq!(uplink, defaults);
+    assert_eq!(uplink.keep_alive, Duration::from_secs(30));
+}
+
+#[test]
+fn example_file_documents_every_option() {
+    let documented = documented_keys(&example_text());
+    for printed in [Config::default().to_toml(), every_key_set().to_toml()] {
+        let missing: Vec<_> = keys_in(&printed).difference(&documented).cloned().collect();
+        assert!(missing.is_empty(), "options missing from config/sluice.example.toml: {missing:?}");
+    }
+}
+
+#[test]
+fn example_file_loads_when_its_referenced_files_exist() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, example_text()).expect("copy example");
+    let ca = config::parse_unchecked_files(&example_text()).expect("example parses").uplink[0]
+        .ca_file
+        .clone()
+        .expect("example has a ca_file");
+    assert!(ca.is_relative(), "the example's ca_file is relative to the config directory");
+    std::fs::create_dir_all(dir.path().join(&ca).parent().expect("has a parent")).expect("mkdir");
+    std::fs::write(dir.path().join(&ca), "-----BEGIN CERTIFICATE-----\nAAECAwQ=\n-----END CERTIFICATE-----\n")
+        .expect("write ca");
+    let loaded = config::load(Some(&path)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.uplink[0].ca_file.as_deref(), Some(dir.path().join(&ca).as_path()));
+}
