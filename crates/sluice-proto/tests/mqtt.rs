@@ -22,7 +22,7 @@ use sluice_proto::mqtt::{encode, DecodeError, Decoder, Packet, ProtocolVersion};
 /// Wire bytes from a hex string with optional whitespace.
 pub fn hex(s: &str) -> Vec<u8> {
     let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    assert!(digits.len() % 2 == 0, "odd number of hex digits");
+    assert!(digits.len().is_multiple_of(2), "odd number of hex digits");
     digits
         .chunks(2)
         .map(|pair| {

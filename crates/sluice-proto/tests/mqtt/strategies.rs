@@ -388,11 +388,3 @@ pub fn packet(version: ProtocolVersion) -> BoxedStrategy<Packet> {
     }
     proptest::strategy::Union::new(choices).boxed()
 }
-
-/// Either version, and a packet valid for it.
-pub fn versioned_packet() -> impl Strategy<Value = (ProtocolVersion, Packet)> {
-    prop_oneof![
-        packet(ProtocolVersion::V311).prop_map(|p| (ProtocolVersion::V311, p)),
-        packet(ProtocolVersion::V5).prop_map(|p| (ProtocolVersion::V5, p)),
-    ]
-}
