@@ -30,7 +30,10 @@ fn documented_keys(example: &str) -> BTreeSet<String> {
     let uncommented: String = example
         .lines()
         .map(|l| l.trim_start().trim_start_matches('#').trim_start())
-        .filter(|l| l.split_once(" = ").is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_')))
+        .filter(|l| {
+            l.split_once(" = ")
+                .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        })
         .collect::<Vec<_>>()
         .join("\n");
     keys_in(&uncommented)
@@ -76,7 +79,10 @@ fn example_file_shows_the_default_values() {
     let mut config = config::parse_unchecked_files(&example_text()).expect("example parses");
     let uplink = config.uplink.remove(0);
     assert_eq!(config, Config::default());
-    let defaults = UplinkConfig { ca_file: uplink.ca_file.clone(), ..UplinkConfig::new(uplink.name.clone(), uplink.url.clone()) };
+    let defaults = UplinkConfig {
+        ca_file: uplink.ca_file.clone(),
+        ..UplinkConfig::new(uplink.name.clone(), uplink.url.clone())
+    };
     assert_eq!(uplink, defaults);
     assert_eq!(uplink.keep_alive, Duration::from_secs(30));
 }
@@ -86,7 +92,10 @@ fn example_file_documents_every_option() {
     let documented = documented_keys(&example_text());
     for printed in [Config::default().to_toml(), every_key_set().to_toml()] {
         let missing: Vec<_> = keys_in(&printed).difference(&documented).cloned().collect();
-        assert!(missing.is_empty(), "options missing from config/sluice.example.toml: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "options missing from config/sluice.example.toml: {missing:?}"
+        );
     }
 }
 
@@ -95,14 +104,25 @@ fn example_file_loads_when_its_referenced_files_exist() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("sluice.toml");
     std::fs::write(&path, example_text()).expect("copy example");
-    let ca = config::parse_unchecked_files(&example_text()).expect("example parses").uplink[0]
+    let ca = config::parse_unchecked_files(&example_text())
+        .expect("example parses")
+        .uplink[0]
         .ca_file
         .clone()
         .expect("example has a ca_file");
-    assert!(ca.is_relative(), "the example's ca_file is relative to the config directory");
+    assert!(
+        ca.is_relative(),
+        "the example's ca_file is relative to the config directory"
+    );
     std::fs::create_dir_all(dir.path().join(&ca).parent().expect("has a parent")).expect("mkdir");
-    std::fs::write(dir.path().join(&ca), "-----BEGIN CERTIFICATE-----\nAAECAwQ=\n-----END CERTIFICATE-----\n")
-        .expect("write ca");
+    std::fs::write(
+        dir.path().join(&ca),
+        "-----BEGIN CERTIFICATE-----\nAAECAwQ=\n-----END CERTIFICATE-----\n",
+    )
+    .expect("write ca");
     let loaded = config::load(Some(&path)).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(loaded.uplink[0].ca_file.as_deref(), Some(dir.path().join(&ca).as_path()));
+    assert_eq!(
+        loaded.uplink[0].ca_file.as_deref(),
+        Some(dir.path().join(&ca).as_path())
+    );
 }

@@ -125,7 +125,10 @@ async fn serve_with(
     // Every connection task holds one permit until it ends; getting all of them back means
     // every connection has closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    if tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(all)).await.is_err() {
+    if tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
         tracing::debug!("admin connections still open after the drain timeout");
     }
     Ok(())
@@ -184,14 +187,20 @@ fn respond(request: &Request<Incoming>, source: &dyn AdminSource) -> Response<Fu
             StatusCode::METHOD_NOT_ALLOWED,
             "method not allowed: the admin endpoint only serves GET\n".to_string(),
         );
-        response.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
         return response;
     }
     match request.uri().path() {
         "/metrics" => {
             let mut w = PromWriter::new();
             source.render_metrics(&mut w);
-            with_type(StatusCode::OK, METRICS_CONTENT_TYPE, w.finish().into_bytes())
+            with_type(
+                StatusCode::OK,
+                METRICS_CONTENT_TYPE,
+                w.finish().into_bytes(),
+            )
         }
         "/api/v1/status" => {
             let mut body = source.status().to_string().into_bytes();
@@ -199,7 +208,10 @@ fn respond(request: &Request<Incoming>, source: &dyn AdminSource) -> Response<Fu
             with_type(StatusCode::OK, "application/json", body)
         }
         "/" => text(StatusCode::OK, INDEX.to_string()),
-        _ => text(StatusCode::NOT_FOUND, "not found; GET / lists the endpoints\n".to_string()),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; GET / lists the endpoints\n".to_string(),
+        ),
     }
 }
 
@@ -207,10 +219,16 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     with_type(status, "text/plain; charset=utf-8", body.into_bytes())
 }
 
-fn with_type(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
+fn with_type(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Vec<u8>,
+) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 
@@ -224,7 +242,12 @@ mod tests {
 
     impl AdminSource for FakeSource {
         fn render_metrics(&self, w: &mut PromWriter) {
-            w.counter("sluice_test_messages_total", "Messages seen.", &[("shard", "0")], 42);
+            w.counter(
+                "sluice_test_messages_total",
+                "Messages seen.",
+                &[("shard", "0")],
+                42,
+            );
         }
         fn status(&self) -> serde_json::Value {
             serde_json::json!({ "shards": 2, "uplinks": [{ "name": "cloud", "connected": true }] })
@@ -246,7 +269,11 @@ mod tests {
     }
 
     async fn start_default() -> Server {
-        start(Limits { max_connections: MAX_CONNECTIONS, header_read_timeout: HEADER_READ_TIMEOUT }).await
+        start(Limits {
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+        })
+        .await
     }
 
     /// Status line, lower-cased headers, and body of one `Connection: close` exchange.
@@ -258,12 +285,16 @@ mod tests {
 
     impl Reply {
         fn header(&self, name: &str) -> Option<&str> {
-            self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+            self.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
         }
     }
 
     async fn exchange(stream: &mut TcpStream, method: &str, path: &str) -> Reply {
-        let request = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        let request =
+            format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut raw = Vec::new();
         tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
@@ -280,7 +311,11 @@ mod tests {
                 (k.trim().to_ascii_lowercase(), v.trim().to_string())
             })
             .collect();
-        Reply { status_line, headers, body: body.to_string() }
+        Reply {
+            status_line,
+            headers,
+            body: body.to_string(),
+        }
     }
 
     async fn get(addr: SocketAddr, path: &str) -> Reply {
@@ -293,9 +328,24 @@ mod tests {
         let server = start_default().await;
         let reply = get(server.addr, "/metrics").await;
         assert_eq!(reply.status_line, "HTTP/1.1 200 OK");
-        assert!(reply.header("content-type").unwrap().starts_with("text/plain; version=0.0.4"));
-        assert!(reply.body.contains("# TYPE sluice_test_messages_total counter\n"), "{}", reply.body);
-        assert!(reply.body.contains("sluice_test_messages_total{shard=\"0\"} 42\n"), "{}", reply.body);
+        assert!(reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"));
+        assert!(
+            reply
+                .body
+                .contains("# TYPE sluice_test_messages_total counter\n"),
+            "{}",
+            reply.body
+        );
+        assert!(
+            reply
+                .body
+                .contains("sluice_test_messages_total{shard=\"0\"} 42\n"),
+            "{}",
+            reply.body
+        );
     }
 
     #[tokio::test]
@@ -313,7 +363,11 @@ mod tests {
         let server = start_default().await;
         let reply = get(server.addr, "/").await;
         assert_eq!(reply.status_line, "HTTP/1.1 200 OK");
-        assert!(reply.body.contains("/metrics") && reply.body.contains("/api/v1/status"), "{}", reply.body);
+        assert!(
+            reply.body.contains("/metrics") && reply.body.contains("/api/v1/status"),
+            "{}",
+            reply.body
+        );
     }
 
     #[tokio::test]
@@ -332,7 +386,10 @@ mod tests {
         for method in ["POST", "PUT", "DELETE"] {
             let mut stream = TcpStream::connect(server.addr).await.unwrap();
             let reply = exchange(&mut stream, method, "/metrics").await;
-            assert_eq!(reply.status_line, "HTTP/1.1 405 Method Not Allowed", "{method}");
+            assert_eq!(
+                reply.status_line, "HTTP/1.1 405 Method Not Allowed",
+                "{method}"
+            );
             assert_eq!(reply.header("allow"), Some("GET"));
         }
     }
@@ -341,7 +398,10 @@ mod tests {
     async fn keep_alive_connection_serves_several_requests() {
         let server = start_default().await;
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
-        stream.write_all(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+            .await
+            .unwrap();
         let mut buf = vec![0u8; 4096];
         let n = stream.read(&mut buf).await.unwrap();
         assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
@@ -351,43 +411,76 @@ mod tests {
 
     #[tokio::test]
     async fn client_that_never_finishes_its_headers_is_disconnected() {
-        let server = start(Limits { max_connections: 4, header_read_timeout: Duration::from_millis(200) }).await;
+        let server = start(Limits {
+            max_connections: 4,
+            header_read_timeout: Duration::from_millis(200),
+        })
+        .await;
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
-        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: te").await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: te")
+            .await
+            .unwrap();
         let mut rest = Vec::new();
-        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
         assert!(read.is_ok(), "the server kept a stalled connection open");
         assert!(!String::from_utf8_lossy(&rest).contains("200 OK"));
     }
 
     #[tokio::test]
     async fn idle_connections_are_closed_after_the_header_timeout() {
-        let server = start(Limits { max_connections: 4, header_read_timeout: Duration::from_millis(200) }).await;
+        let server = start(Limits {
+            max_connections: 4,
+            header_read_timeout: Duration::from_millis(200),
+        })
+        .await;
         let mut silent = TcpStream::connect(server.addr).await.unwrap();
         let mut kept_alive = TcpStream::connect(server.addr).await.unwrap();
-        kept_alive.write_all(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+        kept_alive
+            .write_all(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+            .await
+            .unwrap();
         for stream in [&mut silent, &mut kept_alive] {
             let mut rest = Vec::new();
-            let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
             assert!(read.is_ok(), "an idle connection stayed open");
         }
     }
 
     #[tokio::test]
     async fn connections_beyond_the_cap_wait_for_a_free_slot() {
-        let server = start(Limits { max_connections: 1, header_read_timeout: Duration::from_secs(30) }).await;
+        let server = start(Limits {
+            max_connections: 1,
+            header_read_timeout: Duration::from_secs(30),
+        })
+        .await;
         let hog = TcpStream::connect(server.addr).await.unwrap();
         // Let the server accept the hog and take the only slot.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut waiting = TcpStream::connect(server.addr).await.unwrap();
-        waiting.write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").await.unwrap();
+        waiting
+            .write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
         let mut buf = [0u8; 64];
         let early = tokio::time::timeout(Duration::from_millis(300), waiting.read(&mut buf)).await;
-        assert!(early.is_err(), "a second connection was served while the cap was reached");
+        assert!(
+            early.is_err(),
+            "a second connection was served while the cap was reached"
+        );
         drop(hog);
         let mut raw = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), waiting.read_to_end(&mut raw)).await.unwrap().unwrap();
-        assert!(raw.starts_with(b"HTTP/1.1 200 OK"), "{}", String::from_utf8_lossy(&raw));
+        tokio::time::timeout(Duration::from_secs(5), waiting.read_to_end(&mut raw))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            raw.starts_with(b"HTTP/1.1 200 OK"),
+            "{}",
+            String::from_utf8_lossy(&raw)
+        );
     }
 
     #[tokio::test]
@@ -397,10 +490,20 @@ mod tests {
         assert_eq!(get(server.addr, "/").await.status_line, "HTTP/1.1 200 OK");
         server.stop.send(true).unwrap();
         let result = tokio::time::timeout(Duration::from_secs(5), server.task).await;
-        assert!(matches!(result, Ok(Ok(Ok(())))), "serve did not return Ok after shutdown");
+        assert!(
+            matches!(result, Ok(Ok(Ok(())))),
+            "serve did not return Ok after shutdown"
+        );
         let mut rest = Vec::new();
-        let closed = tokio::time::timeout(Duration::from_secs(1), idle.read_to_end(&mut rest)).await;
-        assert!(closed.is_ok(), "an idle connection stayed open after shutdown");
-        assert!(TcpStream::connect(server.addr).await.is_err(), "the listener still accepts");
+        let closed =
+            tokio::time::timeout(Duration::from_secs(1), idle.read_to_end(&mut rest)).await;
+        assert!(
+            closed.is_ok(),
+            "an idle connection stayed open after shutdown"
+        );
+        assert!(
+            TcpStream::connect(server.addr).await.is_err(),
+            "the listener still accepts"
+        );
     }
 }

@@ -17,8 +17,8 @@
 //!
 //! The file format is documented option by option in `config/sluice.example.toml`.
 
-mod uplink;
 mod units;
+mod uplink;
 mod validate;
 
 #[cfg(test)]
@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use uplink::{MqttProtocol, ParseUplinkUrlError, Password, UplinkConfig, UplinkUrl};
 pub use units::{ByteSize, ParseByteSizeError};
+pub use uplink::{MqttProtocol, ParseUplinkUrlError, Password, UplinkConfig, UplinkUrl};
 
 /// Loads the config file at `path`, or the built-in defaults when `path` is `None`.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -320,7 +320,9 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { level: "info".to_string() }
+        LogConfig {
+            level: "info".to_string(),
+        }
     }
 }
 
@@ -342,20 +344,35 @@ fn deserialize(text: &str) -> Result<Config, ConfigError> {
         };
         let inner = e.into_inner();
         let (line, column) = line_column(text, inner.span());
-        ConfigError::Value { key, message: one_line(inner.message()), line, column }
+        ConfigError::Value {
+            key,
+            message: one_line(inner.message()),
+            line,
+            column,
+        }
     })
 }
 
 /// toml's messages may span lines ("invalid table header\nexpected `.`, `]`").
 fn one_line(message: &str) -> String {
-    message.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+    message
+        .trim()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// 1-based line and column of the start of `span` in `text`.
 fn line_column(text: &str, span: Option<std::ops::Range<usize>>) -> (Option<usize>, Option<usize>) {
-    let Some(span) = span else { return (None, None) };
+    let Some(span) = span else {
+        return (None, None);
+    };
     let start = span.start.min(text.len());
-    let Some(before) = text.get(..start) else { return (None, None) };
+    let Some(before) = text.get(..start) else {
+        return (None, None);
+    };
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (Some(line), Some(column))

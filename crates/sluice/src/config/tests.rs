@@ -29,7 +29,12 @@ fn tls_uplink(extra: &str) -> String {
 /// A config with every field away from its default and every optional field set.
 fn everything_set() -> Config {
     let mut c = Config {
-        gateway: GatewayConfig { shards: 3, pin_threads: false, mailbox_capacity: 17, max_buffered: ByteSize(1_000_000_000) },
+        gateway: GatewayConfig {
+            shards: 3,
+            pin_threads: false,
+            mailbox_capacity: 17,
+            max_buffered: ByteSize(1_000_000_000),
+        },
         ..Config::default()
     };
     c.mqtt.listen = "[::]:11883".parse().unwrap();
@@ -46,8 +51,14 @@ fn everything_set() -> Config {
     c.mqtt.allow_empty_client_id = false;
     c.mqtt.client_id_prefixes = vec!["sensor-".into(), "meter-".into()];
     c.mqtt.allow_anonymous = false;
-    c.mqtt.users = vec![UserConfig { username: "dev1".into(), password_hash: HASH.into() }];
-    c.admin = AdminConfig { enabled: false, listen: "0.0.0.0:9200".parse().unwrap() };
+    c.mqtt.users = vec![UserConfig {
+        username: "dev1".into(),
+        password_hash: HASH.into(),
+    }];
+    c.admin = AdminConfig {
+        enabled: false,
+        listen: "0.0.0.0:9200".parse().unwrap(),
+    };
     c.log.level = "info,sluice::uplink=debug".into();
     let mut u = UplinkConfig::new("cloud-1", "mqtts://[2001:db8::1]:8884".parse().unwrap());
     u.ca_file = Some("certs/ca.pem".into());
@@ -87,10 +98,25 @@ fn defaults_match_the_documented_values() {
     assert_eq!(c.mqtt.session_expiry_max, Duration::from_secs(7200));
     assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9100");
     assert!(c.uplink.is_empty());
-    let u = parse_unchecked_files(&tls_uplink("")).unwrap().uplink.remove(0);
-    assert_eq!(u, UplinkConfig { ca_file: Some("ca.pem".into()), ..UplinkConfig::new("cloud", u.url.clone()) });
-    assert_eq!((u.url.port, u.protocol, u.forward.as_slice()), (8883, MqttProtocol::V5, &["#".to_string()][..]));
-    assert_eq!((u.inflight, u.reconnect_min), (256, Duration::from_millis(100)));
+    let u = parse_unchecked_files(&tls_uplink(""))
+        .unwrap()
+        .uplink
+        .remove(0);
+    assert_eq!(
+        u,
+        UplinkConfig {
+            ca_file: Some("ca.pem".into()),
+            ..UplinkConfig::new("cloud", u.url.clone())
+        }
+    );
+    assert_eq!(
+        (u.url.port, u.protocol, u.forward.as_slice()),
+        (8883, MqttProtocol::V5, &["#".to_string()][..])
+    );
+    assert_eq!(
+        (u.inflight, u.reconnect_min),
+        (256, Duration::from_millis(100))
+    );
 }
 
 #[test]
@@ -106,14 +132,24 @@ fn unknown_nested_key_is_rejected_with_its_path() {
     assert!(e.starts_with("mqtt.max_conections: unknown field"), "{e}");
     assert!(e.contains("line 3"), "{e}");
     let e = err("[[mqtt.users]]\nusername = \"a\"\npassword_hash = \"x\"\npassword = \"x\"\n");
-    assert!(e.starts_with("mqtt.users[0].password: unknown field"), "{e}");
+    assert!(
+        e.starts_with("mqtt.users[0].password: unknown field"),
+        "{e}"
+    );
 }
 
 #[test]
 fn unknown_key_inside_an_uplink_is_rejected_with_its_index_path() {
-    let text = format!("{}{}", plaintext_uplink(""), plaintext_uplink("forwrd = [\"#\"]").replace("cloud", "two"));
+    let text = format!(
+        "{}{}",
+        plaintext_uplink(""),
+        plaintext_uplink("forwrd = [\"#\"]").replace("cloud", "two")
+    );
     let e = err(&text);
-    assert!(e.starts_with("uplink[1].forwrd: unknown field `forwrd`"), "{e}");
+    assert!(
+        e.starts_with("uplink[1].forwrd: unknown field `forwrd`"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -125,17 +161,29 @@ fn missing_required_uplink_fields_are_named() {
 #[test]
 fn bare_number_size_is_rejected_with_advice_to_add_a_unit() {
     let e = err("[mqtt]\nmax_packet_size = 1048576\n");
-    assert!(e.starts_with("mqtt.max_packet_size: sizes need a unit, e.g. \"64MiB\""), "{e}");
+    assert!(
+        e.starts_with("mqtt.max_packet_size: sizes need a unit, e.g. \"64MiB\""),
+        "{e}"
+    );
     let e = err("[gateway]\nmax_buffered = \"64\"\n");
-    assert!(e.starts_with("gateway.max_buffered: ") && e.contains("need a unit"), "{e}");
+    assert!(
+        e.starts_with("gateway.max_buffered: ") && e.contains("need a unit"),
+        "{e}"
+    );
 }
 
 #[test]
 fn bare_number_duration_is_rejected_with_advice_to_add_a_unit() {
     let e = err("[mqtt]\nconnect_timeout = 10\n");
-    assert!(e.starts_with("mqtt.connect_timeout: durations need a unit"), "{e}");
+    assert!(
+        e.starts_with("mqtt.connect_timeout: durations need a unit"),
+        "{e}"
+    );
     let e = err(&plaintext_uplink("keep_alive = \"30\""));
-    assert!(e.starts_with("uplink[0].keep_alive: ") && e.contains("need a unit"), "{e}");
+    assert!(
+        e.starts_with("uplink[0].keep_alive: ") && e.contains("need a unit"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -144,7 +192,10 @@ fn values_of_the_wrong_type_name_their_key_and_line() {
     assert!(e.starts_with("gateway.shards: invalid type"), "{e}");
     assert!(e.ends_with("(line 2, column 10)"), "{e}");
     let e = err("[admin]\nlisten = \"localhost:9100\"\n");
-    assert!(e.starts_with("admin.listen: ") && e.contains("host names are not resolved"), "{e}");
+    assert!(
+        e.starts_with("admin.listen: ") && e.contains("host names are not resolved"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -165,7 +216,12 @@ fn units_round_trip_through_the_file() {
     assert_eq!(c.mqtt.max_packet_size, ByteSize(1_000_000));
     assert_eq!(c.mqtt.connect_timeout, Duration::from_millis(1500));
     let printed = c.to_toml();
-    for written in ["max_buffered = \"1000KiB\"", "max_packet_size = \"1MB\"", "connect_timeout = \"1s 500ms\"", "session_expiry_max = \"1h 30m\""] {
+    for written in [
+        "max_buffered = \"1000KiB\"",
+        "max_packet_size = \"1MB\"",
+        "connect_timeout = \"1s 500ms\"",
+        "session_expiry_max = \"1h 30m\"",
+    ] {
         assert!(printed.contains(written), "{written} not in\n{printed}");
     }
     assert_eq!(parse(&printed).unwrap(), c);
@@ -185,21 +241,37 @@ fn to_toml_reparses_to_an_equal_effective_config() {
 fn plaintext_uplink_is_rejected_unless_allow_plaintext_is_set() {
     let text = "[[uplink]]\nname = \"cloud\"\nurl = \"mqtt://10.0.0.1\"\n";
     let e = err(text);
-    assert!(e.starts_with("uplink[0].url: ") && e.contains("allow_plaintext"), "{e}");
+    assert!(
+        e.starts_with("uplink[0].url: ") && e.contains("allow_plaintext"),
+        "{e}"
+    );
     let c = parse_unchecked_files(&plaintext_uplink("")).unwrap();
-    assert_eq!(c.uplink[0].url, UplinkUrl { tls: false, host: "10.0.0.1".into(), port: 1883 });
+    assert_eq!(
+        c.uplink[0].url,
+        UplinkUrl {
+            tls: false,
+            host: "10.0.0.1".into(),
+            port: 1883
+        }
+    );
 }
 
 #[test]
 fn tls_settings_on_a_plaintext_uplink_are_rejected() {
     let e = err(&plaintext_uplink("ca_file = \"ca.pem\""));
-    assert!(e.starts_with("uplink[0].ca_file: only applies to mqtts://"), "{e}");
+    assert!(
+        e.starts_with("uplink[0].ca_file: only applies to mqtts://"),
+        "{e}"
+    );
 }
 
 #[test]
 fn tls_uplink_requires_a_ca_file() {
     let e = err("[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://broker.example.com\"\n");
-    assert_eq!(e, "uplink[0].ca_file: ca_file is required for mqtts uplinks");
+    assert_eq!(
+        e,
+        "uplink[0].ca_file: ca_file is required for mqtts uplinks"
+    );
 }
 
 #[test]
@@ -208,14 +280,24 @@ fn client_certificate_needs_both_cert_and_key() {
     assert!(e.starts_with("uplink[0].key_file: "), "{e}");
     let e = err(&tls_uplink("key_file = \"gw.key\""));
     assert!(e.starts_with("uplink[0].cert_file: "), "{e}");
-    assert!(parse_unchecked_files(&tls_uplink("cert_file = \"gw.pem\"\nkey_file = \"gw.key\"")).is_ok());
+    assert!(
+        parse_unchecked_files(&tls_uplink("cert_file = \"gw.pem\"\nkey_file = \"gw.key\"")).is_ok()
+    );
 }
 
 #[test]
 fn topic_template_and_topic_prefix_are_mutually_exclusive() {
-    let e = err(&plaintext_uplink("topic_prefix = \"site1/\"\ntopic_template = \"site1/{device}/{topic}\""));
-    assert!(e.starts_with("uplink[0].topic_template: ") && e.contains("topic_prefix"), "{e}");
-    assert!(parse_unchecked_files(&plaintext_uplink("topic_template = \"site1/{device}/{topic}\"")).is_ok());
+    let e = err(&plaintext_uplink(
+        "topic_prefix = \"site1/\"\ntopic_template = \"site1/{device}/{topic}\"",
+    ));
+    assert!(
+        e.starts_with("uplink[0].topic_template: ") && e.contains("topic_prefix"),
+        "{e}"
+    );
+    assert!(parse_unchecked_files(&plaintext_uplink(
+        "topic_template = \"site1/{device}/{topic}\""
+    ))
+    .is_ok());
     assert!(parse_unchecked_files(&plaintext_uplink("topic_prefix = \"site1/\"")).is_ok());
 }
 
@@ -223,14 +305,19 @@ fn topic_template_and_topic_prefix_are_mutually_exclusive() {
 fn topic_template_must_name_the_topic_or_the_device() {
     let e = err(&plaintext_uplink("topic_template = \"site1/all\""));
     assert!(e.contains("must contain {topic} or {device}"), "{e}");
-    let e = err(&plaintext_uplink("topic_template = \"site1/{client}/{topic}\""));
+    let e = err(&plaintext_uplink(
+        "topic_template = \"site1/{client}/{topic}\"",
+    ));
     assert!(e.contains("unknown placeholder {client}"), "{e}");
 }
 
 #[test]
 fn invalid_topic_filters_are_rejected_with_their_index() {
     let e = err(&plaintext_uplink("forward = [\"a/#\", \"a/#/b\"]"));
-    assert!(e.starts_with("uplink[0].forward[1]: \"a/#/b\" is not a valid MQTT topic filter"), "{e}");
+    assert!(
+        e.starts_with("uplink[0].forward[1]: \"a/#/b\" is not a valid MQTT topic filter"),
+        "{e}"
+    );
     let e = err(&plaintext_uplink("receive = [\"cmd+\"]"));
     assert!(e.starts_with("uplink[0].receive[0]: "), "{e}");
     let e = err(&plaintext_uplink("topic_prefix = \"site/+/\""));
@@ -240,17 +327,24 @@ fn invalid_topic_filters_are_rejected_with_their_index() {
 #[test]
 fn uplink_names_must_be_unique_and_label_safe() {
     let e = err(&format!("{}{}", plaintext_uplink(""), plaintext_uplink("")));
-    assert!(e.starts_with("uplink[1].name: duplicate uplink name \"cloud\""), "{e}");
+    assert!(
+        e.starts_with("uplink[1].name: duplicate uplink name \"cloud\""),
+        "{e}"
+    );
     let e = err(&plaintext_uplink("").replace("\"cloud\"", "\"my cloud\""));
     assert!(e.starts_with("uplink[0].name: "), "{e}");
 }
 
 #[test]
 fn protocol_is_a_quoted_version_string() {
-    let c = parse_unchecked_files(&plaintext_uplink("protocol = \"3.1.1\"\nusername = \"gw\"")).unwrap();
+    let c = parse_unchecked_files(&plaintext_uplink("protocol = \"3.1.1\"\nusername = \"gw\""))
+        .unwrap();
     assert_eq!(c.uplink[0].protocol, MqttProtocol::V311);
     let e = err(&plaintext_uplink("protocol = 5"));
-    assert!(e.starts_with("uplink[0].protocol: ") && e.contains("quote it"), "{e}");
+    assert!(
+        e.starts_with("uplink[0].protocol: ") && e.contains("quote it"),
+        "{e}"
+    );
     let e = err(&plaintext_uplink("protocol = \"4\""));
     assert!(e.starts_with("uplink[0].protocol: "), "{e}");
 }
@@ -260,9 +354,18 @@ fn range_rules_name_the_offending_key() {
     let cases = [
         ("[mqtt]\nreceive_maximum = 0", "mqtt.receive_maximum: "),
         ("[gateway]\nshards = 1025", "gateway.shards: "),
-        ("[gateway]\nmailbox_capacity = 0", "gateway.mailbox_capacity: "),
-        ("[gateway]\nmax_buffered = \"512KiB\"", "gateway.max_buffered: "),
-        ("[mqtt]\nmax_packet_size = \"16B\"", "mqtt.max_packet_size: "),
+        (
+            "[gateway]\nmailbox_capacity = 0",
+            "gateway.mailbox_capacity: ",
+        ),
+        (
+            "[gateway]\nmax_buffered = \"512KiB\"",
+            "gateway.max_buffered: ",
+        ),
+        (
+            "[mqtt]\nmax_packet_size = \"16B\"",
+            "mqtt.max_packet_size: ",
+        ),
         ("[mqtt]\nallow_anonymous = false", "mqtt.allow_anonymous: "),
         ("[log]\nlevel = \" \"", "log.level: "),
         ("[admin]\nlisten = \"127.0.0.1:1883\"", "admin.listen: "),
@@ -272,8 +375,13 @@ fn range_rules_name_the_offending_key() {
         assert!(e.starts_with(prefix), "{text:?} gave {e}");
     }
     assert!(parse("[gateway]\nshards = 1024").is_ok());
-    let e = err(&plaintext_uplink("reconnect_min = \"5s\"\nreconnect_max = \"1s\""));
-    assert_eq!(e, "uplink[0].reconnect_max: 1s is less than reconnect_min (5s)");
+    let e = err(&plaintext_uplink(
+        "reconnect_min = \"5s\"\nreconnect_max = \"1s\"",
+    ));
+    assert_eq!(
+        e,
+        "uplink[0].reconnect_max: 1s is less than reconnect_min (5s)"
+    );
     let e = err(&plaintext_uplink("inflight = 0"));
     assert!(e.starts_with("uplink[0].inflight: "), "{e}");
     let e = err(&plaintext_uplink("keep_alive = \"1500ms\""));
@@ -284,8 +392,14 @@ fn range_rules_name_the_offending_key() {
 fn user_password_hashes_must_be_argon2_phc_strings() {
     let ok = format!("[[mqtt.users]]\nusername = \"dev1\"\npassword_hash = \"{HASH}\"\n");
     assert_eq!(parse(&ok).unwrap().mqtt.users[0].username, "dev1");
-    for bad in ["plaintext", "$argon2id$v=19", "$2b$12$abcdefghijklmnopqrstuv"] {
-        let e = err(&format!("[[mqtt.users]]\nusername = \"dev1\"\npassword_hash = \"{bad}\"\n"));
+    for bad in [
+        "plaintext",
+        "$argon2id$v=19",
+        "$2b$12$abcdefghijklmnopqrstuv",
+    ] {
+        let e = err(&format!(
+            "[[mqtt.users]]\nusername = \"dev1\"\npassword_hash = \"{bad}\"\n"
+        ));
         assert!(e.starts_with("mqtt.users[0].password_hash: "), "{bad}: {e}");
     }
     let e = err(&format!("{ok}{ok}"));
@@ -304,11 +418,17 @@ fn debug_output_redacts_the_password_hash() {
 fn missing_referenced_files_are_reported_with_key_and_path() {
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("absent-ca.pem");
-    let text = format!("[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://broker.example.com\"\nca_file = {:?}\n", ca.display().to_string());
+    let text = format!(
+        "[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://broker.example.com\"\nca_file = {:?}\n",
+        ca.display().to_string()
+    );
     let e = parse(&text).unwrap_err();
     assert!(matches!(e, ConfigError::File { .. }), "{e:?}");
     let e = e.to_string();
-    assert!(e.starts_with("uplink[0].ca_file: cannot read ") && e.contains("absent-ca.pem"), "{e}");
+    assert!(
+        e.starts_with("uplink[0].ca_file: cannot read ") && e.contains("absent-ca.pem"),
+        "{e}"
+    );
     // The same text passes when file checks are skipped.
     assert!(parse_unchecked_files(&text).is_ok());
 }
@@ -318,9 +438,15 @@ fn a_ca_file_without_certificates_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     fs::write(&ca, "not a certificate\n").unwrap();
-    let text = format!("[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://b.example\"\nca_file = {:?}\n", ca.display().to_string());
+    let text = format!(
+        "[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://b.example\"\nca_file = {:?}\n",
+        ca.display().to_string()
+    );
     let e = parse(&text).unwrap_err().to_string();
-    assert!(e.starts_with("uplink[0].ca_file: ") && e.contains("no PEM certificates"), "{e}");
+    assert!(
+        e.starts_with("uplink[0].ca_file: ") && e.contains("no PEM certificates"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -340,7 +466,10 @@ fn load_resolves_relative_paths_against_the_config_directory() {
     .unwrap();
     let c = load(Some(&path)).unwrap();
     let u = &c.uplink[0];
-    assert_eq!(u.ca_file.as_deref(), Some(dir.path().join("certs/ca.pem").as_path()));
+    assert_eq!(
+        u.ca_file.as_deref(),
+        Some(dir.path().join("certs/ca.pem").as_path())
+    );
     assert_eq!(u.read_password(0).unwrap().unwrap().expose(), "s3cret");
     assert_eq!(u.tls_server_name(), "broker.example.com");
     assert_eq!(u.session_client_id(3), "sluice-3");
@@ -351,6 +480,11 @@ fn load_resolves_relative_paths_against_the_config_directory() {
 
 #[test]
 fn a_missing_config_file_is_reported_with_its_path() {
-    let e = load(Some(Path::new("/nonexistent/sluice.toml"))).unwrap_err().to_string();
-    assert!(e.starts_with("cannot read config file /nonexistent/sluice.toml: "), "{e}");
+    let e = load(Some(Path::new("/nonexistent/sluice.toml")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("cannot read config file /nonexistent/sluice.toml: "),
+        "{e}"
+    );
 }

@@ -72,29 +72,37 @@ impl FromStr for ByteSize {
     type Err = ParseByteSizeError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason| ParseByteSizeError { input: s.to_string(), reason };
+        let err = |reason| ParseByteSizeError {
+            input: s.to_string(),
+            reason,
+        };
         let t = s.trim();
         let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (digits, unit) = t.split_at(digits_end);
         if digits.is_empty() {
-            return Err(err("expected a whole number followed by a unit, e.g. \"64MiB\""));
+            return Err(err(
+                "expected a whole number followed by a unit, e.g. \"64MiB\"",
+            ));
         }
         let unit = unit.trim_start();
         if unit.is_empty() {
             return Err(err(SIZE_NEEDS_UNIT));
         }
-        let multiplier = match unit {
-            "B" => 1,
-            "KB" => 1_000,
-            u => match BINARY_UNITS.iter().chain(SI_UNITS.iter()).find(|(name, _)| *name == u) {
-                Some((_, m)) => *m,
-                None => {
-                    return Err(err(
+        let multiplier =
+            match unit {
+                "B" => 1,
+                "KB" => 1_000,
+                u => match BINARY_UNITS
+                    .iter()
+                    .chain(SI_UNITS.iter())
+                    .find(|(name, _)| *name == u)
+                {
+                    Some((_, m)) => *m,
+                    None => return Err(err(
                         "unknown unit; use B, KiB, MiB, GiB, TiB (binary) or kB, MB, GB, TB (SI)",
-                    ))
-                }
-            },
-        };
+                    )),
+                },
+            };
         let n: u64 = digits.parse().map_err(|_| err("number too large"))?;
         n.checked_mul(multiplier)
             .map(ByteSize)
@@ -262,7 +270,19 @@ mod tests {
 
     #[test]
     fn every_size_survives_print_then_parse() {
-        for n in [0, 1, 999, 1000, 1024, 1536, 1_000_000, 1 << 20, 3 << 30, 5_000_000_000_000, u64::MAX] {
+        for n in [
+            0,
+            1,
+            999,
+            1000,
+            1024,
+            1536,
+            1_000_000,
+            1 << 20,
+            3 << 30,
+            5_000_000_000_000,
+            u64::MAX,
+        ] {
             let printed = ByteSize(n).to_string();
             assert_eq!(printed.parse(), Ok(ByteSize(n)), "{printed}");
         }

@@ -190,39 +190,56 @@ impl FromStr for UplinkUrl {
     type Err = ParseUplinkUrlError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason| ParseUplinkUrlError { input: s.to_string(), reason };
+        let err = |reason| ParseUplinkUrlError {
+            input: s.to_string(),
+            reason,
+        };
         let scheme_end = s.find("://").ok_or_else(|| {
             err("expected mqtts://host:port (TLS) or mqtt://host:port (plaintext)")
         })?;
         let tls = match s[..scheme_end].to_ascii_lowercase().as_str() {
             "mqtts" => true,
             "mqtt" => false,
-            _ => return Err(err("the scheme must be mqtts:// (TLS) or mqtt:// (plaintext)")),
+            _ => {
+                return Err(err(
+                    "the scheme must be mqtts:// (TLS) or mqtt:// (plaintext)",
+                ))
+            }
         };
         let rest = &s[scheme_end + 3..];
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         if rest.contains('@') {
-            return Err(err("credentials do not belong in the url; use username and password_file"));
+            return Err(err(
+                "credentials do not belong in the url; use username and password_file",
+            ));
         }
         if rest.contains(['/', '?', '#']) {
             return Err(err("only a host and a port are allowed after the scheme"));
         }
         let default_port = if tls { 8883 } else { 1883 };
         let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
-            let end = bracketed.find(']').ok_or_else(|| err("missing ']' after IPv6 address"))?;
+            let end = bracketed
+                .find(']')
+                .ok_or_else(|| err("missing ']' after IPv6 address"))?;
             let host = &bracketed[..end];
             if host.parse::<std::net::Ipv6Addr>().is_err() {
                 return Err(err("invalid IPv6 address in brackets"));
             }
             let port = match &bracketed[end + 1..] {
                 "" => None,
-                after => Some(after.strip_prefix(':').ok_or_else(|| err("expected ':port' after ']'"))?),
+                after => Some(
+                    after
+                        .strip_prefix(':')
+                        .ok_or_else(|| err("expected ':port' after ']'"))?,
+                ),
             };
             (host, port)
         } else {
             match rest.split_once(':') {
                 Some((host, port)) if !port.contains(':') => (host, Some(port)),
-                Some(_) => return Err(err("IPv6 addresses need brackets, e.g. mqtts://[::1]:8883")),
+                Some(_) => {
+                    return Err(err("IPv6 addresses need brackets, e.g. mqtts://[::1]:8883"))
+                }
                 None => (rest, None),
             }
         };
@@ -236,7 +253,11 @@ impl FromStr for UplinkUrl {
                 _ => return Err(err("the port must be a number from 1 to 65535")),
             },
         };
-        Ok(UplinkUrl { tls, host: host.to_string(), port })
+        Ok(UplinkUrl {
+            tls,
+            host: host.to_string(),
+            port,
+        })
     }
 }
 
@@ -320,13 +341,19 @@ impl<'de> Deserialize<'de> for MqttProtocol {
                 }
             }
             fn visit_i64<E: de::Error>(self, _: i64) -> Result<MqttProtocol, E> {
-                Err(E::custom(format!("{PROTOCOL_EXPECTED} (quote it: protocol = \"5\")")))
+                Err(E::custom(format!(
+                    "{PROTOCOL_EXPECTED} (quote it: protocol = \"5\")"
+                )))
             }
             fn visit_u64<E: de::Error>(self, _: u64) -> Result<MqttProtocol, E> {
-                Err(E::custom(format!("{PROTOCOL_EXPECTED} (quote it: protocol = \"5\")")))
+                Err(E::custom(format!(
+                    "{PROTOCOL_EXPECTED} (quote it: protocol = \"5\")"
+                )))
             }
             fn visit_f64<E: de::Error>(self, _: f64) -> Result<MqttProtocol, E> {
-                Err(E::custom(format!("{PROTOCOL_EXPECTED} (quote it: protocol = \"3.1.1\")")))
+                Err(E::custom(format!(
+                    "{PROTOCOL_EXPECTED} (quote it: protocol = \"3.1.1\")"
+                )))
             }
         }
         d.deserialize_any(ProtocolVisitor)
@@ -343,8 +370,22 @@ mod tests {
 
     #[test]
     fn urls_default_the_port_by_scheme() {
-        assert_eq!(url("mqtts://cloud.example.com"), UplinkUrl { tls: true, host: "cloud.example.com".into(), port: 8883 });
-        assert_eq!(url("mqtt://10.0.0.1"), UplinkUrl { tls: false, host: "10.0.0.1".into(), port: 1883 });
+        assert_eq!(
+            url("mqtts://cloud.example.com"),
+            UplinkUrl {
+                tls: true,
+                host: "cloud.example.com".into(),
+                port: 8883
+            }
+        );
+        assert_eq!(
+            url("mqtt://10.0.0.1"),
+            UplinkUrl {
+                tls: false,
+                host: "10.0.0.1".into(),
+                port: 1883
+            }
+        );
         assert_eq!(url("mqtts://h:9000/").port, 9000);
         assert!(url("MQTTS://h").tls);
     }
@@ -378,7 +419,11 @@ mod tests {
 
     #[test]
     fn urls_print_then_parse_to_the_same_value() {
-        for s in ["mqtts://a.example:8883", "mqtt://b:1", "mqtts://[2001:db8::1]:443"] {
+        for s in [
+            "mqtts://a.example:8883",
+            "mqtt://b:1",
+            "mqtts://[2001:db8::1]:443",
+        ] {
             assert_eq!(url(s).to_string(), s);
             assert_eq!(url(&url(s).to_string()), url(s));
         }

@@ -33,7 +33,10 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     check_mqtt(config)?;
     check_admin(config)?;
     if config.log.level.trim().is_empty() {
-        return invalid("log.level", "must not be empty; use e.g. \"info\" or \"info,sluice=debug\"");
+        return invalid(
+            "log.level",
+            "must not be empty; use e.g. \"info\" or \"info,sluice=debug\"",
+        );
     }
     let mut names = HashSet::new();
     for (i, uplink) in config.uplink.iter().enumerate() {
@@ -41,7 +44,10 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
         if !names.insert(uplink.name.as_str()) {
             return invalid(
                 &format!("uplink[{i}].name"),
-                &format!("duplicate uplink name {:?}; names must be unique", uplink.name),
+                &format!(
+                    "duplicate uplink name {:?}; names must be unique",
+                    uplink.name
+                ),
             );
         }
     }
@@ -49,7 +55,10 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
 }
 
 fn invalid(key: &str, reason: &str) -> Result<(), ConfigError> {
-    Err(ConfigError::Invalid { key: key.to_string(), reason: reason.to_string() })
+    Err(ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.to_string(),
+    })
 }
 
 fn check_gateway(config: &Config) -> Result<(), ConfigError> {
@@ -57,7 +66,11 @@ fn check_gateway(config: &Config) -> Result<(), ConfigError> {
     if g.shards > super::GatewayConfig::MAX_SHARDS {
         return invalid(
             "gateway.shards",
-            &format!("{} is more than the maximum of {}", g.shards, super::GatewayConfig::MAX_SHARDS),
+            &format!(
+                "{} is more than the maximum of {}",
+                g.shards,
+                super::GatewayConfig::MAX_SHARDS
+            ),
         );
     }
     if g.mailbox_capacity == 0 {
@@ -84,20 +97,29 @@ fn check_mqtt(config: &Config) -> Result<(), ConfigError> {
     if !(MIN_PACKET_LIMIT..=MQTT_MAX_PACKET).contains(&size) {
         return invalid(
             "mqtt.max_packet_size",
-            &format!("{} is outside the range 128B to 268435460B (MQTT's limit)", m.max_packet_size),
+            &format!(
+                "{} is outside the range 128B to 268435460B (MQTT's limit)",
+                m.max_packet_size
+            ),
         );
     }
     if m.connect_timeout.is_zero() {
         return invalid("mqtt.connect_timeout", "must be more than 0s");
     }
     if m.receive_maximum == 0 {
-        return invalid("mqtt.receive_maximum", "must be at least 1 (MQTT 5 forbids 0)");
+        return invalid(
+            "mqtt.receive_maximum",
+            "must be at least 1 (MQTT 5 forbids 0)",
+        );
     }
     if m.max_inflight_out == 0 {
         return invalid("mqtt.max_inflight_out", "must be at least 1");
     }
     if m.session_expiry_max > Duration::from_secs(u64::from(u32::MAX)) {
-        return invalid("mqtt.session_expiry_max", "must be at most 4294967295s (MQTT's limit)");
+        return invalid(
+            "mqtt.session_expiry_max",
+            "must be at most 4294967295s (MQTT's limit)",
+        );
     }
     if m.max_client_id_len == 0 || m.max_client_id_len > 65_535 {
         return invalid("mqtt.max_client_id_len", "must be from 1 to 65535");
@@ -136,11 +158,13 @@ fn check_mqtt(config: &Config) -> Result<(), ConfigError> {
 
 /// A PHC string (`$alg$...$salt$hash`) naming an Argon2 variant, the only one we can verify.
 fn check_password_hash(hash: &str) -> Result<(), String> {
-    const ADVICE: &str = "expected a PHC string such as \"$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>\"";
+    const ADVICE: &str =
+        "expected a PHC string such as \"$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>\"";
     if !hash.starts_with('$') || hash.split('$').count() < 4 {
         return Err(format!("not a password hash; {ADVICE}"));
     }
-    let parsed = argon2::PasswordHash::new(hash).map_err(|e| format!("malformed hash ({e}); {ADVICE}"))?;
+    let parsed =
+        argon2::PasswordHash::new(hash).map_err(|e| format!("malformed hash ({e}); {ADVICE}"))?;
     let alg = parsed.algorithm.as_str();
     if !matches!(alg, "argon2id" | "argon2i" | "argon2d") {
         return Err(format!("algorithm {alg:?} is not supported; use argon2id"));
@@ -163,11 +187,17 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
     let key = |field: &str| format!("uplink[{i}].{field}");
 
     if u.name.is_empty()
-        || !u.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        || !u
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     {
         return invalid(
             &key("name"),
-            &format!("{:?} must be non-empty and use only a-z, A-Z, 0-9, '_' and '-'", u.name),
+            &format!(
+                "{:?} must be non-empty and use only a-z, A-Z, 0-9, '_' and '-'",
+                u.name
+            ),
         );
     }
 
@@ -178,8 +208,15 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
         }
         let name = u.tls_server_name();
         if rustls::pki_types::ServerName::try_from(name).is_err() {
-            let field = if u.server_name.is_some() { "server_name" } else { "url" };
-            return invalid(&key(field), &format!("{name:?} is not a valid TLS server name"));
+            let field = if u.server_name.is_some() {
+                "server_name"
+            } else {
+                "url"
+            };
+            return invalid(
+                &key(field),
+                &format!("{name:?} is not a valid TLS server name"),
+            );
         }
     } else {
         if !u.allow_plaintext {
@@ -198,13 +235,26 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
             ("server_name", u.server_name.is_some()),
         ] {
             if set {
-                return invalid(&key(field), "only applies to mqtts:// urls, but the url is mqtt://");
+                return invalid(
+                    &key(field),
+                    "only applies to mqtts:// urls, but the url is mqtt://",
+                );
             }
         }
     }
     match (&u.cert_file, &u.key_file) {
-        (Some(_), None) => return invalid(&key("key_file"), "cert_file is set, so key_file is required too"),
-        (None, Some(_)) => return invalid(&key("cert_file"), "key_file is set, so cert_file is required too"),
+        (Some(_), None) => {
+            return invalid(
+                &key("key_file"),
+                "cert_file is set, so key_file is required too",
+            )
+        }
+        (None, Some(_)) => {
+            return invalid(
+                &key("cert_file"),
+                "key_file is set, so cert_file is required too",
+            )
+        }
         _ => {}
     }
 
@@ -216,12 +266,18 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
         return invalid(&key("username"), "must not be empty; omit it instead");
     }
     if u.password_file.is_some() && u.username.is_none() && u.protocol == MqttProtocol::V311 {
-        return invalid(&key("password_file"), "MQTT 3.1.1 requires a username when a password is set");
+        return invalid(
+            &key("password_file"),
+            "MQTT 3.1.1 requires a username when a password is set",
+        );
     }
 
     // Topics.
     if u.forward.is_empty() && u.receive.is_empty() {
-        return invalid(&key("forward"), "forward and receive are both empty, so this uplink would carry nothing");
+        return invalid(
+            &key("forward"),
+            "forward and receive are both empty, so this uplink would carry nothing",
+        );
     }
     for (list, filters) in [("forward", &u.forward), ("receive", &u.receive)] {
         for (j, filter) in filters.iter().enumerate() {
@@ -253,7 +309,10 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
         return invalid(&key("inflight"), "must be at least 1");
     }
     if u.keep_alive > Duration::from_secs(65_535) || u.keep_alive.subsec_nanos() != 0 {
-        return invalid(&key("keep_alive"), "must be whole seconds from 0s to 65535s (MQTT's limit)");
+        return invalid(
+            &key("keep_alive"),
+            "must be whole seconds from 0s to 65535s (MQTT's limit)",
+        );
     }
     if u.connect_timeout.is_zero() {
         return invalid(&key("connect_timeout"), "must be more than 0s");
@@ -303,7 +362,11 @@ fn check_template(template: &str) -> Result<(), String> {
         let close = after.find('}').ok_or("has a '{' without a matching '}'")?;
         match &after[..close] {
             "device" | "topic" => placeholders += 1,
-            other => return Err(format!("unknown placeholder {{{other}}}; use {{device}} or {{topic}}")),
+            other => {
+                return Err(format!(
+                    "unknown placeholder {{{other}}}; use {{device}} or {{topic}}"
+                ))
+            }
         }
         rest = &after[close + 1..];
     }
@@ -322,11 +385,18 @@ enum Pem {
 }
 
 fn check_pem(key: &str, path: &Path, want: Pem) -> Result<(), ConfigError> {
-    let file_error = |source| ConfigError::File { key: key.to_string(), path: path.to_path_buf(), source };
+    let file_error = |source| ConfigError::File {
+        key: key.to_string(),
+        path: path.to_path_buf(),
+        source,
+    };
     let file = std::fs::File::open(path).map_err(file_error)?;
     let mut reader = BufReader::new(file);
     let bad = |what: &str| {
-        Err(ConfigError::Invalid { key: key.to_string(), reason: format!("{}: {what}", path.display()) })
+        Err(ConfigError::Invalid {
+            key: key.to_string(),
+            reason: format!("{}: {what}", path.display()),
+        })
     };
     match want {
         Pem::Certificates => {
