@@ -2,7 +2,10 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod app;
 pub mod config;
+pub mod control;
+pub mod listener;
 pub mod shard;
 pub mod telemetry;
 pub mod uplink;

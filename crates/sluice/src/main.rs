@@ -1,1 +1,107 @@
-fn main() {}
+//! The `sluice` command: CLI, logging, config load, exit codes — nothing else.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// sluice — an IoT edge gateway: MQTT devices in, a cloud MQTT broker over TLS 1.3 out.
+#[derive(Parser)]
+#[command(name = "sluice", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway. Without -c, embedded defaults: devices on 127.0.0.1:1883, admin on
+    /// 127.0.0.1:9100, no uplink until one is configured.
+    Run {
+        /// Config file (TOML); see config/sluice.example.toml for every option.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config file and print the effective configuration (defaults filled in).
+    /// Exits 0 when valid, 1 when not.
+    Check {
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Print an argon2id hash of a password read from standard input, for [[mqtt.users]].
+    Passwd,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => match sluice::config::load(Some(&config)) {
+            Ok(cfg) => {
+                print!("{}", cfg.to_toml());
+                eprintln!("{}: valid", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("{}: {error}", config.display());
+                ExitCode::FAILURE
+            }
+        },
+        Command::Passwd => {
+            let mut line = String::new();
+            if std::io::stdin().read_line(&mut line).is_err() {
+                eprintln!("cannot read a password from standard input");
+                return ExitCode::FAILURE;
+            }
+            match sluice::control::admission::hash_password(line.trim_end_matches(['\r', '\n']).as_bytes()) {
+                Ok(h) => {
+                    println!("{h}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("cannot hash the password: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Run { config } => run(config),
+    }
+}
+
+fn run(path: Option<PathBuf>) -> ExitCode {
+    let config = match sluice::config::load(path.as_deref()) {
+        Ok(c) => c,
+        Err(error) => {
+            eprintln!("sluice: config: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    sluice::telemetry::init_logging(&config.log.level);
+    if config.uplink.is_empty() {
+        tracing::warn!("no [[uplink]] configured: messages stay local until one is");
+    }
+    let gateway = match sluice::app::Gateway::build(config).and_then(|g| g.start()) {
+        Ok(g) => g,
+        Err(error) => {
+            tracing::error!(%error, "cannot start");
+            eprintln!("sluice: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("sluice: cannot build the signal runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    });
+    tracing::info!("shutting down");
+    gateway.shutdown();
+    ExitCode::SUCCESS
+}

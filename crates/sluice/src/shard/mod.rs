@@ -1,2 +1,228 @@
-//! Per-core data plane. (in progress)
+//! The per-core data plane.
+//!
+//! Owns: one OS thread per shard, pinned to a core, running a single-threaded tokio runtime
+//! (no work stealing); the device connections placed on it; their sessions and subscriptions;
+//! and the shard's own uplink sessions to the cloud. Does not own: admission (control/), the
+//! global view of which shard subscribes to what (a read-mostly snapshot published by the
+//! control plane), or the retained-message store (control/).
+//!
+//! Invariants: shards share nothing mutable. They talk to each other and to the control
+//! plane only through bounded mailboxes (`tokio::sync::mpsc` with `mailbox_capacity`); QoS 0
+//! traffic finding a mailbox full is dropped and counted, QoS 1/2 waits (back-pressure on the
+//! publishing device). Everything inside a shard is `Rc`/`RefCell` on one thread.
+
 pub mod ack;
+mod connection;
+pub mod hash;
+pub mod metrics;
+mod route;
+pub mod session;
+pub mod trie;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use bytestring::ByteString;
+use sluice_proto::mqtt::{Connect, Properties, QoS, SubscriptionOptions};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{Config, UplinkConfig};
+use crate::control::{ControlCmd, SharedSnapshot};
+use crate::uplink::{UplinkMetrics, UplinkQueue, UplinkRoute};
+use metrics::ShardMetrics;
+use session::Session;
+use trie::TopicTrie;
+
+pub type ShardId = usize;
+
+/// A device connection admitted by the control plane, handed to its shard.
+#[derive(Debug)]
+pub struct Adopted {
+    pub stream: std::net::TcpStream,
+    pub peer: SocketAddr,
+    pub connect: Connect,
+    /// Bytes read after the CONNECT packet (the device may pipeline).
+    pub buffered: BytesMut,
+    /// The gateway chose the client id (the device sent an empty one).
+    pub assigned_client_id: bool,
+}
+
+/// A message routed from one shard to the subscribers on another.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    pub origin: ByteString,
+    pub topic: ByteString,
+    pub payload: Bytes,
+    pub qos: QoS,
+    pub retain: bool,
+    pub properties: Option<Box<Properties>>,
+}
+
+#[derive(Debug)]
+pub enum ShardCmd {
+    Adopt(Box<Adopted>),
+    Deliver(Routed),
+}
+
+/// A subscription of a local session.
+#[derive(Debug, Clone)]
+pub struct LocalSub {
+    pub session: Rc<Session>,
+    pub options: SubscriptionOptions,
+}
+
+impl PartialEq for LocalSub {
+    fn eq(&self, other: &Self) -> bool {
+        Rc::ptr_eq(&self.session, &other.session)
+    }
+}
+
+/// One uplink as seen from a shard.
+pub struct ShardUplink {
+    pub route: UplinkRoute,
+    pub queue: Rc<UplinkQueue>,
+}
+
+/// What every task on a shard shares.
+pub struct ShardContext {
+    pub id: ShardId,
+    pub config: Arc<Config>,
+    pub mailboxes: Vec<mpsc::Sender<ShardCmd>>,
+    pub control: mpsc::Sender<ControlCmd>,
+    pub snapshot: SharedSnapshot,
+    pub subs: RefCell<TopicTrie<LocalSub>>,
+    /// Local subscriptions per filter, to tell the control plane on 0→1 and 1→0 only.
+    pub filter_refs: RefCell<HashMap<ByteString, usize>>,
+    pub sessions: RefCell<HashMap<ByteString, Rc<Session>>>,
+    pub uplinks: Vec<ShardUplink>,
+    pub metrics: Arc<ShardMetrics>,
+    /// Open device connections, whole gateway (admission bound).
+    pub live_connections: Arc<AtomicUsize>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Everything a shard thread needs to start; `Send` so it can cross into the thread.
+pub struct ShardSeed {
+    pub id: ShardId,
+    pub config: Arc<Config>,
+    pub mailboxes: Vec<mpsc::Sender<ShardCmd>>,
+    pub inbox: mpsc::Receiver<ShardCmd>,
+    pub control: mpsc::Sender<ControlCmd>,
+    pub snapshot: SharedSnapshot,
+    pub metrics: Arc<ShardMetrics>,
+    pub uplink_metrics: Vec<Arc<UplinkMetrics>>,
+    pub uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
+    pub live_connections: Arc<AtomicUsize>,
+    pub shutdown: watch::Receiver<bool>,
+    pub core: Option<core_affinity::CoreId>,
+}
+
+/// Start a shard thread.
+pub fn spawn(seed: ShardSeed) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name(format!("sluice-shard-{}", seed.id)).spawn(move || {
+        if let Some(core) = seed.core {
+            if !core_affinity::set_for_current(core) {
+                tracing::warn!(shard = seed.id, core = core.id, "could not pin shard thread to its core");
+            }
+        }
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(error) => {
+                tracing::error!(shard = seed.id, %error, "cannot build the shard runtime");
+                return;
+            }
+        };
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, run(seed));
+    })
+}
+
+async fn run(seed: ShardSeed) {
+    let ShardSeed {
+        id, config, mailboxes, mut inbox, control, snapshot, metrics, uplink_metrics, uplink_tls,
+        live_connections, mut shutdown, ..
+    } = seed;
+    let shards = mailboxes.len().max(1);
+    let per_uplink_bytes = if config.uplink.is_empty() {
+        0
+    } else {
+        (config.gateway.max_buffered.0 / shards as u64 / config.uplink.len() as u64).max(64 * 1024)
+    };
+    let uplinks: Vec<ShardUplink> = config
+        .uplink
+        .iter()
+        .enumerate()
+        .map(|(i, u)| ShardUplink { route: UplinkRoute::new(u), queue: Rc::new(UplinkQueue::with_metrics(per_uplink_bytes as usize, uplink_metrics[i].clone())) })
+        .collect();
+    let ctx = Rc::new(ShardContext {
+        id,
+        config: config.clone(),
+        mailboxes,
+        control,
+        snapshot,
+        subs: RefCell::new(TopicTrie::new()),
+        filter_refs: RefCell::new(HashMap::new()),
+        sessions: RefCell::new(HashMap::new()),
+        uplinks,
+        metrics,
+        live_connections,
+        shutdown: shutdown.clone(),
+    });
+
+    let mut uplink_tasks = Vec::new();
+    for (i, ucfg) in config.uplink.iter().enumerate() {
+        let downlink_ctx = ctx.clone();
+        let downlink: Rc<dyn Fn(sluice_proto::mqtt::Publish)> = Rc::new(move |p| {
+            route::deliver_local(&downlink_ctx, &Routed {
+                origin: ByteString::from_static(""),
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                retain: false,
+                properties: p.properties,
+            });
+        });
+        uplink_tasks.push(crate::uplink::spawn(
+            id,
+            Rc::new(UplinkConfig::clone(ucfg)),
+            uplink_tls[i].clone(),
+            ctx.uplinks[i].queue.clone(),
+            downlink,
+            uplink_metrics[i].clone(),
+            shutdown.clone(),
+        ));
+    }
+    tracing::debug!(shard = id, uplinks = uplink_tasks.len(), "shard started");
+
+    loop {
+        tokio::select! {
+            cmd = inbox.recv() => match cmd {
+                Some(ShardCmd::Adopt(adopted)) => {
+                    let ctx = ctx.clone();
+                    tokio::task::spawn_local(async move {
+                        connection::run(ctx.clone(), *adopted).await;
+                        ctx.live_connections.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+                Some(ShardCmd::Deliver(routed)) => {
+                    ctx.metrics.cross_shard_received.inc();
+                    route::deliver_local(&ctx, &routed);
+                }
+                None => break,
+            },
+            _ = shutdown.changed() => {
+                if *shutdown.borrow() { break; }
+            }
+        }
+    }
+    // Give connections and uplinks a moment to say goodbye.
+    for t in uplink_tasks {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
+    }
+    tracing::debug!(shard = id, "shard stopped");
+}

@@ -1,0 +1,273 @@
+//! Start-up and shutdown order.
+//!
+//! `Gateway::build` does everything that can fail on bad configuration — binding the device
+//! and admin listeners, loading uplink certificates — before any thread starts, so `sluice
+//! run` fails fast with a clear message. `Gateway::start` then starts, in order: the shard
+//! threads (each with its uplink sessions), and the control-plane thread (admission,
+//! listener, admin endpoint). `RunningGateway::shutdown` flips one watch channel that every
+//! task selects on, and joins the threads.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{mpsc, watch};
+
+use crate::admin::AdminSource;
+use crate::config::Config;
+use crate::control::admission::Admission;
+use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
+use crate::listener::mqtt::MqttListener;
+use crate::shard::metrics::ShardMetrics;
+use crate::shard::{self, ShardSeed};
+use crate::telemetry::metrics::{Gauge, PromWriter};
+use crate::uplink::UplinkMetrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot listen for devices on {addr}: {source}")]
+    BindDevices { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot listen for the admin endpoint on {addr}: {source}")]
+    BindAdmin { addr: SocketAddr, source: std::io::Error },
+    #[error("uplink {name:?}: {source}")]
+    Uplink { name: String, source: crate::uplink::UplinkError },
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A configured gateway whose sockets are bound but whose threads are not started yet.
+pub struct Gateway {
+    config: Arc<Config>,
+    shards: usize,
+    mqtt: std::net::TcpListener,
+    admin: Option<std::net::TcpListener>,
+    uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
+}
+
+impl Gateway {
+    pub fn build(config: Config) -> Result<Gateway, AppError> {
+        let shards = match config.gateway.shards {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        };
+        let mut uplink_tls = Vec::new();
+        for u in &config.uplink {
+            let tls = if u.url.tls {
+                Some(crate::uplink::client_tls_config(u).map_err(|source| AppError::Uplink { name: u.name.clone(), source })?)
+            } else {
+                None
+            };
+            uplink_tls.push(tls);
+        }
+        let addr = config.mqtt.listen;
+        let mqtt = bind(addr).map_err(|source| AppError::BindDevices { addr, source })?;
+        let admin = if config.admin.enabled {
+            let addr = config.admin.listen;
+            Some(bind(addr).map_err(|source| AppError::BindAdmin { addr, source })?)
+        } else {
+            None
+        };
+        Ok(Gateway { config: Arc::new(config), shards, mqtt, admin, uplink_tls })
+    }
+
+    pub fn mqtt_addr(&self) -> SocketAddr {
+        self.mqtt.local_addr().unwrap_or(self.config.mqtt.listen)
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    pub fn start(self) -> Result<RunningGateway, AppError> {
+        let Gateway { config, shards, mqtt, admin, uplink_tls } = self;
+        let mqtt_addr = mqtt.local_addr().unwrap_or(config.mqtt.listen);
+        let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let cap = config.gateway.mailbox_capacity.max(1);
+        let snapshot = Arc::new(ArcSwap::from_pointee(SubscriptionSnapshot::default()));
+        let (control_tx, control_rx) = mpsc::channel(cap);
+        let live = Arc::new(AtomicUsize::new(0));
+        let control_metrics = Arc::new(ControlMetrics::default());
+        let shard_metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::new(ShardMetrics::default())).collect();
+        let uplink_metrics: Vec<Vec<Arc<UplinkMetrics>>> =
+            (0..shards).map(|_| config.uplink.iter().map(|_| Arc::new(UplinkMetrics::default())).collect()).collect();
+
+        let (mut txs, mut rxs) = (Vec::new(), Vec::new());
+        for _ in 0..shards {
+            let (tx, rx) = mpsc::channel(cap);
+            txs.push(tx);
+            rxs.push(rx);
+        }
+        let cores = if config.gateway.pin_threads { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let mut threads = Vec::new();
+        for (id, inbox) in rxs.into_iter().enumerate() {
+            let seed = ShardSeed {
+                id,
+                config: config.clone(),
+                mailboxes: txs.clone(),
+                inbox,
+                control: control_tx.clone(),
+                snapshot: snapshot.clone(),
+                metrics: shard_metrics[id].clone(),
+                uplink_metrics: uplink_metrics[id].clone(),
+                uplink_tls: uplink_tls.clone(),
+                live_connections: live.clone(),
+                shutdown: shutdown_rx.clone(),
+                core: if cores.is_empty() { None } else { Some(cores[id % cores.len()]) },
+            };
+            threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
+        }
+
+        let plane = ControlPlane::new(shards, config.mqtt.max_retained_messages, snapshot, control_metrics.clone());
+        let status = Arc::new(GatewayStatus {
+            started: Instant::now(),
+            uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),
+            shard_metrics,
+            uplink_metrics,
+            devices_per_shard: plane.devices_per_shard(),
+            control: control_metrics.clone(),
+        });
+        let listener = MqttListener {
+            admission: Admission::new(&config.mqtt),
+            shards: txs,
+            live_connections: live,
+            max_connections: config.mqtt.max_connections,
+            max_packet_size: config.mqtt.max_packet_size.0.min(u32::MAX as u64) as usize,
+            connect_timeout: config.mqtt.connect_timeout,
+            metrics: control_metrics,
+        };
+        drop(control_tx);
+        let control_shutdown = shutdown_rx.clone();
+        let admin_status = status.clone();
+        let control = std::thread::Builder::new()
+            .name("sluice-control".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(error) => {
+                        tracing::error!(%error, "cannot build the control-plane runtime");
+                        return;
+                    }
+                };
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&rt, async move {
+                    let mqtt = match tokio::net::TcpListener::from_std(mqtt) {
+                        Ok(l) => l,
+                        Err(error) => {
+                            tracing::error!(%error, "cannot register the device listener");
+                            return;
+                        }
+                    };
+                    if let Some(admin) = admin {
+                        match tokio::net::TcpListener::from_std(admin) {
+                            Ok(l) => {
+                                let source: Arc<dyn AdminSource> = admin_status;
+                                tokio::task::spawn_local(crate::admin::serve(l, source, control_shutdown.clone()));
+                            }
+                            Err(error) => tracing::error!(%error, "cannot register the admin listener"),
+                        }
+                    }
+                    let plane_task = tokio::task::spawn_local(plane.run(control_rx));
+                    listener.serve(mqtt, control_shutdown).await;
+                    // The plane ends when every shard has dropped its sender.
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(3), plane_task).await;
+                });
+            })
+            .map_err(AppError::Thread)?;
+        threads.push(control);
+        tracing::info!(%mqtt_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
+        Ok(RunningGateway { shutdown: shutdown_tx, threads, mqtt_addr, admin_addr, status })
+    }
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// A started gateway. Dropping it without `shutdown` leaves the threads running.
+pub struct RunningGateway {
+    shutdown: watch::Sender<bool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    pub mqtt_addr: SocketAddr,
+    pub admin_addr: Option<SocketAddr>,
+    status: Arc<GatewayStatus>,
+}
+
+impl RunningGateway {
+    /// Metrics in Prometheus text form (what `/metrics` serves).
+    pub fn metrics_text(&self) -> String {
+        let mut w = PromWriter::new();
+        self.status.render_metrics(&mut w);
+        w.finish()
+    }
+
+    pub fn status_json(&self) -> serde_json::Value {
+        self.status.status()
+    }
+
+    /// Stop every thread: devices get DISCONNECT (MQTT 5), uplinks disconnect cleanly.
+    pub fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        tracing::info!("sluice stopped");
+    }
+}
+
+/// What the admin endpoint shows.
+struct GatewayStatus {
+    started: Instant,
+    uplink_names: Vec<String>,
+    shard_metrics: Vec<Arc<ShardMetrics>>,
+    uplink_metrics: Vec<Vec<Arc<UplinkMetrics>>>,
+    devices_per_shard: Arc<Vec<Gauge>>,
+    control: Arc<ControlMetrics>,
+}
+
+impl AdminSource for GatewayStatus {
+    fn render_metrics(&self, w: &mut PromWriter) {
+        self.control.render(w);
+        for (i, m) in self.shard_metrics.iter().enumerate() {
+            m.render(w, &i.to_string());
+        }
+        for (i, ups) in self.uplink_metrics.iter().enumerate() {
+            for (name, m) in self.uplink_names.iter().zip(ups) {
+                m.render(w, &i.to_string(), name);
+            }
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let shards: Vec<serde_json::Value> = self
+            .shard_metrics
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let uplinks: Vec<serde_json::Value> = self
+                    .uplink_names
+                    .iter()
+                    .zip(&self.uplink_metrics[i])
+                    .map(|(name, u)| serde_json::json!({ "name": name, "state": u.state() }))
+                    .collect();
+                serde_json::json!({
+                    "shard": i,
+                    "devices": self.devices_per_shard.get(i).map(|g| g.get()).unwrap_or(0),
+                    "connections": m.connections.get(),
+                    "sessions": m.sessions.get(),
+                    "uplinks": uplinks,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": self.started.elapsed().as_secs(),
+            "devices": self.control.devices_connected.get(),
+            "shards": shards,
+        })
+    }
+}

@@ -1,0 +1,202 @@
+//! The control plane: admission, the device table, subscription bookkeeping and the retained
+//! store, on a thread of its own.
+//!
+//! Owns: every decision that is not per-message. The listener (listener/mqtt.rs) runs here:
+//! it reads each new connection's CONNECT, asks [`admission`] whether the device may in
+//! (password hashes are checked on the blocking pool, so even expensive hashing stalls
+//! neither this thread's other work nor any shard), hashes the device to its shard and hands
+//! the socket over. Shards tell the control plane when a filter appears on or leaves a shard;
+//! it publishes a read-mostly [`SubscriptionSnapshot`] through `arc-swap`, which shards read
+//! without locks to route messages to each other.
+//!
+//! Does not own: sessions or per-device subscriptions (their shard does), or any message on
+//! its way to the cloud. A storm of connects or subscribes queues here, not on the shards.
+//!
+//! Invariants: the command mailbox is bounded (`mailbox_capacity`); a subscribe is replied
+//! to only after a snapshot containing it is published; the retained store holds at most
+//! `max_retained_messages` topics (a new topic beyond that is refused and counted).
+
+pub mod admission;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use bytestring::ByteString;
+use sluice_proto::mqtt::{topic, Properties, QoS};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::shard::trie::TopicTrie;
+use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
+
+/// A retained message as stored and as replayed to new subscribers.
+#[derive(Debug, Clone)]
+pub struct RetainedMessage {
+    pub topic: ByteString,
+    pub payload: Bytes,
+    pub qos: QoS,
+    pub properties: Option<Box<Properties>>,
+}
+
+#[derive(Debug)]
+pub enum ControlCmd {
+    /// Filters that now have their first subscriber on `shard` (`add`), and filters whose
+    /// matching retained messages the subscriber wants (`retained_for`).
+    Subscribe { shard: usize, add: Vec<ByteString>, retained_for: Vec<ByteString>, reply: oneshot::Sender<Vec<RetainedMessage>> },
+    /// Filters that lost their last subscriber on `shard`.
+    Unsubscribe { shard: usize, remove: Vec<ByteString> },
+    /// Store (or, with an empty payload, delete) a retained message.
+    Retain(RetainedMessage),
+    DeviceUp { client_id: ByteString, shard: usize },
+    DeviceDown { client_id: ByteString, shard: usize },
+}
+
+/// Which shards subscribe to which filters, as the data plane reads it.
+#[derive(Debug, Default)]
+pub struct SubscriptionSnapshot {
+    pub trie: TopicTrie<u16>,
+}
+
+pub type SharedSnapshot = Arc<ArcSwap<SubscriptionSnapshot>>;
+
+#[derive(Debug, Default)]
+pub struct ControlMetrics {
+    pub admitted: Counter,
+    pub rejected: Counter,
+    pub refused_over_limit: Counter,
+    pub handshake_failures: Counter,
+    pub snapshot_rebuilds: Counter,
+    pub retained: Gauge,
+    pub retained_refused: Counter,
+    pub devices_connected: Gauge,
+}
+
+impl ControlMetrics {
+    pub fn render(&self, w: &mut PromWriter) {
+        w.counter("sluice_control_admitted_total", "Device connections admitted", &[], self.admitted.get());
+        w.counter("sluice_control_rejected_total", "Device connections rejected by admission (CONNACK with an error code)", &[], self.rejected.get());
+        w.counter("sluice_control_refused_total", "Device connections refused at max_connections", &[], self.refused_over_limit.get());
+        w.counter("sluice_control_handshake_failures_total", "Connections closed before a valid CONNECT (timeout, bad packet)", &[], self.handshake_failures.get());
+        w.counter("sluice_control_snapshot_rebuilds_total", "Subscription snapshots published", &[], self.snapshot_rebuilds.get());
+        w.gauge("sluice_control_retained_messages", "Retained messages stored", &[], self.retained.get());
+        w.counter("sluice_control_retained_refused_total", "Retained messages refused at max_retained_messages", &[], self.retained_refused.get());
+        w.gauge("sluice_control_devices_connected", "Devices connected, all shards", &[], self.devices_connected.get());
+    }
+}
+
+/// The control plane's state, driven by [`ControlPlane::run`].
+pub struct ControlPlane {
+    shard_filters: HashMap<ByteString, BTreeSet<u16>>,
+    retained: HashMap<ByteString, RetainedMessage>,
+    devices: HashMap<ByteString, usize>,
+    devices_per_shard: Arc<Vec<Gauge>>,
+    snapshot: SharedSnapshot,
+    max_retained: usize,
+    metrics: Arc<ControlMetrics>,
+}
+
+impl ControlPlane {
+    pub fn new(shards: usize, max_retained: usize, snapshot: SharedSnapshot, metrics: Arc<ControlMetrics>) -> ControlPlane {
+        ControlPlane {
+            shard_filters: HashMap::new(),
+            retained: HashMap::new(),
+            devices: HashMap::new(),
+            devices_per_shard: Arc::new((0..shards).map(|_| Gauge::default()).collect()),
+            snapshot,
+            max_retained,
+            metrics,
+        }
+    }
+
+    pub fn devices_per_shard(&self) -> Arc<Vec<Gauge>> {
+        self.devices_per_shard.clone()
+    }
+
+    /// Apply commands until every sender is gone. Commands that arrive together are applied
+    /// together and the snapshot is rebuilt once for the batch.
+    pub async fn run(mut self, mut inbox: mpsc::Receiver<ControlCmd>) {
+        let mut batch = Vec::with_capacity(256);
+        while inbox.recv_many(&mut batch, 256).await > 0 {
+            let mut changed = false;
+            let mut replies = Vec::new();
+            for cmd in batch.drain(..) {
+                match cmd {
+                    ControlCmd::Subscribe { shard, add, retained_for, reply } => {
+                        for f in add {
+                            changed |= self.shard_filters.entry(f).or_default().insert(shard as u16);
+                        }
+                        let retained = self.retained_matching(&retained_for);
+                        replies.push((reply, retained));
+                    }
+                    ControlCmd::Unsubscribe { shard, remove } => {
+                        for f in remove {
+                            if let Some(set) = self.shard_filters.get_mut(&f) {
+                                changed |= set.remove(&(shard as u16));
+                                if set.is_empty() {
+                                    self.shard_filters.remove(&f);
+                                }
+                            }
+                        }
+                    }
+                    ControlCmd::Retain(msg) => self.retain(msg),
+                    ControlCmd::DeviceUp { client_id, shard } => {
+                        if let Some(old) = self.devices.insert(client_id, shard) {
+                            self.devices_per_shard[old].sub(1);
+                        } else {
+                            self.metrics.devices_connected.add(1);
+                        }
+                        self.devices_per_shard[shard].add(1);
+                    }
+                    ControlCmd::DeviceDown { client_id, shard } => {
+                        if self.devices.get(&client_id) == Some(&shard) {
+                            self.devices.remove(&client_id);
+                            self.devices_per_shard[shard].sub(1);
+                            self.metrics.devices_connected.sub(1);
+                        }
+                    }
+                }
+            }
+            if changed {
+                self.publish_snapshot();
+            }
+            for (reply, retained) in replies {
+                let _ = reply.send(retained);
+            }
+        }
+    }
+
+    fn publish_snapshot(&self) {
+        let mut trie = TopicTrie::new();
+        for (filter, shards) in &self.shard_filters {
+            for s in shards {
+                trie.insert(filter, *s);
+            }
+        }
+        self.snapshot.store(Arc::new(SubscriptionSnapshot { trie }));
+        self.metrics.snapshot_rebuilds.inc();
+    }
+
+    fn retain(&mut self, msg: RetainedMessage) {
+        if msg.payload.is_empty() {
+            self.retained.remove(&msg.topic);
+        } else if self.retained.len() >= self.max_retained && !self.retained.contains_key(&msg.topic) {
+            self.metrics.retained_refused.inc();
+            tracing::warn!(topic = %msg.topic, max = self.max_retained, "retained store full; message not retained");
+        } else {
+            self.retained.insert(msg.topic.clone(), msg);
+        }
+        self.metrics.retained.set(self.retained.len() as i64);
+    }
+
+    fn retained_matching(&self, filters: &[ByteString]) -> Vec<RetainedMessage> {
+        if filters.is_empty() {
+            return Vec::new();
+        }
+        self.retained
+            .values()
+            .filter(|m| filters.iter().any(|f| topic::matches(f, &m.topic)))
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,653 @@
+//! One device connection on its shard: the MQTT server side of a session after CONNECT.
+//!
+//! Owns the socket, the per-connection protocol state (topic aliases, QoS 1/2 acknowledgement
+//! order, keep-alive) and the will message. Reads are paused while the device has
+//! `receive_maximum` publishes awaiting acknowledgement (MQTT 5 devices are told the number
+//! and are disconnected with 0x93 if they exceed it; 3.1.1 devices are simply not read),
+//! which, with the uplink's memory bound, is how devices are back-pressured when the cloud is
+//! slow or away. Acknowledgements to the device go out in the order its PUBLISHes came in.
+//!
+//! A protocol violation closes only this connection, with a log line naming the device and
+//! what it did wrong (and, for MQTT 5, a DISCONNECT carrying the reason code).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use bytestring::ByteString;
+use sluice_proto::mqtt::{
+    encode, reason, topic, ConnAck, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS,
+    SubAck, Subscribe, UnsubAck, Unsubscribe, Will,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use super::ack::{AckToken, DeviceAcks};
+use super::metrics::{CloseReason, DropReason};
+use super::route;
+use super::session::{OutMessage, OutStage, Session};
+use super::{Adopted, ShardContext};
+
+/// How long a write to a device may stall before the device counts as a slow consumer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Read buffer growth step.
+const READ_CHUNK: usize = 8 * 1024;
+
+pub async fn run(ctx: Rc<ShardContext>, adopted: Adopted) {
+    let Adopted { stream, peer, connect, buffered, assigned_client_id } = adopted;
+    let stream = match TcpStream::from_std(stream) {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "cannot register device socket on shard");
+            return;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    ctx.metrics.connections.add(1);
+    let client_id = connect.client_id.clone();
+    let (rd, wr) = stream.into_split();
+    let mut conn = Connection::start(ctx.clone(), rd, wr, connect, buffered, assigned_client_id, peer).await;
+    let reason = conn.serve().await;
+    conn.finish(reason).await;
+    tracing::debug!(%peer, client_id = %client_id, reason = ?reason, "device connection closed");
+    ctx.metrics.connections.sub(1);
+    ctx.metrics.close(reason);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckKind {
+    PubAck,
+    PubRec,
+}
+
+#[derive(Debug)]
+struct PendingAck {
+    packet_id: u16,
+    kind: AckKind,
+    done: bool,
+}
+
+struct Connection {
+    ctx: Rc<ShardContext>,
+    session: Rc<Session>,
+    generation: u64,
+    version: ProtocolVersion,
+    client_id: ByteString,
+    peer: std::net::SocketAddr,
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    decoder: Decoder,
+    acks: Rc<DeviceAcks>,
+    pending: VecDeque<PendingAck>,
+    /// QoS 2 packet ids PUBREC'd to the device and awaiting its PUBREL.
+    awaiting_rel: HashSet<u16>,
+    aliases: HashMap<u16, ByteString>,
+    keep_alive: Duration,
+    last_read: Instant,
+    will: Option<Will>,
+    device_receive_max: u16,
+    device_max_packet: Option<u32>,
+}
+
+/// Close now, for this reason; for MQTT 5 with this reason code in a DISCONNECT.
+struct Close(CloseReason, Option<u8>);
+
+impl Connection {
+    async fn start(
+        ctx: Rc<ShardContext>,
+        rd: OwnedReadHalf,
+        wr: OwnedWriteHalf,
+        connect: sluice_proto::mqtt::Connect,
+        buffered: BytesMut,
+        assigned_client_id: bool,
+        peer: std::net::SocketAddr,
+    ) -> Connection {
+        let cfg = &ctx.config.mqtt;
+        let version = connect.protocol;
+        let client_id = connect.client_id.clone();
+        let max_expiry = cfg.session_expiry_max;
+        let expiry = match version {
+            ProtocolVersion::V5 => {
+                let asked = connect.properties.session_expiry_interval.unwrap_or(0);
+                Duration::from_secs(asked as u64).min(max_expiry)
+            }
+            ProtocolVersion::V311 if connect.clean_start => Duration::ZERO,
+            ProtocolVersion::V311 => max_expiry,
+        };
+
+        // Find or create the session; an existing connection for it is taken over.
+        let existing = ctx.sessions.borrow().get(&client_id).cloned();
+        let (session, session_present) = match existing {
+            Some(s) if !connect.clean_start => {
+                s.take_over();
+                (s, true)
+            }
+            Some(s) => {
+                s.take_over();
+                route::end_session(&ctx, &s).await;
+                (Self::new_session(&ctx, &client_id), false)
+            }
+            None => (Self::new_session(&ctx, &client_id), false),
+        };
+        let generation = session.generation.get();
+        {
+            let mut st = session.state.borrow_mut();
+            st.connected = true;
+            st.expiry = expiry;
+        }
+        let _ = ctx.control.try_send(crate::control::ControlCmd::DeviceUp { client_id: client_id.clone(), shard: ctx.id });
+
+        let max_packet = cfg.max_packet_size.0.min(u32::MAX as u64) as usize;
+        let mut conn = Connection {
+            ctx: ctx.clone(),
+            session,
+            generation,
+            version,
+            client_id: client_id.clone(),
+            peer,
+            rd,
+            wr,
+            rbuf: buffered,
+            wbuf: BytesMut::with_capacity(1024),
+            decoder: Decoder::client(version, max_packet),
+            acks: DeviceAcks::new(),
+            pending: VecDeque::new(),
+            awaiting_rel: HashSet::new(),
+            aliases: HashMap::new(),
+            keep_alive: Duration::from_secs(connect.keep_alive as u64),
+            last_read: Instant::now(),
+            will: connect.will.clone(),
+            device_receive_max: connect.properties.receive_maximum.unwrap_or(u16::MAX).max(1),
+            device_max_packet: connect.properties.maximum_packet_size,
+        };
+
+        let mut props = Properties::default();
+        if version == ProtocolVersion::V5 {
+            props.receive_maximum = Some(cfg.receive_maximum);
+            props.maximum_packet_size = Some(max_packet as u32);
+            props.topic_alias_maximum = Some(cfg.topic_alias_maximum);
+            props.retain_available = Some(1);
+            props.wildcard_subscription_available = Some(1);
+            props.shared_subscription_available = Some(0);
+            props.subscription_identifier_available = Some(0);
+            if assigned_client_id {
+                props.assigned_client_identifier = Some(client_id.clone());
+            }
+            let asked = connect.properties.session_expiry_interval.unwrap_or(0) as u64;
+            if asked > expiry.as_secs() {
+                props.session_expiry_interval = Some(expiry.as_secs() as u32);
+            }
+        }
+        conn.write(Packet::ConnAck(ConnAck { session_present, code: reason::SUCCESS, properties: props }));
+        conn.resend_inflight();
+        conn
+    }
+
+    fn new_session(ctx: &ShardContext, client_id: &ByteString) -> Rc<Session> {
+        let s = Session::new(client_id.clone(), ctx.config.mqtt.max_queued_messages);
+        ctx.sessions.borrow_mut().insert(client_id.clone(), s.clone());
+        ctx.metrics.sessions.add(1);
+        s
+    }
+
+    fn is_current(&self) -> bool {
+        self.session.generation.get() == self.generation
+    }
+
+    fn write(&mut self, packet: Packet) {
+        if let Err(error) = encode(&packet, self.version, &mut self.wbuf) {
+            tracing::warn!(client_id = %self.client_id, packet = packet.name(), %error, "cannot encode packet for device");
+        }
+    }
+
+    /// Resend QoS 1/2 messages the device had not acknowledged when it last disconnected.
+    fn resend_inflight(&mut self) {
+        let inflight: Vec<(u16, OutMessage, OutStage)> =
+            self.session.state.borrow().inflight.iter().map(|(id, (m, s))| (*id, m.clone(), *s)).collect();
+        for (id, msg, stage) in inflight {
+            match stage {
+                OutStage::AwaitingAck => {
+                    let p = publish_packet(&msg, Some(id), true);
+                    self.write(Packet::Publish(p));
+                }
+                OutStage::AwaitingComp => self.write(Packet::PubRel(resp(id))),
+            }
+        }
+    }
+
+    async fn serve(&mut self) -> CloseReason {
+        let mut shutdown = self.ctx.shutdown.clone();
+        let receive_max = self.ctx.config.mqtt.receive_maximum as usize;
+        // Process anything the device pipelined behind its CONNECT.
+        if let Err(Close(reason, code)) = self.process_input().await {
+            return self.close_with(reason, code).await;
+        }
+        loop {
+            if !self.is_current() {
+                return self.close_with(CloseReason::SessionTakenOver, Some(reason::SESSION_TAKEN_OVER)).await;
+            }
+            self.take_outbox();
+            if let Err(reason) = self.flush().await {
+                return reason;
+            }
+            let paused = self.pending.len() >= receive_max;
+            let deadline = self.last_read + self.keep_alive + self.keep_alive / 2;
+            let keep_alive_on = !self.keep_alive.is_zero();
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() {
+                        return self.close_with(CloseReason::Shutdown, Some(reason::SERVER_UNAVAILABLE)).await;
+                    }
+                }
+                _ = self.acks.notify.notified() => self.on_cloud_acks(),
+                _ = self.session.notify.notified() => {}
+                read = read_more(&mut self.rd, &mut self.rbuf), if !paused => {
+                    match read {
+                        Ok(0) => return CloseReason::PeerClosed,
+                        Ok(n) => {
+                            self.ctx.metrics.bytes_received.add(n as u64);
+                            self.last_read = Instant::now();
+                            if let Err(Close(reason, code)) = self.process_input().await {
+                                return self.close_with(reason, code).await;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::debug!(client_id = %self.client_id, %error, "device read failed");
+                            return CloseReason::IoError;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline.into()), if keep_alive_on => {
+                    tracing::info!(client_id = %self.client_id, peer = %self.peer, keep_alive_s = self.keep_alive.as_secs(),
+                        "device silent beyond 1.5x its keep-alive; closing");
+                    return self.close_with(CloseReason::KeepAliveTimeout, Some(reason::KEEP_ALIVE_TIMEOUT)).await;
+                }
+            }
+        }
+    }
+
+    /// Decode and handle every complete packet in the read buffer.
+    async fn process_input(&mut self) -> Result<(), Close> {
+        loop {
+            let packet = match self.decoder.decode(&mut self.rbuf) {
+                Ok(Some(p)) => p,
+                Ok(None) => return Ok(()),
+                Err(error) => {
+                    tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error, "bad packet from device; closing its connection");
+                    let code = match error {
+                        sluice_proto::mqtt::DecodeError::PacketTooLarge { .. } => reason::PACKET_TOO_LARGE,
+                        sluice_proto::mqtt::DecodeError::Protocol(_) => reason::PROTOCOL_ERROR,
+                        _ => reason::MALFORMED_PACKET,
+                    };
+                    return Err(Close(CloseReason::ProtocolError, Some(code)));
+                }
+            };
+            self.handle(packet).await?;
+        }
+    }
+
+    async fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::Publish(p) => self.on_publish(p).await,
+            Packet::PubAck(r) => {
+                let mut st = self.session.state.borrow_mut();
+                if matches!(st.inflight.get(&r.packet_id), Some((m, OutStage::AwaitingAck)) if m.qos == QoS::AtLeastOnce) {
+                    st.inflight.remove(&r.packet_id);
+                }
+                Ok(())
+            }
+            Packet::PubRec(r) => {
+                let known = {
+                    let mut st = self.session.state.borrow_mut();
+                    match st.inflight.get_mut(&r.packet_id) {
+                        Some((m, stage)) if m.qos == QoS::ExactlyOnce => {
+                            if r.reason >= 0x80 {
+                                st.inflight.remove(&r.packet_id);
+                                false
+                            } else {
+                                *stage = OutStage::AwaitingComp;
+                                true
+                            }
+                        }
+                        _ => false,
+                    }
+                };
+                if known {
+                    self.write(Packet::PubRel(resp(r.packet_id)));
+                }
+                Ok(())
+            }
+            Packet::PubComp(r) => {
+                self.session.state.borrow_mut().inflight.remove(&r.packet_id);
+                Ok(())
+            }
+            Packet::PubRel(r) => {
+                let found = self.awaiting_rel.remove(&r.packet_id);
+                let mut out = resp(r.packet_id);
+                if !found && self.version == ProtocolVersion::V5 {
+                    out.reason = reason::PACKET_IDENTIFIER_NOT_FOUND;
+                }
+                self.write(Packet::PubComp(out));
+                Ok(())
+            }
+            Packet::Subscribe(s) => self.on_subscribe(s).await,
+            Packet::Unsubscribe(u) => self.on_unsubscribe(u).await,
+            Packet::PingReq => {
+                self.write(Packet::PingResp);
+                Ok(())
+            }
+            Packet::Disconnect(d) => {
+                if d.reason != reason::DISCONNECT_WITH_WILL {
+                    self.will = None;
+                }
+                if let Some(expiry) = d.properties.session_expiry_interval {
+                    let max = self.ctx.config.mqtt.session_expiry_max;
+                    self.session.state.borrow_mut().expiry = Duration::from_secs(expiry as u64).min(max);
+                }
+                Err(Close(CloseReason::ClientDisconnect, None))
+            }
+            other => {
+                tracing::warn!(client_id = %self.client_id, peer = %self.peer, packet = other.name(),
+                    "device sent a packet a client may not send here; closing its connection");
+                Err(Close(CloseReason::ProtocolError, Some(reason::PROTOCOL_ERROR)))
+            }
+        }
+    }
+
+    async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        let received_at = Instant::now();
+        // Topic aliases (MQTT 5): resolve, then strip — an alias is per connection.
+        if let Some(alias) = p.properties.as_ref().and_then(|pr| pr.topic_alias) {
+            if alias == 0 || alias > self.ctx.config.mqtt.topic_alias_maximum {
+                tracing::warn!(client_id = %self.client_id, alias, "device used a topic alias out of range; closing");
+                return Err(Close(CloseReason::ProtocolError, Some(reason::TOPIC_ALIAS_INVALID)));
+            }
+            if p.topic.is_empty() {
+                match self.aliases.get(&alias) {
+                    Some(t) => p.topic = t.clone(),
+                    None => {
+                        tracing::warn!(client_id = %self.client_id, alias, "device used an unknown topic alias; closing");
+                        return Err(Close(CloseReason::ProtocolError, Some(reason::PROTOCOL_ERROR)));
+                    }
+                }
+            } else {
+                self.aliases.insert(alias, p.topic.clone());
+            }
+            if let Some(props) = p.properties.as_mut() {
+                props.topic_alias = None;
+                if props.is_empty() {
+                    p.properties = None;
+                }
+            }
+        }
+        if !topic::valid_topic_name(&p.topic) {
+            tracing::warn!(client_id = %self.client_id, topic = %p.topic, "device published to an invalid topic name; closing");
+            return Err(Close(CloseReason::ProtocolError, Some(reason::TOPIC_NAME_INVALID)));
+        }
+        self.ctx.metrics.messages_received.inc();
+        let ack = match (p.qos, p.packet_id) {
+            (QoS::AtMostOnce, _) => None,
+            (qos, Some(id)) => {
+                if qos == QoS::ExactlyOnce
+                    && (self.awaiting_rel.contains(&id) || self.pending.iter().any(|a| a.packet_id == id && a.kind == AckKind::PubRec))
+                {
+                    // A resent QoS 2 message we already took: acknowledge again, never forward twice.
+                    if self.awaiting_rel.contains(&id) {
+                        self.write(Packet::PubRec(resp(id)));
+                    }
+                    return Ok(());
+                }
+                if self.version == ProtocolVersion::V5 && self.pending.len() >= self.ctx.config.mqtt.receive_maximum as usize {
+                    tracing::warn!(client_id = %self.client_id, "device exceeded the receive maximum; closing");
+                    return Err(Close(CloseReason::ProtocolError, Some(reason::RECEIVE_MAXIMUM_EXCEEDED)));
+                }
+                let kind = if qos == QoS::AtLeastOnce { AckKind::PubAck } else { AckKind::PubRec };
+                self.pending.push_back(PendingAck { packet_id: id, kind, done: false });
+                Some(AckToken::new(&self.acks, id))
+            }
+            (_, None) => return Err(Close(CloseReason::ProtocolError, Some(reason::PROTOCOL_ERROR))),
+        };
+        route::publish(&self.ctx, &self.client_id, &p, ack, received_at).await;
+        Ok(())
+    }
+
+    /// The cloud acknowledged some of this device's messages: acknowledge them to the device,
+    /// in the order the device sent them.
+    fn on_cloud_acks(&mut self) {
+        for id in self.acks.drain() {
+            if let Some(a) = self.pending.iter_mut().find(|a| a.packet_id == id && !a.done) {
+                a.done = true;
+            }
+        }
+        while self.pending.front().is_some_and(|a| a.done) {
+            let Some(a) = self.pending.pop_front() else { break };
+            match a.kind {
+                AckKind::PubAck => self.write(Packet::PubAck(resp(a.packet_id))),
+                AckKind::PubRec => {
+                    self.awaiting_rel.insert(a.packet_id);
+                    self.write(Packet::PubRec(resp(a.packet_id)));
+                }
+            }
+        }
+    }
+
+    async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut accepted = Vec::new();
+        for f in &s.filters {
+            if f.filter.starts_with("$share/") {
+                codes.push(match self.version {
+                    ProtocolVersion::V5 => reason::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                    ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
+                });
+            } else if !topic::valid_topic_filter(&f.filter) {
+                codes.push(match self.version {
+                    ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
+                    ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
+                });
+            } else {
+                codes.push(f.options.qos as u8);
+                accepted.push((f.filter.clone(), f.options, true));
+            }
+        }
+        let retained = route::subscribe(&self.ctx, &self.session, &accepted).await;
+        self.write(Packet::SubAck(SubAck { packet_id: s.packet_id, codes, properties: Properties::default() }));
+        for m in retained {
+            let granted = accepted
+                .iter()
+                .filter(|(f, _, _)| topic::matches(f, &m.topic))
+                .map(|(_, o, _)| o.qos)
+                .max()
+                .unwrap_or(QoS::AtMostOnce);
+            let msg = OutMessage { topic: m.topic, payload: m.payload, qos: m.qos.min(granted), retain: true, properties: m.properties };
+            if self.session.enqueue(msg).is_err() {
+                self.ctx.metrics.count_drop(DropReason::SessionQueueFull);
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
+        let mut codes = Vec::with_capacity(u.filters.len());
+        for f in &u.filters {
+            let existed = route::unsubscribe(&self.ctx, &self.session, f).await;
+            codes.push(if existed { reason::SUCCESS } else { reason::NO_SUBSCRIPTION_EXISTED });
+        }
+        if self.version == ProtocolVersion::V311 {
+            codes.clear();
+        }
+        self.write(Packet::UnsubAck(UnsubAck { packet_id: u.packet_id, codes, properties: Properties::default() }));
+        Ok(())
+    }
+
+    /// Move queued messages for the device into the write buffer, within its inflight window.
+    fn take_outbox(&mut self) {
+        if !self.is_current() {
+            return;
+        }
+        let window = (self.ctx.config.mqtt.max_inflight_out.min(self.device_receive_max)).max(1) as usize;
+        loop {
+            let (msg, id) = {
+                let mut st = self.session.state.borrow_mut();
+                let Some(front) = st.outbox.front() else { break };
+                if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
+                    break;
+                }
+                let Some(msg) = st.outbox.pop_front() else { break };
+                let id = if msg.qos == QoS::AtMostOnce {
+                    None
+                } else {
+                    let Some(id) = st.allocate_packet_id() else {
+                        st.outbox.push_front(msg);
+                        break;
+                    };
+                    st.inflight.insert(id, (msg.clone(), OutStage::AwaitingAck));
+                    Some(id)
+                };
+                (msg, id)
+            };
+            let before = self.wbuf.len();
+            self.write(Packet::Publish(publish_packet(&msg, id, false)));
+            let size = self.wbuf.len() - before;
+            if self.device_max_packet.is_some_and(|max| size > max as usize) {
+                self.wbuf.truncate(before);
+                if let Some(id) = id {
+                    self.session.state.borrow_mut().inflight.remove(&id);
+                }
+                self.ctx.metrics.count_drop(DropReason::TooLargeForDevice);
+                continue;
+            }
+            self.ctx.metrics.messages_delivered.inc();
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), CloseReason> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        let n = self.wbuf.len();
+        match tokio::time::timeout(WRITE_TIMEOUT, self.wr.write_all(&self.wbuf)).await {
+            Ok(Ok(())) => {
+                self.ctx.metrics.bytes_sent.add(n as u64);
+                self.wbuf.clear();
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(client_id = %self.client_id, %error, "device write failed");
+                Err(CloseReason::IoError)
+            }
+            Err(_) => {
+                tracing::warn!(client_id = %self.client_id, peer = %self.peer, "device stopped reading for 30s; closing (slow consumer)");
+                Err(CloseReason::SlowConsumer)
+            }
+        }
+    }
+
+    async fn close_with(&mut self, reason: CloseReason, code: Option<u8>) -> CloseReason {
+        if let (ProtocolVersion::V5, Some(code)) = (self.version, code) {
+            self.write(Packet::Disconnect(Disconnect { reason: code, properties: Properties::default() }));
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let _ = self.wr.write_all(&self.wbuf).await;
+            let _ = self.wr.shutdown().await;
+        })
+        .await;
+        self.wbuf.clear();
+        reason
+    }
+
+    /// After the connection ended: publish the will if due, and keep or end the session.
+    async fn finish(&mut self, reason: CloseReason) {
+        if let Some(will) = self.will.take() {
+            if reason != CloseReason::ClientDisconnect {
+                self.publish_will(will).await;
+            }
+        }
+        if !self.is_current() {
+            return; // taken over: the session belongs to the new connection now
+        }
+        let _ = self.ctx.control.try_send(crate::control::ControlCmd::DeviceDown { client_id: self.client_id.clone(), shard: self.ctx.id });
+        let expiry = {
+            let mut st = self.session.state.borrow_mut();
+            st.connected = false;
+            st.expiry
+        };
+        if expiry.is_zero() || reason == CloseReason::Shutdown {
+            route::end_session(&self.ctx, &self.session).await;
+            return;
+        }
+        let ctx = self.ctx.clone();
+        let session = self.session.clone();
+        let generation = self.generation;
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(expiry).await;
+            if session.generation.get() == generation && !session.state.borrow().connected {
+                tracing::debug!(client_id = %session.client_id, "persistent session expired");
+                route::end_session(&ctx, &session).await;
+            }
+        });
+    }
+
+    async fn publish_will(&mut self, will: Will) {
+        let delay = Duration::from_secs(will.properties.will_delay_interval.unwrap_or(0) as u64);
+        let props = if will.properties.is_empty() {
+            None
+        } else {
+            let mut p = will.properties.clone();
+            p.will_delay_interval = None;
+            if p.is_empty() { None } else { Some(Box::new(p)) }
+        };
+        let p = Publish {
+            dup: false,
+            qos: will.qos,
+            retain: will.retain,
+            topic: will.topic,
+            packet_id: None,
+            properties: props,
+            payload: will.payload,
+        };
+        let origin = self.client_id.clone();
+        if delay.is_zero() {
+            route::publish(&self.ctx, &origin, &p, None, Instant::now()).await;
+            return;
+        }
+        let ctx = self.ctx.clone();
+        let session = self.session.clone();
+        let generation = self.generation;
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(delay).await;
+            // A device that reconnected within the delay cancels its will (MQTT 5 §3.1.3.2.2).
+            if session.generation.get() == generation {
+                route::publish(&ctx, &origin, &p, None, Instant::now()).await;
+            }
+        });
+    }
+}
+
+async fn read_more(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() < READ_CHUNK {
+        buf.reserve(READ_CHUNK);
+    }
+    rd.read_buf(buf).await
+}
+
+fn resp(packet_id: u16) -> PubResponse {
+    PubResponse { packet_id, reason: reason::SUCCESS, properties: None }
+}
+
+fn publish_packet(msg: &OutMessage, packet_id: Option<u16>, dup: bool) -> Publish {
+    Publish {
+        dup,
+        qos: msg.qos,
+        retain: msg.retain,
+        topic: msg.topic.clone(),
+        packet_id,
+        properties: msg.properties.clone(),
+        payload: msg.payload.clone(),
+    }
+}

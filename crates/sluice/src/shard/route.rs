@@ -1,0 +1,229 @@
+//! Where a device's message goes: local subscribers, other shards' subscribers, the retained
+//! store and the uplinks — and the subscription bookkeeping that decides it.
+//!
+//! A PUBLISH from a device is delivered to matching sessions on this shard, sent once to
+//! every other shard whose snapshot entry matches (that shard matches its own sessions), sent
+//! to the control plane if it is retained, and pushed to every uplink whose `forward` filters
+//! match. The device's acknowledgement waits for every uplink's cloud acknowledgement (see
+//! ack.rs); local and cross-shard delivery do not delay it.
+
+use std::rc::Rc;
+
+use bytestring::ByteString;
+use sluice_proto::mqtt::{Publish, QoS, SubscriptionOptions};
+use tokio::sync::oneshot;
+
+use super::ack::AckToken;
+use super::metrics::DropReason;
+use super::session::{OutMessage, QueueRefusal, Session};
+use super::{LocalSub, Routed, ShardCmd, ShardContext};
+use crate::control::{ControlCmd, RetainedMessage};
+use crate::uplink::UplinkMessage;
+
+/// Route a device's PUBLISH. Waits (back-pressure) only where a bound is reached for a QoS
+/// 1/2 message; QoS 0 messages are dropped and counted instead.
+pub async fn publish(ctx: &Rc<ShardContext>, origin: &ByteString, p: &Publish, ack: Option<AckToken>, received_at: std::time::Instant) {
+    let routed = Routed {
+        origin: origin.clone(),
+        topic: p.topic.clone(),
+        payload: p.payload.clone(),
+        qos: p.qos,
+        retain: p.retain,
+        properties: p.properties.clone(),
+    };
+    deliver_local(ctx, &routed);
+    deliver_other_shards(ctx, &routed).await;
+    if p.retain {
+        let msg = RetainedMessage { topic: p.topic.clone(), payload: p.payload.clone(), qos: p.qos, properties: p.properties.clone() };
+        if ctx.control.send(ControlCmd::Retain(msg)).await.is_err() {
+            tracing::debug!("control plane gone; retained message not stored");
+        }
+    }
+    for uplink in &ctx.uplinks {
+        if !uplink.route.forwards(&p.topic) {
+            continue;
+        }
+        let msg = UplinkMessage {
+            device: origin.clone(),
+            topic: p.topic.clone(),
+            payload: p.payload.clone(),
+            qos: if p.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce },
+            retain: p.retain,
+            received_at,
+            ack: ack.as_ref().map(AckToken::share),
+        };
+        ctx.metrics.messages_forwarded.inc();
+        if p.qos == QoS::AtMostOnce {
+            if uplink.queue.try_push(msg).is_err() {
+                ctx.metrics.count_drop(DropReason::UplinkQueueFull);
+            }
+        } else {
+            uplink.queue.push(msg).await;
+        }
+    }
+    if let Some(ack) = ack {
+        ack.complete();
+    }
+}
+
+async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
+    if ctx.mailboxes.len() < 2 {
+        return;
+    }
+    let snapshot = ctx.snapshot.load();
+    if snapshot.trie.is_empty() {
+        return;
+    }
+    let mut targets: u128 = 0;
+    let mut extra: Vec<usize> = Vec::new();
+    snapshot.trie.for_each_match(&routed.topic, |&shard| {
+        let shard = shard as usize;
+        if shard == ctx.id {
+            return;
+        }
+        if shard < 128 {
+            targets |= 1 << shard;
+        } else if !extra.contains(&shard) {
+            extra.push(shard);
+        }
+    });
+    drop(snapshot);
+    let shards = (0..128usize).filter(|s| targets & (1 << s) != 0).chain(extra);
+    for shard in shards {
+        let Some(mailbox) = ctx.mailboxes.get(shard) else { continue };
+        ctx.metrics.cross_shard_sent.inc();
+        if routed.qos == QoS::AtMostOnce {
+            if mailbox.try_send(ShardCmd::Deliver(routed.clone())).is_err() {
+                ctx.metrics.count_drop(DropReason::MailboxFull);
+            }
+        } else if mailbox.send(ShardCmd::Deliver(routed.clone())).await.is_err() {
+            tracing::debug!(shard, "shard mailbox closed");
+        }
+    }
+}
+
+/// Deliver to the matching sessions on this shard (each session once, at the highest QoS of
+/// its matching subscriptions).
+pub fn deliver_local(ctx: &ShardContext, routed: &Routed) {
+    let mut hits: Vec<(Rc<Session>, SubscriptionOptions)> = Vec::new();
+    {
+        let subs = ctx.subs.borrow();
+        subs.for_each_match(&routed.topic, |sub: &LocalSub| {
+            if sub.options.no_local && sub.session.client_id == routed.origin {
+                return;
+            }
+            match hits.iter_mut().find(|(s, _)| Rc::ptr_eq(s, &sub.session)) {
+                Some((_, opts)) => {
+                    if sub.options.qos > opts.qos {
+                        opts.qos = sub.options.qos;
+                    }
+                    opts.retain_as_published |= sub.options.retain_as_published;
+                }
+                None => hits.push((sub.session.clone(), sub.options)),
+            }
+        });
+    }
+    for (session, opts) in hits {
+        let msg = OutMessage {
+            topic: routed.topic.clone(),
+            payload: routed.payload.clone(),
+            qos: routed.qos.min(opts.qos),
+            retain: routed.retain && opts.retain_as_published,
+            properties: routed.properties.clone(),
+        };
+        match session.enqueue(msg) {
+            Ok(()) => {}
+            Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),
+            Err(QueueRefusal::Offline) => {}
+        }
+    }
+}
+
+/// Add subscriptions for a session; returns the retained messages matching the filters that
+/// asked for them. The control plane's snapshot includes the new filters before this returns,
+/// so a message published anywhere after the SUBACK reaches the subscriber.
+pub async fn subscribe(
+    ctx: &Rc<ShardContext>,
+    session: &Rc<Session>,
+    filters: &[(ByteString, SubscriptionOptions, bool)],
+) -> Vec<RetainedMessage> {
+    let mut add = Vec::new();
+    let mut retained_for = Vec::new();
+    for (filter, options, want_retained) in filters {
+        let existed = session.state.borrow_mut().subscriptions.insert(filter.clone(), *options).is_some();
+        ctx.subs.borrow_mut().insert(filter, LocalSub { session: session.clone(), options: *options });
+        if !existed {
+            ctx.metrics.subscriptions.add(1);
+            let mut refs = ctx.filter_refs.borrow_mut();
+            let n = refs.entry(filter.clone()).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                add.push(filter.clone());
+            }
+        }
+        // retain_handling: 0 = always send, 1 = only for a new subscription, 2 = never.
+        let send = match options.retain_handling {
+            0 => true,
+            1 => !existed,
+            _ => false,
+        };
+        if *want_retained && send {
+            retained_for.push(filter.clone());
+        }
+    }
+    if add.is_empty() && retained_for.is_empty() {
+        return Vec::new();
+    }
+    let (tx, rx) = oneshot::channel();
+    let cmd = ControlCmd::Subscribe { shard: ctx.id, add, retained_for, reply: tx };
+    if ctx.control.send(cmd).await.is_err() {
+        return Vec::new();
+    }
+    rx.await.unwrap_or_default()
+}
+
+/// Remove a session's subscription; returns whether it existed.
+pub async fn unsubscribe(ctx: &Rc<ShardContext>, session: &Rc<Session>, filter: &ByteString) -> bool {
+    let existed = session.state.borrow_mut().subscriptions.remove(filter).is_some();
+    if !existed {
+        return false;
+    }
+    ctx.subs.borrow_mut().remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
+    ctx.metrics.subscriptions.sub(1);
+    let gone = {
+        let mut refs = ctx.filter_refs.borrow_mut();
+        match refs.get_mut(filter) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                refs.remove(filter);
+                true
+            }
+            None => false,
+        }
+    };
+    if gone {
+        let _ = ctx.control.send(ControlCmd::Unsubscribe { shard: ctx.id, remove: vec![filter.clone()] }).await;
+    }
+    true
+}
+
+/// End a session: drop its subscriptions and forget it.
+pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
+    let filters: Vec<ByteString> = session.state.borrow().subscriptions.keys().cloned().collect();
+    for f in &filters {
+        unsubscribe(ctx, session, f).await;
+    }
+    let removed = {
+        let mut sessions = ctx.sessions.borrow_mut();
+        match sessions.get(&session.client_id) {
+            Some(s) if Rc::ptr_eq(s, session) => sessions.remove(&session.client_id).is_some(),
+            _ => false,
+        }
+    };
+    if removed {
+        ctx.metrics.sessions.sub(1);
+    }
+}

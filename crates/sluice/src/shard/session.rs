@@ -1,0 +1,153 @@
+//! MQTT session state of one device, owned by the device's shard.
+//!
+//! A session outlives its connection when it is persistent (3.1.1 clean session = 0, or an
+//! MQTT 5 session expiry > 0): its subscriptions stay in the shard's trie and messages for it
+//! queue in its bounded outbox until the device reconnects or the session expires. Because a
+//! device always hashes to the same shard, the session is found again without a global
+//! lookup. Invariants: the outbox holds at most `max_queued` messages (overflow: the new
+//! message is dropped and counted); `inflight` holds QoS 1/2 messages written to the device
+//! and not yet acknowledged, resent with DUP when the device reconnects.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use bytestring::ByteString;
+use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
+use tokio::sync::Notify;
+
+/// A message on its way to a device.
+#[derive(Debug, Clone)]
+pub struct OutMessage {
+    pub topic: ByteString,
+    pub payload: Bytes,
+    pub qos: QoS,
+    pub retain: bool,
+    pub properties: Option<Box<Properties>>,
+}
+
+/// Where a QoS 1/2 message written to the device is in its acknowledgement flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutStage {
+    /// QoS 1 PUBLISH written, waiting for PUBACK; or QoS 2 waiting for PUBREC.
+    AwaitingAck,
+    /// QoS 2: PUBREL written, waiting for PUBCOMP.
+    AwaitingComp,
+}
+
+#[derive(Debug)]
+pub struct SessionState {
+    pub subscriptions: HashMap<ByteString, SubscriptionOptions>,
+    pub outbox: VecDeque<OutMessage>,
+    pub inflight: BTreeMap<u16, (OutMessage, OutStage)>,
+    next_packet_id: u16,
+    /// How long the session outlives a disconnect (zero: it ends with the connection).
+    pub expiry: Duration,
+    pub connected: bool,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub client_id: ByteString,
+    pub state: RefCell<SessionState>,
+    /// Incremented whenever a new connection takes the session over; a connection whose
+    /// generation is stale closes itself.
+    pub generation: Cell<u64>,
+    /// Woken when the outbox gains a message or the session is taken over.
+    pub notify: Notify,
+    max_queued: usize,
+}
+
+/// Why a message was not queued for a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueRefusal {
+    Full,
+    Offline,
+}
+
+impl Session {
+    pub fn new(client_id: ByteString, max_queued: usize) -> Rc<Session> {
+        Rc::new(Session {
+            client_id,
+            state: RefCell::new(SessionState {
+                subscriptions: HashMap::new(),
+                outbox: VecDeque::new(),
+                inflight: BTreeMap::new(),
+                next_packet_id: 1,
+                expiry: Duration::ZERO,
+                connected: false,
+            }),
+            generation: Cell::new(0),
+            notify: Notify::new(),
+            max_queued,
+        })
+    }
+
+    /// Queue a message for the device. QoS 0 messages are not kept for offline devices.
+    pub fn enqueue(&self, msg: OutMessage) -> Result<(), QueueRefusal> {
+        let mut st = self.state.borrow_mut();
+        if !st.connected && msg.qos == QoS::AtMostOnce {
+            return Err(QueueRefusal::Offline);
+        }
+        if st.outbox.len() >= self.max_queued {
+            return Err(QueueRefusal::Full);
+        }
+        st.outbox.push_back(msg);
+        drop(st);
+        self.notify.notify_one();
+        Ok(())
+    }
+
+    /// Start a new connection generation (session takeover); returns it.
+    pub fn take_over(&self) -> u64 {
+        let g = self.generation.get() + 1;
+        self.generation.set(g);
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+        g
+    }
+}
+
+impl SessionState {
+    /// A packet id not currently in flight to the device.
+    pub fn allocate_packet_id(&mut self) -> Option<u16> {
+        for _ in 0..u16::MAX {
+            let id = self.next_packet_id;
+            self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
+            if !self.inflight.contains_key(&id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(qos: QoS) -> OutMessage {
+        OutMessage { topic: "t".into(), payload: Bytes::from_static(b"x"), qos, retain: false, properties: None }
+    }
+
+    #[test]
+    fn offline_session_keeps_qos1_but_not_qos0_and_is_bounded() {
+        let s = Session::new("d".into(), 2);
+        assert_eq!(s.enqueue(msg(QoS::AtMostOnce)), Err(QueueRefusal::Offline));
+        assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
+        assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
+        assert_eq!(s.enqueue(msg(QoS::AtLeastOnce)), Err(QueueRefusal::Full));
+    }
+
+    #[test]
+    fn packet_ids_skip_those_in_flight_and_wrap() {
+        let s = Session::new("d".into(), 2);
+        let mut st = s.state.borrow_mut();
+        st.next_packet_id = u16::MAX;
+        st.inflight.insert(1, (msg(QoS::AtLeastOnce), OutStage::AwaitingAck));
+        assert_eq!(st.allocate_packet_id(), Some(u16::MAX));
+        assert_eq!(st.allocate_packet_id(), Some(2));
+    }
+}

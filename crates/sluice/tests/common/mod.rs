@@ -1,0 +1,138 @@
+//! Shared set-up for the gateway's end-to-end tests: a real cloud Mosquitto with TLS 1.3 and
+//! certificates generated at test time, a gateway started in-process from a TOML config, and a
+//! gate-able TCP relay used only to inject a fault (hold the gateway off the cloud).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::app::{Gateway, RunningGateway};
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
+
+pub struct Cloud {
+    pub pki: TestPki,
+    pub broker: Mosquitto,
+}
+
+impl Cloud {
+    pub fn start() -> Cloud {
+        let pki = TestPki::generate();
+        let broker = Mosquitto::builder().tls(&pki).plain_listener(false).start().expect("start cloud mosquitto");
+        Cloud { pki, broker }
+    }
+
+    /// A TLS 1.3 client of the cloud broker.
+    pub async fn client(&self, id: &str) -> TestClient {
+        let opts = ConnectOpts::v311(id).with_tls(self.pki.rustls_client_config(false), "localhost");
+        let (c, ack) = TestClient::connect(self.broker.tls_addr(), opts).await.expect("connect to cloud");
+        assert_eq!(ack.code, 0);
+        c
+    }
+
+    pub async fn subscriber(&self, id: &str, filter: &str) -> TestClient {
+        let mut c = self.client(id).await;
+        let codes = c.subscribe(&[(filter, QoS::AtLeastOnce)]).await.expect("subscribe at cloud");
+        assert_eq!(codes, vec![1]);
+        c
+    }
+
+    /// An `[[uplink]]` section pointing at this broker (or at `via`, a relay in front of it).
+    pub fn uplink_toml(&self, via: Option<SocketAddr>, extra: &str) -> String {
+        let addr = via.unwrap_or(self.broker.tls_addr());
+        format!(
+            "[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://{addr}\"\nca_file = \"{}\"\nserver_name = \"localhost\"\nclient_id = \"gw-test\"\nreconnect_min = \"50ms\"\nreconnect_max = \"500ms\"\n{extra}\n",
+            self.pki.ca_path().display()
+        )
+    }
+}
+
+/// Start a gateway on free loopback ports with `shards` shards and extra TOML.
+pub fn gateway(shards: usize, extra: &str) -> RunningGateway {
+    let text = format!(
+        "[gateway]\nshards = {shards}\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
+    );
+    let config = sluice::config::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
+    Gateway::build(config).expect("build gateway").start().expect("start gateway")
+}
+
+pub async fn device(gw: &RunningGateway, id: &str, version: ProtocolVersion) -> TestClient {
+    device_opts(gw, ConnectOpts::new(version, id)).await
+}
+
+pub async fn device_opts(gw: &RunningGateway, opts: ConnectOpts) -> TestClient {
+    let (c, ack) = TestClient::connect(gw.mqtt_addr, opts).await.expect("connect device");
+    assert_eq!(ack.code, 0, "device refused: {ack:?}");
+    c
+}
+
+/// Client ids that hash to each shard, so a test can place devices deliberately.
+pub fn ids_on_shards(prefix: &str, shards: usize, per_shard: usize) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); shards];
+    let mut i = 0;
+    while out.iter().any(|v| v.len() < per_shard) {
+        let id = format!("{prefix}-{i}");
+        let s = sluice::shard::hash::shard_for(id.as_bytes(), None, shards);
+        if out[s].len() < per_shard {
+            out[s].push(id);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A TCP relay that can refuse new connections and cut existing ones: the fault injector that
+/// decides when the gateway may reach the cloud again.
+pub struct Gate {
+    pub addr: SocketAddr,
+    open: Arc<AtomicBool>,
+}
+
+impl Gate {
+    pub async fn start(upstream: SocketAddr) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = listener.local_addr().expect("relay addr");
+        let open = Arc::new(AtomicBool::new(true));
+        let gate = open.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut down, _)) = listener.accept().await else { return };
+                if !gate.load(Ordering::SeqCst) {
+                    drop(down);
+                    continue;
+                }
+                tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        });
+        Gate { addr, open }
+    }
+    pub fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::SeqCst);
+    }
+}
+
+/// Poll `f` until it is true or `timeout` passes.
+pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
+}
+
+/// The value of a metric line (sum over all label sets matching `prefix`).
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
