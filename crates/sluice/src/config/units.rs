@@ -118,7 +118,7 @@ impl fmt::Display for ByteSize {
         let best = BINARY_UNITS
             .iter()
             .chain(SI_UNITS.iter())
-            .filter(|(_, m)| n != 0 && n % m == 0)
+            .filter(|(_, m)| n != 0 && n.checked_rem(*m) == Some(0))
             .min_by_key(|(_, m)| n / m);
         match best {
             Some((unit, m)) => write!(f, "{}{unit}", n / m),
