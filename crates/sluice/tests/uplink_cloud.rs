@@ -34,7 +34,11 @@ fn run_local<F: Future>(f: F) -> F::Output {
 }
 
 fn cloud_config(pki: &TestPki, broker: &Mosquitto, protocol: MqttProtocol) -> UplinkConfig {
-    let url = UplinkUrl { tls: true, host: "127.0.0.1".into(), port: broker.tls_port() };
+    let url = UplinkUrl {
+        tls: true,
+        host: "127.0.0.1".into(),
+        port: broker.tls_port(),
+    };
     let mut cfg = UplinkConfig::new("cloud", url);
     cfg.ca_file = Some(pki.ca_path().to_path_buf());
     cfg.server_name = Some("localhost".into());
@@ -73,7 +77,13 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
         metrics.clone(),
         rx,
     );
-    Uplink { queue, metrics, downlink, shutdown, task }
+    Uplink {
+        queue,
+        metrics,
+        downlink,
+        shutdown,
+        task,
+    }
 }
 
 impl Uplink {
@@ -112,9 +122,17 @@ fn message(d: usize, i: usize, acks: &Rc<DeviceAcks>) -> UplinkMessage {
 
 async fn subscriber(pki: &TestPki, broker: &Mosquitto, id: &str, filter: &str) -> TestClient {
     let opts = ConnectOpts::v5(id).with_tls(pki.rustls_client_config(false), "localhost");
-    let (mut client, connack) = TestClient::connect(broker.tls_addr(), opts).await.expect("subscriber connects");
+    let (mut client, connack) = TestClient::connect(broker.tls_addr(), opts)
+        .await
+        .expect("subscriber connects");
     assert_eq!(connack.code, 0);
-    assert_eq!(client.subscribe(&[(filter, QoS::AtLeastOnce)]).await.expect("SUBACK"), vec![1]);
+    assert_eq!(
+        client
+            .subscribe(&[(filter, QoS::AtLeastOnce)])
+            .await
+            .expect("SUBACK"),
+        vec![1]
+    );
     client
 }
 
@@ -123,8 +141,19 @@ async fn collect(client: &mut TestClient, want: usize, idle: Duration) -> Vec<Ve
     let mut per_device = vec![Vec::new(); DEVICES];
     let mut got = 0;
     while got < want {
-        let Some(p) = client.recv(idle).await.expect("subscriber connection stays up") else { break };
-        let d: usize = p.topic.split('/').nth(1).and_then(|s| s.parse().ok()).expect("dev/<n>/data topic");
+        let Some(p) = client
+            .recv(idle)
+            .await
+            .expect("subscriber connection stays up")
+        else {
+            break;
+        };
+        let d: usize = p
+            .topic
+            .split('/')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("dev/<n>/data topic");
         per_device[d].push(p.payload);
         got += 1;
     }
@@ -134,7 +163,10 @@ async fn collect(client: &mut TestClient, want: usize, idle: Duration) -> Vec<Ve
 async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -147,7 +179,10 @@ fn drain_all(acks: &[Rc<DeviceAcks>], into: &mut [Vec<u16>]) {
 
 fn delivers_in_order_and_acks_every_message(protocol: MqttProtocol, version: &str) {
     let pki = TestPki::generate();
-    let broker = Mosquitto::builder().tls(&pki).start().expect("mosquitto starts");
+    let broker = Mosquitto::builder()
+        .tls(&pki)
+        .start()
+        .expect("mosquitto starts");
     run_local(async {
         let mut sub = subscriber(&pki, &broker, "cloud-app", "dev/#").await;
         // Small enough that the 500 messages (~54 KB) back-pressure the devices.
@@ -167,8 +202,15 @@ fn delivers_in_order_and_acks_every_message(protocol: MqttProtocol, version: &st
         let received = collect(&mut sub, DEVICES * PER_DEVICE, Duration::from_secs(10)).await;
         for (d, got) in received.iter().enumerate() {
             let expected: Vec<Bytes> = (0..PER_DEVICE).map(|i| payload(d, i)).collect();
-            assert_eq!(got.len(), PER_DEVICE, "device {d}: every message reached the cloud once");
-            assert!(got == &expected, "device {d}: payloads byte-for-byte and in order");
+            assert_eq!(
+                got.len(),
+                PER_DEVICE,
+                "device {d}: every message reached the cloud once"
+            );
+            assert!(
+                got == &expected,
+                "device {d}: payloads byte-for-byte and in order"
+            );
         }
         for dev in devices {
             dev.await.expect("device task");
@@ -181,7 +223,11 @@ fn delivers_in_order_and_acks_every_message(protocol: MqttProtocol, version: &st
         .await;
         for (d, ids) in acked.iter().enumerate() {
             let unique: BTreeSet<u16> = ids.iter().copied().collect();
-            assert_eq!(unique.len(), PER_DEVICE, "device {d}: each packet id acked exactly once");
+            assert_eq!(
+                unique.len(),
+                PER_DEVICE,
+                "device {d}: each packet id acked exactly once"
+            );
             assert_eq!(unique, (1..=PER_DEVICE as u16).collect(), "device {d}");
         }
 
@@ -193,20 +239,30 @@ fn delivers_in_order_and_acks_every_message(protocol: MqttProtocol, version: &st
         assert_eq!(m.ack_latency.count(), 500);
         assert_eq!(m.inflight.get(), 0);
         assert_eq!(m.queue_messages.get(), 0);
-        assert_eq!(m.queue_bytes.get(), 0, "every reserved byte released after PUBACK");
+        assert_eq!(
+            m.queue_bytes.get(),
+            0,
+            "every reserved byte released after PUBACK"
+        );
         let per_write = m.messages_per_write();
         println!(
             "{version}: 500 messages in {} writes ({per_write:.1} messages/write), {} bytes",
             m.writes.get(),
             m.bytes_written.get()
         );
-        assert!(per_write > 1.0, "bulk pushes are coalesced into shared writes ({per_write})");
+        assert!(
+            per_write > 1.0,
+            "bulk pushes are coalesced into shared writes ({per_write})"
+        );
 
         let mut w = PromWriter::new();
         m.render(&mut w, "0", "cloud");
         let text = w.finish();
-        assert!(text.contains("sluice_uplink_messages_acked_total{shard=\"0\",uplink=\"cloud\"} 500"));
-        assert!(text.contains("sluice_uplink_ack_latency_seconds_count{shard=\"0\",uplink=\"cloud\"} 500"));
+        assert!(
+            text.contains("sluice_uplink_messages_acked_total{shard=\"0\",uplink=\"cloud\"} 500")
+        );
+        assert!(text
+            .contains("sluice_uplink_ack_latency_seconds_count{shard=\"0\",uplink=\"cloud\"} 500"));
 
         up.stop().await;
         broker
@@ -244,7 +300,10 @@ fn mqtt311_uplink_delivers_500_messages_in_order_per_device_and_acks_each_device
 #[test]
 fn broker_crash_mid_stream_loses_nothing_unacknowledged_and_keeps_order() {
     let pki = TestPki::generate();
-    let mut broker = Mosquitto::builder().tls(&pki).start().expect("mosquitto starts");
+    let mut broker = Mosquitto::builder()
+        .tls(&pki)
+        .start()
+        .expect("mosquitto starts");
     run_local(async {
         let mut cfg = cloud_config(&pki, &broker, MqttProtocol::V5);
         cfg.inflight = 32;
@@ -274,16 +333,22 @@ fn broker_crash_mid_stream_loses_nothing_unacknowledged_and_keeps_order() {
         // Freeze the broker first: it stops reading, so the window fills with messages that
         // are written but unacknowledged — the ones that must be resent after the crash.
         signal(&broker, "-STOP");
-        wait_until("a full inflight window", Duration::from_secs(5), || up.metrics.inflight.get() == 32).await;
+        wait_until("a full inflight window", Duration::from_secs(5), || {
+            up.metrics.inflight.get() == 32
+        })
+        .await;
         let inflight_at_crash = up.metrics.inflight.get();
         broker.kill().expect("kill broker");
-        wait_until("the uplink to notice the crash", Duration::from_secs(5), || {
-            up.metrics.state() != "connected"
-        })
+        wait_until(
+            "the uplink to notice the crash",
+            Duration::from_secs(5),
+            || up.metrics.state() != "connected",
+        )
         .await;
         // No acks can complete while disconnected: this is the exact pre-crash set.
         drain_all(&acks, &mut acked);
-        let acked_before: Vec<BTreeSet<u16>> = acked.iter().map(|v| v.iter().copied().collect()).collect();
+        let acked_before: Vec<BTreeSet<u16>> =
+            acked.iter().map(|v| v.iter().copied().collect()).collect();
         let before_total: usize = acked_before.iter().map(BTreeSet::len).sum();
 
         broker.restart().expect("restart broker on the same port");
@@ -307,14 +372,29 @@ fn broker_crash_mid_stream_loses_nothing_unacknowledged_and_keeps_order() {
 
         for d in 0..DEVICES {
             let unique: BTreeSet<u16> = acked[d].iter().copied().collect();
-            assert_eq!(acked[d].len(), PER_DEVICE, "device {d}: no token completed twice");
-            assert_eq!(unique, (1..=PER_DEVICE as u16).collect(), "device {d}: every message acked");
+            assert_eq!(
+                acked[d].len(),
+                PER_DEVICE,
+                "device {d}: no token completed twice"
+            );
+            assert_eq!(
+                unique,
+                (1..=PER_DEVICE as u16).collect(),
+                "device {d}: every message acked"
+            );
             let expected: Vec<Bytes> = (0..PER_DEVICE)
                 .filter(|i| !acked_before[d].contains(&((i + 1) as u16)))
                 .map(|i| payload(d, i))
                 .collect();
-            assert_eq!(received[d].len(), expected.len(), "device {d}: unacknowledged messages delivered after restart");
-            assert!(received[d] == expected, "device {d}: in order, none lost, none acknowledged before resent");
+            assert_eq!(
+                received[d].len(),
+                expected.len(),
+                "device {d}: unacknowledged messages delivered after restart"
+            );
+            assert!(
+                received[d] == expected,
+                "device {d}: in order, none lost, none acknowledged before resent"
+            );
         }
         let m = &up.metrics;
         println!(
@@ -325,8 +405,14 @@ fn broker_crash_mid_stream_loses_nothing_unacknowledged_and_keeps_order() {
             m.connects.get()
         );
         assert_eq!(m.connects.get(), 2);
-        assert!(m.messages_resent.get() >= inflight_at_crash as u64, "inflight messages were resent");
-        assert!(before_total > 0 && before_total < DEVICES * PER_DEVICE, "the crash was mid-stream");
+        assert!(
+            m.messages_resent.get() >= inflight_at_crash as u64,
+            "inflight messages were resent"
+        );
+        assert!(
+            before_total > 0 && before_total < DEVICES * PER_DEVICE,
+            "the crash was mid-stream"
+        );
         assert_eq!(m.messages_acked.get(), 500);
         assert_eq!(m.queue_bytes.get(), 0);
         up.stop().await;
@@ -336,32 +422,73 @@ fn broker_crash_mid_stream_loses_nothing_unacknowledged_and_keeps_order() {
 /// Send a signal to the broker process this test started.
 fn signal(broker: &Mosquitto, sig: &str) {
     let pid = broker.pid().expect("broker running").to_string();
-    let status = std::process::Command::new("kill").args([sig, &pid]).status().expect("kill(1)");
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .expect("kill(1)");
     assert!(status.success(), "kill {sig} {pid}");
 }
 
 #[test]
 fn cloud_publishes_on_receive_filters_reach_the_downlink_unchanged() {
     let pki = TestPki::generate();
-    let broker = Mosquitto::builder().tls(&pki).start().expect("mosquitto starts");
+    let broker = Mosquitto::builder()
+        .tls(&pki)
+        .start()
+        .expect("mosquitto starts");
     run_local(async {
         let mut app = subscriber(&pki, &broker, "cloud-app", "unused/#").await;
         // A retained command proves the subscription is in place once it arrives.
         // (0x10 "no matching subscribers" is a success in MQTT 5.)
-        assert!(app.publish("cmd/gw/config", &b"retained"[..], QoS::AtLeastOnce, true).await.unwrap() < 0x80);
+        assert!(
+            app.publish("cmd/gw/config", &b"retained"[..], QoS::AtLeastOnce, true)
+                .await
+                .unwrap()
+                < 0x80
+        );
         let mut cfg = cloud_config(&pki, &broker, MqttProtocol::V5);
         cfg.receive = vec!["cmd/#".into()];
         let up = start_uplink(cfg, 64 * 1024);
-        wait_until("the retained command", Duration::from_secs(10), || up.downlink.borrow().len() == 1).await;
+        wait_until("the retained command", Duration::from_secs(10), || {
+            up.downlink.borrow().len() == 1
+        })
+        .await;
 
         let payload = Bytes::from_static(b"\x00reboot\xff");
-        assert!(app.publish("cmd/device-3/reboot", payload.clone(), QoS::AtLeastOnce, false).await.unwrap() < 0x80);
-        assert!(app.publish("other/topic", &b"not subscribed"[..], QoS::AtLeastOnce, false).await.unwrap() < 0x80);
-        wait_until("the live command", Duration::from_secs(10), || up.downlink.borrow().len() == 2).await;
+        assert!(
+            app.publish(
+                "cmd/device-3/reboot",
+                payload.clone(),
+                QoS::AtLeastOnce,
+                false
+            )
+            .await
+            .unwrap()
+                < 0x80
+        );
+        assert!(
+            app.publish(
+                "other/topic",
+                &b"not subscribed"[..],
+                QoS::AtLeastOnce,
+                false
+            )
+            .await
+            .unwrap()
+                < 0x80
+        );
+        wait_until("the live command", Duration::from_secs(10), || {
+            up.downlink.borrow().len() == 2
+        })
+        .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
 
         let got = up.downlink.borrow().clone();
-        assert_eq!(got.len(), 2, "only messages matching receive filters are delivered");
+        assert_eq!(
+            got.len(),
+            2,
+            "only messages matching receive filters are delivered"
+        );
         assert_eq!(got[0].topic, "cmd/gw/config");
         assert_eq!(&got[0].payload[..], b"retained");
         assert_eq!(got[1].topic, "cmd/device-3/reboot", "topic unchanged");
@@ -376,7 +503,10 @@ fn cloud_publishes_on_receive_filters_reach_the_downlink_unchanged() {
 fn broker_with_an_untrusted_certificate_is_retried_and_never_acked() {
     let pki = TestPki::generate();
     let other_ca = TestPki::generate();
-    let broker = Mosquitto::builder().tls(&pki).start().expect("mosquitto starts");
+    let broker = Mosquitto::builder()
+        .tls(&pki)
+        .start()
+        .expect("mosquitto starts");
     run_local(async {
         let mut cfg = cloud_config(&pki, &broker, MqttProtocol::V5);
         cfg.ca_file = Some(other_ca.ca_path().to_path_buf());
@@ -390,16 +520,25 @@ fn broker_with_an_untrusted_certificate_is_retried_and_never_acked() {
         let deadline = Instant::now() + Duration::from_millis(1500);
         while Instant::now() < deadline {
             let state = up.metrics.state();
-            assert_ne!(state, "connected", "a broker we cannot verify is never trusted");
+            assert_ne!(
+                state, "connected",
+                "a broker we cannot verify is never trusted"
+            );
             seen_disconnected |= state == "disconnected";
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let failures = up.metrics.connect_failures.get();
         println!("untrusted broker: {failures} failed connection attempts in 1.5 s");
-        assert!(seen_disconnected, "state gauge shows disconnected between attempts");
+        assert!(
+            seen_disconnected,
+            "state gauge shows disconnected between attempts"
+        );
         assert!(failures >= 3, "keeps retrying ({failures} attempts)");
         assert_eq!(up.metrics.connects.get(), 0);
-        assert!(acks.drain().is_empty(), "nothing acknowledged to the device");
+        assert!(
+            acks.drain().is_empty(),
+            "nothing acknowledged to the device"
+        );
         assert_eq!(up.queue.len(), 1, "the message waits for a good connection");
         up.stop().await;
     });
@@ -408,13 +547,21 @@ fn broker_with_an_untrusted_certificate_is_retried_and_never_acked() {
 #[test]
 fn client_certificate_is_presented_when_the_broker_requires_one() {
     let pki = TestPki::generate();
-    let broker = Mosquitto::builder().tls(&pki).require_client_cert(true).start().expect("mosquitto starts");
+    let broker = Mosquitto::builder()
+        .tls(&pki)
+        .require_client_cert(true)
+        .start()
+        .expect("mosquitto starts");
     run_local(async {
         let mut sub = {
             let opts = ConnectOpts::new(ProtocolVersion::V5, "cloud-app")
                 .with_tls(pki.rustls_client_config(true), "localhost");
-            let (mut c, _) = TestClient::connect(broker.tls_addr(), opts).await.expect("subscriber connects");
-            c.subscribe(&[("dev/#", QoS::AtLeastOnce)]).await.expect("SUBACK");
+            let (mut c, _) = TestClient::connect(broker.tls_addr(), opts)
+                .await
+                .expect("subscriber connects");
+            c.subscribe(&[("dev/#", QoS::AtLeastOnce)])
+                .await
+                .expect("SUBACK");
             c
         };
         let mut cfg = cloud_config(&pki, &broker, MqttProtocol::V311);
@@ -423,9 +570,16 @@ fn client_certificate_is_presented_when_the_broker_requires_one() {
         let up = start_uplink(cfg, 64 * 1024);
         let acks = DeviceAcks::new();
         up.queue.push(message(2, 7, &acks)).await;
-        let got = sub.recv(Duration::from_secs(10)).await.unwrap().expect("delivered over mutual TLS");
+        let got = sub
+            .recv(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("delivered over mutual TLS");
         assert_eq!(got.payload, payload(2, 7));
-        wait_until("the device ack", Duration::from_secs(5), || !acks.drain().is_empty()).await;
+        wait_until("the device ack", Duration::from_secs(5), || {
+            !acks.drain().is_empty()
+        })
+        .await;
         up.stop().await;
     });
 }
@@ -434,7 +588,11 @@ fn client_certificate_is_presented_when_the_broker_requires_one() {
 fn tls_config_errors_name_the_offending_file() {
     let pki = TestPki::generate();
     let dir = tempfile::tempdir().unwrap();
-    let url = UplinkUrl { tls: true, host: "127.0.0.1".into(), port: 8883 };
+    let url = UplinkUrl {
+        tls: true,
+        host: "127.0.0.1".into(),
+        port: 8883,
+    };
     let base = {
         let mut c = UplinkConfig::new("cloud", url);
         c.ca_file = Some(pki.ca_path().to_path_buf());
@@ -453,7 +611,10 @@ fn tls_config_errors_name_the_offending_file() {
     std::fs::write(&not_pem, "hello\n").unwrap();
     c.ca_file = Some(not_pem);
     let e = uplink::client_tls_config(&c).unwrap_err();
-    assert!(e.to_string().contains("not-a-cert.pem") && e.to_string().contains("no PEM certificate"), "{e}");
+    assert!(
+        e.to_string().contains("not-a-cert.pem") && e.to_string().contains("no PEM certificate"),
+        "{e}"
+    );
 
     let mut c = base.clone();
     c.cert_file = Some(pki.client_cert_path().to_path_buf());
@@ -462,10 +623,16 @@ fn tls_config_errors_name_the_offending_file() {
 
     c.key_file = Some(pki.client_cert_path().to_path_buf()); // a certificate, not a key
     let e = uplink::client_tls_config(&c).unwrap_err();
-    assert!(matches!(e, UplinkError::NoPrivateKey { .. }) && e.to_string().contains("client.pem"), "{e}");
+    assert!(
+        matches!(e, UplinkError::NoPrivateKey { .. }) && e.to_string().contains("client.pem"),
+        "{e}"
+    );
 
     c.key_file = Some(pki.client_key_path().to_path_buf());
-    assert!(uplink::client_tls_config(&c).is_ok(), "PKCS#8 client key accepted");
+    assert!(
+        uplink::client_tls_config(&c).is_ok(),
+        "PKCS#8 client key accepted"
+    );
 }
 
 /// Mosquitto drops a client that sends nothing for 1.5 × keep-alive, so staying connected while
@@ -474,28 +641,46 @@ fn tls_config_errors_name_the_offending_file() {
 #[test]
 fn idle_session_pings_and_a_frozen_broker_is_detected_by_keep_alive() {
     let pki = TestPki::generate();
-    let broker = Mosquitto::builder().tls(&pki).start().expect("mosquitto starts");
+    let broker = Mosquitto::builder()
+        .tls(&pki)
+        .start()
+        .expect("mosquitto starts");
     run_local(async {
         let mut cfg = cloud_config(&pki, &broker, MqttProtocol::V5);
         cfg.keep_alive = Duration::from_secs(1);
         cfg.connect_timeout = Duration::from_secs(2);
         let up = start_uplink(cfg, 64 * 1024);
-        wait_until("connected", Duration::from_secs(5), || up.metrics.state() == "connected").await;
+        wait_until("connected", Duration::from_secs(5), || {
+            up.metrics.state() == "connected"
+        })
+        .await;
         tokio::time::sleep(Duration::from_millis(3500)).await;
-        assert_eq!(up.metrics.state(), "connected", "idle for 3.5 × keep-alive and still connected");
+        assert_eq!(
+            up.metrics.state(),
+            "connected",
+            "idle for 3.5 × keep-alive and still connected"
+        );
         assert_eq!(up.metrics.connects.get(), 1);
 
         signal(&broker, "-STOP");
         let frozen_at = Instant::now();
-        wait_until("the dead connection to be noticed", Duration::from_secs(4), || {
-            up.metrics.state() != "connected"
-        })
+        wait_until(
+            "the dead connection to be noticed",
+            Duration::from_secs(4),
+            || up.metrics.state() != "connected",
+        )
         .await;
         let noticed_after = frozen_at.elapsed();
         signal(&broker, "-CONT");
-        wait_until("a new connection", Duration::from_secs(10), || up.metrics.connects.get() == 2).await;
+        wait_until("a new connection", Duration::from_secs(10), || {
+            up.metrics.connects.get() == 2
+        })
+        .await;
         println!("frozen broker noticed after {noticed_after:?} (keep-alive 1 s)");
-        assert!(noticed_after <= Duration::from_millis(2500), "{noticed_after:?}");
+        assert!(
+            noticed_after <= Duration::from_millis(2500),
+            "{noticed_after:?}"
+        );
         up.stop().await;
     });
 }
@@ -520,9 +705,19 @@ fn message_over_the_brokers_maximum_packet_size_is_dropped_counted_and_released(
         up.queue.push(big).await;
         up.queue.push(message(1, 1, &acks)).await;
 
-        let got = sub.recv(Duration::from_secs(10)).await.unwrap().expect("the small message");
+        let got = sub
+            .recv(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("the small message");
         assert_eq!(got.payload, payload(1, 1));
-        assert!(sub.recv(Duration::from_millis(300)).await.unwrap().is_none(), "the big one never reached the cloud");
+        assert!(
+            sub.recv(Duration::from_millis(300))
+                .await
+                .unwrap()
+                .is_none(),
+            "the big one never reached the cloud"
+        );
         let mut acked = Vec::new();
         wait_until("both device acks", Duration::from_secs(5), || {
             acked.extend(acks.drain());
@@ -534,7 +729,74 @@ fn message_over_the_brokers_maximum_packet_size_is_dropped_counted_and_released(
         assert_eq!(m.dropped(uplink::DropReason::TooLargeForCloud), 1);
         assert_eq!(m.messages_sent.get(), 1);
         assert_eq!(m.queue_bytes.get(), 0);
-        assert_eq!(m.state(), "connected", "the session was not broken by the oversized message");
+        assert_eq!(
+            m.state(),
+            "connected",
+            "the session was not broken by the oversized message"
+        );
+        up.stop().await;
+    });
+}
+
+/// The password file is read at every connection attempt: a refused CONNECT (bad password) is
+/// counted and retried, and fixing the file is enough for the next attempt to succeed.
+#[test]
+fn refused_connect_is_retried_and_a_corrected_password_file_is_picked_up() {
+    let pki = TestPki::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("mosquitto.passwd");
+    let status = std::process::Command::new("mosquitto_passwd")
+        .arg("-b")
+        .arg("-c")
+        .arg(&users)
+        .args(["gw-user", "s3cret"])
+        .status()
+        .expect("mosquitto_passwd (part of the mosquitto package) runs");
+    assert!(status.success());
+    let broker = Mosquitto::builder()
+        .tls(&pki)
+        .config_lines([
+            "allow_anonymous false".to_string(),
+            format!("password_file {}", users.display()),
+        ])
+        .start()
+        .expect("mosquitto starts");
+    let password_file = dir.path().join("uplink.password");
+    std::fs::write(&password_file, "wrong\n").unwrap();
+    run_local(async {
+        let mut cfg = cloud_config(&pki, &broker, MqttProtocol::V311);
+        cfg.username = Some("gw-user".into());
+        cfg.password_file = Some(password_file.clone());
+        cfg.reconnect_min = Duration::from_millis(20);
+        cfg.reconnect_max = Duration::from_millis(100);
+        let up = start_uplink(cfg, 64 * 1024);
+        wait_until("refused attempts", Duration::from_secs(5), || {
+            up.metrics.connect_failures.get() >= 3
+        })
+        .await;
+        assert_eq!(
+            up.metrics.connects.get(),
+            0,
+            "a bad password is never accepted"
+        );
+
+        std::fs::write(&password_file, "s3cret\n").unwrap();
+        wait_until(
+            "a connection with the corrected password",
+            Duration::from_secs(5),
+            || up.metrics.state() == "connected",
+        )
+        .await;
+        let acks = DeviceAcks::new();
+        up.queue.push(message(0, 0, &acks)).await;
+        wait_until("the device ack", Duration::from_secs(5), || {
+            !acks.drain().is_empty()
+        })
+        .await;
+        println!(
+            "{} refused attempts before the password was fixed",
+            up.metrics.connect_failures.get()
+        );
         up.stop().await;
     });
 }

@@ -201,7 +201,11 @@ impl UplinkMetrics {
             w.counter(
                 "sluice_uplink_dropped_total",
                 "Messages bound for the cloud that were not delivered, by reason.",
-                &[("shard", shard), ("uplink", uplink), ("reason", reason.as_str())],
+                &[
+                    ("shard", shard),
+                    ("uplink", uplink),
+                    ("reason", reason.as_str()),
+                ],
                 self.dropped(reason),
             );
         }
@@ -239,7 +243,8 @@ mod tests {
         assert!(text.contains(
             "sluice_uplink_dropped_total{shard=\"0\",uplink=\"cloud\",reason=\"uplink_queue_full\"} 1"
         ));
-        assert!(text.contains("sluice_uplink_ack_latency_seconds_count{shard=\"0\",uplink=\"cloud\"} 0"));
+        assert!(text
+            .contains("sluice_uplink_ack_latency_seconds_count{shard=\"0\",uplink=\"cloud\"} 0"));
         assert!(text.contains("sluice_uplink_inflight_messages{"));
         assert!(text.contains("sluice_uplink_queue_messages{"));
         assert!(text.contains("sluice_uplink_queue_bytes{"));

@@ -168,6 +168,10 @@ pub enum UplinkError {
     ConnectTimeout(Duration),
     #[error("TLS handshake with the cloud broker failed: {0}")]
     TlsHandshake(#[source] std::io::Error),
+    #[error("cloud broker's certificate is not trusted: {0} (is it signed by a CA in ca_file, and valid for server_name?)")]
+    UntrustedCloudCertificate(String),
+    #[error("cloud broker ended TLS with alert {0} (does it require a client certificate, or reject ours?)")]
+    TlsRejectedByCloud(String),
     #[error("cloud broker refused CONNECT: code {code:#04x} ({reason})")]
     ConnectRefused { code: u8, reason: &'static str },
     #[error("cloud broker supports only QoS 0 (CONNACK Maximum QoS 0)")]
@@ -213,6 +217,8 @@ impl UplinkError {
             CloudUnreachable { .. }
             | ConnectTimeout(_)
             | TlsHandshake(_)
+            | UntrustedCloudCertificate(_)
+            | TlsRejectedByCloud(_)
             | ConnectRefused { .. }
             | CloudQoS0Only
             | Protocol(_)
@@ -227,7 +233,10 @@ impl UplinkError {
 }
 
 /// Reason text for a CONNACK code (3.1.1 return codes or MQTT 5 reason codes).
-pub(crate) fn connack_reason(version: sluice_proto::mqtt::ProtocolVersion, code: u8) -> &'static str {
+pub(crate) fn connack_reason(
+    version: sluice_proto::mqtt::ProtocolVersion,
+    code: u8,
+) -> &'static str {
     use sluice_proto::mqtt::{reason::*, ProtocolVersion};
     match version {
         ProtocolVersion::V311 => match code {

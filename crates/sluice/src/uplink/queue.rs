@@ -166,7 +166,11 @@ impl UplinkQueue {
 
     /// Whether the front message exists and needs a cloud ack (`None`: queue empty).
     pub(crate) fn front_needs_ack(&self) -> Option<bool> {
-        self.state.borrow().waiting.front().map(|q| q.msg.needs_cloud_ack())
+        self.state
+            .borrow()
+            .waiting
+            .front()
+            .map(|q| q.msg.needs_cloud_ack())
     }
 
     /// Take the front message, unless it needs a cloud ack and `window_open` is false (order is
@@ -231,7 +235,10 @@ mod tests {
     }
 
     fn rt() -> (tokio::runtime::Runtime, tokio::task::LocalSet) {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         (rt, tokio::task::LocalSet::new())
     }
 
@@ -285,11 +292,17 @@ mod tests {
                 q2.push(msg("u", 36, QoS::AtLeastOnce)).await;
             });
             settle().await;
-            assert!(!blocked.is_finished(), "push must wait while the queue is full");
+            assert!(
+                !blocked.is_finished(),
+                "push must wait while the queue is full"
+            );
             assert_eq!(q.len(), 1);
             let first = q.take_front(true).unwrap();
             settle().await;
-            assert!(!blocked.is_finished(), "taking for send does not free bytes");
+            assert!(
+                !blocked.is_finished(),
+                "taking for send does not free bytes"
+            );
             q.release(first.msg.cost());
             settle().await;
             assert!(blocked.is_finished(), "release must wake the waiting push");
@@ -315,10 +328,17 @@ mod tests {
         let q = UplinkQueue::new(10_000);
         q.try_push(msg("a", 1, QoS::AtLeastOnce)).unwrap();
         q.try_push(msg("b", 1, QoS::AtMostOnce)).unwrap();
-        assert!(q.take_front(false).is_none(), "QoS 1 front needs window room");
+        assert!(
+            q.take_front(false).is_none(),
+            "QoS 1 front needs window room"
+        );
         assert_eq!(q.take_front(true).unwrap().msg.topic, "a");
         assert_eq!(q.front_needs_ack(), Some(false));
-        assert_eq!(q.take_front(false).unwrap().msg.topic, "b", "QoS 0 needs no window");
+        assert_eq!(
+            q.take_front(false).unwrap().msg.topic,
+            "b",
+            "QoS 0 needs no window"
+        );
         assert_eq!(q.front_needs_ack(), None);
     }
 

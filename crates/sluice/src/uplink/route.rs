@@ -26,12 +26,20 @@ enum Piece {
 
 impl UplinkRoute {
     pub fn new(cfg: &UplinkConfig) -> UplinkRoute {
-        UplinkRoute::from_parts(cfg.forward.clone(), cfg.topic_prefix.clone(), cfg.topic_template.as_deref())
+        UplinkRoute::from_parts(
+            cfg.forward.clone(),
+            cfg.topic_prefix.clone(),
+            cfg.topic_template.as_deref(),
+        )
     }
 
     /// The same as [`UplinkRoute::new`] from the individual settings.
     pub fn from_parts(forward: Vec<String>, prefix: String, template: Option<&str>) -> UplinkRoute {
-        UplinkRoute { forward, prefix, template: template.map(parse_template) }
+        UplinkRoute {
+            forward,
+            prefix,
+            template: template.map(parse_template),
+        }
     }
 
     /// Whether any `forward` filter matches the local `topic`.
@@ -50,7 +58,8 @@ impl UplinkRoute {
                 ByteString::from(s)
             }
             Some(pieces) => {
-                let mut s = String::with_capacity(self.prefix.len() + topic.len() + device.len() + 32);
+                let mut s =
+                    String::with_capacity(self.prefix.len() + topic.len() + device.len() + 32);
                 s.push_str(&self.prefix);
                 for p in pieces {
                     match p {
@@ -112,7 +121,10 @@ mod tests {
     #[test]
     fn prefix_is_prepended() {
         let r = UplinkRoute::from_parts(vec![], "site-7/".into(), None);
-        assert_eq!(r.cloud_topic("dev1", &bs("sensors/1/temp")), "site-7/sensors/1/temp");
+        assert_eq!(
+            r.cloud_topic("dev1", &bs("sensors/1/temp")),
+            "site-7/sensors/1/temp"
+        );
     }
 
     #[test]
@@ -127,11 +139,18 @@ mod tests {
 
     #[test]
     fn forwards_when_any_filter_matches() {
-        let r = UplinkRoute::from_parts(vec!["sensors/+/temp".into(), "alarms/#".into()], String::new(), None);
+        let r = UplinkRoute::from_parts(
+            vec!["sensors/+/temp".into(), "alarms/#".into()],
+            String::new(),
+            None,
+        );
         assert!(r.forwards("sensors/1/temp"));
         assert!(r.forwards("alarms/fire/kitchen"));
         assert!(!r.forwards("sensors/1/humidity"));
         let none = UplinkRoute::from_parts(vec![], String::new(), None);
-        assert!(!none.forwards("sensors/1/temp"), "an empty forward list forwards nothing");
+        assert!(
+            !none.forwards("sensors/1/temp"),
+            "an empty forward list forwards nothing"
+        );
     }
 }

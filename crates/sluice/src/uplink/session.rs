@@ -33,8 +33,8 @@ use bytestring::ByteString;
 use rand::Rng;
 use rustls::pki_types::ServerName;
 use sluice_proto::mqtt::{
-    encode, Connect, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse, Publish,
-    QoS, Subscribe, SubscribeFilter, SubscriptionOptions,
+    encode, Connect, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse,
+    Publish, QoS, Subscribe, SubscribeFilter, SubscriptionOptions,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -45,8 +45,8 @@ use tracing::{debug, info, trace, warn};
 
 use super::queue::Queued;
 use super::{
-    connack_reason, DropReason, UplinkError, UplinkMessage, UplinkMetrics, UplinkQueue, UplinkRoute,
-    UplinkState,
+    connack_reason, DropReason, UplinkError, UplinkMessage, UplinkMetrics, UplinkQueue,
+    UplinkRoute, UplinkState,
 };
 use crate::config::{MqttProtocol, UplinkConfig};
 
@@ -189,7 +189,7 @@ impl Session {
                         uplink = %self.cfg.name,
                         window = conn.window,
                         keep_alive = ?conn.keep_alive,
-                        resending = self.queue.len(),
+                        queued = self.queue.len(),
                         "uplink connected"
                     );
                     let up_since = Instant::now();
@@ -247,8 +247,8 @@ impl Session {
         let tls = if cfg.url.tls {
             let connector = self.tls.clone().ok_or(UplinkError::TlsConfigMissing)?;
             let name = cfg.server_name.clone().unwrap_or_else(|| host.to_owned());
-            let server_name =
-                ServerName::try_from(name.clone()).map_err(|_| UplinkError::InvalidServerName(name))?;
+            let server_name = ServerName::try_from(name.clone())
+                .map_err(|_| UplinkError::InvalidServerName(name))?;
             Some((connector, server_name))
         } else if !cfg.allow_plaintext {
             return Err(UplinkError::PlaintextNotAllowed);
@@ -262,9 +262,12 @@ impl Session {
             None => None,
         };
 
-        let tcp = TcpStream::connect((host, port))
-            .await
-            .map_err(|source| UplinkError::CloudUnreachable { addr: format!("{host}:{port}"), source })?;
+        let tcp = TcpStream::connect((host, port)).await.map_err(|source| {
+            UplinkError::CloudUnreachable {
+                addr: format!("{host}:{port}"),
+                source,
+            }
+        })?;
         // We coalesce writes ourselves; Nagle would only add latency to lone messages.
         let _ = tcp.set_nodelay(true);
         let mut io: Box<dyn Io> = match tls {
@@ -272,7 +275,7 @@ impl Session {
                 connector
                     .connect(server_name, tcp)
                     .await
-                    .map_err(UplinkError::TlsHandshake)?,
+                    .map_err(|e| tls_error(e, UplinkError::TlsHandshake))?,
             ),
             None => Box::new(tcp),
         };
@@ -294,7 +297,9 @@ impl Session {
         });
         let mut out = BytesMut::with_capacity(256);
         encode(&connect, self.version, &mut out)?;
-        io.write_all(&out).await.map_err(UplinkError::ConnectionLost)?;
+        io.write_all(&out)
+            .await
+            .map_err(UplinkError::ConnectionLost)?;
         io.flush().await.map_err(UplinkError::ConnectionLost)?;
 
         let mut decoder = Decoder::client(self.version, MAX_INCOMING_PACKET_BYTES);
@@ -303,7 +308,9 @@ impl Session {
             if let Some(packet) = decoder.decode(&mut rbuf)? {
                 match packet {
                     Packet::ConnAck(c) => break c,
-                    Packet::Disconnect(d) => return Err(UplinkError::DisconnectedByCloud(d.reason)),
+                    Packet::Disconnect(d) => {
+                        return Err(UplinkError::DisconnectedByCloud(d.reason))
+                    }
                     other => {
                         return Err(UplinkError::Protocol(format!(
                             "expected CONNACK, got {}",
@@ -313,7 +320,12 @@ impl Session {
                 }
             }
             rbuf.reserve(READ_CHUNK);
-            let n = io.read_buf(&mut rbuf).await.map_err(UplinkError::ConnectionLost)?;
+            // In TLS 1.3 the server checks our certificate after the handshake: its refusal
+            // arrives as an alert on this first read.
+            let n = io
+                .read_buf(&mut rbuf)
+                .await
+                .map_err(|e| tls_error(e, UplinkError::ConnectionLost))?;
             if n == 0 {
                 return Err(UplinkError::ClosedByCloud);
             }
@@ -341,7 +353,9 @@ impl Session {
             io,
             rbuf,
             decoder,
-            window: usize::from(cfg.inflight.max(1)).min(usize::from(receive_maximum)).min(MAX_WINDOW),
+            window: usize::from(cfg.inflight.max(1))
+                .min(usize::from(receive_maximum))
+                .min(MAX_WINDOW),
             max_packet: p.maximum_packet_size.map_or(usize::MAX, |m| m as usize),
             keep_alive,
             retain_available: p.retain_available != Some(0),
@@ -456,7 +470,11 @@ impl Session {
             let packet_id = needs_ack.then(|| self.alloc_packet_id());
             let publish = Packet::Publish(Publish {
                 dup: resend && needs_ack,
-                qos: if needs_ack { QoS::AtLeastOnce } else { QoS::AtMostOnce },
+                qos: if needs_ack {
+                    QoS::AtLeastOnce
+                } else {
+                    QoS::AtMostOnce
+                },
                 retain: msg.retain && c.retain_available,
                 topic: self.route.cloud_topic(&msg.device, &msg.topic),
                 packet_id,
@@ -492,7 +510,13 @@ impl Session {
             match packet_id {
                 Some(id) => {
                     self.send_seq += 1;
-                    self.inflight.insert(id, Inflight { seq: self.send_seq, msg });
+                    self.inflight.insert(
+                        id,
+                        Inflight {
+                            seq: self.send_seq,
+                            msg,
+                        },
+                    );
                 }
                 None => unacked_in_write.push(msg),
             }
@@ -512,20 +536,34 @@ impl Session {
             Packet::PubAck(ack) => self.on_puback(ack),
             Packet::Publish(p) => {
                 if p.topic.is_empty() {
-                    return Err(UplinkError::Protocol("PUBLISH with an empty topic (no topic aliases were allowed)".into()));
+                    return Err(UplinkError::Protocol(
+                        "PUBLISH with an empty topic (no topic aliases were allowed)".into(),
+                    ));
                 }
                 match (p.qos, p.packet_id) {
                     (QoS::AtMostOnce, _) => {}
-                    (QoS::AtLeastOnce, Some(id)) => encode(&Packet::PubAck(ok_response(id)), self.version, out)?,
+                    (QoS::AtLeastOnce, Some(id)) => {
+                        encode(&Packet::PubAck(ok_response(id)), self.version, out)?
+                    }
                     // We subscribe with QoS 1, so a conforming broker never sends QoS 2; if it
                     // does, it is delivered on receipt (a resent duplicate may repeat it).
-                    (QoS::ExactlyOnce, Some(id)) => encode(&Packet::PubRec(ok_response(id)), self.version, out)?,
-                    (_, None) => return Err(UplinkError::Protocol("QoS>0 PUBLISH without packet id".into())),
+                    (QoS::ExactlyOnce, Some(id)) => {
+                        encode(&Packet::PubRec(ok_response(id)), self.version, out)?
+                    }
+                    (_, None) => {
+                        return Err(UplinkError::Protocol(
+                            "QoS>0 PUBLISH without packet id".into(),
+                        ))
+                    }
                 }
                 self.metrics.downlink_messages.inc();
                 (self.downlink)(p);
             }
-            Packet::PubRel(r) => encode(&Packet::PubComp(ok_response(r.packet_id)), self.version, out)?,
+            Packet::PubRel(r) => encode(
+                &Packet::PubComp(ok_response(r.packet_id)),
+                self.version,
+                out,
+            )?,
             Packet::SubAck(s) => {
                 if self.pending_subscribe == Some(s.packet_id) {
                     self.pending_subscribe = None;
@@ -546,7 +584,10 @@ impl Session {
             Packet::UnsubAck(_) => {}
             Packet::Disconnect(d) => return Err(UplinkError::DisconnectedByCloud(d.reason)),
             other => {
-                return Err(UplinkError::Protocol(format!("unexpected {} from the broker", other.name())))
+                return Err(UplinkError::Protocol(format!(
+                    "unexpected {} from the broker",
+                    other.name()
+                )))
             }
         }
         Ok(())
@@ -605,7 +646,11 @@ impl Session {
                 },
             })
             .collect();
-        let sub = Packet::Subscribe(Subscribe { packet_id, filters, properties: Properties::default() });
+        let sub = Packet::Subscribe(Subscribe {
+            packet_id,
+            filters,
+            properties: Properties::default(),
+        });
         encode(&sub, self.version, out)?;
         Ok(())
     }
@@ -625,13 +670,17 @@ impl Session {
     fn requeue_inflight(&mut self) {
         let mut pending: Vec<Inflight> = self.inflight.drain().map(|(_, f)| f).collect();
         pending.sort_unstable_by_key(|f| f.seq);
-        self.queue.requeue_front(pending.into_iter().map(|f| f.msg).collect());
+        self.queue
+            .requeue_front(pending.into_iter().map(|f| f.msg).collect());
         self.pending_subscribe = None;
         self.metrics.inflight.set(0);
     }
 
     async fn disconnect(&self, c: &mut Connection, out: &mut BytesMut) {
-        let packet = Packet::Disconnect(Disconnect { reason: 0, properties: Properties::default() });
+        let packet = Packet::Disconnect(Disconnect {
+            reason: 0,
+            properties: Properties::default(),
+        });
         if encode(&packet, self.version, out).is_err() {
             return;
         }
@@ -643,8 +692,28 @@ impl Session {
     }
 }
 
+/// Name certificate problems and TLS alerts precisely; anything else becomes `otherwise(e)`.
+fn tls_error(e: std::io::Error, otherwise: fn(std::io::Error) -> UplinkError) -> UplinkError {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(why)) => {
+            UplinkError::UntrustedCloudCertificate(format!("{why:?}"))
+        }
+        Some(rustls::Error::AlertReceived(alert)) => {
+            UplinkError::TlsRejectedByCloud(format!("{alert:?}"))
+        }
+        _ => otherwise(e),
+    }
+}
+
 fn ok_response(packet_id: u16) -> PubResponse {
-    PubResponse { packet_id, reason: 0, properties: None }
+    PubResponse {
+        packet_id,
+        reason: 0,
+        properties: None,
+    }
 }
 
 async fn write_all(c: &mut Connection, bytes: &[u8], limit: Duration) -> Result<(), UplinkError> {
@@ -678,8 +747,11 @@ fn keep_alive_secs(d: Duration) -> u16 {
 }
 
 fn read_password(path: &std::path::Path) -> Result<Bytes, UplinkError> {
-    let mut raw = std::fs::read(path)
-        .map_err(|source| UplinkError::ReadFile { what: "password", path: path.to_owned(), source })?;
+    let mut raw = std::fs::read(path).map_err(|source| UplinkError::ReadFile {
+        what: "password",
+        path: path.to_owned(),
+        source,
+    })?;
     while matches!(raw.last(), Some(b'\n' | b'\r')) {
         raw.pop();
     }
@@ -697,7 +769,11 @@ struct Backoff {
 
 impl Backoff {
     fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff { min, max: max.max(min), attempt: 0 }
+        Backoff {
+            min,
+            max: max.max(min),
+            attempt: 0,
+        }
     }
 
     fn reset(&mut self) {
@@ -705,7 +781,10 @@ impl Backoff {
     }
 
     fn next_delay(&mut self) -> Duration {
-        let d = self.min.saturating_mul(1u32 << self.attempt.min(30)).clamp(self.min, self.max);
+        let d = self
+            .min
+            .saturating_mul(1u32 << self.attempt.min(30))
+            .clamp(self.min, self.max);
         self.attempt = self.attempt.saturating_add(1);
         let lo = (d / 2).max(self.min);
         let (lo_ns, hi_ns) = (lo.as_nanos() as u64, d.as_nanos() as u64);
@@ -733,7 +812,10 @@ mod tests {
             assert!(d >= min && d <= max, "{d:?}");
         }
         let late = b.next_delay();
-        assert!(late >= max / 2, "after many failures the delay is near the max: {late:?}");
+        assert!(
+            late >= max / 2,
+            "after many failures the delay is near the max: {late:?}"
+        );
         b.reset();
         assert_eq!(b.next_delay(), min);
     }

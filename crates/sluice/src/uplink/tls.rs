@@ -42,7 +42,10 @@ pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, Uplink
     for cert in read_certs("ca", &ca_path)? {
         roots
             .add(cert)
-            .map_err(|source| UplinkError::BadCaCertificate { path: ca_path.clone(), source })?;
+            .map_err(|source| UplinkError::BadCaCertificate {
+                path: ca_path.clone(),
+                source,
+            })?;
     }
     let builder = builder.with_root_certificates(roots);
 
@@ -53,9 +56,13 @@ pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, Uplink
         (Some(cert), Some(key)) => {
             let chain = read_certs("cert", cert)?;
             let key_der = read_key(key)?;
-            builder.with_client_auth_cert(chain, key_der).map_err(|source| {
-                UplinkError::BadClientIdentity { cert: cert.clone(), key: key.clone(), source }
-            })?
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|source| UplinkError::BadClientIdentity {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    source,
+                })?
         }
     };
     Ok(Arc::new(config))
@@ -69,22 +76,38 @@ fn system_bundle() -> Result<PathBuf, UplinkError> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.is_file())
-        .ok_or(UplinkError::NoSystemRoots { tried: SYSTEM_BUNDLES_TEXT })
+        .ok_or(UplinkError::NoSystemRoots {
+            tried: SYSTEM_BUNDLES_TEXT,
+        })
 }
 
 fn open(what: &'static str, path: &Path) -> Result<BufReader<File>, UplinkError> {
     File::open(path)
         .map(BufReader::new)
-        .map_err(|source| UplinkError::ReadFile { what, path: path.to_owned(), source })
+        .map_err(|source| UplinkError::ReadFile {
+            what,
+            path: path.to_owned(),
+            source,
+        })
 }
 
-fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, UplinkError> {
+fn read_certs(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, UplinkError> {
     let mut r = open(what, path)?;
     let certs = rustls_pemfile::certs(&mut r)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| UplinkError::ReadFile { what, path: path.to_owned(), source })?;
+        .map_err(|source| UplinkError::ReadFile {
+            what,
+            path: path.to_owned(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(UplinkError::NoCertificates { what, path: path.to_owned() });
+        return Err(UplinkError::NoCertificates {
+            what,
+            path: path.to_owned(),
+        });
     }
     Ok(certs)
 }
@@ -92,6 +115,12 @@ fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'sta
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, UplinkError> {
     let mut r = open("key", path)?;
     rustls_pemfile::private_key(&mut r)
-        .map_err(|source| UplinkError::ReadFile { what: "key", path: path.to_owned(), source })?
-        .ok_or_else(|| UplinkError::NoPrivateKey { path: path.to_owned() })
+        .map_err(|source| UplinkError::ReadFile {
+            what: "key",
+            path: path.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| UplinkError::NoPrivateKey {
+            path: path.to_owned(),
+        })
 }
