@@ -135,7 +135,7 @@ pub enum UplinkError {
     BadCaCertificate {
         path: PathBuf,
         #[source]
-        source: rustls::Error,
+        source: Box<rustls::Error>,
     },
     #[error("no CA certificates: ca_file is not set and no system bundle was found (tried SSL_CERT_FILE and {tried})")]
     NoSystemRoots { tried: &'static str },
@@ -146,10 +146,10 @@ pub enum UplinkError {
         cert: PathBuf,
         key: PathBuf,
         #[source]
-        source: rustls::Error,
+        source: Box<rustls::Error>,
     },
     #[error("TLS configuration: {0}")]
-    TlsConfig(#[source] rustls::Error),
+    TlsConfig(#[source] Box<rustls::Error>),
     #[error("uplink url asks for TLS but no TLS client configuration was given")]
     TlsConfigMissing,
     #[error("uplink url is plaintext but allow_plaintext is false")]
@@ -267,5 +267,20 @@ pub(crate) fn connack_reason(
             0x9F => "connection rate exceeded",
             _ => "unknown reason code",
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uplink_error_stays_small_enough_to_return_by_value() {
+        // Callers wrap it in their own error enums (e.g. `AppError::Uplink`); keep it compact.
+        assert!(
+            std::mem::size_of::<UplinkError>() <= 64,
+            "{}",
+            std::mem::size_of::<UplinkError>()
+        );
     }
 }

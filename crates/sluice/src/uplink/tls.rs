@@ -32,7 +32,7 @@ pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, Uplink
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(UplinkError::TlsConfig)?;
+        .map_err(|e| UplinkError::TlsConfig(Box::new(e)))?;
 
     let ca_path = match &cfg.ca_file {
         Some(p) => p.clone(),
@@ -44,7 +44,7 @@ pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, Uplink
             .add(cert)
             .map_err(|source| UplinkError::BadCaCertificate {
                 path: ca_path.clone(),
-                source,
+                source: Box::new(source),
             })?;
     }
     let builder = builder.with_root_certificates(roots);
@@ -61,7 +61,7 @@ pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, Uplink
                 .map_err(|source| UplinkError::BadClientIdentity {
                     cert: cert.clone(),
                     key: key.clone(),
-                    source,
+                    source: Box::new(source),
                 })?
         }
     };
