@@ -1,1 +1,436 @@
-fn main() {}
+//! The `sluice-bench` command: argument parsing, runtime and logging set-up, output routing.
+//! All logic lives in the library (`sluice_bench`); this file only translates flags into its
+//! configs and prints the reports (JSON on stdout or to `--out`; progress and logs on stderr).
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sluice_bench::conn::{host_part, resolve};
+use sluice_bench::devices::{run_devices, Arrivals, DevicesConfig, PayloadSize};
+use sluice_bench::scenario::{markdown, run_core, write_json, CoreScenario, Sut};
+use sluice_bench::sink::{start_sink, SinkConfig, SinkTls};
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+
+/// sluice-bench — load generator and scenario runner for the sluice IoT gateway.
+///
+/// Results are JSON on standard output (or in the --out file); progress lines and logs go to
+/// standard error (log level via RUST_LOG, default "warn").
+#[derive(Parser)]
+#[command(name = "sluice-bench", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate N MQTT devices publishing bench payloads to one broker or gateway (plain TCP).
+    ///
+    /// Each device has its own connection (client id {client-prefix}-{i}) and publishes to
+    /// {topic-prefix}/{i}. Payloads start with a 24-byte header (magic "SLB1", device index u32,
+    /// sequence number u64, send time u64 ns since the UNIX epoch, big-endian) followed by random
+    /// filler. At the end a JSON report is printed: sent, acknowledged, ack latency percentiles,
+    /// reconnects, and this process's own CPU use.
+    Devices(DevicesArgs),
+    /// Subscribe on a (cloud) broker and measure the bench messages that arrive.
+    ///
+    /// Records end-to-end latency (receive time minus the send timestamp in the payload, so run
+    /// it on the same machine as the devices), unique messages, duplicates, per-device order
+    /// violations and gaps; prints a JSON report when done.
+    Sink(SinkArgs),
+    /// Run a whole scenario on this machine (brokers, system under test, devices and sink).
+    #[command(subcommand)]
+    Scenario(ScenarioCommand),
+}
+
+#[derive(Subcommand)]
+enum ScenarioCommand {
+    /// The core path: devices → system under test → cloud Mosquitto over TLS 1.3, QoS 1.
+    ///
+    /// Starts a cloud Mosquitto (TLS 1.3 listener, certificates generated for the run), a sink
+    /// subscribed to '#', then the system under test: sluice (child process, generated config
+    /// with one uplink to the cloud) and/or an edge Mosquitto bridging 'topic # out 1' to the
+    /// cloud. Devices publish to the SUT's plain MQTT port. Reports delivery ratio, end-to-end
+    /// and ack latency, SUT CPU (% of one core and µs per message, measured after the ramp),
+    /// SUT RSS (start/peak/end) and this tool's own CPU. Prints a Markdown table; writes JSON to
+    /// --out (or prints it on stdout, with the table on stderr, when --out is not given).
+    Core(CoreArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MqttVersion {
+    #[value(name = "3.1.1")]
+    V311,
+    #[value(name = "5")]
+    V5,
+}
+
+impl From<MqttVersion> for ProtocolVersion {
+    fn from(v: MqttVersion) -> Self {
+        match v {
+            MqttVersion::V311 => ProtocolVersion::V311,
+            MqttVersion::V5 => ProtocolVersion::V5,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SutChoice {
+    /// The sluice gateway (needs --sluice-bin).
+    Sluice,
+    /// An edge Mosquitto configured as a TLS 1.3 bridge to the cloud.
+    MosquittoBridge,
+    /// sluice, then the bridge, in one invocation, with a comparison table.
+    Both,
+}
+
+/// Options shared by everything that generates load.
+#[derive(Args, Clone)]
+struct LoadArgs {
+    /// Messages per second per device (0: connect and stay idle).
+    #[arg(long, default_value_t = 10.0, value_name = "MSG/S")]
+    rate: f64,
+    /// Payload size in bytes, uniformly random in MIN..MAX (inclusive), or a fixed SIZE.
+    /// At least 24 (the bench header).
+    #[arg(long, default_value = "100..1024", value_name = "MIN..MAX")]
+    payload: PayloadSize,
+    /// QoS of the PUBLISHes: 0 (fire and forget) or 1 (wait for PUBACK, measure ack latency).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    qos: u8,
+    /// MQTT protocol version the devices speak.
+    #[arg(long, value_enum, default_value = "3.1.1")]
+    mqtt: MqttVersion,
+    /// Length of the whole run, ramp included, e.g. "60s", "2m".
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Device connections are started evenly spread over this period, e.g. "5s".
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    ramp: Duration,
+    /// Poisson arrivals (exponential gaps) instead of a fixed period with a random phase.
+    #[arg(long)]
+    poisson: bool,
+    /// Progress line on stderr every this often ("0s" to disable).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    progress: Duration,
+}
+
+#[derive(Args)]
+struct DevicesArgs {
+    /// Broker or gateway to connect to, HOST:PORT (plain TCP MQTT).
+    #[arg(long, value_name = "HOST:PORT")]
+    target: String,
+    /// Number of devices (one MQTT connection each).
+    #[arg(short = 'n', long = "devices", default_value_t = 1)]
+    devices: u32,
+    #[command(flatten)]
+    load: LoadArgs,
+    /// Topics are {topic-prefix}/{device index}.
+    #[arg(long, default_value = "dev")]
+    topic_prefix: String,
+    /// Client ids are {client-prefix}-{device index}.
+    #[arg(long, default_value = "bench")]
+    client_prefix: String,
+    /// QoS 1 PUBLISHes awaiting PUBACK per device, at most. A tick that finds the window full is
+    /// skipped and counted ("skipped_inflight_full"), not queued. MQTT 5: also capped by the
+    /// broker's Receive Maximum.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    max_inflight: u16,
+    /// After publishing stops, how long devices wait for outstanding PUBACKs.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
+    /// Seed for payload sizes, phases, filler and back-off jitter (runs are reproducible in what
+    /// they send, not in timing).
+    #[arg(long, default_value_t = 0x5111_CE00)]
+    seed: u64,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct SinkArgs {
+    /// Broker to subscribe on, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    broker: String,
+    /// Use TLS 1.3 (rustls, ring provider); requires --ca.
+    #[arg(long, requires = "ca")]
+    tls: bool,
+    /// PEM file of the CA certificate(s) that signed the broker's certificate (no system roots).
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) to present, with --key.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Name to verify the broker certificate against. Default: the host of --broker.
+    #[arg(long)]
+    server_name: Option<String>,
+    /// Topic filter to subscribe to.
+    #[arg(long, default_value = "#")]
+    topic: String,
+    /// Subscription QoS: 0 or 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    qos: u8,
+    /// MQTT protocol version.
+    #[arg(long, value_enum, default_value = "3.1.1")]
+    mqtt: MqttVersion,
+    /// Stop after this long, e.g. "70s" (start the sink before the devices and let it run a
+    /// little longer than they do).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Stop earlier once at least one message arrived and then nothing for this long, e.g. "3s".
+    #[arg(long, value_parser = humantime::parse_duration)]
+    idle_exit: Option<Duration>,
+    /// Number of devices expected (the report says how many were heard from).
+    #[arg(long, default_value_t = 0)]
+    expect_devices: u32,
+    /// Number of messages the devices sent, for the delivery ratio.
+    #[arg(long, conflicts_with = "sent_file")]
+    sent: Option<u64>,
+    /// A file read at the end of the run holding the sent count: the JSON report of
+    /// `sluice-bench devices` (its "sent" field) or a bare number.
+    #[arg(long, value_name = "FILE")]
+    sent_file: Option<PathBuf>,
+    /// MQTT client id (default: unique per run).
+    #[arg(long)]
+    client_id: Option<String>,
+    /// Progress line on stderr every this often ("0s" to disable).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    progress: Duration,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct CoreArgs {
+    /// Number of devices.
+    #[arg(short = 'n', long = "n", default_value_t = 1024)]
+    devices: u32,
+    #[command(flatten)]
+    load: LoadArgs,
+    /// System(s) under test.
+    #[arg(long, value_enum, default_value = "both")]
+    sut: SutChoice,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// `[gateway] shards` in the generated sluice config (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    sluice_shards: u32,
+    /// After the devices stop, the run ends once nothing new reached the sink for this long…
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    drain_idle: Duration,
+    /// …or after this long at most.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    drain_max: Duration,
+    /// Write the JSON report here (e.g. docs/perf/core-path.json).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown table here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice-bench: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Devices(args) => devices(args).await,
+        Command::Sink(args) => sink(args).await,
+        Command::Scenario(ScenarioCommand::Core(args)) => core(args).await,
+    }
+}
+
+fn qos(v: u8) -> QoS {
+    if v == 0 {
+        QoS::AtMostOnce
+    } else {
+        QoS::AtLeastOnce
+    }
+}
+
+fn progress(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+fn arrivals(poisson: bool) -> Arrivals {
+    if poisson {
+        Arrivals::Poisson
+    } else {
+        Arrivals::Periodic
+    }
+}
+
+fn emit_json<T: serde::Serialize>(report: &T, out: Option<&PathBuf>) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(report).context("serialising the report")?;
+    println!("{json}");
+    if let Some(path) = out {
+        std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn devices(args: DevicesArgs) -> anyhow::Result<()> {
+    let mut config = DevicesConfig::new(resolve(&args.target).await?);
+    config.devices = args.devices;
+    config.rate_per_device = args.load.rate;
+    config.payload = args.load.payload;
+    config.qos = qos(args.load.qos);
+    config.protocol = args.load.mqtt.into();
+    config.duration = args.load.duration;
+    config.ramp = args.load.ramp;
+    config.arrivals = arrivals(args.load.poisson);
+    config.progress_every = progress(args.load.progress);
+    config.topic_prefix = args.topic_prefix;
+    config.client_prefix = args.client_prefix;
+    config.max_inflight = args.max_inflight;
+    config.drain_timeout = args.drain_timeout;
+    config.seed = args.seed;
+    let report = run_devices(config).await?;
+    emit_json(&report, args.out.as_ref())
+}
+
+async fn sink(args: SinkArgs) -> anyhow::Result<()> {
+    let mut config = SinkConfig::new(resolve(&args.broker).await?);
+    if args.tls {
+        let Some(ca) = args.ca.clone() else { bail!("--tls needs --ca FILE") };
+        config.tls = Some(SinkTls {
+            ca_file: ca,
+            client_cert: args.cert.clone().zip(args.key.clone()),
+            server_name: args.server_name.clone().unwrap_or_else(|| host_part(&args.broker).to_string()),
+        });
+    }
+    config.topic = args.topic.clone();
+    config.qos = qos(args.qos);
+    config.protocol = args.mqtt.into();
+    config.expect_devices = args.expect_devices;
+    config.progress_every = progress(args.progress);
+    if let Some(id) = args.client_id.clone() {
+        config.client_id = id;
+    }
+    let handle = start_sink(config).await?;
+    eprintln!("sink: subscribed to {:?} on {}", args.topic, args.broker);
+    let deadline = tokio::time::Instant::now() + args.duration;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        if let Some(idle) = args.idle_exit {
+            if handle.received() > 0 && handle.idle_for() >= idle {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100).min(deadline - now)).await;
+    }
+    let sent = match (&args.sent, &args.sent_file) {
+        (Some(n), _) => Some(*n),
+        (None, Some(path)) => Some(read_sent_file(path)?),
+        (None, None) => None,
+    };
+    let report = handle.stop(sent).await?;
+    emit_json(&report, args.out.as_ref())
+}
+
+/// The sent count from a devices JSON report (`"sent"`) or a file holding just a number.
+fn read_sent_file(path: &PathBuf) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    if let Ok(n) = text.trim().parse::<u64>() {
+        return Ok(n);
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is neither a number nor JSON", path.display()))?;
+    value
+        .get("sent")
+        .and_then(serde_json::Value::as_u64)
+        .with_context(|| format!("{} has no numeric \"sent\" field", path.display()))
+}
+
+async fn core(args: CoreArgs) -> anyhow::Result<()> {
+    let suts = match args.sut {
+        SutChoice::Sluice => vec![Sut::Sluice],
+        SutChoice::MosquittoBridge => vec![Sut::MosquittoBridge],
+        SutChoice::Both => vec![Sut::Sluice, Sut::MosquittoBridge],
+    };
+    if args.load.ramp >= args.load.duration {
+        bail!("--ramp must be shorter than --duration (CPU is measured between the two)");
+    }
+    let config = CoreScenario {
+        devices: args.devices,
+        rate_per_device: args.load.rate,
+        duration: args.load.duration,
+        ramp: args.load.ramp,
+        payload: args.load.payload,
+        protocol: args.load.mqtt.into(),
+        qos: qos(args.load.qos),
+        arrivals: arrivals(args.load.poisson),
+        suts,
+        sluice_bin: args.sluice_bin,
+        sluice_shards: args.sluice_shards,
+        drain_idle: args.drain_idle,
+        drain_max: args.drain_max,
+        command_line: command_line(),
+        progress_every: progress(args.load.progress),
+    };
+    let report = run_core(&config).await?;
+    let table = markdown(&report);
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    match &args.out {
+        Some(path) => {
+            write_json(&report, path)?;
+            println!("{table}");
+            eprintln!("report written to {}", path.display());
+        }
+        None => {
+            eprintln!("{table}");
+            println!("{}", serde_json::to_string_pretty(&report).context("serialising the report")?);
+        }
+    }
+    Ok(())
+}
+
+/// This process's command line, shell-quoted where needed.
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

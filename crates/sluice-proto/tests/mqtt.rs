@@ -70,6 +70,10 @@ pub fn decode_chunks<'a>(
             }
         }
     }
-    assert!(buf.is_empty(), "{} undecoded bytes left at the end", buf.len());
+    assert!(
+        buf.is_empty(),
+        "{} undecoded bytes left at the end",
+        buf.len()
+    );
     Ok(packets)
 }

@@ -16,6 +16,10 @@
 //! packet type (and "first packet must be CONNECT"), fixed-header flags, remaining length,
 //! maximum packet size, then — once the whole packet is buffered — the body.
 //!
+//! A remaining length that is not minimally encoded is rejected once the version is known to be
+//! 5.0 (MQTT 5 §1.5.5 requires the minimal form); 3.1.1 does not require it, and a server's
+//! first CONNECT is read before the version is known, so both tolerate it.
+//!
 //! Invariants:
 //! - `Ok(None)` leaves the buffer untouched; `Ok(Some(_))` consumes exactly one packet.
 //! - The size limit is checked as soon as the fixed header is readable, before any body byte
@@ -47,7 +51,10 @@ pub enum DecodeError {
     #[error("malformed remaining length (more than 4 bytes)")]
     MalformedLength,
     #[error("malformed {packet}: {reason}")]
-    Malformed { packet: &'static str, reason: &'static str },
+    Malformed {
+        packet: &'static str,
+        reason: &'static str,
+    },
     #[error("unknown packet type {0}")]
     UnknownPacketType(u8),
     #[error("unsupported protocol level {0}")]
@@ -59,7 +66,10 @@ pub enum DecodeError {
     PropertyNotAllowed { packet: &'static str, property: u32 },
     /// An MQTT 5 property that may appear once appeared again.
     #[error("protocol violation: {packet} carries the {property} property more than once")]
-    DuplicateProperty { packet: &'static str, property: &'static str },
+    DuplicateProperty {
+        packet: &'static str,
+        property: &'static str,
+    },
 }
 
 impl DecodeError {
@@ -106,11 +116,17 @@ const AUTH: u8 = 15;
 impl Decoder {
     /// Server side: the first packet must be CONNECT, which fixes the version.
     pub fn server(max_packet_size: usize) -> Decoder {
-        Decoder { version: None, max_packet_size }
+        Decoder {
+            version: None,
+            max_packet_size,
+        }
     }
     /// Client side: packets are decoded as `version`.
     pub fn client(version: ProtocolVersion, max_packet_size: usize) -> Decoder {
-        Decoder { version: Some(version), max_packet_size }
+        Decoder {
+            version: Some(version),
+            max_packet_size,
+        }
     }
     pub fn version(&self) -> Option<ProtocolVersion> {
         self.version
@@ -132,7 +148,9 @@ impl Decoder {
         check_fixed_header_flags(kind, flags, name)?;
 
         let (remaining, length_len) = match peek_varint(buf.get(1..).unwrap_or(&[])) {
-            Varint::Complete { minimal: false, .. } if self.version == Some(ProtocolVersion::V5) => {
+            Varint::Complete { minimal: false, .. }
+                if self.version == Some(ProtocolVersion::V5) =>
+            {
                 return Err(DecodeError::Malformed {
                     packet: name,
                     reason: "remaining length not minimally encoded",
@@ -145,7 +163,10 @@ impl Decoder {
         // At most 1 + 4 + 268,435,455: no overflow.
         let size = 1 + length_len + remaining;
         if size > self.max_packet_size {
-            return Err(DecodeError::PacketTooLarge { size, max: self.max_packet_size });
+            return Err(DecodeError::PacketTooLarge {
+                size,
+                max: self.max_packet_size,
+            });
         }
         if buf.len() < size {
             return Ok(None);
@@ -165,9 +186,15 @@ impl Decoder {
             (_, None) => return Err(DecodeError::Protocol("first packet must be CONNECT")),
             (CONNACK, Some(v)) => Packet::ConnAck(decode_connack(&mut r, v)?),
             (PUBLISH, Some(v)) => Packet::Publish(decode_publish(&mut r, v, flags)?),
-            (PUBACK, Some(v)) => Packet::PubAck(decode_pub_response(&mut r, v, CodeKind::PubAckRec)?),
-            (PUBREC, Some(v)) => Packet::PubRec(decode_pub_response(&mut r, v, CodeKind::PubAckRec)?),
-            (PUBREL, Some(v)) => Packet::PubRel(decode_pub_response(&mut r, v, CodeKind::PubRelComp)?),
+            (PUBACK, Some(v)) => {
+                Packet::PubAck(decode_pub_response(&mut r, v, CodeKind::PubAckRec)?)
+            }
+            (PUBREC, Some(v)) => {
+                Packet::PubRec(decode_pub_response(&mut r, v, CodeKind::PubAckRec)?)
+            }
+            (PUBREL, Some(v)) => {
+                Packet::PubRel(decode_pub_response(&mut r, v, CodeKind::PubRelComp)?)
+            }
             (PUBCOMP, Some(v)) => {
                 Packet::PubComp(decode_pub_response(&mut r, v, CodeKind::PubRelComp)?)
             }
@@ -243,7 +270,12 @@ fn packet_id(r: &mut Reader) -> Result<u16, DecodeError> {
     }
 }
 
-fn check_code(r: &Reader, kind: CodeKind, version: ProtocolVersion, code: u8) -> Result<(), DecodeError> {
+fn check_code(
+    r: &Reader,
+    kind: CodeKind,
+    version: ProtocolVersion,
+    code: u8,
+) -> Result<(), DecodeError> {
     if is_allowed(kind, version, code) {
         Ok(())
     } else {
@@ -288,24 +320,55 @@ fn decode_connect(r: &mut Reader) -> Result<Connect, DecodeError> {
         return Err(r.malformed("password without user name"));
     }
     let keep_alive = r.u16()?;
-    let properties = if v5 { properties::decode(r, Context::Connect)? } else { Properties::default() };
+    let properties = if v5 {
+        properties::decode(r, Context::Connect)?
+    } else {
+        Properties::default()
+    };
 
     let client_id = r.string()?;
     let will = if will_flag {
-        let properties = if v5 { properties::decode(r, Context::Will)? } else { Properties::default() };
+        let properties = if v5 {
+            properties::decode(r, Context::Will)?
+        } else {
+            Properties::default()
+        };
         let topic = r.string()?;
         if !valid_topic_name(&topic) {
             return Err(r.malformed("will topic is not a valid topic name"));
         }
         let payload = r.binary()?;
-        Some(Will { topic, payload, qos: will_qos, retain: will_retain, properties })
+        Some(Will {
+            topic,
+            payload,
+            qos: will_qos,
+            retain: will_retain,
+            properties,
+        })
     } else {
         None
     };
-    let username = if username_flag { Some(r.string()?) } else { None };
-    let password = if password_flag { Some(r.binary()?) } else { None };
+    let username = if username_flag {
+        Some(r.string()?)
+    } else {
+        None
+    };
+    let password = if password_flag {
+        Some(r.binary()?)
+    } else {
+        None
+    };
     r.finish()?;
-    Ok(Connect { protocol, clean_start, keep_alive, client_id, will, username, password, properties })
+    Ok(Connect {
+        protocol,
+        clean_start,
+        keep_alive,
+        client_id,
+        will,
+        username,
+        password,
+        properties,
+    })
 }
 
 fn decode_connack(r: &mut Reader, version: ProtocolVersion) -> Result<ConnAck, DecodeError> {
@@ -317,23 +380,37 @@ fn decode_connack(r: &mut Reader, version: ProtocolVersion) -> Result<ConnAck, D
     let code = r.u8()?;
     check_code(r, CodeKind::ConnAck, version, code)?;
     if session_present && code != 0 {
-        return Err(DecodeError::Protocol("CONNACK has session present with a non-zero code"));
+        return Err(DecodeError::Protocol(
+            "CONNACK has session present with a non-zero code",
+        ));
     }
     let properties = match version {
         ProtocolVersion::V5 => properties::decode(r, Context::ConnAck)?,
         ProtocolVersion::V311 => Properties::default(),
     };
     r.finish()?;
-    Ok(ConnAck { session_present, code, properties })
+    Ok(ConnAck {
+        session_present,
+        code,
+        properties,
+    })
 }
 
-fn decode_publish(r: &mut Reader, version: ProtocolVersion, flags: u8) -> Result<Publish, DecodeError> {
+fn decode_publish(
+    r: &mut Reader,
+    version: ProtocolVersion,
+    flags: u8,
+) -> Result<Publish, DecodeError> {
     let dup = flags & 0x08 != 0;
     let retain = flags & 0x01 != 0;
     // QoS 3 was rejected with the fixed header.
     let qos = QoS::from_u8((flags >> 1) & 0x03).ok_or_else(|| r.malformed("QoS 3"))?;
     let topic = r.string()?;
-    let packet_id = if qos == QoS::AtMostOnce { None } else { Some(packet_id(r)?) };
+    let packet_id = if qos == QoS::AtMostOnce {
+        None
+    } else {
+        Some(packet_id(r)?)
+    };
     let properties = match version {
         ProtocolVersion::V5 => optional(properties::decode(r, Context::Publish)?),
         ProtocolVersion::V311 => None,
@@ -343,14 +420,24 @@ fn decode_publish(r: &mut Reader, version: ProtocolVersion, flags: u8) -> Result
         if !has_alias {
             return Err(match version {
                 ProtocolVersion::V311 => r.malformed("empty topic name"),
-                ProtocolVersion::V5 => DecodeError::Protocol("PUBLISH with empty topic and no Topic Alias"),
+                ProtocolVersion::V5 => {
+                    DecodeError::Protocol("PUBLISH with empty topic and no Topic Alias")
+                }
             });
         }
     } else if !valid_topic_name(&topic) {
         return Err(r.malformed("topic name contains a wildcard"));
     }
     let payload = r.rest();
-    Ok(Publish { dup, qos, retain, topic, packet_id, properties, payload })
+    Ok(Publish {
+        dup,
+        qos,
+        retain,
+        topic,
+        packet_id,
+        properties,
+        payload,
+    })
 }
 
 fn decode_pub_response(
@@ -373,7 +460,11 @@ fn decode_pub_response(
     };
     check_code(r, kind, version, reason)?;
     r.finish()?;
-    Ok(PubResponse { packet_id, reason, properties })
+    Ok(PubResponse {
+        packet_id,
+        reason,
+        properties,
+    })
 }
 
 fn decode_subscribe(r: &mut Reader, version: ProtocolVersion) -> Result<Subscribe, DecodeError> {
@@ -403,7 +494,9 @@ fn decode_subscribe(r: &mut Reader, version: ProtocolVersion) -> Result<Subscrib
         }
         let no_local = byte & 0x04 != 0;
         if no_local && filter.starts_with("$share/") {
-            return Err(DecodeError::Protocol("No Local set on a shared subscription"));
+            return Err(DecodeError::Protocol(
+                "No Local set on a shared subscription",
+            ));
         }
         let options = SubscriptionOptions {
             qos,
@@ -413,7 +506,11 @@ fn decode_subscribe(r: &mut Reader, version: ProtocolVersion) -> Result<Subscrib
         };
         filters.push(SubscribeFilter { filter, options });
     }
-    Ok(Subscribe { packet_id, filters, properties })
+    Ok(Subscribe {
+        packet_id,
+        filters,
+        properties,
+    })
 }
 
 fn decode_suback(r: &mut Reader, version: ProtocolVersion) -> Result<SubAck, DecodeError> {
@@ -429,10 +526,17 @@ fn decode_suback(r: &mut Reader, version: ProtocolVersion) -> Result<SubAck, Dec
     for &code in &codes {
         check_code(r, CodeKind::SubAck, version, code)?;
     }
-    Ok(SubAck { packet_id, codes, properties })
+    Ok(SubAck {
+        packet_id,
+        codes,
+        properties,
+    })
 }
 
-fn decode_unsubscribe(r: &mut Reader, version: ProtocolVersion) -> Result<Unsubscribe, DecodeError> {
+fn decode_unsubscribe(
+    r: &mut Reader,
+    version: ProtocolVersion,
+) -> Result<Unsubscribe, DecodeError> {
     let packet_id = packet_id(r)?;
     let properties = match version {
         ProtocolVersion::V5 => properties::decode(r, Context::Unsubscribe)?,
@@ -445,7 +549,11 @@ fn decode_unsubscribe(r: &mut Reader, version: ProtocolVersion) -> Result<Unsubs
     while !r.is_empty() {
         filters.push(r.string()?);
     }
-    Ok(Unsubscribe { packet_id, filters, properties })
+    Ok(Unsubscribe {
+        packet_id,
+        filters,
+        properties,
+    })
 }
 
 fn decode_unsuback(r: &mut Reader, version: ProtocolVersion) -> Result<UnsubAck, DecodeError> {
@@ -453,7 +561,11 @@ fn decode_unsuback(r: &mut Reader, version: ProtocolVersion) -> Result<UnsubAck,
     match version {
         ProtocolVersion::V311 => {
             r.finish()?;
-            Ok(UnsubAck { packet_id, codes: Vec::new(), properties: Properties::default() })
+            Ok(UnsubAck {
+                packet_id,
+                codes: Vec::new(),
+                properties: Properties::default(),
+            })
         }
         ProtocolVersion::V5 => {
             let properties = properties::decode(r, Context::UnsubAck)?;
@@ -464,7 +576,11 @@ fn decode_unsuback(r: &mut Reader, version: ProtocolVersion) -> Result<UnsubAck,
             for &code in &codes {
                 check_code(r, CodeKind::UnsubAck, version, code)?;
             }
-            Ok(UnsubAck { packet_id, codes, properties })
+            Ok(UnsubAck {
+                packet_id,
+                codes,
+                properties,
+            })
         }
     }
 }
@@ -491,7 +607,10 @@ fn decode_disconnect(r: &mut Reader, version: ProtocolVersion) -> Result<Disconn
 /// the reason code and the property block are present.
 fn decode_auth(r: &mut Reader) -> Result<Auth, DecodeError> {
     if r.is_empty() {
-        return Ok(Auth { reason: 0, properties: Properties::default() });
+        return Ok(Auth {
+            reason: 0,
+            properties: Properties::default(),
+        });
     }
     let reason = r.u8()?;
     check_code(r, CodeKind::Auth, ProtocolVersion::V5, reason)?;

@@ -48,7 +48,11 @@ pub enum EncodeError {
 }
 
 /// Append the wire form of `packet` for `version` to `out`.
-pub fn encode(packet: &Packet, version: ProtocolVersion, out: &mut BytesMut) -> Result<(), EncodeError> {
+pub fn encode(
+    packet: &Packet,
+    version: ProtocolVersion,
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
     let mut counter = Counter::default();
     write_body(packet, version, &mut counter)?;
     let remaining = counter.len;
@@ -58,7 +62,9 @@ pub fn encode(packet: &Packet, version: ProtocolVersion, out: &mut BytesMut) -> 
     let start = out.len();
     out.reserve(1 + varint_len(remaining) + remaining);
     out.put_u8(first_byte(packet));
-    let written = out.put_varint(remaining).and_then(|()| write_body(packet, version, out));
+    let written = out
+        .put_varint(remaining)
+        .and_then(|()| write_body(packet, version, out));
     if written.is_err() {
         out.truncate(start);
     }
@@ -88,7 +94,11 @@ fn first_byte(packet: &Packet) -> u8 {
     }
 }
 
-fn write_body<S: Sink>(packet: &Packet, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_body<S: Sink>(
+    packet: &Packet,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     match packet {
         Packet::Connect(c) => write_connect(c, version, out),
         Packet::ConnAck(c) => write_connack(c, version, out),
@@ -115,9 +125,15 @@ fn packet_id<S: Sink>(id: u16, out: &mut S) -> Result<(), EncodeError> {
     Ok(())
 }
 
-fn write_connect<S: Sink>(c: &Connect, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_connect<S: Sink>(
+    c: &Connect,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     if c.protocol != version {
-        return Err(EncodeError::Invalid("CONNECT protocol differs from the encoding version"));
+        return Err(EncodeError::Invalid(
+            "CONNECT protocol differs from the encoding version",
+        ));
     }
     let v5 = version == ProtocolVersion::V5;
     if !v5 && c.password.is_some() && c.username.is_none() {
@@ -163,7 +179,11 @@ fn write_connect<S: Sink>(c: &Connect, version: ProtocolVersion, out: &mut S) ->
     Ok(())
 }
 
-fn write_connack<S: Sink>(c: &ConnAck, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_connack<S: Sink>(
+    c: &ConnAck,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     if !is_allowed(CodeKind::ConnAck, version, c.code) {
         return Err(match version {
             ProtocolVersion::V311 => EncodeError::NotInVersion("this CONNACK return code"),
@@ -171,7 +191,9 @@ fn write_connack<S: Sink>(c: &ConnAck, version: ProtocolVersion, out: &mut S) ->
         });
     }
     if c.session_present && c.code != 0 {
-        return Err(EncodeError::Invalid("CONNACK with session present must have code 0"));
+        return Err(EncodeError::Invalid(
+            "CONNACK with session present must have code 0",
+        ));
     }
     out.put_u8(u8::from(c.session_present));
     out.put_u8(c.code);
@@ -181,13 +203,21 @@ fn write_connack<S: Sink>(c: &ConnAck, version: ProtocolVersion, out: &mut S) ->
     Ok(())
 }
 
-fn write_publish<S: Sink>(p: &Publish, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_publish<S: Sink>(
+    p: &Publish,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     match (p.qos, p.packet_id) {
         (QoS::AtMostOnce, Some(_)) => {
-            return Err(EncodeError::Invalid("QoS 0 PUBLISH with a packet identifier"))
+            return Err(EncodeError::Invalid(
+                "QoS 0 PUBLISH with a packet identifier",
+            ))
         }
         (QoS::AtLeastOnce | QoS::ExactlyOnce, None) => {
-            return Err(EncodeError::Invalid("QoS 1/2 PUBLISH without a packet identifier"))
+            return Err(EncodeError::Invalid(
+                "QoS 1/2 PUBLISH without a packet identifier",
+            ))
         }
         _ => {}
     }
@@ -196,9 +226,14 @@ fn write_publish<S: Sink>(p: &Publish, version: ProtocolVersion, out: &mut S) ->
     }
     let v5 = version == ProtocolVersion::V5;
     if p.topic.is_empty() {
-        let has_alias = p.properties.as_ref().is_some_and(|p| p.topic_alias.is_some());
+        let has_alias = p
+            .properties
+            .as_ref()
+            .is_some_and(|p| p.topic_alias.is_some());
         if !(v5 && has_alias) {
-            return Err(EncodeError::Invalid("empty topic name without a Topic Alias"));
+            return Err(EncodeError::Invalid(
+                "empty topic name without a Topic Alias",
+            ));
         }
     } else if !valid_topic_name(&p.topic) {
         return Err(EncodeError::Invalid("topic name is not valid"));
@@ -226,13 +261,17 @@ fn write_pub_response<S: Sink>(
     match version {
         ProtocolVersion::V311 => {
             if p.reason >= 0x80 {
-                return Err(EncodeError::NotInVersion("a failure reason code on PUBACK/PUBREC/PUBREL/PUBCOMP"));
+                return Err(EncodeError::NotInVersion(
+                    "a failure reason code on PUBACK/PUBREC/PUBREL/PUBCOMP",
+                ));
             }
             Ok(())
         }
         ProtocolVersion::V5 => {
             if !is_allowed(kind, version, p.reason) {
-                return Err(EncodeError::Invalid("reason code not allowed on this packet"));
+                return Err(EncodeError::Invalid(
+                    "reason code not allowed on this packet",
+                ));
             }
             match p.properties.as_deref() {
                 Some(props) if !props.is_empty() => {
@@ -249,7 +288,11 @@ fn write_pub_response<S: Sink>(
     }
 }
 
-fn write_subscribe<S: Sink>(s: &Subscribe, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_subscribe<S: Sink>(
+    s: &Subscribe,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     if s.filters.is_empty() {
         return Err(EncodeError::Invalid("SUBSCRIBE without topic filters"));
     }
@@ -262,8 +305,12 @@ fn write_subscribe<S: Sink>(s: &Subscribe, version: ProtocolVersion, out: &mut S
         if o.retain_handling > 2 {
             return Err(EncodeError::Invalid("retain handling above 2"));
         }
-        if version == ProtocolVersion::V311 && (o.no_local || o.retain_as_published || o.retain_handling != 0) {
-            return Err(EncodeError::NotInVersion("subscription options other than QoS"));
+        if version == ProtocolVersion::V311
+            && (o.no_local || o.retain_as_published || o.retain_handling != 0)
+        {
+            return Err(EncodeError::NotInVersion(
+                "subscription options other than QoS",
+            ));
         }
         if o.no_local && f.filter.starts_with("$share/") {
             return Err(EncodeError::Invalid("No Local on a shared subscription"));
@@ -279,13 +326,23 @@ fn write_subscribe<S: Sink>(s: &Subscribe, version: ProtocolVersion, out: &mut S
     Ok(())
 }
 
-fn write_suback<S: Sink>(s: &SubAck, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_suback<S: Sink>(
+    s: &SubAck,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     if s.codes.is_empty() {
         return Err(EncodeError::Invalid("SUBACK without reason codes"));
     }
-    if let Some(_code) = s.codes.iter().find(|&&c| !is_allowed(CodeKind::SubAck, version, c)) {
+    if let Some(_code) = s
+        .codes
+        .iter()
+        .find(|&&c| !is_allowed(CodeKind::SubAck, version, c))
+    {
         return Err(match version {
-            ProtocolVersion::V311 => EncodeError::NotInVersion("a SUBACK return code other than 0, 1, 2, 0x80"),
+            ProtocolVersion::V311 => {
+                EncodeError::NotInVersion("a SUBACK return code other than 0, 1, 2, 0x80")
+            }
             ProtocolVersion::V5 => EncodeError::Invalid("reason code not allowed on SUBACK"),
         });
     }
@@ -297,7 +354,11 @@ fn write_suback<S: Sink>(s: &SubAck, version: ProtocolVersion, out: &mut S) -> R
     Ok(())
 }
 
-fn write_unsubscribe<S: Sink>(u: &Unsubscribe, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_unsubscribe<S: Sink>(
+    u: &Unsubscribe,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     if u.filters.is_empty() {
         return Err(EncodeError::Invalid("UNSUBSCRIBE without topic filters"));
     }
@@ -311,12 +372,18 @@ fn write_unsubscribe<S: Sink>(u: &Unsubscribe, version: ProtocolVersion, out: &m
     Ok(())
 }
 
-fn write_unsuback<S: Sink>(u: &UnsubAck, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_unsuback<S: Sink>(
+    u: &UnsubAck,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     packet_id(u.packet_id, out)?;
     match version {
         ProtocolVersion::V311 => {
             if u.codes.iter().any(|&c| c >= 0x80) {
-                return Err(EncodeError::NotInVersion("a failure reason code on UNSUBACK"));
+                return Err(EncodeError::NotInVersion(
+                    "a failure reason code on UNSUBACK",
+                ));
             }
             Ok(())
         }
@@ -324,7 +391,10 @@ fn write_unsuback<S: Sink>(u: &UnsubAck, version: ProtocolVersion, out: &mut S) 
             if u.codes.is_empty() {
                 return Err(EncodeError::Invalid("UNSUBACK without reason codes"));
             }
-            if u.codes.iter().any(|&c| !is_allowed(CodeKind::UnsubAck, version, c)) {
+            if u.codes
+                .iter()
+                .any(|&c| !is_allowed(CodeKind::UnsubAck, version, c))
+            {
                 return Err(EncodeError::Invalid("reason code not allowed on UNSUBACK"));
             }
             properties::encode(&u.properties, Context::UnsubAck, out)?;
@@ -334,7 +404,11 @@ fn write_unsuback<S: Sink>(u: &UnsubAck, version: ProtocolVersion, out: &mut S) 
     }
 }
 
-fn write_disconnect<S: Sink>(d: &Disconnect, version: ProtocolVersion, out: &mut S) -> Result<(), EncodeError> {
+fn write_disconnect<S: Sink>(
+    d: &Disconnect,
+    version: ProtocolVersion,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     match version {
         ProtocolVersion::V311 if d.reason != 0 => {
             Err(EncodeError::NotInVersion("a DISCONNECT reason code"))
@@ -342,7 +416,9 @@ fn write_disconnect<S: Sink>(d: &Disconnect, version: ProtocolVersion, out: &mut
         ProtocolVersion::V311 => Ok(()),
         ProtocolVersion::V5 => {
             if !is_allowed(CodeKind::Disconnect, version, d.reason) {
-                return Err(EncodeError::Invalid("reason code not allowed on DISCONNECT"));
+                return Err(EncodeError::Invalid(
+                    "reason code not allowed on DISCONNECT",
+                ));
             }
             if !d.properties.is_empty() {
                 out.put_u8(d.reason);

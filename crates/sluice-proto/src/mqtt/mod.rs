@@ -12,6 +12,12 @@
 //!   which is checked against the configured maximum *before* the body is buffered.
 //! - Decoding is incremental: bytes may arrive split at any offset; `Ok(None)` means "need more".
 //! - `encode` of a decoded packet yields bytes that decode to an equal packet (round trip).
+//!
+//! Layout: `types` (the packets), `decode` (incremental decoder and its errors), `encode`,
+//! `properties` (MQTT 5 property blocks and which packet may carry which), `reason_codes`
+//! (allowed codes per packet), `wire` (integers, varints, strings, binary data), `topic`
+//! (name/filter validity and matching). Tests live in `tests/mqtt/`, the fuzz target in
+//! `fuzz/fuzz_targets/mqtt_decode.rs`.
 
 mod decode;
 mod encode;

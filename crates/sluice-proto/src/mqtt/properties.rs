@@ -75,7 +75,10 @@ fn info(id: u32) -> Option<(&'static str, u16)> {
         0x19 => ("Request Response Information", CONNECT),
         0x1A => ("Response Information", CONNACK),
         0x1C => ("Server Reference", CONNACK | DISCONNECT),
-        0x1F => ("Reason String", CONNACK | PUBRESP | SUBACK | UNSUBACK | DISCONNECT | AUTH),
+        0x1F => (
+            "Reason String",
+            CONNACK | PUBRESP | SUBACK | UNSUBACK | DISCONNECT | AUTH,
+        ),
         0x21 => ("Receive Maximum", CONNECT | CONNACK),
         0x22 => ("Topic Alias Maximum", CONNECT | CONNACK),
         0x23 => ("Topic Alias", PUBLISH),
@@ -118,9 +121,17 @@ pub(crate) fn decode(r: &mut Reader, ctx: Context) -> Result<Properties, DecodeE
         let id = r.varint()?;
         let name = match info(id) {
             Some((name, mask)) if mask & ctx.bit() != 0 => name,
-            _ => return Err(DecodeError::PropertyNotAllowed { packet, property: id }),
+            _ => {
+                return Err(DecodeError::PropertyNotAllowed {
+                    packet,
+                    property: id,
+                })
+            }
         };
-        let dup = || DecodeError::DuplicateProperty { packet, property: name };
+        let dup = || DecodeError::DuplicateProperty {
+            packet,
+            property: name,
+        };
         macro_rules! once {
             ($field:ident, $value:expr) => {{
                 if p.$field.is_some() {
@@ -168,7 +179,12 @@ pub(crate) fn decode(r: &mut Reader, ctx: Context) -> Result<Properties, DecodeE
             0x29 => once!(subscription_identifier_available, r.u8()?),
             0x2A => once!(shared_subscription_available, r.u8()?),
             // `info` returned Some, so `id` is one of the arms above.
-            _ => return Err(DecodeError::PropertyNotAllowed { packet, property: id }),
+            _ => {
+                return Err(DecodeError::PropertyNotAllowed {
+                    packet,
+                    property: id,
+                })
+            }
         }
     }
     check_values(&p, ctx).map_err(DecodeError::Protocol)?;
@@ -211,7 +227,10 @@ fn check_values(p: &Properties, ctx: Context) -> Result<(), &'static str> {
     if p.topic_alias == Some(0) {
         return Err("Topic Alias is 0");
     }
-    if p.subscription_identifiers.iter().any(|&id| id == 0 || id as usize > MAX_VARINT) {
+    if p.subscription_identifiers
+        .iter()
+        .any(|&id| id == 0 || id as usize > MAX_VARINT)
+    {
         return Err("Subscription Identifier is 0 or above 268,435,455");
     }
     if ctx == Context::Subscribe && p.subscription_identifiers.len() > 1 {
@@ -220,14 +239,21 @@ fn check_values(p: &Properties, ctx: Context) -> Result<(), &'static str> {
     if p.authentication_data.is_some() && p.authentication_method.is_none() {
         return Err("Authentication Data without Authentication Method");
     }
-    if p.response_topic.as_ref().is_some_and(|t| !valid_topic_name(t)) {
+    if p.response_topic
+        .as_ref()
+        .is_some_and(|t| !valid_topic_name(t))
+    {
         return Err("Response Topic is not a valid topic name");
     }
     Ok(())
 }
 
 /// Write a property block (length prefix included) for `ctx` to `out`.
-pub(crate) fn encode<S: Sink>(p: &Properties, ctx: Context, out: &mut S) -> Result<(), EncodeError> {
+pub(crate) fn encode<S: Sink>(
+    p: &Properties,
+    ctx: Context,
+    out: &mut S,
+) -> Result<(), EncodeError> {
     check_values(p, ctx).map_err(EncodeError::Invalid)?;
     let mut counter = Counter::default();
     write_items(p, ctx, &mut counter)?;
@@ -240,7 +266,9 @@ fn write_items<S: Sink>(p: &Properties, ctx: Context, out: &mut S) -> Result<(),
         if allowed(id, ctx) {
             Ok(())
         } else {
-            Err(EncodeError::PropertyNotAllowed(info(id).map_or("unknown property", |(n, _)| n)))
+            Err(EncodeError::PropertyNotAllowed(
+                info(id).map_or("unknown property", |(n, _)| n),
+            ))
         }
     };
     macro_rules! byte {

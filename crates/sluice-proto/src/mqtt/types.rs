@@ -1,4 +1,11 @@
 //! Packet types shared by the decoder and the encoder.
+//!
+//! One type per packet for both protocol versions; fields that exist only in MQTT 5
+//! (properties, reason codes, subscription options other than QoS) are empty or zero for 3.1.1.
+//! What the decoder guarantees and the encoder checks: `Publish::packet_id` is `Some` exactly
+//! when QoS > 0 and is never 0 (nor any other packet identifier); a PUBLISH or will topic is a
+//! valid topic name (or, in MQTT 5, empty with a Topic Alias); strings hold no U+0000; decoded
+//! `Publish`/`PubResponse` properties are `None` rather than `Some(empty)`.
 
 use bytes::Bytes;
 use bytestring::ByteString;

@@ -28,7 +28,11 @@ pub(crate) const MAX_VARINT: usize = 268_435_455;
 /// Result of peeking at a Variable Byte Integer at the front of a byte slice.
 pub(crate) enum Varint {
     /// The value, the number of bytes it occupies, and whether that is the fewest possible.
-    Complete { value: usize, len: usize, minimal: bool },
+    Complete {
+        value: usize,
+        len: usize,
+        minimal: bool,
+    },
     /// The slice ends before the last byte of the integer.
     Incomplete,
     /// A fifth byte would be needed.
@@ -45,7 +49,11 @@ pub(crate) fn peek_varint(bytes: &[u8]) -> Varint {
         value |= usize::from(byte & 0x7f) << (7 * i);
         if byte & 0x80 == 0 {
             let minimal = i == 0 || byte != 0;
-            return Varint::Complete { value, len: i + 1, minimal };
+            return Varint::Complete {
+                value,
+                len: i + 1,
+                minimal,
+            };
         }
     }
     Varint::TooLong
@@ -71,7 +79,11 @@ pub(crate) struct Reader {
 
 impl Reader {
     pub(crate) fn new(buf: Bytes, packet: &'static str) -> Reader {
-        Reader { buf, pos: 0, packet }
+        Reader {
+            buf,
+            pos: 0,
+            packet,
+        }
     }
 
     pub(crate) fn packet(&self) -> &'static str {
@@ -87,7 +99,10 @@ impl Reader {
     }
 
     pub(crate) fn malformed(&self, reason: &'static str) -> DecodeError {
-        DecodeError::Malformed { packet: self.packet, reason }
+        DecodeError::Malformed {
+            packet: self.packet,
+            reason,
+        }
     }
 
     fn truncated(&self) -> DecodeError {
@@ -112,7 +127,10 @@ impl Reader {
 
     fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         let end = self.pos.checked_add(N).ok_or_else(|| self.truncated())?;
-        let slice = self.buf.get(self.pos..end).ok_or_else(|| self.truncated())?;
+        let slice = self
+            .buf
+            .get(self.pos..end)
+            .ok_or_else(|| self.truncated())?;
         let mut out = [0u8; N];
         out.copy_from_slice(slice);
         self.pos = end;
@@ -126,7 +144,11 @@ impl Reader {
             Varint::Complete { minimal: false, .. } => {
                 Err(self.malformed("variable byte integer not minimally encoded"))
             }
-            Varint::Complete { value, len, minimal: true } => {
+            Varint::Complete {
+                value,
+                len,
+                minimal: true,
+            } => {
                 self.pos += len;
                 // A 4-byte varint is at most MAX_VARINT < u32::MAX.
                 u32::try_from(value).map_err(|_| self.malformed("variable byte integer overflows"))
@@ -184,10 +206,15 @@ impl Reader {
 /// Validate a UTF-8 Encoded String without copying it.
 pub(crate) fn utf8(bytes: Bytes, packet: &'static str) -> Result<ByteString, DecodeError> {
     if bytes.contains(&0) {
-        return Err(DecodeError::Malformed { packet, reason: "string contains U+0000" });
+        return Err(DecodeError::Malformed {
+            packet,
+            reason: "string contains U+0000",
+        });
     }
-    ByteString::try_from(bytes)
-        .map_err(|_| DecodeError::Malformed { packet, reason: "string is not valid UTF-8" })
+    ByteString::try_from(bytes).map_err(|_| DecodeError::Malformed {
+        packet,
+        reason: "string is not valid UTF-8",
+    })
 }
 
 /// Where encoded bytes go: the output buffer, or a [`Counter`] that only measures them.

@@ -19,7 +19,9 @@ fn drain(decoder: &mut Decoder, bytes: &[u8]) {
         // A server decoder learns the version from CONNECT; CONNECT names its own.
         let version = match &packet {
             Packet::Connect(c) => c.protocol,
-            _ => decoder.version().expect("a decoder that produced a non-CONNECT has a version"),
+            _ => decoder
+                .version()
+                .expect("a decoder that produced a non-CONNECT has a version"),
         };
         let mut wire = BytesMut::new();
         encode(&packet, version, &mut wire).expect("every decoded packet re-encodes");

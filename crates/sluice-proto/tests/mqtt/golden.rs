@@ -19,13 +19,22 @@ fn s(text: &'static str) -> ByteString {
 }
 
 fn qos_only(qos: QoS) -> SubscriptionOptions {
-    SubscriptionOptions { qos, no_local: false, retain_as_published: false, retain_handling: 0 }
+    SubscriptionOptions {
+        qos,
+        no_local: false,
+        retain_as_published: false,
+        retain_handling: 0,
+    }
 }
 
 /// The bytes decode to exactly `packet`, and `packet` encodes to exactly the bytes.
 fn assert_golden(wire: &str, version: ProtocolVersion, packet: Packet) {
     let bytes = hex(wire);
-    assert_eq!(decode_one(&bytes, version), Ok(Some(packet.clone())), "decode of {wire}");
+    assert_eq!(
+        decode_one(&bytes, version),
+        Ok(Some(packet.clone())),
+        "decode of {wire}"
+    );
     assert_eq!(encoded(&packet, version), bytes, "encode of {packet:?}");
 }
 
@@ -82,8 +91,14 @@ fn v311_subscribe_lists_filters_with_requested_qos() {
         Packet::Subscribe(Subscribe {
             packet_id: 10,
             filters: vec![
-                SubscribeFilter { filter: s("a/b"), options: qos_only(QoS::AtLeastOnce) },
-                SubscribeFilter { filter: s("c/d"), options: qos_only(QoS::ExactlyOnce) },
+                SubscribeFilter {
+                    filter: s("a/b"),
+                    options: qos_only(QoS::AtLeastOnce),
+                },
+                SubscribeFilter {
+                    filter: s("c/d"),
+                    options: qos_only(QoS::ExactlyOnce),
+                },
             ],
             properties: Properties::default(),
         }),
@@ -95,27 +110,47 @@ fn v311_suback_unsubscribe_unsuback_and_connack_have_their_fixed_layouts() {
     assert_golden(
         "90 05 00 0a 01 02 80",
         V3,
-        Packet::SubAck(SubAck { packet_id: 10, codes: vec![1, 2, 0x80], properties: Properties::default() }),
+        Packet::SubAck(SubAck {
+            packet_id: 10,
+            codes: vec![1, 2, 0x80],
+            properties: Properties::default(),
+        }),
     );
     assert_golden(
         "a2 07 00 0b 00 03 61 2f 62",
         V3,
-        Packet::Unsubscribe(Unsubscribe { packet_id: 11, filters: vec![s("a/b")], properties: Properties::default() }),
+        Packet::Unsubscribe(Unsubscribe {
+            packet_id: 11,
+            filters: vec![s("a/b")],
+            properties: Properties::default(),
+        }),
     );
     assert_golden(
         "b0 02 00 0b",
         V3,
-        Packet::UnsubAck(UnsubAck { packet_id: 11, codes: vec![], properties: Properties::default() }),
+        Packet::UnsubAck(UnsubAck {
+            packet_id: 11,
+            codes: vec![],
+            properties: Properties::default(),
+        }),
     );
     assert_golden(
         "20 02 01 00",
         V3,
-        Packet::ConnAck(ConnAck { session_present: true, code: 0, properties: Properties::default() }),
+        Packet::ConnAck(ConnAck {
+            session_present: true,
+            code: 0,
+            properties: Properties::default(),
+        }),
     );
     assert_golden(
         "62 02 00 0a",
         V3,
-        Packet::PubRel(PubResponse { packet_id: 10, reason: 0, properties: None }),
+        Packet::PubRel(PubResponse {
+            packet_id: 10,
+            reason: 0,
+            properties: None,
+        }),
     );
 }
 
@@ -127,7 +162,10 @@ fn pingreq_is_c0_00_and_disconnect_is_e0_00() {
         assert_golden(
             "e0 00",
             version,
-            Packet::Disconnect(Disconnect { reason: 0, properties: Properties::default() }),
+            Packet::Disconnect(Disconnect {
+                reason: 0,
+                properties: Properties::default(),
+            }),
         );
     }
 }
@@ -153,7 +191,10 @@ fn v5_connect_with_session_expiry_receive_maximum_and_will_delay() {
                 payload: Bytes::from_static(b"bye"),
                 qos: QoS::AtLeastOnce,
                 retain: false,
-                properties: Properties { will_delay_interval: Some(5), ..Properties::default() },
+                properties: Properties {
+                    will_delay_interval: Some(5),
+                    ..Properties::default()
+                },
             }),
             username: Some(s("u")),
             password: Some(Bytes::from_static(b"p")),
@@ -171,12 +212,20 @@ fn v5_puback_with_success_and_no_properties_is_the_two_byte_short_form() {
     assert_golden(
         "40 02 00 0a",
         V5,
-        Packet::PubAck(PubResponse { packet_id: 10, reason: 0, properties: None }),
+        Packet::PubAck(PubResponse {
+            packet_id: 10,
+            reason: 0,
+            properties: None,
+        }),
     );
     assert_golden(
         "40 03 00 0a 10",
         V5,
-        Packet::PubAck(PubResponse { packet_id: 10, reason: 0x10, properties: None }),
+        Packet::PubAck(PubResponse {
+            packet_id: 10,
+            reason: 0x10,
+            properties: None,
+        }),
     );
     assert_golden(
         "40 08 00 0a 80 04 1f 00 01 78",
@@ -184,15 +233,25 @@ fn v5_puback_with_success_and_no_properties_is_the_two_byte_short_form() {
         Packet::PubAck(PubResponse {
             packet_id: 10,
             reason: 0x80,
-            properties: Some(Box::new(Properties { reason_string: Some(s("x")), ..Properties::default() })),
+            properties: Some(Box::new(Properties {
+                reason_string: Some(s("x")),
+                ..Properties::default()
+            })),
         }),
     );
 }
 
 #[test]
 fn v5_puback_long_form_with_empty_properties_decodes_like_the_short_form() {
-    let short = Packet::PubAck(PubResponse { packet_id: 10, reason: 0, properties: None });
-    assert_eq!(decode_one(&hex("40 04 00 0a 00 00"), V5), Ok(Some(short.clone())));
+    let short = Packet::PubAck(PubResponse {
+        packet_id: 10,
+        reason: 0,
+        properties: None,
+    });
+    assert_eq!(
+        decode_one(&hex("40 04 00 0a 00 00"), V5),
+        Ok(Some(short.clone()))
+    );
     assert_eq!(decode_one(&hex("40 03 00 0a 00"), V5), Ok(Some(short)));
 }
 
@@ -244,13 +303,20 @@ fn v5_publish_and_subscribe_always_carry_a_property_length() {
                     retain_handling: 2,
                 },
             }],
-            properties: Properties { subscription_identifiers: vec![7], ..Properties::default() },
+            properties: Properties {
+                subscription_identifiers: vec![7],
+                ..Properties::default()
+            },
         }),
     );
     assert_golden(
         "b0 04  00 01  00  11",
         V5,
-        Packet::UnsubAck(UnsubAck { packet_id: 1, codes: vec![0x11], properties: Properties::default() }),
+        Packet::UnsubAck(UnsubAck {
+            packet_id: 1,
+            codes: vec![0x11],
+            properties: Properties::default(),
+        }),
     );
 }
 
@@ -259,20 +325,33 @@ fn v5_disconnect_with_a_reason_and_no_properties_is_one_byte_long() {
     assert_golden(
         "e0 01 8e",
         V5,
-        Packet::Disconnect(Disconnect { reason: 0x8e, properties: Properties::default() }),
+        Packet::Disconnect(Disconnect {
+            reason: 0x8e,
+            properties: Properties::default(),
+        }),
     );
 }
 
 #[test]
 fn v5_auth_with_success_and_no_properties_is_empty() {
     use sluice_proto::mqtt::Auth;
-    assert_golden("f0 00", V5, Packet::Auth(Auth { reason: 0, properties: Properties::default() }));
+    assert_golden(
+        "f0 00",
+        V5,
+        Packet::Auth(Auth {
+            reason: 0,
+            properties: Properties::default(),
+        }),
+    );
     assert_golden(
         "f0 08 18 06 15 00 03 61 62 63",
         V5,
         Packet::Auth(Auth {
             reason: 0x18,
-            properties: Properties { authentication_method: Some(s("abc")), ..Properties::default() },
+            properties: Properties {
+                authentication_method: Some(s("abc")),
+                ..Properties::default()
+            },
         }),
     );
 }

@@ -53,7 +53,10 @@ fn malformed(packet: &'static str, reason: &'static str) -> DecodeError {
 /// CONNECT for `level` with connect `flags`, keep alive 60, and payload `payload` (hex).
 fn connect(level: u8, flags: u8, payload: &str) -> Vec<u8> {
     let props = if level == 5 { "00" } else { "" };
-    packet(0x10, &format!("00 04 4d 51 54 54 {level:02x} {flags:02x} 00 3c {props} {payload}"))
+    packet(
+        0x10,
+        &format!("00 04 4d 51 54 54 {level:02x} {flags:02x} 00 3c {props} {payload}"),
+    )
 }
 
 // ---- size limits --------------------------------------------------------------------------
@@ -63,25 +66,43 @@ fn packet_larger_than_the_maximum_is_rejected_from_its_fixed_header_alone() {
     let mut decoder = Decoder::client(V3, 1024);
     // PUBLISH announcing 65,535 bytes of body; none of the body has arrived.
     let mut buf = BytesMut::from(&hex("30 ff ff 03")[..]);
-    assert_eq!(decoder.decode(&mut buf), Err(DecodeError::PacketTooLarge { size: 4 + 65_535, max: 1024 }));
+    assert_eq!(
+        decoder.decode(&mut buf),
+        Err(DecodeError::PacketTooLarge {
+            size: 4 + 65_535,
+            max: 1024
+        })
+    );
 }
 
 #[test]
 fn server_rejects_an_oversized_connect_before_its_body_arrives() {
     let mut decoder = Decoder::server(100);
     let mut buf = BytesMut::from(&hex("10 e5 00")[..]);
-    assert_eq!(decoder.decode(&mut buf), Err(DecodeError::PacketTooLarge { size: 3 + 101, max: 100 }));
+    assert_eq!(
+        decoder.decode(&mut buf),
+        Err(DecodeError::PacketTooLarge {
+            size: 3 + 101,
+            max: 100
+        })
+    );
 }
 
 #[test]
 fn packet_exactly_at_the_maximum_size_is_accepted_and_one_byte_more_is_not() {
     let bytes = packet(0x30, "00 01 61 00 01 02 03 04 05 06 07 08 09");
     let mut at_limit = Decoder::client(V3, bytes.len());
-    assert!(matches!(decode_with(&mut at_limit, &bytes), Ok(Some(Packet::Publish(_)))));
+    assert!(matches!(
+        decode_with(&mut at_limit, &bytes),
+        Ok(Some(Packet::Publish(_)))
+    ));
     let mut below = Decoder::client(V3, bytes.len() - 1);
     assert_eq!(
         decode_with(&mut below, &bytes),
-        Err(DecodeError::PacketTooLarge { size: bytes.len(), max: bytes.len() - 1 })
+        Err(DecodeError::PacketTooLarge {
+            size: bytes.len(),
+            max: bytes.len() - 1
+        })
     );
 }
 
@@ -90,14 +111,23 @@ fn lowering_the_maximum_applies_to_the_next_packet() {
     let bytes = packet(0x30, "00 01 61 00 01 02 03");
     let mut decoder = Decoder::client(V3, 1000);
     decoder.set_max_packet_size(4);
-    assert!(matches!(decode_with(&mut decoder, &bytes), Err(DecodeError::PacketTooLarge { .. })));
+    assert!(matches!(
+        decode_with(&mut decoder, &bytes),
+        Err(DecodeError::PacketTooLarge { .. })
+    ));
 }
 
 #[test]
 fn remaining_length_longer_than_four_bytes_is_malformed() {
-    assert_eq!(client_error(V3, &hex("30 ff ff ff ff 01")), DecodeError::MalformedLength);
+    assert_eq!(
+        client_error(V3, &hex("30 ff ff ff ff 01")),
+        DecodeError::MalformedLength
+    );
     // Known after the fourth length byte, before a fifth arrives.
-    assert_eq!(client_error(V3, &hex("30 80 80 80 80")), DecodeError::MalformedLength);
+    assert_eq!(
+        client_error(V3, &hex("30 80 80 80 80")),
+        DecodeError::MalformedLength
+    );
 }
 
 #[test]
@@ -111,8 +141,14 @@ fn incomplete_remaining_length_asks_for_more_without_consuming() {
 
 #[test]
 fn v5_rejects_a_non_minimal_remaining_length_and_v311_tolerates_it() {
-    assert_eq!(client_error(V5, &hex("c0 80 00")), malformed("PINGREQ", "remaining length not minimally encoded"));
-    assert_eq!(decode_with(&mut Decoder::client(V3, 10), &hex("c0 80 00")), Ok(Some(Packet::PingReq)));
+    assert_eq!(
+        client_error(V5, &hex("c0 80 00")),
+        malformed("PINGREQ", "remaining length not minimally encoded")
+    );
+    assert_eq!(
+        decode_with(&mut Decoder::client(V3, 10), &hex("c0 80 00")),
+        Ok(Some(Packet::PingReq))
+    );
 }
 
 // ---- packet types and the first packet ----------------------------------------------------
@@ -128,12 +164,24 @@ fn server_requires_connect_as_the_first_packet() {
 
 #[test]
 fn reserved_packet_types_are_unknown_and_auth_does_not_exist_in_v311() {
-    assert_eq!(client_error(V3, &hex("00 00")), DecodeError::UnknownPacketType(0));
-    assert_eq!(client_error(V5, &hex("00 00")), DecodeError::UnknownPacketType(0));
-    assert_eq!(client_error(V3, &hex("f0 00")), DecodeError::UnknownPacketType(15));
+    assert_eq!(
+        client_error(V3, &hex("00 00")),
+        DecodeError::UnknownPacketType(0)
+    );
+    assert_eq!(
+        client_error(V5, &hex("00 00")),
+        DecodeError::UnknownPacketType(0)
+    );
+    assert_eq!(
+        client_error(V3, &hex("f0 00")),
+        DecodeError::UnknownPacketType(15)
+    );
     assert_eq!(
         decode_with(&mut Decoder::client(V5, 10), &hex("f0 00")),
-        Ok(Some(Packet::Auth(Auth { reason: 0, properties: Properties::default() })))
+        Ok(Some(Packet::Auth(Auth {
+            reason: 0,
+            properties: Properties::default()
+        })))
     );
 }
 
@@ -141,19 +189,46 @@ fn reserved_packet_types_are_unknown_and_auth_does_not_exist_in_v311() {
 fn reserved_fixed_header_flags_are_malformed() {
     let not_0010 = "reserved fixed-header flags are not 0010";
     let not_0000 = "reserved fixed-header flags are not 0000";
-    assert_eq!(client_error(V3, &hex("60 02 00 01")), malformed("PUBREL", not_0010));
-    assert_eq!(client_error(V3, &hex("80 06 00 01 00 01 61 00")), malformed("SUBSCRIBE", not_0010));
-    assert_eq!(client_error(V3, &hex("a3 05 00 01 00 01 61")), malformed("UNSUBSCRIBE", not_0010));
-    assert_eq!(client_error(V3, &hex("41 02 00 01")), malformed("PUBACK", not_0000));
-    assert_eq!(client_error(V5, &hex("c1 00")), malformed("PINGREQ", not_0000));
-    assert_eq!(client_error(V5, &hex("e8 00")), malformed("DISCONNECT", not_0000));
-    assert_eq!(server_error(&packet(0x12, "00 04 4d 51 54 54 04 02 00 3c 00 00")), malformed("CONNECT", not_0000));
+    assert_eq!(
+        client_error(V3, &hex("60 02 00 01")),
+        malformed("PUBREL", not_0010)
+    );
+    assert_eq!(
+        client_error(V3, &hex("80 06 00 01 00 01 61 00")),
+        malformed("SUBSCRIBE", not_0010)
+    );
+    assert_eq!(
+        client_error(V3, &hex("a3 05 00 01 00 01 61")),
+        malformed("UNSUBSCRIBE", not_0010)
+    );
+    assert_eq!(
+        client_error(V3, &hex("41 02 00 01")),
+        malformed("PUBACK", not_0000)
+    );
+    assert_eq!(
+        client_error(V5, &hex("c1 00")),
+        malformed("PINGREQ", not_0000)
+    );
+    assert_eq!(
+        client_error(V5, &hex("e8 00")),
+        malformed("DISCONNECT", not_0000)
+    );
+    assert_eq!(
+        server_error(&packet(0x12, "00 04 4d 51 54 54 04 02 00 3c 00 00")),
+        malformed("CONNECT", not_0000)
+    );
 }
 
 #[test]
 fn publish_with_qos_3_or_dup_on_qos_0_is_malformed() {
-    assert_eq!(client_error(V3, &hex("36 05 00 01 61 00 01")), malformed("PUBLISH", "QoS 3"));
-    assert_eq!(client_error(V3, &hex("38 03 00 01 61")), malformed("PUBLISH", "DUP set on a QoS 0 message"));
+    assert_eq!(
+        client_error(V3, &hex("36 05 00 01 61 00 01")),
+        malformed("PUBLISH", "QoS 3")
+    );
+    assert_eq!(
+        client_error(V3, &hex("38 03 00 01 61")),
+        malformed("PUBLISH", "DUP set on a QoS 0 message")
+    );
 }
 
 // ---- CONNECT ------------------------------------------------------------------------------
@@ -161,26 +236,51 @@ fn publish_with_qos_3_or_dup_on_qos_0_is_malformed() {
 #[test]
 fn connect_with_another_protocol_level_is_unsupported() {
     let mqisdp = packet(0x10, "00 06 4d 51 49 73 64 70 03 02 00 3c 00 00");
-    assert_eq!(server_error(&mqisdp), DecodeError::UnsupportedProtocolLevel(3));
-    assert_eq!(server_error(&connect(3, 0x02, "00 00")), DecodeError::UnsupportedProtocolLevel(3));
-    assert_eq!(server_error(&connect(6, 0x02, "00 00")), DecodeError::UnsupportedProtocolLevel(6));
+    assert_eq!(
+        server_error(&mqisdp),
+        DecodeError::UnsupportedProtocolLevel(3)
+    );
+    assert_eq!(
+        server_error(&connect(3, 0x02, "00 00")),
+        DecodeError::UnsupportedProtocolLevel(3)
+    );
+    assert_eq!(
+        server_error(&connect(6, 0x02, "00 00")),
+        DecodeError::UnsupportedProtocolLevel(6)
+    );
     let mut decoder = Decoder::server(1000);
     let _ = decode_with(&mut decoder, &mqisdp);
-    assert_eq!(decoder.version(), None, "a rejected CONNECT fixes no version");
+    assert_eq!(
+        decoder.version(),
+        None,
+        "a rejected CONNECT fixes no version"
+    );
 }
 
 #[test]
 fn connect_with_a_protocol_name_other_than_mqtt_is_malformed() {
     let bytes = packet(0x10, "00 04 4d 51 54 58 04 02 00 3c 00 00");
-    assert_eq!(server_error(&bytes), malformed("CONNECT", "protocol name is not MQTT"));
+    assert_eq!(
+        server_error(&bytes),
+        malformed("CONNECT", "protocol name is not MQTT")
+    );
 }
 
 #[test]
 fn connect_flag_rules_are_enforced() {
-    assert_eq!(server_error(&connect(4, 0x03, "00 00")), malformed("CONNECT", "reserved connect flag is set"));
+    assert_eq!(
+        server_error(&connect(4, 0x03, "00 00")),
+        malformed("CONNECT", "reserved connect flag is set")
+    );
     let no_will = "will QoS or will retain set without a will";
-    assert_eq!(server_error(&connect(4, 0x0a, "00 00")), malformed("CONNECT", no_will));
-    assert_eq!(server_error(&connect(5, 0x22, "00 00")), malformed("CONNECT", no_will));
+    assert_eq!(
+        server_error(&connect(4, 0x0a, "00 00")),
+        malformed("CONNECT", no_will)
+    );
+    assert_eq!(
+        server_error(&connect(5, 0x22, "00 00")),
+        malformed("CONNECT", no_will)
+    );
     assert_eq!(
         server_error(&connect(4, 0x1e, "00 00 00 01 74 00 00")),
         malformed("CONNECT", "will QoS 3")
@@ -194,10 +294,15 @@ fn password_without_user_name_is_malformed_in_v311_and_allowed_in_v5() {
         malformed("CONNECT", "password without user name")
     );
     let mut decoder = Decoder::server(1000);
-    let Ok(Some(Packet::Connect(c))) = decode_with(&mut decoder, &connect(5, 0x42, "00 00 00 01 70")) else {
+    let Ok(Some(Packet::Connect(c))) =
+        decode_with(&mut decoder, &connect(5, 0x42, "00 00 00 01 70"))
+    else {
         panic!("v5 CONNECT with only a password must decode");
     };
-    assert_eq!((c.username, c.password), (None, Some(Bytes::from_static(b"p"))));
+    assert_eq!(
+        (c.username, c.password),
+        (None, Some(Bytes::from_static(b"p")))
+    );
 }
 
 #[test]
@@ -228,24 +333,45 @@ fn connect_ending_inside_a_field_is_malformed() {
 
 #[test]
 fn strings_must_be_valid_utf8_without_nul() {
-    assert_eq!(client_error(V3, &hex("30 04 00 02 c3 28")), malformed("PUBLISH", "string is not valid UTF-8"));
+    assert_eq!(
+        client_error(V3, &hex("30 04 00 02 c3 28")),
+        malformed("PUBLISH", "string is not valid UTF-8")
+    );
     // An encoded surrogate (U+D800) is not valid UTF-8.
-    assert_eq!(client_error(V3, &hex("30 05 00 03 ed a0 80")), malformed("PUBLISH", "string is not valid UTF-8"));
-    assert_eq!(client_error(V3, &hex("30 05 00 03 61 00 62")), malformed("PUBLISH", "string contains U+0000"));
-    assert_eq!(server_error(&connect(4, 0x02, "00 01 00")), malformed("CONNECT", "string contains U+0000"));
+    assert_eq!(
+        client_error(V3, &hex("30 05 00 03 ed a0 80")),
+        malformed("PUBLISH", "string is not valid UTF-8")
+    );
+    assert_eq!(
+        client_error(V3, &hex("30 05 00 03 61 00 62")),
+        malformed("PUBLISH", "string contains U+0000")
+    );
+    assert_eq!(
+        server_error(&connect(4, 0x02, "00 01 00")),
+        malformed("CONNECT", "string contains U+0000")
+    );
 }
 
 #[test]
 fn publish_topic_must_be_a_topic_name() {
-    assert_eq!(client_error(V3, &hex("30 05 00 03 61 2f 2b")), malformed("PUBLISH", "topic name contains a wildcard"));
-    assert_eq!(client_error(V3, &hex("30 02 00 00")), malformed("PUBLISH", "empty topic name"));
+    assert_eq!(
+        client_error(V3, &hex("30 05 00 03 61 2f 2b")),
+        malformed("PUBLISH", "topic name contains a wildcard")
+    );
+    assert_eq!(
+        client_error(V3, &hex("30 02 00 00")),
+        malformed("PUBLISH", "empty topic name")
+    );
     assert_eq!(
         client_error(V5, &hex("30 03 00 00 00")),
         DecodeError::Protocol("PUBLISH with empty topic and no Topic Alias")
     );
     // With a Topic Alias the topic may be empty.
     assert!(matches!(
-        decode_with(&mut Decoder::client(V5, 100), &hex("30 06 00 00 03 23 00 01")),
+        decode_with(
+            &mut Decoder::client(V5, 100),
+            &hex("30 06 00 00 03 23 00 01")
+        ),
         Ok(Some(Packet::Publish(_)))
     ));
 }
@@ -255,25 +381,64 @@ fn publish_topic_must_be_a_topic_name() {
 #[test]
 fn packet_identifier_zero_is_malformed_wherever_one_is_required() {
     let zero = "packet identifier is 0";
-    assert_eq!(client_error(V3, &hex("32 05 00 01 61 00 00")), malformed("PUBLISH", zero));
-    assert_eq!(client_error(V3, &hex("40 02 00 00")), malformed("PUBACK", zero));
-    assert_eq!(client_error(V5, &hex("50 02 00 00")), malformed("PUBREC", zero));
-    assert_eq!(client_error(V3, &hex("62 02 00 00")), malformed("PUBREL", zero));
-    assert_eq!(client_error(V5, &hex("70 02 00 00")), malformed("PUBCOMP", zero));
-    assert_eq!(client_error(V3, &hex("82 06 00 00 00 01 61 00")), malformed("SUBSCRIBE", zero));
-    assert_eq!(client_error(V3, &hex("90 03 00 00 00")), malformed("SUBACK", zero));
-    assert_eq!(client_error(V3, &hex("a2 05 00 00 00 01 61")), malformed("UNSUBSCRIBE", zero));
-    assert_eq!(client_error(V3, &hex("b0 02 00 00")), malformed("UNSUBACK", zero));
+    assert_eq!(
+        client_error(V3, &hex("32 05 00 01 61 00 00")),
+        malformed("PUBLISH", zero)
+    );
+    assert_eq!(
+        client_error(V3, &hex("40 02 00 00")),
+        malformed("PUBACK", zero)
+    );
+    assert_eq!(
+        client_error(V5, &hex("50 02 00 00")),
+        malformed("PUBREC", zero)
+    );
+    assert_eq!(
+        client_error(V3, &hex("62 02 00 00")),
+        malformed("PUBREL", zero)
+    );
+    assert_eq!(
+        client_error(V5, &hex("70 02 00 00")),
+        malformed("PUBCOMP", zero)
+    );
+    assert_eq!(
+        client_error(V3, &hex("82 06 00 00 00 01 61 00")),
+        malformed("SUBSCRIBE", zero)
+    );
+    assert_eq!(
+        client_error(V3, &hex("90 03 00 00 00")),
+        malformed("SUBACK", zero)
+    );
+    assert_eq!(
+        client_error(V3, &hex("a2 05 00 00 00 01 61")),
+        malformed("UNSUBSCRIBE", zero)
+    );
+    assert_eq!(
+        client_error(V3, &hex("b0 02 00 00")),
+        malformed("UNSUBACK", zero)
+    );
 }
 
 // ---- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------------------
 
 #[test]
 fn subscribe_and_unsubscribe_without_filters_are_protocol_errors() {
-    assert_eq!(client_error(V3, &hex("82 02 00 01")), DecodeError::Protocol("SUBSCRIBE without topic filters"));
-    assert_eq!(client_error(V5, &hex("82 03 00 01 00")), DecodeError::Protocol("SUBSCRIBE without topic filters"));
-    assert_eq!(client_error(V3, &hex("a2 02 00 01")), DecodeError::Protocol("UNSUBSCRIBE without topic filters"));
-    assert_eq!(client_error(V5, &hex("a2 03 00 01 00")), DecodeError::Protocol("UNSUBSCRIBE without topic filters"));
+    assert_eq!(
+        client_error(V3, &hex("82 02 00 01")),
+        DecodeError::Protocol("SUBSCRIBE without topic filters")
+    );
+    assert_eq!(
+        client_error(V5, &hex("82 03 00 01 00")),
+        DecodeError::Protocol("SUBSCRIBE without topic filters")
+    );
+    assert_eq!(
+        client_error(V3, &hex("a2 02 00 01")),
+        DecodeError::Protocol("UNSUBSCRIBE without topic filters")
+    );
+    assert_eq!(
+        client_error(V5, &hex("a2 03 00 01 00")),
+        DecodeError::Protocol("UNSUBSCRIBE without topic filters")
+    );
 }
 
 #[test]
@@ -282,9 +447,18 @@ fn subscription_option_reserved_bits_and_values_are_checked() {
     // 3.1.1: only the QoS bits exist.
     assert_eq!(client_error(V3, &hex("82 06 00 01 00 01 61 04")), reserved);
     // 5.0: bits 6 and 7 are reserved.
-    assert_eq!(client_error(V5, &hex("82 07 00 01 00 00 01 61 40")), reserved);
-    assert_eq!(client_error(V5, &hex("82 07 00 01 00 00 01 61 03")), malformed("SUBSCRIBE", "QoS 3"));
-    assert_eq!(client_error(V5, &hex("82 07 00 01 00 00 01 61 30")), malformed("SUBSCRIBE", "retain handling 3"));
+    assert_eq!(
+        client_error(V5, &hex("82 07 00 01 00 00 01 61 40")),
+        reserved
+    );
+    assert_eq!(
+        client_error(V5, &hex("82 07 00 01 00 00 01 61 03")),
+        malformed("SUBSCRIBE", "QoS 3")
+    );
+    assert_eq!(
+        client_error(V5, &hex("82 07 00 01 00 00 01 61 30")),
+        malformed("SUBSCRIBE", "retain handling 3")
+    );
     assert_eq!(
         client_error(V5, &hex("82 0d 00 01 00  00 07 24 73 68 61 72 65 2f  04")),
         DecodeError::Protocol("No Local set on a shared subscription")
@@ -293,7 +467,10 @@ fn subscription_option_reserved_bits_and_values_are_checked() {
 
 #[test]
 fn subscribe_ending_after_a_filter_without_options_is_malformed() {
-    assert_eq!(client_error(V3, &hex("82 05 00 01 00 01 61")), malformed("SUBSCRIBE", "packet ends inside a field"));
+    assert_eq!(
+        client_error(V3, &hex("82 05 00 01 00 01 61")),
+        malformed("SUBSCRIBE", "packet ends inside a field")
+    );
 }
 
 // ---- acknowledgements ---------------------------------------------------------------------
@@ -301,19 +478,46 @@ fn subscribe_ending_after_a_filter_without_options_is_malformed() {
 #[test]
 fn acknowledgements_must_carry_reason_codes_their_packet_allows() {
     let not_allowed = "reason code not allowed on this packet";
-    assert_eq!(client_error(V5, &hex("40 03 00 01 92")), malformed("PUBACK", not_allowed));
-    assert_eq!(client_error(V5, &hex("62 03 00 01 10")), malformed("PUBREL", not_allowed));
-    assert_eq!(client_error(V3, &hex("90 03 00 01 87")), malformed("SUBACK", not_allowed));
-    assert_eq!(client_error(V3, &hex("20 02 00 06")), malformed("CONNACK", not_allowed));
-    assert_eq!(client_error(V5, &hex("e0 01 01")), malformed("DISCONNECT", not_allowed));
-    assert_eq!(client_error(V5, &hex("b0 04 00 01 00 12")), malformed("UNSUBACK", not_allowed));
-    assert_eq!(client_error(V3, &hex("90 02 00 01")), malformed("SUBACK", "no reason codes"));
-    assert_eq!(client_error(V5, &hex("b0 03 00 01 00")), malformed("UNSUBACK", "no reason codes"));
+    assert_eq!(
+        client_error(V5, &hex("40 03 00 01 92")),
+        malformed("PUBACK", not_allowed)
+    );
+    assert_eq!(
+        client_error(V5, &hex("62 03 00 01 10")),
+        malformed("PUBREL", not_allowed)
+    );
+    assert_eq!(
+        client_error(V3, &hex("90 03 00 01 87")),
+        malformed("SUBACK", not_allowed)
+    );
+    assert_eq!(
+        client_error(V3, &hex("20 02 00 06")),
+        malformed("CONNACK", not_allowed)
+    );
+    assert_eq!(
+        client_error(V5, &hex("e0 01 01")),
+        malformed("DISCONNECT", not_allowed)
+    );
+    assert_eq!(
+        client_error(V5, &hex("b0 04 00 01 00 12")),
+        malformed("UNSUBACK", not_allowed)
+    );
+    assert_eq!(
+        client_error(V3, &hex("90 02 00 01")),
+        malformed("SUBACK", "no reason codes")
+    );
+    assert_eq!(
+        client_error(V5, &hex("b0 03 00 01 00")),
+        malformed("UNSUBACK", "no reason codes")
+    );
 }
 
 #[test]
 fn connack_flags_and_session_present_rules_are_enforced() {
-    assert_eq!(client_error(V3, &hex("20 02 02 00")), malformed("CONNACK", "reserved acknowledge flags are set"));
+    assert_eq!(
+        client_error(V3, &hex("20 02 02 00")),
+        malformed("CONNACK", "reserved acknowledge flags are set")
+    );
     assert_eq!(
         client_error(V5, &hex("20 03 01 80 00")),
         DecodeError::Protocol("CONNACK has session present with a non-zero code")
@@ -323,18 +527,42 @@ fn connack_flags_and_session_present_rules_are_enforced() {
 #[test]
 fn v311_acknowledgements_have_fixed_lengths() {
     let trailing = "trailing bytes after the last field";
-    assert_eq!(client_error(V3, &hex("40 03 00 01 00")), malformed("PUBACK", trailing));
-    assert_eq!(client_error(V3, &hex("b0 03 00 01 00")), malformed("UNSUBACK", trailing));
-    assert_eq!(client_error(V3, &hex("20 03 00 00 00")), malformed("CONNACK", trailing));
-    assert_eq!(client_error(V3, &hex("e0 01 00")), malformed("DISCONNECT", trailing));
-    assert_eq!(client_error(V3, &hex("c0 01 00")), malformed("PINGREQ", trailing));
-    assert_eq!(client_error(V5, &hex("d0 01 00")), malformed("PINGRESP", trailing));
-    assert_eq!(client_error(V5, &hex("40 05 00 01 00 00 ff")), malformed("PUBACK", trailing));
+    assert_eq!(
+        client_error(V3, &hex("40 03 00 01 00")),
+        malformed("PUBACK", trailing)
+    );
+    assert_eq!(
+        client_error(V3, &hex("b0 03 00 01 00")),
+        malformed("UNSUBACK", trailing)
+    );
+    assert_eq!(
+        client_error(V3, &hex("20 03 00 00 00")),
+        malformed("CONNACK", trailing)
+    );
+    assert_eq!(
+        client_error(V3, &hex("e0 01 00")),
+        malformed("DISCONNECT", trailing)
+    );
+    assert_eq!(
+        client_error(V3, &hex("c0 01 00")),
+        malformed("PINGREQ", trailing)
+    );
+    assert_eq!(
+        client_error(V5, &hex("d0 01 00")),
+        malformed("PINGRESP", trailing)
+    );
+    assert_eq!(
+        client_error(V5, &hex("40 05 00 01 00 00 ff")),
+        malformed("PUBACK", trailing)
+    );
 }
 
 #[test]
 fn v5_auth_of_one_byte_is_malformed() {
-    assert_eq!(client_error(V5, &hex("f0 01 00")), malformed("AUTH", "packet ends inside a field"));
+    assert_eq!(
+        client_error(V5, &hex("f0 01 00")),
+        malformed("AUTH", "packet ends inside a field")
+    );
 }
 
 // ---- properties ---------------------------------------------------------------------------
@@ -344,22 +572,37 @@ fn property_not_allowed_on_the_packet_is_rejected() {
     // Session Expiry Interval on PUBLISH.
     assert_eq!(
         client_error(V5, &hex("30 09 00 01 61 05 11 00 00 00 01")),
-        DecodeError::PropertyNotAllowed { packet: "PUBLISH", property: 0x11 }
+        DecodeError::PropertyNotAllowed {
+            packet: "PUBLISH",
+            property: 0x11
+        }
     );
     // Unknown identifier 0x7f.
     assert_eq!(
         client_error(V5, &hex("30 06 00 01 61 02 7f 00")),
-        DecodeError::PropertyNotAllowed { packet: "PUBLISH", property: 0x7f }
+        DecodeError::PropertyNotAllowed {
+            packet: "PUBLISH",
+            property: 0x7f
+        }
     );
     // Will Delay Interval belongs in the will properties, not the CONNECT properties.
     assert_eq!(
-        server_error(&packet(0x10, "00 04 4d 51 54 54 05 02 00 3c 05 18 00 00 00 01 00 00")),
-        DecodeError::PropertyNotAllowed { packet: "CONNECT", property: 0x18 }
+        server_error(&packet(
+            0x10,
+            "00 04 4d 51 54 54 05 02 00 3c 05 18 00 00 00 01 00 00"
+        )),
+        DecodeError::PropertyNotAllowed {
+            packet: "CONNECT",
+            property: 0x18
+        }
     );
     // UNSUBSCRIBE allows only User Property.
     assert_eq!(
         client_error(V5, &hex("a2 08 00 01 02 0b 01 00 01 61")),
-        DecodeError::PropertyNotAllowed { packet: "UNSUBSCRIBE", property: 0x0b }
+        DecodeError::PropertyNotAllowed {
+            packet: "UNSUBSCRIBE",
+            property: 0x0b
+        }
     );
 }
 
@@ -367,11 +610,17 @@ fn property_not_allowed_on_the_packet_is_rejected() {
 fn duplicate_single_occurrence_property_is_rejected() {
     assert_eq!(
         client_error(V5, &hex("30 0e 00 01 61 0a 02 00 00 00 01 02 00 00 00 02")),
-        DecodeError::DuplicateProperty { packet: "PUBLISH", property: "Message Expiry Interval" }
+        DecodeError::DuplicateProperty {
+            packet: "PUBLISH",
+            property: "Message Expiry Interval"
+        }
     );
     assert_eq!(
         client_error(V5, &hex("82 0b 00 01 04 0b 01 0b 02 00 01 61 00")),
-        DecodeError::DuplicateProperty { packet: "SUBSCRIBE", property: "Subscription Identifier" }
+        DecodeError::DuplicateProperty {
+            packet: "SUBSCRIBE",
+            property: "Subscription Identifier"
+        }
     );
 }
 
@@ -383,13 +632,19 @@ fn repeatable_properties_may_repeat() {
     };
     let props = p.properties.expect("properties present");
     assert_eq!(props.subscription_identifiers, vec![1, 2]);
-    assert_eq!(props.user_properties, vec![(ByteString::new(), ByteString::new())]);
+    assert_eq!(
+        props.user_properties,
+        vec![(ByteString::new(), ByteString::new())]
+    );
 }
 
 #[test]
 fn forbidden_property_values_are_protocol_errors() {
     assert_eq!(
-        server_error(&packet(0x10, "00 04 4d 51 54 54 05 02 00 3c 03 21 00 00 00 00")),
+        server_error(&packet(
+            0x10,
+            "00 04 4d 51 54 54 05 02 00 3c 03 21 00 00 00 00"
+        )),
         DecodeError::Protocol("Receive Maximum is 0")
     );
     assert_eq!(
@@ -412,7 +667,10 @@ fn forbidden_property_values_are_protocol_errors() {
 
 #[test]
 fn property_block_longer_than_the_packet_is_malformed() {
-    assert_eq!(client_error(V5, &hex("30 06 00 01 61 05 01 00")), malformed("PUBLISH", "packet ends inside a field"));
+    assert_eq!(
+        client_error(V5, &hex("30 06 00 01 61 05 01 00")),
+        malformed("PUBLISH", "packet ends inside a field")
+    );
     assert_eq!(
         client_error(V5, &hex("30 08 00 01 61 80 80 80 80 01")),
         malformed("PUBLISH", "variable byte integer longer than 4 bytes")
@@ -421,7 +679,10 @@ fn property_block_longer_than_the_packet_is_malformed() {
 
 #[test]
 fn decode_errors_map_to_the_mqtt5_reason_code_for_the_closing_packet() {
-    assert_eq!(DecodeError::PacketTooLarge { size: 2, max: 1 }.reason_code(), 0x95);
+    assert_eq!(
+        DecodeError::PacketTooLarge { size: 2, max: 1 }.reason_code(),
+        0x95
+    );
     assert_eq!(malformed("PUBLISH", "QoS 3").reason_code(), 0x81);
     assert_eq!(DecodeError::Protocol("x").reason_code(), 0x82);
     assert_eq!(DecodeError::UnsupportedProtocolLevel(3).reason_code(), 0x84);
@@ -450,16 +711,46 @@ fn publish(topic: &str, qos: QoS, packet_id: Option<u16>) -> Publish {
 
 #[test]
 fn encoder_refuses_auth_and_v5_only_reason_codes_in_v311() {
-    let auth = Packet::Auth(Auth { reason: 0, properties: Properties::default() });
+    let auth = Packet::Auth(Auth {
+        reason: 0,
+        properties: Properties::default(),
+    });
     assert_eq!(encode_error(&auth, V3), EncodeError::NotInVersion("AUTH"));
-    let puback = Packet::PubAck(PubResponse { packet_id: 1, reason: 0x87, properties: None });
-    assert!(matches!(encode_error(&puback, V3), EncodeError::NotInVersion(_)));
-    let disconnect = Packet::Disconnect(Disconnect { reason: 0x04, properties: Properties::default() });
-    assert!(matches!(encode_error(&disconnect, V3), EncodeError::NotInVersion(_)));
-    let unsuback = Packet::UnsubAck(UnsubAck { packet_id: 1, codes: vec![0x87], properties: Properties::default() });
-    assert!(matches!(encode_error(&unsuback, V3), EncodeError::NotInVersion(_)));
-    let connack = Packet::ConnAck(ConnAck { session_present: false, code: 0x86, properties: Properties::default() });
-    assert!(matches!(encode_error(&connack, V3), EncodeError::NotInVersion(_)));
+    let puback = Packet::PubAck(PubResponse {
+        packet_id: 1,
+        reason: 0x87,
+        properties: None,
+    });
+    assert!(matches!(
+        encode_error(&puback, V3),
+        EncodeError::NotInVersion(_)
+    ));
+    let disconnect = Packet::Disconnect(Disconnect {
+        reason: 0x04,
+        properties: Properties::default(),
+    });
+    assert!(matches!(
+        encode_error(&disconnect, V3),
+        EncodeError::NotInVersion(_)
+    ));
+    let unsuback = Packet::UnsubAck(UnsubAck {
+        packet_id: 1,
+        codes: vec![0x87],
+        properties: Properties::default(),
+    });
+    assert!(matches!(
+        encode_error(&unsuback, V3),
+        EncodeError::NotInVersion(_)
+    ));
+    let connack = Packet::ConnAck(ConnAck {
+        session_present: false,
+        code: 0x86,
+        properties: Properties::default(),
+    });
+    assert!(matches!(
+        encode_error(&connack, V3),
+        EncodeError::NotInVersion(_)
+    ));
 }
 
 #[test]
@@ -468,14 +759,20 @@ fn v311_encoding_drops_properties_and_success_codes() {
     let puback = Packet::PubAck(PubResponse {
         packet_id: 7,
         reason: 0x10,
-        properties: Some(Box::new(Properties { reason_string: Some("r".into()), ..Properties::default() })),
+        properties: Some(Box::new(Properties {
+            reason_string: Some("r".into()),
+            ..Properties::default()
+        })),
     });
     encode(&puback, V3, &mut out).unwrap();
     assert_eq!(&out[..], &hex("40 02 00 07")[..]);
     out.clear();
     let disconnect = Packet::Disconnect(Disconnect {
         reason: 0,
-        properties: Properties { session_expiry_interval: Some(5), ..Properties::default() },
+        properties: Properties {
+            session_expiry_interval: Some(5),
+            ..Properties::default()
+        },
     });
     encode(&disconnect, V3, &mut out).unwrap();
     assert_eq!(&out[..], &hex("e0 00")[..]);
@@ -487,33 +784,62 @@ fn encoder_refuses_packets_a_decoder_would_reject() {
         encode_error(&Packet::Publish(publish("a/+", QoS::AtMostOnce, None)), V5),
         EncodeError::Invalid("topic name is not valid")
     );
-    assert!(matches!(encode_error(&Packet::Publish(publish("a", QoS::AtLeastOnce, None)), V3), EncodeError::Invalid(_)));
-    assert!(matches!(encode_error(&Packet::Publish(publish("a", QoS::AtMostOnce, Some(1))), V3), EncodeError::Invalid(_)));
+    assert!(matches!(
+        encode_error(&Packet::Publish(publish("a", QoS::AtLeastOnce, None)), V3),
+        EncodeError::Invalid(_)
+    ));
+    assert!(matches!(
+        encode_error(&Packet::Publish(publish("a", QoS::AtMostOnce, Some(1))), V3),
+        EncodeError::Invalid(_)
+    ));
     assert_eq!(
-        encode_error(&Packet::Publish(publish("a", QoS::AtLeastOnce, Some(0))), V3),
+        encode_error(
+            &Packet::Publish(publish("a", QoS::AtLeastOnce, Some(0))),
+            V3
+        ),
         EncodeError::Invalid("packet identifier is 0")
     );
     let mut dup = publish("a", QoS::AtMostOnce, None);
     dup.dup = true;
-    assert!(matches!(encode_error(&Packet::Publish(dup), V3), EncodeError::Invalid(_)));
+    assert!(matches!(
+        encode_error(&Packet::Publish(dup), V3),
+        EncodeError::Invalid(_)
+    ));
     let mut with_session_expiry = publish("a", QoS::AtMostOnce, None);
-    with_session_expiry.properties =
-        Some(Box::new(Properties { session_expiry_interval: Some(1), ..Properties::default() }));
+    with_session_expiry.properties = Some(Box::new(Properties {
+        session_expiry_interval: Some(1),
+        ..Properties::default()
+    }));
     assert_eq!(
         encode_error(&Packet::Publish(with_session_expiry), V5),
         EncodeError::PropertyNotAllowed("Session Expiry Interval")
     );
-    let empty_subscribe = Packet::Subscribe(Subscribe { packet_id: 1, filters: vec![], properties: Properties::default() });
-    assert!(matches!(encode_error(&empty_subscribe, V5), EncodeError::Invalid(_)));
+    let empty_subscribe = Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![],
+        properties: Properties::default(),
+    });
+    assert!(matches!(
+        encode_error(&empty_subscribe, V5),
+        EncodeError::Invalid(_)
+    ));
     let no_local_v3 = Packet::Subscribe(Subscribe {
         packet_id: 1,
         filters: vec![SubscribeFilter {
             filter: "a".into(),
-            options: SubscriptionOptions { qos: QoS::AtMostOnce, no_local: true, retain_as_published: false, retain_handling: 0 },
+            options: SubscriptionOptions {
+                qos: QoS::AtMostOnce,
+                no_local: true,
+                retain_as_published: false,
+                retain_handling: 0,
+            },
         }],
         properties: Properties::default(),
     });
-    assert!(matches!(encode_error(&no_local_v3, V3), EncodeError::NotInVersion(_)));
+    assert!(matches!(
+        encode_error(&no_local_v3, V3),
+        EncodeError::NotInVersion(_)
+    ));
     let v5_connect_as_v3 = Packet::Connect(Connect {
         protocol: V5,
         clean_start: true,
@@ -524,7 +850,10 @@ fn encoder_refuses_packets_a_decoder_would_reject() {
         password: None,
         properties: Properties::default(),
     });
-    assert!(matches!(encode_error(&v5_connect_as_v3, V3), EncodeError::Invalid(_)));
+    assert!(matches!(
+        encode_error(&v5_connect_as_v3, V3),
+        EncodeError::Invalid(_)
+    ));
 }
 
 #[test]
@@ -560,5 +889,8 @@ fn packets_above_the_largest_remaining_length_are_refused() {
     // 268,435,455 is the largest remaining length; topic (2 + 1 bytes) + payload exceeds it.
     let mut p = publish("a", QoS::AtMostOnce, None);
     p.payload = Bytes::from(vec![0u8; 268_435_455 - 2]);
-    assert_eq!(encode_error(&Packet::Publish(p), V3), EncodeError::TooLarge(268_435_456));
+    assert_eq!(
+        encode_error(&Packet::Publish(p), V3),
+        EncodeError::TooLarge(268_435_456)
+    );
 }

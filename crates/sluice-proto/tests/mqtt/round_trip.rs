@@ -11,7 +11,9 @@ fn assert_round_trip(packet: &Packet, version: ProtocolVersion) {
     encode(packet, version, &mut wire).expect("a valid packet encodes");
     let bytes = wire.clone();
     let mut decoder = Decoder::client(version, usize::MAX);
-    let decoded = decoder.decode(&mut wire).expect("an encoded packet decodes");
+    let decoded = decoder
+        .decode(&mut wire)
+        .expect("an encoded packet decodes");
     assert_eq!(decoded.as_ref(), Some(packet));
     assert!(wire.is_empty(), "decoder left {} bytes", wire.len());
     let mut again = BytesMut::new();

@@ -51,7 +51,11 @@ fn sample_stream(version: ProtocolVersion) -> Vec<Packet> {
         sample_connect(version),
         sample_publish(version, 5),
         sample_publish(version, 200),
-        Packet::PubAck(PubResponse { packet_id: 300, reason: 0, properties: None }),
+        Packet::PubAck(PubResponse {
+            packet_id: 300,
+            reason: 0,
+            properties: None,
+        }),
         Packet::PingReq,
         sample_publish(version, 0),
     ]
@@ -69,7 +73,11 @@ fn publish_split_at_every_byte_offset_decodes_identically() {
         for at in 0..=bytes.len() {
             let (a, b) = bytes.split_at(at);
             let mut decoder = Decoder::client(version, MAX);
-            assert_eq!(decode_chunks(&mut decoder, [a, b]), Ok(packets.clone()), "split at {at}");
+            assert_eq!(
+                decode_chunks(&mut decoder, [a, b]),
+                Ok(packets.clone()),
+                "split at {at}"
+            );
         }
     }
 }
@@ -82,7 +90,11 @@ fn a_connection_split_in_two_at_every_offset_decodes_identically_on_the_server()
         for at in 0..=bytes.len() {
             let (a, b) = bytes.split_at(at);
             let mut decoder = Decoder::server(MAX);
-            assert_eq!(decode_chunks(&mut decoder, [a, b]), Ok(packets.clone()), "split at {at}");
+            assert_eq!(
+                decode_chunks(&mut decoder, [a, b]),
+                Ok(packets.clone()),
+                "split at {at}"
+            );
             assert_eq!(decoder.version(), Some(version));
         }
     }
@@ -108,7 +120,10 @@ fn decoded_publish_topic_and_payload_point_into_the_input_buffer() {
         panic!("expected a PUBLISH");
     };
     assert!(range.contains(&p.payload.as_ptr()), "payload was copied");
-    assert!(range.contains(&p.topic.as_bytes().as_ptr()), "topic was copied");
+    assert!(
+        range.contains(&p.topic.as_bytes().as_ptr()),
+        "topic was copied"
+    );
 }
 
 fn assert_same_outcome_for_every_split(bytes: &[u8], decoder: &Decoder) {
@@ -181,7 +196,11 @@ proptest! {
 }
 
 /// Decode `bytes` delivered up to each cut in turn: the packets, and how it ended.
-fn outcome(bytes: &[u8], decoder: &Decoder, cuts: &[usize]) -> (Vec<Packet>, Result<usize, sluice_proto::mqtt::DecodeError>) {
+fn outcome(
+    bytes: &[u8],
+    decoder: &Decoder,
+    cuts: &[usize],
+) -> (Vec<Packet>, Result<usize, sluice_proto::mqtt::DecodeError>) {
     let mut decoder = decoder.clone();
     let mut buf = BytesMut::new();
     let mut packets = Vec::new();

@@ -21,7 +21,9 @@ pub const V5_CONNACK: &[u8] = &[
 ];
 pub const V5_PUBACK: &[u8] = &[0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99];
 pub const V5_PUBREL: &[u8] = &[0x00, 0x92];
-pub const V5_SUBACK: &[u8] = &[0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2];
+pub const V5_SUBACK: &[u8] = &[
+    0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2,
+];
 pub const V3_SUBACK: &[u8] = &[0x00, 0x01, 0x02, 0x80];
 pub const V5_UNSUBACK: &[u8] = &[0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91];
 pub const V5_DISCONNECT: &[u8] = &[
@@ -55,15 +57,17 @@ pub fn topic_name() -> impl Strategy<Value = ByteString> + Clone {
 }
 
 pub fn topic_filter() -> impl Strategy<Value = ByteString> + Clone {
-    (vec(prop_oneof!["[a-z0-9]{0,4}", Just("+".to_owned())], 1..4), any::<bool>()).prop_map(
-        |(levels, hash)| {
+    (
+        vec(prop_oneof!["[a-z0-9]{0,4}", Just("+".to_owned())], 1..4),
+        any::<bool>(),
+    )
+        .prop_map(|(levels, hash)| {
             let mut filter = levels.join("/");
             if hash {
                 filter.push_str("/#");
             }
             ByteString::from(filter)
-        },
-    )
+        })
 }
 
 pub fn binary() -> impl Strategy<Value = Bytes> + Clone {
@@ -71,7 +75,11 @@ pub fn binary() -> impl Strategy<Value = Bytes> + Clone {
 }
 
 pub fn qos() -> impl Strategy<Value = QoS> + Clone {
-    prop_oneof![Just(QoS::AtMostOnce), Just(QoS::AtLeastOnce), Just(QoS::ExactlyOnce)]
+    prop_oneof![
+        Just(QoS::AtMostOnce),
+        Just(QoS::AtLeastOnce),
+        Just(QoS::ExactlyOnce)
+    ]
 }
 
 pub fn packet_id() -> impl Strategy<Value = u16> + Clone {
@@ -149,7 +157,10 @@ fn any_properties() -> impl Strategy<Value = Properties> {
 
 /// Keep only the properties MQTT 5 Table 2-4 allows in `ctx`, and make the rest consistent.
 pub fn restrict(p: Properties, ctx: Ctx) -> Properties {
-    let mut out = Properties { user_properties: p.user_properties, ..Properties::default() };
+    let mut out = Properties {
+        user_properties: p.user_properties,
+        ..Properties::default()
+    };
     match ctx {
         Ctx::Connect => {
             out.session_expiry_interval = p.session_expiry_interval;
@@ -237,8 +248,20 @@ fn boxed(p: Properties) -> Option<Box<Properties>> {
 }
 
 fn will(version: ProtocolVersion) -> impl Strategy<Value = Will> {
-    (topic_name(), binary(), qos(), any::<bool>(), properties(version, Ctx::Will))
-        .prop_map(|(topic, payload, qos, retain, properties)| Will { topic, payload, qos, retain, properties })
+    (
+        topic_name(),
+        binary(),
+        qos(),
+        any::<bool>(),
+        properties(version, Ctx::Will),
+    )
+        .prop_map(|(topic, payload, qos, retain, properties)| Will {
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+        })
 }
 
 pub fn connect(version: ProtocolVersion) -> impl Strategy<Value = Connect> {
@@ -251,12 +274,31 @@ pub fn connect(version: ProtocolVersion) -> impl Strategy<Value = Connect> {
         of(binary()),
         properties(version, Ctx::Connect),
     )
-        .prop_map(move |(clean_start, keep_alive, client_id, will, mut username, password, properties)| {
-            if version == ProtocolVersion::V311 && password.is_some() && username.is_none() {
-                username = Some(ByteString::from_static("user"));
-            }
-            Connect { protocol: version, clean_start, keep_alive, client_id, will, username, password, properties }
-        })
+        .prop_map(
+            move |(
+                clean_start,
+                keep_alive,
+                client_id,
+                will,
+                mut username,
+                password,
+                properties,
+            )| {
+                if version == ProtocolVersion::V311 && password.is_some() && username.is_none() {
+                    username = Some(ByteString::from_static("user"));
+                }
+                Connect {
+                    protocol: version,
+                    clean_start,
+                    keep_alive,
+                    client_id,
+                    will,
+                    username,
+                    password,
+                    properties,
+                }
+            },
+        )
 }
 
 fn connack(version: ProtocolVersion) -> BoxedStrategy<ConnAck> {
@@ -264,7 +306,11 @@ fn connack(version: ProtocolVersion) -> BoxedStrategy<ConnAck> {
         ProtocolVersion::V311 => &[0, 1, 2, 3, 4, 5],
         ProtocolVersion::V5 => V5_CONNACK,
     };
-    (any::<bool>(), select(codes), properties(version, Ctx::ConnAck))
+    (
+        any::<bool>(),
+        select(codes),
+        properties(version, Ctx::ConnAck),
+    )
         .prop_map(|(session_present, code, properties)| ConnAck {
             session_present: session_present && code == 0,
             code,
@@ -284,18 +330,24 @@ pub fn publish(version: ProtocolVersion) -> impl Strategy<Value = Publish> {
         any::<bool>(),
         vec(any::<u8>(), 0..64),
     )
-        .prop_map(|(qos, dup, retain, topic, id, properties, alias_only, payload)| {
-            let has_alias = properties.topic_alias.is_some();
-            Publish {
-                dup: dup && qos != QoS::AtMostOnce,
-                qos,
-                retain,
-                topic: if has_alias && alias_only { ByteString::new() } else { topic },
-                packet_id: (qos != QoS::AtMostOnce).then_some(id),
-                properties: boxed(properties),
-                payload: Bytes::from(payload),
-            }
-        })
+        .prop_map(
+            |(qos, dup, retain, topic, id, properties, alias_only, payload)| {
+                let has_alias = properties.topic_alias.is_some();
+                Publish {
+                    dup: dup && qos != QoS::AtMostOnce,
+                    qos,
+                    retain,
+                    topic: if has_alias && alias_only {
+                        ByteString::new()
+                    } else {
+                        topic
+                    },
+                    packet_id: (qos != QoS::AtMostOnce).then_some(id),
+                    properties: boxed(properties),
+                    payload: Bytes::from(payload),
+                }
+            },
+        )
 }
 
 fn pub_response(version: ProtocolVersion, codes: &'static [u8]) -> BoxedStrategy<PubResponse> {
@@ -303,29 +355,51 @@ fn pub_response(version: ProtocolVersion, codes: &'static [u8]) -> BoxedStrategy
         ProtocolVersion::V311 => &[0],
         ProtocolVersion::V5 => codes,
     };
-    (packet_id(), select(codes), properties(version, Ctx::PubResponse))
-        .prop_map(|(packet_id, reason, properties)| PubResponse { packet_id, reason, properties: boxed(properties) })
+    (
+        packet_id(),
+        select(codes),
+        properties(version, Ctx::PubResponse),
+    )
+        .prop_map(|(packet_id, reason, properties)| PubResponse {
+            packet_id,
+            reason,
+            properties: boxed(properties),
+        })
         .boxed()
 }
 
 fn subscribe(version: ProtocolVersion) -> impl Strategy<Value = Subscribe> {
-    let options = (qos(), any::<bool>(), any::<bool>(), 0u8..=2).prop_map(move |(qos, nl, rap, rh)| {
-        match version {
-            ProtocolVersion::V311 => SubscriptionOptions {
-                qos,
-                no_local: false,
-                retain_as_published: false,
-                retain_handling: 0,
-            },
-            ProtocolVersion::V5 => SubscriptionOptions { qos, no_local: nl, retain_as_published: rap, retain_handling: rh },
-        }
-    });
+    let options =
+        (qos(), any::<bool>(), any::<bool>(), 0u8..=2).prop_map(move |(qos, nl, rap, rh)| {
+            match version {
+                ProtocolVersion::V311 => SubscriptionOptions {
+                    qos,
+                    no_local: false,
+                    retain_as_published: false,
+                    retain_handling: 0,
+                },
+                ProtocolVersion::V5 => SubscriptionOptions {
+                    qos,
+                    no_local: nl,
+                    retain_as_published: rap,
+                    retain_handling: rh,
+                },
+            }
+        });
     (
         packet_id(),
-        vec((topic_filter(), options).prop_map(|(filter, options)| SubscribeFilter { filter, options }), 1..4),
+        vec(
+            (topic_filter(), options)
+                .prop_map(|(filter, options)| SubscribeFilter { filter, options }),
+            1..4,
+        ),
         properties(version, Ctx::Subscribe),
     )
-        .prop_map(|(packet_id, filters, properties)| Subscribe { packet_id, filters, properties })
+        .prop_map(|(packet_id, filters, properties)| Subscribe {
+            packet_id,
+            filters,
+            properties,
+        })
 }
 
 fn suback(version: ProtocolVersion) -> impl Strategy<Value = SubAck> {
@@ -333,13 +407,29 @@ fn suback(version: ProtocolVersion) -> impl Strategy<Value = SubAck> {
         ProtocolVersion::V311 => V3_SUBACK,
         ProtocolVersion::V5 => V5_SUBACK,
     };
-    (packet_id(), vec(select(codes), 1..5), properties(version, Ctx::SubAck))
-        .prop_map(|(packet_id, codes, properties)| SubAck { packet_id, codes, properties })
+    (
+        packet_id(),
+        vec(select(codes), 1..5),
+        properties(version, Ctx::SubAck),
+    )
+        .prop_map(|(packet_id, codes, properties)| SubAck {
+            packet_id,
+            codes,
+            properties,
+        })
 }
 
 fn unsubscribe(version: ProtocolVersion) -> impl Strategy<Value = Unsubscribe> {
-    (packet_id(), vec(topic_filter(), 1..4), properties(version, Ctx::Unsubscribe))
-        .prop_map(|(packet_id, filters, properties)| Unsubscribe { packet_id, filters, properties })
+    (
+        packet_id(),
+        vec(topic_filter(), 1..4),
+        properties(version, Ctx::Unsubscribe),
+    )
+        .prop_map(|(packet_id, filters, properties)| Unsubscribe {
+            packet_id,
+            filters,
+            properties,
+        })
 }
 
 fn unsuback(version: ProtocolVersion) -> impl Strategy<Value = UnsubAck> {
@@ -347,8 +437,16 @@ fn unsuback(version: ProtocolVersion) -> impl Strategy<Value = UnsubAck> {
         ProtocolVersion::V311 => 0..1,
         ProtocolVersion::V5 => 1..5,
     };
-    (packet_id(), vec(select(V5_UNSUBACK), count), properties(version, Ctx::UnsubAck))
-        .prop_map(|(packet_id, codes, properties)| UnsubAck { packet_id, codes, properties })
+    (
+        packet_id(),
+        vec(select(V5_UNSUBACK), count),
+        properties(version, Ctx::UnsubAck),
+    )
+        .prop_map(|(packet_id, codes, properties)| UnsubAck {
+            packet_id,
+            codes,
+            properties,
+        })
 }
 
 fn disconnect(version: ProtocolVersion) -> impl Strategy<Value = Disconnect> {
@@ -371,10 +469,18 @@ pub fn packet(version: ProtocolVersion) -> BoxedStrategy<Packet> {
         connect(version).prop_map(Packet::Connect).boxed(),
         connack(version).prop_map(Packet::ConnAck).boxed(),
         publish(version).prop_map(Packet::Publish).boxed(),
-        pub_response(version, V5_PUBACK).prop_map(Packet::PubAck).boxed(),
-        pub_response(version, V5_PUBACK).prop_map(Packet::PubRec).boxed(),
-        pub_response(version, V5_PUBREL).prop_map(Packet::PubRel).boxed(),
-        pub_response(version, V5_PUBREL).prop_map(Packet::PubComp).boxed(),
+        pub_response(version, V5_PUBACK)
+            .prop_map(Packet::PubAck)
+            .boxed(),
+        pub_response(version, V5_PUBACK)
+            .prop_map(Packet::PubRec)
+            .boxed(),
+        pub_response(version, V5_PUBREL)
+            .prop_map(Packet::PubRel)
+            .boxed(),
+        pub_response(version, V5_PUBREL)
+            .prop_map(Packet::PubComp)
+            .boxed(),
         subscribe(version).prop_map(Packet::Subscribe).boxed(),
         suback(version).prop_map(Packet::SubAck).boxed(),
         unsubscribe(version).prop_map(Packet::Unsubscribe).boxed(),

@@ -5,11 +5,27 @@ use sluice_proto::mqtt::topic::{matches, valid_topic_filter, valid_topic_name};
 
 #[test]
 fn topic_names_are_non_empty_without_wildcards_or_nul() {
-    for name in ["a", "/", "a/b", "sport/tennis/player1", "/finance", "a//b", "$SYS/broker", "ü/€", " "] {
-        assert!(valid_topic_name(name), "{name:?} should be a valid topic name");
+    for name in [
+        "a",
+        "/",
+        "a/b",
+        "sport/tennis/player1",
+        "/finance",
+        "a//b",
+        "$SYS/broker",
+        "ü/€",
+        " ",
+    ] {
+        assert!(
+            valid_topic_name(name),
+            "{name:?} should be a valid topic name"
+        );
     }
     for name in ["", "a/+", "+", "#", "a/#", "sport+", "a\0b"] {
-        assert!(!valid_topic_name(name), "{name:?} should be rejected as a topic name");
+        assert!(
+            !valid_topic_name(name),
+            "{name:?} should be rejected as a topic name"
+        );
     }
 }
 
@@ -24,15 +40,41 @@ fn topic_names_and_filters_are_at_most_65535_bytes() {
 #[test]
 fn filter_wildcards_must_fill_whole_levels_and_hash_must_be_last() {
     let valid = [
-        "#", "+", "sport/#", "sport/tennis/#", "+/tennis/#", "sport/+/player1", "+/+", "/+", "+/", "a//b",
-        "$SYS/#", "$share/group/a/+",
+        "#",
+        "+",
+        "sport/#",
+        "sport/tennis/#",
+        "+/tennis/#",
+        "sport/+/player1",
+        "+/+",
+        "/+",
+        "+/",
+        "a//b",
+        "$SYS/#",
+        "$share/group/a/+",
     ];
     for filter in valid {
-        assert!(valid_topic_filter(filter), "{filter:?} should be a valid filter");
+        assert!(
+            valid_topic_filter(filter),
+            "{filter:?} should be a valid filter"
+        );
     }
-    let invalid = ["", "sport/tennis#", "sport/tennis/#/ranking", "sport+", "#/a", "a/#/", "++", "a/b#", "a\0"];
+    let invalid = [
+        "",
+        "sport/tennis#",
+        "sport/tennis/#/ranking",
+        "sport+",
+        "#/a",
+        "a/#/",
+        "++",
+        "a/b#",
+        "a\0",
+    ];
     for filter in invalid {
-        assert!(!valid_topic_filter(filter), "{filter:?} should be rejected as a filter");
+        assert!(
+            !valid_topic_filter(filter),
+            "{filter:?} should be rejected as a filter"
+        );
     }
 }
 
@@ -41,8 +83,16 @@ fn matching_follows_the_specification_examples() {
     let table: &[(&str, &str, bool)] = &[
         // §4.7.1.2 multi-level wildcard
         ("sport/tennis/player1/#", "sport/tennis/player1", true),
-        ("sport/tennis/player1/#", "sport/tennis/player1/ranking", true),
-        ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", true),
+        (
+            "sport/tennis/player1/#",
+            "sport/tennis/player1/ranking",
+            true,
+        ),
+        (
+            "sport/tennis/player1/#",
+            "sport/tennis/player1/score/wimbledon",
+            true,
+        ),
         ("sport/#", "sport", true),
         ("#", "sport/tennis", true),
         ("#", "/", true),
@@ -68,7 +118,11 @@ fn matching_follows_the_specification_examples() {
         ("/", "/", true),
     ];
     for &(filter, topic, expected) in table {
-        assert_eq!(matches(filter, topic), expected, "matches({filter:?}, {topic:?})");
+        assert_eq!(
+            matches(filter, topic),
+            expected,
+            "matches({filter:?}, {topic:?})"
+        );
     }
 }
 
@@ -86,7 +140,11 @@ fn wildcards_at_the_first_level_do_not_match_dollar_topics() {
         ("a/+", "a/$x", true),
     ];
     for &(filter, topic, expected) in table {
-        assert_eq!(matches(filter, topic), expected, "matches({filter:?}, {topic:?})");
+        assert_eq!(
+            matches(filter, topic),
+            expected,
+            "matches({filter:?}, {topic:?})"
+        );
     }
 }
 

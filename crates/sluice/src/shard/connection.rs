@@ -222,6 +222,12 @@ impl Connection {
     async fn serve(&mut self) -> CloseReason {
         let mut shutdown = self.ctx.shutdown.clone();
         let receive_max = self.ctx.config.mqtt.receive_maximum as usize;
+        // One timer for the connection's life, re-armed only when it fires: reads just move
+        // `last_read`, so the per-message path never touches the timer wheel.
+        let keep_alive_on = !self.keep_alive.is_zero();
+        let grace = self.keep_alive + self.keep_alive / 2;
+        let keep_alive_timer = tokio::time::sleep(grace);
+        tokio::pin!(keep_alive_timer);
         // Process anything the device pipelined behind its CONNECT.
         if let Err(Close(reason, code)) = self.process_input().await {
             return self.close_with(reason, code).await;
@@ -235,8 +241,6 @@ impl Connection {
                 return reason;
             }
             let paused = self.pending.len() >= receive_max;
-            let deadline = self.last_read + self.keep_alive + self.keep_alive / 2;
-            let keep_alive_on = !self.keep_alive.is_zero();
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
@@ -262,7 +266,12 @@ impl Connection {
                         }
                     }
                 }
-                _ = tokio::time::sleep_until(deadline.into()), if keep_alive_on => {
+                _ = &mut keep_alive_timer, if keep_alive_on => {
+                    let deadline = self.last_read + grace;
+                    if Instant::now() < deadline {
+                        keep_alive_timer.as_mut().reset(deadline.into());
+                        continue;
+                    }
                     tracing::info!(client_id = %self.client_id, peer = %self.peer, keep_alive_s = self.keep_alive.as_secs(),
                         "device silent beyond 1.5x its keep-alive; closing");
                     return self.close_with(CloseReason::KeepAliveTimeout, Some(reason::KEEP_ALIVE_TIMEOUT)).await;
