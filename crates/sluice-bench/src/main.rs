@@ -247,7 +247,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sluice-bench: cannot start the tokio runtime: {e}");
@@ -295,7 +298,8 @@ fn emit_json<T: serde::Serialize>(report: &T, out: Option<&PathBuf>) -> anyhow::
     let json = serde_json::to_string_pretty(report).context("serialising the report")?;
     println!("{json}");
     if let Some(path) = out {
-        std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -323,11 +327,16 @@ async fn devices(args: DevicesArgs) -> anyhow::Result<()> {
 async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     let mut config = SinkConfig::new(resolve(&args.broker).await?);
     if args.tls {
-        let Some(ca) = args.ca.clone() else { bail!("--tls needs --ca FILE") };
+        let Some(ca) = args.ca.clone() else {
+            bail!("--tls needs --ca FILE")
+        };
         config.tls = Some(SinkTls {
             ca_file: ca,
             client_cert: args.cert.clone().zip(args.key.clone()),
-            server_name: args.server_name.clone().unwrap_or_else(|| host_part(&args.broker).to_string()),
+            server_name: args
+                .server_name
+                .clone()
+                .unwrap_or_else(|| host_part(&args.broker).to_string()),
         });
     }
     config.topic = args.topic.clone();
@@ -364,12 +373,13 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
 
 /// The sent count from a devices JSON report (`"sent"`) or a file holding just a number.
 fn read_sent_file(path: &PathBuf) -> anyhow::Result<u64> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     if let Ok(n) = text.trim().parse::<u64>() {
         return Ok(n);
     }
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is neither a number nor JSON", path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is neither a number nor JSON", path.display()))?;
     value
         .get("sent")
         .and_then(serde_json::Value::as_u64)
@@ -415,7 +425,10 @@ async fn core(args: CoreArgs) -> anyhow::Result<()> {
         }
         None => {
             eprintln!("{table}");
-            println!("{}", serde_json::to_string_pretty(&report).context("serialising the report")?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).context("serialising the report")?
+            );
         }
     }
     Ok(())
@@ -425,7 +438,10 @@ async fn core(args: CoreArgs) -> anyhow::Result<()> {
 fn command_line() -> String {
     std::env::args()
         .map(|a| {
-            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
                 a
             } else {
                 format!("'{}'", a.replace('\'', r"'\''"))

@@ -1,0 +1,830 @@
+//! Scenario runner: the whole device → system under test → cloud comparison on this machine.
+//!
+//! Owns: the `core` scenario — certificates, a cloud Mosquitto (TLS 1.3 listener only), the
+//! system under test (sluice as a child process, or an edge Mosquitto bridging to the cloud),
+//! an in-process sink and device fleet, resource sampling of the SUT, and the report (JSON and a
+//! Markdown summary). Does not own: the gateway or the brokers themselves.
+//!
+//! Order of one run (each SUT gets a fresh PKI, cloud broker and sink):
+//! 1. Cloud Mosquitto with a TLS 1.3 listener; the sink connects over TLS and subscribes to `#`
+//!    (QoS 1) before anything publishes.
+//! 2. The SUT starts and connects upstream; the runner waits until the cloud broker logs the
+//!    SUT's client (`sluice-gw-*` or `sluice-edge-bridge`), then 1 s more.
+//! 3. Devices run for `duration` (connections ramped over `ramp`) against the SUT's plain MQTT
+//!    port. The *steady-state window* is `[start + ramp, start + duration]`: SUT CPU
+//!    (utime + stime from `/proc/<pid>/stat`), cloud-broker CPU and this tool's CPU are measured
+//!    over exactly that window, and µs of SUT CPU per message divides by the PUBACKs the devices
+//!    received in it (PUBLISHes sent, for QoS 0).
+//! 4. The SUT's VmRSS is sampled every second from start to the end of the drain.
+//! 5. Drain: after devices stop, wait until the sink has every message, or nothing new arrived
+//!    for `drain_idle`, or `drain_max` passed. Then the sink reports and the SUT is stopped
+//!    (SIGTERM, then SIGKILL after 5 s).
+//!
+//! Everything shares the machine's cores: the report records `nproc`, the CPU model, this tool's
+//! own CPU and the cloud broker's CPU so a reader can judge contention.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context as _};
+use serde::Serialize;
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_testkit::{Mosquitto, TestPki};
+use tokio::sync::watch;
+use tokio::time::{sleep, sleep_until, Instant};
+
+use crate::devices::{
+    spawn_devices, version_name, Arrivals, DevicesConfig, DevicesReport, PayloadSize,
+};
+use crate::procfs::{self, round1, round3, CpuMeter, Pid};
+use crate::sink::{start_sink, SinkConfig, SinkReport, SinkTls};
+use crate::stats::LatencySummary;
+
+/// The systems that can be put under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sut {
+    /// The sluice gateway binary.
+    Sluice,
+    /// An edge Mosquitto bridging `topic # out 1` to the cloud over TLS 1.3.
+    MosquittoBridge,
+}
+
+impl Sut {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sut::Sluice => "sluice",
+            Sut::MosquittoBridge => "mosquitto-bridge",
+        }
+    }
+}
+
+/// Parameters of the `core` scenario.
+#[derive(Debug, Clone)]
+pub struct CoreScenario {
+    pub devices: u32,
+    pub rate_per_device: f64,
+    pub duration: Duration,
+    pub ramp: Duration,
+    pub payload: PayloadSize,
+    pub protocol: ProtocolVersion,
+    pub qos: QoS,
+    pub arrivals: Arrivals,
+    /// Run in this order.
+    pub suts: Vec<Sut>,
+    pub sluice_bin: PathBuf,
+    /// `[gateway] shards` for sluice (0 = one per core).
+    pub sluice_shards: u32,
+    /// Drain ends when nothing new arrived at the sink for this long…
+    pub drain_idle: Duration,
+    /// …or after this long at most.
+    pub drain_max: Duration,
+    /// Recorded in the report.
+    pub command_line: String,
+    /// Progress lines on stderr.
+    pub progress_every: Option<Duration>,
+}
+
+/// Where and on what the scenario ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub commit: String,
+    /// Uncommitted changes to tracked files in the work tree at run time.
+    pub worktree_dirty: bool,
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub mosquitto_version: String,
+    pub started_at: String,
+    pub command_line: String,
+}
+
+/// Parameters as run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    pub devices: u32,
+    pub rate_per_device: f64,
+    pub offered_rate: f64,
+    pub duration_s: f64,
+    pub ramp_s: f64,
+    pub steady_window_s: f64,
+    pub payload_min: usize,
+    pub payload_max: usize,
+    pub mqtt: &'static str,
+    pub qos: u8,
+    pub arrivals: Arrivals,
+    pub sluice_bin: String,
+    pub sluice_shards: u32,
+    pub drain_idle_s: f64,
+    pub drain_max_s: f64,
+}
+
+/// Resident memory of the SUT, KiB.
+#[derive(Debug, Clone, Serialize)]
+pub struct RssSummary {
+    /// Right before the devices started.
+    pub start_kib: u64,
+    pub peak_kib: u64,
+    /// After the drain, right before the SUT was stopped.
+    pub end_kib: u64,
+    /// One sample per second from start to end.
+    pub samples_kib: Vec<u64>,
+}
+
+/// One system under test, measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct SutRun {
+    pub sut: Sut,
+    pub delivery_ratio: f64,
+    pub sent: u64,
+    pub unique_received: u64,
+    pub lost: i64,
+    pub duplicates: u64,
+    pub order_violations: u64,
+    pub gaps: u64,
+    /// Device send → sink receive.
+    pub e2e_latency: LatencySummary,
+    /// Device PUBLISH → PUBACK from the SUT.
+    pub ack_latency: LatencySummary,
+    /// SUT CPU over the steady-state window, % of one core.
+    pub sut_cpu_percent: f64,
+    /// SUT CPU µs per message acknowledged in the window.
+    pub sut_cpu_us_per_msg: f64,
+    pub sut_rss: RssSummary,
+    pub steady_window_s: f64,
+    pub steady_messages: u64,
+    pub steady_rate: f64,
+    /// Cloud Mosquitto CPU over the window, % of one core (shares the machine with the SUT).
+    pub cloud_broker_cpu_percent: f64,
+    /// This tool (devices + sink) over the window, % of one core.
+    pub tool_cpu_percent: f64,
+    pub drain_s: f64,
+    pub devices: DevicesReport,
+    pub sink: SinkReport,
+}
+
+/// A row of the sluice-vs-bridge comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct ComparisonRow {
+    pub metric: &'static str,
+    pub sluice: f64,
+    pub mosquitto_bridge: f64,
+    /// sluice ÷ bridge.
+    pub ratio: Option<f64>,
+}
+
+/// Everything the `core` scenario measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioReport {
+    pub scenario: &'static str,
+    pub machine: Machine,
+    pub params: Params,
+    pub runs: Vec<SutRun>,
+    /// Present when both sluice and the bridge ran.
+    pub comparison: Option<Vec<ComparisonRow>>,
+}
+
+/// Run the `core` scenario for every configured SUT, one after the other.
+pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
+    if config.suts.is_empty() {
+        bail!("no system under test selected");
+    }
+    if config.suts.contains(&Sut::Sluice) && !config.sluice_bin.is_file() {
+        bail!(
+            "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
+            config.sluice_bin.display()
+        );
+    }
+    let machine = machine(&config.command_line);
+    let mut runs = Vec::new();
+    for &sut in &config.suts {
+        eprintln!(
+            "=== scenario core: {} — {} devices × {} msg/s for {:?} ===",
+            sut.name(),
+            config.devices,
+            config.rate_per_device,
+            config.duration
+        );
+        let run = run_one(config, sut)
+            .await
+            .with_context(|| format!("scenario run against {}", sut.name()))?;
+        eprintln!("{}", run_summary_line(&run));
+        runs.push(run);
+    }
+    let comparison = compare(&runs);
+    Ok(ScenarioReport {
+        scenario: "core",
+        machine,
+        params: Params {
+            devices: config.devices,
+            rate_per_device: config.rate_per_device,
+            offered_rate: config.rate_per_device * f64::from(config.devices),
+            duration_s: config.duration.as_secs_f64(),
+            ramp_s: config.ramp.as_secs_f64(),
+            steady_window_s: (config.duration - config.ramp).as_secs_f64(),
+            payload_min: config.payload.min,
+            payload_max: config.payload.max,
+            mqtt: version_name(config.protocol),
+            qos: config.qos as u8,
+            arrivals: config.arrivals,
+            sluice_bin: config.sluice_bin.display().to_string(),
+            sluice_shards: config.sluice_shards,
+            drain_idle_s: config.drain_idle.as_secs_f64(),
+            drain_max_s: config.drain_max.as_secs_f64(),
+        },
+        runs,
+        comparison,
+    })
+}
+
+async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun> {
+    let (pki, cloud) = tokio::task::spawn_blocking(|| -> anyhow::Result<(TestPki, Mosquitto)> {
+        let pki = TestPki::try_generate()?;
+        let cloud = Mosquitto::builder()
+            .tls(&pki)
+            .plain_listener(false)
+            .start()
+            .context("starting the cloud Mosquitto")?;
+        Ok((pki, cloud))
+    })
+    .await
+    .context("cloud start-up panicked")??;
+    let cloud_pid = cloud
+        .pid()
+        .ok_or_else(|| anyhow!("the cloud Mosquitto is not running"))?;
+
+    let mut sink_config = SinkConfig::new(cloud.tls_addr());
+    sink_config.tls = Some(SinkTls {
+        ca_file: pki.ca_path().to_path_buf(),
+        client_cert: None,
+        server_name: "127.0.0.1".to_string(),
+    });
+    sink_config.expect_devices = config.devices;
+    sink_config.progress_every = config.progress_every;
+    let sink = start_sink(sink_config).await?;
+
+    let sut = start_sut(sut_kind, config, &pki, &cloud).await?;
+    let sut_pid = Pid::Other(sut.pid);
+
+    // Resource sampling.
+    let rss_start = procfs::rss_kib(sut_pid)?;
+    let samples = Arc::new(Mutex::new(vec![rss_start]));
+    let (stop_sampling, mut sampling_stopped) = watch::channel(false);
+    let sampler = {
+        let samples = samples.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = sampling_stopped.changed() => return,
+                    _ = tick.tick() => {
+                        if let Ok(kib) = procfs::rss_kib(sut_pid) {
+                            samples.lock().unwrap_or_else(|p| p.into_inner()).push(kib);
+                        }
+                    }
+                }
+            }
+        })
+    };
+
+    let mut devices_config = DevicesConfig::new(sut.device_addr);
+    devices_config.devices = config.devices;
+    devices_config.rate_per_device = config.rate_per_device;
+    devices_config.duration = config.duration;
+    devices_config.ramp = config.ramp;
+    devices_config.payload = config.payload;
+    devices_config.protocol = config.protocol;
+    devices_config.qos = config.qos;
+    devices_config.arrivals = config.arrivals;
+    devices_config.progress_every = config.progress_every;
+    let devices = spawn_devices(devices_config)?;
+    let started = devices.started();
+
+    sleep_until(started + config.ramp).await;
+    let sut_cpu = CpuMeter::start(sut_pid)?;
+    let cloud_cpu = CpuMeter::start(Pid::Other(cloud_pid))?;
+    let tool_cpu = CpuMeter::start(Pid::OwnProcess)?;
+    let window_start = Instant::now();
+    let before = devices.counters().snapshot();
+    sleep_until(started + config.duration).await;
+    let after = devices.counters().snapshot();
+    let window = window_start.elapsed();
+    let sut_usage = sut_cpu.usage()?;
+    let cloud_usage = cloud_cpu.usage()?;
+    let tool_usage = tool_cpu.usage()?;
+    let devices_report = devices.wait().await?;
+
+    let drain_start = Instant::now();
+    loop {
+        if sink.unique() >= devices_report.sent
+            || sink.idle_for() >= config.drain_idle
+            || drain_start.elapsed() >= config.drain_max
+        {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let drain = drain_start.elapsed();
+    let rss_end = procfs::rss_kib(sut_pid)?;
+    let _ = stop_sampling.send(true);
+    let _ = sampler.await;
+    let sink_report = sink.stop(Some(devices_report.sent)).await?;
+    drop(sut);
+    drop(cloud);
+    drop(pki);
+
+    let mut samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    samples.push(rss_end);
+    let steady_messages = match config.qos {
+        QoS::AtMostOnce => after.sent - before.sent,
+        _ => after.acknowledged - before.acknowledged,
+    };
+    let sut_cpu_us_per_msg = if steady_messages == 0 {
+        0.0
+    } else {
+        round3(sut_usage.cpu_seconds * 1e6 / steady_messages as f64)
+    };
+    Ok(SutRun {
+        sut: sut_kind,
+        delivery_ratio: sink_report.delivery_ratio.unwrap_or(0.0),
+        sent: devices_report.sent,
+        unique_received: sink_report.unique,
+        lost: sink_report.lost.unwrap_or(0),
+        duplicates: sink_report.duplicates,
+        order_violations: sink_report.order_violations,
+        gaps: sink_report.gaps,
+        e2e_latency: sink_report.e2e_latency,
+        ack_latency: devices_report.ack_latency,
+        sut_cpu_percent: sut_usage.percent_of_one_core,
+        sut_cpu_us_per_msg,
+        sut_rss: RssSummary {
+            start_kib: rss_start,
+            peak_kib: samples.iter().copied().max().unwrap_or(rss_end),
+            end_kib: rss_end,
+            samples_kib: samples,
+        },
+        steady_window_s: round3(window.as_secs_f64()),
+        steady_messages,
+        steady_rate: round1(steady_messages as f64 / window.as_secs_f64().max(1e-9)),
+        cloud_broker_cpu_percent: cloud_usage.percent_of_one_core,
+        tool_cpu_percent: tool_usage.percent_of_one_core,
+        drain_s: round3(drain.as_secs_f64()),
+        devices: devices_report,
+        sink: sink_report,
+    })
+}
+
+/// A started system under test; stopping it is dropping it.
+struct RunningSut {
+    pid: u32,
+    device_addr: std::net::SocketAddr,
+    _process: SutProcess,
+}
+
+/// Held only to be dropped: dropping stops the process.
+enum SutProcess {
+    Sluice { _child: SluiceChild },
+    Bridge { _edge: Mosquitto },
+}
+
+async fn start_sut(
+    kind: Sut,
+    config: &CoreScenario,
+    pki: &TestPki,
+    cloud: &Mosquitto,
+) -> anyhow::Result<RunningSut> {
+    match kind {
+        Sut::Sluice => {
+            let child = SluiceChild::start(config, pki, cloud.tls_port())?;
+            let device_addr = child.device_addr;
+            child.wait_ready().await?;
+            cloud
+                .wait_for_log_async("as sluice-gw", Duration::from_secs(15))
+                .await
+                .with_context(|| {
+                    format!(
+                        "sluice's uplink never connected to the cloud; sluice stderr:\n{}",
+                        child.stderr_tail()
+                    )
+                })?;
+            sleep(Duration::from_secs(1)).await;
+            Ok(RunningSut {
+                pid: child.pid(),
+                device_addr,
+                _process: SutProcess::Sluice { _child: child },
+            })
+        }
+        Sut::MosquittoBridge => {
+            let lines = Mosquitto::bridge_config_lines(cloud.tls_port(), pki);
+            let edge = tokio::task::spawn_blocking(move || {
+                Mosquitto::builder().config_lines(lines).start()
+            })
+            .await
+            .context("edge start-up panicked")?
+            .context("starting the edge Mosquitto bridge")?;
+            cloud
+                .wait_for_log_async("sluice-edge-bridge", Duration::from_secs(15))
+                .await
+                .context("the edge bridge never connected to the cloud")?;
+            sleep(Duration::from_secs(1)).await;
+            let pid = edge
+                .pid()
+                .ok_or_else(|| anyhow!("the edge Mosquitto is not running"))?;
+            Ok(RunningSut {
+                pid,
+                device_addr: edge.plain_addr(),
+                _process: SutProcess::Bridge { _edge: edge },
+            })
+        }
+    }
+}
+
+/// sluice as a child process with a generated config in its own temporary directory. Dropping
+/// it sends SIGTERM, waits up to 5 s, then SIGKILLs.
+struct SluiceChild {
+    child: Child,
+    device_addr: std::net::SocketAddr,
+    stderr_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SluiceChild {
+    fn start(
+        config: &CoreScenario,
+        pki: &TestPki,
+        cloud_tls_port: u16,
+    ) -> anyhow::Result<SluiceChild> {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-bench-")
+            .tempdir()
+            .context("creating a temporary directory")?;
+        let mqtt_port = sluice_testkit::free_port()?;
+        let admin_port = sluice_testkit::free_port()?;
+        let toml = sluice_config(config, mqtt_port, admin_port, cloud_tls_port, pki.ca_path());
+        let config_path = dir.path().join("sluice.toml");
+        std::fs::write(&config_path, toml).context("writing the sluice config")?;
+        let stderr_path = dir.path().join("sluice.stderr");
+        let stderr =
+            std::fs::File::create(&stderr_path).context("creating sluice's stderr file")?;
+        let child = Command::new(&config.sluice_bin)
+            .arg("run")
+            .arg("-c")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("spawning {}", config.sluice_bin.display()))?;
+        Ok(SluiceChild {
+            child,
+            device_addr: std::net::SocketAddr::from(([127, 0, 0, 1], mqtt_port)),
+            stderr_path,
+            _dir: dir,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Wait until the device port accepts connections, failing early if sluice exits.
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if tokio::net::TcpStream::connect(self.device_addr)
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if !Path::new(&format!("/proc/{}", self.pid())).exists() || is_zombie(self.pid()) {
+                bail!(
+                    "sluice exited during start-up; stderr:\n{}",
+                    self.stderr_tail()
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "sluice did not open {} within 15 s; stderr:\n{}",
+                    self.device_addr,
+                    self.stderr_tail()
+                );
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rfind(')')
+                .and_then(|i| s.get(i + 1..))
+                .map(|rest| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+impl Drop for SluiceChild {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The generated sluice configuration: device listener, admin endpoint, one TLS 1.3 uplink
+/// forwarding everything to the cloud broker.
+pub fn sluice_config(
+    config: &CoreScenario,
+    mqtt_port: u16,
+    admin_port: u16,
+    cloud_tls_port: u16,
+    ca_file: &Path,
+) -> String {
+    let max_connections = (u64::from(config.devices) + 1024).max(10_000);
+    format!(
+        "# generated by sluice-bench scenario core\n\
+         [gateway]\nshards = {shards}\n\n\
+         [mqtt]\nlisten = \"127.0.0.1:{mqtt_port}\"\nmax_connections = {max_connections}\n\n\
+         [admin]\nenabled = true\nlisten = \"127.0.0.1:{admin_port}\"\n\n\
+         [log]\nlevel = \"warn\"\n\n\
+         [[uplink]]\nname = \"cloud\"\nurl = \"mqtts://127.0.0.1:{cloud_tls_port}\"\nca_file = \"{ca}\"\n\
+         client_id = \"sluice-gw\"\nforward = [\"#\"]\n",
+        shards = config.sluice_shards,
+        ca = ca_file.display().to_string().replace('\\', "\\\\").replace('"', "\\\""),
+    )
+}
+
+fn machine(command_line: &str) -> Machine {
+    let run = |cmd: &str, args: &[&str]| -> Option<String> {
+        let out = Command::new(cmd)
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string());
+    let mosquitto_version = sluice_testkit::broker::find_mosquitto()
+        .ok()
+        .and_then(|bin| Command::new(bin).arg("-h").output().ok())
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string());
+    Machine {
+        commit: run("git", &["rev-parse", "--short", "HEAD"])
+            .unwrap_or_else(|| "unknown".to_string()),
+        worktree_dirty: run("git", &["status", "--porcelain", "--untracked-files=no"])
+            .is_some_and(|s| !s.is_empty()),
+        nproc: run("nproc", &[])
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            }),
+        cpu_model,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        mosquitto_version,
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        command_line: command_line.to_string(),
+    }
+}
+
+fn compare(runs: &[SutRun]) -> Option<Vec<ComparisonRow>> {
+    let s = runs.iter().find(|r| r.sut == Sut::Sluice)?;
+    let b = runs.iter().find(|r| r.sut == Sut::MosquittoBridge)?;
+    let row = |metric: &'static str, f: fn(&SutRun) -> f64| {
+        let (x, y) = (f(s), f(b));
+        ComparisonRow {
+            metric,
+            sluice: x,
+            mosquitto_bridge: y,
+            ratio: (y != 0.0).then(|| (x / y * 100.0).round() / 100.0),
+        }
+    };
+    Some(vec![
+        row("SUT CPU, % of one core", |r| r.sut_cpu_percent),
+        row("SUT CPU per message, µs", |r| r.sut_cpu_us_per_msg),
+        row("SUT peak RSS, MiB", |r| {
+            round1(r.sut_rss.peak_kib as f64 / 1024.0)
+        }),
+        row("delivery ratio", |r| r.delivery_ratio),
+        row("e2e latency p50, ms", |r| r.e2e_latency.p50_ms),
+        row("e2e latency p99, ms", |r| r.e2e_latency.p99_ms),
+        row("e2e latency p99.9, ms", |r| r.e2e_latency.p999_ms),
+        row("ack latency p50, ms", |r| r.ack_latency.p50_ms),
+        row("ack latency p99, ms", |r| r.ack_latency.p99_ms),
+    ])
+}
+
+/// One line per run, for stderr.
+fn run_summary_line(r: &SutRun) -> String {
+    format!(
+        "{}: delivery {:.6} ({} of {}), dup {}, order violations {}, e2e p50/p99/p99.9 {:.2}/{:.2}/{:.2} ms, \
+         ack p50/p99 {:.2}/{:.2} ms, SUT CPU {:.1}% ({:.1} µs/msg), RSS peak {:.1} MiB, tool CPU {:.1}%",
+        r.sut.name(),
+        r.delivery_ratio,
+        r.unique_received,
+        r.sent,
+        r.duplicates,
+        r.order_violations,
+        r.e2e_latency.p50_ms,
+        r.e2e_latency.p99_ms,
+        r.e2e_latency.p999_ms,
+        r.ack_latency.p50_ms,
+        r.ack_latency.p99_ms,
+        r.sut_cpu_percent,
+        r.sut_cpu_us_per_msg,
+        r.sut_rss.peak_kib as f64 / 1024.0,
+        r.tool_cpu_percent,
+    )
+}
+
+/// The Markdown summary: one column per run (and sluice ÷ bridge when both ran).
+pub fn markdown(report: &ScenarioReport) -> String {
+    let mut out = String::new();
+    let m = &report.machine;
+    let p = &report.params;
+    // `write!` into a String cannot fail.
+    let _ = writeln!(
+        out,
+        "### core path: {} devices × {} msg/s ({} msg/s offered), {}..{} B, QoS {}, MQTT {}, {} s ({} s ramp)\n",
+        p.devices, p.rate_per_device, p.offered_rate, p.payload_min, p.payload_max, p.qos, p.mqtt, p.duration_s, p.ramp_s
+    );
+    let _ = writeln!(
+        out,
+        "commit `{}`{} · {} × {} · nproc {} · kernel {} · {}\n",
+        m.commit,
+        if m.worktree_dirty {
+            " (work tree dirty)"
+        } else {
+            ""
+        },
+        m.nproc,
+        m.cpu_model,
+        m.nproc,
+        m.kernel,
+        m.mosquitto_version
+    );
+    let _ = writeln!(out, "`{}`\n", m.command_line);
+    let both = report.comparison.is_some();
+    let mut header = String::from("| metric |");
+    let mut rule = String::from("|---|");
+    for r in &report.runs {
+        let _ = write!(header, " {} |", r.sut.name());
+        rule.push_str("---:|");
+    }
+    if both {
+        header.push_str(" sluice ÷ bridge |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(out, "{header}\n{rule}");
+    type Metric = (
+        &'static str,
+        fn(&SutRun) -> String,
+        Option<fn(&SutRun) -> f64>,
+    );
+    let rows: Vec<Metric> = vec![
+        ("messages sent", |r| r.sent.to_string(), None),
+        (
+            "delivery ratio (unique received ÷ sent)",
+            |r| format!("{:.6}", r.delivery_ratio),
+            Some(|r| r.delivery_ratio),
+        ),
+        (
+            "duplicates / order violations",
+            |r| format!("{} / {}", r.duplicates, r.order_violations),
+            None,
+        ),
+        (
+            "e2e latency p50 / p99 / p99.9, ms",
+            |r| {
+                format!(
+                    "{:.2} / {:.2} / {:.2}",
+                    r.e2e_latency.p50_ms, r.e2e_latency.p99_ms, r.e2e_latency.p999_ms
+                )
+            },
+            Some(|r| r.e2e_latency.p99_ms),
+        ),
+        (
+            "ack latency p50 / p99 / p99.9, ms",
+            |r| {
+                format!(
+                    "{:.2} / {:.2} / {:.2}",
+                    r.ack_latency.p50_ms, r.ack_latency.p99_ms, r.ack_latency.p999_ms
+                )
+            },
+            Some(|r| r.ack_latency.p99_ms),
+        ),
+        (
+            "SUT CPU, % of one core (steady state)",
+            |r| format!("{:.1}", r.sut_cpu_percent),
+            Some(|r| r.sut_cpu_percent),
+        ),
+        (
+            "SUT CPU per message, µs",
+            |r| format!("{:.2}", r.sut_cpu_us_per_msg),
+            Some(|r| r.sut_cpu_us_per_msg),
+        ),
+        (
+            "SUT RSS start / peak / end, MiB",
+            |r| {
+                format!(
+                    "{:.1} / {:.1} / {:.1}",
+                    r.sut_rss.start_kib as f64 / 1024.0,
+                    r.sut_rss.peak_kib as f64 / 1024.0,
+                    r.sut_rss.end_kib as f64 / 1024.0
+                )
+            },
+            Some(|r| r.sut_rss.peak_kib as f64),
+        ),
+        (
+            "cloud broker CPU, % of one core",
+            |r| format!("{:.1}", r.cloud_broker_cpu_percent),
+            None,
+        ),
+        (
+            "sluice-bench CPU, % of one core",
+            |r| format!("{:.1}", r.tool_cpu_percent),
+            None,
+        ),
+        (
+            "device reconnects / connect failures",
+            |r| format!("{} / {}", r.devices.reconnects, r.devices.connect_failures),
+            None,
+        ),
+    ];
+    let sluice = report.runs.iter().find(|r| r.sut == Sut::Sluice);
+    let bridge = report.runs.iter().find(|r| r.sut == Sut::MosquittoBridge);
+    for (name, cell, ratio) in rows {
+        let mut line = format!("| {name} |");
+        for r in &report.runs {
+            let _ = write!(line, " {} |", cell(r));
+        }
+        if both {
+            let text = match (ratio, sluice, bridge) {
+                (Some(f), Some(s), Some(b)) if f(b) != 0.0 => format!("{:.2}", f(s) / f(b)),
+                _ => String::new(),
+            };
+            let _ = write!(line, " {text} |");
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    if both {
+        let _ = writeln!(out, "\nWhere a cell holds several figures, the ratio is of the p99 (latencies) or the peak (RSS).");
+    }
+    out
+}
+
+/// Write the JSON report to `path` (creating parent directories).
+pub fn write_json(report: &ScenarioReport, path: &Path) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let mut file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    serde_json::to_writer_pretty(&mut file, report).context("serialising the report")?;
+    file.write_all(b"\n").context("writing the report")?;
+    Ok(())
+}
