@@ -27,7 +27,7 @@
 //! - A PUBLISH's topic and payload are slices of the input buffer, not copies.
 //! - No input panics. After an error the connection must be closed (MQTT cannot resync); the
 //!   buffer and decoder are then in an unspecified state.
-//! - Every decoded packet is accepted by [`super::encode`] and re-encodes to bytes that decode
+//! - Every decoded packet is accepted by [`super::encode()`] and re-encodes to bytes that decode
 //!   to an equal packet.
 
 use bytes::BytesMut;

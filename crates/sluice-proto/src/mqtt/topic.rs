@@ -10,8 +10,8 @@
 //! the parent level (`sport/#` matches `sport`); `+` matches exactly one level, which may be
 //! empty. Topics starting with `$` are not matched by a filter whose first level is a wildcard.
 //!
-//! Invariants: nothing here allocates or panics; [`matches`] is linear in the shorter input.
-//! [`matches`] assumes a valid filter and name; on invalid input it returns some answer.
+//! Invariants: nothing here allocates or panics; [`matches()`] is linear in the shorter input.
+//! [`matches()`] assumes a valid filter and name; on invalid input it returns some answer.
 
 /// Longest topic name or filter: a UTF-8 string's length prefix is a `u16`.
 const MAX_LEN: usize = u16::MAX as usize;
