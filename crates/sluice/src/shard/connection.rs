@@ -288,12 +288,7 @@ impl Connection {
                 Ok(None) => return Ok(()),
                 Err(error) => {
                     tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error, "bad packet from device; closing its connection");
-                    let code = match error {
-                        sluice_proto::mqtt::DecodeError::PacketTooLarge { .. } => reason::PACKET_TOO_LARGE,
-                        sluice_proto::mqtt::DecodeError::Protocol(_) => reason::PROTOCOL_ERROR,
-                        _ => reason::MALFORMED_PACKET,
-                    };
-                    return Err(Close(CloseReason::ProtocolError, Some(code)));
+                    return Err(Close(CloseReason::ProtocolError, Some(error.reason_code())));
                 }
             };
             self.handle(packet).await?;
