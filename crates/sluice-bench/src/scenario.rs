@@ -99,6 +99,8 @@ pub struct Machine {
     pub cpu_model: String,
     pub kernel: String,
     pub mosquitto_version: String,
+    /// `/proc/loadavg` when the scenario started: other work on the machine skews CPU figures.
+    pub loadavg_at_start: String,
     pub started_at: String,
     pub command_line: String,
 }
@@ -139,6 +141,8 @@ pub struct RssSummary {
 #[derive(Debug, Clone, Serialize)]
 pub struct SutRun {
     pub sut: Sut,
+    /// The generated sluice config, or the edge Mosquitto's bridge lines.
+    pub sut_config: String,
     pub delivery_ratio: f64,
     pub sent: u64,
     pub unique_received: u64,
@@ -163,6 +167,8 @@ pub struct SutRun {
     /// This tool (devices + sink) over the window, % of one core.
     pub tool_cpu_percent: f64,
     pub drain_s: f64,
+    /// `/proc/loadavg` at the end of the steady-state window (includes this run's own load).
+    pub loadavg_at_window_end: String,
     pub devices: DevicesReport,
     pub sink: SinkReport,
 }
@@ -317,6 +323,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let sut_usage = sut_cpu.usage()?;
     let cloud_usage = cloud_cpu.usage()?;
     let tool_usage = tool_cpu.usage()?;
+    let loadavg_at_window_end = loadavg();
     let devices_report = devices.wait().await?;
 
     let drain_start = Instant::now();
@@ -334,6 +341,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let _ = stop_sampling.send(true);
     let _ = sampler.await;
     let sink_report = sink.stop(Some(devices_report.sent)).await?;
+    let sut_config = sut.config_text.clone();
     drop(sut);
     drop(cloud);
     drop(pki);
@@ -351,6 +359,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     };
     Ok(SutRun {
         sut: sut_kind,
+        sut_config,
         delivery_ratio: sink_report.delivery_ratio.unwrap_or(0.0),
         sent: devices_report.sent,
         unique_received: sink_report.unique,
@@ -374,6 +383,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
         cloud_broker_cpu_percent: cloud_usage.percent_of_one_core,
         tool_cpu_percent: tool_usage.percent_of_one_core,
         drain_s: round3(drain.as_secs_f64()),
+        loadavg_at_window_end,
         devices: devices_report,
         sink: sink_report,
     })
@@ -383,6 +393,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
 struct RunningSut {
     pid: u32,
     device_addr: std::net::SocketAddr,
+    config_text: String,
     _process: SutProcess,
 }
 
@@ -416,11 +427,13 @@ async fn start_sut(
             Ok(RunningSut {
                 pid: child.pid(),
                 device_addr,
+                config_text: child.config_text.clone(),
                 _process: SutProcess::Sluice { _child: child },
             })
         }
         Sut::MosquittoBridge => {
             let lines = Mosquitto::bridge_config_lines(cloud.tls_port(), pki);
+            let config_text = lines.join("\n");
             let edge = tokio::task::spawn_blocking(move || {
                 Mosquitto::builder().config_lines(lines).start()
             })
@@ -438,6 +451,7 @@ async fn start_sut(
             Ok(RunningSut {
                 pid,
                 device_addr: edge.plain_addr(),
+                config_text,
                 _process: SutProcess::Bridge { _edge: edge },
             })
         }
@@ -449,6 +463,7 @@ async fn start_sut(
 struct SluiceChild {
     child: Child,
     device_addr: std::net::SocketAddr,
+    config_text: String,
     stderr_path: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -467,7 +482,7 @@ impl SluiceChild {
         let admin_port = sluice_testkit::free_port()?;
         let toml = sluice_config(config, mqtt_port, admin_port, cloud_tls_port, pki.ca_path());
         let config_path = dir.path().join("sluice.toml");
-        std::fs::write(&config_path, toml).context("writing the sluice config")?;
+        std::fs::write(&config_path, &toml).context("writing the sluice config")?;
         let stderr_path = dir.path().join("sluice.stderr");
         let stderr =
             std::fs::File::create(&stderr_path).context("creating sluice's stderr file")?;
@@ -483,6 +498,7 @@ impl SluiceChild {
         Ok(SluiceChild {
             child,
             device_addr: std::net::SocketAddr::from(([127, 0, 0, 1], mqtt_port)),
+            config_text: toml,
             stderr_path,
             _dir: dir,
         })
@@ -625,9 +641,16 @@ fn machine(command_line: &str) -> Machine {
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
         mosquitto_version,
+        loadavg_at_start: loadavg(),
         started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         command_line: command_line.to_string(),
     }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn compare(runs: &[SutRun]) -> Option<Vec<ComparisonRow>> {
@@ -693,7 +716,7 @@ pub fn markdown(report: &ScenarioReport) -> String {
     );
     let _ = writeln!(
         out,
-        "commit `{}`{} · {} × {} · nproc {} · kernel {} · {}\n",
+        "commit `{}`{} · nproc {} · CPU {} · kernel {} · {} · loadavg at start {}\n",
         m.commit,
         if m.worktree_dirty {
             " (work tree dirty)"
@@ -702,9 +725,9 @@ pub fn markdown(report: &ScenarioReport) -> String {
         },
         m.nproc,
         m.cpu_model,
-        m.nproc,
         m.kernel,
-        m.mosquitto_version
+        m.mosquitto_version,
+        m.loadavg_at_start
     );
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let both = report.comparison.is_some();
