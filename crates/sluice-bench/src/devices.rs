@@ -18,7 +18,8 @@
 //! - QoS 1: at most `max_inflight` PUBLISHes await PUBACK per device (default 64; with MQTT 5
 //!   also capped by the broker's Receive Maximum). A tick that finds the window full is skipped
 //!   and counted (`skipped_inflight_full`) rather than queued: overflow policy = counted drop at
-//!   the source. Ack latency = PUBACK decoded − PUBLISH handed to the socket (monotonic clock).
+//!   the source. Ack latency = PUBACK decoded − PUBLISH handed to the socket (monotonic clock),
+//!   reported for the whole run and for PUBLISHes written after the ramp (steady state).
 //! - On any failure (connect refused, reset, malformed packet, refused CONNACK) the connection
 //!   is dropped, PUBLISHes still awaiting PUBACK are counted as `unacknowledged` (there is no
 //!   retransmission: the device reconnects with a clean session), and the device reconnects
@@ -274,8 +275,10 @@ pub struct DevicesReport {
     pub reconnects: u64,
     pub connect_failures: u64,
     pub max_send_lag_ms: f64,
-    /// PUBLISH written → PUBACK decoded.
+    /// PUBLISH written → PUBACK decoded, whole run.
     pub ack_latency: LatencySummary,
+    /// The same for PUBLISHes written after the ramp (steady state).
+    pub ack_latency_steady: LatencySummary,
     /// This process's CPU over the run (includes anything else running in it, e.g. a sink).
     pub tool_cpu: CpuUsage,
     /// From start to the last device closing (includes the ack drain).
@@ -328,6 +331,9 @@ struct Shared {
     config: DevicesConfig,
     counters: Arc<DeviceCounters>,
     ack_latency: ShardedHistogram,
+    /// Only PUBLISHes written at or after `steady_from` (start + ramp).
+    ack_latency_steady: ShardedHistogram,
+    steady_from: Instant,
     filler: Bytes,
     stop_at: Instant,
 }
@@ -342,6 +348,8 @@ async fn drive(
         filler: make_filler(config.payload.max, config.seed),
         counters,
         ack_latency: ShardedHistogram::new(HISTOGRAM_SHARDS),
+        ack_latency_steady: ShardedHistogram::new(HISTOGRAM_SHARDS),
+        steady_from: started + config.ramp,
         stop_at: started + config.duration,
         config,
     });
@@ -387,6 +395,7 @@ async fn drive(
         connect_failures: c.connect_failures,
         max_send_lag_ms: shared.counters.max_send_lag_us.load(Relaxed) as f64 / 1000.0,
         ack_latency: LatencySummary::from_histogram(&shared.ack_latency.merged()),
+        ack_latency_steady: LatencySummary::from_histogram(&shared.ack_latency_steady.merged()),
         tool_cpu: cpu.usage()?,
         elapsed_s: round3(elapsed.as_secs_f64()),
     })
@@ -723,6 +732,11 @@ fn drain_packets(
                 let (_, sent_at) = st.inflight.swap_remove(pos);
                 let micros = u64::try_from(sent_at.elapsed().as_micros()).unwrap_or(u64::MAX);
                 shared.ack_latency.record_us(st.index as usize, micros);
+                if sent_at >= shared.steady_from {
+                    shared
+                        .ack_latency_steady
+                        .record_us(st.index as usize, micros);
+                }
                 if ack.reason >= reason::UNSPECIFIED_ERROR {
                     shared.counters.rejected.fetch_add(1, Relaxed);
                 } else {

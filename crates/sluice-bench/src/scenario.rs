@@ -16,6 +16,8 @@
 //!    over exactly that window, and µs of SUT CPU per message divides by the PUBACKs the devices
 //!    received in it (PUBLISHes sent, for QoS 0).
 //! 4. The SUT's VmRSS is sampled every second from start to the end of the drain.
+//!    Latencies are reported for messages sent in that window (steady state) and for the
+//!    whole run (the connection ramp included).
 //! 5. Drain: after devices stop, wait until the sink has every message, or nothing new arrived
 //!    for `drain_idle`, or `drain_max` passed. Then the sink reports and the SUT is stopped
 //!    (SIGTERM, then SIGKILL after 5 s).
@@ -150,10 +152,14 @@ pub struct SutRun {
     pub duplicates: u64,
     pub order_violations: u64,
     pub gaps: u64,
-    /// Device send → sink receive.
+    /// Device send → sink receive, messages sent in the steady-state window.
     pub e2e_latency: LatencySummary,
-    /// Device PUBLISH → PUBACK from the SUT.
+    /// Device PUBLISH → PUBACK from the SUT, PUBLISHes written in the steady-state window.
     pub ack_latency: LatencySummary,
+    /// Device send → sink receive, whole run (ramp included).
+    pub e2e_latency_all: LatencySummary,
+    /// Device PUBLISH → PUBACK, whole run (ramp included).
+    pub ack_latency_all: LatencySummary,
     /// SUT CPU over the steady-state window, % of one core.
     pub sut_cpu_percent: f64,
     /// SUT CPU µs per message acknowledged in the window.
@@ -312,6 +318,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let started = devices.started();
 
     sleep_until(started + config.ramp).await;
+    sink.set_steady_from(crate::payload::unix_now_ns());
     let sut_cpu = CpuMeter::start(sut_pid)?;
     let cloud_cpu = CpuMeter::start(Pid::Other(cloud_pid))?;
     let tool_cpu = CpuMeter::start(Pid::OwnProcess)?;
@@ -367,8 +374,12 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
         duplicates: sink_report.duplicates,
         order_violations: sink_report.order_violations,
         gaps: sink_report.gaps,
-        e2e_latency: sink_report.e2e_latency,
-        ack_latency: devices_report.ack_latency,
+        e2e_latency: sink_report
+            .e2e_latency_steady
+            .unwrap_or(sink_report.e2e_latency),
+        ack_latency: devices_report.ack_latency_steady,
+        e2e_latency_all: sink_report.e2e_latency,
+        ack_latency_all: devices_report.ack_latency,
         sut_cpu_percent: sut_usage.percent_of_one_core,
         sut_cpu_us_per_msg,
         sut_rss: RssSummary {
@@ -760,7 +771,7 @@ pub fn markdown(report: &ScenarioReport) -> String {
             None,
         ),
         (
-            "e2e latency p50 / p99 / p99.9, ms",
+            "e2e latency p50 / p99 / p99.9, ms (steady state)",
             |r| {
                 format!(
                     "{:.2} / {:.2} / {:.2}",
@@ -770,7 +781,7 @@ pub fn markdown(report: &ScenarioReport) -> String {
             Some(|r| r.e2e_latency.p99_ms),
         ),
         (
-            "ack latency p50 / p99 / p99.9, ms",
+            "ack latency p50 / p99 / p99.9, ms (steady state)",
             |r| {
                 format!(
                     "{:.2} / {:.2} / {:.2}",
@@ -778,6 +789,16 @@ pub fn markdown(report: &ScenarioReport) -> String {
                 )
             },
             Some(|r| r.ack_latency.p99_ms),
+        ),
+        (
+            "e2e latency p50 / p99 / p99.9, ms (whole run, ramp included)",
+            |r| {
+                format!(
+                    "{:.2} / {:.2} / {:.2}",
+                    r.e2e_latency_all.p50_ms, r.e2e_latency_all.p99_ms, r.e2e_latency_all.p999_ms
+                )
+            },
+            None,
         ),
         (
             "SUT CPU, % of one core (steady state)",

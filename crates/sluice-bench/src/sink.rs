@@ -129,6 +129,9 @@ pub struct SinkReport {
     pub lost: Option<i64>,
     /// Device send timestamp → sink receive, first arrivals only.
     pub e2e_latency: LatencySummary,
+    /// The same for messages sent at or after the steady-state start, when one was set with
+    /// [`SinkHandle::set_steady_from`].
+    pub e2e_latency_steady: Option<LatencySummary>,
     pub reconnects: u64,
     pub elapsed_s: f64,
     /// This process's CPU over the sink's lifetime (includes anything else running in it).
@@ -143,12 +146,16 @@ struct Live {
     reconnects: AtomicU64,
     /// Milliseconds after start of the last PUBLISH, plus one (0 = none yet).
     last_receive_ms: AtomicU64,
+    /// Send timestamps (ns since the epoch) from which latencies also count as steady state;
+    /// 0 = not set.
+    steady_from_ns: AtomicU64,
 }
 
 /// Statistics owned by the sink task.
 struct Tally {
     tracker: SequenceTracker,
     latency: Histogram<u64>,
+    latency_steady: Histogram<u64>,
     received: u64,
     foreign: u64,
 }
@@ -190,6 +197,12 @@ impl SinkHandle {
         since_start.saturating_sub(Duration::from_millis(last - 1))
     }
 
+    /// From now on, also record the latency of messages sent at or after `sent_at_ns`
+    /// (nanoseconds since the UNIX epoch) in the steady-state histogram.
+    pub fn set_steady_from(&self, sent_at_ns: u64) {
+        self.live.steady_from_ns.store(sent_at_ns.max(1), Relaxed);
+    }
+
     /// Stop, disconnect and report. `sent` (if known) gives the delivery ratio.
     pub async fn stop(self, sent: Option<u64>) -> anyhow::Result<SinkReport> {
         let _ = self.stop.send(true);
@@ -213,6 +226,8 @@ impl SinkHandle {
             delivery_ratio: sent.map(|s| delivery_ratio(t.unique, s)),
             lost: sent.map(|s| s as i64 - t.unique as i64),
             e2e_latency: LatencySummary::from_histogram(&tally.latency),
+            e2e_latency_steady: (self.live.steady_from_ns.load(Relaxed) != 0)
+                .then(|| LatencySummary::from_histogram(&tally.latency_steady)),
             reconnects: self.live.reconnects.load(Relaxed),
             elapsed_s: round3(self.started.elapsed().as_secs_f64()),
             tool_cpu: self.cpu.usage()?,
@@ -253,6 +268,7 @@ pub async fn start_sink(config: SinkConfig) -> anyhow::Result<SinkHandle> {
     let tally = Tally {
         tracker: SequenceTracker::with_expected_devices(config.expect_devices),
         latency: latency_histogram(),
+        latency_steady: latency_histogram(),
         received: 0,
         foreign: 0,
     };
@@ -504,6 +520,10 @@ fn handle_packets(
     wbuf: &mut BytesMut,
 ) -> anyhow::Result<()> {
     let mut got_any = false;
+    let steady_from = match live.steady_from_ns.load(Relaxed) {
+        0 => u64::MAX,
+        ns => ns,
+    };
     while let Some(packet) = c
         .decoder
         .decode(&mut c.rbuf)
@@ -537,6 +557,9 @@ fn handle_packets(
                 Observation::New | Observation::NewOutOfOrder => {
                     let micros = unix_now_ns().saturating_sub(h.sent_at_ns) / 1000;
                     record_us(&mut tally.latency, micros);
+                    if h.sent_at_ns >= steady_from {
+                        record_us(&mut tally.latency_steady, micros);
+                    }
                 }
                 Observation::Duplicate | Observation::Untracked => {}
             },

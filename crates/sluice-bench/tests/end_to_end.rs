@@ -56,6 +56,12 @@ async fn four_devices_through_mosquitto_deliver_everything_once_and_in_order() -
     );
     assert_eq!((sent.reconnects, sent.connect_failures), (0, 0));
     assert_eq!(sent.ack_latency.count, sent.sent);
+    assert!(
+        sent.ack_latency_steady.count > 0 && sent.ack_latency_steady.count < sent.sent,
+        "PUBLISHes after the 200 ms ramp are the steady-state subset: {} of {}",
+        sent.ack_latency_steady.count,
+        sent.sent
+    );
     assert_eq!(received.delivery_ratio, Some(1.0), "{received:?}");
     assert_eq!(received.duplicates, 0);
     assert_eq!(received.order_violations, 0);
