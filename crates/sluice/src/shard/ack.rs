@@ -14,15 +14,25 @@ use std::rc::{Rc, Weak};
 use tokio::sync::Notify;
 
 /// Packet ids the cloud has acknowledged, waiting to be acknowledged to the device.
+/// `notify` is the device connection's one wake-up (shared with its session's outbox), so a
+/// connection waits on a single `Notify` whatever woke it.
 #[derive(Debug, Default)]
 pub struct DeviceAcks {
     ready: RefCell<VecDeque<u16>>,
-    pub notify: Notify,
+    pub notify: Rc<Notify>,
 }
 
 impl DeviceAcks {
     pub fn new() -> Rc<DeviceAcks> {
         Rc::new(DeviceAcks::default())
+    }
+    /// Acks that wake `notify` when ready.
+    pub fn with_notify(notify: Rc<Notify>) -> Rc<DeviceAcks> {
+        Rc::new(DeviceAcks { ready: RefCell::default(), notify })
+    }
+    /// Take every packet id that is ready to be acknowledged, in completion order.
+    pub fn drain_into(&self, out: &mut Vec<u16>) {
+        out.extend(self.ready.borrow_mut().drain(..));
     }
     /// Take every packet id that is ready to be acknowledged, in completion order.
     pub fn drain(&self) -> Vec<u16> {

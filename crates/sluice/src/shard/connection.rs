@@ -33,7 +33,7 @@ use super::{Adopted, ShardContext};
 /// How long a write to a device may stall before the device counts as a slow consumer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Read buffer growth step.
-const READ_CHUNK: usize = 8 * 1024;
+const READ_CHUNK: usize = 2 * 1024;
 
 pub async fn run(ctx: Rc<ShardContext>, adopted: Adopted) {
     let Adopted { stream, peer, connect, buffered, assigned_client_id } = adopted;
@@ -82,6 +82,7 @@ struct Connection {
     wbuf: BytesMut,
     decoder: Decoder,
     acks: Rc<DeviceAcks>,
+    ack_scratch: Vec<u16>,
     pending: VecDeque<PendingAck>,
     /// QoS 2 packet ids PUBREC'd to the device and awaiting its PUBREL.
     awaiting_rel: HashSet<u16>,
@@ -142,6 +143,7 @@ impl Connection {
         let _ = ctx.control.try_send(crate::control::ControlCmd::DeviceUp { client_id: client_id.clone(), shard: ctx.id });
 
         let max_packet = cfg.max_packet_size.0.min(u32::MAX as u64) as usize;
+        let acks = DeviceAcks::with_notify(session.notify.clone());
         let mut conn = Connection {
             ctx: ctx.clone(),
             session,
@@ -154,7 +156,8 @@ impl Connection {
             rbuf: buffered,
             wbuf: BytesMut::with_capacity(1024),
             decoder: Decoder::client(version, max_packet),
-            acks: DeviceAcks::new(),
+            acks,
+            ack_scratch: Vec::new(),
             pending: VecDeque::new(),
             awaiting_rel: HashSet::new(),
             aliases: HashMap::new(),
@@ -220,7 +223,6 @@ impl Connection {
     }
 
     async fn serve(&mut self) -> CloseReason {
-        let mut shutdown = self.ctx.shutdown.clone();
         let receive_max = self.ctx.config.mqtt.receive_maximum as usize;
         // One timer for the connection's life, re-armed only when it fires: reads just move
         // `last_read`, so the per-message path never touches the timer wheel.
@@ -236,6 +238,10 @@ impl Connection {
             if !self.is_current() {
                 return self.close_with(CloseReason::SessionTakenOver, Some(reason::SESSION_TAKEN_OVER)).await;
             }
+            if self.ctx.shutting_down.get() {
+                return self.close_with(CloseReason::Shutdown, Some(reason::SERVER_UNAVAILABLE)).await;
+            }
+            self.on_cloud_acks();
             self.take_outbox();
             if let Err(reason) = self.flush().await {
                 return reason;
@@ -243,12 +249,8 @@ impl Connection {
             let paused = self.pending.len() >= receive_max;
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => {
-                    if *shutdown.borrow() {
-                        return self.close_with(CloseReason::Shutdown, Some(reason::SERVER_UNAVAILABLE)).await;
-                    }
-                }
-                _ = self.acks.notify.notified() => self.on_cloud_acks(),
+                // Outbox, takeover, shutdown and cloud acks all wake this one Notify; the top
+                // of the loop looks at each.
                 _ = self.session.notify.notified() => {}
                 read = read_more(&mut self.rd, &mut self.rbuf), if !paused => {
                     match read {
@@ -364,7 +366,7 @@ impl Connection {
     }
 
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
-        let received_at = Instant::now();
+        let received_at = self.last_read;
         // Topic aliases (MQTT 5): resolve, then strip — an alias is per connection.
         if let Some(alias) = p.properties.as_ref().and_then(|pr| pr.topic_alias) {
             if alias == 0 || alias > self.ctx.config.mqtt.topic_alias_maximum {
@@ -423,7 +425,13 @@ impl Connection {
     /// The cloud acknowledged some of this device's messages: acknowledge them to the device,
     /// in the order the device sent them.
     fn on_cloud_acks(&mut self) {
-        for id in self.acks.drain() {
+        let mut ready = std::mem::take(&mut self.ack_scratch);
+        self.acks.drain_into(&mut ready);
+        if ready.is_empty() {
+            self.ack_scratch = ready;
+            return;
+        }
+        for id in ready.drain(..) {
             if let Some(a) = self.pending.iter_mut().find(|a| a.packet_id == id && !a.done) {
                 a.done = true;
             }
@@ -438,6 +446,7 @@ impl Connection {
                 }
             }
         }
+        self.ack_scratch = ready;
     }
 
     async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {

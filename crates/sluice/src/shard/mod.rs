@@ -103,7 +103,8 @@ pub struct ShardContext {
     pub metrics: Arc<ShardMetrics>,
     /// Open device connections, whole gateway (admission bound).
     pub live_connections: Arc<AtomicUsize>,
-    pub shutdown: watch::Receiver<bool>,
+    /// Set once when the gateway stops; connections see it when their session is woken.
+    pub shutting_down: std::cell::Cell<bool>,
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -171,8 +172,11 @@ async fn run(seed: ShardSeed) {
         uplinks,
         metrics,
         live_connections,
-        shutdown: shutdown.clone(),
+        shutting_down: std::cell::Cell::new(false),
     });
+    // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
+    // shard-local channel, so their per-iteration waits never touch another core's cache lines.
+    let (local_shutdown_tx, local_shutdown) = watch::channel(false);
 
     let mut uplink_tasks = Vec::new();
     for (i, ucfg) in config.uplink.iter().enumerate() {
@@ -194,7 +198,7 @@ async fn run(seed: ShardSeed) {
             ctx.uplinks[i].queue.clone(),
             downlink,
             uplink_metrics[i].clone(),
-            shutdown.clone(),
+            local_shutdown.clone(),
         ));
     }
     tracing::debug!(shard = id, uplinks = uplink_tasks.len(), "shard started");
@@ -219,6 +223,11 @@ async fn run(seed: ShardSeed) {
                 if *shutdown.borrow() { break; }
             }
         }
+    }
+    ctx.shutting_down.set(true);
+    let _ = local_shutdown_tx.send(true);
+    for session in ctx.sessions.borrow().values() {
+        session.notify.notify_one();
     }
     // Give connections and uplinks a moment to say goodbye.
     for t in uplink_tasks {

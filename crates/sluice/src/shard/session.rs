@@ -55,8 +55,9 @@ pub struct Session {
     /// Incremented whenever a new connection takes the session over; a connection whose
     /// generation is stale closes itself.
     pub generation: Cell<u64>,
-    /// Woken when the outbox gains a message or the session is taken over.
-    pub notify: Notify,
+    /// Woken when the outbox gains a message, the session is taken over, the shard shuts
+    /// down, or (shared with the connection's `DeviceAcks`) the cloud acknowledged something.
+    pub notify: Rc<Notify>,
     max_queued: usize,
 }
 
@@ -80,7 +81,7 @@ impl Session {
                 connected: false,
             }),
             generation: Cell::new(0),
-            notify: Notify::new(),
+            notify: Rc::new(Notify::new()),
             max_queued,
         })
     }

@@ -379,6 +379,11 @@ impl Session {
         let mut last_read = now;
         let mut last_write = now;
         let mut ping_outstanding = false;
+        // One timer for the connection, re-armed only when it fires or when the deadline moves
+        // earlier: the per-message path does not touch the timer wheel.
+        let timer = tokio::time::sleep_until(now.into());
+        tokio::pin!(timer);
+        let mut armed_at = now;
         // Packets that arrived together with the CONNACK.
         while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
             self.handle(packet, &mut out, &mut ping_outstanding)?;
@@ -414,6 +419,10 @@ impl Session {
             } else {
                 dead_at.min(last_read.min(last_write) + keep_alive)
             };
+            if wake_at < armed_at || timer.is_elapsed() {
+                timer.as_mut().reset(wake_at.into());
+                armed_at = wake_at;
+            }
             if c.rbuf.capacity() - c.rbuf.len() < READ_CHUNK / 4 {
                 c.rbuf.reserve(READ_CHUNK);
             }
@@ -422,7 +431,7 @@ impl Session {
                 _ = shutdown_signal(shutdown) => Event::Shutdown,
                 r = c.io.read_buf(&mut c.rbuf) => Event::Read(r),
                 _ = self.queue.wait_ready(), if can_take => Event::Queued,
-                _ = tokio::time::sleep_until(wake_at.into()), if !keep_alive.is_zero() => Event::Timer,
+                _ = &mut timer, if !keep_alive.is_zero() => Event::Timer,
             };
             match event {
                 Event::Shutdown => {
