@@ -19,7 +19,8 @@
 //!   also capped by the broker's Receive Maximum). A tick that finds the window full is skipped
 //!   and counted (`skipped_inflight_full`) rather than queued: overflow policy = counted drop at
 //!   the source. Ack latency = PUBACK decoded − PUBLISH handed to the socket (monotonic clock),
-//!   reported for the whole run and for PUBLISHes written after the ramp (steady state).
+//!   reported for the whole run and for PUBLISHes written after the ramp plus an optional settle
+//!   time (steady state).
 //! - On any failure (connect refused, reset, malformed packet, refused CONNACK) the connection
 //!   is dropped, PUBLISHes still awaiting PUBACK are counted as `unacknowledged` (there is no
 //!   retransmission: the device reconnects with a clean session), and the device reconnects
@@ -132,6 +133,9 @@ pub struct DevicesConfig {
     pub duration: Duration,
     /// Connection attempts are spread evenly over this period.
     pub ramp: Duration,
+    /// Steady state starts this long after the ramp (lets the system digest the connection
+    /// storm); only affects which PUBLISHes count for `ack_latency_steady`.
+    pub settle: Duration,
     pub topic_prefix: String,
     pub client_prefix: String,
     pub arrivals: Arrivals,
@@ -163,6 +167,7 @@ impl DevicesConfig {
             protocol: ProtocolVersion::V311,
             duration: Duration::from_secs(60),
             ramp: Duration::from_secs(5),
+            settle: Duration::ZERO,
             topic_prefix: "dev".to_string(),
             client_prefix: "bench".to_string(),
             arrivals: Arrivals::Periodic,
@@ -277,7 +282,7 @@ pub struct DevicesReport {
     pub max_send_lag_ms: f64,
     /// PUBLISH written → PUBACK decoded, whole run.
     pub ack_latency: LatencySummary,
-    /// The same for PUBLISHes written after the ramp (steady state).
+    /// The same for PUBLISHes written after the ramp plus the settle time (steady state).
     pub ack_latency_steady: LatencySummary,
     /// This process's CPU over the run (includes anything else running in it, e.g. a sink).
     pub tool_cpu: CpuUsage,
@@ -349,7 +354,7 @@ async fn drive(
         counters,
         ack_latency: ShardedHistogram::new(HISTOGRAM_SHARDS),
         ack_latency_steady: ShardedHistogram::new(HISTOGRAM_SHARDS),
-        steady_from: started + config.ramp,
+        steady_from: started + config.ramp + config.settle,
         stop_at: started + config.duration,
         config,
     });

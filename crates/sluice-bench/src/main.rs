@@ -110,6 +110,10 @@ struct LoadArgs {
     /// Device connections are started evenly spread over this period, e.g. "5s".
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     ramp: Duration,
+    /// Steady state starts this long after the ramp: latencies labelled "steady" (and, for
+    /// `scenario`, the CPU window) only count what happens after it, e.g. "5s".
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    settle: Duration,
     /// Poisson arrivals (exponential gaps) instead of a fixed period with a random phase.
     #[arg(long)]
     poisson: bool,
@@ -313,6 +317,7 @@ async fn devices(args: DevicesArgs) -> anyhow::Result<()> {
     config.protocol = args.load.mqtt.into();
     config.duration = args.load.duration;
     config.ramp = args.load.ramp;
+    config.settle = args.load.settle;
     config.arrivals = arrivals(args.load.poisson);
     config.progress_every = progress(args.load.progress);
     config.topic_prefix = args.topic_prefix;
@@ -392,14 +397,17 @@ async fn core(args: CoreArgs) -> anyhow::Result<()> {
         SutChoice::MosquittoBridge => vec![Sut::MosquittoBridge],
         SutChoice::Both => vec![Sut::Sluice, Sut::MosquittoBridge],
     };
-    if args.load.ramp >= args.load.duration {
-        bail!("--ramp must be shorter than --duration (CPU is measured between the two)");
+    if args.load.ramp + args.load.settle >= args.load.duration {
+        bail!(
+            "--ramp plus --settle must be shorter than --duration (CPU is measured between them)"
+        );
     }
     let config = CoreScenario {
         devices: args.devices,
         rate_per_device: args.load.rate,
         duration: args.load.duration,
         ramp: args.load.ramp,
+        settle: args.load.settle,
         payload: args.load.payload,
         protocol: args.load.mqtt.into(),
         qos: qos(args.load.qos),

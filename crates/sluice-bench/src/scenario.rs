@@ -11,7 +11,9 @@
 //! 2. The SUT starts and connects upstream; the runner waits until the cloud broker logs the
 //!    SUT's client (`sluice-gw-*` or `sluice-edge-bridge`), then 1 s more.
 //! 3. Devices run for `duration` (connections ramped over `ramp`) against the SUT's plain MQTT
-//!    port. The *steady-state window* is `[start + ramp, start + duration]`: SUT CPU
+//!    port. The *steady-state window* is `[start + ramp + settle, start + duration]` (settle
+//!    defaults to 0; at tens of thousands of connections the connection storm of the ramp
+//!    takes a second or two to digest, and a settle time keeps it out of the window): SUT CPU
 //!    (utime + stime from `/proc/<pid>/stat`), cloud-broker CPU and this tool's CPU are measured
 //!    over exactly that window, and µs of SUT CPU per message divides by the PUBACKs the devices
 //!    received in it (PUBLISHes sent, for QoS 0).
@@ -72,6 +74,8 @@ pub struct CoreScenario {
     pub rate_per_device: f64,
     pub duration: Duration,
     pub ramp: Duration,
+    /// The steady-state window starts this long after the ramp.
+    pub settle: Duration,
     pub payload: PayloadSize,
     pub protocol: ProtocolVersion,
     pub qos: QoS,
@@ -115,6 +119,7 @@ pub struct Params {
     pub offered_rate: f64,
     pub duration_s: f64,
     pub ramp_s: f64,
+    pub settle_s: f64,
     pub steady_window_s: f64,
     pub payload_min: usize,
     pub payload_max: usize,
@@ -202,6 +207,9 @@ pub struct ScenarioReport {
 
 /// Run the `core` scenario for every configured SUT, one after the other.
 pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
+    if config.ramp + config.settle >= config.duration {
+        bail!("ramp + settle must be shorter than the duration (the steady-state window lies between)");
+    }
     if config.suts.is_empty() {
         bail!("no system under test selected");
     }
@@ -237,7 +245,11 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
             offered_rate: config.rate_per_device * f64::from(config.devices),
             duration_s: config.duration.as_secs_f64(),
             ramp_s: config.ramp.as_secs_f64(),
-            steady_window_s: (config.duration - config.ramp).as_secs_f64(),
+            settle_s: config.settle.as_secs_f64(),
+            steady_window_s: config
+                .duration
+                .saturating_sub(config.ramp + config.settle)
+                .as_secs_f64(),
             payload_min: config.payload.min,
             payload_max: config.payload.max,
             mqtt: version_name(config.protocol),
@@ -309,6 +321,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     devices_config.rate_per_device = config.rate_per_device;
     devices_config.duration = config.duration;
     devices_config.ramp = config.ramp;
+    devices_config.settle = config.settle;
     devices_config.payload = config.payload;
     devices_config.protocol = config.protocol;
     devices_config.qos = config.qos;
@@ -317,7 +330,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let devices = spawn_devices(devices_config)?;
     let started = devices.started();
 
-    sleep_until(started + config.ramp).await;
+    sleep_until(started + config.ramp + config.settle).await;
     sink.set_steady_from(crate::payload::unix_now_ns());
     let sut_cpu = CpuMeter::start(sut_pid)?;
     let cloud_cpu = CpuMeter::start(Pid::Other(cloud_pid))?;
@@ -722,8 +735,8 @@ pub fn markdown(report: &ScenarioReport) -> String {
     // `write!` into a String cannot fail.
     let _ = writeln!(
         out,
-        "### core path: {} devices × {} msg/s ({} msg/s offered), {}..{} B, QoS {}, MQTT {}, {} s ({} s ramp)\n",
-        p.devices, p.rate_per_device, p.offered_rate, p.payload_min, p.payload_max, p.qos, p.mqtt, p.duration_s, p.ramp_s
+        "### core path: {} devices × {} msg/s ({} msg/s offered), {}..{} B, QoS {}, MQTT {}, {} s ({} s ramp, steady-state window {} s)\n",
+        p.devices, p.rate_per_device, p.offered_rate, p.payload_min, p.payload_max, p.qos, p.mqtt, p.duration_s, p.ramp_s, p.steady_window_s
     );
     let _ = writeln!(
         out,
