@@ -35,8 +35,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Read buffer growth step.
 const READ_CHUNK: usize = 2 * 1024;
 
-pub async fn run(ctx: Rc<ShardContext>, adopted: Adopted) {
-    let Adopted { stream, peer, connect, buffered, assigned_client_id } = adopted;
+pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
+    // Boxed on purpose: an async fn keeps its arguments for its whole life, and `Adopted`
+    // carries a CONNECT packet that is only needed at the start.
+    let Adopted { stream, peer, connect, buffered, assigned_client_id } = *adopted;
     let stream = match TcpStream::from_std(stream) {
         Ok(s) => s,
         Err(error) => {
@@ -48,9 +50,11 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Adopted) {
     ctx.metrics.connections.add(1);
     let client_id = connect.client_id.clone();
     let (rd, wr) = stream.into_split();
-    let mut conn = Connection::start(ctx.clone(), rd, wr, connect, buffered, assigned_client_id, peer).await;
+    // Cold paths are boxed so their state exists only while they run: the connection task's
+    // future stays small, which is most of an idle connection's memory.
+    let mut conn = Box::pin(Connection::start(ctx.clone(), rd, wr, connect, buffered, assigned_client_id, peer)).await;
     let reason = conn.serve().await;
-    conn.finish(reason).await;
+    Box::pin(conn.finish(reason)).await;
     tracing::debug!(%peer, client_id = %client_id, reason = ?reason, "device connection closed");
     ctx.metrics.connections.sub(1);
     ctx.metrics.close(reason);
@@ -154,7 +158,7 @@ impl Connection {
             rd,
             wr,
             rbuf: buffered,
-            wbuf: BytesMut::with_capacity(1024),
+            wbuf: BytesMut::new(),
             decoder: Decoder::client(version, max_packet),
             acks,
             ack_scratch: Vec::new(),
@@ -232,14 +236,14 @@ impl Connection {
         tokio::pin!(keep_alive_timer);
         // Process anything the device pipelined behind its CONNECT.
         if let Err(Close(reason, code)) = self.process_input().await {
-            return self.close_with(reason, code).await;
+            return Box::pin(self.close_with(reason, code)).await;
         }
         loop {
             if !self.is_current() {
-                return self.close_with(CloseReason::SessionTakenOver, Some(reason::SESSION_TAKEN_OVER)).await;
+                return Box::pin(self.close_with(CloseReason::SessionTakenOver, Some(reason::SESSION_TAKEN_OVER))).await;
             }
             if self.ctx.shutting_down.get() {
-                return self.close_with(CloseReason::Shutdown, Some(reason::SERVER_UNAVAILABLE)).await;
+                return Box::pin(self.close_with(CloseReason::Shutdown, Some(reason::SERVER_UNAVAILABLE))).await;
             }
             self.on_cloud_acks();
             self.take_outbox();
@@ -259,7 +263,12 @@ impl Connection {
                             self.ctx.metrics.bytes_received.add(n as u64);
                             self.last_read = Instant::now();
                             if let Err(Close(reason, code)) = self.process_input().await {
-                                return self.close_with(reason, code).await;
+                                return Box::pin(self.close_with(reason, code)).await;
+                            }
+                            if self.rbuf.is_empty() {
+                                // Release it: its bytes are mostly shared with messages still on
+                                // their way, so the next read allocates afresh anyway.
+                                self.rbuf = BytesMut::new();
                             }
                         }
                         Err(error) => {
@@ -276,7 +285,7 @@ impl Connection {
                     }
                     tracing::info!(client_id = %self.client_id, peer = %self.peer, keep_alive_s = self.keep_alive.as_secs(),
                         "device silent beyond 1.5x its keep-alive; closing");
-                    return self.close_with(CloseReason::KeepAliveTimeout, Some(reason::KEEP_ALIVE_TIMEOUT)).await;
+                    return Box::pin(self.close_with(CloseReason::KeepAliveTimeout, Some(reason::KEEP_ALIVE_TIMEOUT))).await;
                 }
             }
         }
@@ -293,13 +302,19 @@ impl Connection {
                     return Err(Close(CloseReason::ProtocolError, Some(error.reason_code())));
                 }
             };
-            self.handle(packet).await?;
+            // Dispatch before awaiting, so the task's future never holds a whole `Packet`.
+            match packet {
+                Packet::Publish(p) => self.on_publish(p).await?,
+                Packet::Subscribe(s) => Box::pin(self.on_subscribe(s)).await?,
+                Packet::Unsubscribe(u) => Box::pin(self.on_unsubscribe(u)).await?,
+                other => self.handle(other)?,
+            }
         }
     }
 
-    async fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+    /// Packets that need no waiting.
+    fn handle(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
-            Packet::Publish(p) => self.on_publish(p).await,
             Packet::PubAck(r) => {
                 let mut st = self.session.state.borrow_mut();
                 if matches!(st.inflight.get(&r.packet_id), Some((m, OutStage::AwaitingAck)) if m.qos == QoS::AtLeastOnce) {
@@ -341,8 +356,6 @@ impl Connection {
                 self.write(Packet::PubComp(out));
                 Ok(())
             }
-            Packet::Subscribe(s) => self.on_subscribe(s).await,
-            Packet::Unsubscribe(u) => self.on_unsubscribe(u).await,
             Packet::PingReq => {
                 self.write(Packet::PingResp);
                 Ok(())
@@ -548,6 +561,9 @@ impl Connection {
             Ok(Ok(())) => {
                 self.ctx.metrics.bytes_sent.add(n as u64);
                 self.wbuf.clear();
+                if self.wbuf.capacity() > 16 * 1024 {
+                    self.wbuf = BytesMut::new(); // a burst is over; don't keep its buffer
+                }
                 Ok(())
             }
             Ok(Err(error)) => {
@@ -642,10 +658,15 @@ impl Connection {
     }
 }
 
+/// Wait until the socket is readable, then read. The buffer is only grown once there is
+/// something to read, so an idle connection holds no read buffer at all.
 async fn read_more(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> std::io::Result<usize> {
+    rd.readable().await?;
     if buf.capacity() - buf.len() < READ_CHUNK {
         buf.reserve(READ_CHUNK);
     }
+    // `read_buf` (unlike `try_read_buf`) clears the readiness after a short read, saving an
+    // EAGAIN read per message.
     rd.read_buf(buf).await
 }
 

@@ -209,7 +209,7 @@ async fn run(seed: ShardSeed) {
                 Some(ShardCmd::Adopt(adopted)) => {
                     let ctx = ctx.clone();
                     tokio::task::spawn_local(async move {
-                        connection::run(ctx.clone(), *adopted).await;
+                        connection::run(ctx.clone(), adopted).await;
                         ctx.live_connections.fetch_sub(1, Ordering::Relaxed);
                     });
                 }

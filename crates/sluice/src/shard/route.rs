@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use bytestring::ByteString;
 use sluice_proto::mqtt::{Publish, QoS, SubscriptionOptions};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::ack::AckToken;
 use super::metrics::DropReason;
@@ -35,7 +35,7 @@ pub async fn publish(ctx: &Rc<ShardContext>, origin: &ByteString, p: &Publish, a
     deliver_other_shards(ctx, &routed).await;
     if p.retain {
         let msg = RetainedMessage { topic: p.topic.clone(), payload: p.payload.clone(), qos: p.qos, properties: p.properties.clone() };
-        if ctx.control.send(ControlCmd::Retain(msg)).await.is_err() {
+        if Box::pin(ctx.control.send(ControlCmd::Retain(msg))).await.is_err() {
             tracing::debug!("control plane gone; retained message not stored");
         }
     }
@@ -92,12 +92,18 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
     for shard in shards {
         let Some(mailbox) = ctx.mailboxes.get(shard) else { continue };
         ctx.metrics.cross_shard_sent.inc();
-        if routed.qos == QoS::AtMostOnce {
-            if mailbox.try_send(ShardCmd::Deliver(routed.clone())).is_err() {
+        match mailbox.try_send(ShardCmd::Deliver(routed.clone())) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) if routed.qos == QoS::AtMostOnce => {
                 ctx.metrics.count_drop(DropReason::MailboxFull);
             }
-        } else if mailbox.send(ShardCmd::Deliver(routed.clone())).await.is_err() {
-            tracing::debug!(shard, "shard mailbox closed");
+            Err(mpsc::error::TrySendError::Full(cmd)) => {
+                // QoS 1/2 waits for room (back-pressure); boxed, as this is the rare case.
+                if Box::pin(mailbox.send(cmd)).await.is_err() {
+                    tracing::debug!(shard, "shard mailbox closed");
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => tracing::debug!(shard, "shard mailbox closed"),
         }
     }
 }
