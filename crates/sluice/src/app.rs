@@ -28,11 +28,20 @@ use crate::uplink::UplinkMetrics;
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error("cannot listen for devices on {addr}: {source}")]
-    BindDevices { addr: SocketAddr, source: std::io::Error },
+    BindDevices {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot listen for the admin endpoint on {addr}: {source}")]
-    BindAdmin { addr: SocketAddr, source: std::io::Error },
+    BindAdmin {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("uplink {name:?}: {source}")]
-    Uplink { name: String, source: crate::uplink::UplinkError },
+    Uplink {
+        name: String,
+        source: crate::uplink::UplinkError,
+    },
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -49,13 +58,20 @@ pub struct Gateway {
 impl Gateway {
     pub fn build(config: Config) -> Result<Gateway, AppError> {
         let shards = match config.gateway.shards {
-            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            0 => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             n => n,
         };
         let mut uplink_tls = Vec::new();
         for u in &config.uplink {
             let tls = if u.url.tls {
-                Some(crate::uplink::client_tls_config(u).map_err(|source| AppError::Uplink { name: u.name.clone(), source })?)
+                Some(
+                    crate::uplink::client_tls_config(u).map_err(|source| AppError::Uplink {
+                        name: u.name.clone(),
+                        source,
+                    })?,
+                )
             } else {
                 None
             };
@@ -69,7 +85,13 @@ impl Gateway {
         } else {
             None
         };
-        Ok(Gateway { config: Arc::new(config), shards, mqtt, admin, uplink_tls })
+        Ok(Gateway {
+            config: Arc::new(config),
+            shards,
+            mqtt,
+            admin,
+            uplink_tls,
+        })
     }
 
     pub fn mqtt_addr(&self) -> SocketAddr {
@@ -81,7 +103,13 @@ impl Gateway {
     }
 
     pub fn start(self) -> Result<RunningGateway, AppError> {
-        let Gateway { config, shards, mqtt, admin, uplink_tls } = self;
+        let Gateway {
+            config,
+            shards,
+            mqtt,
+            admin,
+            uplink_tls,
+        } = self;
         let mqtt_addr = mqtt.local_addr().unwrap_or(config.mqtt.listen);
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -90,9 +118,18 @@ impl Gateway {
         let (control_tx, control_rx) = mpsc::channel(cap);
         let live = Arc::new(AtomicUsize::new(0));
         let control_metrics = Arc::new(ControlMetrics::default());
-        let shard_metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::new(ShardMetrics::default())).collect();
-        let uplink_metrics: Vec<Vec<Arc<UplinkMetrics>>> =
-            (0..shards).map(|_| config.uplink.iter().map(|_| Arc::new(UplinkMetrics::default())).collect()).collect();
+        let shard_metrics: Vec<Arc<ShardMetrics>> = (0..shards)
+            .map(|_| Arc::new(ShardMetrics::default()))
+            .collect();
+        let uplink_metrics: Vec<Vec<Arc<UplinkMetrics>>> = (0..shards)
+            .map(|_| {
+                config
+                    .uplink
+                    .iter()
+                    .map(|_| Arc::new(UplinkMetrics::default()))
+                    .collect()
+            })
+            .collect();
 
         let (mut txs, mut rxs) = (Vec::new(), Vec::new());
         for _ in 0..shards {
@@ -100,7 +137,11 @@ impl Gateway {
             txs.push(tx);
             rxs.push(rx);
         }
-        let cores = if config.gateway.pin_threads { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let cores = if config.gateway.pin_threads {
+            core_affinity::get_core_ids().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let mut threads = Vec::new();
         for (id, inbox) in rxs.into_iter().enumerate() {
             let seed = ShardSeed {
@@ -115,12 +156,21 @@ impl Gateway {
                 uplink_tls: uplink_tls.clone(),
                 live_connections: live.clone(),
                 shutdown: shutdown_rx.clone(),
-                core: if cores.is_empty() { None } else { Some(cores[id % cores.len()]) },
+                core: if cores.is_empty() {
+                    None
+                } else {
+                    Some(cores[id % cores.len()])
+                },
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
 
-        let plane = ControlPlane::new(shards, config.mqtt.max_retained_messages, snapshot, control_metrics.clone());
+        let plane = ControlPlane::new(
+            shards,
+            config.mqtt.max_retained_messages,
+            snapshot,
+            control_metrics.clone(),
+        );
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),
             uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),
@@ -144,7 +194,10 @@ impl Gateway {
         let control = std::thread::Builder::new()
             .name("sluice-control".into())
             .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
                     Ok(rt) => rt,
                     Err(error) => {
                         tracing::error!(%error, "cannot build the control-plane runtime");
@@ -164,21 +217,34 @@ impl Gateway {
                         match tokio::net::TcpListener::from_std(admin) {
                             Ok(l) => {
                                 let source: Arc<dyn AdminSource> = admin_status;
-                                tokio::task::spawn_local(crate::admin::serve(l, source, control_shutdown.clone()));
+                                tokio::task::spawn_local(crate::admin::serve(
+                                    l,
+                                    source,
+                                    control_shutdown.clone(),
+                                ));
                             }
-                            Err(error) => tracing::error!(%error, "cannot register the admin listener"),
+                            Err(error) => {
+                                tracing::error!(%error, "cannot register the admin listener")
+                            }
                         }
                     }
                     let plane_task = tokio::task::spawn_local(plane.run(control_rx));
                     listener.serve(mqtt, control_shutdown).await;
                     // The plane ends when every shard has dropped its sender.
-                    let _ = tokio::time::timeout(std::time::Duration::from_secs(3), plane_task).await;
+                    let _ =
+                        tokio::time::timeout(std::time::Duration::from_secs(3), plane_task).await;
                 });
             })
             .map_err(AppError::Thread)?;
         threads.push(control);
         tracing::info!(%mqtt_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
-        Ok(RunningGateway { shutdown: shutdown_tx, threads, mqtt_addr, admin_addr, status })
+        Ok(RunningGateway {
+            shutdown: shutdown_tx,
+            threads,
+            mqtt_addr,
+            admin_addr,
+            status,
+        })
     }
 }
 

@@ -52,7 +52,9 @@ fn main() -> ExitCode {
                 eprintln!("cannot read a password from standard input");
                 return ExitCode::FAILURE;
             }
-            match sluice::control::admission::hash_password(line.trim_end_matches(['\r', '\n']).as_bytes()) {
+            match sluice::control::admission::hash_password(
+                line.trim_end_matches(['\r', '\n']).as_bytes(),
+            ) {
                 Ok(h) => {
                     println!("{h}");
                     ExitCode::SUCCESS
@@ -87,7 +89,10 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(error) => {
             eprintln!("sluice: cannot build the signal runtime: {error}");

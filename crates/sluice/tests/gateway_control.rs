@@ -22,7 +22,10 @@ fn expensive_hash(password: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_expensive_logins_does_not_stall_connected_devices() {
     let hash = expensive_hash(b"pw");
-    let gw = gateway(1, &format!("[[mqtt.users]]\nusername = \"slow\"\npassword_hash = \"{hash}\"\n"));
+    let gw = gateway(
+        1,
+        &format!("[[mqtt.users]]\nusername = \"slow\"\npassword_hash = \"{hash}\"\n"),
+    );
     let mut sub = device(&gw, "listener", ProtocolVersion::V311).await;
     sub.subscribe(&[("data", QoS::AtLeastOnce)]).await.unwrap();
     let mut healthy = device(&gw, "healthy", ProtocolVersion::V311).await;
@@ -36,15 +39,23 @@ async fn a_storm_of_expensive_logins_does_not_stall_connected_devices() {
             opts.username = Some("slow".into());
             opts.password = Some(bytes::Bytes::from_static(b"pw"));
             opts.timeout = Duration::from_secs(120);
-            let (_c, ack) = TestClient::connect(addr, opts).await.expect("slow login answered");
+            let (_c, ack) = TestClient::connect(addr, opts)
+                .await
+                .expect("slow login answered");
             assert_eq!(ack.code, 0, "right password admitted");
             Instant::now()
         }));
     }
     // While the admissions hash, the connected device's QoS 1 traffic flows.
     for i in 0..100u32 {
-        healthy.publish("data", i.to_be_bytes().to_vec(), QoS::AtLeastOnce, false).await.unwrap();
-        sub.recv(Duration::from_secs(5)).await.unwrap().expect("delivered during the storm");
+        healthy
+            .publish("data", i.to_be_bytes().to_vec(), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+        sub.recv(Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("delivered during the storm");
     }
     let healthy_done = Instant::now();
     let mut first_admitted = None::<Instant>;
@@ -78,18 +89,35 @@ async fn with_the_cloud_away_memory_stays_bounded_qos0_drops_are_counted_and_qos
         "[gateway]\nshards = 1\npin_threads = false\nmax_buffered = \"128KiB\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"64KiB\"\n[admin]\nenabled = false\n{}",
         cloud.uplink_toml(Some(gate.addr), "")
     );
-    let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap()).unwrap().start().unwrap();
-    let queue_bytes = |gw: &sluice::app::RunningGateway| metric_sum(&gw.metrics_text(), "sluice_uplink_queue_bytes{");
+    let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap())
+        .unwrap()
+        .start()
+        .unwrap();
+    let queue_bytes = |gw: &sluice::app::RunningGateway| {
+        metric_sum(&gw.metrics_text(), "sluice_uplink_queue_bytes{")
+    };
 
     // QoS 0 flood: 1,000 × 1 KiB into a 128 KiB bound.
     let mut q0 = device(&gw, "chatty", ProtocolVersion::V311).await;
     for _ in 0..1000 {
-        q0.publish("t/q0", vec![7u8; 1024], QoS::AtMostOnce, false).await.unwrap();
+        q0.publish("t/q0", vec![7u8; 1024], QoS::AtMostOnce, false)
+            .await
+            .unwrap();
     }
     q0.ping().await.unwrap(); // everything before the ping was processed
     let m = gw.metrics_text();
-    assert!(metric_sum(&m, "sluice_mqtt_dropped_total{shard=\"0\",reason=\"uplink_queue_full\"}") >= 800.0, "{m}");
-    assert!(queue_bytes(&gw) <= 128.0 * 1024.0, "queue over its bound: {}", queue_bytes(&gw));
+    assert!(
+        metric_sum(
+            &m,
+            "sluice_mqtt_dropped_total{shard=\"0\",reason=\"uplink_queue_full\"}"
+        ) >= 800.0,
+        "{m}"
+    );
+    assert!(
+        queue_bytes(&gw) <= 128.0 * 1024.0,
+        "queue over its bound: {}",
+        queue_bytes(&gw)
+    );
 
     // QoS 1 device pipelines 300 × 1 KiB: none acknowledged, memory within the bound.
     let mut q1 = device(&gw, "careful", ProtocolVersion::V311).await;
@@ -98,11 +126,26 @@ async fn with_the_cloud_away_memory_stays_bounded_qos0_drops_are_counted_and_qos
     for i in 0..300u32 {
         let mut p = vec![0u8; 1024];
         p[..4].copy_from_slice(&i.to_be_bytes());
-        ids.push(q1.publish_no_wait("t/q1", p, QoS::AtLeastOnce, false).await.unwrap().unwrap());
+        ids.push(
+            q1.publish_no_wait("t/q1", p, QoS::AtLeastOnce, false)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(q1.recv_packet(Duration::from_millis(200)).await.unwrap().is_none(), "acked without a cloud");
-    assert!(queue_bytes(&gw) <= 128.0 * 1024.0 + 2048.0, "queue over its bound: {}", queue_bytes(&gw));
+    assert!(
+        q1.recv_packet(Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_none(),
+        "acked without a cloud"
+    );
+    assert!(
+        queue_bytes(&gw) <= 128.0 * 1024.0 + 2048.0,
+        "queue over its bound: {}",
+        queue_bytes(&gw)
+    );
 
     // The cloud comes back: every QoS 1 message is delivered and acknowledged, in order.
     let mut sub = cloud.subscriber("sub", "t/q1").await;
@@ -111,15 +154,23 @@ async fn with_the_cloud_away_memory_stays_bounded_qos0_drops_are_counted_and_qos
         assert_eq!(q1.wait_ack(id).await.unwrap(), 0);
     }
     for i in 0..300u32 {
-        let p = sub.recv(Duration::from_secs(10)).await.unwrap().expect("backlog delivered");
+        let p = sub
+            .recv(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("backlog delivered");
         assert_eq!(&p.payload[..4], &i.to_be_bytes());
     }
     tokio::task::block_in_place(|| gw.shutdown());
 }
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("admin connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("admin connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     out
@@ -130,7 +181,9 @@ async fn admin_endpoint_serves_prometheus_metrics_and_json_status() {
     let cloud = Cloud::start();
     let gw = gateway(2, &cloud.uplink_toml(None, ""));
     let mut d = device(&gw, "meter-1", ProtocolVersion::V5).await;
-    d.publish("meters/1", "1", QoS::AtLeastOnce, false).await.unwrap();
+    d.publish("meters/1", "1", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
     let admin = gw.admin_addr.expect("admin enabled");
 
     let metrics = http_get(admin, "/metrics").await;

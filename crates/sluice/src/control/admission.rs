@@ -31,7 +31,9 @@ impl Refusal {
             (Refusal::ClientIdRejected, ProtocolVersion::V5) => reason::CLIENT_IDENTIFIER_NOT_VALID,
             (Refusal::ClientIdRejected, ProtocolVersion::V311) => reason::V3_IDENTIFIER_REJECTED,
             (Refusal::BadCredentials, ProtocolVersion::V5) => reason::BAD_USER_NAME_OR_PASSWORD,
-            (Refusal::BadCredentials, ProtocolVersion::V311) => reason::V3_BAD_USER_NAME_OR_PASSWORD,
+            (Refusal::BadCredentials, ProtocolVersion::V311) => {
+                reason::V3_BAD_USER_NAME_OR_PASSWORD
+            }
             (Refusal::NotAuthorized, ProtocolVersion::V5) => reason::NOT_AUTHORIZED,
             (Refusal::NotAuthorized, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
             (Refusal::BadAuthMethod, ProtocolVersion::V5) => 0x8C,
@@ -55,7 +57,12 @@ impl Admission {
             allow_empty_client_id: cfg.allow_empty_client_id,
             prefixes: cfg.client_id_prefixes.clone(),
             allow_anonymous: cfg.allow_anonymous,
-            users: Arc::new(cfg.users.iter().map(|u| (u.username.clone(), u.password_hash.clone())).collect()),
+            users: Arc::new(
+                cfg.users
+                    .iter()
+                    .map(|u| (u.username.clone(), u.password_hash.clone()))
+                    .collect(),
+            ),
         }
     }
 
@@ -68,7 +75,9 @@ impl Admission {
         let mut assigned = false;
         if connect.client_id.is_empty() {
             // 3.1.1 §3.1.3.1: an empty id requires a clean session.
-            if !self.allow_empty_client_id || (connect.protocol == ProtocolVersion::V311 && !connect.clean_start) {
+            if !self.allow_empty_client_id
+                || (connect.protocol == ProtocolVersion::V311 && !connect.clean_start)
+            {
                 return Err(Refusal::ClientIdRejected);
             }
             connect.client_id = ByteString::from(format!("sluice-{:016x}", rand::random::<u64>()));
@@ -77,7 +86,12 @@ impl Admission {
             if connect.client_id.len() > self.max_client_id_len {
                 return Err(Refusal::ClientIdRejected);
             }
-            if !self.prefixes.is_empty() && !self.prefixes.iter().any(|p| connect.client_id.starts_with(p.as_str())) {
+            if !self.prefixes.is_empty()
+                && !self
+                    .prefixes
+                    .iter()
+                    .any(|p| connect.client_id.starts_with(p.as_str()))
+            {
                 return Err(Refusal::ClientIdRejected);
             }
         }
@@ -90,7 +104,9 @@ impl Admission {
                 Some(hash) => {
                     let hash = hash.clone();
                     let password = connect.password.clone().unwrap_or_default();
-                    let ok = tokio::task::spawn_blocking(move || verify_password(&hash, &password)).await.unwrap_or(false);
+                    let ok = tokio::task::spawn_blocking(move || verify_password(&hash, &password))
+                        .await
+                        .unwrap_or(false);
                     if ok {
                         Ok(assigned)
                     } else {
@@ -106,7 +122,9 @@ impl Admission {
 pub fn verify_password(phc: &str, password: &[u8]) -> bool {
     use argon2::password_hash::{PasswordHash, PasswordVerifier};
     match PasswordHash::new(phc) {
-        Ok(parsed) => argon2::Argon2::default().verify_password(password, &parsed).is_ok(),
+        Ok(parsed) => argon2::Argon2::default()
+            .verify_password(password, &parsed)
+            .is_ok(),
         Err(_) => false,
     }
 }
@@ -115,7 +133,10 @@ pub fn verify_password(phc: &str, password: &[u8]) -> bool {
 pub fn hash_password(password: &[u8]) -> Result<String, String> {
     use argon2::password_hash::{PasswordHasher, SaltString};
     let salt = SaltString::encode_b64(&rand::random::<[u8; 16]>()).map_err(|e| e.to_string())?;
-    argon2::Argon2::default().hash_password(password, &salt).map(|h| h.to_string()).map_err(|e| e.to_string())
+    argon2::Argon2::default()
+        .hash_password(password, &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

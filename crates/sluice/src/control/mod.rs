@@ -43,13 +43,27 @@ pub struct RetainedMessage {
 pub enum ControlCmd {
     /// Filters that now have their first subscriber on `shard` (`add`), and filters whose
     /// matching retained messages the subscriber wants (`retained_for`).
-    Subscribe { shard: usize, add: Vec<ByteString>, retained_for: Vec<ByteString>, reply: oneshot::Sender<Vec<RetainedMessage>> },
+    Subscribe {
+        shard: usize,
+        add: Vec<ByteString>,
+        retained_for: Vec<ByteString>,
+        reply: oneshot::Sender<Vec<RetainedMessage>>,
+    },
     /// Filters that lost their last subscriber on `shard`.
-    Unsubscribe { shard: usize, remove: Vec<ByteString> },
+    Unsubscribe {
+        shard: usize,
+        remove: Vec<ByteString>,
+    },
     /// Store (or, with an empty payload, delete) a retained message.
     Retain(RetainedMessage),
-    DeviceUp { client_id: ByteString, shard: usize },
-    DeviceDown { client_id: ByteString, shard: usize },
+    DeviceUp {
+        client_id: ByteString,
+        shard: usize,
+    },
+    DeviceDown {
+        client_id: ByteString,
+        shard: usize,
+    },
 }
 
 /// Which shards subscribe to which filters, as the data plane reads it.
@@ -74,14 +88,54 @@ pub struct ControlMetrics {
 
 impl ControlMetrics {
     pub fn render(&self, w: &mut PromWriter) {
-        w.counter("sluice_control_admitted_total", "Device connections admitted", &[], self.admitted.get());
-        w.counter("sluice_control_rejected_total", "Device connections rejected by admission (CONNACK with an error code)", &[], self.rejected.get());
-        w.counter("sluice_control_refused_total", "Device connections refused at max_connections", &[], self.refused_over_limit.get());
-        w.counter("sluice_control_handshake_failures_total", "Connections closed before a valid CONNECT (timeout, bad packet)", &[], self.handshake_failures.get());
-        w.counter("sluice_control_snapshot_rebuilds_total", "Subscription snapshots published", &[], self.snapshot_rebuilds.get());
-        w.gauge("sluice_control_retained_messages", "Retained messages stored", &[], self.retained.get());
-        w.counter("sluice_control_retained_refused_total", "Retained messages refused at max_retained_messages", &[], self.retained_refused.get());
-        w.gauge("sluice_control_devices_connected", "Devices connected, all shards", &[], self.devices_connected.get());
+        w.counter(
+            "sluice_control_admitted_total",
+            "Device connections admitted",
+            &[],
+            self.admitted.get(),
+        );
+        w.counter(
+            "sluice_control_rejected_total",
+            "Device connections rejected by admission (CONNACK with an error code)",
+            &[],
+            self.rejected.get(),
+        );
+        w.counter(
+            "sluice_control_refused_total",
+            "Device connections refused at max_connections",
+            &[],
+            self.refused_over_limit.get(),
+        );
+        w.counter(
+            "sluice_control_handshake_failures_total",
+            "Connections closed before a valid CONNECT (timeout, bad packet)",
+            &[],
+            self.handshake_failures.get(),
+        );
+        w.counter(
+            "sluice_control_snapshot_rebuilds_total",
+            "Subscription snapshots published",
+            &[],
+            self.snapshot_rebuilds.get(),
+        );
+        w.gauge(
+            "sluice_control_retained_messages",
+            "Retained messages stored",
+            &[],
+            self.retained.get(),
+        );
+        w.counter(
+            "sluice_control_retained_refused_total",
+            "Retained messages refused at max_retained_messages",
+            &[],
+            self.retained_refused.get(),
+        );
+        w.gauge(
+            "sluice_control_devices_connected",
+            "Devices connected, all shards",
+            &[],
+            self.devices_connected.get(),
+        );
     }
 }
 
@@ -97,7 +151,12 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub fn new(shards: usize, max_retained: usize, snapshot: SharedSnapshot, metrics: Arc<ControlMetrics>) -> ControlPlane {
+    pub fn new(
+        shards: usize,
+        max_retained: usize,
+        snapshot: SharedSnapshot,
+        metrics: Arc<ControlMetrics>,
+    ) -> ControlPlane {
         ControlPlane {
             shard_filters: HashMap::new(),
             retained: HashMap::new(),
@@ -122,9 +181,18 @@ impl ControlPlane {
             let mut replies = Vec::new();
             for cmd in batch.drain(..) {
                 match cmd {
-                    ControlCmd::Subscribe { shard, add, retained_for, reply } => {
+                    ControlCmd::Subscribe {
+                        shard,
+                        add,
+                        retained_for,
+                        reply,
+                    } => {
                         for f in add {
-                            changed |= self.shard_filters.entry(f).or_default().insert(shard as u16);
+                            changed |= self
+                                .shard_filters
+                                .entry(f)
+                                .or_default()
+                                .insert(shard as u16);
                         }
                         let retained = self.retained_matching(&retained_for);
                         replies.push((reply, retained));
@@ -180,7 +248,9 @@ impl ControlPlane {
     fn retain(&mut self, msg: RetainedMessage) {
         if msg.payload.is_empty() {
             self.retained.remove(&msg.topic);
-        } else if self.retained.len() >= self.max_retained && !self.retained.contains_key(&msg.topic) {
+        } else if self.retained.len() >= self.max_retained
+            && !self.retained.contains_key(&msg.topic)
+        {
             self.metrics.retained_refused.inc();
             tracing::warn!(topic = %msg.topic, max = self.max_retained, "retained store full; message not retained");
         } else {

@@ -118,9 +118,14 @@ impl MqttListener {
                 tracing::info!(%peer, client_id = %connect.client_id, reason = %refusal, "device refused");
                 self.metrics.rejected.inc();
                 let mut out = BytesMut::new();
-                let ack = ConnAck { session_present: false, code: refusal.connack_code(version), properties: Properties::default() };
+                let ack = ConnAck {
+                    session_present: false,
+                    code: refusal.connack_code(version),
+                    properties: Properties::default(),
+                };
                 if encode(&Packet::ConnAck(ack), version, &mut out).is_ok() {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&out)).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), stream.write_all(&out)).await;
                 }
                 let _ = stream.shutdown().await;
                 return false;
@@ -135,8 +140,18 @@ impl MqttListener {
                 return false;
             }
         };
-        let adopted = Adopted { stream: std_stream, peer, connect, buffered: buf, assigned_client_id: assigned };
-        if self.shards[shard].send(ShardCmd::Adopt(Box::new(adopted))).await.is_err() {
+        let adopted = Adopted {
+            stream: std_stream,
+            peer,
+            connect,
+            buffered: buf,
+            assigned_client_id: assigned,
+        };
+        if self.shards[shard]
+            .send(ShardCmd::Adopt(Box::new(adopted)))
+            .await
+            .is_err()
+        {
             tracing::warn!(shard, "shard is gone; dropping device connection");
             return false;
         }

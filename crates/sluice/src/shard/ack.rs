@@ -28,7 +28,10 @@ impl DeviceAcks {
     }
     /// Acks that wake `notify` when ready.
     pub fn with_notify(notify: Rc<Notify>) -> Rc<DeviceAcks> {
-        Rc::new(DeviceAcks { ready: RefCell::default(), notify })
+        Rc::new(DeviceAcks {
+            ready: RefCell::default(),
+            notify,
+        })
     }
     /// Take every packet id that is ready to be acknowledged, in completion order.
     pub fn drain_into(&self, out: &mut Vec<u16>) {

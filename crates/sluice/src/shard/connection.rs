@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{
-    encode, reason, topic, ConnAck, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS,
-    SubAck, Subscribe, UnsubAck, Unsubscribe, Will,
+    encode, reason, topic, ConnAck, Decoder, Disconnect, Packet, Properties, ProtocolVersion,
+    PubResponse, Publish, QoS, SubAck, Subscribe, UnsubAck, Unsubscribe, Will,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -38,7 +38,13 @@ const READ_CHUNK: usize = 2 * 1024;
 pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     // Boxed on purpose: an async fn keeps its arguments for its whole life, and `Adopted`
     // carries a CONNECT packet that is only needed at the start.
-    let Adopted { stream, peer, connect, buffered, assigned_client_id } = *adopted;
+    let Adopted {
+        stream,
+        peer,
+        connect,
+        buffered,
+        assigned_client_id,
+    } = *adopted;
     let stream = match TcpStream::from_std(stream) {
         Ok(s) => s,
         Err(error) => {
@@ -52,7 +58,16 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     let (rd, wr) = stream.into_split();
     // Cold paths are boxed so their state exists only while they run: the connection task's
     // future stays small, which is most of an idle connection's memory.
-    let mut conn = Box::pin(Connection::start(ctx.clone(), rd, wr, connect, buffered, assigned_client_id, peer)).await;
+    let mut conn = Box::pin(Connection::start(
+        ctx.clone(),
+        rd,
+        wr,
+        connect,
+        buffered,
+        assigned_client_id,
+        peer,
+    ))
+    .await;
     let reason = conn.serve().await;
     Box::pin(conn.finish(reason)).await;
     tracing::debug!(%peer, client_id = %client_id, reason = ?reason, "device connection closed");
@@ -144,7 +159,10 @@ impl Connection {
             st.connected = true;
             st.expiry = expiry;
         }
-        let _ = ctx.control.try_send(crate::control::ControlCmd::DeviceUp { client_id: client_id.clone(), shard: ctx.id });
+        let _ = ctx.control.try_send(crate::control::ControlCmd::DeviceUp {
+            client_id: client_id.clone(),
+            shard: ctx.id,
+        });
 
         let max_packet = cfg.max_packet_size.0.min(u32::MAX as u64) as usize;
         let acks = DeviceAcks::with_notify(session.notify.clone());
@@ -168,7 +186,11 @@ impl Connection {
             keep_alive: Duration::from_secs(connect.keep_alive as u64),
             last_read: Instant::now(),
             will: connect.will.clone(),
-            device_receive_max: connect.properties.receive_maximum.unwrap_or(u16::MAX).max(1),
+            device_receive_max: connect
+                .properties
+                .receive_maximum
+                .unwrap_or(u16::MAX)
+                .max(1),
             device_max_packet: connect.properties.maximum_packet_size,
         };
 
@@ -189,14 +211,20 @@ impl Connection {
                 props.session_expiry_interval = Some(expiry.as_secs() as u32);
             }
         }
-        conn.write(Packet::ConnAck(ConnAck { session_present, code: reason::SUCCESS, properties: props }));
+        conn.write(Packet::ConnAck(ConnAck {
+            session_present,
+            code: reason::SUCCESS,
+            properties: props,
+        }));
         conn.resend_inflight();
         conn
     }
 
     fn new_session(ctx: &ShardContext, client_id: &ByteString) -> Rc<Session> {
         let s = Session::new(client_id.clone(), ctx.config.mqtt.max_queued_messages);
-        ctx.sessions.borrow_mut().insert(client_id.clone(), s.clone());
+        ctx.sessions
+            .borrow_mut()
+            .insert(client_id.clone(), s.clone());
         ctx.metrics.sessions.add(1);
         s
     }
@@ -213,8 +241,14 @@ impl Connection {
 
     /// Resend QoS 1/2 messages the device had not acknowledged when it last disconnected.
     fn resend_inflight(&mut self) {
-        let inflight: Vec<(u16, OutMessage, OutStage)> =
-            self.session.state.borrow().inflight.iter().map(|(id, (m, s))| (*id, m.clone(), *s)).collect();
+        let inflight: Vec<(u16, OutMessage, OutStage)> = self
+            .session
+            .state
+            .borrow()
+            .inflight
+            .iter()
+            .map(|(id, (m, s))| (*id, m.clone(), *s))
+            .collect();
         for (id, msg, stage) in inflight {
             match stage {
                 OutStage::AwaitingAck => {
@@ -240,10 +274,17 @@ impl Connection {
         }
         loop {
             if !self.is_current() {
-                return Box::pin(self.close_with(CloseReason::SessionTakenOver, Some(reason::SESSION_TAKEN_OVER))).await;
+                return Box::pin(self.close_with(
+                    CloseReason::SessionTakenOver,
+                    Some(reason::SESSION_TAKEN_OVER),
+                ))
+                .await;
             }
             if self.ctx.shutting_down.get() {
-                return Box::pin(self.close_with(CloseReason::Shutdown, Some(reason::SERVER_UNAVAILABLE))).await;
+                return Box::pin(
+                    self.close_with(CloseReason::Shutdown, Some(reason::SERVER_UNAVAILABLE)),
+                )
+                .await;
             }
             self.on_cloud_acks();
             self.take_outbox();
@@ -317,7 +358,8 @@ impl Connection {
         match packet {
             Packet::PubAck(r) => {
                 let mut st = self.session.state.borrow_mut();
-                if matches!(st.inflight.get(&r.packet_id), Some((m, OutStage::AwaitingAck)) if m.qos == QoS::AtLeastOnce) {
+                if matches!(st.inflight.get(&r.packet_id), Some((m, OutStage::AwaitingAck)) if m.qos == QoS::AtLeastOnce)
+                {
                     st.inflight.remove(&r.packet_id);
                 }
                 Ok(())
@@ -344,7 +386,11 @@ impl Connection {
                 Ok(())
             }
             Packet::PubComp(r) => {
-                self.session.state.borrow_mut().inflight.remove(&r.packet_id);
+                self.session
+                    .state
+                    .borrow_mut()
+                    .inflight
+                    .remove(&r.packet_id);
                 Ok(())
             }
             Packet::PubRel(r) => {
@@ -366,14 +412,18 @@ impl Connection {
                 }
                 if let Some(expiry) = d.properties.session_expiry_interval {
                     let max = self.ctx.config.mqtt.session_expiry_max;
-                    self.session.state.borrow_mut().expiry = Duration::from_secs(expiry as u64).min(max);
+                    self.session.state.borrow_mut().expiry =
+                        Duration::from_secs(expiry as u64).min(max);
                 }
                 Err(Close(CloseReason::ClientDisconnect, None))
             }
             other => {
                 tracing::warn!(client_id = %self.client_id, peer = %self.peer, packet = other.name(),
                     "device sent a packet a client may not send here; closing its connection");
-                Err(Close(CloseReason::ProtocolError, Some(reason::PROTOCOL_ERROR)))
+                Err(Close(
+                    CloseReason::ProtocolError,
+                    Some(reason::PROTOCOL_ERROR),
+                ))
             }
         }
     }
@@ -384,14 +434,20 @@ impl Connection {
         if let Some(alias) = p.properties.as_ref().and_then(|pr| pr.topic_alias) {
             if alias == 0 || alias > self.ctx.config.mqtt.topic_alias_maximum {
                 tracing::warn!(client_id = %self.client_id, alias, "device used a topic alias out of range; closing");
-                return Err(Close(CloseReason::ProtocolError, Some(reason::TOPIC_ALIAS_INVALID)));
+                return Err(Close(
+                    CloseReason::ProtocolError,
+                    Some(reason::TOPIC_ALIAS_INVALID),
+                ));
             }
             if p.topic.is_empty() {
                 match self.aliases.get(&alias) {
                     Some(t) => p.topic = t.clone(),
                     None => {
                         tracing::warn!(client_id = %self.client_id, alias, "device used an unknown topic alias; closing");
-                        return Err(Close(CloseReason::ProtocolError, Some(reason::PROTOCOL_ERROR)));
+                        return Err(Close(
+                            CloseReason::ProtocolError,
+                            Some(reason::PROTOCOL_ERROR),
+                        ));
                     }
                 }
             } else {
@@ -406,14 +462,21 @@ impl Connection {
         }
         if !topic::valid_topic_name(&p.topic) {
             tracing::warn!(client_id = %self.client_id, topic = %p.topic, "device published to an invalid topic name; closing");
-            return Err(Close(CloseReason::ProtocolError, Some(reason::TOPIC_NAME_INVALID)));
+            return Err(Close(
+                CloseReason::ProtocolError,
+                Some(reason::TOPIC_NAME_INVALID),
+            ));
         }
         self.ctx.metrics.messages_received.inc();
         let ack = match (p.qos, p.packet_id) {
             (QoS::AtMostOnce, _) => None,
             (qos, Some(id)) => {
                 if qos == QoS::ExactlyOnce
-                    && (self.awaiting_rel.contains(&id) || self.pending.iter().any(|a| a.packet_id == id && a.kind == AckKind::PubRec))
+                    && (self.awaiting_rel.contains(&id)
+                        || self
+                            .pending
+                            .iter()
+                            .any(|a| a.packet_id == id && a.kind == AckKind::PubRec))
                 {
                     // A resent QoS 2 message we already took: acknowledge again, never forward twice.
                     if self.awaiting_rel.contains(&id) {
@@ -421,15 +484,33 @@ impl Connection {
                     }
                     return Ok(());
                 }
-                if self.version == ProtocolVersion::V5 && self.pending.len() >= self.ctx.config.mqtt.receive_maximum as usize {
+                if self.version == ProtocolVersion::V5
+                    && self.pending.len() >= self.ctx.config.mqtt.receive_maximum as usize
+                {
                     tracing::warn!(client_id = %self.client_id, "device exceeded the receive maximum; closing");
-                    return Err(Close(CloseReason::ProtocolError, Some(reason::RECEIVE_MAXIMUM_EXCEEDED)));
+                    return Err(Close(
+                        CloseReason::ProtocolError,
+                        Some(reason::RECEIVE_MAXIMUM_EXCEEDED),
+                    ));
                 }
-                let kind = if qos == QoS::AtLeastOnce { AckKind::PubAck } else { AckKind::PubRec };
-                self.pending.push_back(PendingAck { packet_id: id, kind, done: false });
+                let kind = if qos == QoS::AtLeastOnce {
+                    AckKind::PubAck
+                } else {
+                    AckKind::PubRec
+                };
+                self.pending.push_back(PendingAck {
+                    packet_id: id,
+                    kind,
+                    done: false,
+                });
                 Some(AckToken::new(&self.acks, id))
             }
-            (_, None) => return Err(Close(CloseReason::ProtocolError, Some(reason::PROTOCOL_ERROR))),
+            (_, None) => {
+                return Err(Close(
+                    CloseReason::ProtocolError,
+                    Some(reason::PROTOCOL_ERROR),
+                ))
+            }
         };
         route::publish(&self.ctx, &self.client_id, &p, ack, received_at).await;
         Ok(())
@@ -445,12 +526,18 @@ impl Connection {
             return;
         }
         for id in ready.drain(..) {
-            if let Some(a) = self.pending.iter_mut().find(|a| a.packet_id == id && !a.done) {
+            if let Some(a) = self
+                .pending
+                .iter_mut()
+                .find(|a| a.packet_id == id && !a.done)
+            {
                 a.done = true;
             }
         }
         while self.pending.front().is_some_and(|a| a.done) {
-            let Some(a) = self.pending.pop_front() else { break };
+            let Some(a) = self.pending.pop_front() else {
+                break;
+            };
             match a.kind {
                 AckKind::PubAck => self.write(Packet::PubAck(resp(a.packet_id))),
                 AckKind::PubRec => {
@@ -482,7 +569,11 @@ impl Connection {
             }
         }
         let retained = route::subscribe(&self.ctx, &self.session, &accepted).await;
-        self.write(Packet::SubAck(SubAck { packet_id: s.packet_id, codes, properties: Properties::default() }));
+        self.write(Packet::SubAck(SubAck {
+            packet_id: s.packet_id,
+            codes,
+            properties: Properties::default(),
+        }));
         for m in retained {
             let granted = accepted
                 .iter()
@@ -490,7 +581,13 @@ impl Connection {
                 .map(|(_, o, _)| o.qos)
                 .max()
                 .unwrap_or(QoS::AtMostOnce);
-            let msg = OutMessage { topic: m.topic, payload: m.payload, qos: m.qos.min(granted), retain: true, properties: m.properties };
+            let msg = OutMessage {
+                topic: m.topic,
+                payload: m.payload,
+                qos: m.qos.min(granted),
+                retain: true,
+                properties: m.properties,
+            };
             if self.session.enqueue(msg).is_err() {
                 self.ctx.metrics.count_drop(DropReason::SessionQueueFull);
             }
@@ -502,12 +599,20 @@ impl Connection {
         let mut codes = Vec::with_capacity(u.filters.len());
         for f in &u.filters {
             let existed = route::unsubscribe(&self.ctx, &self.session, f).await;
-            codes.push(if existed { reason::SUCCESS } else { reason::NO_SUBSCRIPTION_EXISTED });
+            codes.push(if existed {
+                reason::SUCCESS
+            } else {
+                reason::NO_SUBSCRIPTION_EXISTED
+            });
         }
         if self.version == ProtocolVersion::V311 {
             codes.clear();
         }
-        self.write(Packet::UnsubAck(UnsubAck { packet_id: u.packet_id, codes, properties: Properties::default() }));
+        self.write(Packet::UnsubAck(UnsubAck {
+            packet_id: u.packet_id,
+            codes,
+            properties: Properties::default(),
+        }));
         Ok(())
     }
 
@@ -516,15 +621,25 @@ impl Connection {
         if !self.is_current() {
             return;
         }
-        let window = (self.ctx.config.mqtt.max_inflight_out.min(self.device_receive_max)).max(1) as usize;
+        let window = (self
+            .ctx
+            .config
+            .mqtt
+            .max_inflight_out
+            .min(self.device_receive_max))
+        .max(1) as usize;
         loop {
             let (msg, id) = {
                 let mut st = self.session.state.borrow_mut();
-                let Some(front) = st.outbox.front() else { break };
+                let Some(front) = st.outbox.front() else {
+                    break;
+                };
                 if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
                     break;
                 }
-                let Some(msg) = st.outbox.pop_front() else { break };
+                let Some(msg) = st.outbox.pop_front() else {
+                    break;
+                };
                 let id = if msg.qos == QoS::AtMostOnce {
                     None
                 } else {
@@ -540,7 +655,10 @@ impl Connection {
             let before = self.wbuf.len();
             self.write(Packet::Publish(publish_packet(&msg, id, false)));
             let size = self.wbuf.len() - before;
-            if self.device_max_packet.is_some_and(|max| size > max as usize) {
+            if self
+                .device_max_packet
+                .is_some_and(|max| size > max as usize)
+            {
                 self.wbuf.truncate(before);
                 if let Some(id) = id {
                     self.session.state.borrow_mut().inflight.remove(&id);
@@ -579,7 +697,10 @@ impl Connection {
 
     async fn close_with(&mut self, reason: CloseReason, code: Option<u8>) -> CloseReason {
         if let (ProtocolVersion::V5, Some(code)) = (self.version, code) {
-            self.write(Packet::Disconnect(Disconnect { reason: code, properties: Properties::default() }));
+            self.write(Packet::Disconnect(Disconnect {
+                reason: code,
+                properties: Properties::default(),
+            }));
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             let _ = self.wr.write_all(&self.wbuf).await;
@@ -600,7 +721,13 @@ impl Connection {
         if !self.is_current() {
             return; // taken over: the session belongs to the new connection now
         }
-        let _ = self.ctx.control.try_send(crate::control::ControlCmd::DeviceDown { client_id: self.client_id.clone(), shard: self.ctx.id });
+        let _ = self
+            .ctx
+            .control
+            .try_send(crate::control::ControlCmd::DeviceDown {
+                client_id: self.client_id.clone(),
+                shard: self.ctx.id,
+            });
         let expiry = {
             let mut st = self.session.state.borrow_mut();
             st.connected = false;
@@ -629,7 +756,11 @@ impl Connection {
         } else {
             let mut p = will.properties.clone();
             p.will_delay_interval = None;
-            if p.is_empty() { None } else { Some(Box::new(p)) }
+            if p.is_empty() {
+                None
+            } else {
+                Some(Box::new(p))
+            }
         };
         let p = Publish {
             dup: false,
@@ -671,7 +802,11 @@ async fn read_more(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> std::io::Resul
 }
 
 fn resp(packet_id: u16) -> PubResponse {
-    PubResponse { packet_id, reason: reason::SUCCESS, properties: None }
+    PubResponse {
+        packet_id,
+        reason: reason::SUCCESS,
+        properties: None,
+    }
 }
 
 fn publish_packet(msg: &OutMessage, packet_id: Option<u16>, dup: bool) -> Publish {

@@ -43,7 +43,10 @@ mod tests {
     fn matches_published_one_at_a_time_vectors() {
         // Reference values of Jenkins' one-at-a-time hash.
         assert_eq!(jenkins_one_at_a_time(b"a"), 0xca2e9442);
-        assert_eq!(jenkins_one_at_a_time(b"The quick brown fox jumps over the lazy dog"), 0x519e91f5);
+        assert_eq!(
+            jenkins_one_at_a_time(b"The quick brown fox jumps over the lazy dog"),
+            0x519e91f5
+        );
         assert_eq!(jenkins_one_at_a_time(b""), 0);
     }
 

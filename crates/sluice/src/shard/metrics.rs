@@ -75,16 +75,66 @@ impl ShardMetrics {
 
     pub fn render(&self, w: &mut PromWriter, shard: &str) {
         let l = [("shard", shard)];
-        w.gauge("sluice_mqtt_connections", "Device connections open", &l, self.connections.get());
-        w.gauge("sluice_mqtt_sessions", "Device sessions held (connected or persistent)", &l, self.sessions.get());
-        w.gauge("sluice_mqtt_subscriptions", "Device subscriptions held", &l, self.subscriptions.get());
-        w.counter("sluice_mqtt_messages_received_total", "PUBLISH packets received from devices", &l, self.messages_received.get());
-        w.counter("sluice_mqtt_received_bytes_total", "Bytes read from device connections", &l, self.bytes_received.get());
-        w.counter("sluice_mqtt_messages_delivered_total", "PUBLISH packets written to devices", &l, self.messages_delivered.get());
-        w.counter("sluice_mqtt_sent_bytes_total", "Bytes written to device connections", &l, self.bytes_sent.get());
-        w.counter("sluice_mqtt_messages_forwarded_total", "Device messages handed to an uplink", &l, self.messages_forwarded.get());
-        w.counter("sluice_shard_cross_sent_total", "Messages sent to other shards' subscribers", &l, self.cross_shard_sent.get());
-        w.counter("sluice_shard_cross_received_total", "Messages received from other shards", &l, self.cross_shard_received.get());
+        w.gauge(
+            "sluice_mqtt_connections",
+            "Device connections open",
+            &l,
+            self.connections.get(),
+        );
+        w.gauge(
+            "sluice_mqtt_sessions",
+            "Device sessions held (connected or persistent)",
+            &l,
+            self.sessions.get(),
+        );
+        w.gauge(
+            "sluice_mqtt_subscriptions",
+            "Device subscriptions held",
+            &l,
+            self.subscriptions.get(),
+        );
+        w.counter(
+            "sluice_mqtt_messages_received_total",
+            "PUBLISH packets received from devices",
+            &l,
+            self.messages_received.get(),
+        );
+        w.counter(
+            "sluice_mqtt_received_bytes_total",
+            "Bytes read from device connections",
+            &l,
+            self.bytes_received.get(),
+        );
+        w.counter(
+            "sluice_mqtt_messages_delivered_total",
+            "PUBLISH packets written to devices",
+            &l,
+            self.messages_delivered.get(),
+        );
+        w.counter(
+            "sluice_mqtt_sent_bytes_total",
+            "Bytes written to device connections",
+            &l,
+            self.bytes_sent.get(),
+        );
+        w.counter(
+            "sluice_mqtt_messages_forwarded_total",
+            "Device messages handed to an uplink",
+            &l,
+            self.messages_forwarded.get(),
+        );
+        w.counter(
+            "sluice_shard_cross_sent_total",
+            "Messages sent to other shards' subscribers",
+            &l,
+            self.cross_shard_sent.get(),
+        );
+        w.counter(
+            "sluice_shard_cross_received_total",
+            "Messages received from other shards",
+            &l,
+            self.cross_shard_received.get(),
+        );
         for (reason, name) in DROP_REASONS {
             w.counter(
                 "sluice_mqtt_dropped_total",

@@ -125,28 +125,47 @@ pub struct ShardSeed {
 
 /// Start a shard thread.
 pub fn spawn(seed: ShardSeed) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name(format!("sluice-shard-{}", seed.id)).spawn(move || {
-        if let Some(core) = seed.core {
-            if !core_affinity::set_for_current(core) {
-                tracing::warn!(shard = seed.id, core = core.id, "could not pin shard thread to its core");
+    std::thread::Builder::new()
+        .name(format!("sluice-shard-{}", seed.id))
+        .spawn(move || {
+            if let Some(core) = seed.core {
+                if !core_affinity::set_for_current(core) {
+                    tracing::warn!(
+                        shard = seed.id,
+                        core = core.id,
+                        "could not pin shard thread to its core"
+                    );
+                }
             }
-        }
-        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt,
-            Err(error) => {
-                tracing::error!(shard = seed.id, %error, "cannot build the shard runtime");
-                return;
-            }
-        };
-        let local = tokio::task::LocalSet::new();
-        local.block_on(&rt, run(seed));
-    })
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(error) => {
+                    tracing::error!(shard = seed.id, %error, "cannot build the shard runtime");
+                    return;
+                }
+            };
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, run(seed));
+        })
 }
 
 async fn run(seed: ShardSeed) {
     let ShardSeed {
-        id, config, mailboxes, mut inbox, control, snapshot, metrics, uplink_metrics, uplink_tls,
-        live_connections, mut shutdown, ..
+        id,
+        config,
+        mailboxes,
+        mut inbox,
+        control,
+        snapshot,
+        metrics,
+        uplink_metrics,
+        uplink_tls,
+        live_connections,
+        mut shutdown,
+        ..
     } = seed;
     let shards = mailboxes.len().max(1);
     let per_uplink_bytes = if config.uplink.is_empty() {
@@ -158,7 +177,13 @@ async fn run(seed: ShardSeed) {
         .uplink
         .iter()
         .enumerate()
-        .map(|(i, u)| ShardUplink { route: UplinkRoute::new(u), queue: Rc::new(UplinkQueue::with_metrics(per_uplink_bytes as usize, uplink_metrics[i].clone())) })
+        .map(|(i, u)| ShardUplink {
+            route: UplinkRoute::new(u),
+            queue: Rc::new(UplinkQueue::with_metrics(
+                per_uplink_bytes as usize,
+                uplink_metrics[i].clone(),
+            )),
+        })
         .collect();
     let ctx = Rc::new(ShardContext {
         id,
@@ -182,14 +207,17 @@ async fn run(seed: ShardSeed) {
     for (i, ucfg) in config.uplink.iter().enumerate() {
         let downlink_ctx = ctx.clone();
         let downlink: Rc<dyn Fn(sluice_proto::mqtt::Publish)> = Rc::new(move |p| {
-            route::deliver_local(&downlink_ctx, &Routed {
-                origin: ByteString::from_static(""),
-                topic: p.topic,
-                payload: p.payload,
-                qos: p.qos,
-                retain: false,
-                properties: p.properties,
-            });
+            route::deliver_local(
+                &downlink_ctx,
+                &Routed {
+                    origin: ByteString::from_static(""),
+                    topic: p.topic,
+                    payload: p.payload,
+                    qos: p.qos,
+                    retain: false,
+                    properties: p.properties,
+                },
+            );
         });
         uplink_tasks.push(crate::uplink::spawn(
             id,

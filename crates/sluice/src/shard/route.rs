@@ -22,7 +22,13 @@ use crate::uplink::UplinkMessage;
 
 /// Route a device's PUBLISH. Waits (back-pressure) only where a bound is reached for a QoS
 /// 1/2 message; QoS 0 messages are dropped and counted instead.
-pub async fn publish(ctx: &Rc<ShardContext>, origin: &ByteString, p: &Publish, ack: Option<AckToken>, received_at: std::time::Instant) {
+pub async fn publish(
+    ctx: &Rc<ShardContext>,
+    origin: &ByteString,
+    p: &Publish,
+    ack: Option<AckToken>,
+    received_at: std::time::Instant,
+) {
     let routed = Routed {
         origin: origin.clone(),
         topic: p.topic.clone(),
@@ -34,8 +40,16 @@ pub async fn publish(ctx: &Rc<ShardContext>, origin: &ByteString, p: &Publish, a
     deliver_local(ctx, &routed);
     deliver_other_shards(ctx, &routed).await;
     if p.retain {
-        let msg = RetainedMessage { topic: p.topic.clone(), payload: p.payload.clone(), qos: p.qos, properties: p.properties.clone() };
-        if Box::pin(ctx.control.send(ControlCmd::Retain(msg))).await.is_err() {
+        let msg = RetainedMessage {
+            topic: p.topic.clone(),
+            payload: p.payload.clone(),
+            qos: p.qos,
+            properties: p.properties.clone(),
+        };
+        if Box::pin(ctx.control.send(ControlCmd::Retain(msg)))
+            .await
+            .is_err()
+        {
             tracing::debug!("control plane gone; retained message not stored");
         }
     }
@@ -47,7 +61,11 @@ pub async fn publish(ctx: &Rc<ShardContext>, origin: &ByteString, p: &Publish, a
             device: origin.clone(),
             topic: p.topic.clone(),
             payload: p.payload.clone(),
-            qos: if p.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce },
+            qos: if p.qos == QoS::AtMostOnce {
+                QoS::AtMostOnce
+            } else {
+                QoS::AtLeastOnce
+            },
             retain: p.retain,
             received_at,
             ack: ack.as_ref().map(AckToken::share),
@@ -88,9 +106,13 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
         }
     });
     drop(snapshot);
-    let shards = (0..128usize).filter(|s| targets & (1 << s) != 0).chain(extra);
+    let shards = (0..128usize)
+        .filter(|s| targets & (1 << s) != 0)
+        .chain(extra);
     for shard in shards {
-        let Some(mailbox) = ctx.mailboxes.get(shard) else { continue };
+        let Some(mailbox) = ctx.mailboxes.get(shard) else {
+            continue;
+        };
         ctx.metrics.cross_shard_sent.inc();
         match mailbox.try_send(ShardCmd::Deliver(routed.clone())) {
             Ok(()) => {}
@@ -103,7 +125,9 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
                     tracing::debug!(shard, "shard mailbox closed");
                 }
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => tracing::debug!(shard, "shard mailbox closed"),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::debug!(shard, "shard mailbox closed")
+            }
         }
     }
 }
@@ -156,8 +180,19 @@ pub async fn subscribe(
     let mut add = Vec::new();
     let mut retained_for = Vec::new();
     for (filter, options, want_retained) in filters {
-        let existed = session.state.borrow_mut().subscriptions.insert(filter.clone(), *options).is_some();
-        ctx.subs.borrow_mut().insert(filter, LocalSub { session: session.clone(), options: *options });
+        let existed = session
+            .state
+            .borrow_mut()
+            .subscriptions
+            .insert(filter.clone(), *options)
+            .is_some();
+        ctx.subs.borrow_mut().insert(
+            filter,
+            LocalSub {
+                session: session.clone(),
+                options: *options,
+            },
+        );
         if !existed {
             ctx.metrics.subscriptions.add(1);
             let mut refs = ctx.filter_refs.borrow_mut();
@@ -181,7 +216,12 @@ pub async fn subscribe(
         return Vec::new();
     }
     let (tx, rx) = oneshot::channel();
-    let cmd = ControlCmd::Subscribe { shard: ctx.id, add, retained_for, reply: tx };
+    let cmd = ControlCmd::Subscribe {
+        shard: ctx.id,
+        add,
+        retained_for,
+        reply: tx,
+    };
     if ctx.control.send(cmd).await.is_err() {
         return Vec::new();
     }
@@ -189,12 +229,23 @@ pub async fn subscribe(
 }
 
 /// Remove a session's subscription; returns whether it existed.
-pub async fn unsubscribe(ctx: &Rc<ShardContext>, session: &Rc<Session>, filter: &ByteString) -> bool {
-    let existed = session.state.borrow_mut().subscriptions.remove(filter).is_some();
+pub async fn unsubscribe(
+    ctx: &Rc<ShardContext>,
+    session: &Rc<Session>,
+    filter: &ByteString,
+) -> bool {
+    let existed = session
+        .state
+        .borrow_mut()
+        .subscriptions
+        .remove(filter)
+        .is_some();
     if !existed {
         return false;
     }
-    ctx.subs.borrow_mut().remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
+    ctx.subs
+        .borrow_mut()
+        .remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
     ctx.metrics.subscriptions.sub(1);
     let gone = {
         let mut refs = ctx.filter_refs.borrow_mut();
@@ -211,14 +262,26 @@ pub async fn unsubscribe(ctx: &Rc<ShardContext>, session: &Rc<Session>, filter: 
         }
     };
     if gone {
-        let _ = ctx.control.send(ControlCmd::Unsubscribe { shard: ctx.id, remove: vec![filter.clone()] }).await;
+        let _ = ctx
+            .control
+            .send(ControlCmd::Unsubscribe {
+                shard: ctx.id,
+                remove: vec![filter.clone()],
+            })
+            .await;
     }
     true
 }
 
 /// End a session: drop its subscriptions and forget it.
 pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
-    let filters: Vec<ByteString> = session.state.borrow().subscriptions.keys().cloned().collect();
+    let filters: Vec<ByteString> = session
+        .state
+        .borrow()
+        .subscriptions
+        .keys()
+        .cloned()
+        .collect();
     for f in &filters {
         unsubscribe(ctx, session, f).await;
     }

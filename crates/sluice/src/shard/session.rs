@@ -130,7 +130,13 @@ mod tests {
     use super::*;
 
     fn msg(qos: QoS) -> OutMessage {
-        OutMessage { topic: "t".into(), payload: Bytes::from_static(b"x"), qos, retain: false, properties: None }
+        OutMessage {
+            topic: "t".into(),
+            payload: Bytes::from_static(b"x"),
+            qos,
+            retain: false,
+            properties: None,
+        }
     }
 
     #[test]
@@ -147,7 +153,8 @@ mod tests {
         let s = Session::new("d".into(), 2);
         let mut st = s.state.borrow_mut();
         st.next_packet_id = u16::MAX;
-        st.inflight.insert(1, (msg(QoS::AtLeastOnce), OutStage::AwaitingAck));
+        st.inflight
+            .insert(1, (msg(QoS::AtLeastOnce), OutStage::AwaitingAck));
         assert_eq!(st.allocate_packet_id(), Some(u16::MAX));
         assert_eq!(st.allocate_packet_id(), Some(2));
     }

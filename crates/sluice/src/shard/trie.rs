@@ -27,13 +27,21 @@ struct Node<V> {
 
 impl<V> Default for Node<V> {
     fn default() -> Self {
-        Node { children: HashMap::new(), plus: None, hash: Vec::new(), exact: Vec::new() }
+        Node {
+            children: HashMap::new(),
+            plus: None,
+            hash: Vec::new(),
+            exact: Vec::new(),
+        }
     }
 }
 
 impl<V> Default for TopicTrie<V> {
     fn default() -> Self {
-        TopicTrie { root: Node::default(), len: 0 }
+        TopicTrie {
+            root: Node::default(),
+            len: 0,
+        }
     }
 }
 
@@ -97,14 +105,18 @@ impl<V: PartialEq> TopicTrie<V> {
             return before - node.hash.len();
         }
         if *first == "+" {
-            let Some(child) = node.plus.as_mut() else { return 0 };
+            let Some(child) = node.plus.as_mut() else {
+                return 0;
+            };
             let n = Self::remove_rec(child, rest, pred);
             if child.is_empty() {
                 node.plus = None;
             }
             n
         } else {
-            let Some(child) = node.children.get_mut(*first) else { return 0 };
+            let Some(child) = node.children.get_mut(*first) else {
+                return 0;
+            };
             let n = Self::remove_rec(child, rest, pred);
             if child.is_empty() {
                 node.children.remove(*first);
@@ -119,7 +131,13 @@ impl<V: PartialEq> TopicTrie<V> {
         Self::match_rec(&self.root, topic, true, dollar, &mut f);
     }
 
-    fn match_rec<'a>(node: &'a Node<V>, rest: &str, first: bool, dollar: bool, f: &mut impl FnMut(&'a V)) {
+    fn match_rec<'a>(
+        node: &'a Node<V>,
+        rest: &str,
+        first: bool,
+        dollar: bool,
+        f: &mut impl FnMut(&'a V),
+    ) {
         let wild_ok = !(first && dollar);
         if wild_ok {
             // `#` matches this level and everything below, including the parent ("a/#" ~ "a").
@@ -149,7 +167,10 @@ impl<V: PartialEq> TopicTrie<V> {
 
 impl<V> Node<V> {
     fn is_empty(&self) -> bool {
-        self.children.is_empty() && self.plus.is_none() && self.hash.is_empty() && self.exact.is_empty()
+        self.children.is_empty()
+            && self.plus.is_none()
+            && self.hash.is_empty()
+            && self.exact.is_empty()
     }
 }
 
@@ -170,7 +191,9 @@ mod tests {
 
     #[test]
     fn wildcards_match_as_the_mqtt_spec_says() {
-        let f = ["a/b/c", "a/+/c", "a/#", "#", "+/+/+", "a/b", "+", "a/b/c/#", "b/#"];
+        let f = [
+            "a/b/c", "a/+/c", "a/#", "#", "+/+/+", "a/b", "+", "a/b/c/#", "b/#",
+        ];
         assert_eq!(matches(&f, "a/b/c"), vec![0, 1, 2, 3, 4, 7]);
         assert_eq!(matches(&f, "a"), vec![2, 3, 6]);
         assert_eq!(matches(&f, "a/b"), vec![2, 3, 5]);

@@ -41,8 +41,8 @@ impl Gauge {
 
 /// Upper bounds (seconds) of the latency histogram buckets: 100 µs … 30 s.
 pub const LATENCY_BUCKETS_SECONDS: [f64; 18] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
 ];
 
 /// A fixed-bucket latency histogram recorded in microseconds.
@@ -82,7 +82,11 @@ impl Histogram {
     }
     /// Per-bucket (non-cumulative) counts, then the overflow count.
     fn snapshot(&self) -> (Vec<u64>, u64, u64, u64) {
-        let b = self.buckets.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let b = self
+            .buckets
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
         (
             b,
             self.overflow.load(Ordering::Relaxed),
@@ -160,7 +164,9 @@ impl PromWriter {
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -181,6 +187,10 @@ mod tests {
         assert!(text.contains("sluice_test_latency_seconds_bucket{shard=\"0\",le=\"0.005\"} 2"));
         assert!(text.contains("sluice_test_latency_seconds_bucket{shard=\"0\",le=\"+Inf\"} 3"));
         assert!(text.contains("sluice_test_latency_seconds_count{shard=\"0\"} 3"));
-        assert_eq!(text.matches("# TYPE sluice_test_latency_seconds histogram").count(), 1);
+        assert_eq!(
+            text.matches("# TYPE sluice_test_latency_seconds histogram")
+                .count(),
+            1
+        );
     }
 }

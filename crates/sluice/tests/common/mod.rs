@@ -20,21 +20,31 @@ pub struct Cloud {
 impl Cloud {
     pub fn start() -> Cloud {
         let pki = TestPki::generate();
-        let broker = Mosquitto::builder().tls(&pki).plain_listener(false).start().expect("start cloud mosquitto");
+        let broker = Mosquitto::builder()
+            .tls(&pki)
+            .plain_listener(false)
+            .start()
+            .expect("start cloud mosquitto");
         Cloud { pki, broker }
     }
 
     /// A TLS 1.3 client of the cloud broker.
     pub async fn client(&self, id: &str) -> TestClient {
-        let opts = ConnectOpts::v311(id).with_tls(self.pki.rustls_client_config(false), "localhost");
-        let (c, ack) = TestClient::connect(self.broker.tls_addr(), opts).await.expect("connect to cloud");
+        let opts =
+            ConnectOpts::v311(id).with_tls(self.pki.rustls_client_config(false), "localhost");
+        let (c, ack) = TestClient::connect(self.broker.tls_addr(), opts)
+            .await
+            .expect("connect to cloud");
         assert_eq!(ack.code, 0);
         c
     }
 
     pub async fn subscriber(&self, id: &str, filter: &str) -> TestClient {
         let mut c = self.client(id).await;
-        let codes = c.subscribe(&[(filter, QoS::AtLeastOnce)]).await.expect("subscribe at cloud");
+        let codes = c
+            .subscribe(&[(filter, QoS::AtLeastOnce)])
+            .await
+            .expect("subscribe at cloud");
         assert_eq!(codes, vec![1]);
         c
     }
@@ -54,8 +64,12 @@ pub fn gateway(shards: usize, extra: &str) -> RunningGateway {
     let text = format!(
         "[gateway]\nshards = {shards}\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
     );
-    let config = sluice::config::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
-    Gateway::build(config).expect("build gateway").start().expect("start gateway")
+    let config =
+        sluice::config::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
+    Gateway::build(config)
+        .expect("build gateway")
+        .start()
+        .expect("start gateway")
 }
 
 pub async fn device(gw: &RunningGateway, id: &str, version: ProtocolVersion) -> TestClient {
@@ -63,7 +77,9 @@ pub async fn device(gw: &RunningGateway, id: &str, version: ProtocolVersion) -> 
 }
 
 pub async fn device_opts(gw: &RunningGateway, opts: ConnectOpts) -> TestClient {
-    let (c, ack) = TestClient::connect(gw.mqtt_addr, opts).await.expect("connect device");
+    let (c, ack) = TestClient::connect(gw.mqtt_addr, opts)
+        .await
+        .expect("connect device");
     assert_eq!(ack.code, 0, "device refused: {ack:?}");
     c
 }
@@ -92,13 +108,17 @@ pub struct Gate {
 
 impl Gate {
     pub async fn start(upstream: SocketAddr) -> Gate {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind relay");
         let addr = listener.local_addr().expect("relay addr");
         let open = Arc::new(AtomicBool::new(true));
         let gate = open.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((mut down, _)) = listener.accept().await else { return };
+                let Ok((mut down, _)) = listener.accept().await else {
+                    return;
+                };
                 if !gate.load(Ordering::SeqCst) {
                     drop(down);
                     continue;
