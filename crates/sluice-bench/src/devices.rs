@@ -121,6 +121,9 @@ pub enum Arrivals {
 pub struct DevicesConfig {
     /// The broker or gateway the devices connect to (plain TCP).
     pub target: std::net::SocketAddr,
+    /// Per-device targets: when not empty, device `i` connects to `targets[i % len]` instead of
+    /// `target` (the `seganet` scenario points each device at its own agent process).
+    pub targets: Vec<std::net::SocketAddr>,
     /// Number of device connections.
     pub devices: u32,
     /// Messages per second per device; 0 = connect and stay idle.
@@ -157,6 +160,7 @@ impl DevicesConfig {
     pub fn new(target: std::net::SocketAddr) -> DevicesConfig {
         DevicesConfig {
             target,
+            targets: Vec::new(),
             devices: 1,
             rate_per_device: 10.0,
             payload: PayloadSize {
@@ -538,7 +542,11 @@ async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) {
 async fn session(st: &mut DeviceState, shared: &Shared) -> SessionEnd {
     let config = &shared.config;
     let mut decoder = Decoder::client(config.protocol, crate::conn::MAX_INBOUND_PACKET);
-    let mut tcp = match timeout(config.connect_timeout, TcpStream::connect(config.target)).await {
+    let target = match config.targets.len() {
+        0 => config.target,
+        n => config.targets[st.index as usize % n],
+    };
+    let mut tcp = match timeout(config.connect_timeout, TcpStream::connect(target)).await {
         Ok(Ok(tcp)) => tcp,
         Ok(Err(e)) => return failed(false, anyhow!(e).context("TCP connect")),
         Err(_) => return failed(false, anyhow!("TCP connect timed out")),

@@ -11,10 +11,13 @@
 //! (progress, logs) to stderr.
 #![forbid(unsafe_code)]
 
+pub mod agents;
+pub mod charts;
 pub mod conn;
 pub mod devices;
 pub mod payload;
 pub mod procfs;
 pub mod scenario;
+pub mod seganet;
 pub mod sink;
 pub mod stats;

@@ -9,9 +9,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+
+use sluice_bench::agents::{run_agent, AgentConfig};
 use sluice_bench::conn::{host_part, resolve};
 use sluice_bench::devices::{run_devices, Arrivals, DevicesConfig, PayloadSize};
 use sluice_bench::scenario::{markdown, run_core, write_json, CoreScenario, Sut};
+use sluice_bench::seganet::{
+    run_seganet, summary as seganet_summary, Constraint, ReportFiles, SegaSut, SeganetScenario,
+};
 use sluice_bench::sink::{start_sink, SinkConfig, SinkTls};
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 
@@ -45,6 +51,11 @@ enum Command {
     /// Run a whole scenario on this machine (brokers, system under test, devices and sink).
     #[command(subcommand)]
     Scenario(ScenarioCommand),
+    /// One per-device agent process (used by `scenario seganet`): accepts one device's plain
+    /// MQTT connection and forwards its PUBLISHes over its own TLS 1.3 session to the cloud,
+    /// acknowledging the device after the cloud's PUBACK.
+    #[command(hide = true)]
+    Agent(AgentArgs),
 }
 
 #[derive(Subcommand)]
@@ -59,6 +70,15 @@ enum ScenarioCommand {
     /// SUT RSS (start/peak/end) and this tool's own CPU. Prints a Markdown table; writes JSON to
     /// --out (or prints it on stdout, with the table on stderr, when --out is not given).
     Core(CoreArgs),
+    /// The SegaNet experiment: sluice vs one-process-per-device agents vs a Mosquitto bridge,
+    /// swept over the number of devices N.
+    ///
+    /// For each system under test and each N: a fresh cloud Mosquitto (TLS 1.3, certificates
+    /// generated), the SUT, N devices at --rate msg/s with --payload bytes, QoS 1, and a sink.
+    /// Measures p99 latency, the SUT's CPU (all its processes) and memory, the offered vs
+    /// achieved send rate and this tool's CPU. Writes {out-dir}/{name}.json, {name}.md and
+    /// {name}-p99.png, -cpu.png, -rss.png after every point; prints the table at the end.
+    Seganet(SeganetArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -242,6 +262,114 @@ struct CoreArgs {
     markdown: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct AgentArgs {
+    /// Plain-TCP MQTT address to accept the device on (port 0: any free port; the address is
+    /// written to --ready-file).
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: SocketAddr,
+    /// The cloud broker's TLS 1.3 MQTT address.
+    #[arg(long, value_name = "HOST:PORT")]
+    cloud: SocketAddr,
+    /// PEM CA certificate(s) of the cloud broker.
+    #[arg(long, value_name = "FILE")]
+    ca: PathBuf,
+    /// Name to verify the cloud certificate against. Default: the IP address of --cloud.
+    #[arg(long)]
+    server_name: Option<String>,
+    /// MQTT client id of the cloud session.
+    #[arg(long, default_value = "sluice-agent")]
+    client_id: String,
+    /// QoS 1 messages awaiting the cloud's PUBACK, at most.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    max_inflight: u16,
+    /// Write the listening address here once the first cloud session is up.
+    #[arg(long, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
+    /// Exit when the parent process is no longer this pid.
+    #[arg(long)]
+    parent_pid: Option<u32>,
+}
+
+#[derive(Args)]
+struct SeganetArgs {
+    /// Device counts to sweep, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,16,64,256,1024,4096,16384"
+    )]
+    ns: Vec<u32>,
+    /// Systems under test, comma-separated, run in this order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "sluice,agents,mosquitto-bridge"
+    )]
+    sut: Vec<SegaSutChoice>,
+    /// Length of each point, ramp included.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Device connections start spread over this period. Default: duration/6, at most 5 s.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ramp: Option<Duration>,
+    /// The steady-state window starts this long after the ramp. Default: duration/12, at most 2 s.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    settle: Option<Duration>,
+    /// Messages per second per device.
+    #[arg(long, default_value_t = 10.0, value_name = "MSG/S")]
+    rate: f64,
+    /// Payload size in bytes, uniformly random in MIN..MAX (inclusive).
+    #[arg(long, default_value = "100..1024", value_name = "MIN..MAX")]
+    payload: PayloadSize,
+    /// Run the SUT like a Raspberry Pi-class gateway: pinned to --core with a cgroup CPU quota
+    /// of --quota-percent of that core (cgroup v2 cpu.max, else v1 cfs quota, else taskset only;
+    /// the report says which).
+    #[arg(long)]
+    constrained: bool,
+    /// Core for --constrained.
+    #[arg(long, default_value_t = 0)]
+    core: u32,
+    /// CPU quota for --constrained, % of one core.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100))]
+    quota_percent: u32,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// `[gateway] shards` for sluice. Default: 0 (one per core), 1 with --constrained.
+    #[arg(long)]
+    sluice_shards: Option<u32>,
+    /// Skip agent points whose projected memory exceeds this share of MemAvailable.
+    #[arg(long, default_value_t = 0.6)]
+    memory_fraction: f64,
+    /// After the devices stop, a point ends once nothing new reached the sink for this long…
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    drain_idle: Duration,
+    /// …or after this long at most.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    drain_max: Duration,
+    /// Directory for the reports.
+    #[arg(long, default_value = "docs/perf", value_name = "DIR")]
+    out_dir: PathBuf,
+    /// Base name of the report files. Default: "seganet", or "seganet-constrained".
+    #[arg(long)]
+    name: Option<String>,
+    /// Progress lines on stderr every this often ("0s" to disable).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    progress: Duration,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SegaSutChoice {
+    /// The sluice gateway.
+    Sluice,
+    /// One `sluice-bench agent` process per device, each with its own TLS session.
+    Agents,
+    /// An edge Mosquitto bridging to the cloud over TLS 1.3.
+    MosquittoBridge,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -251,10 +379,12 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One agent process = one thread: thousands of them run side by side.
+    let mut builder = match cli.command {
+        Command::Agent(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sluice-bench: cannot start the tokio runtime: {e}");
@@ -275,6 +405,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Devices(args) => devices(args).await,
         Command::Sink(args) => sink(args).await,
         Command::Scenario(ScenarioCommand::Core(args)) => core(args).await,
+        Command::Scenario(ScenarioCommand::Seganet(args)) => seganet(args).await,
+        Command::Agent(args) => agent(args).await,
     }
 }
 
@@ -439,6 +571,83 @@ async fn core(args: CoreArgs) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+async fn agent(args: AgentArgs) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let mut config = AgentConfig::new(args.cloud, args.ca, args.client_id);
+    if let Some(name) = args.server_name {
+        config.server_name = name;
+    }
+    config.max_inflight = args.max_inflight;
+    config.ready_file = args.ready_file;
+    config.parent_pid = args.parent_pid;
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    run_agent(listener, config, shutdown).await
+}
+
+async fn seganet(args: SeganetArgs) -> anyhow::Result<()> {
+    let constrained = args.constrained.then_some(Constraint {
+        core: args.core,
+        quota_percent: args.quota_percent,
+    });
+    let ramp = args
+        .ramp
+        .unwrap_or_else(|| (args.duration / 6).min(Duration::from_secs(5)));
+    let settle = args
+        .settle
+        .unwrap_or_else(|| (args.duration / 12).min(Duration::from_secs(2)));
+    let name = args.name.unwrap_or_else(|| {
+        if constrained.is_some() {
+            "seganet-constrained".to_string()
+        } else {
+            "seganet".to_string()
+        }
+    });
+    let config = SeganetScenario {
+        ns: args.ns,
+        suts: args
+            .sut
+            .iter()
+            .map(|s| match s {
+                SegaSutChoice::Sluice => SegaSut::Sluice,
+                SegaSutChoice::Agents => SegaSut::Agents,
+                SegaSutChoice::MosquittoBridge => SegaSut::MosquittoBridge,
+            })
+            .collect(),
+        rate_per_device: args.rate,
+        payload: args.payload,
+        qos: QoS::AtLeastOnce,
+        duration: args.duration,
+        ramp,
+        settle,
+        constrained,
+        sluice_bin: args.sluice_bin,
+        sluice_shards: args
+            .sluice_shards
+            .unwrap_or(if constrained.is_some() { 1 } else { 0 }),
+        agent_bin: std::env::current_exe().context("locating this executable")?,
+        memory_fraction: args.memory_fraction,
+        drain_idle: args.drain_idle,
+        drain_max: args.drain_max,
+        command_line: command_line(),
+        progress_every: progress(args.progress),
+        out: Some(ReportFiles {
+            dir: args.out_dir.clone(),
+            name: name.clone(),
+        }),
+    };
+    let report = run_seganet(&config).await?;
+    println!("{}", seganet_summary(&report));
+    eprintln!(
+        "reports written to {}",
+        args.out_dir.join(format!("{name}.{{json,md}}")).display()
+    );
     Ok(())
 }
 

@@ -414,10 +414,10 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
 }
 
 /// A started system under test; stopping it is dropping it.
-struct RunningSut {
-    pid: u32,
-    device_addr: std::net::SocketAddr,
-    config_text: String,
+pub struct RunningSut {
+    pub pid: u32,
+    pub device_addr: std::net::SocketAddr,
+    pub config_text: String,
     _process: SutProcess,
 }
 
@@ -427,7 +427,8 @@ enum SutProcess {
     Bridge { _edge: Mosquitto },
 }
 
-async fn start_sut(
+/// Start `kind` against `cloud` and wait until its uplink is connected (also used by `seganet`).
+pub async fn start_sut(
     kind: Sut,
     config: &CoreScenario,
     pki: &TestPki,
@@ -618,7 +619,8 @@ pub fn sluice_config(
     )
 }
 
-fn machine(command_line: &str) -> Machine {
+/// Commit, machine and command line of a run (also used by `seganet`).
+pub fn machine(command_line: &str) -> Machine {
     let run = |cmd: &str, args: &[&str]| -> Option<String> {
         let out = Command::new(cmd)
             .args(args)
@@ -671,7 +673,8 @@ fn machine(command_line: &str) -> Machine {
     }
 }
 
-fn loadavg() -> String {
+/// `/proc/loadavg`, trimmed.
+pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
