@@ -32,7 +32,8 @@
 //!
 //! Admission of agent points (do not crash the machine): before N agents are started, the
 //! memory they would take (N × measured per-agent PSS plus a kernel allowance, measured at the
-//! previous agent point or on a probe of [`PROBE_AGENTS`] agents) must stay under
+//! previous agent point or on a probe of [`PROBE_AGENTS`] agents; from a point of 256 or more
+//! agents, the drop of MemAvailable per agent if that is larger) must stay under
 //! `memory_fraction` of MemAvailable, N processes must fit within 80 % of the pid, thread and
 //! per-user process limits, and every point's N connections must fit the open-file limit.
 //! A refused point is recorded as skipped, with the reason.
@@ -219,6 +220,10 @@ pub struct Measurement {
     pub sut_rss_end_kib: u64,
     /// Sum over SUT processes of PSS (smaps_rollup) at the end, KiB.
     pub sut_pss_end_kib: u64,
+    /// MemAvailable right before the SUT started and at the end of the window, KiB: the drop
+    /// includes kernel memory PSS does not show (and anything else that ran meanwhile).
+    pub mem_available_before_kib: u64,
+    pub mem_available_window_end_kib: u64,
     /// This tool (devices + sink), % of one core, over the window.
     pub tool_cpu_percent: f64,
     pub cloud_broker_cpu_percent: f64,
@@ -449,6 +454,7 @@ async fn measure_point(
     let sink = start_sink(sink_config).await?;
 
     let cage = config.constrained.map(CpuCage::create);
+    let mem_before = Limits::read().mem_available_kib;
     let start_at = Instant::now();
     let sut = start(config, sut_kind, n, &pki, &cloud, cage.as_ref()).await?;
     let sut_start = start_at.elapsed();
@@ -460,6 +466,13 @@ async fn measure_point(
         // Refine the estimate for the next (larger) point from what N agents really use.
         if let Some(per) = per_process_pss_kib(&sut.pids) {
             *agent_footprint_kib = Some(per + KERNEL_KIB_PER_AGENT);
+        }
+    }
+    if sut_kind == SegaSut::Agents && n >= 256 {
+        let drop_per_agent =
+            mem_before.saturating_sub(Limits::read().mem_available_kib) / u64::from(n);
+        if let Some(kib) = agent_footprint_kib.as_mut() {
+            *kib = (*kib).max(drop_per_agent);
         }
     }
     let pids = sut.pids.clone();
@@ -522,6 +535,7 @@ async fn measure_point(
     let machine_busy = MachineCpu::read().busy_percent_since(&machine_start);
     let throttle_end = cage.as_ref().and_then(CpuCage::throttling);
     let loadavg_at_window_end = scenario::loadavg();
+    let mem_window_end = Limits::read().mem_available_kib;
     let devices_report = devices.wait().await?;
 
     let drain_start = Instant::now();
@@ -564,6 +578,7 @@ async fn measure_point(
     let limited_by = limited_by(&Verdict {
         offered_rate,
         achieved_rate: achieved,
+        acked_rate: acked_in_window as f64 / window_s,
         skipped_share: skipped as f64 / (offered_rate * window_s).max(1.0),
         tool_cpu_percent: tool_usage.percent_of_one_core,
         sut_cpu_percent: sut_cpu.percent_of_one_core,
@@ -597,6 +612,8 @@ async fn measure_point(
         sut_rss_peak_kib: peak,
         sut_rss_end_kib: rss_end,
         sut_pss_end_kib: pss_end,
+        mem_available_before_kib: mem_before,
+        mem_available_window_end_kib: mem_window_end,
         tool_cpu_percent: tool_usage.percent_of_one_core,
         cloud_broker_cpu_percent: cloud_usage.percent_of_one_core,
         machine_busy_percent: round1(machine_busy),
@@ -626,6 +643,8 @@ async fn measure_point(
 pub struct Verdict {
     pub offered_rate: f64,
     pub achieved_rate: f64,
+    /// PUBACKs per second over the window.
+    pub acked_rate: f64,
     /// Device ticks skipped because 64 PUBLISHes already awaited PUBACK, ÷ ticks offered.
     pub skipped_share: f64,
     pub tool_cpu_percent: f64,
@@ -637,6 +656,12 @@ pub struct Verdict {
 /// What kept a point from its offered load, in words (raw figures are in the report too).
 pub fn limited_by(v: &Verdict) -> String {
     if v.achieved_rate >= 0.97 * v.offered_rate {
+        if v.acked_rate < 0.95 * v.achieved_rate {
+            return format!(
+                "SUT falling behind (acked {:.0}% of what was sent; backlog growing)",
+                100.0 * v.acked_rate / v.achieved_rate.max(1e-9)
+            );
+        }
         return "-".to_string();
     }
     let short = format!(
@@ -1392,7 +1417,7 @@ pub fn charts_of(report: &SeganetReport) -> Vec<(&'static str, Chart)> {
         report.params.rate_per_device
     );
     let footnote = Some(
-        "hollow marker: offered load not achieved at that point (see 'limited by' in the report)"
+        "hollow marker: the point did not sustain the offered load (see 'limited by' in the report)"
             .to_string(),
     );
     vec![
@@ -1524,9 +1549,11 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
          and libraries N times); **PSS** (from smaps_rollup, at the end) shares those pages out \
          and is the better measure of memory the agents really take.\n\
          - **offered / sent / acked** rates are per second over the window. **limited by** says \
-         what held a point below its offered load (`-`: nothing, it was achieved): SUT \
-         backpressure (device in-flight windows of 64 full, ticks skipped), the load generator, \
-         or both cores saturated. Hollow markers in the charts are such points.\n\
+         what kept a point from sustaining its offered load (`-`: nothing): SUT \
+         backpressure (device in-flight windows of 64 full, ticks skipped), the SUT falling \
+         behind (sent at the offered rate but acknowledged more slowly: a backlog grows and \
+         latency is dominated by queueing), the load generator, or both cores saturated. \
+         Hollow markers in the charts are such points.\n\
          - **machine busy** = all non-idle CPU time of the machine over the window (both cores = \
          100%), including other users of the machine."
     );

@@ -478,6 +478,7 @@ fn the_verdict_names_what_held_a_point_below_its_offered_load() {
     let base = Verdict {
         offered_rate: 10_000.0,
         achieved_rate: 9_900.0,
+        acked_rate: 9_900.0,
         skipped_share: 0.0,
         tool_cpu_percent: 60.0,
         sut_cpu_percent: 30.0,
@@ -485,8 +486,14 @@ fn the_verdict_names_what_held_a_point_below_its_offered_load() {
         quota_percent: None,
     };
     assert_eq!(limited_by(&base), "-");
+    let behind = Verdict {
+        acked_rate: 5_000.0,
+        ..base
+    };
+    assert!(limited_by(&behind).starts_with("SUT falling behind (acked 51%"));
     let generator = Verdict {
         achieved_rate: 6_000.0,
+        acked_rate: 6_000.0,
         ..base
     };
     assert!(limited_by(&generator).starts_with("load generator (60% of offered"));
