@@ -14,10 +14,13 @@
 pub mod agents;
 pub mod charts;
 pub mod conn;
+pub mod connections;
 pub mod devices;
+pub mod fastsink;
 pub mod payload;
 pub mod procfs;
 pub mod scenario;
 pub mod seganet;
 pub mod sink;
 pub mod stats;
+pub mod throughput;

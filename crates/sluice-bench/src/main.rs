@@ -56,6 +56,17 @@ enum Command {
     /// acknowledging the device after the cloud's PUBACK.
     #[command(hide = true)]
     Agent(AgentArgs),
+    /// A fast acknowledging MQTT-over-TLS 1.3 server: a stand-in cloud that PUBACKs every QoS 1
+    /// PUBLISH at once and counts messages, bytes and (for bench payloads) end-to-end latency.
+    ///
+    /// Accepts MQTT 3.1.1 and 5 (advertising Receive Maximum 65535). Runs for --duration, then
+    /// prints a JSON report.
+    Fastsink(FastsinkArgs),
+    /// Hold N idle device connections (used by `scenario connections` to spread connections over
+    /// processes): prints a JSON line once every attempt finished, holds until stdin closes,
+    /// disconnects and prints a second JSON line.
+    #[command(hide = true)]
+    Idle(IdleArgs),
 }
 
 #[derive(Subcommand)]
@@ -79,6 +90,22 @@ enum ScenarioCommand {
     /// achieved send rate and this tool's CPU. Writes {out-dir}/{name}.json, {name}.md and
     /// {name}-p99.png, -cpu.png, -rss.png after every point; prints the table at the end.
     Seganet(SeganetArgs),
+    /// Maximum sustained throughput: a step load of 1 KB QoS 1 messages, increased until the
+    /// p99 end-to-end latency passes --p99-bound or delivery falls behind, for each system under
+    /// test into each cloud (a TLS 1.3 Mosquitto, and the in-process fast acknowledging sink).
+    ///
+    /// Reports per step: offered, sent, acknowledged and achieved (reached the cloud) rates,
+    /// e2e and ack latency p50/p99, SUT CPU (% and µs per message), cloud, generator and
+    /// whole-machine CPU; and the maximum sustained rate per SUT and cloud. Prints a Markdown
+    /// summary; writes JSON to --out (or prints it on stdout when --out is not given).
+    Throughput(ThroughputArgs),
+    /// Idle device connections: as many as the open-file limit allows (or --n), RSS per
+    /// connection, connect rate and CONNACK latency, for sluice and an edge Mosquitto.
+    ///
+    /// Raises this tool's soft open-file limit to the hard limit (the SUTs inherit it) and
+    /// spreads connections over `sluice-bench idle` child processes of at most --per-process
+    /// connections each.
+    Connections(ConnectionsArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -407,6 +434,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Core(args)) => core(args).await,
         Command::Scenario(ScenarioCommand::Seganet(args)) => seganet(args).await,
         Command::Agent(args) => agent(args).await,
+        Command::Fastsink(args) => fastsink(args).await,
+        Command::Idle(args) => idle(args).await,
+        Command::Scenario(ScenarioCommand::Throughput(args)) => throughput(args).await,
+        Command::Scenario(ScenarioCommand::Connections(args)) => connections(args).await,
     }
 }
 
@@ -666,4 +697,344 @@ fn command_line() -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[derive(Args)]
+struct FastsinkArgs {
+    /// Address to listen on, HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:8883", value_name = "HOST:PORT")]
+    listen: String,
+    /// Server certificate chain (PEM).
+    #[arg(long, value_name = "FILE")]
+    cert: PathBuf,
+    /// Private key of --cert (PEM).
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// Do not parse the bench header (no latency measurement).
+    #[arg(long)]
+    no_latency: bool,
+    /// Open connections at most.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: u64,
+    /// Stop after this long, e.g. "60s".
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Progress line on stderr every this often ("0s" to disable).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    progress: Duration,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct IdleArgs {
+    /// Broker or gateway, HOST:PORT (plain TCP).
+    #[arg(long, value_name = "HOST:PORT")]
+    target: String,
+    /// Connections to open.
+    #[arg(short = 'n', long = "connections")]
+    connections: u32,
+    /// Client ids are {client-prefix}-{first-index + i}.
+    #[arg(long, default_value_t = 0)]
+    first_index: u32,
+    #[arg(long, default_value = "idle")]
+    client_prefix: String,
+    #[arg(long, value_enum, default_value = "3.1.1")]
+    mqtt: MqttVersion,
+    /// Keep-alive in CONNECT, seconds (a PINGREQ every half of it).
+    #[arg(long, default_value_t = 60)]
+    keep_alive: u16,
+    /// Connection attempts in progress at once.
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
+    /// Disconnect after this long even if stdin stays open.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    hold_max: Duration,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TputSutChoice {
+    /// The sluice gateway (needs --sluice-bin).
+    Sluice,
+    /// An edge Mosquitto bridging to the cloud over TLS 1.3.
+    MosquittoBridge,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CloudChoice {
+    /// The in-process fast acknowledging sink.
+    FastSink,
+    /// A TLS 1.3 Mosquitto with a measuring subscriber.
+    Mosquitto,
+}
+
+#[derive(Args)]
+struct ThroughputArgs {
+    /// Systems under test, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "sluice,mosquitto-bridge"
+    )]
+    sut: Vec<TputSutChoice>,
+    /// Clouds, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "fast-sink,mosquitto"
+    )]
+    cloud: Vec<CloudChoice>,
+    /// Devices (connections); the offered rate is split evenly over them.
+    #[arg(short = 'n', long = "devices", default_value_t = 128)]
+    devices: u32,
+    /// QoS 1 PUBLISHes awaiting PUBACK per device, at most.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    window: u16,
+    /// Payload size in bytes (at least 24).
+    #[arg(long, default_value_t = 1024)]
+    payload: usize,
+    #[arg(long, value_enum, default_value = "3.1.1")]
+    mqtt: MqttVersion,
+    /// Offered rate of the first step, msg/s (all devices together).
+    #[arg(long, default_value_t = 10_000.0)]
+    start_rate: f64,
+    /// Each passing step multiplies the offered rate by this.
+    #[arg(long, default_value_t = 1.25)]
+    step_factor: f64,
+    #[arg(long, default_value_t = 20)]
+    max_steps: u32,
+    /// Bisection steps between the last passing and the first failing rate.
+    #[arg(long, default_value_t = 2)]
+    refine_steps: u32,
+    /// Length of each step.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    step: Duration,
+    /// The first part of each step, not measured.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// A step fails when its p99 end-to-end latency is above this.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    p99_bound: Duration,
+    /// A step fails when achieved ÷ offered is below this.
+    #[arg(long, default_value_t = 0.95)]
+    min_delivery: f64,
+    /// Shortest sleep of a device between two batches of PUBLISHes.
+    #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
+    pacing_tick: Duration,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// `[gateway] shards` in the generated sluice config (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    sluice_shards: u32,
+    /// `inflight` of sluice's uplink (default: sluice's own default).
+    #[arg(long)]
+    sluice_uplink_inflight: Option<u16>,
+    /// Write the JSON report here (e.g. docs/perf/throughput.json).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown summary here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EdgeSutChoice {
+    /// The sluice gateway (needs --sluice-bin).
+    Sluice,
+    /// A plain Mosquitto broker.
+    Mosquitto,
+}
+
+#[derive(Args)]
+struct ConnectionsArgs {
+    /// Systems under test, comma-separated; the first fixes N when --n is "max".
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "sluice,mosquitto"
+    )]
+    sut: Vec<EdgeSutChoice>,
+    /// Connections: a number, or "max" (the first SUT's open-file limit less its open files).
+    #[arg(long = "n", default_value = "max")]
+    n: String,
+    /// Connections per tool process at most (more are spread over child processes).
+    #[arg(long, default_value_t = 19_000)]
+    per_process: u32,
+    /// Connection attempts in progress at once, per process.
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    /// Keep-alive of the idle devices, seconds.
+    #[arg(long, default_value_t = 60)]
+    keep_alive: u16,
+    #[arg(long, value_enum, default_value = "3.1.1")]
+    mqtt: MqttVersion,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// `[gateway] shards` in the generated sluice config (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    sluice_shards: u32,
+    /// Write the JSON report here (e.g. docs/perf/connections.json).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown summary here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+async fn fastsink(args: FastsinkArgs) -> anyhow::Result<()> {
+    use sluice_bench::fastsink::{start_fast_sink, tls_server_config, FastSinkConfig};
+    let tls = tls_server_config(&args.cert, &args.key)?;
+    let listener = tokio::net::TcpListener::bind(resolve(&args.listen).await?)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let mut config = FastSinkConfig::new(tls);
+    config.measure_latency = !args.no_latency;
+    config.max_connections = args.max_connections;
+    let sink = start_fast_sink(listener, config)?;
+    eprintln!("fastsink: listening on {} (TLS 1.3)", sink.local_addr());
+    let deadline = tokio::time::Instant::now() + args.duration;
+    let mut last = (tokio::time::Instant::now(), 0u64);
+    let mut next_progress = progress(args.progress).map(|p| tokio::time::Instant::now() + p);
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        if let (Some(at), Some(every)) = (next_progress, progress(args.progress)) {
+            if now >= at {
+                let messages = sink.messages();
+                let dt = last.0.elapsed().as_secs_f64().max(1e-9);
+                eprintln!(
+                    "[fastsink] connections {}  messages {} ({:.0}/s)",
+                    sink.connections_open(),
+                    messages,
+                    (messages - last.1) as f64 / dt
+                );
+                last = (now, messages);
+                next_progress = Some(at + every);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100).min(deadline - now)).await;
+    }
+    let report = sink.stop().await;
+    emit_json(&report, args.out.as_ref())
+}
+
+async fn idle(args: IdleArgs) -> anyhow::Result<()> {
+    use sluice_bench::connections::{raise_fd_limit, run_idle_worker, IdleConfig};
+    raise_fd_limit()?;
+    let mut config = IdleConfig::new(resolve(&args.target).await?, args.connections);
+    config.first_index = args.first_index;
+    config.client_prefix = args.client_prefix;
+    config.protocol = args.mqtt.into();
+    config.keep_alive_s = args.keep_alive;
+    config.concurrency = args.concurrency;
+    config.connect_timeout = args.connect_timeout;
+    run_idle_worker(config, args.hold_max).await
+}
+
+async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
+    use sluice_bench::throughput::{self as tput, Cloud, ThroughputScenario};
+    let mut config = ThroughputScenario::new(args.sluice_bin);
+    config.suts = args
+        .sut
+        .iter()
+        .map(|s| match s {
+            TputSutChoice::Sluice => Sut::Sluice,
+            TputSutChoice::MosquittoBridge => Sut::MosquittoBridge,
+        })
+        .collect();
+    config.clouds = args
+        .cloud
+        .iter()
+        .map(|c| match c {
+            CloudChoice::FastSink => Cloud::FastSink,
+            CloudChoice::Mosquitto => Cloud::Mosquitto,
+        })
+        .collect();
+    config.devices = args.devices;
+    config.window = args.window;
+    config.payload_size = args.payload;
+    config.protocol = args.mqtt.into();
+    config.start_rate = args.start_rate;
+    config.step_factor = args.step_factor;
+    config.max_steps = args.max_steps;
+    config.refine_steps = args.refine_steps;
+    config.step_duration = args.step;
+    config.warmup = args.warmup;
+    config.p99_bound = args.p99_bound;
+    config.min_delivery = args.min_delivery;
+    config.pacing_tick = args.pacing_tick;
+    config.sluice_shards = args.sluice_shards;
+    config.sluice_uplink_inflight = args.sluice_uplink_inflight;
+    config.command_line = command_line();
+    let report = tput::run_throughput(&config).await?;
+    let table = tput::markdown(&report);
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    match &args.out {
+        Some(path) => {
+            tput::write_json(&report, path)?;
+            println!("{table}");
+            eprintln!("report written to {}", path.display());
+        }
+        None => {
+            eprintln!("{table}");
+            emit_json(&report, None)?;
+        }
+    }
+    Ok(())
+}
+
+async fn connections(args: ConnectionsArgs) -> anyhow::Result<()> {
+    use sluice_bench::connections::{self as conns, ConnectionsScenario, EdgeSut};
+    let bench_bin = std::env::current_exe().context("locating the sluice-bench binary")?;
+    let mut config = ConnectionsScenario::new(args.sluice_bin, bench_bin);
+    config.suts = args
+        .sut
+        .iter()
+        .map(|s| match s {
+            EdgeSutChoice::Sluice => EdgeSut::Sluice,
+            EdgeSutChoice::Mosquitto => EdgeSut::Mosquitto,
+        })
+        .collect();
+    config.n = match args.n.as_str() {
+        "max" => None,
+        n => Some(
+            n.parse()
+                .with_context(|| format!("--n {n:?} is neither \"max\" nor a number"))?,
+        ),
+    };
+    config.per_process = args.per_process;
+    config.concurrency = args.concurrency;
+    config.keep_alive_s = args.keep_alive;
+    config.protocol = args.mqtt.into();
+    config.sluice_shards = args.sluice_shards;
+    config.command_line = command_line();
+    let report = conns::run_connections(&config).await?;
+    let table = conns::markdown(&report);
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    match &args.out {
+        Some(path) => {
+            conns::write_json(&report, path)?;
+            println!("{table}");
+            eprintln!("report written to {}", path.display());
+        }
+        None => {
+            eprintln!("{table}");
+            emit_json(&report, None)?;
+        }
+    }
+    Ok(())
 }

@@ -485,7 +485,7 @@ pub async fn start_sut(
 
 /// sluice as a child process with a generated config in its own temporary directory. Dropping
 /// it sends SIGTERM, waits up to 5 s, then SIGKILLs.
-struct SluiceChild {
+pub struct SluiceChild {
     child: Child,
     device_addr: std::net::SocketAddr,
     config_text: String,
@@ -499,19 +499,25 @@ impl SluiceChild {
         pki: &TestPki,
         cloud_tls_port: u16,
     ) -> anyhow::Result<SluiceChild> {
+        let mqtt_port = sluice_testkit::free_port()?;
+        let admin_port = sluice_testkit::free_port()?;
+        let toml = sluice_config(config, mqtt_port, admin_port, cloud_tls_port, pki.ca_path());
+        SluiceChild::spawn(&config.sluice_bin, mqtt_port, toml)
+    }
+
+    /// Start `sluice run -c <config>` with the given config text, whose device listener is
+    /// 127.0.0.1:`mqtt_port` (also used by the `throughput` and `connections` scenarios).
+    pub fn spawn(sluice_bin: &Path, mqtt_port: u16, toml: String) -> anyhow::Result<SluiceChild> {
         let dir = tempfile::Builder::new()
             .prefix("sluice-bench-")
             .tempdir()
             .context("creating a temporary directory")?;
-        let mqtt_port = sluice_testkit::free_port()?;
-        let admin_port = sluice_testkit::free_port()?;
-        let toml = sluice_config(config, mqtt_port, admin_port, cloud_tls_port, pki.ca_path());
         let config_path = dir.path().join("sluice.toml");
         std::fs::write(&config_path, &toml).context("writing the sluice config")?;
         let stderr_path = dir.path().join("sluice.stderr");
         let stderr =
             std::fs::File::create(&stderr_path).context("creating sluice's stderr file")?;
-        let child = Command::new(&config.sluice_bin)
+        let child = Command::new(sluice_bin)
             .arg("run")
             .arg("-c")
             .arg(&config_path)
@@ -519,7 +525,7 @@ impl SluiceChild {
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
-            .with_context(|| format!("spawning {}", config.sluice_bin.display()))?;
+            .with_context(|| format!("spawning {}", sluice_bin.display()))?;
         Ok(SluiceChild {
             child,
             device_addr: std::net::SocketAddr::from(([127, 0, 0, 1], mqtt_port)),
@@ -529,18 +535,28 @@ impl SluiceChild {
         })
     }
 
-    fn pid(&self) -> u32 {
+    /// The device listener.
+    pub fn device_addr(&self) -> std::net::SocketAddr {
+        self.device_addr
+    }
+
+    /// The config file it runs with.
+    pub fn config_text(&self) -> &str {
+        &self.config_text
+    }
+
+    pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    fn stderr_tail(&self) -> String {
+    pub fn stderr_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
     /// Wait until the device port accepts connections, failing early if sluice exits.
-    async fn wait_ready(&self) -> anyhow::Result<()> {
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             if tokio::net::TcpStream::connect(self.device_addr)
