@@ -649,6 +649,9 @@ pub struct ConnectionsScenario {
     pub keep_alive_s: u16,
     pub protocol: ProtocolVersion,
     pub connect_timeout: Duration,
+    /// With all N held, try this many more connections (from this process, 3 s time limit
+    /// each) to show what happens at the limit; 0 = no probe.
+    pub probe_beyond: u32,
     pub sluice_bin: PathBuf,
     /// `sluice-bench` itself, for the child workers.
     pub bench_bin: PathBuf,
@@ -666,6 +669,7 @@ impl ConnectionsScenario {
             keep_alive_s: 60,
             protocol: ProtocolVersion::V311,
             connect_timeout: Duration::from_secs(10),
+            probe_beyond: 64,
             sluice_bin,
             bench_bin,
             sluice_shards: 0,
@@ -683,8 +687,18 @@ pub struct ConnectionsParams {
     pub concurrency_per_process: usize,
     pub keep_alive_s: u16,
     pub mqtt: &'static str,
+    pub probe_beyond: u32,
     pub sluice_bin: String,
     pub sluice_shards: u32,
+}
+
+/// Extra connections tried while the N were held.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeResult {
+    pub attempted: u64,
+    pub connected: u64,
+    pub failed: u64,
+    pub failures: Vec<FailureCount>,
 }
 
 /// Resident memory of the SUT, KiB.
@@ -716,6 +730,8 @@ pub struct ConnectionsRun {
     pub dropped_while_held: u64,
     /// The limit that was hit, if any, in words.
     pub limit_hit: String,
+    /// What happened to connections beyond N.
+    pub probe: Option<ProbeResult>,
     pub rss_before: RssPhase,
     pub rss_connected: RssPhase,
     /// (connected RSS − RSS before) ÷ connected, KiB.
@@ -774,6 +790,7 @@ pub async fn run_connections(config: &ConnectionsScenario) -> anyhow::Result<Con
                 .map_or_else(|| "max".to_string(), |n| n.to_string()),
             per_process: config.per_process,
             concurrency_per_process: config.concurrency,
+            probe_beyond: config.probe_beyond,
             keep_alive_s: config.keep_alive_s,
             mqtt: version_name(config.protocol),
             sluice_bin: config.sluice_bin.display().to_string(),
@@ -947,6 +964,21 @@ async fn run_one(
     let sut_cpu_s_during_connect = cpu.usage()?.cpu_seconds;
     let rss_connected = stable_rss(pid, Duration::from_secs(20)).await?;
     let sut_open_fds_connected = open_fds(pid)?;
+    let probe = if config.probe_beyond > 0 {
+        let mut idle = IdleConfig::new(edge.device_addr, config.probe_beyond);
+        idle.first_index = target;
+        idle.client_prefix = format!("idle-{}", sut.name());
+        idle.protocol = config.protocol;
+        idle.keep_alive_s = config.keep_alive_s;
+        idle.concurrency = config.concurrency;
+        idle.connect_timeout = Duration::from_secs(3);
+        let fleet = IdleFleet::open(idle);
+        let r = fleet.wait_connected().await;
+        fleet.close().await;
+        Some(r)
+    } else {
+        None
+    };
     let mut closed_reports = Vec::new();
     for worker in workers {
         closed_reports.push(worker.close().await?);
@@ -987,14 +1019,35 @@ async fn run_one(
         }
         LatencySummary::from_histogram(&h)
     };
+    let probe = probe.map(|r| ProbeResult {
+        attempted: r.attempted,
+        connected: r.connected,
+        failed: r.failed,
+        failures: r.failures,
+    });
     let limit_hit = if failed == 0 {
+        let beyond = match &probe {
+            Some(p) if p.failed > 0 => format!(
+                "; of {} more, {} connected and {} failed: {}",
+                p.attempted,
+                p.connected,
+                p.failed,
+                p.failures
+                    .iter()
+                    .map(|f| format!("{} × {}", f.count, f.kind))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Some(p) => format!("; {} more also connected", p.connected),
+            None => String::new(),
+        };
         match n {
             None => format!(
-                "none below the target; the target itself is {}'s open-file limit ({}) less the files it had open",
+                "{}'s open-file limit ({}): N is that less the files it had open{beyond}",
                 sut.name(),
                 sut_fd_limit.soft
             ),
-            Some(_) => "none: every connection was accepted".to_string(),
+            Some(_) => format!("none at N: every connection was accepted{beyond}"),
         }
     } else {
         let main = failures
@@ -1024,6 +1077,7 @@ async fn run_one(
         failures,
         dropped_while_held,
         limit_hit,
+        probe,
         rss_before,
         rss_connected,
         rss_per_connection_kib,

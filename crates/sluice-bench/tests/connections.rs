@@ -41,6 +41,7 @@ fn scenario(per_process: u32) -> ConnectionsScenario {
     config.suts = vec![EdgeSut::Sluice];
     config.n = Some(50);
     config.per_process = per_process;
+    config.probe_beyond = 5;
     config.sluice_shards = 1;
     config.command_line = "test".to_string();
     config
@@ -65,6 +66,15 @@ async fn fifty_idle_devices_all_connect_to_sluice_and_each_costs_some_rss() -> a
     assert_eq!(run.connack_latency.count, 50);
     assert!(run.connect_rate_per_s > 0.0);
     assert!(report.tool_fd_limit.after.soft >= report.tool_fd_limit.before.soft);
+    let probe = run
+        .probe
+        .as_ref()
+        .expect("5 connections beyond N were tried");
+    assert_eq!(
+        (probe.connected, probe.failed),
+        (5, 0),
+        "far below the limit: {probe:?}"
+    );
     let table = sluice_bench::connections::markdown(&report);
     assert!(table.contains("RSS per idle connection"), "{table}");
     Ok(())
