@@ -35,7 +35,8 @@
 //! previous agent point or on a probe of [`PROBE_AGENTS`] agents; from a point of 256 or more
 //! agents, the drop of MemAvailable per agent if that is larger) must stay under
 //! `memory_fraction` of MemAvailable, N processes must fit within 80 % of the pid, thread and
-//! per-user process limits, and every point's N connections must fit the open-file limit.
+//! per-user process limits, 2N local ports (a listener and a cloud connection per agent) must
+//! fit the ephemeral port range, and every point's N connections must fit the open-file limit.
 //! A refused point is recorded as skipped, with the reason.
 
 use std::fmt::Write as _;
@@ -954,6 +955,8 @@ pub struct Limits {
     pub max_open_files: u64,
     /// Threads on the machine now (`/proc/loadavg`, 4th field).
     pub tasks_now: u64,
+    /// Size of the local (ephemeral) port range, `ip_local_port_range`.
+    pub ephemeral_ports: u64,
 }
 
 impl Limits {
@@ -978,6 +981,13 @@ impl Limits {
                 .and_then(|f| f.split_once('/'))
                 .and_then(|(_, total)| total.parse().ok())
                 .unwrap_or(0),
+            ephemeral_ports: std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+                .ok()
+                .and_then(|s| {
+                    let mut it = s.split_whitespace().filter_map(|x| x.parse::<u64>().ok());
+                    Some(it.next_back()? + 1 - it.next()?)
+                })
+                .unwrap_or(28_232),
         }
     }
 }
@@ -1049,6 +1059,17 @@ pub fn admit_agents(
             "{n} agent processes on top of the {} threads already running exceed 80% of the \
              process limit ({process_limit}: min of pid_max, threads-max, ulimit -u)",
             limits.tasks_now
+        ));
+    }
+    // Each agent takes a listening port from the ephemeral range (it binds port 0) and its
+    // cloud connection takes another (all go to the same cloud address, so they cannot share).
+    let ports = 2 * u64::from(n) + 2048;
+    if ports > limits.ephemeral_ports {
+        return Err(format!(
+            "{n} agents need about {ports} local ports (a listener and a cloud connection each, \
+             plus slack for connections still in TIME_WAIT) but the ephemeral range \
+             (ip_local_port_range) holds {}",
+            limits.ephemeral_ports
         ));
     }
     Ok(())

@@ -442,11 +442,12 @@ fn limits(mem_available_gib: u64) -> Limits {
         max_user_processes: 96_365,
         max_open_files: 20_000,
         tasks_now: 200,
+        ephemeral_ports: 28_232,
     }
 }
 
 #[test]
-fn agent_points_that_would_not_fit_in_memory_or_the_pid_space_are_refused_with_a_reason() {
+fn agent_points_that_would_not_fit_in_memory_pids_or_ports_are_refused_with_a_reason() {
     // 4 MiB per agent, 24 GiB available, 60 %: 14.4 GiB → up to ~3,686 agents.
     assert!(admit_agents(1024, 4096, &limits(24), 0.6).is_ok());
     let memory = admit_agents(4096, 4096, &limits(24), 0.6).expect_err("16 GiB > 14.4 GiB");
@@ -454,6 +455,9 @@ fn agent_points_that_would_not_fit_in_memory_or_the_pid_space_are_refused_with_a
     // 1 KiB each always fits in memory, but 30,000 processes do not fit 80 % of pid_max.
     let pids = admit_agents(30_000, 1, &limits(24), 0.6).expect_err("over the pid bound");
     assert!(pids.contains("process limit"), "{pids}");
+    // 14,000 fit the pid bound, but not two local ports each in a 28,232-port range.
+    let ports = admit_agents(14_000, 1, &limits(24), 0.6).expect_err("over the port range");
+    assert!(ports.contains("ephemeral range"), "{ports}");
 }
 
 #[test]
