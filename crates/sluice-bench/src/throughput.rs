@@ -29,8 +29,8 @@
 //! # Step load
 //! Offered rate starts at `start_rate` and is multiplied by `step_factor` after every step that
 //! passes, for at most `max_steps` steps; after the first failing step, `refine_steps` bisection
-//! steps between the last passing and the first failing rate narrow the maximum (each after a
-//! cool-down that lets the backlog drain). Each step lasts `step_duration`; its first `warmup`
+//! steps between the last passing (0 if the very first step failed) and the first failing rate
+//! narrow the maximum (each after a cool-down that lets the backlog drain). Each step lasts `step_duration`; its first `warmup`
 //! is not measured. A step **passes** when, over its measured window:
 //! - achieved (messages received by the cloud sink per second) ≥ `min_delivery` (95 %) of the
 //!   offered rate,
@@ -765,6 +765,9 @@ pub struct StepResult {
     pub tool_cpu_percent: f64,
     /// Whole machine, from /proc/stat: % of all cores busy.
     pub machine_cpu_percent: f64,
+    /// The part of `machine_cpu_percent` not used by the SUT, the cloud broker or this tool
+    /// (other work on the machine, plus kernel work not charged to a process), % of all cores.
+    pub other_cpu_percent: f64,
     pub window_full_drops: u64,
     pub late_drops: u64,
     pub sut_rss_kib: u64,
@@ -1148,7 +1151,9 @@ async fn run_one(
             break;
         }
     }
-    if let (Some(mut lo), Some(mut hi)) = (last_pass, first_fail) {
+    // If even the first step failed, bisect between 0 and it.
+    if let (lo, Some(mut hi)) = (last_pass, first_fail) {
+        let mut lo = lo.unwrap_or(0.0);
         for _ in 0..config.refine_steps {
             cool_down(config, &fleet, &cloud.sink).await;
             let mid = (lo + hi) / 2.0;
@@ -1322,17 +1327,31 @@ async fn run_step(
     }
     let passed = reasons.is_empty();
     let generator_cpu = (tool_usage.cpu_seconds - sink_cpu.as_secs_f64()).max(0.0);
+    let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+    let ours = sut_usage.percent_of_one_core
+        + cloud_usage.map_or(0.0, |u| u.percent_of_one_core)
+        + tool_usage.percent_of_one_core;
+    let other_cpu_percent = round1((machine_busy - ours / cores).max(0.0));
     let limited_by = (!passed).then(|| {
         let significant = 0.01 * offered_in_window;
-        if late_drops as f64 > significant {
+        let mut why = if late_drops as f64 > significant {
             "generator (devices could not send on schedule)".to_string()
         } else if window_full_drops as f64 > significant {
-            "SUT (device inflight windows full: acknowledgements too slow)".to_string()
+            "acknowledgements too slow: device inflight windows full (the SUT; for sluice, \
+             which acknowledges after the cloud's PUBACK, the SUT or the cloud)"
+                .to_string()
         } else if machine_busy >= 95.0 {
             "machine CPU (all cores busy)".to_string()
         } else {
             "SUT (messages queued in it or in the cloud)".to_string()
+        };
+        if machine_busy >= 95.0 && other_cpu_percent >= 10.0 {
+            let _ = write!(
+                why,
+                "; machine CPU {machine_busy:.0} % of which {other_cpu_percent:.0} % other work"
+            );
         }
+        why
     });
     let result = StepResult {
         step: index,
@@ -1362,6 +1381,7 @@ async fn run_step(
         generator_cpu_percent: round1(generator_cpu / secs * 100.0),
         tool_cpu_percent: tool_usage.percent_of_one_core,
         machine_cpu_percent: machine_busy,
+        other_cpu_percent,
         window_full_drops,
         late_drops,
         sut_rss_kib,
@@ -1384,7 +1404,7 @@ fn step_line(s: &StepResult) -> String {
     format!(
         "[step {:>2} {:<6}] offered {:>8.0}  sent {:>8.0}  acked {:>8.0}  achieved {:>8.0} msg/s  \
          e2e p50/p99 {:.2}/{:.2} ms  ack p50/p99 {:.2}/{:.2} ms  SUT {:.0}% {:.2} µs/msg  cloud {:.0}%  \
-         gen {:.0}%  machine {:.0}%  drops w/l {}/{}  → {}",
+         gen {:.0}%  machine {:.0}% (other {:.0}%)  drops w/l {}/{}  → {}",
         s.step,
         s.phase,
         s.offered_rate,
@@ -1400,6 +1420,7 @@ fn step_line(s: &StepResult) -> String {
         s.cloud_cpu_percent,
         s.generator_cpu_percent,
         s.machine_cpu_percent,
+        s.other_cpu_percent,
         s.window_full_drops,
         s.late_drops,
         s.verdict
@@ -1514,7 +1535,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
         );
         let _ = writeln!(
             out,
-            "| step | offered | sent | acked | achieved | e2e p50 / p99, ms | ack p50 / p99, ms | SUT CPU % | SUT µs/msg | cloud CPU % | generator CPU % | machine CPU % | drops window / late | verdict |"
+            "| step | offered | sent | acked | achieved | e2e p50 / p99, ms | ack p50 / p99, ms | SUT CPU % | SUT µs/msg | cloud CPU % | generator CPU % | machine CPU % (other work) | drops window / late | verdict |"
         );
         let _ = writeln!(
             out,
@@ -1523,7 +1544,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
         for s in &r.steps {
             let _ = writeln!(
                 out,
-                "| {}{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {} / {} | {}{} |",
+                "| {}{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {} / {} | {}{} |",
                 s.step,
                 if s.phase == "refine" { " (refine)" } else { "" },
                 s.offered_rate,
@@ -1539,6 +1560,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
                 s.cloud_cpu_percent,
                 s.generator_cpu_percent,
                 s.machine_cpu_percent,
+                s.other_cpu_percent,
                 s.window_full_drops,
                 s.late_drops,
                 s.verdict,
