@@ -1552,7 +1552,7 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
                 p.sut.name(),
                 p.n,
                 p.status,
-                p.reason.as_deref().unwrap_or("").replace('\n', " ")
+                one_line(p.reason.as_deref().unwrap_or(""))
             );
         }
         let _ = writeln!(out);
@@ -1590,6 +1590,26 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
         m.nproc
     );
     out
+}
+
+/// A multi-line reason on one line, repeated lines (e.g. the same error from many agents)
+/// written once with a count.
+fn one_line(text: &str) -> String {
+    let mut parts: Vec<(String, usize)> = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        match parts.iter_mut().find(|(l, _)| l == line) {
+            Some((_, count)) => *count += 1,
+            None => parts.push((line.to_string(), 1)),
+        }
+    }
+    parts
+        .into_iter()
+        .map(|(line, count)| match count {
+            1 => line,
+            n => format!("{line} (×{n})"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn table(report: &SeganetReport) -> String {
