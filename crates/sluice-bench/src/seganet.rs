@@ -1483,12 +1483,21 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
     // `write!` into a String cannot fail.
     let _ = writeln!(
         out,
-        "# SegaNet experiment{}: sluice vs per-device agents vs Mosquitto bridge\n",
+        "# SegaNet experiment{}: {}\n",
         if report.constraint.is_some() {
             " (constrained SUT)"
         } else {
             ""
-        }
+        },
+        p.suts
+            .iter()
+            .map(|s| match s {
+                SegaSut::Sluice => "sluice",
+                SegaSut::Agents => "per-device agents",
+                SegaSut::MosquittoBridge => "Mosquitto bridge",
+            })
+            .collect::<Vec<_>>()
+            .join(" vs ")
     );
     let _ = writeln!(
         out,
