@@ -768,6 +768,12 @@ pub struct StepResult {
     /// The part of `machine_cpu_percent` not used by the SUT, the cloud broker or this tool
     /// (other work on the machine, plus kernel work not charged to a process), % of all cores.
     pub other_cpu_percent: f64,
+    /// Other processes that used at least 2 % of one core in the window: "comm (pid) %".
+    pub other_processes: Vec<String>,
+    /// Refinement steps: how long the cool-down before it waited for the backlog, and
+    /// whether it fully drained (else the step starts with a backlog).
+    pub cooldown_s: Option<f64>,
+    pub cooldown_drained: Option<bool>,
     pub window_full_drops: u64,
     pub late_drops: u64,
     pub sut_rss_kib: u64,
@@ -1155,9 +1161,9 @@ async fn run_one(
     if let (lo, Some(mut hi)) = (last_pass, first_fail) {
         let mut lo = lo.unwrap_or(0.0);
         for _ in 0..config.refine_steps {
-            cool_down(config, &fleet, &cloud.sink).await;
+            let (waited, drained) = cool_down(config, &fleet, &cloud.sink).await;
             let mid = (lo + hi) / 2.0;
-            let step = run_step(
+            let mut step = run_step(
                 config,
                 &fleet,
                 &cloud.sink,
@@ -1167,6 +1173,8 @@ async fn run_one(
                 mid,
             )
             .await?;
+            step.cooldown_s = Some(waited);
+            step.cooldown_drained = Some(drained);
             if step.passed {
                 lo = mid;
             } else {
@@ -1241,19 +1249,24 @@ struct Meters {
 }
 
 /// Pause the load and wait until the cloud has caught up (or `cooldown_max` passed).
-async fn cool_down(config: &ThroughputScenario, fleet: &Fleet, sink: &FastSink) {
+/// Returns how long it waited and whether everything was acknowledged and delivered.
+async fn cool_down(config: &ThroughputScenario, fleet: &Fleet, sink: &FastSink) -> (f64, bool) {
     fleet.set_total_rate(0.0);
-    let deadline = Instant::now() + config.cooldown_max;
-    loop {
+    let started = Instant::now();
+    let deadline = started + config.cooldown_max;
+    let drained = loop {
         let c = fleet.counters();
-        if (c.sent == c.acknowledged + c.rejected && sink.messages() >= c.sent)
-            || Instant::now() >= deadline
-        {
-            break;
+        if c.sent == c.acknowledged + c.rejected && sink.messages() >= c.sent {
+            break true;
+        }
+        if Instant::now() >= deadline {
+            break false;
         }
         sleep(Duration::from_millis(100)).await;
-    }
+    };
+    let waited = round3(started.elapsed().as_secs_f64());
     sleep(Duration::from_millis(500)).await;
+    (waited, drained)
 }
 
 async fn run_step(
@@ -1277,6 +1290,7 @@ async fn run_step(
     let tool_cpu = CpuMeter::start(Pid::OwnProcess)?;
     let sink_cpu0 = threads_cpu(SINK_THREAD);
     let machine0 = machine_cpu();
+    let procs0 = process_cpu_ticks();
     let t0 = Instant::now();
     sleep(config.step_duration - config.warmup).await;
     // Window end.
@@ -1288,6 +1302,17 @@ async fn run_step(
     let tool_usage = tool_cpu.usage()?;
     let sink_cpu = threads_cpu(SINK_THREAD).saturating_sub(sink_cpu0);
     let machine_busy = machine_cpu_percent(machine0, machine_cpu());
+    let mut ours = vec![std::process::id()];
+    ours.extend(
+        [Some(meters.sut), meters.cloud]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| match p {
+                Pid::Other(pid) => Some(pid),
+                Pid::OwnProcess => None,
+            }),
+    );
+    let other_processes = busiest_others(&procs0, &process_cpu_ticks(), &ours, t0.elapsed());
     let e2e = LatencySummary::from_histogram(&sink.stats().latency_window.take());
     let ack = LatencySummary::from_histogram(&fleet.take_ack_latency());
     let sut_rss_kib = procfs::rss_kib(meters.sut).unwrap_or(0);
@@ -1382,6 +1407,9 @@ async fn run_step(
         tool_cpu_percent: tool_usage.percent_of_one_core,
         machine_cpu_percent: machine_busy,
         other_cpu_percent,
+        other_processes,
+        cooldown_s: None,
+        cooldown_drained: None,
         window_full_drops,
         late_drops,
         sut_rss_kib,
@@ -1424,7 +1452,11 @@ fn step_line(s: &StepResult) -> String {
         s.window_full_drops,
         s.late_drops,
         s.verdict
-    )
+    ) + &if s.other_processes.is_empty() {
+        String::new()
+    } else {
+        format!("  [others: {}]", s.other_processes.join(", "))
+    }
 }
 
 /// CPU time used so far by this process's threads whose name starts with `prefix`.
@@ -1447,6 +1479,59 @@ fn threads_cpu(prefix: &str) -> Duration {
         }
     }
     Duration::from_nanos(ticks.saturating_mul(1_000_000_000 / per_second))
+}
+
+/// CPU ticks so far of every process: pid → (command name, utime + stime).
+fn process_cpu_ticks() -> std::collections::HashMap<u32, (String, u64)> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let comm = stat
+            .find('(')
+            .zip(stat.rfind(')'))
+            .and_then(|(a, b)| stat.get(a + 1..b))
+            .unwrap_or("?")
+            .to_string();
+        if let Ok(ticks) = procfs::parse_stat_cpu_ticks(&stat) {
+            out.insert(pid, (comm, ticks));
+        }
+    }
+    out
+}
+
+/// Processes other than `ours` that used at least 2 % of one core between two snapshots,
+/// busiest first, at most five: "comm (pid) N %".
+fn busiest_others(
+    before: &std::collections::HashMap<u32, (String, u64)>,
+    after: &std::collections::HashMap<u32, (String, u64)>,
+    ours: &[u32],
+    wall: Duration,
+) -> Vec<String> {
+    let ticks_per_s = procfs::clock_ticks_per_second() as f64;
+    let secs = wall.as_secs_f64().max(1e-9);
+    let mut busy: Vec<(f64, String)> = after
+        .iter()
+        .filter(|(pid, _)| !ours.contains(pid))
+        .filter_map(|(pid, (comm, ticks))| {
+            let start = before.get(pid).map_or(0, |(_, t)| *t);
+            let percent = ticks.saturating_sub(start) as f64 / ticks_per_s / secs * 100.0;
+            (percent >= 2.0).then(|| (percent, format!("{comm} ({pid}) {percent:.0} %")))
+        })
+        .collect();
+    busy.sort_by(|a, b| b.0.total_cmp(&a.0));
+    busy.into_iter().take(5).map(|(_, s)| s).collect()
 }
 
 /// (busy, total) jiffies of all CPUs from the first line of /proc/stat.
@@ -1544,7 +1629,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
         for s in &r.steps {
             let _ = writeln!(
                 out,
-                "| {}{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {} / {} | {}{} |",
+                "| {}{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {} / {} | {}{}{}{} |",
                 s.step,
                 if s.phase == "refine" { " (refine)" } else { "" },
                 s.offered_rate,
@@ -1568,6 +1653,15 @@ pub fn markdown(report: &ThroughputReport) -> String {
                     .as_ref()
                     .map(|l| format!(" — limited by {l}"))
                     .unwrap_or_default(),
+                match s.cooldown_drained {
+                    Some(false) => " (started with a backlog: the cool-down did not drain it)",
+                    _ => "",
+                },
+                if s.other_processes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [other processes: {}]", s.other_processes.join(", "))
+                },
             );
         }
     }
