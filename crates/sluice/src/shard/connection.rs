@@ -307,8 +307,7 @@ impl Connection {
                                 return Box::pin(self.close_with(reason, code)).await;
                             }
                             if self.rbuf.is_empty() {
-                                // Release it: its bytes are mostly shared with messages still on
-                                // their way, so the next read allocates afresh anyway.
+                                // Release it, so an idle connection holds no read buffer.
                                 self.rbuf = BytesMut::new();
                             }
                         }
@@ -468,6 +467,11 @@ impl Connection {
             ));
         }
         self.ctx.metrics.messages_received.inc();
+        // Own the bytes: a zero-copy slice would pin its whole read buffer for as long as the
+        // message waits for the cloud, making real memory several times what the uplink's
+        // byte bound counts. A copy of at most one packet keeps memory equal to the bound.
+        p.topic = ByteString::from(&*p.topic);
+        p.payload = bytes::Bytes::copy_from_slice(&p.payload);
         let ack = match (p.qos, p.packet_id) {
             (QoS::AtMostOnce, _) => None,
             (qos, Some(id)) => {
