@@ -27,8 +27,9 @@
 //! clock now − send timestamp (sender and sink on the same machine) is recorded into a
 //! [`LatencyWindow`], whose contents a caller can take at any time (per step of a step load)
 //! as well as into a whole-run histogram. Payloads without the header count as `foreign`.
-//! There is no duplicate or order tracking (the `sink` subscriber does that): this code is
-//! built to be cheap per message.
+//! Each bench message's (device, sequence number) goes through a
+//! [`SequenceTracker`] (one lock per read batch), so resends are counted as `duplicates` and
+//! `unique` counts what arrived at least once; latency is recorded for first arrivals only.
 //!
 //! Invariants: bytes from a peer never panic; a malformed packet or protocol violation closes
 //! only that connection (counted in `protocol_errors`); connections are bounded by
@@ -59,7 +60,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::conn;
 use crate::payload::{unix_now_ns, PayloadHeader};
 use crate::procfs::{round1, round3};
-use crate::stats::{latency_histogram, record_us, LatencySummary};
+use crate::stats::{latency_histogram, record_us, LatencySummary, Observation, SequenceTracker};
 
 /// Bytes read per `read` call at most (and the initial buffer size per connection).
 pub const READ_BUFFER: usize = 256 * 1024;
@@ -121,6 +122,10 @@ pub struct SinkCounters {
     pub acks_sent: AtomicU64,
     /// PUBLISHes whose payload does not start with the bench header (when measuring latency).
     pub foreign: AtomicU64,
+    /// Bench messages (device, sequence number) seen for the first time.
+    pub unique: AtomicU64,
+    /// Bench messages seen before (e.g. a bridge's DUP resend).
+    pub duplicates: AtomicU64,
     /// Connections closed for a TLS failure, malformed packet or protocol violation.
     pub protocol_errors: AtomicU64,
 }
@@ -133,17 +138,39 @@ pub struct SinkStats {
     pub latency_window: LatencyWindow,
     /// End-to-end latency of bench payloads over the whole run.
     latency_all: Mutex<Option<Histogram<u64>>>,
+    /// Which (device, sequence number) pairs arrived (bounded: see [`SequenceTracker`]).
+    tracker: Mutex<SequenceTracker>,
 }
 
+/// One bench message of a read batch: device, sequence number, e2e latency in µs.
+type Seen = (u32, u64, u64);
+
 impl SinkStats {
-    fn record_batch(&self, micros: &[u64]) {
-        if micros.is_empty() {
+    /// Account for the bench messages of one batch: uniques and duplicates, and the latency of
+    /// first arrivals (a duplicate would measure a resend, not the path).
+    fn record_batch(&self, seen: &[Seen], firsts: &mut Vec<u64>) {
+        if seen.is_empty() {
             return;
         }
-        self.latency_window.record_all(micros);
+        firsts.clear();
+        {
+            let mut tracker = self.tracker.lock().unwrap_or_else(|p| p.into_inner());
+            for &(device, seq, us) in seen {
+                match tracker.observe(device, seq) {
+                    Observation::New | Observation::NewOutOfOrder | Observation::Untracked => {
+                        firsts.push(us)
+                    }
+                    Observation::Duplicate => {}
+                }
+            }
+        }
+        let duplicates = (seen.len() - firsts.len()) as u64;
+        self.counters.unique.fetch_add(firsts.len() as u64, Relaxed);
+        self.counters.duplicates.fetch_add(duplicates, Relaxed);
+        self.latency_window.record_all(firsts);
         let mut all = self.latency_all.lock().unwrap_or_else(|p| p.into_inner());
         let h = all.get_or_insert_with(latency_histogram);
-        for &us in micros {
+        for &us in firsts.iter() {
             record_us(h, us);
         }
     }
@@ -199,7 +226,11 @@ pub struct FastSinkReport {
     pub payload_bytes: u64,
     pub acks_sent: u64,
     pub foreign: u64,
-    /// Bench payloads: send timestamp → received here, whole run.
+    /// Distinct bench messages (device, sequence number).
+    pub unique: u64,
+    /// Bench messages received more than once.
+    pub duplicates: u64,
+    /// Bench payloads: send timestamp → received here, whole run, first arrivals.
     pub e2e_latency: LatencySummary,
     pub elapsed_s: f64,
     /// messages ÷ elapsed.
@@ -231,9 +262,13 @@ impl FastSink {
     pub fn stats(&self) -> &Arc<SinkStats> {
         &self.stats
     }
-    /// PUBLISHes received so far.
+    /// PUBLISHes received so far (duplicates included).
     pub fn messages(&self) -> u64 {
         self.stats.counters.messages.load(Relaxed)
+    }
+    /// Distinct bench messages received so far (needs `measure_latency`).
+    pub fn unique(&self) -> u64 {
+        self.stats.counters.unique.load(Relaxed)
     }
     /// Connections that completed CONNECT and are open now.
     pub fn connections_open(&self) -> u64 {
@@ -255,6 +290,8 @@ impl FastSink {
             payload_bytes: c.payload_bytes.load(Relaxed),
             acks_sent: c.acks_sent.load(Relaxed),
             foreign: c.foreign.load(Relaxed),
+            unique: c.unique.load(Relaxed),
+            duplicates: c.duplicates.load(Relaxed),
             e2e_latency: self.stats.latency_all(),
             elapsed_s: round3(elapsed),
             mean_rate: round1(messages as f64 / elapsed.max(1e-9)),
@@ -434,26 +471,20 @@ async fn receive_loop<S: AsyncRead + AsyncWrite + Unpin>(
     measure_latency: bool,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let mut latencies: Vec<u64> = Vec::with_capacity(1024);
+    let mut seen: Vec<Seen> = Vec::with_capacity(1024);
+    let mut firsts: Vec<u64> = Vec::with_capacity(1024);
     loop {
         // Packets may already be buffered (e.g. pipelined behind CONNECT).
         wbuf.clear();
-        latencies.clear();
-        let batch = handle_buffered(
-            decoder,
-            rbuf,
-            wbuf,
-            version,
-            measure_latency,
-            &mut latencies,
-        )?;
+        seen.clear();
+        let batch = handle_buffered(decoder, rbuf, wbuf, version, measure_latency, &mut seen)?;
         let c = &stats.counters;
         if batch.messages > 0 {
             c.messages.fetch_add(batch.messages, Relaxed);
             c.payload_bytes.fetch_add(batch.payload_bytes, Relaxed);
             c.acks_sent.fetch_add(batch.acks, Relaxed);
             c.foreign.fetch_add(batch.foreign, Relaxed);
-            stats.record_batch(&latencies);
+            stats.record_batch(&seen, &mut firsts);
         }
         if !wbuf.is_empty() {
             io.write_all(wbuf)
@@ -493,7 +524,7 @@ fn handle_buffered(
     wbuf: &mut BytesMut,
     version: ProtocolVersion,
     measure_latency: bool,
-    latencies: &mut Vec<u64>,
+    seen: &mut Vec<Seen>,
 ) -> anyhow::Result<Batch> {
     let mut batch = Batch::default();
     let now_ns = if measure_latency { unix_now_ns() } else { 0 };
@@ -504,7 +535,9 @@ fn handle_buffered(
                 batch.payload_bytes += p.payload.len() as u64;
                 if measure_latency {
                     match PayloadHeader::parse(&p.payload) {
-                        Ok(h) => latencies.push(now_ns.saturating_sub(h.sent_at_ns) / 1000),
+                        Ok(h) => {
+                            seen.push((h.device, h.seq, now_ns.saturating_sub(h.sent_at_ns) / 1000))
+                        }
                         Err(_) => batch.foreign += 1,
                     }
                 }

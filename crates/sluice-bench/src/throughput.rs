@@ -739,8 +739,10 @@ pub struct StepResult {
     pub sent_rate: f64,
     /// PUBACKs from the SUT per second.
     pub acked_rate: f64,
-    /// Messages received by the cloud sink per second.
+    /// Distinct messages received by the cloud sink per second (duplicates not counted).
     pub achieved_rate: f64,
+    /// Duplicate arrivals at the cloud sink in the window (e.g. a bridge's resends).
+    pub duplicates: u64,
     /// achieved ÷ offered.
     pub achieved_ratio: f64,
     pub window_s: f64,
@@ -1187,7 +1189,7 @@ async fn run_one(
     let fleet_end = fleet.stop(Duration::from_secs(5)).await;
     // Let the last messages reach the cloud.
     let drain_deadline = Instant::now() + Duration::from_secs(10);
-    while cloud.sink.messages() < fleet_end.sent && Instant::now() < drain_deadline {
+    while cloud.sink.unique() < fleet_end.sent && Instant::now() < drain_deadline {
         sleep(Duration::from_millis(100)).await;
     }
     let sut_config = sut.config_text.clone();
@@ -1256,7 +1258,7 @@ async fn cool_down(config: &ThroughputScenario, fleet: &Fleet, sink: &FastSink) 
     let deadline = started + config.cooldown_max;
     let drained = loop {
         let c = fleet.counters();
-        if c.sent == c.acknowledged + c.rejected && sink.messages() >= c.sent {
+        if c.sent == c.acknowledged + c.rejected && sink.unique() >= c.sent {
             break true;
         }
         if Instant::now() >= deadline {
@@ -1284,7 +1286,12 @@ async fn run_step(
     let _ = fleet.take_ack_latency();
     let _ = sink.stats().latency_window.take();
     let f0 = fleet.counters();
-    let s0 = sink.messages();
+    let s0 = sink.unique();
+    let d0 = sink
+        .stats()
+        .counters
+        .duplicates
+        .load(std::sync::atomic::Ordering::Relaxed);
     let sut_cpu = CpuMeter::start(meters.sut)?;
     let cloud_cpu = meters.cloud.map(CpuMeter::start).transpose()?;
     let tool_cpu = CpuMeter::start(Pid::OwnProcess)?;
@@ -1295,7 +1302,12 @@ async fn run_step(
     sleep(config.step_duration - config.warmup).await;
     // Window end.
     let f1 = fleet.counters();
-    let s1 = sink.messages();
+    let s1 = sink.unique();
+    let d1 = sink
+        .stats()
+        .counters
+        .duplicates
+        .load(std::sync::atomic::Ordering::Relaxed);
     let window = t0.elapsed();
     let sut_usage = sut_cpu.usage()?;
     let cloud_usage = cloud_cpu.map(|m| m.usage()).transpose()?;
@@ -1385,6 +1397,7 @@ async fn run_step(
         sent_rate: per_s(f1.sent - f0.sent),
         acked_rate: per_s(f1.acknowledged - f0.acknowledged),
         achieved_rate,
+        duplicates: d1.saturating_sub(d0),
         achieved_ratio: round3(achieved_rate / offered),
         window_s: round3(secs),
         backlog_start,
@@ -1629,7 +1642,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
         for s in &r.steps {
             let _ = writeln!(
                 out,
-                "| {}{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {} / {} | {}{}{}{} |",
+                "| {}{} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {} / {} | {}{}{}{}{} |",
                 s.step,
                 if s.phase == "refine" { " (refine)" } else { "" },
                 s.offered_rate,
@@ -1653,6 +1666,11 @@ pub fn markdown(report: &ThroughputReport) -> String {
                     .as_ref()
                     .map(|l| format!(" — limited by {l}"))
                     .unwrap_or_default(),
+                if s.duplicates > 0 {
+                    format!(" [{} duplicates]", s.duplicates)
+                } else {
+                    String::new()
+                },
                 match s.cooldown_drained {
                     Some(false) => " (started with a backlog: the cool-down did not drain it)",
                     _ => "",
