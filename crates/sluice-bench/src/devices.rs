@@ -7,7 +7,10 @@
 //!
 //! Model, per device `i` of `n` (0-based):
 //! - Connects at `start + ramp·i/n` as client id `{client_prefix}-{i}` (clean session/start),
-//!   keep-alive 60 s (a PINGREQ goes out after 30 s without any write), TCP_NODELAY.
+//!   keep-alive 60 s (a PINGREQ goes out after 30 s without any write), TCP_NODELAY. The first
+//!   `round(n · high_share)` devices (lowest indices) are *high-priority* devices and use client
+//!   id `{client_prefix}-hi-{i}` instead (for a gateway's `[priority] devices` patterns); their
+//!   topic and payload are the same as everyone's.
 //! - Publishes to `{topic_prefix}/{i}` at `rate` messages per second: *periodic* arrivals with a
 //!   random phase (first send after U(0, 1/rate) s, then every 1/rate s on a fixed schedule, so
 //!   a late send does not shift later ones), or *Poisson* arrivals (exponential gaps, mean
@@ -29,6 +32,9 @@
 //!   CONNACK.
 //! - At `start + duration` publishing stops; each device waits up to `drain_timeout` for its
 //!   outstanding PUBACKs, sends DISCONNECT and closes.
+//! - Runs of at most [`PER_DEVICE_REPORT_MAX`] devices also report every device on its own
+//!   (client id, sent, acknowledged, steady-state ack latency); bigger runs only the totals, so
+//!   reports of big fleets stay small.
 //!
 //! Efficiency (16,384 devices × 10 msg/s is a design target): one task per device sleeping on
 //! tokio's shared timer wheel with one re-armed `Sleep`; no allocation per message — the filler
@@ -68,6 +74,8 @@ const PING_AFTER: Duration = Duration::from_secs(30);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const HISTOGRAM_SHARDS: usize = 64;
+/// Runs of at most this many devices report each device separately (`per_device`).
+pub const PER_DEVICE_REPORT_MAX: u32 = 64;
 
 /// Payload sizes, in bytes, drawn uniformly from `min..=max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -141,6 +149,9 @@ pub struct DevicesConfig {
     pub settle: Duration,
     pub topic_prefix: String,
     pub client_prefix: String,
+    /// Share of high-priority devices, 0.0–1.0: the first `round(devices · high_share)` devices
+    /// use client id `{client_prefix}-hi-{i}`.
+    pub high_share: f64,
     pub arrivals: Arrivals,
     /// PUBLISHes awaiting PUBACK per device, at most (QoS 1).
     pub max_inflight: u16,
@@ -174,6 +185,7 @@ impl DevicesConfig {
             settle: Duration::ZERO,
             topic_prefix: "dev".to_string(),
             client_prefix: "bench".to_string(),
+            high_share: 0.0,
             arrivals: Arrivals::Periodic,
             max_inflight: 64,
             drain_timeout: Duration::from_secs(5),
@@ -193,6 +205,12 @@ impl DevicesConfig {
         if self.qos == QoS::ExactlyOnce {
             bail!("QoS 2 is not supported by the generator (use 0 or 1)");
         }
+        if !(self.high_share.is_finite() && (0.0..=1.0).contains(&self.high_share)) {
+            bail!(
+                "the high-priority share must be between 0.0 and 1.0 (got {})",
+                self.high_share
+            );
+        }
         if self.max_inflight == 0 {
             bail!("max inflight must be at least 1");
         }
@@ -205,6 +223,31 @@ impl DevicesConfig {
         }
         Ok(())
     }
+
+    /// How many devices are high-priority: `round(devices · high_share)`.
+    pub fn high_devices(&self) -> u32 {
+        high_devices(self.devices, self.high_share)
+    }
+
+    /// Device `index`'s MQTT client id: `{client_prefix}-hi-{index}` for the high-priority
+    /// devices (the lowest indices), `{client_prefix}-{index}` for the others.
+    pub fn client_id(&self, index: u32) -> String {
+        if index < self.high_devices() {
+            format!("{}-hi-{index}", self.client_prefix)
+        } else {
+            format!("{}-{index}", self.client_prefix)
+        }
+    }
+}
+
+/// `round(devices · share)`, clamped to `0..=devices` (a share outside 0–1 is clamped too).
+pub fn high_devices(devices: u32, share: f64) -> u32 {
+    if !share.is_finite() {
+        return 0;
+    }
+    let n = (f64::from(devices) * share.clamp(0.0, 1.0)).round();
+    // In 0..=devices after the clamp, so the conversion is exact.
+    (n as u32).min(devices)
 }
 
 /// Live counters of a run, readable while it goes on (e.g. to cut a steady-state window).
@@ -276,6 +319,8 @@ pub struct DevicesReport {
     pub max_inflight: u16,
     pub duration_s: f64,
     pub ramp_s: f64,
+    /// Devices with a `-hi-` client id (the first ones): `round(devices · high_share)`.
+    pub high_devices: u32,
     pub sent: u64,
     pub acknowledged: u64,
     pub rejected: u64,
@@ -292,6 +337,30 @@ pub struct DevicesReport {
     pub tool_cpu: CpuUsage,
     /// From start to the last device closing (includes the ack drain).
     pub elapsed_s: f64,
+    /// Every device on its own, by index; only for runs of at most [`PER_DEVICE_REPORT_MAX`]
+    /// devices (empty, and left out of the JSON, otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_device: Vec<DeviceTally>,
+}
+
+/// One device's share of a run (see [`DevicesReport::per_device`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceTally {
+    /// The device index (the `device` field of its payload header, and its topic suffix).
+    pub device: u32,
+    pub client_id: String,
+    /// Whether it is one of the high-priority devices.
+    pub high: bool,
+    /// PUBLISHes written to a socket.
+    pub sent: u64,
+    /// PUBACKs with a success reason code.
+    pub acknowledged: u64,
+    /// PUBACKs with a failure reason code.
+    pub rejected: u64,
+    /// QoS 1 PUBLISHes still unacknowledged when a connection of this device ended.
+    pub unacknowledged: u64,
+    /// PUBLISH written → PUBACK, PUBLISHes written after ramp + settle.
+    pub ack_latency_steady: LatencySummary,
 }
 
 /// A device run in progress.
@@ -372,9 +441,13 @@ async fn drive(
         let shared = shared.clone();
         tokio::spawn(async move { progress_lines(&shared, started, every).await })
     });
+    let mut per_device = Vec::new();
     while let Some(joined) = tasks.join_next().await {
-        joined.context("a device task panicked")?;
+        if let Some(tally) = joined.context("a device task panicked")? {
+            per_device.push(tally);
+        }
     }
+    per_device.sort_by_key(|t| t.device);
     if let Some(p) = progress {
         p.abort();
     }
@@ -395,6 +468,7 @@ async fn drive(
         max_inflight: config.max_inflight,
         duration_s: config.duration.as_secs_f64(),
         ramp_s: config.ramp.as_secs_f64(),
+        high_devices: config.high_devices(),
         sent: c.sent,
         acknowledged: c.acknowledged,
         rejected: c.rejected,
@@ -407,6 +481,7 @@ async fn drive(
         ack_latency_steady: LatencySummary::from_histogram(&shared.ack_latency_steady.merged()),
         tool_cpu: cpu.usage()?,
         elapsed_s: round3(elapsed.as_secs_f64()),
+        per_device,
     })
 }
 
@@ -476,6 +551,17 @@ struct DeviceState {
     inflight: Vec<(u16, Instant)>,
     rbuf: BytesMut,
     wbuf: BytesMut,
+    /// This device's own counters, for runs that report devices separately.
+    own: Option<OwnCounters>,
+}
+
+/// One device's counters (plain integers: only its own task touches them).
+struct OwnCounters {
+    sent: u64,
+    acknowledged: u64,
+    rejected: u64,
+    unacknowledged: u64,
+    ack_latency_steady: hdrhistogram::Histogram<u64>,
 }
 
 /// How one connection ended.
@@ -489,12 +575,14 @@ enum SessionEnd {
     },
 }
 
-async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) {
+/// One device, from its first connection to its last; its own tally when the run reports
+/// devices separately.
+async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) -> Option<DeviceTally> {
     sleep_until(start_at).await;
     let config = &shared.config;
     let mut st = DeviceState {
         index,
-        client_id: format!("{}-{index}", config.client_prefix),
+        client_id: config.client_id(index),
         template: Publish {
             dup: false,
             qos: config.qos,
@@ -511,6 +599,13 @@ async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) {
         inflight: Vec::with_capacity(usize::from(config.max_inflight.min(256))),
         rbuf: BytesMut::with_capacity(256),
         wbuf: BytesMut::with_capacity(config.payload.max + 128),
+        own: (config.devices <= PER_DEVICE_REPORT_MAX).then(|| OwnCounters {
+            sent: 0,
+            acknowledged: 0,
+            rejected: 0,
+            unacknowledged: 0,
+            ack_latency_steady: crate::stats::latency_histogram(),
+        }),
     };
     let mut backoff = BACKOFF_MIN;
     while Instant::now() < shared.stop_at {
@@ -518,8 +613,11 @@ async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) {
         let lost = st.inflight.len() as u64;
         st.inflight.clear();
         shared.counters.unacknowledged.fetch_add(lost, Relaxed);
+        if let Some(own) = &mut st.own {
+            own.unacknowledged += lost;
+        }
         match end {
-            SessionEnd::Finished => return,
+            SessionEnd::Finished => break,
             SessionEnd::Failed { connected, error } => {
                 let counter = if connected {
                     backoff = BACKOFF_MIN;
@@ -537,6 +635,17 @@ async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) {
         // Ticks that fell into the outage are not made up for.
         st.next_send = None;
     }
+    let high = index < config.high_devices();
+    st.own.map(|own| DeviceTally {
+        device: index,
+        client_id: st.client_id,
+        high,
+        sent: own.sent,
+        acknowledged: own.acknowledged,
+        rejected: own.rejected,
+        unacknowledged: own.unacknowledged,
+        ack_latency_steady: LatencySummary::from_histogram(&own.ack_latency_steady),
+    })
 }
 
 async fn session(st: &mut DeviceState, shared: &Shared) -> SessionEnd {
@@ -642,6 +751,9 @@ async fn publish_loop(
                         }
                         wr.write_all(&st.wbuf).await.context("writing PUBLISH")?;
                         shared.counters.sent.fetch_add(1, Relaxed);
+                        if let Some(own) = &mut st.own {
+                            own.sent += 1;
+                        }
                         last_write = Instant::now();
                     }
                     st.next_send = next_after(st, config, due);
@@ -745,15 +857,27 @@ fn drain_packets(
                 let (_, sent_at) = st.inflight.swap_remove(pos);
                 let micros = u64::try_from(sent_at.elapsed().as_micros()).unwrap_or(u64::MAX);
                 shared.ack_latency.record_us(st.index as usize, micros);
-                if sent_at >= shared.steady_from {
+                let steady = sent_at >= shared.steady_from;
+                if steady {
                     shared
                         .ack_latency_steady
                         .record_us(st.index as usize, micros);
                 }
-                if ack.reason >= reason::UNSPECIFIED_ERROR {
+                let rejected = ack.reason >= reason::UNSPECIFIED_ERROR;
+                if rejected {
                     shared.counters.rejected.fetch_add(1, Relaxed);
                 } else {
                     shared.counters.acknowledged.fetch_add(1, Relaxed);
+                }
+                if let Some(own) = &mut st.own {
+                    if steady {
+                        crate::stats::record_us(&mut own.ack_latency_steady, micros);
+                    }
+                    if rejected {
+                        own.rejected += 1;
+                    } else {
+                        own.acknowledged += 1;
+                    }
                 }
             }
             Packet::PingResp => {}
@@ -800,4 +924,101 @@ fn exponential(rng: &mut SmallRng, mean: f64) -> f64 {
 fn wake_at(next_send: Option<Instant>, ping_at: Instant, stop_at: Instant) -> Instant {
     let wake = ping_at.min(stop_at);
     next_send.map_or(wake, |s| s.min(wake))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(devices: u32, high_share: f64) -> DevicesConfig {
+        let mut c = DevicesConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], 1883)));
+        c.devices = devices;
+        c.high_share = high_share;
+        c
+    }
+
+    #[test]
+    fn the_high_share_rounds_to_whole_devices() {
+        assert_eq!(high_devices(4, 0.0), 0);
+        assert_eq!(high_devices(4, 0.25), 1);
+        assert_eq!(high_devices(4, 0.3), 1);
+        assert_eq!(high_devices(4, 0.4), 2);
+        assert_eq!(high_devices(3, 0.5), 2, "1.5 rounds half away from zero");
+        assert_eq!(high_devices(1, 0.49), 0);
+        assert_eq!(high_devices(1, 1.0), 1);
+        assert_eq!(high_devices(16384, 0.01), 164);
+        assert_eq!(high_devices(10, 7.0), 10, "clamped");
+        assert_eq!(high_devices(10, f64::NAN), 0);
+    }
+
+    #[test]
+    fn the_lowest_indices_are_high_and_get_a_hi_client_id() {
+        let c = config(4, 0.25);
+        assert_eq!(c.high_devices(), 1);
+        assert_eq!(c.client_id(0), "bench-hi-0");
+        assert_eq!(c.client_id(1), "bench-1");
+        assert_eq!(c.client_id(3), "bench-3");
+        let mut c = config(5, 0.4);
+        c.client_prefix = "meter".to_string();
+        let ids: Vec<String> = (0..5).map(|i| c.client_id(i)).collect();
+        assert_eq!(
+            ids,
+            ["meter-hi-0", "meter-hi-1", "meter-2", "meter-3", "meter-4"]
+        );
+        let c = config(3, 0.0);
+        assert_eq!(c.client_id(0), "bench-0", "no share, no high devices");
+    }
+
+    #[test]
+    fn a_high_share_outside_zero_to_one_is_refused() {
+        for bad in [-0.1, 1.01, f64::NAN, f64::INFINITY] {
+            let e = config(4, bad).validate().unwrap_err();
+            assert!(e.to_string().contains("between 0.0 and 1.0"), "{e}");
+        }
+        for ok in [0.0, 0.5, 1.0] {
+            config(4, ok).validate().expect("valid share");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn high_devices_connect_with_their_hi_client_id_and_each_device_is_reported(
+    ) -> anyhow::Result<()> {
+        let broker =
+            tokio::task::spawn_blocking(|| sluice_testkit::Mosquitto::builder().start()).await??;
+        let mut c = DevicesConfig::new(broker.plain_addr());
+        c.devices = 4;
+        c.high_share = 0.25;
+        c.rate_per_device = 50.0;
+        c.payload = PayloadSize { min: 64, max: 64 };
+        c.duration = Duration::from_millis(600);
+        c.ramp = Duration::from_millis(100);
+        c.progress_every = None;
+        let report = run_devices(c).await?;
+        assert_eq!(report.high_devices, 1);
+        assert_eq!(report.per_device.len(), 4);
+        let ids: Vec<&str> = report
+            .per_device
+            .iter()
+            .map(|t| t.client_id.as_str())
+            .collect();
+        assert_eq!(ids, ["bench-hi-0", "bench-1", "bench-2", "bench-3"]);
+        assert_eq!(
+            report.per_device.iter().map(|t| t.high).collect::<Vec<_>>(),
+            [true, false, false, false]
+        );
+        let sent: u64 = report.per_device.iter().map(|t| t.sent).sum();
+        assert_eq!(sent, report.sent);
+        for t in &report.per_device {
+            assert!(t.sent > 0, "{t:?}");
+            assert_eq!(t.acknowledged, t.sent, "{t:?}");
+            assert!(t.ack_latency_steady.count > 0, "{t:?}");
+        }
+        broker
+            .wait_for_log_async("as bench-hi-0", Duration::from_secs(2))
+            .await?;
+        broker
+            .wait_for_log_async("as bench-3", Duration::from_secs(2))
+            .await?;
+        Ok(())
+    }
 }

@@ -185,6 +185,11 @@ struct DevicesArgs {
     /// Client ids are {client-prefix}-{device index}.
     #[arg(long, default_value = "bench")]
     client_prefix: String,
+    /// Share of high-priority devices, 0.0–1.0: the first round(N·F) devices (lowest indices)
+    /// use client id {client-prefix}-hi-{device index} (topics unchanged). The report's
+    /// "high_devices" says how many.
+    #[arg(long, default_value_t = 0.0, value_name = "F", value_parser = parse_share)]
+    high_share: f64,
     /// QoS 1 PUBLISHes awaiting PUBACK per device, at most. A tick that finds the window full is
     /// skipped and counted ("skipped_inflight_full"), not queued. MQTT 5: also capped by the
     /// broker's Receive Maximum.
@@ -441,6 +446,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// A share between 0.0 and 1.0.
+fn parse_share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not between 0.0 and 1.0"))
+    }
+}
+
 fn qos(v: u8) -> QoS {
     if v == 0 {
         QoS::AtMostOnce
@@ -485,9 +503,18 @@ async fn devices(args: DevicesArgs) -> anyhow::Result<()> {
     config.progress_every = progress(args.load.progress);
     config.topic_prefix = args.topic_prefix;
     config.client_prefix = args.client_prefix;
+    config.high_share = args.high_share;
     config.max_inflight = args.max_inflight;
     config.drain_timeout = args.drain_timeout;
     config.seed = args.seed;
+    if config.high_share > 0.0 {
+        eprintln!(
+            "devices: {} of {} are high-priority (client ids {}-hi-0 …)",
+            config.high_devices(),
+            config.devices,
+            config.client_prefix
+        );
+    }
     let report = run_devices(config).await?;
     emit_json(&report, args.out.as_ref())
 }
