@@ -4,6 +4,10 @@
 //! their data (topic validation and matching). Does not own: sockets, clocks, tasks or any
 //! runtime — callers hand in bytes and get packets back, so everything here is deterministic,
 //! property-tested and fuzzed. Invariant: no input bytes can make any function here panic.
+//!
+//! Modules: [`mqtt`] (MQTT 3.1.1 and 5.0 packets), [`senml`] (SenML packs, RFC 8428, in JSON
+//! and CBOR: decoding with base-field resolution, and an incremental pack writer).
 #![forbid(unsafe_code)]
 
 pub mod mqtt;
+pub mod senml;
