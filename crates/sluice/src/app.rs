@@ -18,12 +18,13 @@ use tokio::sync::{mpsc, watch};
 use crate::admin::AdminSource;
 use crate::config::Config;
 use crate::control::admission::Admission;
+use crate::control::priority::PriorityTable;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
 use crate::listener::mqtt::MqttListener;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::{self, ShardSeed};
 use crate::telemetry::metrics::{Gauge, PromWriter};
-use crate::uplink::UplinkMetrics;
+use crate::uplink::LaneMetrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -117,17 +118,45 @@ impl Gateway {
         let snapshot = Arc::new(ArcSwap::from_pointee(SubscriptionSnapshot::default()));
         let (control_tx, control_rx) = mpsc::channel(cap);
         let live = Arc::new(AtomicUsize::new(0));
+        let online = Arc::new(AtomicUsize::new(0));
         let control_metrics = Arc::new(ControlMetrics::default());
         let shard_metrics: Vec<Arc<ShardMetrics>> = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
-        let uplink_metrics: Vec<Vec<Arc<UplinkMetrics>>> = (0..shards)
+        let priority = Arc::new(PriorityTable::new(&config.priority));
+        let uplink_metrics: Vec<Vec<LaneMetrics>> = (0..shards)
             .map(|_| {
                 config
                     .uplink
                     .iter()
-                    .map(|_| Arc::new(UplinkMetrics::default()))
+                    .map(|_| LaneMetrics::new(priority.has_high()))
                     .collect()
+            })
+            .collect();
+        let mut tc = Vec::new();
+        let mut tc_status = Vec::new();
+        let uplink_ports: Vec<Option<crate::uplink::PortSink>> = config
+            .uplink
+            .iter()
+            .map(|u| {
+                if !(u.install_tc && priority.has_high()) {
+                    tc_status.push(serde_json::Value::Null);
+                    return None;
+                }
+                match start_tc(u) {
+                    Ok(manager) => {
+                        tracing::info!(uplink = %u.name, interface = manager.interface(), "traffic control installed for the high lane");
+                        tc_status.push(serde_json::json!({ "installed": true, "interface": manager.interface() }));
+                        let manager = Arc::new(manager);
+                        tc.push(manager.clone());
+                        Some(crate::uplink::PortSink::new(manager))
+                    }
+                    Err(error) => {
+                        tracing::error!(uplink = %u.name, %error, "install_tc: traffic control NOT installed; the high lane keeps its own session and marked socket");
+                        tc_status.push(serde_json::json!({ "installed": false, "error": error.to_string() }));
+                        None
+                    }
+                }
             })
             .collect();
 
@@ -152,9 +181,12 @@ impl Gateway {
                 control: control_tx.clone(),
                 snapshot: snapshot.clone(),
                 metrics: shard_metrics[id].clone(),
+                priority: priority.clone(),
                 uplink_metrics: uplink_metrics[id].clone(),
                 uplink_tls: uplink_tls.clone(),
+                uplink_ports: uplink_ports.clone(),
                 live_connections: live.clone(),
+                online_devices: online.clone(),
                 shutdown: shutdown_rx.clone(),
                 core: if cores.is_empty() {
                     None
@@ -174,6 +206,7 @@ impl Gateway {
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),
             uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),
+            tc_status,
             shard_metrics,
             uplink_metrics,
             devices_per_shard: plane.devices_per_shard(),
@@ -241,11 +274,38 @@ impl Gateway {
         Ok(RunningGateway {
             shutdown: shutdown_tx,
             threads,
+            tc,
             mqtt_addr,
             admin_addr,
             status,
         })
     }
+}
+
+/// Install `install_tc`'s htb tree on the uplink's interface (configured, or the one routing
+/// to the broker).
+fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::uplink::tc::TcManager, String> {
+    use crate::uplink::tc;
+    let rate = u.tc_rate.clone().ok_or("tc_rate is not set")?;
+    let interface = match &u.tc_interface {
+        Some(i) => i.clone(),
+        None => {
+            use std::net::ToSocketAddrs;
+            let ip = (u.url.host.as_str(), u.url.port)
+                .to_socket_addrs()
+                .map_err(|e| {
+                    format!(
+                        "cannot resolve {} to find the uplink interface: {e}",
+                        u.url.host
+                    )
+                })?
+                .next()
+                .ok_or_else(|| format!("{} resolved to no address", u.url.host))?
+                .ip();
+            tc::route_interface(ip).map_err(|e| e.to_string())?
+        }
+    };
+    tc::TcManager::start(None, interface, rate).map_err(|e| e.to_string())
 }
 
 fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
@@ -258,6 +318,8 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 pub struct RunningGateway {
     shutdown: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Traffic control installed for `install_tc`; removed when the last reference drops.
+    tc: Vec<Arc<crate::uplink::tc::TcManager>>,
     pub mqtt_addr: SocketAddr,
     pub admin_addr: Option<SocketAddr>,
     status: Arc<GatewayStatus>,
@@ -281,6 +343,17 @@ impl RunningGateway {
         for t in self.threads {
             let _ = t.join();
         }
+        for manager in self.tc {
+            // Shards are gone, so this is the last reference: remove the qdisc now.
+            match Arc::try_unwrap(manager) {
+                Ok(m) => {
+                    if let Err(error) = m.shutdown() {
+                        tracing::warn!(%error, "could not remove the traffic control rules");
+                    }
+                }
+                Err(m) => drop(m),
+            }
+        }
         tracing::info!("sluice stopped");
     }
 }
@@ -289,8 +362,10 @@ impl RunningGateway {
 struct GatewayStatus {
     started: Instant,
     uplink_names: Vec<String>,
+    /// Per uplink: `null`, or whether `install_tc` succeeded.
+    tc_status: Vec<serde_json::Value>,
     shard_metrics: Vec<Arc<ShardMetrics>>,
-    uplink_metrics: Vec<Vec<Arc<UplinkMetrics>>>,
+    uplink_metrics: Vec<Vec<LaneMetrics>>,
     devices_per_shard: Arc<Vec<Gauge>>,
     control: Arc<ControlMetrics>,
 }
@@ -302,8 +377,10 @@ impl AdminSource for GatewayStatus {
             m.render(w, &i.to_string());
         }
         for (i, ups) in self.uplink_metrics.iter().enumerate() {
-            for (name, m) in self.uplink_names.iter().zip(ups) {
-                m.render(w, &i.to_string(), name);
+            for (name, lanes) in self.uplink_names.iter().zip(ups) {
+                for (lane, m) in lanes.iter() {
+                    m.render(w, &i.to_string(), name, lane.as_str());
+                }
             }
         }
     }
@@ -318,7 +395,28 @@ impl AdminSource for GatewayStatus {
                     .uplink_names
                     .iter()
                     .zip(&self.uplink_metrics[i])
-                    .map(|(name, u)| serde_json::json!({ "name": name, "state": u.state() }))
+                    .map(|(name, lanes)| {
+                        let lane_status: serde_json::Map<String, serde_json::Value> = lanes
+                            .iter()
+                            .map(|(lane, m)| {
+                                (
+                                    lane.as_str().to_string(),
+                                    serde_json::json!({
+                                        "state": m.state(),
+                                        "queued": m.queue_messages.get(),
+                                        "inflight": m.inflight.get(),
+                                        "packs_sent": m.packs_sent.get(),
+                                        "socket": m.socket_marks(),
+                                    }),
+                                )
+                            })
+                            .collect();
+                        serde_json::json!({
+                            "name": name,
+                            "state": lanes.normal.state(),
+                            "lanes": lane_status,
+                        })
+                    })
                     .collect();
                 serde_json::json!({
                     "shard": i,
@@ -334,6 +432,12 @@ impl AdminSource for GatewayStatus {
             "uptime_seconds": self.started.elapsed().as_secs(),
             "devices": self.control.devices_connected.get(),
             "shards": shards,
+            "traffic_control": self
+                .uplink_names
+                .iter()
+                .zip(&self.tc_status)
+                .map(|(name, tc)| serde_json::json!({ "uplink": name, "tc": tc }))
+                .collect::<Vec<_>>(),
         })
     }
 }

@@ -54,7 +54,11 @@ fn every_key_set() -> Config {
     u.username = Some("gw".into());
     u.password_file = Some("pw".into());
     u.topic_template = Some("{topic}".into());
+    u.install_tc = true;
+    u.tc_interface = Some("eth0".into());
+    u.tc_rate = Some("10mbit".into());
     c.uplink.push(u);
+
     c
 }
 

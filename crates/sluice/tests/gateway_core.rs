@@ -36,7 +36,11 @@ async fn hundreds_of_devices_on_every_shard_reach_the_cloud_byte_for_byte_in_ord
     const PER_DEVICE: u32 = 20;
     let cloud = Cloud::start();
     let mut sub = cloud.subscriber("cloud-sub", "fleet/#").await;
-    let gw = gateway(4, &cloud.uplink_toml(None, ""));
+    // Byte for byte on each device's own topic: with 300 devices aggregation would pack them.
+    let gw = gateway(
+        4,
+        &cloud.uplink_toml(None, "[uplink.aggregate]\nenabled = false"),
+    );
 
     let mut tasks = Vec::new();
     let sent: Arc<Mutex<HashMap<u32, Vec<Bytes>>>> = Arc::default();

@@ -69,12 +69,18 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
     let sink = downlink.clone();
     let (shutdown, rx) = watch::channel(false);
     let task = uplink::spawn(
-        0,
-        Rc::new(cfg),
-        Some(tls),
-        queue.clone(),
-        Rc::new(move |p: Publish| sink.borrow_mut().push(p)),
-        metrics.clone(),
+        uplink::SessionSeed {
+            shard: 0,
+            lane: uplink::Lane::Normal,
+            cfg: Rc::new(cfg),
+            tls: Some(tls),
+            queue: queue.clone(),
+            downlink: Rc::new(move |p: Publish| sink.borrow_mut().push(p)),
+            metrics: metrics.clone(),
+            // No devices connected: the normal lane never aggregates here.
+            live_devices: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            on_port: None,
+        },
         rx,
     );
     Uplink {
@@ -256,13 +262,14 @@ fn delivers_in_order_and_acks_every_message(protocol: MqttProtocol, version: &st
         );
 
         let mut w = PromWriter::new();
-        m.render(&mut w, "0", "cloud");
+        m.render(&mut w, "0", "cloud", "normal");
         let text = w.finish();
-        assert!(
-            text.contains("sluice_uplink_messages_acked_total{shard=\"0\",uplink=\"cloud\"} 500")
-        );
-        assert!(text
-            .contains("sluice_uplink_ack_latency_seconds_count{shard=\"0\",uplink=\"cloud\"} 500"));
+        assert!(text.contains(
+            "sluice_uplink_messages_acked_total{shard=\"0\",uplink=\"cloud\",lane=\"normal\"} 500"
+        ));
+        assert!(text.contains(
+            "sluice_uplink_ack_latency_seconds_count{shard=\"0\",uplink=\"cloud\",lane=\"normal\"} 500"
+        ));
 
         up.stop().await;
         broker

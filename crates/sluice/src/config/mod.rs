@@ -17,6 +17,7 @@
 //!
 //! The file format is documented option by option in `config/sluice.example.toml`.
 
+mod lanes;
 mod units;
 mod uplink;
 mod validate;
@@ -31,6 +32,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use units::{ByteSize, ParseByteSizeError};
 pub use uplink::{MqttProtocol, ParseUplinkUrlError, Password, UplinkConfig, UplinkUrl};
 
@@ -127,7 +129,8 @@ fn location_suffix(line: Option<usize>, column: Option<usize>) -> String {
     }
 }
 
-/// The whole file: `[gateway]`, `[mqtt]`, `[admin]`, `[log]` and any number of `[[uplink]]`.
+/// The whole file: `[gateway]`, `[mqtt]`, `[admin]`, `[log]`, `[priority]` and any number of
+/// `[[uplink]]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -135,6 +138,7 @@ pub struct Config {
     pub mqtt: MqttConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
+    pub priority: PriorityConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uplink: Vec<UplinkConfig>,
 }

@@ -15,7 +15,8 @@ use std::time::Duration;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::units;
+use super::lanes::AggregateConfig;
+use super::units::{self, ByteSize};
 use super::ConfigError;
 
 /// One cloud broker connection (one MQTT session per shard).
@@ -74,6 +75,24 @@ pub struct UplinkConfig {
     pub reconnect_min: Duration,
     #[serde(default = "default_reconnect_max", with = "units::duration")]
     pub reconnect_max: Duration,
+    /// TCP_NOTSENT_LOWAT of the normal lane's socket: unsent bytes the kernel may hold before
+    /// the socket stops being writable, so urgent data never waits behind a deep send buffer.
+    /// `"0B"` leaves the kernel default.
+    #[serde(default = "default_notsent_lowat")]
+    pub notsent_lowat: ByteSize,
+    /// Install SegaNet-style traffic control on the uplink interface (htb root, a high class
+    /// for the high lane's source ports, a default class for the rest). Needs CAP_NET_ADMIN.
+    #[serde(default)]
+    pub install_tc: bool,
+    /// Interface for `install_tc`; default: the one the kernel routes the broker through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tc_interface: Option<String>,
+    /// The link rate for `install_tc`, in tc's units (`"2mbit"`, `"100mbit"`, `"1gbit"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tc_rate: Option<String>,
+    /// SenML aggregation of normal-priority records (a table, so it comes last).
+    #[serde(default)]
+    pub aggregate: AggregateConfig,
 }
 
 fn default_client_id() -> String {
@@ -96,6 +115,9 @@ fn default_reconnect_min() -> Duration {
 }
 fn default_reconnect_max() -> Duration {
     Duration::from_secs(30)
+}
+fn default_notsent_lowat() -> ByteSize {
+    ByteSize::kib(16)
 }
 
 impl UplinkConfig {
@@ -122,6 +144,11 @@ impl UplinkConfig {
             connect_timeout: default_connect_timeout(),
             reconnect_min: default_reconnect_min(),
             reconnect_max: default_reconnect_max(),
+            notsent_lowat: default_notsent_lowat(),
+            install_tc: false,
+            tc_interface: None,
+            tc_rate: None,
+            aggregate: AggregateConfig::default(),
         }
     }
 
@@ -130,9 +157,14 @@ impl UplinkConfig {
         self.server_name.as_deref().unwrap_or(&self.url.host)
     }
 
-    /// The MQTT client id of this uplink's session on `shard`.
+    /// The MQTT client id of this uplink's normal-lane session on `shard`.
     pub fn session_client_id(&self, shard: usize) -> String {
         format!("{}-{shard}", self.client_id)
+    }
+
+    /// The MQTT client id of this uplink's high-lane session on `shard`.
+    pub fn high_session_client_id(&self, shard: usize) -> String {
+        format!("{}-{shard}-hi", self.client_id)
     }
 
     /// Reads `password_file`, if set. One trailing `\n` or `\r\n` is removed.

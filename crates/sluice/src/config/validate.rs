@@ -38,9 +38,11 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
             "must not be empty; use e.g. \"info\" or \"info,sluice=debug\"",
         );
     }
+    check_priority(config)?;
     let mut names = HashSet::new();
     for (i, uplink) in config.uplink.iter().enumerate() {
         check_uplink(i, uplink, files)?;
+        check_lanes(i, uplink, config.priority.has_high())?;
         if !names.insert(uplink.name.as_str()) {
             return invalid(
                 &format!("uplink[{i}].name"),
@@ -179,6 +181,110 @@ fn check_admin(config: &Config) -> Result<(), ConfigError> {
     let a = &config.admin;
     if a.enabled && a.listen.port() != 0 && a.listen == config.mqtt.listen {
         return invalid("admin.listen", "is the same address as mqtt.listen");
+    }
+    Ok(())
+}
+
+fn check_priority(config: &Config) -> Result<(), ConfigError> {
+    let p = &config.priority;
+    for (device, &prio) in &p.devices {
+        let key = format!("priority.devices.{device:?}");
+        if !matches!(prio, 1 | 2) {
+            return invalid(
+                &key,
+                &format!("{prio} is not a priority; use 1 (high) or 2 (normal)"),
+            );
+        }
+        let stem = device.strip_suffix('*').unwrap_or(device);
+        if stem.contains('*') {
+            return invalid(
+                &key,
+                "'*' is only allowed as the last character (a prefix match)",
+            );
+        }
+        if device.is_empty() {
+            return invalid(
+                &key,
+                "the client id must not be empty; use \"*\" to match all",
+            );
+        }
+    }
+    for (filter, &prio) in &p.topics {
+        let key = format!("priority.topics.{filter:?}");
+        if !matches!(prio, 1 | 2) {
+            return invalid(
+                &key,
+                &format!("{prio} is not a priority; use 1 (high) or 2 (normal)"),
+            );
+        }
+        if !valid_topic_filter(filter) {
+            return invalid(
+                &key,
+                &format!("{filter:?} is not a valid MQTT topic filter"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `notsent_lowat`, `install_tc`/`tc_*` and `[uplink.aggregate]`.
+fn check_lanes(i: usize, u: &UplinkConfig, has_high: bool) -> Result<(), ConfigError> {
+    let key = |field: &str| format!("uplink[{i}].{field}");
+    if u.notsent_lowat.as_u64() > u64::from(u32::MAX) {
+        return invalid(&key("notsent_lowat"), "must be at most 4GiB");
+    }
+    if let Some(iface) = &u.tc_interface {
+        if iface.is_empty()
+            || iface.len() > 15
+            || iface.contains(|c: char| c == '/' || c.is_whitespace())
+        {
+            return invalid(
+                &key("tc_interface"),
+                &format!(
+                    "{iface:?} is not a network interface name (1-15 characters, no '/' or spaces)"
+                ),
+            );
+        }
+    }
+    if let Some(rate) = &u.tc_rate {
+        if !crate::uplink::tc::valid_rate(rate) {
+            return invalid(
+                &key("tc_rate"),
+                &format!(
+                    "{rate:?} is not a tc rate; write e.g. \"2mbit\", \"100mbit\" or \"1gbit\""
+                ),
+            );
+        }
+    }
+    if u.install_tc {
+        if u.tc_rate.is_none() {
+            return invalid(
+                &key("tc_rate"),
+                "install_tc = true needs tc_rate, the uplink's rate (e.g. \"10mbit\")",
+            );
+        }
+        if !has_high {
+            return invalid(
+                &key("install_tc"),
+                "install_tc = true, but no [priority] entry is 1 (high), so there is no high lane to put first",
+            );
+        }
+    }
+    let a = &u.aggregate;
+    if a.max_pack.as_u64() < 64 || a.max_pack > super::ByteSize::mib(256) {
+        return invalid(&key("aggregate.max_pack"), "must be from 64B to 256MiB");
+    }
+    if a.max_delay.is_zero() || a.max_delay > Duration::from_secs(3600) {
+        return invalid(
+            &key("aggregate.max_delay"),
+            "must be more than 0s and at most 1h",
+        );
+    }
+    if a.topic.is_empty() || has_wildcard_or_nul(&a.topic) || a.topic.len() > 65_535 {
+        return invalid(
+            &key("aggregate.topic"),
+            "must be a non-empty MQTT topic name without '+', '#' or NUL",
+        );
     }
     Ok(())
 }

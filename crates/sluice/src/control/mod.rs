@@ -17,6 +17,7 @@
 //! `max_retained_messages` topics (a new topic beyond that is refused and counted).
 
 pub mod admission;
+pub mod priority;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

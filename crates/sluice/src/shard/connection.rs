@@ -29,6 +29,7 @@ use super::metrics::{CloseReason, DropReason};
 use super::route;
 use super::session::{OutMessage, OutStage, Session};
 use super::{Adopted, ShardContext};
+use crate::control::priority::Priority;
 
 /// How long a write to a device may stall before the device counts as a slow consumer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -94,6 +95,8 @@ struct Connection {
     generation: u64,
     version: ProtocolVersion,
     client_id: ByteString,
+    /// The device's own priority (from the priority table, fixed for the connection).
+    priority: Priority,
     peer: std::net::SocketAddr,
     rd: OwnedReadHalf,
     wr: OwnedWriteHalf,
@@ -172,6 +175,7 @@ impl Connection {
             generation,
             version,
             client_id: client_id.clone(),
+            priority: ctx.priority.device(&client_id),
             peer,
             rd,
             wr,
@@ -516,7 +520,15 @@ impl Connection {
                 ))
             }
         };
-        route::publish(&self.ctx, &self.client_id, &p, ack, received_at).await;
+        route::publish(
+            &self.ctx,
+            &self.client_id,
+            self.priority,
+            &p,
+            ack,
+            received_at,
+        )
+        .await;
         Ok(())
     }
 
@@ -776,8 +788,9 @@ impl Connection {
             payload: will.payload,
         };
         let origin = self.client_id.clone();
+        let priority = self.priority;
         if delay.is_zero() {
-            route::publish(&self.ctx, &origin, &p, None, Instant::now()).await;
+            route::publish(&self.ctx, &origin, priority, &p, None, Instant::now()).await;
             return;
         }
         let ctx = self.ctx.clone();
@@ -787,7 +800,7 @@ impl Connection {
             tokio::time::sleep(delay).await;
             // A device that reconnected within the delay cancels its will (MQTT 5 §3.1.3.2.2).
             if session.generation.get() == generation {
-                route::publish(&ctx, &origin, &p, None, Instant::now()).await;
+                route::publish(&ctx, &origin, priority, &p, None, Instant::now()).await;
             }
         });
     }

@@ -32,8 +32,9 @@ use sluice_proto::mqtt::{Connect, Properties, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, UplinkConfig};
+use crate::control::priority::{Priority, PriorityTable};
 use crate::control::{ControlCmd, SharedSnapshot};
-use crate::uplink::{UplinkMetrics, UplinkQueue, UplinkRoute};
+use crate::uplink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 use metrics::ShardMetrics;
 use session::Session;
 use trie::TopicTrie;
@@ -82,10 +83,22 @@ impl PartialEq for LocalSub {
     }
 }
 
-/// One uplink as seen from a shard.
+/// One uplink as seen from a shard: its normal lane, and its high lane when the priority
+/// table has any high entry.
 pub struct ShardUplink {
     pub route: UplinkRoute,
     pub queue: Rc<UplinkQueue>,
+    pub high: Option<Rc<UplinkQueue>>,
+}
+
+impl ShardUplink {
+    /// The queue a message of this priority goes to.
+    pub fn queue_for(&self, priority: Priority) -> &Rc<UplinkQueue> {
+        match (priority, &self.high) {
+            (Priority::High, Some(high)) => high,
+            _ => &self.queue,
+        }
+    }
 }
 
 /// What every task on a shard shares.
@@ -100,9 +113,13 @@ pub struct ShardContext {
     pub filter_refs: RefCell<HashMap<ByteString, usize>>,
     pub sessions: RefCell<HashMap<ByteString, Rc<Session>>>,
     pub uplinks: Vec<ShardUplink>,
+    pub priority: Arc<PriorityTable>,
     pub metrics: Arc<ShardMetrics>,
-    /// Open device connections, whole gateway (admission bound).
+    /// Open device connections, whole gateway, including ones still before CONNECT
+    /// (admission bound).
     pub live_connections: Arc<AtomicUsize>,
+    /// Devices connected (admitted and on a shard), whole gateway: aggregation threshold.
+    pub online_devices: Arc<AtomicUsize>,
     /// Set once when the gateway stops; connections see it when their session is woken.
     pub shutting_down: std::cell::Cell<bool>,
 }
@@ -116,9 +133,13 @@ pub struct ShardSeed {
     pub control: mpsc::Sender<ControlCmd>,
     pub snapshot: SharedSnapshot,
     pub metrics: Arc<ShardMetrics>,
-    pub uplink_metrics: Vec<Arc<UplinkMetrics>>,
+    pub priority: Arc<PriorityTable>,
+    pub uplink_metrics: Vec<LaneMetrics>,
     pub uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
+    /// Per uplink, told the high lane's source port on connect (`install_tc`).
+    pub uplink_ports: Vec<Option<crate::uplink::PortSink>>,
     pub live_connections: Arc<AtomicUsize>,
+    pub online_devices: Arc<AtomicUsize>,
     pub shutdown: watch::Receiver<bool>,
     pub core: Option<core_affinity::CoreId>,
 }
@@ -161,17 +182,23 @@ async fn run(seed: ShardSeed) {
         control,
         snapshot,
         metrics,
+        priority,
         uplink_metrics,
         uplink_tls,
+        uplink_ports,
         live_connections,
+        online_devices,
         mut shutdown,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
-    let per_uplink_bytes = if config.uplink.is_empty() {
+    // max_buffered is split evenly over shards, uplinks and lanes.
+    let lanes = if priority.has_high() { 2 } else { 1 };
+    let per_lane_bytes = if config.uplink.is_empty() {
         0
     } else {
-        (config.gateway.max_buffered.0 / shards as u64 / config.uplink.len() as u64).max(64 * 1024)
+        (config.gateway.max_buffered.0 / shards as u64 / config.uplink.len() as u64 / lanes)
+            .max(64 * 1024)
     };
     let uplinks: Vec<ShardUplink> = config
         .uplink
@@ -180,9 +207,15 @@ async fn run(seed: ShardSeed) {
         .map(|(i, u)| ShardUplink {
             route: UplinkRoute::new(u),
             queue: Rc::new(UplinkQueue::with_metrics(
-                per_uplink_bytes as usize,
-                uplink_metrics[i].clone(),
+                per_lane_bytes as usize,
+                uplink_metrics[i].normal.clone(),
             )),
+            high: uplink_metrics[i].high.as_ref().map(|m| {
+                Rc::new(UplinkQueue::with_metrics(
+                    per_lane_bytes as usize,
+                    m.clone(),
+                ))
+            }),
         })
         .collect();
     let ctx = Rc::new(ShardContext {
@@ -195,8 +228,10 @@ async fn run(seed: ShardSeed) {
         filter_refs: RefCell::new(HashMap::new()),
         sessions: RefCell::new(HashMap::new()),
         uplinks,
+        priority,
         metrics,
         live_connections,
+        online_devices: online_devices.clone(),
         shutting_down: std::cell::Cell::new(false),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
@@ -219,15 +254,48 @@ async fn run(seed: ShardSeed) {
                 },
             );
         });
+        let cfg = Rc::new(UplinkConfig::clone(ucfg));
         uplink_tasks.push(crate::uplink::spawn(
-            id,
-            Rc::new(UplinkConfig::clone(ucfg)),
-            uplink_tls[i].clone(),
-            ctx.uplinks[i].queue.clone(),
-            downlink,
-            uplink_metrics[i].clone(),
+            SessionSeed {
+                shard: id,
+                lane: Lane::Normal,
+                cfg: cfg.clone(),
+                tls: uplink_tls[i].clone(),
+                queue: ctx.uplinks[i].queue.clone(),
+                downlink: downlink.clone(),
+                metrics: uplink_metrics[i].normal.clone(),
+                live_devices: online_devices.clone(),
+                on_port: None,
+            },
             local_shutdown.clone(),
         ));
+        if let (Some(queue), Some(metrics)) = (&ctx.uplinks[i].high, &uplink_metrics[i].high) {
+            let on_port = uplink_ports[i].clone().map(|sink| {
+                let cell = std::cell::Cell::new(None::<u16>);
+                Box::new(move |port: Option<u16>| {
+                    if let Some(old) = cell.replace(port) {
+                        sink.port_down(old);
+                    }
+                    if let Some(new) = port {
+                        sink.port_up(new);
+                    }
+                }) as Box<dyn Fn(Option<u16>)>
+            });
+            uplink_tasks.push(crate::uplink::spawn(
+                SessionSeed {
+                    shard: id,
+                    lane: Lane::High,
+                    cfg,
+                    tls: uplink_tls[i].clone(),
+                    queue: queue.clone(),
+                    downlink,
+                    metrics: metrics.clone(),
+                    live_devices: online_devices.clone(),
+                    on_port,
+                },
+                local_shutdown.clone(),
+            ));
+        }
     }
     tracing::debug!(shard = id, uplinks = uplink_tasks.len(), "shard started");
 
@@ -236,8 +304,10 @@ async fn run(seed: ShardSeed) {
             cmd = inbox.recv() => match cmd {
                 Some(ShardCmd::Adopt(adopted)) => {
                     let ctx = ctx.clone();
+                    ctx.online_devices.fetch_add(1, Ordering::Relaxed);
                     tokio::task::spawn_local(async move {
                         connection::run(ctx.clone(), adopted).await;
+                        ctx.online_devices.fetch_sub(1, Ordering::Relaxed);
                         ctx.live_connections.fetch_sub(1, Ordering::Relaxed);
                     });
                 }

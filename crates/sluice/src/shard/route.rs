@@ -17,14 +17,17 @@ use super::ack::AckToken;
 use super::metrics::DropReason;
 use super::session::{OutMessage, QueueRefusal, Session};
 use super::{LocalSub, Routed, ShardCmd, ShardContext};
+use crate::control::priority::Priority;
 use crate::control::{ControlCmd, RetainedMessage};
 use crate::uplink::UplinkMessage;
 
 /// Route a device's PUBLISH. Waits (back-pressure) only where a bound is reached for a QoS
-/// 1/2 message; QoS 0 messages are dropped and counted instead.
+/// 1/2 message; QoS 0 messages are dropped and counted instead. `device` is the publishing
+/// device's own priority; with the topic it picks each uplink's lane.
 pub async fn publish(
     ctx: &Rc<ShardContext>,
     origin: &ByteString,
+    device: Priority,
     p: &Publish,
     ack: Option<AckToken>,
     received_at: std::time::Instant,
@@ -53,10 +56,13 @@ pub async fn publish(
             tracing::debug!("control plane gone; retained message not stored");
         }
     }
+    let mut priority = None;
     for uplink in &ctx.uplinks {
         if !uplink.route.forwards(&p.topic) {
             continue;
         }
+        let priority = *priority.get_or_insert_with(|| ctx.priority.message(device, &p.topic));
+        let queue = uplink.queue_for(priority);
         let msg = UplinkMessage {
             device: origin.clone(),
             topic: p.topic.clone(),
@@ -72,11 +78,11 @@ pub async fn publish(
         };
         ctx.metrics.messages_forwarded.inc();
         if p.qos == QoS::AtMostOnce {
-            if uplink.queue.try_push(msg).is_err() {
+            if queue.try_push(msg).is_err() {
                 ctx.metrics.count_drop(DropReason::UplinkQueueFull);
             }
         } else {
-            uplink.queue.push(msg).await;
+            queue.push(msg).await;
         }
     }
     if let Some(ack) = ack {

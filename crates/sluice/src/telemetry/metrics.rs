@@ -96,6 +96,46 @@ impl Histogram {
     }
 }
 
+/// A fixed-bucket histogram of plain values (sizes, counts) with caller-chosen bucket bounds.
+#[derive(Debug)]
+pub struct ValueHistogram {
+    bounds: &'static [u64],
+    buckets: Box<[AtomicU64]>,
+    overflow: AtomicU64,
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl ValueHistogram {
+    /// `bounds` are the buckets' inclusive upper bounds, ascending.
+    pub fn new(bounds: &'static [u64]) -> ValueHistogram {
+        ValueHistogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            overflow: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, v: u64) {
+        match self.bounds.iter().position(|b| v <= *b) {
+            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
+            None => self.overflow.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum.fetch_add(v, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.sum.load(Ordering::Relaxed)
+    }
+}
+
 /// Writes the Prometheus text exposition format (version 0.0.4).
 #[derive(Debug, Default)]
 pub struct PromWriter {
@@ -156,6 +196,28 @@ impl PromWriter {
         let l = Self::labels(labels, None);
         let _ = writeln!(self.out, "{name}_sum{l} {}", sum_micros as f64 / 1e6);
         let _ = writeln!(self.out, "{name}_count{l} {count}");
+    }
+
+    pub fn value_histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        h: &ValueHistogram,
+    ) {
+        self.describe(name, "histogram", help);
+        let mut cumulative = 0;
+        for (bound, bucket) in h.bounds.iter().zip(h.buckets.iter()) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let l = Self::labels(labels, Some(("le", &bound.to_string())));
+            let _ = writeln!(self.out, "{name}_bucket{l} {cumulative}");
+        }
+        let l = Self::labels(labels, Some(("le", "+Inf")));
+        let total = cumulative + h.overflow.load(Ordering::Relaxed);
+        let _ = writeln!(self.out, "{name}_bucket{l} {total}");
+        let l = Self::labels(labels, None);
+        let _ = writeln!(self.out, "{name}_sum{l} {}", h.sum());
+        let _ = writeln!(self.out, "{name}_count{l} {}", h.count());
     }
 
     pub fn finish(self) -> String {

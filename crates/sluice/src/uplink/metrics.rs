@@ -1,7 +1,8 @@
-//! Uplink metrics: one [`UplinkMetrics`] per (shard, uplink), written by that shard's session
+//! Uplink metrics: one [`UplinkMetrics`] per (shard, uplink, lane), written by that shard's session
 //! task and queue, read by the admin thread (relaxed atomics only, `Send + Sync`).
 
-use crate::telemetry::metrics::{Counter, Gauge, Histogram, PromWriter};
+use super::socket::SocketMarks;
+use crate::telemetry::metrics::{Counter, Gauge, Histogram, PromWriter, ValueHistogram};
 
 /// The session's connection state, as the `sluice_uplink_state` gauge value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +58,15 @@ impl DropReason {
     }
 }
 
-/// Metrics of one uplink session on one shard.
-#[derive(Debug, Default)]
+/// Bucket bounds of the records-per-pack histogram.
+pub const PACK_RECORD_BUCKETS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+/// Bucket bounds (bytes) of the pack-size histogram.
+pub const PACK_BYTE_BUCKETS: [u64; 10] = [
+    256, 512, 1024, 2048, 4096, 8192, 16384, 65536, 262_144, 1_048_576,
+];
+
+/// Metrics of one uplink session (one lane) on one shard.
+#[derive(Debug)]
 pub struct UplinkMetrics {
     /// [`UplinkState`] as an integer.
     pub state: Gauge,
@@ -87,6 +95,47 @@ pub struct UplinkMetrics {
     pub ack_latency: Histogram,
     /// PUBLISH packets received from the cloud and handed to the downlink.
     pub downlink_messages: Counter,
+    /// SenML packs published (each one PUBLISH, counted in `messages_sent` too).
+    pub packs_sent: Counter,
+    /// Device messages that went to the cloud inside a pack.
+    pub records_packed: Counter,
+    /// Records per pack.
+    pub pack_records: ValueHistogram,
+    /// Encoded bytes per pack.
+    pub pack_bytes: ValueHistogram,
+    /// The session socket's marks as read back after connecting: SO_PRIORITY, TOS,
+    /// TCP_NOTSENT_LOWAT and local port (all -1 before the first connection).
+    socket: [Gauge; 4],
+}
+
+impl Default for UplinkMetrics {
+    fn default() -> Self {
+        UplinkMetrics {
+            state: Gauge::default(),
+            connects: Counter::default(),
+            connect_failures: Counter::default(),
+            messages_sent: Counter::default(),
+            messages_resent: Counter::default(),
+            messages_acked: Counter::default(),
+            bytes_written: Counter::default(),
+            writes: Counter::default(),
+            inflight: Gauge::default(),
+            queue_messages: Gauge::default(),
+            queue_bytes: Gauge::default(),
+            drops: Default::default(),
+            ack_latency: Histogram::default(),
+            downlink_messages: Counter::default(),
+            packs_sent: Counter::default(),
+            records_packed: Counter::default(),
+            pack_records: ValueHistogram::new(&PACK_RECORD_BUCKETS),
+            pack_bytes: ValueHistogram::new(&PACK_BYTE_BUCKETS),
+            socket: std::array::from_fn(|_| {
+                let g = Gauge::default();
+                g.set(-1);
+                g
+            }),
+        }
+    }
 }
 
 impl UplinkMetrics {
@@ -129,8 +178,30 @@ impl UplinkMetrics {
         }
     }
 
-    pub fn render(&self, w: &mut PromWriter, shard: &str, uplink: &str) {
-        let l: &[(&str, &str)] = &[("shard", shard), ("uplink", uplink)];
+    /// The socket marks read back after the last connect.
+    pub fn socket_marks(&self) -> Option<SocketMarks> {
+        let [priority, tos, lowat, port] = &self.socket;
+        if port.get() < 0 {
+            return None;
+        }
+        Some(SocketMarks {
+            priority: priority.get() as u32,
+            tos: tos.get() as u32,
+            notsent_lowat: lowat.get() as u32,
+            local_port: port.get() as u16,
+        })
+    }
+
+    pub(crate) fn set_socket_marks(&self, marks: &SocketMarks) {
+        let [priority, tos, lowat, port] = &self.socket;
+        priority.set(i64::from(marks.priority));
+        tos.set(i64::from(marks.tos));
+        lowat.set(i64::from(marks.notsent_lowat));
+        port.set(i64::from(marks.local_port));
+    }
+
+    pub fn render(&self, w: &mut PromWriter, shard: &str, uplink: &str, lane: &str) {
+        let l: &[(&str, &str)] = &[("shard", shard), ("uplink", uplink), ("lane", lane)];
         w.gauge(
             "sluice_uplink_state",
             "Cloud session state: 0 disconnected, 1 connecting, 2 connected.",
@@ -204,6 +275,7 @@ impl UplinkMetrics {
                 &[
                     ("shard", shard),
                     ("uplink", uplink),
+                    ("lane", lane),
                     ("reason", reason.as_str()),
                 ],
                 self.dropped(reason),
@@ -221,6 +293,30 @@ impl UplinkMetrics {
             l,
             self.downlink_messages.get(),
         );
+        w.counter(
+            "sluice_uplink_packs_sent_total",
+            "SenML packs of aggregated records published to the cloud.",
+            l,
+            self.packs_sent.get(),
+        );
+        w.counter(
+            "sluice_uplink_records_packed_total",
+            "Device messages sent to the cloud inside SenML packs.",
+            l,
+            self.records_packed.get(),
+        );
+        w.value_histogram(
+            "sluice_uplink_pack_records",
+            "Records per SenML pack.",
+            l,
+            &self.pack_records,
+        );
+        w.value_histogram(
+            "sluice_uplink_pack_bytes",
+            "Encoded bytes per SenML pack.",
+            l,
+            &self.pack_bytes,
+        );
     }
 }
 
@@ -236,15 +332,24 @@ mod tests {
         m.record_drop(DropReason::QueueFull);
         m.set_state(UplinkState::Connected);
         let mut w = PromWriter::new();
-        m.render(&mut w, "0", "cloud");
+        m.pack_records.observe(3);
+        m.pack_bytes.observe(900);
+        m.render(&mut w, "0", "cloud", "normal");
         let text = w.finish();
-        assert!(text.contains("sluice_uplink_messages_sent_total{shard=\"0\",uplink=\"cloud\"} 10"));
-        assert!(text.contains("sluice_uplink_state{shard=\"0\",uplink=\"cloud\"} 2"));
-        assert!(text.contains(
-            "sluice_uplink_dropped_total{shard=\"0\",uplink=\"cloud\",reason=\"uplink_queue_full\"} 1"
-        ));
-        assert!(text
-            .contains("sluice_uplink_ack_latency_seconds_count{shard=\"0\",uplink=\"cloud\"} 0"));
+        let l = "shard=\"0\",uplink=\"cloud\",lane=\"normal\"";
+        assert!(text.contains(&format!("sluice_uplink_messages_sent_total{{{l}}} 10")));
+        assert!(text.contains(&format!("sluice_uplink_state{{{l}}} 2")));
+        assert!(text.contains(&format!(
+            "sluice_uplink_dropped_total{{{l},reason=\"uplink_queue_full\"}} 1"
+        )));
+        assert!(text.contains(&format!("sluice_uplink_ack_latency_seconds_count{{{l}}} 0")));
+        assert!(text.contains(&format!(
+            "sluice_uplink_pack_records_bucket{{{l},le=\"2\"}} 0"
+        )));
+        assert!(text.contains(&format!(
+            "sluice_uplink_pack_records_bucket{{{l},le=\"4\"}} 1"
+        )));
+        assert!(text.contains(&format!("sluice_uplink_pack_bytes_sum{{{l}}} 900")));
         assert!(text.contains("sluice_uplink_inflight_messages{"));
         assert!(text.contains("sluice_uplink_queue_messages{"));
         assert!(text.contains("sluice_uplink_queue_bytes{"));

@@ -49,15 +49,19 @@
 //! (`clean_start = true`), re-subscribes to the `receive` filters and resends what was inflight.
 
 mod metrics;
+mod pack;
 mod queue;
 mod route;
 mod session;
+pub mod socket;
+pub mod tc;
 mod tls;
 
 pub use metrics::{DropReason, UplinkMetrics, UplinkState};
+pub use pack::records_of;
 pub use queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
 pub use route::UplinkRoute;
-pub use session::spawn;
+pub use session::{spawn, SessionSeed};
 pub use tls::client_tls_config;
 
 use std::path::PathBuf;
@@ -68,6 +72,64 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::QoS;
 
 use crate::shard::ack::AckToken;
+
+/// Which of a shard's two sessions to an uplink carries a message (SegaNet §4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Everything not urgent; aggregated into SenML packs when many devices are connected.
+    Normal,
+    /// Priority-1 records: own queue, own session, marked socket, never aggregated.
+    High,
+}
+
+impl Lane {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Normal => "normal",
+            Lane::High => "high",
+        }
+    }
+}
+
+/// The metrics of one uplink's lanes on one shard.
+#[derive(Debug, Clone)]
+pub struct LaneMetrics {
+    pub normal: std::sync::Arc<UplinkMetrics>,
+    /// `Some` when the gateway runs a high lane.
+    pub high: Option<std::sync::Arc<UplinkMetrics>>,
+}
+
+impl LaneMetrics {
+    pub fn new(high_lane: bool) -> LaneMetrics {
+        LaneMetrics {
+            normal: Default::default(),
+            high: high_lane.then(Default::default),
+        }
+    }
+
+    /// Each lane with its metrics, normal first.
+    pub fn iter(&self) -> impl Iterator<Item = (Lane, &std::sync::Arc<UplinkMetrics>)> {
+        std::iter::once((Lane::Normal, &self.normal))
+            .chain(self.high.iter().map(|m| (Lane::High, m)))
+    }
+}
+
+/// Where high-lane sessions report their source ports (for `install_tc`'s port filters);
+/// reporting never blocks a shard (the tc thread does the work).
+#[derive(Debug, Clone)]
+pub struct PortSink(std::sync::Arc<tc::TcManager>);
+
+impl PortSink {
+    pub fn new(manager: std::sync::Arc<tc::TcManager>) -> PortSink {
+        PortSink(manager)
+    }
+    pub fn port_up(&self, port: u16) {
+        self.0.high_port_up(port);
+    }
+    pub fn port_down(&self, port: u16) {
+        self.0.high_port_down(port);
+    }
+}
 
 /// One message on its way to the cloud.
 #[derive(Debug)]

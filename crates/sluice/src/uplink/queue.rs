@@ -289,7 +289,10 @@ mod tests {
         let (rt, local) = rt();
         local.block_on(&rt, async {
             let m = Arc::new(UplinkMetrics::new());
-            let q = std::rc::Rc::new(UplinkQueue::with_metrics(1 + 36 + MESSAGE_OVERHEAD_BYTES, m));
+            let q = std::rc::Rc::new(UplinkQueue::with_metrics(
+                1 + 36 + MESSAGE_OVERHEAD_BYTES,
+                m,
+            ));
             q.push(msg("t", 36, QoS::AtLeastOnce)).await;
             let q2 = q.clone();
             let blocked = tokio::task::spawn_local(async move {

@@ -25,6 +25,7 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,10 +44,11 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, info, trace, warn};
 
+use super::pack::{Packer, SealedPack};
 use super::queue::Queued;
 use super::{
-    connack_reason, DropReason, UplinkError, UplinkMessage, UplinkMetrics, UplinkQueue,
-    UplinkRoute, UplinkState,
+    connack_reason, socket, DropReason, Lane, UplinkError, UplinkMessage, UplinkMetrics,
+    UplinkQueue, UplinkRoute, UplinkState,
 };
 use crate::config::{MqttProtocol, UplinkConfig};
 
@@ -64,31 +66,60 @@ const READ_CHUNK: usize = 16 * 1024;
 /// Our inflight window never exceeds this, leaving one packet id for SUBSCRIBE.
 const MAX_WINDOW: usize = u16::MAX as usize - 1;
 
-/// Start the session task of one uplink on this shard. Must be called inside a `LocalSet`.
-/// The task runs until `shutdown` becomes `true` (or its sender is dropped); it then sends
-/// DISCONNECT if connected, leaves unacknowledged messages in `queue` and returns.
-///
-/// `tls` must be `Some` when `cfg.url.tls` (see [`super::client_tls_config`]); it is ignored for
-/// plaintext urls. `downlink` is called on the shard thread with every PUBLISH the cloud sends
-/// (topic unchanged), after its PUBACK was queued.
-pub fn spawn(
-    shard: usize,
-    cfg: Rc<UplinkConfig>,
-    tls: Option<Arc<rustls::ClientConfig>>,
-    queue: Rc<UplinkQueue>,
-    downlink: Rc<dyn Fn(Publish)>,
-    metrics: Arc<UplinkMetrics>,
-    shutdown: watch::Receiver<bool>,
-) -> JoinHandle<()> {
+/// Everything one session task needs.
+pub struct SessionSeed {
+    pub shard: usize,
+    pub lane: Lane,
+    pub cfg: Rc<UplinkConfig>,
+    /// Must be `Some` when `cfg.url.tls` (see [`super::client_tls_config`]).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub queue: Rc<UplinkQueue>,
+    /// Called on the shard thread with every PUBLISH the cloud sends (topic unchanged), after
+    /// its PUBACK was queued. Only the normal lane subscribes to `receive`.
+    pub downlink: Rc<dyn Fn(Publish)>,
+    pub metrics: Arc<UplinkMetrics>,
+    /// Devices connected to the whole gateway (decides whether the normal lane aggregates).
+    pub live_devices: Arc<AtomicUsize>,
+    /// Observes the high lane's source port (for `install_tc`): `Some(port)` on connect,
+    /// `None` when the connection ends.
+    pub on_port: Option<Box<dyn Fn(Option<u16>)>>,
+}
+
+/// Start the session task of one uplink lane on this shard. Must be called inside a
+/// `LocalSet`. The task runs until `shutdown` becomes `true` (or its sender is dropped); it
+/// then sends DISCONNECT if connected, leaves unacknowledged messages in the queue and returns.
+pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+    let SessionSeed {
+        shard,
+        lane,
+        cfg,
+        tls,
+        queue,
+        downlink,
+        metrics,
+        live_devices,
+        on_port,
+    } = seed;
     let version = match cfg.protocol {
         MqttProtocol::V311 => ProtocolVersion::V311,
         MqttProtocol::V5 => ProtocolVersion::V5,
     };
     queue.attach_metrics(metrics.clone());
+    let client_id = match lane {
+        Lane::Normal => cfg.session_client_id(shard),
+        Lane::High => cfg.high_session_client_id(shard),
+    };
+    let packer =
+        (lane == Lane::Normal && cfg.aggregate.enabled).then(|| Packer::new(&cfg.aggregate));
     let session = Session {
         shard,
-        client_id: ByteString::from(format!("{}-{}", cfg.client_id, shard)),
+        lane,
+        client_id: ByteString::from(client_id),
         route: UplinkRoute::new(&cfg),
+        packer,
+        sealed: None,
+        live_devices,
+        on_port,
         tls: tls.map(TlsConnector::from),
         cfg,
         queue,
@@ -118,6 +149,7 @@ struct Connection {
     /// Zero disables keep-alive.
     keep_alive: Duration,
     retain_available: bool,
+    local_port: u16,
 }
 
 impl Connection {
@@ -130,14 +162,37 @@ impl Connection {
     }
 }
 
-/// A QoS 1 message written and not yet acknowledged; `seq` is its send order.
+/// What one QoS 1 PUBLISH to the cloud carried.
+enum Carried {
+    One(UplinkMessage),
+    /// A SenML pack: its messages in order.
+    Pack(Vec<UplinkMessage>),
+}
+
+impl Carried {
+    fn into_messages(self) -> Vec<UplinkMessage> {
+        match self {
+            Carried::One(m) => vec![m],
+            Carried::Pack(v) => v,
+        }
+    }
+}
+
+/// A QoS 1 PUBLISH written and not yet acknowledged; `seq` is its send order.
 struct Inflight {
     seq: u64,
-    msg: UplinkMessage,
+    carried: Carried,
 }
 
 struct Session {
     shard: usize,
+    lane: Lane,
+    /// `Some` on the normal lane when aggregation is enabled.
+    packer: Option<Packer>,
+    /// A pack sealed and waiting for the inflight window; nothing more is taken meanwhile.
+    sealed: Option<SealedPack>,
+    live_devices: Arc<AtomicUsize>,
+    on_port: Option<Box<dyn Fn(Option<u16>)>>,
     cfg: Rc<UplinkConfig>,
     tls: Option<TlsConnector>,
     queue: Rc<UplinkQueue>,
@@ -158,6 +213,7 @@ enum Event {
     Read(std::io::Result<usize>),
     Queued,
     Timer,
+    PackDue,
 }
 
 impl Session {
@@ -184,9 +240,13 @@ impl Session {
                 Ok(mut conn) => {
                     self.metrics.connects.inc();
                     self.metrics.set_state(UplinkState::Connected);
+                    if let Some(f) = &self.on_port {
+                        f(Some(conn.local_port));
+                    }
                     info!(
                         shard = self.shard,
                         uplink = %self.cfg.name,
+                        lane = self.lane.as_str(),
                         window = conn.window,
                         keep_alive = ?conn.keep_alive,
                         queued = self.queue.len(),
@@ -195,6 +255,9 @@ impl Session {
                     let up_since = Instant::now();
                     let result = self.serve(&mut conn, &mut shutdown).await;
                     self.requeue_inflight();
+                    if let Some(f) = &self.on_port {
+                        f(None);
+                    }
                     self.metrics.set_state(UplinkState::Disconnected);
                     match result {
                         Ok(()) => {
@@ -262,12 +325,20 @@ impl Session {
             None => None,
         };
 
-        let tcp = TcpStream::connect((host, port)).await.map_err(|source| {
-            UplinkError::CloudUnreachable {
+        let lowat = u32::try_from(cfg.notsent_lowat.as_u64()).unwrap_or(u32::MAX);
+        let tcp: TcpStream = socket::connect(host, port, self.lane, lowat)
+            .await
+            .map_err(|source| UplinkError::CloudUnreachable {
                 addr: format!("{host}:{port}"),
                 source,
+            })?;
+        let local_port = match socket::marks(&tcp) {
+            Ok(marks) => {
+                self.metrics.set_socket_marks(&marks);
+                marks.local_port
             }
-        })?;
+            Err(_) => tcp.local_addr().map_or(0, |a| a.port()),
+        };
         // We coalesce writes ourselves; Nagle would only add latency to lone messages.
         let _ = tcp.set_nodelay(true);
         let mut io: Box<dyn Io> = match tls {
@@ -359,6 +430,7 @@ impl Session {
             max_packet: p.maximum_packet_size.map_or(usize::MAX, |m| m as usize),
             keep_alive,
             retain_available: p.retain_available != Some(0),
+            local_port,
         })
     }
 
@@ -372,7 +444,7 @@ impl Session {
         let mut out = BytesMut::with_capacity(MAX_BATCH_BYTES + 1024);
         // QoS 0 messages in `out`: finished once the write succeeds.
         let mut unacked_in_write: Vec<UplinkMessage> = Vec::new();
-        if !self.cfg.receive.is_empty() {
+        if self.lane == Lane::Normal && !self.cfg.receive.is_empty() {
             self.encode_subscribe(&mut out)?;
         }
         let now = Instant::now();
@@ -411,7 +483,15 @@ impl Session {
             }
 
             let window_open = self.inflight.len() < c.window;
-            let can_take = window_open || self.queue.front_needs_ack() == Some(false);
+            let can_take = if self.aggregating() {
+                self.sealed.is_none()
+            } else {
+                window_open || self.queue.front_needs_ack() == Some(false)
+            };
+            let pack_due = match &self.sealed {
+                Some(_) => None,
+                None => self.packer.as_ref().and_then(Packer::deadline),
+            };
             let keep_alive = c.keep_alive;
             let dead_at = last_read + keep_alive * 3 / 2;
             let wake_at = if ping_outstanding {
@@ -432,6 +512,7 @@ impl Session {
                 r = c.io.read_buf(&mut c.rbuf) => Event::Read(r),
                 _ = self.queue.wait_ready(), if can_take => Event::Queued,
                 _ = &mut timer, if !keep_alive.is_zero() => Event::Timer,
+                _ = sleep_until_opt(pack_due), if pack_due.is_some() => Event::PackDue,
             };
             match event {
                 Event::Shutdown => {
@@ -447,6 +528,7 @@ impl Session {
                     }
                 }
                 Event::Queued => {}
+                Event::PackDue => self.seal_pack(),
                 Event::Timer => {
                     let now = Instant::now();
                     if now >= dead_at {
@@ -461,8 +543,25 @@ impl Session {
         }
     }
 
+    /// Whether normal records are being packed right now: aggregation is on for this session
+    /// and more devices are connected than `min_devices`.
+    fn aggregating(&self) -> bool {
+        self.packer.is_some()
+            && self.live_devices.load(Ordering::Relaxed) > self.cfg.aggregate.min_devices
+    }
+
+    /// Seal the open pack, unless one is already waiting for the window.
+    fn seal_pack(&mut self) {
+        if self.sealed.is_none() {
+            self.sealed = self.packer.as_mut().and_then(Packer::seal);
+        }
+    }
+
     /// Take queued messages while the window and the batch size allow, encoding them after
-    /// whatever control packets `out` already holds. Returns (messages, of which resends).
+    /// whatever control packets `out` already holds. Returns (PUBLISH packets, of which
+    /// resends). While aggregating, messages go into the open pack instead, and a sealed pack
+    /// is written as one PUBLISH; order is kept across both paths because a pack is sealed
+    /// (and written first) before any message is sent on its own again.
     fn fill_batch(
         &mut self,
         c: &Connection,
@@ -472,9 +571,32 @@ impl Session {
         let (mut sent, mut resent) = (0, 0);
         while out.len() < MAX_BATCH_BYTES {
             let window_open = self.inflight.len() < c.window;
-            let Some(Queued { msg, resend }) = self.queue.take_front(window_open) else {
+            if let Some(pack) = self.sealed.take() {
+                if pack.needs_ack() && !window_open {
+                    self.sealed = Some(pack);
+                    break;
+                }
+                sent += u64::from(self.write_pack(c, out, pack, unacked_in_write));
+                continue;
+            }
+            let aggregating = self.aggregating();
+            if !aggregating && self.packer.as_ref().is_some_and(|p| !p.is_empty()) {
+                // Crossed below the threshold: what is packed goes before anything single.
+                self.seal_pack();
+                continue;
+            }
+            let Some(Queued { msg, resend }) = self.queue.take_front(window_open || aggregating)
+            else {
                 break;
             };
+            if aggregating {
+                resent += u64::from(resend);
+                let full = self.packer.as_mut().is_some_and(|p| p.add(msg));
+                if full {
+                    self.seal_pack();
+                }
+                continue;
+            }
             let needs_ack = msg.needs_cloud_ack();
             let packet_id = needs_ack.then(|| self.alloc_packet_id());
             let publish = Packet::Publish(Publish {
@@ -523,7 +645,7 @@ impl Session {
                         id,
                         Inflight {
                             seq: self.send_seq,
-                            msg,
+                            carried: Carried::One(msg),
                         },
                     );
                 }
@@ -532,6 +654,79 @@ impl Session {
         }
         self.metrics.inflight.set(self.inflight.len() as i64);
         (sent, resent)
+    }
+
+    /// Encode a sealed pack as one PUBLISH on the aggregate topic; returns whether it was
+    /// written (a pack the broker cannot take is dropped, counted per message).
+    fn write_pack(
+        &mut self,
+        c: &Connection,
+        out: &mut BytesMut,
+        pack: SealedPack,
+        unacked_in_write: &mut Vec<UplinkMessage>,
+    ) -> bool {
+        let needs_ack = pack.needs_ack();
+        let packet_id = needs_ack.then(|| self.alloc_packet_id());
+        let properties = (self.version == ProtocolVersion::V5).then(|| {
+            let format = self.packer.as_ref().map(Packer::format);
+            Box::new(Properties {
+                content_type: format.map(|f| ByteString::from_static(f.content_type())),
+                ..Properties::default()
+            })
+        });
+        let publish = Packet::Publish(Publish {
+            dup: false,
+            qos: if needs_ack {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            },
+            retain: false,
+            topic: ByteString::from(self.cfg.aggregate.topic.as_str()),
+            packet_id,
+            properties,
+            payload: pack.payload.clone(),
+        });
+        let before = out.len();
+        let refused = match encode(&publish, self.version, out) {
+            Err(_) => Some(DropReason::InvalidForCloud),
+            Ok(()) if out.len() - before > c.max_packet => Some(DropReason::TooLargeForCloud),
+            Ok(()) => None,
+        };
+        if let Some(reason) = refused {
+            out.truncate(before);
+            warn!(
+                shard = self.shard,
+                uplink = %self.cfg.name,
+                records = pack.records,
+                bytes = pack.payload.len(),
+                max = c.max_packet,
+                "SenML pack cannot be sent to the cloud broker (lower aggregate.max_pack); its messages are dropped"
+            );
+            for msg in pack.msgs {
+                self.finish_dropped(msg, reason);
+            }
+            return false;
+        }
+        self.metrics.packs_sent.inc();
+        self.metrics.records_packed.add(pack.msgs.len() as u64);
+        self.metrics.pack_records.observe(pack.records as u64);
+        self.metrics.pack_bytes.observe(pack.payload.len() as u64);
+        trace!(shard = self.shard, packet_id = ?packet_id, records = pack.records, "pack to cloud");
+        match packet_id {
+            Some(id) => {
+                self.send_seq += 1;
+                self.inflight.insert(
+                    id,
+                    Inflight {
+                        seq: self.send_seq,
+                        carried: Carried::Pack(pack.msgs),
+                    },
+                );
+            }
+            None => unacked_in_write.extend(pack.msgs),
+        }
+        true
     }
 
     /// React to one packet from the broker; replies are appended to `out`.
@@ -603,7 +798,7 @@ impl Session {
     }
 
     fn on_puback(&mut self, ack: PubResponse) {
-        let Some(Inflight { msg, .. }) = self.inflight.remove(&ack.packet_id) else {
+        let Some(Inflight { carried, .. }) = self.inflight.remove(&ack.packet_id) else {
             // A duplicate or late PUBACK (e.g. for a packet id of an earlier connection): harmless.
             debug!(shard = self.shard, uplink = %self.cfg.name, packet_id = ack.packet_id, "PUBACK for a packet id not inflight; ignored");
             return;
@@ -616,9 +811,18 @@ impl Session {
                 reason = format_args!("{:#04x}", ack.reason),
                 "cloud broker rejected a message; dropped"
             );
-            self.finish_dropped(msg, DropReason::CloudRejected);
+            for msg in carried.into_messages() {
+                self.finish_dropped(msg, DropReason::CloudRejected);
+            }
             return;
         }
+        match carried {
+            Carried::One(msg) => self.acked(msg),
+            Carried::Pack(msgs) => msgs.into_iter().for_each(|m| self.acked(m)),
+        }
+    }
+
+    fn acked(&self, msg: UplinkMessage) {
         self.metrics.messages_acked.inc();
         self.metrics.ack_latency.observe(msg.received_at.elapsed());
         self.finish(msg);
@@ -675,12 +879,22 @@ impl Session {
         }
     }
 
-    /// Put every unacknowledged message back at the front of the queue in send order.
+    /// Put every unacknowledged message back at the front of the queue in send order: the
+    /// inflight ones, then a sealed pack's, then the open pack's.
     fn requeue_inflight(&mut self) {
         let mut pending: Vec<Inflight> = self.inflight.drain().map(|(_, f)| f).collect();
         pending.sort_unstable_by_key(|f| f.seq);
-        self.queue
-            .requeue_front(pending.into_iter().map(|f| f.msg).collect());
+        let mut msgs: Vec<UplinkMessage> = pending
+            .into_iter()
+            .flat_map(|f| f.carried.into_messages())
+            .collect();
+        if let Some(sealed) = self.sealed.take() {
+            msgs.extend(sealed.msgs);
+        }
+        if let Some(packer) = &mut self.packer {
+            msgs.extend(packer.take_messages());
+        }
+        self.queue.requeue_front(msgs);
         self.pending_subscribe = None;
         self.metrics.inflight.set(0);
     }
@@ -734,6 +948,14 @@ async fn write_all(c: &mut Connection, bytes: &[u8], limit: Duration) -> Result<
         Err(_) => Err(UplinkError::WriteTimeout(limit)),
         Ok(Err(e)) => Err(UplinkError::ConnectionLost(e)),
         Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// Sleeps until `at`; never resolves for `None` (callers also guard the branch).
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

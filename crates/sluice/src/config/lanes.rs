@@ -1,0 +1,82 @@
+//! `[priority]` and `[uplink.aggregate]`: which records are urgent, and how normal records are
+//! packed into SenML when many devices are active (SegaNet §4.2–4.3).
+//!
+//! Owns: the config types and their defaults. Does not own: evaluating them (that is
+//! `crate::priority` and `crate::uplink`) or checking them (`validate.rs`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::units::{self, ByteSize};
+
+/// `[priority]`: per-device priorities and topic rules. 1 = high, 2 = normal (the default).
+///
+/// A message is high priority when its device is high or its topic matches a rule of
+/// priority 1. Any priority-1 entry gives every shard a second ("high lane") session per
+/// uplink; without one, there is only the normal lane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct PriorityConfig {
+    /// Client id → priority. A key ending in `*` matches every client id with that prefix;
+    /// an exact key wins over a prefix, a longer prefix over a shorter one.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, u8>,
+    /// Topic filter (`+`/`#` allowed) → priority.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub topics: BTreeMap<String, u8>,
+}
+
+impl PriorityConfig {
+    /// Whether any device or topic is high priority (so a high lane is needed).
+    pub fn has_high(&self) -> bool {
+        self.devices
+            .values()
+            .chain(self.topics.values())
+            .any(|&p| p == 1)
+    }
+}
+
+/// SenML encoding of aggregated packs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PackFormat {
+    /// `application/senml+json`; `vd` values are base64url.
+    #[default]
+    Json,
+    /// `application/senml+cbor`; `vd` values are raw bytes (smaller).
+    Cbor,
+}
+
+/// `[uplink.aggregate]`: pack normal-priority records into SenML packs when many devices are
+/// connected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AggregateConfig {
+    /// Aggregate at all. Off: every message is published on its own topic.
+    pub enabled: bool,
+    /// Aggregate while more than this many devices are connected to the gateway (SegaNet: 50).
+    pub min_devices: usize,
+    pub format: PackFormat,
+    /// A pack is published once its encoding reaches this size.
+    pub max_pack: ByteSize,
+    /// ... or once its oldest record has waited this long.
+    #[serde(with = "units::duration")]
+    pub max_delay: Duration,
+    /// The cloud topic packs are published on (topic_prefix / topic_template do not apply).
+    pub topic: String,
+}
+
+impl Default for AggregateConfig {
+    fn default() -> Self {
+        AggregateConfig {
+            enabled: true,
+            min_devices: 50,
+            format: PackFormat::Json,
+            max_pack: ByteSize::kib(1),
+            max_delay: Duration::from_secs(1),
+            topic: "sluice/senml".to_string(),
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! Aggregation and priority lanes end to end (issue: batching and priority lanes), against a
+//! real cloud Mosquitto with TLS 1.3: SenML packs by size, by delay and by device count
+//! (crossing the threshold up and down), high priority bypassing aggregation and the normal
+//! queue, and the lane sockets' marks as read back from the kernel.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{device, eventually, gateway, Cloud};
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_proto::senml::{self, Format, Value};
+use sluice_testkit::TestClient;
+
+/// A payload SenML must carry as `vd`: 0xB0 is not valid UTF-8, not a CBOR array.
+fn payload(device: u8, seq: u16, len: usize) -> Bytes {
+    let mut p = vec![0xB0, device];
+    p.extend_from_slice(&seq.to_be_bytes());
+    p.extend((0..len.saturating_sub(4)).map(|i| (i % 251) as u8));
+    Bytes::from(p)
+}
+
+fn parse(p: &[u8]) -> (u8, u16) {
+    assert_eq!(p[0], 0xB0, "not a test payload: {p:?}");
+    (p[1], u16::from_be_bytes([p[2], p[3]]))
+}
+
+/// What the cloud received, in arrival order.
+#[derive(Debug, Default)]
+struct Arrivals {
+    /// (device, seq, came in a pack, full payload)
+    records: Vec<(u8, u16, bool, Bytes)>,
+    /// Records per pack, in arrival order.
+    packs: Vec<usize>,
+    pack_names: Vec<String>,
+}
+
+impl Arrivals {
+    /// Sequence numbers per device in arrival order.
+    fn per_device(&self) -> HashMap<u8, Vec<u16>> {
+        let mut m: HashMap<u8, Vec<u16>> = HashMap::new();
+        for (d, s, _, _) in &self.records {
+            m.entry(*d).or_default().push(*s);
+        }
+        m
+    }
+}
+
+/// Receive until `n` records arrived (or `timeout` passes), unpacking SenML packs.
+async fn collect(
+    sub: &mut TestClient,
+    n: usize,
+    agg_topic: &str,
+    format: Format,
+    timeout: Duration,
+) -> Arrivals {
+    let mut a = Arrivals::default();
+    let deadline = Instant::now() + timeout;
+    while a.records.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(p)) = sub.recv(left).await else {
+            break;
+        };
+        if p.topic == agg_topic {
+            let records = senml::decode(format, &p.payload).expect("pack decodes");
+            a.packs.push(records.len());
+            for r in records {
+                let Some(Value::Data(bytes)) = r.value else {
+                    panic!("record without vd: {r:?}");
+                };
+                assert!(r.time > 1.6e9, "records carry an absolute time: {}", r.time);
+                let (d, s) = parse(&bytes);
+                a.pack_names.push(r.name.clone());
+                a.records.push((d, s, true, bytes));
+            }
+        } else {
+            let (d, s) = parse(&p.payload);
+            a.records.push((d, s, false, p.payload.clone()));
+        }
+    }
+    a
+}
+
+fn aggregate_toml(extra_uplink: &str, aggregate: &str) -> String {
+    format!("{extra_uplink}\n[uplink.aggregate]\n{aggregate}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packs_are_published_by_size_and_unpack_to_exactly_what_was_sent() {
+    for (format, fmt) in [("json", Format::Json), ("cbor", Format::Cbor)] {
+        let cloud = Cloud::start();
+        let mut sub = cloud.subscriber("sub", "#").await;
+        let gw = gateway(
+            1,
+            &cloud.uplink_toml(
+                None,
+                &aggregate_toml(
+                    "",
+                    &format!("min_devices = 0\nformat = \"{format}\"\nmax_pack = \"2KiB\"\nmax_delay = \"30s\"\ntopic = \"agg/packs\""),
+                ),
+            ),
+        );
+        let mut d = device(&gw, "dev-a", ProtocolVersion::V5).await;
+        // 40 × 300 B: with a 30 s delay limit only the size limit can publish them in time.
+        let mut ids = Vec::new();
+        let mut sent = Vec::new();
+        for seq in 0..40u16 {
+            let p = payload(1, seq, 300);
+            sent.push(p.clone());
+            ids.push(
+                d.publish_no_wait("t/a", p, QoS::AtLeastOnce, false)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let a = collect(&mut sub, 40 - 8, "agg/packs", fmt, Duration::from_secs(10)).await;
+        assert!(
+            a.records.len() >= 32,
+            "{format}: packs by size arrived: {} records",
+            a.records.len()
+        );
+        assert!(
+            a.records.iter().all(|r| r.2),
+            "{format}: every record came packed"
+        );
+        assert!(
+            a.packs.iter().all(|&n| n >= 2),
+            "{format}: packs hold several records: {:?}",
+            a.packs
+        );
+        assert!(
+            a.pack_names.iter().all(|n| n == "dev-a/t/a"),
+            "{format}: names {:?}",
+            a.pack_names
+        );
+        for (i, (_, seq, _, bytes)) in a.records.iter().enumerate() {
+            assert_eq!(*seq as usize, i, "{format}: in order");
+            assert_eq!(bytes, &sent[i], "{format}: byte for byte");
+        }
+        // The device's acks come only once its records' packs were acknowledged by the cloud.
+        for id in ids.iter().take(a.records.len()).flatten() {
+            assert_eq!(d.wait_ack(*id).await.unwrap(), 0);
+        }
+        let metrics = gw.metrics_text();
+        assert!(common::metric_sum(&metrics, "sluice_uplink_packs_sent_total") >= 2.0);
+        assert!(common::metric_sum(&metrics, "sluice_uplink_pack_records_count") >= 2.0);
+        gw.shutdown();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_that_does_not_fill_is_published_after_the_delay_limit() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("sub", "#").await;
+    let gw = gateway(
+        1,
+        &cloud.uplink_toml(
+            None,
+            &aggregate_toml(
+                "",
+                "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"400ms\"",
+            ),
+        ),
+    );
+    let mut d = device(&gw, "dev-b", ProtocolVersion::V311).await;
+    let started = Instant::now();
+    let id1 = d
+        .publish_no_wait("t/b", payload(2, 0, 50), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let id2 = d
+        .publish_no_wait("t/b", payload(2, 1, 50), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let a = collect(
+        &mut sub,
+        2,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(10),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(a.packs, vec![2], "both records in one pack");
+    assert_eq!(a.per_device()[&2], vec![0, 1]);
+    assert!(
+        waited >= Duration::from_millis(350),
+        "a pack below max_pack waits for max_delay: arrived after {waited:?}"
+    );
+    assert_eq!(d.wait_ack(id1.unwrap()).await.unwrap(), 0);
+    assert_eq!(d.wait_ack(id2.unwrap()).await.unwrap(), 0);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crossing_the_device_threshold_up_and_down_loses_and_reorders_nothing() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("sub", "#").await;
+    // Aggregate while more than 3 devices are connected.
+    let gw = gateway(
+        2,
+        &cloud.uplink_toml(
+            None,
+            &aggregate_toml(
+                "",
+                "min_devices = 3\nmax_pack = \"64KiB\"\nmax_delay = \"150ms\"",
+            ),
+        ),
+    );
+    let mut devs = Vec::new();
+    for i in 0..2u8 {
+        devs.push(device(&gw, &format!("cross-{i}"), ProtocolVersion::V5).await);
+    }
+    let mut seq = [0u16; 5];
+    async fn round(devs: &mut [TestClient], seq: &mut [u16; 5], first: u8) {
+        let mut pending = Vec::new();
+        for (i, d) in devs.iter_mut().enumerate() {
+            let dev = first + i as u8;
+            for _ in 0..5 {
+                let id = d
+                    .publish_no_wait(
+                        "t/x",
+                        payload(dev, seq[dev as usize], 64),
+                        QoS::AtLeastOnce,
+                        false,
+                    )
+                    .await
+                    .unwrap();
+                seq[dev as usize] += 1;
+                pending.push((i, id.unwrap()));
+            }
+        }
+        for (i, id) in pending {
+            assert_eq!(devs[i].wait_ack(id).await.unwrap(), 0);
+        }
+    }
+    // 2 devices: below the threshold, sent one by one.
+    round(&mut devs, &mut seq, 0).await;
+    let below = collect(
+        &mut sub,
+        10,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(below.records.len(), 10);
+    assert!(
+        below.packs.is_empty(),
+        "below the threshold nothing is packed"
+    );
+
+    // 4 devices: above it, packed. Devices 0 and 1 keep publishing across the crossing.
+    for i in 2..4u8 {
+        devs.push(device(&gw, &format!("cross-{i}"), ProtocolVersion::V311).await);
+    }
+    assert!(eventually(Duration::from_secs(5), || gw.status_json()["devices"] == 4).await);
+    round(&mut devs, &mut seq, 0).await;
+    let above = collect(
+        &mut sub,
+        20,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(above.records.len(), 20);
+    assert!(
+        above.records.iter().all(|r| r.2),
+        "above the threshold everything is packed"
+    );
+
+    // Back to 2: one by one again.
+    for d in devs.drain(2..) {
+        d.disconnect().await.unwrap();
+    }
+    assert!(eventually(Duration::from_secs(5), || gw.status_json()["devices"] == 2).await);
+    round(&mut devs, &mut seq, 0).await;
+    let again = collect(
+        &mut sub,
+        10,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(again.records.len(), 10);
+    assert!(
+        again.packs.is_empty(),
+        "below the threshold again nothing is packed"
+    );
+
+    // Per device: every message exactly once, in order, across both crossings.
+    let mut all: HashMap<u8, Vec<u16>> = HashMap::new();
+    for part in [&below, &above, &again] {
+        for (d, s) in part.per_device() {
+            all.entry(d).or_default().extend(s);
+        }
+    }
+    for d in 0..4u8 {
+        let want: Vec<u16> = (0..seq[d as usize]).collect();
+        assert_eq!(all.get(&d).cloned().unwrap_or_default(), want, "device {d}");
+    }
+    assert!(
+        tokio::time::timeout(
+            Duration::from_millis(500),
+            sub.recv(Duration::from_millis(500))
+        )
+        .await
+        .map_or(true, |r| matches!(r, Ok(None))),
+        "no duplicates trail behind"
+    );
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn high_priority_bypasses_aggregation_and_the_normal_queue() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("sub", "#").await;
+    let gw = gateway(
+        1,
+        &format!(
+            "[priority]\ndevices = {{ \"ecg-*\" = 1 }}\ntopics = {{ \"alarms/#\" = 1 }}\n{}",
+            cloud.uplink_toml(
+                None,
+                &aggregate_toml(
+                    "",
+                    "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"20s\""
+                ),
+            )
+        ),
+    );
+    let mut normal = device(&gw, "thermo-1", ProtocolVersion::V5).await;
+    let mut ecg = device(&gw, "ecg-7", ProtocolVersion::V5).await;
+    // A normal record waits in the open pack (20 s delay limit) ...
+    let held = normal
+        .publish_no_wait("t/temp", payload(1, 0, 40), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    // ... while the high device's record and a normal device's alarm go straight through.
+    assert_eq!(
+        ecg.publish("ecg/7", payload(7, 0, 40), QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    // (Its PUBACK follows the held one's: MQTT acknowledges a device's QoS 1 in order.)
+    let alarm = normal
+        .publish_no_wait("alarms/fire", payload(1, 1, 40), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let a = collect(
+        &mut sub,
+        2,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        a.records.len(),
+        2,
+        "high records arrive while the normal one is held"
+    );
+    assert!(a.packs.is_empty(), "high records are never packed");
+    let topics_seen: Vec<(u8, u16)> = a.records.iter().map(|r| (r.0, r.1)).collect();
+    assert!(
+        topics_seen.contains(&(7, 0)) && topics_seen.contains(&(1, 1)),
+        "{topics_seen:?}"
+    );
+
+    let status = gw.status_json();
+    let lanes = &status["shards"][0]["uplinks"][0]["lanes"];
+    assert_eq!(lanes["high"]["state"], "connected", "{status}");
+    let metrics = gw.metrics_text();
+    assert!(
+        common::metric_sum(
+            &metrics,
+            "sluice_uplink_messages_acked_total{shard=\"0\",uplink=\"cloud\",lane=\"high\"}"
+        ) >= 2.0,
+        "the high lane carried them"
+    );
+    let _ = (held, alarm);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_sockets_carry_their_marks_as_read_back_from_the_kernel() {
+    let cloud = Cloud::start();
+    let gw = gateway(
+        2,
+        &format!(
+            "[priority]\ndevices = {{ \"fire-1\" = 1 }}\n{}",
+            cloud.uplink_toml(None, "notsent_lowat = \"8KiB\"")
+        ),
+    );
+    let connected = eventually(Duration::from_secs(10), || {
+        let s = gw.status_json();
+        (0..2).all(|i| {
+            let lanes = &s["shards"][i]["uplinks"][0]["lanes"];
+            lanes["normal"]["state"] == "connected" && lanes["high"]["state"] == "connected"
+        })
+    })
+    .await;
+    assert!(
+        connected,
+        "both lanes of both shards connect: {}",
+        gw.status_json()
+    );
+    let s = gw.status_json();
+    for i in 0..2 {
+        let lanes = &s["shards"][i]["uplinks"][0]["lanes"];
+        let high = &lanes["high"]["socket"];
+        assert_eq!(high["priority"], 6, "SO_PRIORITY of the high lane: {high}");
+        assert_eq!(high["tos"], 0xB8, "DSCP EF of the high lane: {high}");
+        let normal = &lanes["normal"]["socket"];
+        assert_eq!(
+            normal["notsent_lowat"], 8192,
+            "TCP_NOTSENT_LOWAT of the normal lane: {normal}"
+        );
+        assert_eq!(normal["priority"], 0);
+        assert_ne!(high["local_port"], normal["local_port"]);
+    }
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_priority_entries_there_is_no_high_lane() {
+    let cloud = Cloud::start();
+    let gw = gateway(1, &cloud.uplink_toml(None, ""));
+    assert!(
+        eventually(Duration::from_secs(10), || gw.status_json()["shards"][0]
+            ["uplinks"][0]["state"]
+            == "connected")
+        .await
+    );
+    let lanes = &gw.status_json()["shards"][0]["uplinks"][0]["lanes"];
+    assert!(lanes.get("high").is_none(), "{lanes}");
+    gw.shutdown();
+}
