@@ -359,6 +359,8 @@ pub struct DeviceTally {
     pub rejected: u64,
     /// QoS 1 PUBLISHes still unacknowledged when a connection of this device ended.
     pub unacknowledged: u64,
+    /// Ticks skipped because this device's inflight window was full.
+    pub skipped_inflight_full: u64,
     /// PUBLISH written → PUBACK, PUBLISHes written after ramp + settle.
     pub ack_latency_steady: LatencySummary,
 }
@@ -561,6 +563,7 @@ struct OwnCounters {
     acknowledged: u64,
     rejected: u64,
     unacknowledged: u64,
+    skipped_inflight_full: u64,
     ack_latency_steady: hdrhistogram::Histogram<u64>,
 }
 
@@ -604,6 +607,7 @@ async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) -> Option<De
             acknowledged: 0,
             rejected: 0,
             unacknowledged: 0,
+            skipped_inflight_full: 0,
             ack_latency_steady: crate::stats::latency_histogram(),
         }),
     };
@@ -644,6 +648,7 @@ async fn device(index: u32, start_at: Instant, shared: Arc<Shared>) -> Option<De
         acknowledged: own.acknowledged,
         rejected: own.rejected,
         unacknowledged: own.unacknowledged,
+        skipped_inflight_full: own.skipped_inflight_full,
         ack_latency_steady: LatencySummary::from_histogram(&own.ack_latency_steady),
     })
 }
@@ -745,6 +750,9 @@ async fn publish_loop(
                     shared.counters.max_send_lag_us.fetch_max(lag, Relaxed);
                     if config.qos == QoS::AtLeastOnce && st.inflight.len() >= usize::from(window) {
                         shared.counters.skipped_inflight_full.fetch_add(1, Relaxed);
+                        if let Some(own) = &mut st.own {
+                            own.skipped_inflight_full += 1;
+                        }
                     } else {
                         if let Some(id) = build_publish(st, shared)? {
                             st.inflight.push((id, Instant::now()));

@@ -3,7 +3,8 @@
 //!
 //! Owns: simulated MQTT devices ([`devices`]), the measuring subscriber ([`sink`]), the bench
 //! payload format ([`payload`]), statistics ([`stats`]), `/proc` sampling ([`procfs`]) and
-//! whole-machine scenarios ([`scenario`]). Does not own: the gateway, the brokers (Mosquitto
+//! whole-machine scenarios ([`scenario`], [`seganet`], [`throughput`], [`connections`],
+//! [`priority`]). Does not own: the gateway, the brokers (Mosquitto
 //! comes from `sluice-testkit`) or the MQTT codec (`sluice-proto`).
 //!
 //! Invariants: bytes from a broker never panic the tool; every in-flight window and buffer has a
@@ -18,6 +19,7 @@ pub mod connections;
 pub mod devices;
 pub mod fastsink;
 pub mod payload;
+pub mod priority;
 pub mod procfs;
 pub mod scenario;
 pub mod seganet;
