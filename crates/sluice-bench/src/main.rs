@@ -246,6 +246,10 @@ struct SinkArgs {
     /// Number of devices expected (the report says how many were heard from).
     #[arg(long, default_value_t = 0)]
     expect_devices: u32,
+    /// Also measure end-to-end latency per device: one line per device on stderr at the end,
+    /// and "per_device" in the JSON report.
+    #[arg(long)]
+    per_device: bool,
     /// Number of messages the devices sent, for the delivery ratio.
     #[arg(long, conflicts_with = "sent_file")]
     sent: Option<u64>,
@@ -538,6 +542,7 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     config.qos = qos(args.qos);
     config.protocol = args.mqtt.into();
     config.expect_devices = args.expect_devices;
+    config.per_device = args.per_device;
     config.progress_every = progress(args.progress);
     if let Some(id) = args.client_id.clone() {
         config.client_id = id;
@@ -563,6 +568,22 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
         (None, None) => None,
     };
     let report = handle.stop(sent).await?;
+    if report.packs > 0 {
+        eprintln!(
+            "sink: {} of {} PUBLISHes were SenML packs holding {} records",
+            report.packs, report.received, report.records_in_packs
+        );
+    }
+    for device in &report.per_device {
+        eprintln!("sink: {device}");
+    }
+    if report.per_device_omitted > 0 {
+        eprintln!(
+            "sink: {} arrivals of device indices >= {} have no per-device line",
+            report.per_device_omitted,
+            sluice_bench::stats::MAX_PER_DEVICE_LATENCY
+        );
+    }
     emit_json(&report, args.out.as_ref())
 }
 

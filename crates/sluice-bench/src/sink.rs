@@ -14,8 +14,17 @@
 //! - Each PUBLISH: payload header decoded ([`crate::payload`]); end-to-end latency = wall clock
 //!   now − send timestamp (same machine), recorded for first arrivals only (duplicates would
 //!   measure a retransmission, not the path); sequence bookkeeping in
-//!   [`crate::stats::SequenceTracker`]; payloads without the bench header are counted as
-//!   `foreign`. PUBACKs of one read batch are written together.
+//!   [`crate::stats::SequenceTracker`]. PUBACKs of one read batch are written together.
+//! - SenML packs (a gateway batching device payloads): a PUBLISH that is not a bench payload
+//!   but that [`senml::sniff`] recognises and [`senml::decode`] accepts is a pack. Every record
+//!   whose value is data (`vd`) holding a bench payload counts exactly as if that payload had
+//!   arrived as its own PUBLISH at the pack's arrival time (dedup, order, latency); other
+//!   records count as `foreign`, as do PUBLISHes that are neither bench payloads nor packs.
+//!   `received` stays the number of PUBLISHes; `packs` and `records_in_packs` say how many of
+//!   them were packs and what they held.
+//! - Optional per-device latency ([`SinkConfig::per_device`]): one histogram per device index
+//!   below [`crate::stats::MAX_PER_DEVICE_LATENCY`] (first arrivals only), reported as
+//!   [`DeviceLatency`] lines.
 //! - Keep-alive 60 s; a PINGREQ goes out every 30 s.
 
 use std::path::PathBuf;
@@ -31,6 +40,7 @@ use sluice_proto::mqtt::{
     encode, Connect, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse, QoS,
     Subscribe, SubscribeFilter, SubscriptionOptions,
 };
+use sluice_proto::senml;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tokio::time::{timeout, Instant};
@@ -38,7 +48,11 @@ use tokio::time::{timeout, Instant};
 use crate::conn::{self, BrokerIo};
 use crate::payload::{unix_now_ns, PayloadHeader};
 use crate::procfs::{round3, CpuMeter, CpuUsage, Pid};
-use crate::stats::{latency_histogram, record_us, LatencySummary, Observation, SequenceTracker};
+use crate::stats::{
+    latency_histogram, record_us, LatencySummary, Observation, PerDeviceLatency, SequenceTracker,
+};
+
+pub use crate::stats::DeviceLatency;
 
 const KEEP_ALIVE_S: u16 = 60;
 const PING_EVERY: Duration = Duration::from_secs(30);
@@ -76,6 +90,8 @@ pub struct SinkConfig {
     pub connect_timeout: Duration,
     /// Print a progress line to stderr this often (`None`: never).
     pub progress_every: Option<Duration>,
+    /// Also measure latency per device ([`SinkReport::per_device`]).
+    pub per_device: bool,
 }
 
 impl SinkConfig {
@@ -95,6 +111,7 @@ impl SinkConfig {
             expect_devices: 0,
             connect_timeout: Duration::from_secs(10),
             progress_every: Some(Duration::from_secs(5)),
+            per_device: false,
         }
     }
 }
@@ -106,9 +123,13 @@ pub struct SinkReport {
     pub tls: bool,
     pub topic: String,
     pub qos: u8,
-    /// Every PUBLISH received, duplicates and foreign ones included.
+    /// Every PUBLISH received, duplicates, foreign ones and SenML packs included.
     pub received: u64,
-    /// Distinct (device, sequence) pairs.
+    /// PUBLISHes that were SenML packs (each counted once in `received`).
+    pub packs: u64,
+    /// Records in those packs, bench payloads or not.
+    pub records_in_packs: u64,
+    /// Distinct (device, sequence) pairs, whether they came alone or in packs.
     pub unique: u64,
     pub duplicates: u64,
     /// Unique messages that arrived after a higher sequence number of the same device.
@@ -117,7 +138,8 @@ pub struct SinkReport {
     pub gaps: u64,
     /// Bench messages outside the tracked bounds.
     pub untracked: u64,
-    /// Messages without the bench header.
+    /// PUBLISHes that are neither bench payloads nor SenML packs, plus pack records that do
+    /// not hold a bench payload.
     pub foreign: u64,
     pub devices_seen: u64,
     pub expect_devices: u32,
@@ -132,6 +154,12 @@ pub struct SinkReport {
     /// The same for messages sent at or after the steady-state start, when one was set with
     /// [`SinkHandle::set_steady_from`].
     pub e2e_latency_steady: Option<LatencySummary>,
+    /// Per-device latency of first arrivals, by device index; empty unless
+    /// [`SinkConfig::per_device`] was set.
+    pub per_device: Vec<DeviceLatency>,
+    /// First arrivals of devices with an index too high for a per-device histogram
+    /// ([`crate::stats::MAX_PER_DEVICE_LATENCY`]); they still count everywhere else.
+    pub per_device_omitted: u64,
     pub reconnects: u64,
     pub elapsed_s: f64,
     /// This process's CPU over the sink's lifetime (includes anything else running in it).
@@ -151,13 +179,76 @@ struct Live {
     steady_from_ns: AtomicU64,
 }
 
-/// Statistics owned by the sink task.
+/// Statistics owned by the sink task. Sans-IO: the caller hands in each payload with its
+/// arrival time.
 struct Tally {
     tracker: SequenceTracker,
     latency: Histogram<u64>,
     latency_steady: Histogram<u64>,
+    /// `Some` when per-device latency was asked for.
+    per_device: Option<PerDeviceLatency>,
     received: u64,
+    packs: u64,
+    records_in_packs: u64,
     foreign: u64,
+}
+
+impl Tally {
+    fn new(expect_devices: u32, per_device: bool) -> Tally {
+        Tally {
+            tracker: SequenceTracker::with_expected_devices(expect_devices),
+            latency: latency_histogram(),
+            latency_steady: latency_histogram(),
+            per_device: per_device.then(PerDeviceLatency::default),
+            received: 0,
+            packs: 0,
+            records_in_packs: 0,
+            foreign: 0,
+        }
+    }
+
+    /// Account for one PUBLISH payload that arrived at `now_ns` (ns since the epoch); send
+    /// times at or after `steady_from_ns` also count as steady state.
+    fn observe_publish(&mut self, payload: &[u8], now_ns: u64, steady_from_ns: u64) {
+        self.received += 1;
+        if let Ok(header) = PayloadHeader::parse(payload) {
+            self.observe_bench(header, now_ns, steady_from_ns);
+            return;
+        }
+        let pack = senml::sniff(payload).and_then(|format| senml::decode(format, payload).ok());
+        let Some(records) = pack else {
+            self.foreign += 1;
+            return;
+        };
+        self.packs += 1;
+        self.records_in_packs += records.len() as u64;
+        for record in records {
+            let header = match &record.value {
+                Some(senml::Value::Data(data)) => PayloadHeader::parse(data).ok(),
+                _ => None,
+            };
+            match header {
+                Some(header) => self.observe_bench(header, now_ns, steady_from_ns),
+                None => self.foreign += 1,
+            }
+        }
+    }
+
+    fn observe_bench(&mut self, h: PayloadHeader, now_ns: u64, steady_from_ns: u64) {
+        match self.tracker.observe(h.device, h.seq) {
+            Observation::New | Observation::NewOutOfOrder => {
+                let micros = now_ns.saturating_sub(h.sent_at_ns) / 1000;
+                record_us(&mut self.latency, micros);
+                if h.sent_at_ns >= steady_from_ns {
+                    record_us(&mut self.latency_steady, micros);
+                }
+                if let Some(per_device) = &mut self.per_device {
+                    per_device.record_us(h.device, micros);
+                }
+            }
+            Observation::Duplicate | Observation::Untracked => {}
+        }
+    }
 }
 
 /// A running sink.
@@ -214,6 +305,8 @@ impl SinkHandle {
             topic: self.config.topic.clone(),
             qos: self.config.qos as u8,
             received: tally.received,
+            packs: tally.packs,
+            records_in_packs: tally.records_in_packs,
             unique: t.unique,
             duplicates: t.duplicates,
             order_violations: t.order_violations,
@@ -228,6 +321,12 @@ impl SinkHandle {
             e2e_latency: LatencySummary::from_histogram(&tally.latency),
             e2e_latency_steady: (self.live.steady_from_ns.load(Relaxed) != 0)
                 .then(|| LatencySummary::from_histogram(&tally.latency_steady)),
+            per_device: tally
+                .per_device
+                .as_ref()
+                .map(PerDeviceLatency::summaries)
+                .unwrap_or_default(),
+            per_device_omitted: tally.per_device.as_ref().map_or(0, |p| p.omitted),
             reconnects: self.live.reconnects.load(Relaxed),
             elapsed_s: round3(self.started.elapsed().as_secs_f64()),
             tool_cpu: self.cpu.usage()?,
@@ -265,13 +364,7 @@ pub async fn start_sink(config: SinkConfig) -> anyhow::Result<SinkHandle> {
         .with_context(|| format!("sink connecting to {}", config.broker))?;
     let live = Arc::new(Live::default());
     let (stop, stop_rx) = watch::channel(false);
-    let tally = Tally {
-        tracker: SequenceTracker::with_expected_devices(config.expect_devices),
-        latency: latency_histogram(),
-        latency_steady: latency_histogram(),
-        received: 0,
-        foreign: 0,
-    };
+    let tally = Tally::new(config.expect_devices, config.per_device);
     let task = tokio::spawn(receive(
         config.clone(),
         tls,
@@ -541,7 +634,6 @@ fn handle_packets(
             }
         };
         got_any = true;
-        tally.received += 1;
         if let Some(packet_id) = publish.packet_id {
             if publish.qos == QoS::AtLeastOnce {
                 let ack = Packet::PubAck(PubResponse {
@@ -552,19 +644,7 @@ fn handle_packets(
                 encode(&ack, config.protocol, wbuf).context("encoding PUBACK")?;
             }
         }
-        match PayloadHeader::parse(&publish.payload) {
-            Ok(h) => match tally.tracker.observe(h.device, h.seq) {
-                Observation::New | Observation::NewOutOfOrder => {
-                    let micros = unix_now_ns().saturating_sub(h.sent_at_ns) / 1000;
-                    record_us(&mut tally.latency, micros);
-                    if h.sent_at_ns >= steady_from {
-                        record_us(&mut tally.latency_steady, micros);
-                    }
-                }
-                Observation::Duplicate | Observation::Untracked => {}
-            },
-            Err(_) => tally.foreign += 1,
-        }
+        tally.observe_publish(&publish.payload, unix_now_ns(), steady_from);
     }
     if got_any {
         live.received.store(tally.received, Relaxed);
@@ -573,4 +653,145 @@ fn handle_packets(
         live.last_receive_ms.store(ms + 1, Relaxed);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use sluice_proto::senml::{Format, PackWriter, Record, Value};
+
+    use super::*;
+
+    const SENT_AT: u64 = 1_700_000_000_000_000_000;
+    const MS: u64 = 1_000_000;
+
+    fn payload(device: u32, seq: u64, sent_at_ns: u64) -> Vec<u8> {
+        let mut bytes = vec![0x5a; 40];
+        PayloadHeader {
+            device,
+            seq,
+            sent_at_ns,
+        }
+        .write_to(&mut bytes)
+        .expect("40 bytes hold the header");
+        bytes
+    }
+
+    fn record(name: &str, value: Value) -> Record {
+        Record {
+            name: name.to_string(),
+            time: 0.0,
+            unit: None,
+            value: Some(value),
+            sum: None,
+            update_time: None,
+        }
+    }
+
+    fn data(device: u32, seq: u64) -> Record {
+        record(
+            &format!("urn:dev:bench:{device}:payload"),
+            Value::Data(Bytes::from(payload(device, seq, SENT_AT))),
+        )
+    }
+
+    fn pack(format: Format, records: &[Record]) -> Bytes {
+        let mut writer = PackWriter::new(format);
+        for r in records {
+            writer.push(r).expect("valid record");
+        }
+        writer.finish()
+    }
+
+    #[test]
+    fn a_pack_of_two_devices_is_counted_record_by_record() {
+        for format in [Format::Json, Format::Cbor] {
+            let records = [
+                data(0, 0),
+                data(1, 0),
+                data(0, 2),
+                data(0, 1), // below device 0's highest: an order violation
+                data(1, 0), // a duplicate
+                record("urn:dev:bench:0:temp", Value::Number(21.5)),
+                record(
+                    "urn:dev:bench:0:blob",
+                    Value::Data(Bytes::from_static(b"not a bench payload at all")),
+                ),
+            ];
+            let mut tally = Tally::new(2, false);
+            let now = SENT_AT + 5 * MS;
+            tally.observe_publish(&pack(format, &records), now, u64::MAX);
+            tally.observe_publish(&payload(1, 1, SENT_AT), now, u64::MAX);
+            tally.observe_publish(b"hello", now, u64::MAX);
+            tally.observe_publish(b"[1, looks like SenML but is not", now, u64::MAX);
+
+            assert_eq!(tally.received, 4, "{format:?}: PUBLISHes");
+            assert_eq!((tally.packs, tally.records_in_packs), (1, 7), "{format:?}");
+            let t = &tally.tracker;
+            assert_eq!(t.unique, 5, "{format:?}");
+            assert_eq!(t.duplicates, 1, "{format:?}");
+            assert_eq!(t.order_violations, 1, "{format:?}");
+            assert_eq!(t.gaps(), 0, "{format:?}");
+            assert_eq!(t.devices_seen(), 2, "{format:?}");
+            assert_eq!(
+                tally.foreign, 4,
+                "{format:?}: two pack records, two PUBLISHes"
+            );
+            assert_eq!(tally.latency.len(), 5, "{format:?}: first arrivals only");
+            let max = tally.latency.max();
+            assert!(
+                tally.latency.equivalent(max, 5000),
+                "{format:?}: 5 ms, got {max} µs"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_pack_is_a_pack_with_no_records() {
+        let mut tally = Tally::new(0, false);
+        tally.observe_publish(b"[]", SENT_AT, u64::MAX);
+        tally.observe_publish(&[0x80], SENT_AT, u64::MAX);
+        assert_eq!(
+            (tally.received, tally.packs, tally.records_in_packs),
+            (2, 2, 0)
+        );
+        assert_eq!((tally.foreign, tally.tracker.unique), (0, 0));
+    }
+
+    #[test]
+    fn per_device_latency_counts_first_arrivals_of_each_device() {
+        let mut tally = Tally::new(2, true);
+        // Device 0: 1, 2 and 3 ms, the last one inside a pack; device 1: 10 ms, then a
+        // duplicate that arrives much later and must not count.
+        tally.observe_publish(&payload(0, 0, SENT_AT), SENT_AT + MS, u64::MAX);
+        tally.observe_publish(&payload(0, 1, SENT_AT), SENT_AT + 2 * MS, u64::MAX);
+        tally.observe_publish(&payload(1, 0, SENT_AT), SENT_AT + 10 * MS, u64::MAX);
+        let packed = pack(Format::Cbor, &[data(0, 2), data(1, 0)]);
+        tally.observe_publish(&packed, SENT_AT + 3 * MS, u64::MAX);
+        tally.observe_publish(&payload(1, 0, SENT_AT), SENT_AT + 500 * MS, u64::MAX);
+
+        let per_device = tally.per_device.as_ref().expect("asked for").summaries();
+        assert_eq!(per_device.len(), 2);
+        let (d0, d1) = (&per_device[0], &per_device[1]);
+        assert_eq!((d0.device, d0.received), (0, 3));
+        // HDR histograms: 3 significant digits (3 ms reads back as 3.001).
+        let close = |got: f64, want: f64| (got - want).abs() <= want * 1e-3;
+        assert!(
+            close(d0.mean_ms, 2.0) && close(d0.p50_ms, 2.0) && close(d0.max_ms, 3.0),
+            "{d0:?}"
+        );
+        assert_eq!((d1.device, d1.received), (1, 1));
+        assert!(
+            close(d1.mean_ms, 10.0) && close(d1.p99_ms, 10.0) && close(d1.max_ms, 10.0),
+            "{d1:?}"
+        );
+        assert_eq!(tally.tracker.duplicates, 2);
+    }
+
+    #[test]
+    fn per_device_latency_is_off_by_default() {
+        let mut tally = Tally::new(1, SinkConfig::new(([127, 0, 0, 1], 1883).into()).per_device);
+        tally.observe_publish(&payload(0, 0, SENT_AT), SENT_AT + MS, u64::MAX);
+        assert!(tally.per_device.is_none());
+    }
 }

@@ -84,6 +84,82 @@ impl LatencySummary {
     }
 }
 
+/// Latency of one device's first arrivals, as the sink reports it with `--per-device`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DeviceLatency {
+    /// 0-based device index from the bench payload header.
+    pub device: u32,
+    /// Messages of this device that arrived for the first time (duplicates excluded).
+    pub received: u64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl std::fmt::Display for DeviceLatency {
+    /// One human line: `device 3: 1200 received, latency mean 1.234 ms, p50 …, p99 …, max …`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "device {}: {} received, latency mean {:.3} ms, p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            self.device, self.received, self.mean_ms, self.p50_ms, self.p99_ms, self.max_ms
+        )
+    }
+}
+
+/// One latency histogram per device, created on the device's first sample.
+///
+/// Bound: a histogram takes about 190 KiB, so only device indices below
+/// [`MAX_PER_DEVICE_LATENCY`] get one (at most ~48 MiB); samples of higher indices are
+/// counted in [`PerDeviceLatency::omitted`] instead.
+#[derive(Debug, Default)]
+pub struct PerDeviceLatency {
+    devices: Vec<Option<Histogram<u64>>>,
+    /// Samples of devices at or above [`MAX_PER_DEVICE_LATENCY`].
+    pub omitted: u64,
+}
+
+/// Device indices at or above this get no per-device latency histogram.
+pub const MAX_PER_DEVICE_LATENCY: u32 = 256;
+
+impl PerDeviceLatency {
+    /// Record one latency of `device`, in µs.
+    pub fn record_us(&mut self, device: u32, micros: u64) {
+        if device >= MAX_PER_DEVICE_LATENCY {
+            self.omitted += 1;
+            return;
+        }
+        let index = device as usize;
+        if index >= self.devices.len() {
+            self.devices.resize_with(index + 1, || None);
+        }
+        record_us(
+            self.devices[index].get_or_insert_with(latency_histogram),
+            micros,
+        );
+    }
+
+    /// One summary per device with at least one sample, by device index.
+    pub fn summaries(&self) -> Vec<DeviceLatency> {
+        self.devices
+            .iter()
+            .enumerate()
+            .filter_map(|(device, h)| {
+                let s = LatencySummary::from_histogram(h.as_ref()?);
+                Some(DeviceLatency {
+                    device: device as u32,
+                    received: s.count,
+                    mean_ms: s.mean_ms,
+                    p50_ms: s.p50_ms,
+                    p99_ms: s.p99_ms,
+                    max_ms: s.max_ms,
+                })
+            })
+            .collect()
+    }
+}
+
 /// A latency histogram split into independently locked shards, so thousands of tasks on a
 /// multi-threaded runtime can record without contending on one lock. Record with any key
 /// (e.g. the device index); [`ShardedHistogram::merged`] adds the shards up.
@@ -222,6 +298,23 @@ impl SequenceTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_device_latency_summarises_each_device_and_omits_high_indices() {
+        let mut p = PerDeviceLatency::default();
+        // Below 2048 µs the histogram is exact.
+        for us in [1_000, 1_500, 2_000] {
+            p.record_us(2, us);
+        }
+        p.record_us(0, 500);
+        p.record_us(MAX_PER_DEVICE_LATENCY, 1);
+        let s = p.summaries();
+        assert_eq!(s.iter().map(|d| d.device).collect::<Vec<_>>(), [0, 2]);
+        assert_eq!((s[0].received, s[0].max_ms), (1, 0.5));
+        assert_eq!((s[1].received, s[1].mean_ms, s[1].p50_ms), (3, 1.5, 1.5));
+        assert_eq!((s[1].p99_ms, s[1].max_ms), (2.0, 2.0));
+        assert_eq!(p.omitted, 1);
+    }
 
     #[test]
     fn bitmap_growth_keeps_earlier_bits() {
