@@ -518,6 +518,20 @@ struct Batch {
     disconnect: bool,
 }
 
+/// The bench headers of a SenML pack's `vd` records (`None` if it is not a pack of them).
+fn unpack_senml(payload: &[u8]) -> Option<Vec<PayloadHeader>> {
+    use sluice_proto::senml;
+    let records = senml::decode(senml::sniff(payload)?, payload).ok()?;
+    let headers: Vec<PayloadHeader> = records
+        .iter()
+        .filter_map(|r| match &r.value {
+            Some(senml::Value::Data(b)) => PayloadHeader::parse(b).ok(),
+            _ => None,
+        })
+        .collect();
+    (!headers.is_empty()).then_some(headers)
+}
+
 fn handle_buffered(
     decoder: &mut Decoder,
     rbuf: &mut BytesMut,
@@ -538,7 +552,13 @@ fn handle_buffered(
                         Ok(h) => {
                             seen.push((h.device, h.seq, now_ns.saturating_sub(h.sent_at_ns) / 1000))
                         }
-                        Err(_) => batch.foreign += 1,
+                        // A SenML pack from an aggregating gateway: one arrival per record.
+                        Err(_) => match unpack_senml(&p.payload) {
+                            Some(headers) => seen.extend(headers.into_iter().map(|h| {
+                                (h.device, h.seq, now_ns.saturating_sub(h.sent_at_ns) / 1000)
+                            })),
+                            None => batch.foreign += 1,
+                        },
                     }
                 }
                 match (p.qos, p.packet_id) {

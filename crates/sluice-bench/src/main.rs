@@ -135,6 +135,54 @@ enum SutChoice {
     Both,
 }
 
+/// sluice's SenML aggregation (`[uplink.aggregate]`) in the generated config.
+#[derive(Args, Clone)]
+struct AggregateArgs {
+    /// Aggregate normal records into SenML packs above --min-devices ("on" is sluice's default).
+    #[arg(long, value_enum, default_value = "on")]
+    aggregate: OnOff,
+    /// Aggregate while more than this many devices are connected.
+    #[arg(long, default_value_t = 50)]
+    min_devices: usize,
+    /// SenML encoding of packs.
+    #[arg(long, value_enum, default_value = "json")]
+    pack_format: PackFormatArg,
+    /// Publish a pack once it reaches this size (with unit, e.g. "1KiB", "16KiB").
+    #[arg(long, default_value = "1KiB")]
+    max_pack: String,
+    /// ... or once its oldest record waited this long (with unit, e.g. "1s", "200ms").
+    #[arg(long, default_value = "1s")]
+    max_delay: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PackFormatArg {
+    Json,
+    Cbor,
+}
+
+impl AggregateArgs {
+    fn opts(&self) -> sluice_bench::scenario::AggregateOpts {
+        sluice_bench::scenario::AggregateOpts {
+            enabled: self.aggregate == OnOff::On,
+            min_devices: self.min_devices,
+            format: match self.pack_format {
+                PackFormatArg::Json => "json",
+                PackFormatArg::Cbor => "cbor",
+            }
+            .to_string(),
+            max_pack: self.max_pack.clone(),
+            max_delay: self.max_delay.clone(),
+        }
+    }
+}
+
 /// Options shared by everything that generates load.
 #[derive(Args, Clone)]
 struct LoadArgs {
@@ -284,6 +332,8 @@ struct CoreArgs {
     /// `[gateway] shards` in the generated sluice config (0 = one per core).
     #[arg(long, default_value_t = 0)]
     sluice_shards: u32,
+    #[command(flatten)]
+    aggregate: AggregateArgs,
     /// After the devices stop, the run ends once nothing new reached the sink for this long…
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     drain_idle: Duration,
@@ -376,6 +426,8 @@ struct SeganetArgs {
     /// `[gateway] shards` for sluice. Default: 0 (one per core), 1 with --constrained.
     #[arg(long)]
     sluice_shards: Option<u32>,
+    #[command(flatten)]
+    aggregate: AggregateArgs,
     /// Skip agent points whose projected memory exceeds this share of MemAvailable.
     #[arg(long, default_value_t = 0.6)]
     memory_fraction: f64,
@@ -626,6 +678,7 @@ async fn core(args: CoreArgs) -> anyhow::Result<()> {
         suts,
         sluice_bin: args.sluice_bin,
         sluice_shards: args.sluice_shards,
+        sluice_aggregate: args.aggregate.opts(),
         drain_idle: args.drain_idle,
         drain_max: args.drain_max,
         command_line: command_line(),
@@ -710,6 +763,7 @@ async fn seganet(args: SeganetArgs) -> anyhow::Result<()> {
         sluice_shards: args
             .sluice_shards
             .unwrap_or(if constrained.is_some() { 1 } else { 0 }),
+        sluice_aggregate: args.aggregate.opts(),
         agent_bin: std::env::current_exe().context("locating this executable")?,
         memory_fraction: args.memory_fraction,
         drain_idle: args.drain_idle,
@@ -883,6 +937,8 @@ struct ThroughputArgs {
     /// `inflight` of sluice's uplink (default: sluice's own default).
     #[arg(long)]
     sluice_uplink_inflight: Option<u16>,
+    #[command(flatten)]
+    aggregate: AggregateArgs,
     /// Write the JSON report here (e.g. docs/perf/throughput.json).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -1023,6 +1079,7 @@ async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     config.pacing_tick = args.pacing_tick;
     config.sluice_shards = args.sluice_shards;
     config.sluice_uplink_inflight = args.sluice_uplink_inflight;
+    config.sluice_aggregate = args.aggregate.opts();
     config.command_line = command_line();
     let report = tput::run_throughput(&config).await?;
     let table = tput::markdown(&report);

@@ -85,6 +85,8 @@ pub struct CoreScenario {
     pub sluice_bin: PathBuf,
     /// `[gateway] shards` for sluice (0 = one per core).
     pub sluice_shards: u32,
+    /// `[uplink.aggregate]` for sluice.
+    pub sluice_aggregate: AggregateOpts,
     /// Drain ends when nothing new arrived at the sink for this long…
     pub drain_idle: Duration,
     /// …or after this long at most.
@@ -128,8 +130,66 @@ pub struct Params {
     pub arrivals: Arrivals,
     pub sluice_bin: String,
     pub sluice_shards: u32,
+    pub sluice_aggregate: AggregateOpts,
     pub drain_idle_s: f64,
     pub drain_max_s: f64,
+}
+
+/// sluice's SenML aggregation settings for a run (`[uplink.aggregate]`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AggregateOpts {
+    pub enabled: bool,
+    /// Aggregate while more than this many devices are connected.
+    pub min_devices: usize,
+    /// "json" or "cbor".
+    pub format: String,
+    /// A size with unit, e.g. "1KiB".
+    pub max_pack: String,
+    /// A duration with unit, e.g. "1s".
+    pub max_delay: String,
+}
+
+impl Default for AggregateOpts {
+    /// sluice's own defaults.
+    fn default() -> Self {
+        AggregateOpts {
+            enabled: true,
+            min_devices: 50,
+            format: "json".to_string(),
+            max_pack: "1KiB".to_string(),
+            max_delay: "1s".to_string(),
+        }
+    }
+}
+
+impl AggregateOpts {
+    /// Aggregation off: every message on its own topic.
+    pub fn off() -> AggregateOpts {
+        AggregateOpts {
+            enabled: false,
+            ..AggregateOpts::default()
+        }
+    }
+
+    /// The `[uplink.aggregate]` table (must come after the uplink's plain keys).
+    pub fn toml(&self) -> String {
+        format!(
+            "\n[uplink.aggregate]\nenabled = {}\nmin_devices = {}\nformat = \"{}\"\nmax_pack = \"{}\"\nmax_delay = \"{}\"\n",
+            self.enabled, self.min_devices, self.format, self.max_pack, self.max_delay
+        )
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        if self.enabled {
+            format!(
+                "SenML aggregation on above {} devices ({}, packs up to {}, at most {} wait)",
+                self.min_devices, self.format, self.max_pack, self.max_delay
+            )
+        } else {
+            "aggregation off (one PUBLISH per message)".to_string()
+        }
+    }
 }
 
 /// Resident memory of the SUT, KiB.
@@ -257,6 +317,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
             arrivals: config.arrivals,
             sluice_bin: config.sluice_bin.display().to_string(),
             sluice_shards: config.sluice_shards,
+            sluice_aggregate: config.sluice_aggregate.clone(),
             drain_idle_s: config.drain_idle.as_secs_f64(),
             drain_max_s: config.drain_max.as_secs_f64(),
         },
@@ -629,9 +690,10 @@ pub fn sluice_config(
          [admin]\nenabled = true\nlisten = \"127.0.0.1:{admin_port}\"\n\n\
          [log]\nlevel = \"warn\"\n\n\
          [[uplink]]\nname = \"cloud\"\nurl = \"mqtts://127.0.0.1:{cloud_tls_port}\"\nca_file = \"{ca}\"\n\
-         client_id = \"sluice-gw\"\nforward = [\"#\"]\n",
+         client_id = \"sluice-gw\"\nforward = [\"#\"]\n{aggregate}",
         shards = config.sluice_shards,
         ca = ca_file.display().to_string().replace('\\', "\\\\").replace('"', "\\\""),
+        aggregate = config.sluice_aggregate.toml(),
     )
 }
 
@@ -773,6 +835,7 @@ pub fn markdown(report: &ScenarioReport) -> String {
         m.loadavg_at_start
     );
     let _ = writeln!(out, "`{}`\n", m.command_line);
+    let _ = writeln!(out, "sluice: {}\n", p.sluice_aggregate.describe());
     let both = report.comparison.is_some();
     let mut header = String::from("| metric |");
     let mut rule = String::from("|---|");

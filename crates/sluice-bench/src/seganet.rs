@@ -114,6 +114,8 @@ pub struct SeganetScenario {
     pub sluice_bin: PathBuf,
     /// `[gateway] shards` for sluice (0 = one per core).
     pub sluice_shards: u32,
+    /// `[uplink.aggregate]` for sluice.
+    pub sluice_aggregate: scenario::AggregateOpts,
     /// The `sluice-bench` binary that has the `agent` subcommand.
     pub agent_bin: PathBuf,
     /// Agent points whose projected memory exceeds this share of MemAvailable are skipped.
@@ -156,6 +158,7 @@ pub struct SeganetParams {
     pub steady_window_s: f64,
     pub sluice_bin: String,
     pub sluice_shards: u32,
+    pub sluice_aggregate: scenario::AggregateOpts,
     pub agent_bin: String,
     pub memory_fraction: f64,
     pub drain_idle_s: f64,
@@ -208,6 +211,14 @@ pub struct Measurement {
     pub lost: i64,
     pub duplicates: u64,
     pub order_violations: u64,
+    /// PUBLISH packets reaching the cloud subscriber per second in the window (a SenML pack
+    /// counts once).
+    pub cloud_publishes_per_s: f64,
+    /// Distinct device messages (records) reaching the cloud subscriber per second in the window.
+    pub cloud_records_per_s: f64,
+    /// Bytes the cloud broker read from its sockets per second in the window (TLS records from
+    /// the SUT, i.e. the uplink's bytes on the wire; `rchar` of /proc/PID/io).
+    pub cloud_read_bytes_per_s: f64,
     /// Device send → sink receive, messages sent in the window.
     pub e2e_latency: LatencySummary,
     /// Device PUBLISH → PUBACK, PUBLISHes written in the window.
@@ -356,6 +367,7 @@ fn params(config: &SeganetScenario) -> SeganetParams {
             .as_secs_f64(),
         sluice_bin: config.sluice_bin.display().to_string(),
         sluice_shards: config.sluice_shards,
+        sluice_aggregate: config.sluice_aggregate.clone(),
         agent_bin: config.agent_bin.display().to_string(),
         memory_fraction: config.memory_fraction,
         drain_idle_s: config.drain_idle.as_secs_f64(),
@@ -527,8 +539,10 @@ async fn measure_point(
     let throttle_start = cage.as_ref().and_then(CpuCage::throttling);
     let window_start = Instant::now();
     let before = devices.counters().snapshot();
+    let cloud_before = (sink.received(), sink.unique(), read_chars(cloud_pid));
     sleep_until(started + config.duration).await;
     let after = devices.counters().snapshot();
+    let cloud_after = (sink.received(), sink.unique(), read_chars(cloud_pid));
     let window = window_start.elapsed();
     let sut_cpu = usage_between(cpu_sum(&pids).saturating_sub(sut_cpu_start), window);
     let cloud_usage = cloud_cpu.usage()?;
@@ -599,6 +613,15 @@ async fn measure_point(
         lost: sink_report.lost.unwrap_or(0),
         duplicates: sink_report.duplicates,
         order_violations: sink_report.order_violations,
+        cloud_publishes_per_s: round1(
+            cloud_after.0.saturating_sub(cloud_before.0) as f64 / window.as_secs_f64(),
+        ),
+        cloud_records_per_s: round1(
+            cloud_after.1.saturating_sub(cloud_before.1) as f64 / window.as_secs_f64(),
+        ),
+        cloud_read_bytes_per_s: round1(
+            cloud_after.2.saturating_sub(cloud_before.2) as f64 / window.as_secs_f64(),
+        ),
         e2e_latency: sink_report
             .e2e_latency_steady
             .unwrap_or(sink_report.e2e_latency),
@@ -741,6 +764,7 @@ async fn start(
         suts: vec![core_sut],
         sluice_bin: config.sluice_bin.clone(),
         sluice_shards: config.sluice_shards,
+        sluice_aggregate: config.sluice_aggregate.clone(),
         drain_idle: config.drain_idle,
         drain_max: config.drain_max,
         command_line: config.command_line.clone(),
@@ -1520,6 +1544,7 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
         m.started_at
     );
     let _ = writeln!(out, "```sh\n{}\n```\n", m.command_line);
+    let _ = writeln!(out, "sluice: {}\n", report.params.sluice_aggregate.describe());
     let _ = writeln!(
         out,
         "Load: N devices × {} msg/s, payload {}..{} B, QoS {}, MQTT {}; uplink TLS 1.3, QoS 1. \
@@ -1626,18 +1651,18 @@ fn table(report: &SeganetReport) -> String {
     let _ = writeln!(
         out,
         "| SUT | N | procs | offered/s | sent/s | acked/s | delivery | e2e p50 / p99 ms | ack p99 ms | \
-         SUT CPU % | µs/msg | RSS peak MiB | PSS MiB | tool CPU % | cloud CPU % | machine busy % | limited by | loadavg (window end) |"
+         SUT CPU % | µs/msg | RSS peak MiB | PSS MiB | tool CPU % | cloud CPU % | cloud PUBLISH/s | cloud records/s | cloud bytes in/s | machine busy % | limited by | loadavg (window end) |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     );
     for p in &report.points {
         match &p.measurement {
             Some(m) => {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.6} | {:.2} / {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {} |",
+                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.6} | {:.2} / {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
                     p.sut.name(),
                     p.n,
                     m.sut_processes,
@@ -1654,6 +1679,9 @@ fn table(report: &SeganetReport) -> String {
                     m.sut_pss_end_kib as f64 / 1024.0,
                     m.tool_cpu_percent,
                     m.cloud_broker_cpu_percent,
+                    m.cloud_publishes_per_s,
+                    m.cloud_records_per_s,
+                    m.cloud_read_bytes_per_s,
                     m.machine_busy_percent,
                     m.limited_by,
                     m.loadavg_at_window_end
@@ -1666,7 +1694,7 @@ fn table(report: &SeganetReport) -> String {
             None => {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | | | | | {} | | | | | | | | | | see below | |",
+                    "| {} | {} | | | | | {} | | | | | | | | | | | | | see below | |",
                     p.sut.name(),
                     p.n,
                     match p.status {
@@ -1683,4 +1711,16 @@ fn table(report: &SeganetReport) -> String {
 /// The printed summary table (what the command prints at the end).
 pub fn summary(report: &SeganetReport) -> String {
     table(report)
+}
+
+/// `rchar` of /proc/PID/io: bytes the process read through read-like syscalls (0 if unknown).
+fn read_chars(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("rchar:").map(|v| v.trim().parse().ok()))
+                .flatten()
+        })
+        .unwrap_or(0)
 }

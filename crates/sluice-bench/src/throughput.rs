@@ -669,6 +669,8 @@ pub struct ThroughputScenario {
     pub sluice_shards: u32,
     /// `inflight` of sluice's uplink (None: sluice's default).
     pub sluice_uplink_inflight: Option<u16>,
+    /// `[uplink.aggregate]` for sluice.
+    pub sluice_aggregate: crate::scenario::AggregateOpts,
     /// Longest wait for the backlog to drain before a refinement step.
     pub cooldown_max: Duration,
     pub command_line: String,
@@ -699,6 +701,7 @@ impl ThroughputScenario {
             sluice_bin,
             sluice_shards: 0,
             sluice_uplink_inflight: None,
+            sluice_aggregate: crate::scenario::AggregateOpts::default(),
             cooldown_max: Duration::from_secs(20),
             command_line: String::new(),
             progress: true,
@@ -726,6 +729,7 @@ pub struct ThroughputParams {
     pub sluice_bin: String,
     pub sluice_shards: u32,
     pub sluice_uplink_inflight: Option<u16>,
+    pub sluice_aggregate: crate::scenario::AggregateOpts,
 }
 
 /// One step of the load, measured over its window (the step minus its warm-up).
@@ -889,6 +893,7 @@ pub async fn run_throughput(config: &ThroughputScenario) -> anyhow::Result<Throu
             sluice_bin: config.sluice_bin.display().to_string(),
             sluice_shards: config.sluice_shards,
             sluice_uplink_inflight: config.sluice_uplink_inflight,
+            sluice_aggregate: config.sluice_aggregate.clone(),
         },
         runs,
     })
@@ -1010,7 +1015,8 @@ pub fn sluice_throughput_config(
          [admin]\nenabled = false\n\n\
          [log]\nlevel = \"warn\"\n\n\
          [[uplink]]\nname = \"cloud\"\nurl = \"mqtts://127.0.0.1:{cloud_port}\"\nca_file = \"{ca}\"\n\
-         client_id = \"sluice-gw\"\nforward = [\"#\"]\n{inflight}",
+         client_id = \"sluice-gw\"\nforward = [\"#\"]\n{inflight}{aggregate}",
+        aggregate = config.sluice_aggregate.toml(),
         shards = config.sluice_shards,
         ca = ca_file
             .display()
@@ -1603,6 +1609,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
         m.loadavg_at_start
     );
     let _ = writeln!(out, "`{}`\n", m.command_line);
+    let _ = writeln!(out, "sluice: {}\n", report.params.sluice_aggregate.describe());
     let _ = writeln!(
         out,
         "| SUT | cloud | max sustained, msg/s | SUT CPU at max, µs/msg | SUT CPU at max, % of one core | machine CPU at max, % of all cores | what stopped the ramp | limited by |"
