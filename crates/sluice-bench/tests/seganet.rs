@@ -71,7 +71,12 @@ async fn a_tiny_sweep_delivers_everything_through_sluice_the_agents_and_the_brid
         constrained: None,
         sluice_bin: sluice_bin(),
         sluice_shards: 1,
-        sluice_aggregate: sluice_bench::scenario::AggregateOpts::default(),
+        // Aggregate even 4 devices, so the sink's SenML unpacking is on the path.
+        sluice_aggregate: sluice_bench::scenario::AggregateOpts {
+            min_devices: 0,
+            max_delay: "200ms".to_string(),
+            ..Default::default()
+        },
         agent_bin: PathBuf::from(env!("CARGO_BIN_EXE_sluice-bench")),
         memory_fraction: 0.6,
         drain_idle: Duration::from_secs(2),
