@@ -16,7 +16,7 @@
 //! definite length; numbers as integers when integral within [−2^64, 2^64), else as a single
 //! float when that is exact, else a double.
 
-use super::fields::{DataEncoding, Field, Label, RawRecord, Scalar};
+use super::fields::{DataEncoding, Field, Label, RawRecord, Resolver, Scalar};
 use super::{Record, SenmlError, Value, MAX_DEPTH};
 
 const MAJOR_UNSIGNED: u8 = 0;
@@ -38,7 +38,7 @@ const BREAK: u8 = 0xff;
 /// 2^64 as a double: integral numbers in [−2^64, 2^64) are written as CBOR integers.
 const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
 
-pub(super) fn decode(bytes: &[u8]) -> Result<Vec<RawRecord>, SenmlError> {
+pub(super) fn decode(bytes: &[u8], resolver: &mut Resolver) -> Result<(), SenmlError> {
     let mut r = Reader { bytes, pos: 0 };
     let (offset, head) = r.head()?;
     let count = match head {
@@ -50,13 +50,9 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Vec<RawRecord>, SenmlError> {
             })
         }
     };
-    let mut records = Vec::new();
-    loop {
-        if !r.more(count, records.len())? {
-            break;
-        }
-        let record = r.record(records.len())?;
-        records.push(record);
+    while r.more(count, resolver.len())? {
+        let record = r.record(resolver.len())?;
+        resolver.push(record)?;
     }
     if r.pos < bytes.len() {
         return Err(SenmlError::TrailingBytes {
@@ -64,7 +60,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Vec<RawRecord>, SenmlError> {
             extra: bytes.len() - r.pos,
         });
     }
-    Ok(records)
+    Ok(())
 }
 
 /// Append `record` as a CBOR map.

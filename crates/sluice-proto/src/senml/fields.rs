@@ -3,11 +3,12 @@
 //!
 //! Owns: which label means which field in JSON and CBOR, the type each field must have, the
 //! per-record rules (no duplicate label, at most one value, finite numbers, `bver` ≤ 10) and
-//! resolving a pack of raw records into [`Record`]s. Does not own: reading either wire form.
+//! resolving raw records, one by one, into [`Record`]s. Does not own: reading either wire
+//! form.
 
 use bytes::Bytes;
 
-use super::{valid_name, Record, SenmlError, Value};
+use super::{valid_name, Record, SenmlError, Value, MAX_EXPANSION, MIN_EXPANSION_BUDGET};
 
 /// The highest SenML version this module understands (RFC 8428's).
 const SUPPORTED_VERSION: u64 = 10;
@@ -318,13 +319,38 @@ struct Bases {
     sum: Option<f64>,
 }
 
-/// Resolve a pack: apply base fields in order, check names and resolved numbers. `budget`
-/// caps the bytes of resolved names and units together.
-pub(super) fn resolve(raw: Vec<RawRecord>, budget: usize) -> Result<Vec<Record>, SenmlError> {
-    let mut bases = Bases::default();
-    let mut spent = 0usize;
-    let mut records = Vec::with_capacity(raw.len());
-    for (index, r) in raw.into_iter().enumerate() {
+/// Resolves a pack record by record as the decoders produce them, so no list of raw records
+/// is ever held: applies base fields in order, checks names and resolved numbers, and charges
+/// every resolved record (its struct, name and unit) against a byte budget.
+pub(super) struct Resolver {
+    bases: Bases,
+    records: Vec<Record>,
+    spent: usize,
+    budget: usize,
+}
+
+impl Resolver {
+    /// A resolver for a pack of `input_len` bytes: the budget is [`MAX_EXPANSION`] times that,
+    /// but never below [`MIN_EXPANSION_BUDGET`].
+    pub(super) fn new(input_len: usize) -> Resolver {
+        Resolver {
+            bases: Bases::default(),
+            records: Vec::new(),
+            spent: 0,
+            budget: input_len
+                .saturating_mul(MAX_EXPANSION)
+                .max(MIN_EXPANSION_BUDGET),
+        }
+    }
+
+    /// Records resolved so far; also the index of the next one.
+    pub(super) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub(super) fn push(&mut self, r: RawRecord) -> Result<(), SenmlError> {
+        let index = self.records.len();
+        let bases = &mut self.bases;
         if r.base_name.is_some() {
             bases.name = r.base_name;
         }
@@ -342,15 +368,22 @@ pub(super) fn resolve(raw: Vec<RawRecord>, budget: usize) -> Result<Vec<Record>,
         }
         let base_name = bases.name.as_deref().unwrap_or("");
         let own_name = r.name.as_deref().unwrap_or("");
-        let unit = r.unit.or_else(|| bases.unit.clone());
-        spent = spent
+        let unit_len = r
+            .unit
+            .as_ref()
+            .or(bases.unit.as_ref())
+            .map_or(0, String::len);
+        // Charged before anything is allocated for this record.
+        self.spent = self
+            .spent
+            .saturating_add(std::mem::size_of::<Record>())
             .saturating_add(base_name.len())
             .saturating_add(own_name.len())
-            .saturating_add(unit.as_ref().map_or(0, String::len));
-        if spent > budget {
+            .saturating_add(unit_len);
+        if self.spent > self.budget {
             return Err(SenmlError::ExpansionLimit {
                 record: index,
-                limit: budget,
+                limit: self.budget,
             });
         }
         let name = [base_name, own_name].concat();
@@ -388,7 +421,8 @@ pub(super) fn resolve(raw: Vec<RawRecord>, budget: usize) -> Result<Vec<Record>,
             (None, s) => s,
             (Some(_), None) => None,
         };
-        records.push(Record {
+        let unit = r.unit.or_else(|| bases.unit.clone());
+        self.records.push(Record {
             name,
             time,
             unit,
@@ -396,8 +430,12 @@ pub(super) fn resolve(raw: Vec<RawRecord>, budget: usize) -> Result<Vec<Record>,
             sum,
             update_time: r.update_time,
         });
+        Ok(())
     }
-    Ok(records)
+
+    pub(super) fn finish(self) -> Vec<Record> {
+        self.records
+    }
 }
 
 /// base64url alphabet; writes no padding, reads with or without it.

@@ -12,48 +12,44 @@ use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::fields::{base64url_encode, DataEncoding, Field, Label, RawRecord, Scalar};
+use super::fields::{base64url_encode, DataEncoding, Field, Label, RawRecord, Resolver, Scalar};
 use super::{Record, SenmlError, Value};
 
 /// Integers up to this magnitude are exact in a double and print without a fraction.
 const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0; // 2^53
 
-pub(super) fn decode(bytes: &[u8]) -> Result<Vec<RawRecord>, SenmlError> {
+pub(super) fn decode(bytes: &[u8], resolver: &mut Resolver) -> Result<(), SenmlError> {
     let pack: Pack = serde_json::from_slice(bytes).map_err(|e| SenmlError::Json(e.to_string()))?;
     let records = match pack {
         Pack::Records(records) => records,
         Pack::NotAnArray(found) => return Err(SenmlError::NotAnArray { found }),
     };
-    records
-        .into_iter()
-        .enumerate()
-        .map(|(index, record)| {
-            let entries = match record {
-                Object::Entries(entries) => entries,
-                Object::NotAnObject(found) => {
-                    return Err(SenmlError::RecordNotAMap {
-                        record: index,
-                        found,
-                    })
-                }
-            };
-            let mut raw = RawRecord::default();
-            for (label, scalar) in entries {
-                match label {
-                    Label::Field(field) => {
-                        raw.set(index, field, scalar, DataEncoding::Base64Url)?
-                    }
-                    Label::Ignored => {}
-                    refused => {
-                        if let Some(e) = refused.refusal(index) {
-                            return Err(e);
-                        }
+    for record in records {
+        let index = resolver.len();
+        let entries = match record {
+            Object::Entries(entries) => entries,
+            Object::NotAnObject(found) => {
+                return Err(SenmlError::RecordNotAMap {
+                    record: index,
+                    found,
+                })
+            }
+        };
+        let mut raw = RawRecord::default();
+        for (label, scalar) in entries {
+            match label {
+                Label::Field(field) => raw.set(index, field, scalar, DataEncoding::Base64Url)?,
+                Label::Ignored => {}
+                refused => {
+                    if let Some(e) = refused.refusal(index) {
+                        return Err(e);
                     }
                 }
             }
-            Ok(raw)
-        })
-        .collect()
+        }
+        resolver.push(raw)?;
+    }
+    Ok(())
 }
 
 /// Append record `record` as a JSON object.

@@ -31,16 +31,18 @@
 //! Invariants:
 //! - [`decode`] never panics. It allocates nothing on a length it has not checked against the
 //!   input left, recurses at most [`MAX_DEPTH`] levels into skipped CBOR values (serde_json
-//!   bounds JSON nesting), and refuses packs whose resolved names and units would take more
-//!   than [`MAX_EXPANSION`] times the input's size (a long base name carried into many empty
-//!   records would otherwise cost quadratic memory).
+//!   bounds JSON nesting), resolves records as it reads them (no second copy of the pack), and
+//!   refuses packs whose resolved records — structs, names and units — would take more than
+//!   [`MAX_EXPANSION`] times the input's size (at least [`MIN_EXPANSION_BUDGET`]): a long base
+//!   name carried into many one-byte records would otherwise cost quadratic memory.
 //! - Whatever [`decode`] returns, [`PackWriter`] accepts and encodes, in either format, to
 //!   bytes that decode to equal records (names and numbers are already checked; the writer
 //!   emits no base fields, so nothing needs resolving twice).
 //! - [`PackWriter::encoded_len`] is always the exact length [`PackWriter::finish`] returns.
 //!
 //! Layout: `fields` (labels, the raw record of one map/object, resolution), `json` and `cbor`
-//! (the two wire forms, each a decoder into raw records and a record encoder), `writer`
+//! (the two wire forms, each a decoder feeding raw records to the resolver, and a record
+//! encoder), `writer`
 //! ([`PackWriter`]). Tests live in `tests/senml/`, the fuzz target in
 //! `fuzz/fuzz_targets/senml_decode.rs`.
 
@@ -55,8 +57,12 @@ pub use writer::PackWriter;
 /// a record level 2).
 pub const MAX_DEPTH: usize = 16;
 
-/// Resolved names and units of one pack may take at most this many times the input's length.
-pub const MAX_EXPANSION: usize = 64;
+/// The records [`decode`] returns (their structs plus resolved names and units) may take at
+/// most this many times the input's length in bytes …
+pub const MAX_EXPANSION: usize = 128;
+
+/// … or this many bytes, whichever is more.
+pub const MIN_EXPANSION_BUDGET: usize = 64 * 1024;
 
 /// The two SenML serialisations this module reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -170,8 +176,8 @@ pub enum SenmlError {
     )]
     InvalidName { record: usize, name: String },
     #[error(
-        "record[{record}]: resolved names and units of the pack would exceed {limit} bytes \
-         ({factor} times the input)",
+        "record[{record}]: the resolved records would exceed {limit} bytes ({factor} times the \
+         input); a long base name or unit repeated into very many short records?",
         factor = MAX_EXPANSION
     )]
     ExpansionLimit { record: usize, limit: usize },
@@ -181,12 +187,12 @@ pub enum SenmlError {
 /// recursion/allocation (a length prefix larger than the remaining input is an error, not an
 /// allocation).
 pub fn decode(format: Format, bytes: &[u8]) -> Result<Vec<Record>, SenmlError> {
-    let raw = match format {
-        Format::Json => json::decode(bytes)?,
-        Format::Cbor => cbor::decode(bytes)?,
-    };
-    let budget = bytes.len().saturating_mul(MAX_EXPANSION);
-    fields::resolve(raw, budget)
+    let mut resolver = fields::Resolver::new(bytes.len());
+    match format {
+        Format::Json => json::decode(bytes, &mut resolver)?,
+        Format::Cbor => cbor::decode(bytes, &mut resolver)?,
+    }
+    Ok(resolver.finish())
 }
 
 /// Guess the format from the first byte: JSON when the first non-whitespace byte is '[', CBOR

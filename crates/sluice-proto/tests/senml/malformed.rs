@@ -288,7 +288,11 @@ fn malformed_cbor_is_reported_with_its_offset() {
         cbor("82 a2 00 61 61 02 01"),
         Err(SenmlError::Truncated { offset: 7 })
     );
-    assert_eq!(cbor("9f a0"), Err(SenmlError::Truncated { offset: 2 }));
+    // An indefinite pack without its break.
+    assert_eq!(
+        cbor("9f a1 00 61 61"),
+        Err(SenmlError::Truncated { offset: 5 })
+    );
     assert_eq!(
         cbor("81 a2 00 61 61 02 19 01"),
         Err(SenmlError::Truncated { offset: 6 })
@@ -504,6 +508,18 @@ fn json_vd_is_base64url_with_or_without_padding() {
         json(r#"[{"n":"a","vd":"+/8"}]"#),
         Err(SenmlError::InvalidBase64 { record: 0, .. })
     ));
+}
+
+#[test]
+fn records_are_resolved_in_order_so_the_first_bad_record_is_reported() {
+    // Record 0 has no name; the pack is also cut short later. The earlier problem wins.
+    assert_eq!(
+        cbor("82 a1 02 01 a1"),
+        Err(SenmlError::InvalidName {
+            record: 0,
+            name: String::new()
+        })
+    );
 }
 
 #[test]
