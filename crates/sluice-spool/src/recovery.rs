@@ -1,0 +1,347 @@
+//! Start-up recovery: turns whatever is in the spool directory into a consistent set of
+//! segments, repairing what a crash or the medium damaged, and reports what it skipped.
+//!
+//! Owns: the recovery rules documented in the crate docs ("Recovery"). Does not own: the live
+//! spool state (see `spool`). Invariants: recovery never loops (one forward pass over the
+//! segments in seq order, each scan terminates), never refuses to start because of damage
+//! (only an I/O error from the file system stops it), never deletes a byte that could hold an
+//! unacknowledged committed record except a torn tail of the newest segment, and is
+//! idempotent: a crash during recovery leaves a directory that the next recovery handles.
+//! Memory: one scan window plus a summary per segment.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::cursor::{self, CursorError};
+use crate::frame::{SEGMENT_HEADER_LEN, SEGMENT_MAGIC};
+use crate::fs::{parse_segment_name, segment_path, SpoolFile, SpoolFs};
+use crate::scan::{self, BadRange, Bounds, Run, SegmentScan};
+
+/// Name of the quarantine directory inside the spool directory.
+pub const QUARANTINE_DIR: &str = "quarantine";
+/// At most this many skipped ranges are listed individually in a report.
+pub const MAX_REPORTED_RANGES: usize = 64;
+
+/// Seqs that may be missing because of a skipped byte range: `first..=last`, where `last`
+/// is `None` when the range reaches the end of the log (nothing after it bounds it).
+/// `first > last` means the damage removed no seq (e.g. garbage between two intact records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqGap {
+    /// First seq that may be missing.
+    pub first: u64,
+    /// Last seq that may be missing, if bounded.
+    pub last: Option<u64>,
+}
+
+/// A byte range recovery skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedRange {
+    /// Segment file it came from.
+    pub file: PathBuf,
+    /// Byte offset in that file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub bytes: u64,
+    /// Seqs that may have been lost with it.
+    pub seqs: SeqGap,
+    /// Where the bytes were moved (`None`: torn tail, truncated).
+    pub moved_to: Option<PathBuf>,
+}
+
+/// What happened to the ack cursor file.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CursorRecovery {
+    /// Read and valid.
+    #[default]
+    Valid,
+    /// No cursor file: everything present is delivered again.
+    Missing,
+    /// Damaged (reason given): everything present is delivered again.
+    Damaged(String),
+}
+
+/// What recovery found and did. Bounded: at most [`MAX_REPORTED_RANGES`] ranges are listed,
+/// the totals count all of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Segment files scanned.
+    pub segments_scanned: usize,
+    /// Bytes scanned.
+    pub bytes_scanned: u64,
+    /// Records found intact (including already-acknowledged ones).
+    pub records_found: u64,
+    /// Torn tails truncated from the newest segment (an interrupted append).
+    pub torn_tails: Vec<SkippedRange>,
+    /// Damaged ranges moved to `DIR/quarantine/`.
+    pub quarantined: Vec<SkippedRange>,
+    /// Total number of skipped ranges (torn and quarantined), including unlisted ones.
+    pub skipped_ranges: u64,
+    /// Total bytes skipped.
+    pub skipped_bytes: u64,
+    /// Segments that held no record and were removed.
+    pub removed_empty: usize,
+    /// Fully acknowledged segments removed.
+    pub trimmed: usize,
+    /// Leftover temporary files removed.
+    pub removed_temp: usize,
+    /// The ack cursor file's state.
+    pub cursor: CursorRecovery,
+}
+
+impl RecoveryReport {
+    /// True when recovery skipped nothing (a clean start).
+    pub fn is_clean(&self) -> bool {
+        self.skipped_ranges == 0 && !matches!(self.cursor, CursorRecovery::Damaged(_))
+    }
+
+    fn skip(&mut self, range: SkippedRange) {
+        self.skipped_ranges += 1;
+        self.skipped_bytes += range.bytes;
+        if self.torn_tails.len() + self.quarantined.len() >= MAX_REPORTED_RANGES {
+            return;
+        }
+        if range.moved_to.is_some() {
+            self.quarantined.push(range);
+        } else {
+            self.torn_tails.push(range);
+        }
+    }
+}
+
+/// One recovered segment: its name equals its first seq and its seqs are consecutive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SegMeta {
+    pub first: u64,
+    pub last: u64,
+    pub len: u64,
+}
+
+pub(crate) struct Recovered {
+    pub segments: Vec<SegMeta>,
+    pub ack_cursor: u64,
+    pub report: RecoveryReport,
+}
+
+/// Segment files as `(first_seq, len)`, in seq order.
+pub(crate) type SegmentList = Vec<(u64, u64)>;
+
+/// Lists segment files in seq order, plus the other file names.
+pub(crate) fn list_segments(fs: &dyn SpoolFs, dir: &Path) -> io::Result<(SegmentList, Vec<String>)> {
+    let mut segs = Vec::new();
+    let mut other = Vec::new();
+    for (name, len) in fs.list(dir)? {
+        match parse_segment_name(&name) {
+            Some(seq) => segs.push((seq, len)),
+            None => other.push(name),
+        }
+    }
+    segs.sort_unstable();
+    Ok((segs, other))
+}
+
+/// Scans every segment read-only, in order, with the bounds recovery would use.
+/// `visit(name, path, scan)` sees each result; `on_record` sees every intact record.
+pub(crate) fn scan_all(
+    fs: &dyn SpoolFs,
+    dir: &Path,
+    max_record_bytes: u32,
+    mut on_record: impl FnMut(u64, &[u8]) -> io::Result<()>,
+    mut visit: impl FnMut(u64, &Path, &SegmentScan, u64, u64, bool),
+) -> io::Result<()> {
+    let (segs, _) = list_segments(fs, dir)?;
+    let mut floor = 0u64;
+    for (i, &(name, len)) in segs.iter().enumerate() {
+        let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
+        let path = segment_path(dir, name);
+        let file = fs.open_read(&path)?;
+        let bounds = Bounds { max_record_bytes, floor, ceiling };
+        let scan = scan::scan_segment(&*file, len, bounds, &mut on_record)?;
+        visit(name, &path, &scan, floor, ceiling, i + 1 == segs.len());
+        if let Some(last) = scan.last_seq() {
+            floor = last;
+        }
+    }
+    Ok(())
+}
+
+/// The seqs a bad range may have held, given the runs around it.
+pub(crate) fn gap_for(bad: &BadRange, runs: &[Run], floor: u64, ceiling: u64) -> SeqGap {
+    let before = runs.iter().filter(|r| r.end <= bad.start).map(|r| r.last_seq).max().unwrap_or(floor);
+    let after = runs.iter().filter(|r| r.start >= bad.end).map(|r| r.first_seq).min();
+    let last = match after {
+        Some(s) => Some(s - 1),
+        None if ceiling == u64::MAX => None,
+        None => Some(ceiling - 1),
+    };
+    SeqGap { first: before + 1, last }
+}
+
+/// Copies `[start, end)` of `src` into a new durable file at `dst` (via a temp file),
+/// optionally prefixed by the segment header. Streams with a bounded buffer.
+fn copy_out(
+    fs: &dyn SpoolFs,
+    src: &dyn SpoolFile,
+    start: u64,
+    end: u64,
+    dst: &Path,
+    with_header: bool,
+) -> io::Result<()> {
+    let tmp = dst.with_extension("tmp");
+    let out = fs.create(&tmp, false)?;
+    if with_header {
+        out.append(&SEGMENT_MAGIC)?;
+    }
+    let mut buf = vec![0u8; scan::WINDOW_BYTES.min((end - start) as usize)];
+    let mut pos = start;
+    while pos < end {
+        let n = ((end - pos) as usize).min(buf.len());
+        src.read_exact_at(&mut buf[..n], pos)?;
+        out.append(&buf[..n])?;
+        pos += n as u64;
+    }
+    out.sync()?;
+    fs.rename(&tmp, dst)
+}
+
+pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io::Result<Recovered> {
+    fs.create_dir_all(dir)?;
+    let mut report = RecoveryReport::default();
+    let (segs, other) = list_segments(fs, dir)?;
+    for name in other.iter().filter(|n| n.ends_with(".tmp")) {
+        fs.remove(&dir.join(name))?;
+        report.removed_temp += 1;
+    }
+    let stored_cursor = match cursor::read(fs, dir) {
+        Ok(Some(c)) => Some(c),
+        Ok(None) => {
+            report.cursor = CursorRecovery::Missing;
+            None
+        }
+        Err(e @ CursorError::Damaged { .. }) => {
+            report.cursor = CursorRecovery::Damaged(e.to_string());
+            None
+        }
+        Err(CursorError::Io { source, .. }) => return Err(source),
+    };
+
+    let qdir = dir.join(QUARANTINE_DIR);
+    let mut metas: Vec<SegMeta> = Vec::new();
+    let mut floor = 0u64;
+    let mut dir_dirty = false;
+    for (i, &(name, len)) in segs.iter().enumerate() {
+        let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
+        let is_last = i + 1 == segs.len();
+        let path = segment_path(dir, name);
+        let file = fs.open(&path)?;
+        let bounds = Bounds { max_record_bytes, floor, ceiling };
+        let scan = scan::scan_segment(&*file, len, bounds, |_, _| Ok(()))?;
+        report.segments_scanned += 1;
+        report.bytes_scanned += len;
+        report.records_found += scan.records();
+        let first_in_place = |s: &SegmentScan| {
+            s.header_ok
+                && match s.runs.first() {
+                    Some(r) => r.start == SEGMENT_HEADER_LEN && r.first_seq == name,
+                    None => true,
+                }
+        };
+
+        if scan.bad.is_empty() && scan.runs.len() <= 1 && first_in_place(&scan) {
+            // Intact (or header-only).
+            match scan.runs.first() {
+                Some(r) => metas.push(SegMeta { first: r.first_seq, last: r.last_seq, len }),
+                None => {
+                    fs.remove(&path)?;
+                    dir_dirty = true;
+                    report.removed_empty += 1;
+                }
+            }
+        } else if is_last && scan.only_torn_tail() && first_in_place(&scan) {
+            // An interrupted append: cut the tail.
+            let bad = scan.bad[0];
+            let keep = scan.runs.first().map_or(SEGMENT_HEADER_LEN, |r| r.end);
+            report.skip(SkippedRange {
+                file: path.clone(),
+                offset: bad.start,
+                bytes: bad.end - bad.start,
+                seqs: gap_for(&bad, &scan.runs, floor, ceiling),
+                moved_to: None,
+            });
+            match scan.runs.first() {
+                Some(r) => {
+                    file.truncate(keep)?;
+                    file.sync()?;
+                    metas.push(SegMeta { first: r.first_seq, last: r.last_seq, len: keep });
+                }
+                None => {
+                    fs.remove(&path)?;
+                    dir_dirty = true;
+                    report.removed_empty += 1;
+                }
+            }
+        } else {
+            // Damage: quarantine every bad range, give every later intact run its own
+            // segment file, then cut the original down to its first intact run.
+            fs.create_dir_all(&qdir)?;
+            for bad in &scan.bad {
+                let moved_to = qdir.join(format!("{name:020}.{:012}.corrupt", bad.start));
+                copy_out(fs, &*file, bad.start, bad.end, &moved_to, false)?;
+                report.skip(SkippedRange {
+                    file: path.clone(),
+                    offset: bad.start,
+                    bytes: bad.end - bad.start,
+                    seqs: gap_for(bad, &scan.runs, floor, ceiling),
+                    moved_to: Some(moved_to),
+                });
+            }
+            fs.sync_dir(&qdir)?;
+            let keep_first = first_in_place(&scan) && !scan.runs.is_empty();
+            let mut replaced = false;
+            for (j, run) in scan.runs.iter().enumerate() {
+                if j > 0 || !keep_first {
+                    copy_out(fs, &*file, run.start, run.end, &segment_path(dir, run.first_seq), true)?;
+                    replaced |= run.first_seq == name;
+                }
+                let len = run.end - run.start + SEGMENT_HEADER_LEN;
+                metas.push(SegMeta { first: run.first_seq, last: run.last_seq, len });
+            }
+            fs.sync_dir(dir)?;
+            if keep_first {
+                file.truncate(scan.runs[0].end)?;
+                file.sync()?;
+            } else if !replaced {
+                fs.remove(&path)?;
+                dir_dirty = true;
+            }
+            if scan.runs.is_empty() {
+                report.removed_empty += 1;
+            }
+        }
+        if let Some(last) = scan.last_seq() {
+            floor = last;
+        }
+    }
+
+    // The ack cursor: a missing or damaged one re-delivers everything present.
+    let oldest = metas.first().map(|m| m.first);
+    let mut ack_cursor = match (stored_cursor, oldest) {
+        (Some(c), _) => c,
+        (None, Some(first)) => first - 1,
+        (None, None) => 0,
+    };
+    // Seqs below the oldest present record are gone: count them as acknowledged.
+    if let Some(first) = oldest {
+        ack_cursor = ack_cursor.max(first - 1);
+    }
+    // Fully acknowledged segments are removed.
+    let trim = metas.iter().take_while(|m| m.last <= ack_cursor).count();
+    for m in metas.drain(..trim) {
+        fs.remove(&segment_path(dir, m.first))?;
+        dir_dirty = true;
+        report.trimmed += 1;
+    }
+    if dir_dirty {
+        fs.sync_dir(dir)?;
+    }
+    Ok(Recovered { segments: metas, ack_cursor, report })
+}
