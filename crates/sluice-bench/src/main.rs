@@ -106,6 +106,19 @@ enum ScenarioCommand {
     /// spreads connections over `sluice-bench idle` child processes of at most --per-process
     /// connections each.
     Connections(ConnectionsArgs),
+    /// Priority lanes (SegaNet §4.3) over a rate-limited uplink: 4 devices (1 high, client id
+    /// bench-hi-0), each 100 msg/s × 1 KB, through sluice to a TLS 1.3 cloud Mosquitto over a
+    /// veth link the normal devices saturate. Needs root.
+    ///
+    /// Builds two network namespaces (gateway, cloud) and a veth pair; the cloud Mosquitto and
+    /// the sink run in the cloud namespace, sluice and the devices in the gateway one. Modes,
+    /// each a separate run of --duration after a --warmup run: unloaded (only the high device,
+    /// priority on), off (no [priority]; the scenario rate-limits the link with a one-class htb),
+    /// lanes (priority on; the same limit), lanes+tc (priority on; sluice installs the htb itself
+    /// with install_tc). Reports per device and mode: sent, delivered, lost, avg and p99
+    /// latency; and verdicts against the target (high p99 with lanes+tc ≤ 2× unloaded; normal
+    /// p99 ≥ 10×; nothing lost). Prints a Markdown table; writes JSON to --out.
+    Priority(PriorityArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -448,6 +461,56 @@ struct SeganetArgs {
     progress: Duration,
 }
 
+#[derive(Args)]
+struct PriorityArgs {
+    /// Devices (the first --high are high priority).
+    #[arg(short = 'n', long = "devices", default_value_t = 4)]
+    devices: u32,
+    /// High-priority devices.
+    #[arg(long, default_value_t = 1)]
+    high: u32,
+    /// Messages per second per device.
+    #[arg(long, default_value_t = 100.0, value_name = "MSG/S")]
+    msg_rate: f64,
+    /// Payload size in bytes (MIN..MAX or SIZE; at least 24).
+    #[arg(long, default_value = "1024", value_name = "SIZE")]
+    payload: PayloadSize,
+    /// The uplink's rate, in tc units (e.g. "2mbit", "512kbit").
+    #[arg(long, default_value = "2mbit")]
+    rate: String,
+    /// Measured length of each mode.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Warm-up run before each mode ("0s": none).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Modes, comma-separated, run in this order: unloaded, off, lanes, lanes+tc.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "unloaded,off,lanes,lanes+tc"
+    )]
+    modes: Vec<sluice_bench::priority::Mode>,
+    /// After the devices stop, the sink stops once nothing arrived for this long.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    drain_idle: Duration,
+    /// Devices wait at most this long for outstanding PUBACKs.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    drain_max: Duration,
+    /// QoS 1 PUBLISHes awaiting PUBACK per device, at most.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    max_inflight: u16,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// Write the JSON report here (e.g. docs/perf/priority.json).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown summary here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum SegaSutChoice {
     /// The sluice gateway.
@@ -499,6 +562,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Idle(args) => idle(args).await,
         Command::Scenario(ScenarioCommand::Throughput(args)) => throughput(args).await,
         Command::Scenario(ScenarioCommand::Connections(args)) => connections(args).await,
+        Command::Scenario(ScenarioCommand::Priority(args)) => priority(args).await,
     }
 }
 
@@ -1133,6 +1197,41 @@ async fn connections(args: ConnectionsArgs) -> anyhow::Result<()> {
     match &args.out {
         Some(path) => {
             conns::write_json(&report, path)?;
+            println!("{table}");
+            eprintln!("report written to {}", path.display());
+        }
+        None => {
+            eprintln!("{table}");
+            emit_json(&report, None)?;
+        }
+    }
+    Ok(())
+}
+
+async fn priority(args: PriorityArgs) -> anyhow::Result<()> {
+    use sluice_bench::priority::{self as prio, PriorityScenario};
+    let bench_bin = std::env::current_exe().context("locating the sluice-bench binary")?;
+    let mut config = PriorityScenario::new(args.sluice_bin, bench_bin);
+    config.devices = args.devices;
+    config.high_devices = args.high;
+    config.rate_per_device = args.msg_rate;
+    config.payload = args.payload;
+    config.link_rate = args.rate;
+    config.duration = args.duration;
+    config.warmup = args.warmup;
+    config.modes = args.modes;
+    config.drain_idle = args.drain_idle;
+    config.drain_max = args.drain_max;
+    config.max_inflight = args.max_inflight;
+    config.command_line = command_line();
+    let report = prio::run_priority(&config).await?;
+    let table = prio::markdown(&report);
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    match &args.out {
+        Some(path) => {
+            prio::write_json(&report, path)?;
             println!("{table}");
             eprintln!("report written to {}", path.display());
         }

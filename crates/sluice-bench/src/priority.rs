@@ -328,7 +328,7 @@ pub struct ModeRun {
     pub tc_stats: String,
     /// The generated sluice config.
     pub sluice_config: String,
-    /// Last lines sluice logged (level info).
+    /// Last lines sluice logged (level info, stdout and stderr).
     pub sluice_log_tail: String,
     pub warmup_sent: u64,
     pub measured_s: f64,
@@ -700,12 +700,16 @@ impl Ctx<'_> {
             cmd.args(["setpriv", "--pdeathsig", "KILL", "--"]);
         }
         cmd.arg(program).args(args);
-        let stderr_file = std::fs::File::create(stderr)
+        // stdout and stderr share one file: sluice logs to stdout, the bench tools to stderr.
+        let log_file = std::fs::File::create(stderr)
             .with_context(|| format!("creating {}", stderr.display()))?;
+        let stdout_file = log_file
+            .try_clone()
+            .with_context(|| format!("opening {} twice", stderr.display()))?;
         let child = cmd
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr_file)
+            .stdout(stdout_file)
+            .stderr(log_file)
             .spawn()
             .with_context(|| format!("starting {what} ({})", program.display()))?;
         Ok(NsChild {
@@ -739,7 +743,7 @@ impl Ctx<'_> {
             &self.net.cloud,
             &mosquitto,
             &["-c".to_string(), conf_path.display().to_string()],
-            &dir.join("mosquitto.stderr"),
+            &dir.join("mosquitto.out"),
         )?;
         let mut broker = CloudBroker { child, log_path };
         let deadline = Instant::now() + START_TIMEOUT;
@@ -780,7 +784,7 @@ impl Ctx<'_> {
                 "-c".to_string(),
                 path.display().to_string(),
             ],
-            &dir.join("sluice.stderr"),
+            &dir.join("sluice.log"),
         )?;
         let normal = format!(" as {UPLINK_CLIENT_ID}-0 ");
         let normal_eol = format!(" as {UPLINK_CLIENT_ID}-0\n");
@@ -1329,11 +1333,12 @@ impl NsChild {
         }
     }
 
+    /// The last `lines` lines of its output, without terminal colour codes.
     fn stderr_tail(&self, lines: usize) -> String {
-        tail(
+        strip_ansi(&tail(
             &std::fs::read_to_string(&self.stderr_path).unwrap_or_default(),
             lines,
-        )
+        ))
     }
 }
 
@@ -1618,6 +1623,25 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// `text` without ANSI escape sequences (`ESC [ … letter`), which tracing writes even to files.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn toml_escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
@@ -1708,6 +1732,14 @@ mod tests {
         assert_eq!(effective_uid("Name:\tx\nUid:\t1000\t0\t0\t0\n"), Some(0));
         assert_eq!(effective_uid("Uid:\t0\t1000\t1000\t1000\n"), Some(1000));
         assert_eq!(effective_uid("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn colour_codes_are_stripped_from_logs() {
+        assert_eq!(
+            strip_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m up \u{1b}[3mshard\u{1b}[0m\u{1b}[2m=\u{1b}[0m0"),
+            "2026  INFO up shard=0"
+        );
     }
 
     #[test]

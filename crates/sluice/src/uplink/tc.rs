@@ -14,7 +14,7 @@
 //! tc qdisc del dev IF root                      # whatever was there; "nothing to delete" is fine
 //! tc qdisc replace dev IF root handle 1: htb default 20
 //! tc class add dev IF parent 1:  classid 1:1  htb rate RATE ceil RATE
-//! tc class add dev IF parent 1:1 classid 1:10 htb rate RATE ceil RATE prio 0        # high lane
+//! tc class add dev IF parent 1:1 classid 1:10 htb rate RATE ceil RATE burst B cburst B prio 0  # high lane
 //! tc class add dev IF parent 1:1 classid 1:20 htb rate SHARE ceil RATE prio 1       # the rest
 //! # per high-lane source port P, in its own slot k (filter priorities are per slot, so one
 //! # port's filters can be deleted without knowing kernel-chosen u32 handles):
@@ -28,7 +28,11 @@
 //! ```
 //! `SHARE` (the default class's guaranteed rate) is a tenth of `RATE`, at least 8 kbit (and at
 //! most `RATE`), so normal traffic is never starved while the high lane is busy and may borrow
-//! the whole link when it is not. With `netns = Some(ns)` every command runs as
+//! the whole link when it is not. `B`, the high class's bucket, holds 50 ms of `RATE` (at least
+//! 3200 bytes, two full frames): with htb's default (about one frame at low rates) two
+//! high-lane messages written back to back — which happens whenever the shard was busy for a
+//! moment — made the second wait for tokens for a frame time, the whole p99 tail of the high
+//! lane under load (measured by `sluice-bench scenario priority`, docs/perf/priority.md). With `netns = Some(ns)` every command runs as
 //! `ip netns exec NS tc ...` (tests use throw-away namespaces).
 //!
 //! # Invariants and policies
@@ -64,6 +68,10 @@ const PRIO_V4_BASE: u16 = 1;
 const PRIO_V6_BASE: u16 = 32768;
 /// The default class never gets less than this guaranteed rate, bit/s.
 const MIN_DEFAULT_SHARE_BITS: f64 = 8_000.0;
+/// The high class's token bucket holds this long at the link rate…
+const HIGH_BURST_TIME_S: f64 = 0.05;
+/// …and at least this many bytes (two full Ethernet frames).
+const HIGH_BURST_MIN_BYTES: f64 = 3200.0;
 /// How long [`TcManager::flush`] waits for the thread.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// `CAP_NET_ADMIN` is bit 12 of the capability sets in `/proc/self/status`.
@@ -171,6 +179,12 @@ pub fn rate_bits_per_second(s: &str) -> Option<f64> {
     };
     let bits = value * factor;
     (bits.is_finite() && bits >= 1.0).then_some(bits)
+}
+
+/// The high class's burst and cburst for a link of `rate`, as a tc size (`"12500b"`).
+fn high_burst(rate_bits: f64) -> String {
+    let bytes = (rate_bits / 8.0 * HIGH_BURST_TIME_S).max(HIGH_BURST_MIN_BYTES);
+    format!("{}b", bytes.round() as u64)
 }
 
 /// The guaranteed rate of the default class for a link of `rate`: a tenth, at least 8 kbit,
@@ -417,6 +431,7 @@ impl Worker {
             Err(e) => return Err(e),
         }
         let share = default_share(rate_bits);
+        let burst = high_burst(rate_bits);
         self.tc.run(&[
             "qdisc", "replace", "dev", &dev, "root", "handle", "1:", "htb", "default", "20",
         ])?;
@@ -426,7 +441,7 @@ impl Worker {
         ])?;
         self.tc.run(&[
             "class", "add", "dev", &dev, "parent", "1:1", "classid", "1:10", "htb", "rate", rate,
-            "ceil", rate, "prio", "0",
+            "ceil", rate, "burst", &burst, "cburst", &burst, "prio", "0",
         ])?;
         self.tc.run(&[
             "class", "add", "dev", &dev, "parent", "1:1", "classid", "1:20", "htb", "rate", &share,
@@ -644,6 +659,13 @@ mod tests {
     }
 
     #[test]
+    fn the_high_class_bucket_holds_50ms_of_the_link_and_at_least_two_frames() {
+        assert_eq!(high_burst(2e6), "12500b");
+        assert_eq!(high_burst(100e6), "625000b");
+        assert_eq!(high_burst(64e3), "3200b");
+    }
+
+    #[test]
     fn permission_failures_say_that_install_tc_needs_cap_net_admin() {
         let e = classify_failure(
             "tc qdisc replace dev eth0 root handle 1: htb default 20".to_string(),
@@ -806,6 +828,11 @@ mod tests {
         }
         assert!(classes.contains("rate 2Mbit ceil 2Mbit"), "{classes}");
         assert!(classes.contains("rate 200Kbit ceil 2Mbit"), "{classes}");
+        let high = classes
+            .lines()
+            .find(|l| l.starts_with("class htb 1:10 "))
+            .unwrap_or_default();
+        assert!(high.contains("burst 12500b cburst 12500b"), "{high}");
 
         tc.high_port_up(40000);
         tc.high_port_up(40001);
