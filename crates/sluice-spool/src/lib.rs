@@ -98,7 +98,8 @@
 //! above the previous segment's last seq and below the next segment's name, and above the
 //! previous frame's seq. After a rejected frame the scan resynchronises at every following
 //! byte until a frame is accepted or the file ends. Then, per file:
-//! 1. Intact (header ok, one run of consecutive seqs from the name's seq): kept. Intact but
+//! 1. Intact (header ok, one run of consecutive seqs from the name's seq): kept and fsynced
+//!    (a previous process may have written it without fsync). Intact but
 //!    without records: removed.
 //! 2. Torn tail — the newest segment, header ok, intact up to some point and nothing valid
 //!    after it: truncated there (an interrupted append; those records were never reported

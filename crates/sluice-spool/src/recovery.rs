@@ -227,7 +227,6 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
     let qdir = dir.join(QUARANTINE_DIR);
     let mut metas: Vec<SegMeta> = Vec::new();
     let mut floor = 0u64;
-    let mut dir_dirty = false;
     for (i, &(name, len)) in segs.iter().enumerate() {
         let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
         let is_last = i + 1 == segs.len();
@@ -249,10 +248,14 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
         if scan.bad.is_empty() && scan.runs.len() <= 1 && first_in_place(&scan) {
             // Intact (or header-only).
             match scan.runs.first() {
-                Some(r) => metas.push(SegMeta { first: r.first_seq, last: r.last_seq, len }),
+                Some(r) => {
+                    // Bytes a previous process wrote but never fsynced are readable now;
+                    // make them durable before anyone treats them as committed.
+                    file.sync()?;
+                    metas.push(SegMeta { first: r.first_seq, last: r.last_seq, len });
+                }
                 None => {
                     fs.remove(&path)?;
-                    dir_dirty = true;
                     report.removed_empty += 1;
                 }
             }
@@ -275,7 +278,6 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
                 }
                 None => {
                     fs.remove(&path)?;
-                    dir_dirty = true;
                     report.removed_empty += 1;
                 }
             }
@@ -311,7 +313,6 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
                 file.sync()?;
             } else if !replaced {
                 fs.remove(&path)?;
-                dir_dirty = true;
             }
             if scan.runs.is_empty() {
                 report.removed_empty += 1;
@@ -337,11 +338,9 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
     let trim = metas.iter().take_while(|m| m.last <= ack_cursor).count();
     for m in metas.drain(..trim) {
         fs.remove(&segment_path(dir, m.first))?;
-        dir_dirty = true;
         report.trimmed += 1;
     }
-    if dir_dirty {
-        fs.sync_dir(dir)?;
-    }
+    // Always: a previous process may have created or removed files without syncing.
+    fs.sync_dir(dir)?;
     Ok(Recovered { segments: metas, ack_cursor, report })
 }
