@@ -217,6 +217,17 @@ impl FaultFs {
         true
     }
 
+    /// Test helper: creates `path` with `bytes`, durable (file and directory entry);
+    /// returns true.
+    pub fn create_for_test(&self, path: &Path, bytes: Vec<u8>) -> bool {
+        let mut s = self.lock();
+        s.inodes.push(Inode { durable: bytes.clone(), data: bytes });
+        let ino = s.inodes.len() - 1;
+        s.names.insert(path.to_owned(), ino);
+        s.durable_names.insert(path.to_owned(), ino);
+        true
+    }
+
     /// Test helper: every file path currently present.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.lock().names.keys().cloned().collect()
