@@ -524,12 +524,6 @@ fn run(program: &str, args: &[&str]) -> Result<String, TcError> {
                 program: program.to_string(),
             })
         }
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(TcError::NotPermitted {
-                command,
-                detail: e.to_string(),
-            })
-        }
         Err(e) => {
             return Err(TcError::Spawn {
                 command,
@@ -699,7 +693,7 @@ mod tests {
 
     #[test]
     fn a_missing_program_is_reported_as_no_tc_command() {
-        let e = run("sluice-no-such-tc-binary", &["-V"]).unwrap_err();
+        let e = run("/nonexistent/sluice-no-such-tc", &["-V"]).unwrap_err();
         assert!(matches!(e, TcError::NoTcCommand { .. }), "{e:?}");
     }
 
