@@ -332,6 +332,10 @@ pub struct ModeRun {
     pub sluice_log_tail: String,
     pub warmup_sent: u64,
     pub measured_s: f64,
+    /// `/proc/loadavg` when the measured run started and when it ended: other work on this
+    /// machine shows up here (and in the latency tails).
+    pub loadavg_start: String,
+    pub loadavg_end: String,
     /// The devices child's full JSON report.
     pub devices_report: serde_json::Value,
     /// The sink child's full JSON report.
@@ -646,6 +650,7 @@ impl Ctx<'_> {
         let high_session_seen = cloud.log().contains(&format!("{UPLINK_CLIENT_ID}-0-hi"));
 
         let mut sink = self.start_sink(&dir, devices)?;
+        let loadavg_start = crate::scenario::loadavg();
         let measured_start = Instant::now();
         let devices_report = self.run_devices(
             &dir,
@@ -656,6 +661,7 @@ impl Ctx<'_> {
             &sluice,
         )?;
         let measured_s = measured_start.elapsed().as_secs_f64();
+        let loadavg_end = crate::scenario::loadavg();
         let tc_stats = tc_stats(&self.net.gw);
         // The sink stops by itself once nothing arrived for drain_idle.
         let status = sink.wait(
@@ -681,6 +687,7 @@ impl Ctx<'_> {
             sluice_log_tail,
             warmup_sent,
             measured_s,
+            loadavg: (loadavg_start, loadavg_end),
             high_session_seen,
             per_device_sink: self.per_device_sink,
         })
@@ -963,6 +970,7 @@ struct ModeParts {
     sluice_log_tail: String,
     warmup_sent: u64,
     measured_s: f64,
+    loadavg: (String, String),
     high_session_seen: bool,
     /// Whether the sink was asked for per-device latency (otherwise its list is empty).
     per_device_sink: bool,
@@ -1028,6 +1036,8 @@ fn build_mode_run(p: ModeParts) -> anyhow::Result<ModeRun> {
         sluice_log_tail: p.sluice_log_tail,
         warmup_sent: p.warmup_sent,
         measured_s: (p.measured_s * 1000.0).round() / 1000.0,
+        loadavg_start: p.loadavg.0,
+        loadavg_end: p.loadavg.1,
         devices_report: p.devices_json,
         sink_report: p.sink_json,
     })
@@ -1241,13 +1251,13 @@ pub fn markdown(report: &PriorityReport) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "| mode | sent | delivered | lost | duplicates | ticks skipped (window full) | high session seen |"
+        "| mode | sent | delivered | lost | duplicates | ticks skipped (window full) | high session seen | loadavg start → end |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---|---|");
     for r in &report.modes {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} → {} |",
             r.mode.name(),
             r.sent,
             r.delivered,
@@ -1262,7 +1272,9 @@ pub fn markdown(report: &PriorityReport) -> String {
                 }
             } else {
                 "–"
-            }
+            },
+            first_fields(&r.loadavg_start, 3),
+            first_fields(&r.loadavg_end, 3)
         );
     }
     let _ = writeln!(out, "\n**Verdicts**\n");
@@ -1642,6 +1654,11 @@ fn strip_ansi(text: &str) -> String {
     out
 }
 
+/// The first `n` whitespace-separated fields of `s` (the 1, 5 and 15 minute load averages).
+fn first_fields(s: &str, n: usize) -> String {
+    s.split_whitespace().take(n).collect::<Vec<_>>().join(" ")
+}
+
 fn toml_escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
@@ -1804,6 +1821,8 @@ mod tests {
             sluice_log_tail: String::new(),
             warmup_sent: 0,
             measured_s: 1.0,
+            loadavg_start: String::new(),
+            loadavg_end: String::new(),
             devices_report: serde_json::Value::Null,
             sink_report: serde_json::Value::Null,
         }
