@@ -1461,7 +1461,7 @@ fn remove_stale_namespaces() {
             continue;
         };
         if let Some(pid) = stale_namespace_pid(name) {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
+            if !process_alive(pid) {
                 eprintln!(
                     "scenario priority: deleting namespace {name} left by a run that is gone"
                 );
@@ -1469,6 +1469,18 @@ fn remove_stale_namespaces() {
             }
         }
     }
+}
+
+/// Whether `pid` runs (exists and is not a zombie waiting to be reaped).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rfind(')')
+                .and_then(|i| s.get(i + 1..))
+                .map(|rest| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// The PID in a scenario namespace name, e.g. `slp-gw-1234-0` → 1234.
