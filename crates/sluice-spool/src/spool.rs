@@ -286,17 +286,37 @@ pub struct SpoolCounters {
 }
 
 /// A reader's position: the next seq it wants, plus a byte-offset hint so sequential reads
-/// never rescan. Plain data owned by the caller (e.g. the uplink).
+/// never rescan, and a direction. Plain data owned by the caller (e.g. the uplink).
+///
+/// Newest-first cursors ([`ReadCursor::newest_first`]) read committed, unacknowledged records
+/// downwards from a seq to just above the ack cursor. They need no format change: each batch
+/// is a forward read of the records just below the cursor inside one segment, returned in
+/// reverse; a per-segment checkpoint table (every [`REV_CHECKPOINT_EVERY`]th frame's offset,
+/// built on the first backward read in a segment, bounded by the segment's size) spares
+/// rescanning the segment from its start for every batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadCursor {
     next: u64,
     hint: Option<(u64, u64)>,
+    newest_first: bool,
 }
 
+/// Frames between two checkpoints of the newest-first reader's per-segment table.
+pub const REV_CHECKPOINT_EVERY: u64 = 256;
+
 impl ReadCursor {
-    /// A cursor that starts at `seq`.
+    /// A cursor that starts at `seq` and reads upwards (oldest first).
     pub fn at(seq: SpoolSeq) -> Self {
-        ReadCursor { next: seq.0.max(1), hint: None }
+        ReadCursor { next: seq.0.max(1), hint: None, newest_first: false }
+    }
+    /// A cursor that reads downwards (newest first) from `seq` (clamped to the newest
+    /// committed record) to the oldest unacknowledged record.
+    pub fn newest_first(seq: SpoolSeq) -> Self {
+        ReadCursor { next: seq.0, hint: None, newest_first: true }
+    }
+    /// Whether this cursor reads newest first.
+    pub fn is_newest_first(&self) -> bool {
+        self.newest_first
     }
     /// The next seq this cursor will return (or a later one, if that one no longer exists).
     pub fn next_seq(&self) -> SpoolSeq {
@@ -412,6 +432,16 @@ pub struct Spool {
     counters: SpoolCounters,
     read_file: Option<(u64, Arc<dyn SpoolFile>)>,
     spare_bufs: Vec<Vec<u8>>,
+    /// The newest-first reader's checkpoints for one segment.
+    rev_index: Option<RevIndex>,
+}
+
+/// Offsets of every [`REV_CHECKPOINT_EVERY`]th frame of one segment (newest-first reads).
+struct RevIndex {
+    seg_first: u64,
+    /// Frames are indexed up to this offset (the table grows with the segment).
+    scanned_off: u64,
+    points: Vec<(u64, u64)>,
 }
 
 /// Bytes read at a time by readers (more when one record is larger).
@@ -469,6 +499,7 @@ impl Spool {
             counters: SpoolCounters { segments_created: 1, ..Default::default() },
             read_file: None,
             spare_bufs: Vec::new(),
+            rev_index: None,
             dir,
         };
         Ok((spool, rec.report))
@@ -574,7 +605,9 @@ impl Spool {
     fn drop_oldest(&mut self, need: u64) -> Result<Option<Dropped>, SpoolError> {
         let mut dropped: Option<Dropped> = None;
         while self.total_bytes + need > self.cfg.max_bytes && self.segments.len() > 1 {
-            let Some(seg) = self.segments.pop_front() else { break };
+            let Some(seg) = self.segments.pop_front() else {
+                break;
+            };
             let path = segment_path(&self.dir, seg.first);
             if let Err(e) = self.fs.remove(&path) {
                 return self.poison(io_err("remove", &path)(e));
@@ -756,13 +789,14 @@ impl Spool {
 
     /// A read cursor at the first unacknowledged record.
     pub fn read_cursor(&self) -> ReadCursor {
-        ReadCursor { next: self.ack + 1, hint: None }
+        ReadCursor { next: self.ack + 1, hint: None, newest_first: false }
     }
 
-    /// Reads committed records in seq order from `cur` into `out`: at most `max_records`,
-    /// and stops once `max_bytes` of bodies are read (at least one record is returned when
-    /// one is available). Records that no longer exist (trimmed, dropped, quarantined) are
-    /// skipped. Returns how many were read.
+    /// Reads committed records from `cur` into `out` in the cursor's direction (seq order,
+    /// or reverse seq order for a newest-first cursor): at most `max_records`, and stops once
+    /// `max_bytes` of bodies are read (at least one record is returned when one is
+    /// available). Records that no longer exist (trimmed, dropped, quarantined) are skipped;
+    /// a newest-first cursor stops above the ack cursor. Returns how many were read.
     pub fn read(
         &mut self,
         cur: &mut ReadCursor,
@@ -773,16 +807,23 @@ impl Spool {
         if self.poisoned {
             return Err(SpoolError::Poisoned);
         }
+        if cur.newest_first {
+            return self.read_newest_first(cur, max_records, max_bytes, out);
+        }
         let mut n = 0;
         let mut bytes = 0usize;
         while n < max_records && (n == 0 || bytes < max_bytes) && cur.next <= self.durable {
-            let Some(next) = self.next_existing(cur.next) else { break };
+            let Some(next) = self.next_existing(cur.next) else {
+                break;
+            };
             if next != cur.next {
                 cur.next = next;
                 cur.hint = None;
             }
             let i = self.segments.partition_point(|s| s.last < cur.next);
-            let Some(&seg) = self.segments.get(i) else { break };
+            let Some(&seg) = self.segments.get(i) else {
+                break;
+            };
             if cur.next > seg.committed_last || cur.next > self.durable {
                 break;
             }
@@ -809,7 +850,9 @@ impl Spool {
             let chunk = buf.freeze();
             let mut p = 0usize;
             while n < max_records && (n == 0 || bytes < max_bytes) {
-                let Some(h) = frame::parse_header(&chunk[p..]) else { break };
+                let Some(h) = frame::parse_header(&chunk[p..]) else {
+                    break;
+                };
                 let end = p + h.frame_len() as usize;
                 if end > chunk.len() {
                     break;
@@ -830,6 +873,109 @@ impl Spool {
             cur.hint = Some((seg.first, off));
         }
         Ok(n)
+    }
+
+    fn read_newest_first(
+        &mut self,
+        cur: &mut ReadCursor,
+        max_records: usize,
+        max_bytes: usize,
+        out: &mut Vec<SpoolRecord>,
+    ) -> Result<usize, SpoolError> {
+        let mut n = 0usize;
+        let mut bytes = 0usize;
+        let mut tmp = Vec::new();
+        while n < max_records && (n == 0 || bytes < max_bytes) {
+            let floor = self.ack + 1;
+            let top = cur.next.min(self.durable);
+            if top < floor {
+                cur.next = floor - 1;
+                break;
+            }
+            // The newest segment starting at or below `top`.
+            let i = self.segments.partition_point(|s| s.first <= top);
+            let Some(&seg) = i.checked_sub(1).and_then(|i| self.segments.get(i)) else {
+                cur.next = 0;
+                break;
+            };
+            let hi = top.min(seg.committed_last);
+            let lo_min = seg.first.max(floor);
+            if hi < lo_min {
+                // Nothing committed here (or all acknowledged): go below this segment.
+                cur.next = seg.first.saturating_sub(1).min(top.saturating_sub(1));
+                continue;
+            }
+            let mut k = (max_records - n).min((hi - lo_min + 1) as usize);
+            loop {
+                let lo = hi + 1 - k as u64;
+                tmp.clear();
+                let off = self.rev_offset(&seg, lo)?;
+                let mut fwd = ReadCursor { next: lo, hint: Some((seg.first, off)), newest_first: false };
+                self.read(&mut fwd, k, max_bytes.saturating_sub(bytes).max(1), &mut tmp)?;
+                let reached = tmp.last().map(|r| r.seq.0) == Some(hi);
+                if reached || k == 1 {
+                    break;
+                }
+                k = (k - 1).min(tmp.len().max(1));
+            }
+            tmp.retain(|r| r.seq.0 <= hi);
+            let lowest = tmp.first().map_or(hi, |r| r.seq.0);
+            for r in tmp.drain(..).rev() {
+                bytes += r.body.len();
+                n += 1;
+                out.push(r);
+            }
+            cur.next = lowest - 1;
+        }
+        Ok(n)
+    }
+
+    /// Byte offset of record `lo` in `seg`, walking frame headers from the nearest
+    /// checkpoint at or below it (the table is extended as the segment grows).
+    fn rev_offset(&mut self, seg: &Segment, lo: u64) -> Result<u64, SpoolError> {
+        let path = segment_path(&self.dir, seg.first);
+        let file = self.file_for(seg, &path)?;
+        let mut ix = match self.rev_index.take() {
+            Some(ix) if ix.seg_first == seg.first => ix,
+            _ => RevIndex { seg_first: seg.first, scanned_off: SEGMENT_HEADER_LEN, points: Vec::new() },
+        };
+        let corrupt = |offset| SpoolError::CorruptRecord { path: path.clone(), offset };
+        if ix.scanned_off < seg.committed_len {
+            let mut w = Window::new(&*file, seg.committed_len, 64 << 10);
+            let mut off = ix.scanned_off;
+            while off + FRAME_HEADER_LEN as u64 <= seg.committed_len {
+                let hdr = w.get(off, FRAME_HEADER_LEN).map_err(io_err("read", &path))?;
+                let h = frame::parse_header(hdr).ok_or_else(|| corrupt(off))?;
+                if h.frame_len() == 0 || h.seq < seg.first {
+                    return Err(corrupt(off));
+                }
+                if (h.seq - seg.first).is_multiple_of(REV_CHECKPOINT_EVERY) {
+                    ix.points.push((h.seq, off));
+                }
+                off += h.frame_len();
+            }
+            ix.scanned_off = off;
+        }
+        let i = ix.points.partition_point(|&(s, _)| s <= lo);
+        let (mut seq, mut off) = match i.checked_sub(1).and_then(|i| ix.points.get(i)) {
+            Some(&p) => p,
+            None => (seg.first, SEGMENT_HEADER_LEN),
+        };
+        self.rev_index = Some(ix);
+        let mut w = Window::new(&*file, seg.committed_len, 16 << 10);
+        while seq < lo {
+            if off + FRAME_HEADER_LEN as u64 > seg.committed_len {
+                return Err(corrupt(off));
+            }
+            let hdr = w.get(off, FRAME_HEADER_LEN).map_err(io_err("read", &path))?;
+            let h = frame::parse_header(hdr).ok_or_else(|| corrupt(off))?;
+            if h.seq != seq || h.frame_len() == 0 {
+                return Err(corrupt(off));
+            }
+            off += h.frame_len();
+            seq += 1;
+        }
+        Ok(off)
     }
 
     fn file_for(&mut self, seg: &Segment, path: &Path) -> Result<Arc<dyn SpoolFile>, SpoolError> {
