@@ -45,6 +45,8 @@ pub enum AppError {
     },
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    Spool(#[from] crate::spool::SpoolStartError),
 }
 
 /// A configured gateway whose sockets are bound but whose threads are not started yet.
@@ -54,6 +56,8 @@ pub struct Gateway {
     mqtt: std::net::TcpListener,
     admin: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
+    /// `[uplink][shard]`, opened and recovered; empty without a spool.
+    spools: Vec<Vec<crate::spool::OpenedSpool>>,
 }
 
 impl Gateway {
@@ -86,12 +90,15 @@ impl Gateway {
         } else {
             None
         };
+        // Last, after everything cheap has been checked: recovery may read the whole spool.
+        let spools = crate::spool::open_all(&config, shards)?;
         Ok(Gateway {
             config: Arc::new(config),
             shards,
             mqtt,
             admin,
             uplink_tls,
+            spools,
         })
     }
 
@@ -110,6 +117,7 @@ impl Gateway {
             mqtt,
             admin,
             uplink_tls,
+            spools,
         } = self;
         let mqtt_addr = mqtt.local_addr().unwrap_or(config.mqtt.listen);
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
@@ -171,6 +179,25 @@ impl Gateway {
         } else {
             Vec::new()
         };
+        // `[shard][uplink]` metrics, and each shard's spools (one per uplink).
+        let spool_metrics: Vec<Vec<Arc<crate::spool::SpoolMetrics>>> = (0..shards)
+            .map(|s| {
+                spools
+                    .iter()
+                    .filter_map(|per_shard| per_shard.get(s).map(|o| o.metrics.clone()))
+                    .collect()
+            })
+            .collect();
+        let mut shard_spools: Vec<Vec<crate::spool::OpenedSpool>> =
+            (0..shards).map(|_| Vec::new()).collect();
+        for per_shard in spools {
+            for (s, opened) in per_shard.into_iter().enumerate() {
+                if let Some(v) = shard_spools.get_mut(s) {
+                    v.push(opened);
+                }
+            }
+        }
+        let mut shard_spools = shard_spools.into_iter();
         let mut threads = Vec::new();
         for (id, inbox) in rxs.into_iter().enumerate() {
             let seed = ShardSeed {
@@ -193,6 +220,7 @@ impl Gateway {
                 } else {
                     Some(cores[id % cores.len()])
                 },
+                spools: shard_spools.next().unwrap_or_default(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -211,6 +239,9 @@ impl Gateway {
             uplink_metrics,
             devices_per_shard: plane.devices_per_shard(),
             control: control_metrics.clone(),
+            spool_metrics,
+            spool_dir: config.spool.dir.clone(),
+            spool_ack: config.spool.ack,
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -368,6 +399,43 @@ struct GatewayStatus {
     uplink_metrics: Vec<Vec<LaneMetrics>>,
     devices_per_shard: Arc<Vec<Gauge>>,
     control: Arc<ControlMetrics>,
+    /// `[shard][uplink]`; empty rows without a spool.
+    spool_metrics: Vec<Vec<Arc<crate::spool::SpoolMetrics>>>,
+    spool_dir: Option<std::path::PathBuf>,
+    spool_ack: crate::config::SpoolAck,
+}
+
+impl GatewayStatus {
+    /// The gateway-wide `spool` object of /api/v1/status (`null` without a spool).
+    fn spool_summary(&self) -> serde_json::Value {
+        let Some(dir) = &self.spool_dir else {
+            return serde_json::Value::Null;
+        };
+        let all = self.spool_metrics.iter().flatten();
+        let (mut bytes, mut unacked, mut backlog, mut dropped, mut appended, mut acked) =
+            (0i64, 0i64, 0i64, 0u64, 0u64, 0u64);
+        for m in all {
+            bytes += m.bytes.get();
+            unacked += m.unacked_records.get();
+            backlog += m.backlog_records.get();
+            dropped += m.dropped_oldest.get();
+            appended += m.records_appended.get();
+            acked += m.records_acked.get();
+        }
+        serde_json::json!({
+            "dir": dir.display().to_string(),
+            "ack": match self.spool_ack {
+                crate::config::SpoolAck::Spool => "spool",
+                crate::config::SpoolAck::Cloud => "cloud",
+            },
+            "bytes": bytes,
+            "unacked_records": unacked,
+            "backlog_records": backlog,
+            "records_appended": appended,
+            "records_acked": acked,
+            "dropped_oldest": dropped,
+        })
+    }
 }
 
 impl AdminSource for GatewayStatus {
@@ -381,6 +449,11 @@ impl AdminSource for GatewayStatus {
                 for (lane, m) in lanes.iter() {
                     m.render(w, &i.to_string(), name, lane.as_str());
                 }
+            }
+        }
+        for (i, spools) in self.spool_metrics.iter().enumerate() {
+            for (name, m) in self.uplink_names.iter().zip(spools) {
+                m.render(w, &i.to_string(), name);
             }
         }
     }
@@ -418,12 +491,23 @@ impl AdminSource for GatewayStatus {
                         })
                     })
                     .collect();
+                let spools: Vec<serde_json::Value> = self
+                    .uplink_names
+                    .iter()
+                    .zip(self.spool_metrics.get(i).into_iter().flatten())
+                    .map(|(name, m)| {
+                        let mut v = m.status();
+                        v["uplink"] = serde_json::json!(name);
+                        v
+                    })
+                    .collect();
                 serde_json::json!({
                     "shard": i,
                     "devices": self.devices_per_shard.get(i).map(|g| g.get()).unwrap_or(0),
                     "connections": m.connections.get(),
                     "sessions": m.sessions.get(),
                     "uplinks": uplinks,
+                    "spools": spools,
                 })
             })
             .collect();
@@ -431,6 +515,7 @@ impl AdminSource for GatewayStatus {
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_seconds": self.started.elapsed().as_secs(),
             "devices": self.control.devices_connected.get(),
+            "spool": self.spool_summary(),
             "shards": shards,
             "traffic_control": self
                 .uplink_names

@@ -7,5 +7,6 @@ pub mod config;
 pub mod control;
 pub mod listener;
 pub mod shard;
+pub mod spool;
 pub mod telemetry;
 pub mod uplink;

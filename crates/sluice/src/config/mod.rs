@@ -18,6 +18,7 @@
 //! The file format is documented option by option in `config/sluice.example.toml`.
 
 mod lanes;
+mod spool;
 mod units;
 mod uplink;
 mod validate;
@@ -33,6 +34,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
+pub use spool::{
+    DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
+};
 pub use units::{ByteSize, ParseByteSizeError};
 pub use uplink::{MqttProtocol, ParseUplinkUrlError, Password, UplinkConfig, UplinkUrl};
 
@@ -129,8 +133,8 @@ fn location_suffix(line: Option<usize>, column: Option<usize>) -> String {
     }
 }
 
-/// The whole file: `[gateway]`, `[mqtt]`, `[admin]`, `[log]`, `[priority]` and any number of
-/// `[[uplink]]`.
+/// The whole file: `[gateway]`, `[mqtt]`, `[admin]`, `[log]`, `[priority]`, `[spool]` and any
+/// number of `[[uplink]]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -139,6 +143,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub priority: PriorityConfig,
+    pub spool: SpoolConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uplink: Vec<UplinkConfig>,
 }
@@ -164,6 +169,7 @@ impl Config {
                 }
             }
         };
+        resolve(&mut self.spool.dir);
         for u in &mut self.uplink {
             resolve(&mut u.ca_file);
             resolve(&mut u.cert_file);

@@ -39,6 +39,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
         );
     }
     check_priority(config)?;
+    check_spool(config)?;
     let mut names = HashSet::new();
     for (i, uplink) in config.uplink.iter().enumerate() {
         check_uplink(i, uplink, files)?;
@@ -223,6 +224,56 @@ fn check_priority(config: &Config) -> Result<(), ConfigError> {
                 &format!("{filter:?} is not a valid MQTT topic filter"),
             );
         }
+    }
+    Ok(())
+}
+
+/// `[spool]`: sizes that the storage engine can work with, and a sane commit period.
+fn check_spool(config: &Config) -> Result<(), ConfigError> {
+    let s = &config.spool;
+    let Some(dir) = &s.dir else {
+        return Ok(());
+    };
+    if dir.as_os_str().is_empty() {
+        return invalid(
+            "spool.dir",
+            "must not be empty; leave it out to run without a spool",
+        );
+    }
+    if s.fsync_interval.is_zero() || s.fsync_interval > Duration::from_secs(1) {
+        return invalid(
+            "spool.fsync_interval",
+            "must be more than 0s and at most 1s",
+        );
+    }
+    let record = super::SpoolConfig::max_record_bytes(
+        config.mqtt.max_packet_size,
+        config.mqtt.max_client_id_len,
+    );
+    let min_segment = (record + 32).max(4096);
+    if s.segment_size.as_u64() < min_segment || s.segment_size > super::ByteSize::gib(1) {
+        return invalid(
+            "spool.segment_size",
+            &format!(
+                "{} must be from {} (one record of mqtt.max_packet_size plus headers) to 1GiB",
+                s.segment_size,
+                super::ByteSize(min_segment)
+            ),
+        );
+    }
+    let shards = config.gateway.shard_count();
+    let uplinks = config.uplink.len().max(1);
+    let per_spool = s.max_bytes_per_spool(shards, uplinks);
+    if per_spool < 2 * s.segment_size.as_u64() {
+        return invalid(
+            "spool.max_size",
+            &format!(
+                "{} split over {shards} shard(s) and {uplinks} uplink(s) gives each spool {}, less than two segments of spool.segment_size ({}); raise max_size or lower segment_size",
+                s.max_size,
+                super::ByteSize(per_spool),
+                s.segment_size
+            ),
+        );
     }
     Ok(())
 }

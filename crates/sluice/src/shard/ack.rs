@@ -7,6 +7,12 @@
 //! PUBREC). Everything here lives on one shard thread (`Rc`, no locks). If the device
 //! disconnected meanwhile, completing is a no-op: the message still reached the cloud and a
 //! device that reconnects resends it (duplicates, never loss).
+//!
+//! With a spool (`crate::spool`), a message the uplink reads from the spool carries a
+//! *spool* token instead: completing it acknowledges the record in its spool (so it is
+//! trimmed), and then completes the device token it may wrap (`ack = "cloud"`). Dropping any
+//! token without completing it acknowledges nothing: a spooled record is then sent again
+//! after a restart.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -54,30 +60,102 @@ struct Pending {
     packet_id: u16,
 }
 
+/// Where a spool token's completion goes: the spool that holds the record.
+pub trait SpoolAcker: std::fmt::Debug {
+    /// The cloud acknowledged (or the uplink gave up on, counted) record `seq`.
+    fn cloud_acked(&self, seq: u64);
+}
+
+#[derive(Debug)]
+struct SpoolTarget {
+    spool: Rc<dyn SpoolAcker>,
+    seq: u64,
+    backlog: bool,
+    device: Option<AckToken>,
+}
+
+#[derive(Debug)]
+enum Target {
+    Device(Rc<Pending>),
+    Spool(Box<SpoolTarget>),
+}
+
 /// One outstanding acknowledgement. Clone it once per uplink that carries the message; call
 /// [`AckToken::complete`] when that uplink's cloud acknowledged it.
 #[derive(Debug)]
-pub struct AckToken(Rc<Pending>);
+pub struct AckToken(Target);
 
 impl AckToken {
     pub fn new(device: &Rc<DeviceAcks>, packet_id: u16) -> AckToken {
-        AckToken(Rc::new(Pending {
+        AckToken(Target::Device(Rc::new(Pending {
             remaining: Cell::new(1),
             device: Rc::downgrade(device),
             packet_id,
-        }))
+        })))
     }
+
+    /// The token of spool record `seq`, read for the uplink; `backlog` says which drain
+    /// stream it travels in; `device` is completed after the spool (`ack = "cloud"`).
+    pub fn spooled(
+        spool: Rc<dyn SpoolAcker>,
+        seq: u64,
+        backlog: bool,
+        device: Option<AckToken>,
+    ) -> AckToken {
+        AckToken(Target::Spool(Box::new(SpoolTarget {
+            spool,
+            seq,
+            backlog,
+            device,
+        })))
+    }
+
+    /// `Some(is_backlog)` for a spool token, `None` for a device token.
+    pub fn spool_backlog(&self) -> Option<bool> {
+        match &self.0 {
+            Target::Device(_) => None,
+            Target::Spool(s) => Some(s.backlog),
+        }
+    }
+
     /// Another holder (e.g. a second uplink) that must complete before the device is acked.
+    /// Spool tokens have one holder (their uplink); sharing one shares its device token.
     pub fn share(&self) -> AckToken {
-        self.0.remaining.set(self.0.remaining.get() + 1);
-        AckToken(self.0.clone())
+        match &self.0 {
+            Target::Device(p) => {
+                p.remaining.set(p.remaining.get() + 1);
+                AckToken(Target::Device(p.clone()))
+            }
+            Target::Spool(s) => match &s.device {
+                Some(d) => d.share(),
+                None => AckToken(Target::Device(Rc::new(Pending {
+                    remaining: Cell::new(1),
+                    device: Weak::new(),
+                    packet_id: 0,
+                }))),
+            },
+        }
     }
+
     pub fn complete(self) {
-        let left = self.0.remaining.get().saturating_sub(1);
-        self.0.remaining.set(left);
-        if left == 0 {
-            if let Some(device) = self.0.device.upgrade() {
-                device.push(self.0.packet_id);
+        match self.0 {
+            Target::Device(p) => {
+                let left = p.remaining.get().saturating_sub(1);
+                p.remaining.set(left);
+                if left == 0 {
+                    if let Some(device) = p.device.upgrade() {
+                        device.push(p.packet_id);
+                    }
+                }
+            }
+            Target::Spool(s) => {
+                let SpoolTarget {
+                    spool, seq, device, ..
+                } = *s;
+                spool.cloud_acked(seq);
+                if let Some(d) = device {
+                    d.complete();
+                }
             }
         }
     }

@@ -83,12 +83,13 @@ impl PartialEq for LocalSub {
     }
 }
 
-/// One uplink as seen from a shard: its normal lane, and its high lane when the priority
-/// table has any high entry.
+/// One uplink as seen from a shard: its normal lane, its high lane when the priority table
+/// has any high entry, and its spool when `[spool] dir` is set (normal lane only).
 pub struct ShardUplink {
     pub route: UplinkRoute,
     pub queue: Rc<UplinkQueue>,
     pub high: Option<Rc<UplinkQueue>>,
+    pub spool: Option<Rc<crate::spool::UplinkSpool>>,
 }
 
 impl ShardUplink {
@@ -142,6 +143,9 @@ pub struct ShardSeed {
     pub online_devices: Arc<AtomicUsize>,
     pub shutdown: watch::Receiver<bool>,
     pub core: Option<core_affinity::CoreId>,
+    /// Per uplink, this shard's spool (opened and recovered at start-up); empty without
+    /// `[spool] dir`.
+    pub spools: Vec<crate::spool::OpenedSpool>,
 }
 
 /// Start a shard thread.
@@ -189,6 +193,7 @@ async fn run(seed: ShardSeed) {
         live_connections,
         online_devices,
         mut shutdown,
+        spools,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -200,22 +205,30 @@ async fn run(seed: ShardSeed) {
         (config.gateway.max_buffered.0 / shards as u64 / config.uplink.len() as u64 / lanes)
             .max(64 * 1024)
     };
+    let mut spools = spools.into_iter();
     let uplinks: Vec<ShardUplink> = config
         .uplink
         .iter()
         .enumerate()
-        .map(|(i, u)| ShardUplink {
-            route: UplinkRoute::new(u),
-            queue: Rc::new(UplinkQueue::with_metrics(
+        .map(|(i, u)| {
+            let queue = Rc::new(UplinkQueue::with_metrics(
                 per_lane_bytes as usize,
                 uplink_metrics[i].normal.clone(),
-            )),
-            high: uplink_metrics[i].high.as_ref().map(|m| {
-                Rc::new(UplinkQueue::with_metrics(
-                    per_lane_bytes as usize,
-                    m.clone(),
-                ))
-            }),
+            ));
+            let spool = spools.next().map(|opened| {
+                crate::spool::UplinkSpool::new(id, &u.name, &config, opened, queue.clone())
+            });
+            ShardUplink {
+                route: UplinkRoute::new(u),
+                queue,
+                high: uplink_metrics[i].high.as_ref().map(|m| {
+                    Rc::new(UplinkQueue::with_metrics(
+                        per_lane_bytes as usize,
+                        m.clone(),
+                    ))
+                }),
+                spool,
+            }
         })
         .collect();
     let ctx = Rc::new(ShardContext {
@@ -237,6 +250,24 @@ async fn run(seed: ShardSeed) {
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
     let (local_shutdown_tx, local_shutdown) = watch::channel(false);
+    // Spool tasks stop after the uplink sessions, so the last acks are committed.
+    let (spool_shutdown_tx, spool_shutdown) = watch::channel(false);
+    let mut spool_tasks = Vec::new();
+    for u in &ctx.uplinks {
+        if let Some(spool) = &u.spool {
+            // A weak reference: the queue must not keep its own feeder alive in a cycle.
+            let weak = Rc::downgrade(spool);
+            u.queue.attach_spool(
+                config.spool.drain_share,
+                Box::new(move |up| {
+                    if let Some(s) = weak.upgrade() {
+                        s.link_changed(up);
+                    }
+                }),
+            );
+            spool_tasks.extend(spool.spawn_tasks(spool_shutdown.clone()));
+        }
+    }
 
     let mut uplink_tasks = Vec::new();
     for (i, ucfg) in config.uplink.iter().enumerate() {
@@ -330,6 +361,10 @@ async fn run(seed: ShardSeed) {
     // Give connections and uplinks a moment to say goodbye.
     for t in uplink_tasks {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
+    }
+    let _ = spool_shutdown_tx.send(true);
+    for t in spool_tasks {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
     }
     tracing::debug!(shard = id, "shard stopped");
 }

@@ -6,6 +6,11 @@
 //! to the control plane if it is retained, and pushed to every uplink whose `forward` filters
 //! match. The device's acknowledgement waits for every uplink's cloud acknowledgement (see
 //! ack.rs); local and cross-shard delivery do not delay it.
+//!
+//! With a spool (`[spool] dir`), a normal-lane message is instead appended to the uplink's
+//! spool on this shard (`crate::spool`), encoded once for all uplinks; the uplink's share of
+//! the device token then completes after the group commit (`ack = "spool"`) or after the
+//! cloud's PUBACK (`ack = "cloud"`). High-lane messages never go through the spool.
 
 use std::rc::Rc;
 
@@ -57,12 +62,46 @@ pub async fn publish(
         }
     }
     let mut priority = None;
+    let mut spool_body: Option<Option<Vec<u8>>> = None;
     for uplink in &ctx.uplinks {
         if !uplink.route.forwards(&p.topic) {
             continue;
         }
         let priority = *priority.get_or_insert_with(|| ctx.priority.message(device, &p.topic));
         let queue = uplink.queue_for(priority);
+        if let (Some(spool), true) = (&uplink.spool, Rc::ptr_eq(queue, &uplink.queue)) {
+            let qos = if p.qos == QoS::AtMostOnce {
+                QoS::AtMostOnce
+            } else {
+                QoS::AtLeastOnce
+            };
+            let body = spool_body.get_or_insert_with(|| {
+                crate::spool::encode_message(
+                    origin,
+                    &p.topic,
+                    &p.payload,
+                    qos,
+                    p.retain,
+                    received_at,
+                )
+            });
+            ctx.metrics.messages_forwarded.inc();
+            let share = ack.as_ref().map(AckToken::share);
+            match body {
+                Some(body) => {
+                    if spool.append(body, qos, share).await == crate::spool::Appended::DroppedFull {
+                        ctx.metrics.count_drop(DropReason::UplinkQueueFull);
+                    }
+                }
+                // Not encodable (a device id or topic over 64 KiB): can never be sent.
+                None => {
+                    if let Some(t) = share {
+                        t.complete();
+                    }
+                }
+            }
+            continue;
+        }
         let msg = UplinkMessage {
             device: origin.clone(),
             topic: p.topic.clone(),

@@ -10,6 +10,15 @@
 //! and counts `uplink_queue_full`). Waiting pushers are woken together when bytes are released
 //! and admitted in the order the runtime polls them; there is no stricter fairness.
 //!
+//! Two streams (used with a spool, see `crate::spool`): *live* (everything pushed with
+//! [`UplinkQueue::push`]/[`UplinkQueue::try_push`], and spool records appended since the
+//! uplink last connected) and *backlog* (spool records that piled up while it was down,
+//! pushed with [`UplinkQueue::push_backlog`]). Each is FIFO; the session picks between their
+//! fronts with [`UplinkQueue::take_next`] (the drain share). With a spool the feeder keeps
+//! each stream within half of the capacity ([`UplinkQueue::stream_room`]), so the backlog can
+//! never crowd out live messages. Without a spool the backlog stream stays empty and the queue
+//! behaves as a single FIFO.
+//!
 //! Shared with `Rc` on one shard thread; every `RefCell` borrow is released before any await.
 
 use std::cell::RefCell;
@@ -40,13 +49,35 @@ pub struct UplinkQueue {
     space: Notify,
     /// A message was queued: the session task re-checks (one stored permit at most).
     ready: Notify,
+    /// Set with a spool: the backlog's share of the window, and who hears the session's
+    /// connection state (the spool feeder).
+    spool_hooks: RefCell<Option<SpoolHooks>>,
+}
+
+/// How a spool attaches to the queue it feeds (see [`UplinkQueue::attach_spool`]).
+struct SpoolHooks {
+    drain_share: crate::config::Share,
+    on_link: Box<dyn Fn(bool)>,
+}
+
+impl std::fmt::Debug for SpoolHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpoolHooks")
+            .field("drain_share", &self.drain_share)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
+    /// The live stream.
     waiting: VecDeque<Queued>,
-    /// Cost of waiting plus inflight messages.
+    /// The backlog stream (spool records from before the uplink's last connect).
+    backlog: VecDeque<Queued>,
+    /// Cost of waiting plus inflight messages, both streams.
     reserved_bytes: usize,
+    /// The backlog stream's part of `reserved_bytes`.
+    backlog_bytes: usize,
     /// Where depth, bytes and `uplink_queue_full` drops are reported (set by [`super::spawn`]).
     metrics: Option<Arc<UplinkMetrics>>,
 }
@@ -60,6 +91,29 @@ impl UplinkQueue {
             state: RefCell::new(State::default()),
             space: Notify::new(),
             ready: Notify::new(),
+            spool_hooks: RefCell::new(None),
+        }
+    }
+
+    /// A spool feeds this queue: the session lets the backlog stream use `drain_share` of its
+    /// window while live messages wait, and tells `on_link` when its connection comes up
+    /// (`true`) or ends (`false`).
+    pub fn attach_spool(&self, drain_share: crate::config::Share, on_link: Box<dyn Fn(bool)>) {
+        *self.spool_hooks.borrow_mut() = Some(SpoolHooks {
+            drain_share,
+            on_link,
+        });
+    }
+
+    /// The backlog's share of the window (`None`: no spool, so no backlog stream).
+    pub(crate) fn drain_share(&self) -> Option<crate::config::Share> {
+        self.spool_hooks.borrow().as_ref().map(|h| h.drain_share)
+    }
+
+    /// The session's connection came up or ended.
+    pub(crate) fn link_changed(&self, up: bool) {
+        if let Some(h) = self.spool_hooks.borrow().as_ref() {
+            (h.on_link)(up);
         }
     }
 
@@ -118,9 +172,10 @@ impl UplinkQueue {
         self.state.borrow().reserved_bytes >= self.capacity_bytes
     }
 
-    /// Messages waiting to be sent (inflight ones excluded).
+    /// Messages waiting to be sent, both streams (inflight ones excluded).
     pub fn len(&self) -> usize {
-        self.state.borrow().waiting.len()
+        let st = self.state.borrow();
+        st.waiting.len() + st.backlog.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -151,9 +206,53 @@ impl UplinkQueue {
         self.ready.notify_one();
     }
 
+    /// Queue a spool record of the backlog stream (the feeder checked
+    /// [`UplinkQueue::stream_room`] first; this never waits).
+    pub fn push_backlog(&self, msg: UplinkMessage) {
+        let cost = msg.cost();
+        {
+            let mut st = self.state.borrow_mut();
+            st.reserved_bytes += cost;
+            st.backlog_bytes += cost;
+            st.backlog.push_back(Queued { msg, resend: false });
+            Self::update_gauges(&st);
+        }
+        self.ready.notify_one();
+    }
+
+    /// Queue a spool record of the live stream without waiting (the feeder checked
+    /// [`UplinkQueue::stream_room`] first).
+    pub fn push_live_now(&self, msg: UplinkMessage) {
+        let cost = msg.cost();
+        self.admit(msg, cost);
+    }
+
+    /// Bytes the feeder may still put into one stream: each stream gets half the capacity.
+    pub fn stream_room(&self, backlog: bool) -> usize {
+        let st = self.state.borrow();
+        let used = if backlog {
+            st.backlog_bytes
+        } else {
+            st.reserved_bytes - st.backlog_bytes
+        };
+        (self.capacity_bytes / 2).saturating_sub(used)
+    }
+
+    /// Messages waiting in the backlog stream.
+    pub fn backlog_len(&self) -> usize {
+        self.state.borrow().backlog.len()
+    }
+
+    /// A future that resolves when bytes are released (for the spool feeder). Create it,
+    /// `enable` it, then check the room, then await it.
+    pub fn space_released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.space.notified()
+    }
+
     fn update_gauges(st: &State) {
         if let Some(m) = &st.metrics {
-            m.queue_messages.set(st.waiting.len() as i64);
+            m.queue_messages
+                .set((st.waiting.len() + st.backlog.len()) as i64);
             m.queue_bytes.set(st.reserved_bytes as i64);
         }
     }
@@ -166,26 +265,59 @@ impl UplinkQueue {
         self.ready.notified().await
     }
 
-    /// Whether the front message exists and needs a cloud ack (`None`: queue empty).
+    /// Whether a front message exists and they all need a cloud ack (`None`: queue empty;
+    /// `Some(false)`: a stream's front can go without the window).
     pub(crate) fn front_needs_ack(&self) -> Option<bool> {
-        self.state
-            .borrow()
-            .waiting
-            .front()
-            .map(|q| q.msg.needs_cloud_ack())
+        let st = self.state.borrow();
+        let live = st.waiting.front().map(|q| q.msg.needs_cloud_ack());
+        let backlog = st.backlog.front().map(|q| q.msg.needs_cloud_ack());
+        match (live, backlog) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(true) && b.unwrap_or(true)),
+        }
     }
 
-    /// Take the front message, unless it needs a cloud ack and `window_open` is false (order is
-    /// never skipped: a QoS 0 message behind it waits too). Its bytes stay reserved.
-    pub(crate) fn take_front(&self, window_open: bool) -> Option<Queued> {
+    /// Whether live messages are waiting.
+    pub(crate) fn live_waiting(&self) -> bool {
+        !self.state.borrow().waiting.is_empty()
+    }
+
+    /// Take the next message of one stream: the backlog's front when the live stream is
+    /// empty or it is the backlog's turn (`backlog_turn`, the session's drain share), else
+    /// the live front. A front that needs a cloud ack waits for `window_open`; then only the
+    /// other stream's front may go, and only if it needs no ack (QoS 0). Order within a
+    /// stream is never skipped.
+    pub(crate) fn take_next(&self, window_open: bool, backlog_turn: bool) -> Option<Queued> {
         let mut st = self.state.borrow_mut();
-        let front_needs_ack = st.waiting.front()?.msg.needs_cloud_ack();
-        if front_needs_ack && !window_open {
-            return None;
+        let backlog_first = !st.backlog.is_empty() && (st.waiting.is_empty() || backlog_turn);
+        let mut took = None;
+        for (i, backlog) in [backlog_first, !backlog_first].into_iter().enumerate() {
+            let q = if backlog {
+                &mut st.backlog
+            } else {
+                &mut st.waiting
+            };
+            let Some(front) = q.front() else { continue };
+            let needs = front.msg.needs_cloud_ack();
+            if needs && !window_open {
+                continue;
+            }
+            if i == 1 && needs {
+                break;
+            }
+            took = q.pop_front();
+            break;
         }
-        let q = st.waiting.pop_front();
         Self::update_gauges(&st);
-        q
+        took
+    }
+
+    /// Take the front message (live first), unless it needs a cloud ack and `window_open` is
+    /// false (order is never skipped: a QoS 0 message behind it waits too). Its bytes stay
+    /// reserved.
+    #[cfg(test)]
+    pub(crate) fn take_front(&self, window_open: bool) -> Option<Queued> {
+        self.take_next(window_open, false)
     }
 
     /// Put messages that were sent but not acknowledged back at the front, in the given
@@ -197,11 +329,25 @@ impl UplinkQueue {
         {
             let mut st = self.state.borrow_mut();
             for msg in msgs.into_iter().rev() {
-                st.waiting.push_front(Queued { msg, resend: true });
+                let q = if is_backlog(&msg) {
+                    &mut st.backlog
+                } else {
+                    &mut st.waiting
+                };
+                q.push_front(Queued { msg, resend: true });
             }
             Self::update_gauges(&st);
         }
         self.ready.notify_one();
+    }
+
+    /// `msg` is finished: release its reservation (in its stream) and wake pushers.
+    pub(crate) fn release_msg(&self, msg: &UplinkMessage) {
+        if is_backlog(msg) {
+            let mut st = self.state.borrow_mut();
+            st.backlog_bytes = st.backlog_bytes.saturating_sub(msg.cost());
+        }
+        self.release(msg.cost());
     }
 
     /// A message of `cost` bytes is finished: release its reservation and wake pushers.
@@ -214,6 +360,14 @@ impl UplinkQueue {
         }
         self.space.notify_waiters();
     }
+}
+
+/// Whether a message belongs to the backlog stream (a spool record read as backlog).
+pub(crate) fn is_backlog(msg: &UplinkMessage) -> bool {
+    msg.ack
+        .as_ref()
+        .and_then(crate::shard::ack::AckToken::spool_backlog)
+        == Some(true)
 }
 
 #[cfg(test)]

@@ -120,6 +120,9 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         sealed: None,
         live_devices,
         on_port,
+        inflight_backlog: 0,
+        last_took_backlog: false,
+        pack_mix: (0, 0),
         tls: tls.map(TlsConnector::from),
         cfg,
         queue,
@@ -178,10 +181,12 @@ impl Carried {
     }
 }
 
-/// A QoS 1 PUBLISH written and not yet acknowledged; `seq` is its send order.
+/// A QoS 1 PUBLISH written and not yet acknowledged; `seq` is its send order; `backlog`: it
+/// counts against the drain share.
 struct Inflight {
     seq: u64,
     carried: Carried,
+    backlog: bool,
 }
 
 struct Session {
@@ -193,6 +198,12 @@ struct Session {
     sealed: Option<SealedPack>,
     live_devices: Arc<AtomicUsize>,
     on_port: Option<Box<dyn Fn(Option<u16>)>>,
+    /// Inflight PUBLISHes carrying backlog records.
+    inflight_backlog: usize,
+    /// With a window of one, backlog and live alternate.
+    last_took_backlog: bool,
+    /// (backlog, all) records added to the open pack: the drain share while aggregating.
+    pack_mix: (usize, usize),
     cfg: Rc<UplinkConfig>,
     tls: Option<TlsConnector>,
     queue: Rc<UplinkQueue>,
@@ -243,6 +254,7 @@ impl Session {
                     if let Some(f) = &self.on_port {
                         f(Some(conn.local_port));
                     }
+                    self.queue.link_changed(true);
                     info!(
                         shard = self.shard,
                         uplink = %self.cfg.name,
@@ -258,6 +270,7 @@ impl Session {
                     if let Some(f) = &self.on_port {
                         f(None);
                     }
+                    self.queue.link_changed(false);
                     self.metrics.set_state(UplinkState::Disconnected);
                     match result {
                         Ok(()) => {
@@ -554,7 +567,33 @@ impl Session {
     fn seal_pack(&mut self) {
         if self.sealed.is_none() {
             self.sealed = self.packer.as_mut().and_then(Packer::seal);
+            self.pack_mix = (0, 0);
         }
+    }
+
+    /// Whether the backlog stream goes next when both streams wait (the drain share).
+    /// Window `w`, backlog cap `cap = clamp(ceil(share × w), 1, w − 1)`: live messages take
+    /// the window up to `w − cap` inflight, then the backlog up to `cap`; so live messages
+    /// always find `w − cap ≥ 1` slots and the backlog `cap ≥ 1`. With a window of one the
+    /// two alternate. While aggregating, the share applies to the records of each pack.
+    fn backlog_turn(&self, w: usize, aggregating: bool) -> bool {
+        let Some(share) = self.queue.drain_share() else {
+            return false;
+        };
+        if !self.queue.live_waiting() {
+            return true;
+        }
+        if aggregating {
+            let (b, all) = self.pack_mix;
+            return b * 1000 < usize::from(share.permille()) * (all + 1);
+        }
+        if w <= 1 {
+            return !self.last_took_backlog;
+        }
+        let cap = share.of(w).clamp(1, w - 1);
+        let b = self.inflight_backlog;
+        let live = self.inflight.len() - b;
+        live >= w - cap && b < cap
     }
 
     /// Take queued messages while the window and the batch size allow, encoding them after
@@ -585,11 +624,18 @@ impl Session {
                 self.seal_pack();
                 continue;
             }
-            let Some(Queued { msg, resend }) = self.queue.take_front(window_open || aggregating)
+            let backlog_turn = self.backlog_turn(c.window, aggregating);
+            let Some(Queued { msg, resend }) = self
+                .queue
+                .take_next(window_open || aggregating, backlog_turn)
             else {
                 break;
             };
+            let backlog = super::queue::is_backlog(&msg);
+            self.last_took_backlog = backlog;
             if aggregating {
+                self.pack_mix.0 += usize::from(backlog);
+                self.pack_mix.1 += 1;
                 resent += u64::from(resend);
                 let full = self.packer.as_mut().is_some_and(|p| p.add(msg));
                 if full {
@@ -641,11 +687,13 @@ impl Session {
             match packet_id {
                 Some(id) => {
                     self.send_seq += 1;
+                    self.inflight_backlog += usize::from(backlog);
                     self.inflight.insert(
                         id,
                         Inflight {
                             seq: self.send_seq,
                             carried: Carried::One(msg),
+                            backlog,
                         },
                     );
                 }
@@ -716,11 +764,14 @@ impl Session {
         match packet_id {
             Some(id) => {
                 self.send_seq += 1;
+                let backlog = pack.msgs.first().is_some_and(super::queue::is_backlog);
+                self.inflight_backlog += usize::from(backlog);
                 self.inflight.insert(
                     id,
                     Inflight {
                         seq: self.send_seq,
                         carried: Carried::Pack(pack.msgs),
+                        backlog,
                     },
                 );
             }
@@ -798,11 +849,15 @@ impl Session {
     }
 
     fn on_puback(&mut self, ack: PubResponse) {
-        let Some(Inflight { carried, .. }) = self.inflight.remove(&ack.packet_id) else {
+        let Some(Inflight {
+            carried, backlog, ..
+        }) = self.inflight.remove(&ack.packet_id)
+        else {
             // A duplicate or late PUBACK (e.g. for a packet id of an earlier connection): harmless.
             debug!(shard = self.shard, uplink = %self.cfg.name, packet_id = ack.packet_id, "PUBACK for a packet id not inflight; ignored");
             return;
         };
+        self.inflight_backlog = self.inflight_backlog.saturating_sub(usize::from(backlog));
         self.metrics.inflight.set(self.inflight.len() as i64);
         if ack.reason >= 0x80 {
             debug!(
@@ -830,7 +885,7 @@ impl Session {
 
     /// The message is done: release its bytes and complete its ack token.
     fn finish(&self, msg: UplinkMessage) {
-        self.queue.release(msg.cost());
+        self.queue.release_msg(&msg);
         if let Some(token) = msg.ack {
             token.complete();
         }
@@ -895,6 +950,8 @@ impl Session {
             msgs.extend(packer.take_messages());
         }
         self.queue.requeue_front(msgs);
+        self.inflight_backlog = 0;
+        self.pack_mix = (0, 0);
         self.pending_subscribe = None;
         self.metrics.inflight.set(0);
     }

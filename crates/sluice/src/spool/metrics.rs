@@ -1,0 +1,123 @@
+//! Spool metrics: one [`SpoolMetrics`] per (shard, uplink) spool, written by its shard, read
+//! by the admin thread (relaxed atomics). No per-device labels.
+
+use crate::telemetry::metrics::{Counter, Gauge, Histogram, PromWriter};
+
+#[derive(Debug, Default)]
+pub struct SpoolMetrics {
+    /// Bytes of all segment files.
+    pub bytes: Gauge,
+    pub records_appended: Counter,
+    /// Records acknowledged by the cloud (or given up by the uplink, counted there).
+    pub records_acked: Counter,
+    pub commits: Counter,
+    /// Time from taking a batch to its commit being durable (write + fsync + cursor).
+    pub commit_latency: Histogram,
+    /// Backlog records not yet handed to the uplink.
+    pub backlog_records: Gauge,
+    /// Records removed unsent by `when_full = "drop-oldest"`.
+    pub dropped_oldest: Counter,
+    /// Appends that found the spool full under `when_full = "block"` (a QoS 1 publish then
+    /// waits; a QoS 0 one is dropped, see `dropped_full`).
+    pub full_waits: Counter,
+    /// QoS 0 messages dropped because the spool was full (`block`).
+    pub dropped_full: Counter,
+    /// Records whose body could not be decoded (skipped and acknowledged).
+    pub undecodable: Counter,
+    /// Commit or I/O failures that made the gateway reopen the spool.
+    pub failures: Counter,
+    /// Records present but not acknowledged.
+    pub unacked_records: Gauge,
+}
+
+impl SpoolMetrics {
+    pub fn render(&self, w: &mut PromWriter, shard: &str, uplink: &str) {
+        let l: &[(&str, &str)] = &[("shard", shard), ("uplink", uplink)];
+        w.gauge(
+            "sluice_spool_bytes",
+            "Bytes of the spool's segment files.",
+            l,
+            self.bytes.get(),
+        );
+        w.counter(
+            "sluice_spool_records_appended_total",
+            "Device messages appended to the spool.",
+            l,
+            self.records_appended.get(),
+        );
+        w.counter(
+            "sluice_spool_records_acked_total",
+            "Spool records acknowledged by the cloud (then trimmed).",
+            l,
+            self.records_acked.get(),
+        );
+        w.counter(
+            "sluice_spool_commits_total",
+            "Group commits finished.",
+            l,
+            self.commits.get(),
+        );
+        w.histogram(
+            "sluice_spool_commit_latency_seconds",
+            "Time of one group commit: write, fsync (per policy) and ack cursor.",
+            l,
+            &self.commit_latency,
+        );
+        w.gauge(
+            "sluice_spool_backlog_records",
+            "Records that piled up while the uplink was down and are not yet handed to it.",
+            l,
+            self.backlog_records.get(),
+        );
+        w.gauge(
+            "sluice_spool_unacked_records",
+            "Records in the spool not yet acknowledged by the cloud.",
+            l,
+            self.unacked_records.get(),
+        );
+        w.counter(
+            "sluice_spool_dropped_oldest_total",
+            "Records removed unsent by when_full = \"drop-oldest\".",
+            l,
+            self.dropped_oldest.get(),
+        );
+        w.counter(
+            "sluice_spool_full_total",
+            "Appends that found the spool full under when_full = \"block\".",
+            l,
+            self.full_waits.get(),
+        );
+        w.counter(
+            "sluice_spool_dropped_full_total",
+            "QoS 0 messages dropped because the spool was full (when_full = \"block\").",
+            l,
+            self.dropped_full.get(),
+        );
+        w.counter(
+            "sluice_spool_undecodable_total",
+            "Spool records whose body could not be decoded (skipped).",
+            l,
+            self.undecodable.get(),
+        );
+        w.counter(
+            "sluice_spool_failures_total",
+            "Spool write or fsync failures (the spool was reopened).",
+            l,
+            self.failures.get(),
+        );
+    }
+
+    /// The `spool` object of one shard and uplink in /api/v1/status.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bytes": self.bytes.get(),
+            "unacked_records": self.unacked_records.get(),
+            "backlog_records": self.backlog_records.get(),
+            "records_appended": self.records_appended.get(),
+            "records_acked": self.records_acked.get(),
+            "commits": self.commits.get(),
+            "dropped_oldest": self.dropped_oldest.get(),
+            "full": self.full_waits.get(),
+        })
+    }
+}

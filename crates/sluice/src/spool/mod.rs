@@ -1,0 +1,900 @@
+//! The gateway side of the durable spool (`[spool]`): store-and-forward between a shard's
+//! device connections and its uplink sessions.
+//!
+//! Owns: one [`UplinkSpool`] per (shard, uplink) — a `sluice_spool::Spool` in
+//! `DIR/{uplink}/shard-{n}/` — with its group-commit task, its feeder task (spool → uplink
+//! queue, live and backlog streams), device acknowledgements under `ack = "spool"`, cloud
+//! acknowledgements back into the spool, and the spool metrics. Does not own: the disk format
+//! or recovery (`sluice-spool`), the record body format (`record`), routing (`shard/route.rs`)
+//! or sending (`uplink/`).
+//!
+//! # Path of one message
+//! `shard/route.rs` encodes a normal-lane message once ([`record`]) and calls
+//! [`UplinkSpool::append`] for every uplink that forwards it (cheap: a copy into the open
+//! batch). The commit task takes the batch with `begin_commit`, runs the blocking
+//! `CommitJob` on tokio's blocking pool (`spawn_blocking`) and applies it; everything appended
+//! meanwhile goes into the next batch (group commit). `fsync = "interval"` commits every
+//! `fsync_interval`; `always` and `never` commit as soon as anything is appended (`never`
+//! writes without fsync). After a commit, under `ack = "spool"`, every device whose record is
+//! now durable gets its PUBACK (through its [`AckToken`]). The feeder reads committed records
+//! into the uplink queue (a bounded read-ahead: each stream at most half the queue's bytes),
+//! each carrying a spool [`AckToken`]; the cloud's PUBACK (or a counted, final drop in the
+//! uplink) completes it, which acknowledges the record here ([`AckRanges`] holds acks that
+//! are ahead of the engine's ack window) and, under `ack = "cloud"`, then the device.
+//! Acknowledged records are trimmed by later commits (whole segments).
+//!
+//! # Live and backlog
+//! The feeder hands records to the uplink only while its session is connected. When the
+//! session connects, every record not yet handed over (what piled up during the outage, or
+//! everything unacknowledged after a restart) becomes *backlog*, a range of seqs; records
+//! appended afterwards are *live*. The two are separate FIFO streams in the uplink queue; the
+//! session sends live messages first and lets the backlog use at most `drain_share` of the
+//! inflight window while live messages wait (all of it when none wait), so neither starves
+//! (see `UplinkQueue::take_next` and the session's `backlog_turn`). Per-device order holds
+//! within each stream; the two streams interleave, so a device's live message may reach the
+//! cloud before its older backlog. `drain_order = "newest-first"` reads the backlog from its
+//! newest record down, which reverses per-device order within the backlog by design; it frees
+//! spool space only when the drain reaches the oldest record (the engine trims below its ack
+//! cursor).
+//!
+//! # Decisions
+//! - **High lane:** high-priority messages bypass the spool: they keep today's in-memory
+//!   queue with cloud-ack semantics (urgent data must not wait behind a commit or a backlog).
+//! - **QoS 0:** spooled like QoS 1 (one path, per-device order across QoS levels, survives a
+//!   restart), sent at QoS 0 and trimmed once written. When the spool is full under `block`, a
+//!   QoS 0 message is dropped and counted (`sluice_spool_dropped_full_total`) instead of
+//!   waiting.
+//! - **Full:** under `block` a QoS 1 append waits until a commit has trimmed space (the device
+//!   connection stops reading: back-pressure); under `drop-oldest` the engine removes the
+//!   oldest segment, counted; a device waiting for those records is acknowledged (the drop is
+//!   the configured policy), as for the uplink's other counted drops.
+//! - **Failures:** a failed commit poisons the engine; the commit task logs an ERROR and
+//!   reopens the spool (recovery decides from disk what is durable) after a pause. Devices
+//!   whose records were in the failed batch get no PUBACK (they resend after reconnecting);
+//!   everything unacknowledged is read again as backlog (duplicates, never loss).
+//! - **Shutdown:** after the uplink sessions stopped, one last commit persists the ack cursor.
+//!   After a crash, everything committed and unacknowledged is sent again (at-least-once).
+//!
+//! Everything here runs on the shard thread (`Rc`, `RefCell`; no borrow is held across an
+//! await); only the commit job and reopening run on the blocking pool.
+
+mod acks;
+mod metrics;
+pub mod record;
+
+pub use acks::AckRanges;
+pub use metrics::SpoolMetrics;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytestring::ByteString;
+use sluice_proto::mqtt::QoS;
+use sluice_spool::{
+    Dropped, FsyncPolicy, ReadCursor, RecoveryReport, Spool, SpoolError, SpoolRecord, SpoolSeq,
+};
+use tokio::sync::{watch, Notify};
+use tracing::{debug, error, info, warn};
+
+use crate::config::{Config, DrainOrder, SpoolAck};
+use crate::shard::ack::{AckToken, SpoolAcker};
+use crate::uplink::{UplinkMessage, UplinkQueue};
+
+/// Out-of-order acks the engine holds per spool (its `ack_window`); acks further ahead wait
+/// in [`AckRanges`].
+pub const ENGINE_ACK_WINDOW: u64 = 8192;
+/// Records read from the spool at a time.
+const READ_BATCH: usize = 64;
+/// Most separate backlog ranges kept; beyond, the newest two merge (their gap is re-sent).
+const MAX_BACKLOG_RANGES: usize = 1024;
+/// Pause before reopening a spool after a failure.
+const REOPEN_PAUSE: Duration = Duration::from_secs(1);
+/// Ack-only commits (cursor moves, trims) happen at most this often.
+const ACK_COMMIT_PERIOD: Duration = Duration::from_millis(10);
+
+/// Why the spools could not be opened at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolStartError {
+    /// The spool directory could not be opened or recovered (local; fix the disk or path).
+    #[error("cannot open spool {dir}: {source}")]
+    Open {
+        dir: PathBuf,
+        #[source]
+        source: SpoolError,
+    },
+}
+
+/// A spool opened (and recovered) at start-up, on its way to its shard thread.
+pub struct OpenedSpool {
+    pub spool: Spool,
+    pub dir: PathBuf,
+    pub engine: sluice_spool::SpoolConfig,
+    pub metrics: Arc<SpoolMetrics>,
+}
+
+/// The spool directory of one uplink on one shard.
+pub fn spool_dir(base: &Path, uplink: &str, shard: usize) -> PathBuf {
+    base.join(uplink).join(format!("shard-{shard}"))
+}
+
+/// Opens every (uplink, shard) spool, logging each recovery report; `[uplink][shard]`.
+/// Directories of uplinks or shards no longer configured are named in a WARN (their records
+/// are not sent: configure the uplink or shard count again to drain them).
+pub fn open_all(config: &Config, shards: usize) -> Result<Vec<Vec<OpenedSpool>>, SpoolStartError> {
+    let Some(base) = &config.spool.dir else {
+        return Ok(Vec::new());
+    };
+    let record_max = crate::config::SpoolConfig::max_record_bytes(
+        config.mqtt.max_packet_size,
+        config.mqtt.max_client_id_len,
+    );
+    let engine =
+        config
+            .spool
+            .engine_config(shards, config.uplink.len(), record_max, ENGINE_ACK_WINDOW);
+    warn_stale(base, config, shards);
+    let mut all = Vec::new();
+    for u in &config.uplink {
+        let mut per_shard = Vec::new();
+        for shard in 0..shards {
+            let dir = spool_dir(base, &u.name, shard);
+            let (spool, report) =
+                Spool::open(&dir, engine.clone()).map_err(|source| SpoolStartError::Open {
+                    dir: dir.clone(),
+                    source,
+                })?;
+            log_recovery(shard, &u.name, &dir, &spool, &report);
+            let metrics = Arc::new(SpoolMetrics::default());
+            update_gauges(&spool, &metrics);
+            per_shard.push(OpenedSpool {
+                spool,
+                dir,
+                engine: engine.clone(),
+                metrics,
+            });
+        }
+        all.push(per_shard);
+    }
+    Ok(all)
+}
+
+fn log_recovery(shard: usize, uplink: &str, dir: &Path, spool: &Spool, r: &RecoveryReport) {
+    let unacked = spool.next_seq().0 - 1 - spool.ack_cursor().0.min(spool.next_seq().0 - 1);
+    if r.is_clean() {
+        info!(
+            shard,
+            uplink,
+            dir = %dir.display(),
+            segments = r.segments_scanned,
+            records = r.records_found,
+            unacked,
+            cursor = ?r.cursor,
+            "spool recovered"
+        );
+    } else {
+        warn!(
+            shard,
+            uplink,
+            dir = %dir.display(),
+            segments = r.segments_scanned,
+            records = r.records_found,
+            unacked,
+            skipped_ranges = r.skipped_ranges,
+            skipped_bytes = r.skipped_bytes,
+            torn_tails = r.torn_tails.len(),
+            quarantined = r.quarantined.len(),
+            cursor = ?r.cursor,
+            "spool recovered with damage skipped (see DIR/quarantine)"
+        );
+    }
+}
+
+/// WARN about spool directories that no configured (uplink, shard) uses.
+fn warn_stale(base: &Path, config: &Config, shards: usize) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !e.path().is_dir() {
+            continue;
+        }
+        if !config.uplink.iter().any(|u| u.name == name) {
+            warn!(dir = %e.path().display(), "spool directory of an uplink that is not configured; its records are not sent");
+            continue;
+        }
+        let Ok(sub) = std::fs::read_dir(e.path()) else {
+            continue;
+        };
+        for s in sub.flatten() {
+            let sname = s.file_name().to_string_lossy().into_owned();
+            let index = sname
+                .strip_prefix("shard-")
+                .and_then(|n| n.parse::<usize>().ok());
+            if index.is_some_and(|n| n >= shards) {
+                warn!(
+                    dir = %s.path().display(),
+                    shards,
+                    "spool directory of a shard index that is not configured (fewer shards now); its records are not sent until gateway.shards is raised again"
+                );
+            }
+        }
+    }
+}
+
+fn update_gauges(spool: &Spool, m: &SpoolMetrics) {
+    m.bytes.set(spool.total_bytes() as i64);
+    let last = spool.next_seq().0 - 1;
+    m.unacked_records
+        .set(last.saturating_sub(spool.ack_cursor().0) as i64);
+}
+
+/// What happened to an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// In the spool (durable after the next commit).
+    Stored,
+    /// QoS 0 and the spool is full under `block`: dropped, counted.
+    DroppedFull,
+    /// Cannot ever be stored (larger than the largest record): dropped, counted, the device
+    /// acknowledged.
+    DroppedTooLarge,
+}
+
+/// One uplink's spool on one shard. See the module docs.
+pub struct UplinkSpool {
+    shard: usize,
+    uplink: String,
+    ack_mode: SpoolAck,
+    fsync: FsyncPolicy,
+    drain_order: DrainOrder,
+    dir: PathBuf,
+    engine: sluice_spool::SpoolConfig,
+    queue: Rc<UplinkQueue>,
+    metrics: Arc<SpoolMetrics>,
+    inner: RefCell<Inner>,
+    /// Something to commit (an append or an ack); one stored permit.
+    dirty: Notify,
+    /// A commit finished or the spool was reopened: blocked appenders re-try.
+    committed: Notify,
+    /// The feeder should look again; one stored permit.
+    feed: Notify,
+    link_up: Cell<bool>,
+    /// Acks that arrived while `inner` was borrowed (never in practice; kept for safety).
+    deferred_acks: RefCell<Vec<u64>>,
+}
+
+impl std::fmt::Debug for UplinkSpool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UplinkSpool")
+            .field("shard", &self.shard)
+            .field("uplink", &self.uplink)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    /// `None` only while a reopen runs.
+    spool: Option<Spool>,
+    /// `ack = "spool"`: device tokens completed once their seq is durable.
+    commit_waiters: VecDeque<(u64, AckToken)>,
+    /// `ack = "cloud"`: device tokens handed to the uplink with their record.
+    cloud_tokens: BTreeMap<u64, AckToken>,
+    /// Cloud acks ahead of the engine's window.
+    acks: AckRanges,
+    /// The live stream's next record.
+    live: ReadCursor,
+    /// Backlog seq ranges `[start, end)`, oldest first.
+    backlog: VecDeque<(u64, u64)>,
+    /// Position inside the range being drained (front for oldest-first, back for newest).
+    backlog_cur: Option<ReadCursor>,
+    scratch: Vec<SpoolRecord>,
+}
+
+impl UplinkSpool {
+    pub fn new(
+        shard: usize,
+        uplink: &str,
+        config: &Config,
+        opened: OpenedSpool,
+        queue: Rc<UplinkQueue>,
+    ) -> Rc<UplinkSpool> {
+        let OpenedSpool {
+            spool,
+            dir,
+            engine,
+            metrics,
+        } = opened;
+        let (live, backlog) = Self::initial_streams(&spool);
+        Rc::new(UplinkSpool {
+            shard,
+            uplink: uplink.to_string(),
+            ack_mode: config.spool.ack,
+            fsync: engine.fsync,
+            drain_order: config.spool.drain_order,
+            dir,
+            engine,
+            queue,
+            metrics,
+            inner: RefCell::new(Inner {
+                spool: Some(spool),
+                commit_waiters: VecDeque::new(),
+                cloud_tokens: BTreeMap::new(),
+                acks: AckRanges::default(),
+                live,
+                backlog,
+                backlog_cur: None,
+                scratch: Vec::with_capacity(READ_BATCH),
+            }),
+            dirty: Notify::new(),
+            committed: Notify::new(),
+            feed: Notify::new(),
+            link_up: Cell::new(false),
+            deferred_acks: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Everything unacknowledged in a freshly opened spool is backlog; live starts after it.
+    fn initial_streams(spool: &Spool) -> (ReadCursor, VecDeque<(u64, u64)>) {
+        let first = spool.ack_cursor().0 + 1;
+        let next = spool.next_seq().0;
+        let mut backlog = VecDeque::new();
+        if next > first {
+            backlog.push_back((first, next));
+        }
+        (ReadCursor::at(SpoolSeq(next)), backlog)
+    }
+
+    /// Starts the commit and feeder tasks on this shard's `LocalSet`. They end when
+    /// `shutdown` turns true (the commit task after one last commit).
+    pub fn spawn_tasks(
+        self: &Rc<Self>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        vec![
+            tokio::task::spawn_local(self.clone().commit_loop(shutdown.clone())),
+            tokio::task::spawn_local(self.clone().feed_loop(shutdown)),
+        ]
+    }
+
+    /// Appends one encoded record (`body`, see [`record`]). `ack` is this uplink's share of
+    /// the device's token (QoS 1/2). Waits while the spool is full under `block` (QoS ≥ 1)
+    /// or while a failed spool is being reopened.
+    pub async fn append(&self, body: &[u8], qos: QoS, ack: Option<AckToken>) -> Appended {
+        let mut counted_full = false;
+        loop {
+            let committed = self.committed.notified();
+            tokio::pin!(committed);
+            committed.as_mut().enable();
+            let result = {
+                let mut inner = self.inner.borrow_mut();
+                match inner.spool.as_mut() {
+                    Some(spool) => spool.append(body),
+                    None => Err(SpoolError::Poisoned),
+                }
+            };
+            match result {
+                Ok(a) => {
+                    self.metrics.records_appended.inc();
+                    if let Some(d) = a.dropped {
+                        self.on_dropped(d);
+                    }
+                    if let Some(token) = ack {
+                        let mut inner = self.inner.borrow_mut();
+                        match self.ack_mode {
+                            SpoolAck::Spool => inner.commit_waiters.push_back((a.seq.0, token)),
+                            SpoolAck::Cloud => {
+                                inner.cloud_tokens.insert(a.seq.0, token);
+                            }
+                        }
+                    }
+                    self.dirty.notify_one();
+                    return Appended::Stored;
+                }
+                Err(SpoolError::RecordTooLarge { len, max }) => {
+                    debug!(shard = self.shard, uplink = %self.uplink, len, max, "message larger than the largest spool record; dropped");
+                    self.metrics.undecodable.inc();
+                    if let Some(t) = ack {
+                        t.complete();
+                    }
+                    return Appended::DroppedTooLarge;
+                }
+                Err(SpoolError::Full { .. }) | Err(SpoolError::BatchFull { .. }) => {
+                    if !counted_full {
+                        self.metrics.full_waits.inc();
+                        counted_full = true;
+                    }
+                    if qos == QoS::AtMostOnce {
+                        self.metrics.dropped_full.inc();
+                        return Appended::DroppedFull;
+                    }
+                    // Make sure a commit (which persists acks and trims) comes.
+                    self.dirty.notify_one();
+                    committed.await;
+                }
+                Err(e) => {
+                    debug!(shard = self.shard, uplink = %self.uplink, error = %e, "spool unavailable; append waits for the reopen");
+                    self.dirty.notify_one();
+                    committed.await;
+                }
+            }
+        }
+    }
+
+    fn on_dropped(&self, d: Dropped) {
+        self.metrics.dropped_oldest.add(d.records);
+        let dropped: Vec<AckToken> = {
+            let mut inner = self.inner.borrow_mut();
+            let keep = inner.cloud_tokens.split_off(&(d.last.0 + 1));
+            let gone = std::mem::replace(&mut inner.cloud_tokens, keep);
+            gone.into_values().collect()
+        };
+        // The drop is the configured policy: devices waiting for these records are released.
+        for t in dropped {
+            t.complete();
+        }
+        debug!(shard = self.shard, uplink = %self.uplink, first = d.first.0, last = d.last.0, records = d.records, "spool full: oldest records dropped");
+    }
+
+    /// The uplink session connected (`true`) or lost its connection (`false`).
+    pub fn link_changed(&self, up: bool) {
+        if up {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            if let Some(spool) = &inner.spool {
+                let next = spool.next_seq().0;
+                let from = inner.live.next_seq().0;
+                if next > from {
+                    push_range(&mut inner.backlog, from, next);
+                    inner.live = ReadCursor::at(SpoolSeq(next));
+                }
+            }
+        }
+        self.link_up.set(up);
+        self.feed.notify_one();
+    }
+
+    // ----- commits -----
+
+    async fn commit_loop(self: Rc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut last_commit = Instant::now();
+        loop {
+            let stop = tokio::select! {
+                _ = self.dirty.notified() => false,
+                _ = shutdown_signal(&mut shutdown) => true,
+            };
+            if !stop {
+                let only_acks = self
+                    .inner
+                    .borrow()
+                    .spool
+                    .as_ref()
+                    .is_some_and(|s| s.uncommitted_bytes() == 0);
+                let period = match (self.fsync.interval(), only_acks) {
+                    (Some(d), _) => Some(d),
+                    (None, true) => Some(ACK_COMMIT_PERIOD),
+                    (None, false) => None,
+                };
+                if let Some(p) = period {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until((last_commit + p).into()) => {}
+                        _ = shutdown_signal(&mut shutdown) => {}
+                    }
+                }
+            }
+            last_commit = Instant::now();
+            self.commit_once().await;
+            if stop || *shutdown.borrow() {
+                // One last commit for what the final one may have missed, then stop.
+                self.commit_once().await;
+                break;
+            }
+        }
+    }
+
+    /// Runs one commit (if there is anything to commit); reopens the spool after a failure.
+    async fn commit_once(&self) {
+        let job = {
+            let mut inner = self.inner.borrow_mut();
+            match inner.spool.as_mut().map(Spool::begin_commit) {
+                None => return,
+                Some(Ok(None)) => return,
+                Some(Ok(Some(job))) => Ok(job),
+                Some(Err(e)) => Err(e),
+            }
+        };
+        let started = Instant::now();
+        let outcome = match job {
+            Ok(job) => tokio::task::spawn_blocking(move || job.run()).await.ok(),
+            Err(e) => {
+                self.fail(&e.to_string()).await;
+                return;
+            }
+        };
+        let result = {
+            let mut inner = self.inner.borrow_mut();
+            match (outcome, inner.spool.as_mut()) {
+                (Some(o), Some(spool)) => spool.finish_commit(o).map_err(|e| e.to_string()),
+                _ => Err("the commit job did not finish".to_string()),
+            }
+        };
+        match result {
+            Ok(c) => {
+                self.metrics.commits.inc();
+                self.metrics.commit_latency.observe(started.elapsed());
+                let ready: Vec<AckToken> = {
+                    let mut inner = self.inner.borrow_mut();
+                    let mut v = Vec::new();
+                    while inner
+                        .commit_waiters
+                        .front()
+                        .is_some_and(|(s, _)| *s <= c.durable_through.0)
+                    {
+                        if let Some((_, t)) = inner.commit_waiters.pop_front() {
+                            v.push(t);
+                        }
+                    }
+                    if let Some(spool) = &inner.spool {
+                        update_gauges(spool, &self.metrics);
+                    }
+                    v
+                };
+                for t in ready {
+                    t.complete();
+                }
+                self.committed.notify_waiters();
+                self.feed.notify_one();
+            }
+            Err(e) => self.fail(&e).await,
+        }
+    }
+
+    /// The engine failed: log, wait, reopen (recovery decides what is durable), and read
+    /// everything unacknowledged again as backlog.
+    async fn fail(&self, error: &str) {
+        self.metrics.failures.inc();
+        error!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), error, blame = "local", "spool write failed; reopening it (devices waiting for this batch get no PUBACK and resend)");
+        {
+            let mut inner = self.inner.borrow_mut();
+            inner.spool = None;
+            inner.commit_waiters.clear();
+            inner.cloud_tokens.clear();
+            inner.backlog_cur = None;
+        }
+        loop {
+            tokio::time::sleep(REOPEN_PAUSE).await;
+            let dir = self.dir.clone();
+            let cfg = self.engine.clone();
+            let opened = tokio::task::spawn_blocking(move || Spool::open(&dir, cfg)).await;
+            match opened {
+                Ok(Ok((spool, report))) => {
+                    log_recovery(self.shard, &self.uplink, &self.dir, &spool, &report);
+                    let mut inner = self.inner.borrow_mut();
+                    let (live, backlog) = Self::initial_streams(&spool);
+                    inner.live = live;
+                    inner.backlog = backlog;
+                    inner.acks = AckRanges::default();
+                    inner.spool = Some(spool);
+                    break;
+                }
+                Ok(Err(e)) => {
+                    error!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), error = %e, "cannot reopen the spool; retrying")
+                }
+                Err(e) => {
+                    error!(shard = self.shard, uplink = %self.uplink, error = %e, "spool reopen task failed; retrying")
+                }
+            }
+        }
+        self.committed.notify_waiters();
+        self.feed.notify_one();
+    }
+
+    // ----- feeding the uplink -----
+
+    async fn feed_loop(self: Rc<Self>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let space = self.queue.space_released();
+            tokio::pin!(space);
+            space.as_mut().enable();
+            self.fill();
+            tokio::select! {
+                _ = &mut space => {}
+                _ = self.feed.notified() => {}
+                _ = shutdown_signal(&mut shutdown) => break,
+            }
+        }
+    }
+
+    /// Moves committed records into the uplink queue while each stream has room.
+    fn fill(self: &Rc<Self>) {
+        if !self.link_up.get() {
+            return;
+        }
+        let mut batch: Vec<(SpoolRecord, bool)> = Vec::new();
+        {
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let Some(spool) = inner.spool.as_mut() else {
+                return;
+            };
+            // Live first.
+            loop {
+                let room = self.queue.stream_room(false);
+                if room == 0 {
+                    break;
+                }
+                inner.scratch.clear();
+                match spool.read(&mut inner.live, READ_BATCH, room, &mut inner.scratch) {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        batch.extend(inner.scratch.drain(..).map(|r| (r, false)));
+                        self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
+                    }
+                    Err(e) => {
+                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = inner.live.next_seq().0, "spool record unreadable; skipped");
+                        self.metrics.undecodable.inc();
+                        let skip = inner.live.next_seq().0;
+                        let _ = spool.ack(SpoolSeq(skip));
+                        inner.live = ReadCursor::at(SpoolSeq(skip + 1));
+                    }
+                }
+            }
+            // Then the backlog.
+            let newest_first = self.drain_order == DrainOrder::NewestFirst;
+            loop {
+                let room = self.queue.stream_room(true);
+                if room == 0 {
+                    break;
+                }
+                let range = if newest_first {
+                    inner.backlog.back().copied()
+                } else {
+                    inner.backlog.front().copied()
+                };
+                let Some((start, end)) = range else { break };
+                let durable = spool.durable_seq().0;
+                let cur = inner.backlog_cur.get_or_insert_with(|| {
+                    if newest_first {
+                        ReadCursor::newest_first(SpoolSeq(end - 1))
+                    } else {
+                        ReadCursor::at(SpoolSeq(start))
+                    }
+                });
+                let next = cur.next_seq().0;
+                let done = if newest_first {
+                    next < start || next == 0
+                } else {
+                    next >= end
+                };
+                if done {
+                    finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
+                    continue;
+                }
+                if next > durable {
+                    // Appended before the reconnect but not committed yet: after the commit.
+                    break;
+                }
+                let want = if newest_first {
+                    READ_BATCH
+                } else {
+                    READ_BATCH.min((end - next) as usize)
+                };
+                inner.scratch.clear();
+                match spool.read(cur, want, room, &mut inner.scratch) {
+                    Ok(0) => {
+                        finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
+                    }
+                    Ok(_) => {
+                        let mut past = false;
+                        for r in inner.scratch.drain(..) {
+                            if r.seq.0 < start || r.seq.0 >= end {
+                                past = true;
+                                continue;
+                            }
+                            batch.push((r, true));
+                        }
+                        self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
+                        if past {
+                            finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
+                        }
+                    }
+                    Err(e) => {
+                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = next, "spool record unreadable; skipped");
+                        self.metrics.undecodable.inc();
+                        let _ = spool.ack(SpoolSeq(next));
+                        inner.backlog_cur = Some(if newest_first {
+                            ReadCursor::newest_first(SpoolSeq(next.saturating_sub(1)))
+                        } else {
+                            ReadCursor::at(SpoolSeq(next + 1))
+                        });
+                    }
+                }
+            }
+            let backlog = backlog_remaining(inner, newest_first);
+            self.metrics.backlog_records.set(backlog as i64);
+        }
+    }
+
+    /// Decodes records and hands them to the uplink queue (the `inner` borrow is held: the
+    /// queue never calls back into the spool).
+    fn push_all(
+        self: &Rc<Self>,
+        spool: &mut Spool,
+        cloud_tokens: &mut BTreeMap<u64, AckToken>,
+        batch: &mut Vec<(SpoolRecord, bool)>,
+    ) {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        for (r, backlog) in batch.drain(..) {
+            let rec = match record::decode(&r.body) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    warn!(shard = self.shard, uplink = %self.uplink, seq = r.seq.0, error = %e, "spool record body undecodable; skipped");
+                    self.metrics.undecodable.inc();
+                    let _ = spool.ack(r.seq);
+                    continue;
+                }
+            };
+            let device = match self.ack_mode {
+                SpoolAck::Cloud => cloud_tokens.remove(&r.seq.0),
+                SpoolAck::Spool => None,
+            };
+            let age = wall.duration_since(rec.received).unwrap_or(Duration::ZERO);
+            let acker: Rc<dyn SpoolAcker> = self.clone();
+            let msg = UplinkMessage {
+                device: rec.device,
+                topic: rec.topic,
+                payload: rec.payload,
+                qos: rec.qos,
+                retain: rec.retain,
+                received_at: now.checked_sub(age).unwrap_or(now),
+                ack: Some(AckToken::spooled(acker, r.seq.0, backlog, device)),
+            };
+            if backlog {
+                self.queue.push_backlog(msg);
+            } else {
+                self.queue.push_live_now(msg);
+            }
+        }
+    }
+
+    fn apply_ack(&self, inner: &mut Inner, seq: u64) {
+        let Some(spool) = inner.spool.as_mut() else {
+            return;
+        };
+        inner.acks.insert(seq);
+        let window = self.engine.ack_window;
+        loop {
+            let cursor = spool.ack_cursor().0;
+            inner.acks.remove_through(cursor);
+            let Some((s, e)) = inner.acks.first() else {
+                break;
+            };
+            let limit = cursor.saturating_add(window);
+            if s > limit {
+                break;
+            }
+            let hi = e.min(limit);
+            for q in s..=hi {
+                if let Err(err) = spool.ack(SpoolSeq(q)) {
+                    debug!(shard = self.shard, uplink = %self.uplink, seq = q, error = %err, "spool ack ignored");
+                }
+            }
+            inner.acks.remove_through(hi);
+        }
+    }
+
+    /// Which stream a record token belongs to is decided when it is read; this only counts.
+    pub fn metrics(&self) -> &Arc<SpoolMetrics> {
+        &self.metrics
+    }
+}
+
+impl SpoolAcker for UplinkSpool {
+    fn cloud_acked(&self, seq: u64) {
+        self.metrics.records_acked.inc();
+        let Ok(mut inner) = self.inner.try_borrow_mut() else {
+            self.deferred_acks.borrow_mut().push(seq);
+            self.dirty.notify_one();
+            return;
+        };
+        let deferred = std::mem::take(&mut *self.deferred_acks.borrow_mut());
+        for s in deferred {
+            self.apply_ack(&mut inner, s);
+        }
+        self.apply_ack(&mut inner, seq);
+        drop(inner);
+        self.dirty.notify_one();
+    }
+}
+
+/// Adds `[start, end)` to the backlog, merging with the newest range when adjacent.
+fn push_range(backlog: &mut VecDeque<(u64, u64)>, start: u64, end: u64) {
+    if let Some(last) = backlog.back_mut() {
+        if last.1 == start {
+            last.1 = end;
+            return;
+        }
+    }
+    backlog.push_back((start, end));
+    if backlog.len() > MAX_BACKLOG_RANGES {
+        // Merge the newest two: the live records between them are sent again (duplicates).
+        if let (Some(b), Some(a)) = (backlog.pop_back(), backlog.pop_back()) {
+            backlog.push_back((a.0, b.1));
+        }
+    }
+}
+
+fn finish_range(
+    backlog: &mut VecDeque<(u64, u64)>,
+    cur: &mut Option<ReadCursor>,
+    newest_first: bool,
+) {
+    if newest_first {
+        backlog.pop_back();
+    } else {
+        backlog.pop_front();
+    }
+    *cur = None;
+}
+
+fn backlog_remaining(inner: &Inner, newest_first: bool) -> u64 {
+    let mut total: u64 = inner.backlog.iter().map(|(s, e)| e - s).sum();
+    if let (Some(cur), Some(&(s, e))) = (
+        inner.backlog_cur.as_ref(),
+        if newest_first {
+            inner.backlog.back()
+        } else {
+            inner.backlog.front()
+        },
+    ) {
+        let n = cur.next_seq().0;
+        let done = if newest_first {
+            e.saturating_sub(n.saturating_add(1).max(s))
+        } else {
+            n.saturating_sub(s).min(e - s)
+        };
+        total = total.saturating_sub(done);
+    }
+    total
+}
+
+/// Resolves when shutdown was requested or its sender is gone.
+async fn shutdown_signal(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The record body of a device message (encoded once per message, appended per uplink).
+pub fn encode_message(
+    device: &ByteString,
+    topic: &ByteString,
+    payload: &bytes::Bytes,
+    qos: QoS,
+    retain: bool,
+    received_at: Instant,
+) -> Option<Vec<u8>> {
+    let rec = record::Record {
+        device: device.clone(),
+        topic: topic.clone(),
+        qos,
+        retain,
+        received: SystemTime::now()
+            .checked_sub(received_at.elapsed())
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+        payload: payload.clone(),
+    };
+    let mut body = Vec::with_capacity(rec.encoded_len());
+    record::encode_into(&rec, &mut body).ok()?;
+    Some(body)
+}
