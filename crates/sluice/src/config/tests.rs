@@ -81,6 +81,17 @@ fn everything_set() -> Config {
     plain.allow_plaintext = true;
     plain.topic_prefix = "lab/".into();
     c.uplink = vec![u, plain];
+    c.spool = SpoolConfig {
+        dir: Some("/var/lib/sluice/spool".into()),
+        ack: SpoolAck::Cloud,
+        fsync: FsyncMode::Always,
+        fsync_interval: Duration::from_millis(25),
+        segment_size: ByteSize::mib(8),
+        max_size: ByteSize::gib(2),
+        when_full: WhenFull::DropOldest,
+        drain_share: Share::from_permille(250),
+        drain_order: DrainOrder::NewestFirst,
+    };
     c
 }
 
@@ -486,5 +497,134 @@ fn a_missing_config_file_is_reported_with_its_path() {
     assert!(
         e.starts_with("cannot read config file /nonexistent/sluice.toml: "),
         "{e}"
+    );
+}
+
+// ----- [spool] -----
+
+#[test]
+fn no_spool_dir_means_no_spool_and_the_defaults_are_store_and_forward() {
+    let c = parse("").unwrap();
+    assert!(!c.spool.enabled());
+    let c = parse("[spool]\ndir = \"/tmp/sluice-spool\"\n").unwrap();
+    assert!(c.spool.enabled());
+    assert_eq!(c.spool.ack, SpoolAck::Spool);
+    assert_eq!(c.spool.fsync, FsyncMode::Interval);
+    assert_eq!(c.spool.fsync_interval, Duration::from_millis(10));
+    assert_eq!(c.spool.when_full, WhenFull::Block);
+    assert_eq!(c.spool.drain_share.permille(), 500);
+    assert_eq!(c.spool.drain_order, DrainOrder::OldestFirst);
+}
+
+#[test]
+fn every_spool_option_parses_with_its_unit_and_prints_back() {
+    let text = "[gateway]\nshards = 2\n[spool]\ndir = \"/s\"\nack = \"cloud\"\nfsync = \"never\"\nfsync_interval = \"5ms\"\nsegment_size = \"2MiB\"\nmax_size = \"64MiB\"\nwhen_full = \"drop-oldest\"\ndrain_share = 0.25\ndrain_order = \"newest-first\"\n";
+    let c = parse(text).unwrap();
+    assert_eq!(c.spool.ack, SpoolAck::Cloud);
+    assert_eq!(c.spool.fsync, FsyncMode::Never);
+    assert_eq!(c.spool.fsync_interval, Duration::from_millis(5));
+    assert_eq!(c.spool.segment_size, ByteSize::mib(2));
+    assert_eq!(c.spool.max_size, ByteSize::mib(64));
+    assert_eq!(c.spool.when_full, WhenFull::DropOldest);
+    assert_eq!(c.spool.drain_share.permille(), 250);
+    assert_eq!(c.spool.drain_order, DrainOrder::NewestFirst);
+    assert_eq!(c.spool.max_bytes_per_spool(2, 1), 32 << 20);
+    let printed = c.to_toml();
+    assert!(printed.contains("drain_share = 0.25"), "{printed}");
+    assert!(printed.contains("when_full = \"drop-oldest\""), "{printed}");
+    assert_eq!(parse(&printed).unwrap(), c);
+    assert_eq!(
+        parse("[spool]\ndrain_share = 1\n")
+            .unwrap()
+            .spool
+            .drain_share
+            .permille(),
+        1000
+    );
+}
+
+#[test]
+fn unknown_spool_keys_are_rejected_with_their_path() {
+    let e = err("[spool]\ndir = \"/s\"\nfsync_intervall = \"10ms\"\n");
+    assert!(e.starts_with("spool.fsync_intervall: unknown field"), "{e}");
+    assert!(e.contains("line 3"), "{e}");
+}
+
+#[test]
+fn bad_spool_values_are_rejected_with_their_key() {
+    let cases: &[(&str, &str)] = &[
+        ("ack = \"device\"", "spool.ack: unknown variant `device`"),
+        ("fsync = \"sometimes\"", "spool.fsync: unknown variant"),
+        (
+            "when_full = \"drop_oldest\"",
+            "spool.when_full: unknown variant",
+        ),
+        (
+            "drain_order = \"random\"",
+            "spool.drain_order: unknown variant",
+        ),
+        (
+            "drain_share = 0.0",
+            "spool.drain_share: 0 is not a fraction",
+        ),
+        (
+            "drain_share = 1.5",
+            "spool.drain_share: 1.5 is not a fraction",
+        ),
+        ("drain_share = 2", "spool.drain_share: 2 is not a fraction"),
+        ("drain_share = \"half\"", "spool.drain_share: invalid type"),
+        (
+            "segment_size = 1048576",
+            "spool.segment_size: sizes need a unit",
+        ),
+        (
+            "fsync_interval = 10",
+            "spool.fsync_interval: durations need a unit",
+        ),
+        (
+            "fsync_interval = \"0s\"",
+            "spool.fsync_interval: must be more than 0s",
+        ),
+        (
+            "fsync_interval = \"2s\"",
+            "spool.fsync_interval: must be more than 0s and at most 1s",
+        ),
+        (
+            "segment_size = \"1KiB\"",
+            "spool.segment_size: 1KiB must be from",
+        ),
+        (
+            "segment_size = \"2GiB\"",
+            "spool.segment_size: 2GiB must be from",
+        ),
+        ("dir = \"\"", "spool.dir: must not be empty"),
+    ];
+    for (line, want) in cases {
+        let dir = if line.starts_with("dir") {
+            ""
+        } else {
+            "dir = \"/s\"\n"
+        };
+        let e = err(&format!("[gateway]\nshards = 1\n[spool]\n{dir}{line}\n"));
+        assert!(e.starts_with(want), "{line}: {e}");
+    }
+    let e = err("[gateway]\nshards = 4\n[spool]\ndir = \"/s\"\nsegment_size = \"16MiB\"\nmax_size = \"100MiB\"\n");
+    assert!(
+        e.starts_with(
+            "spool.max_size: 100MiB split over 4 shard(s) and 1 uplink(s) gives each spool 25MiB"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_relative_spool_dir_is_resolved_against_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    fs::write(&path, "[spool]\ndir = \"spool\"\n").unwrap();
+    let c = load(Some(&path)).unwrap();
+    assert_eq!(
+        c.spool.dir.as_deref(),
+        Some(dir.path().join("spool").as_path())
     );
 }
