@@ -520,16 +520,26 @@ impl Connection {
                 ))
             }
         };
-        route::publish(
-            &self.ctx,
-            &self.client_id,
-            self.priority,
-            &p,
-            ack,
-            received_at,
-        )
-        .await;
-        Ok(())
+        let ctx = self.ctx.clone();
+        let client_id = self.client_id.clone();
+        let publish = route::publish(&ctx, &client_id, self.priority, &p, ack, received_at);
+        tokio::pin!(publish);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut publish => return Ok(()),
+                // While this publish waits for room (a full uplink queue or spool), earlier
+                // messages may complete (a spool commit, a cloud ack): acknowledge them now,
+                // so a waiting publish never holds back PUBACKs the device is owed. The main
+                // loop re-checks everything this wake-up may also have been for.
+                _ = self.acks.notify.notified() => {
+                    self.on_cloud_acks();
+                    if let Err(reason) = self.flush().await {
+                        return Err(Close(reason, None));
+                    }
+                }
+            }
+        }
     }
 
     /// The cloud acknowledged some of this device's messages: acknowledge them to the device,

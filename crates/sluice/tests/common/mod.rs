@@ -61,8 +61,13 @@ impl Cloud {
 
 /// Start a gateway on free loopback ports with `shards` shards and extra TOML.
 pub fn gateway(shards: usize, extra: &str) -> RunningGateway {
+    gateway_mqtt(shards, "", extra)
+}
+
+/// [`gateway`] with extra lines in the `[mqtt]` section.
+pub fn gateway_mqtt(shards: usize, mqtt: &str, extra: &str) -> RunningGateway {
     let text = format!(
-        "[gateway]\nshards = {shards}\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
+        "[gateway]\nshards = {shards}\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\n{mqtt}\n[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
     );
     let config =
         sluice::config::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));

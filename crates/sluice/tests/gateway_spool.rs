@@ -1,0 +1,465 @@
+//! End-to-end tests of the durable spool (`[spool]`) against a real Mosquitto cloud broker over
+//! TLS 1.3 (certificates generated at test time). The cloud is "down" by closing a relay in
+//! front of it (`common::Gate`), so the cloud subscriber, connected straight to the broker,
+//! sees everything the gateway eventually sends. Spools live in temporary directories with
+//! `fsync = "never"` (nothing here tests power loss; `tests/spool_crash.rs` kills the process).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use sluice::app::RunningGateway;
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_testkit::TestClient;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// `[spool]` plus an uplink through `via`, one shard unless `extra` says otherwise.
+fn spool_gateway(
+    cloud: &Cloud,
+    via: std::net::SocketAddr,
+    dir: &Path,
+    spool_extra: &str,
+    uplink_extra: &str,
+) -> RunningGateway {
+    let text = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{spool_extra}\n{}",
+        dir.display(),
+        cloud.uplink_toml(
+            Some(via),
+            &format!("{uplink_extra}\n[uplink.aggregate]\nenabled = false")
+        )
+    );
+    gateway(1, &text)
+}
+
+fn payload(device: &str, i: usize) -> String {
+    format!("{device}:{i:06}:")
+}
+
+fn index_of(p: &[u8]) -> (String, usize) {
+    let s = std::str::from_utf8(p).expect("utf-8 payload");
+    let mut parts = s.split(':');
+    let dev = parts.next().expect("device").to_string();
+    let i = parts.next().expect("index").parse().expect("number");
+    (dev, i)
+}
+
+/// Publishes `n` QoS 1 messages keeping up to `window` unacknowledged; returns once every
+/// PUBACK arrived (fails the test after the client's ack timeout).
+async fn publish_all(
+    c: &mut TestClient,
+    device: &str,
+    topic: &str,
+    range: std::ops::Range<usize>,
+    window: usize,
+) {
+    let mut pending = std::collections::VecDeque::new();
+    for i in range {
+        if pending.len() >= window {
+            let id = pending.pop_front().expect("pending");
+            assert_eq!(c.wait_ack(id).await.expect("PUBACK"), 0);
+        }
+        let id = c
+            .publish_no_wait(topic, payload(device, i), QoS::AtLeastOnce, false)
+            .await
+            .expect("publish")
+            .expect("QoS 1 has a packet id");
+        pending.push_back(id);
+    }
+    for id in pending {
+        assert_eq!(c.wait_ack(id).await.expect("PUBACK"), 0);
+    }
+}
+
+/// Receives until `n` messages arrived or nothing came for `quiet`.
+async fn receive(sub: &mut TestClient, n: usize, quiet: Duration) -> Vec<(String, usize)> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match sub.recv(quiet).await.expect("cloud subscriber") {
+            Some(p) => got.push(index_of(&p.payload)),
+            None => break,
+        }
+    }
+    got
+}
+
+fn uplink_connected(gw: &RunningGateway) -> bool {
+    gw.status_json()["shards"]
+        .as_array()
+        .is_some_and(|s| s.iter().all(|s| s["uplinks"][0]["state"] == "connected"))
+}
+
+/// Every segment file's bytes, concatenated.
+fn spool_bytes(dir: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for entry in walk(dir) {
+        if entry.extension().is_some_and(|e| e == "seg") {
+            out.extend(std::fs::read(&entry).expect("read segment"));
+        }
+    }
+    out
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos1_publishes_are_acked_from_the_spool_while_the_cloud_is_down_and_arrive_in_order_later()
+{
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "ack = \"spool\"", "");
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    dev.set_ack_timeout(Duration::from_secs(5));
+    // Every PUBACK arrives although no cloud is reachable: the spool acknowledged them.
+    publish_all(&mut dev, "d1", "dev/d1", 0..300, 16).await;
+    assert!(!uplink_connected(&gw));
+    let bytes = spool_bytes(dir.path());
+    for i in 0..300 {
+        assert!(
+            contains(&bytes, payload("d1", i).as_bytes()),
+            "message {i} not in the spool files"
+        );
+    }
+    assert!(sub
+        .recv(Duration::from_millis(300))
+        .await
+        .expect("sub")
+        .is_none());
+
+    gate.set_open(true);
+    let got = receive(&mut sub, 300, WAIT).await;
+    let want: Vec<(String, usize)> = (0..300).map(|i| ("d1".to_string(), i)).collect();
+    assert_eq!(got, want, "every message once, in order");
+    // Acknowledged records are trimmed: the unacked count drops to zero.
+    assert!(
+        eventually(WAIT, || gw.status_json()["spool"]["unacked_records"] == 0).await,
+        "{}",
+        gw.status_json()["spool"]
+    );
+    let metrics = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&metrics, "sluice_spool_records_appended_total"),
+        300.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "sluice_spool_records_acked_total"),
+        300.0
+    );
+    assert!(metric_sum(&metrics, "sluice_spool_commits_total") > 0.0);
+    assert!(metrics.contains("sluice_spool_commit_latency_seconds_bucket{"));
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacknowledged_records_are_delivered_after_a_gateway_restart_on_the_same_spool() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "", "");
+    let mut dev = device(&gw, "d1", ProtocolVersion::V5).await;
+    publish_all(&mut dev, "d1", "dev/d1", 0..120, 8).await;
+    drop(dev);
+    gw.shutdown();
+    assert!(sub
+        .recv(Duration::from_millis(200))
+        .await
+        .expect("sub")
+        .is_none());
+
+    // The same spool directory, the cloud reachable now.
+    gate.set_open(true);
+    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "", "");
+    let got = receive(&mut sub, 120, WAIT).await;
+    let want: Vec<(String, usize)> = (0..120).map(|i| ("d1".to_string(), i)).collect();
+    assert_eq!(got, want);
+    assert!(eventually(WAIT, || gw.status_json()["spool"]["unacked_records"] == 0).await);
+    gw.shutdown();
+    // Acknowledged and committed: a third start sends nothing again.
+    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "", "");
+    assert!(eventually(WAIT, || uplink_connected(&gw)).await);
+    assert!(
+        sub.recv(Duration::from_millis(500))
+            .await
+            .expect("sub")
+            .is_none(),
+        "nothing is re-sent"
+    );
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_messages_overtake_a_draining_backlog_which_keeps_per_device_order() {
+    const BACKLOG: usize = 3000;
+    const LIVE: usize = 20;
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A window of 2: the backlog may use one slot while live messages wait, live the other.
+    let gw = spool_gateway(
+        &cloud,
+        gate.addr,
+        dir.path(),
+        "drain_share = 0.5",
+        "inflight = 2",
+    );
+    let mut a = device(&gw, "a", ProtocolVersion::V311).await;
+    let mut b = device(&gw, "b", ProtocolVersion::V311).await;
+    publish_all(&mut a, "a", "dev/a", 0..BACKLOG / 2, 32).await;
+    publish_all(&mut b, "b", "dev/b", 0..BACKLOG / 2, 32).await;
+    let mut live = device(&gw, "live", ProtocolVersion::V311).await;
+
+    gate.set_open(true);
+    assert!(eventually(WAIT, || uplink_connected(&gw)).await);
+    let live_task = tokio::spawn(async move {
+        for i in 0..LIVE {
+            live.publish("dev/live", payload("live", i), QoS::AtLeastOnce, false)
+                .await
+                .expect("live publish");
+        }
+        live
+    });
+    let got = receive(&mut sub, BACKLOG + LIVE, WAIT).await;
+    let _live = live_task.await.expect("live task");
+    assert_eq!(got.len(), BACKLOG + LIVE, "everything arrives");
+    let first_live = got
+        .iter()
+        .position(|(d, _)| d == "live")
+        .expect("live arrived");
+    let last_backlog = got
+        .iter()
+        .rposition(|(d, _)| d != "live")
+        .expect("backlog arrived");
+    assert!(
+        first_live < last_backlog,
+        "a live message ({first_live}) must not wait for the whole backlog ({last_backlog})"
+    );
+    for dev in ["a", "b", "live"] {
+        let seq: Vec<usize> = got
+            .iter()
+            .filter(|(d, _)| d == dev)
+            .map(|(_, i)| *i)
+            .collect();
+        let n = if dev == "live" { LIVE } else { BACKLOG / 2 };
+        assert_eq!(seq, (0..n).collect::<Vec<_>>(), "device {dev} in order");
+    }
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_spool_with_block_stops_acknowledging_until_the_cloud_drains_it() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nsegment_size = \"4KiB\"\nmax_size = \"16KiB\"\nwhen_full = \"block\"\n{}",
+        dir.path().display(),
+        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
+    );
+    let gw = gateway_mqtt(1, "max_packet_size = \"1KiB\"", &text);
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    const N: usize = 200;
+    let filler = "x".repeat(200);
+    let mut ids = Vec::new();
+    for i in 0..N {
+        let id = dev
+            .publish_no_wait(
+                "dev/d1",
+                format!("{}{filler}", payload("d1", i)),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .expect("publish")
+            .expect("id");
+        ids.push(id);
+    }
+    // Only what fits in 16 KiB (about 60 records of ~250 bytes) is acknowledged.
+    dev.set_ack_timeout(Duration::from_millis(1500));
+    let mut acked = 0;
+    for &id in &ids {
+        if dev.wait_ack(id).await.is_err() {
+            break;
+        }
+        acked += 1;
+    }
+    assert!(
+        acked > 10 && acked < 100,
+        "acked {acked} of {N} with a 16 KiB spool"
+    );
+    let metrics = gw.metrics_text();
+    assert!(
+        metric_sum(&metrics, "sluice_spool_full_total") >= 1.0,
+        "{metrics}"
+    );
+    assert!(metric_sum(&metrics, "sluice_spool_bytes") <= 16384.0);
+
+    // The cloud comes back: the spool drains, the device is acknowledged for everything.
+    gate.set_open(true);
+    dev.set_ack_timeout(WAIT);
+    for &id in &ids[acked..] {
+        assert_eq!(dev.wait_ack(id).await.expect("PUBACK after the drain"), 0);
+    }
+    let got = receive(&mut sub, N, WAIT).await;
+    assert_eq!(
+        got,
+        (0..N).map(|i| ("d1".to_string(), i)).collect::<Vec<_>>(),
+        "nothing lost, in order"
+    );
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), "sluice_spool_dropped_oldest_total"),
+        0.0
+    );
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_oldest_keeps_acknowledging_and_counts_what_it_dropped() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nsegment_size = \"4KiB\"\nmax_size = \"16KiB\"\nwhen_full = \"drop-oldest\"\n{}",
+        dir.path().display(),
+        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
+    );
+    let gw = gateway_mqtt(1, "max_packet_size = \"1KiB\"", &text);
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    const N: usize = 200;
+    let filler = "x".repeat(200);
+    for i in 0..N {
+        let code = dev
+            .publish(
+                "dev/d1",
+                format!("{}{filler}", payload("d1", i)),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .expect("every publish is acknowledged");
+        assert_eq!(code, 0);
+    }
+    let dropped = metric_sum(&gw.metrics_text(), "sluice_spool_dropped_oldest_total");
+    assert!(dropped >= 100.0, "dropped {dropped}");
+    assert!(
+        gw.status_json()["spool"]["dropped_oldest"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 100
+    );
+
+    gate.set_open(true);
+    let got = receive(&mut sub, N, Duration::from_secs(3)).await;
+    let idx: Vec<usize> = got.iter().map(|(_, i)| *i).collect();
+    assert_eq!(
+        idx.len() as f64,
+        N as f64 - dropped,
+        "what was not dropped arrives: {idx:?}"
+    );
+    assert_eq!(idx.last(), Some(&(N - 1)), "the newest survive");
+    assert!(idx.windows(2).all(|w| w[0] < w[1]), "in order: {idx:?}");
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newest_first_sends_the_backlog_freshest_record_first() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = spool_gateway(
+        &cloud,
+        gate.addr,
+        dir.path(),
+        "drain_order = \"newest-first\"",
+        "",
+    );
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    publish_all(&mut dev, "d1", "dev/d1", 0..500, 16).await;
+    gate.set_open(true);
+    let got = receive(&mut sub, 500, WAIT).await;
+    let idx: Vec<usize> = got.iter().map(|(_, i)| *i).collect();
+    assert_eq!(idx, (0..500).rev().collect::<Vec<_>>(), "newest first");
+    // Live messages after the drain are in order again.
+    publish_all(&mut dev, "d1", "dev/d1", 500..510, 4).await;
+    let got = receive(&mut sub, 10, WAIT).await;
+    assert_eq!(
+        got.iter().map(|(_, i)| *i).collect::<Vec<_>>(),
+        (500..510).collect::<Vec<_>>()
+    );
+    assert!(eventually(WAIT, || gw.status_json()["spool"]["unacked_records"] == 0).await);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_cloud_waits_for_the_cloud_but_still_keeps_messages_across_a_restart() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "ack = \"cloud\"", "");
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    dev.set_ack_timeout(Duration::from_millis(800));
+    let id = dev
+        .publish_no_wait("dev/d1", payload("d1", 0), QoS::AtLeastOnce, false)
+        .await
+        .expect("publish")
+        .expect("id");
+    assert!(
+        dev.wait_ack(id).await.is_err(),
+        "no PUBACK while the cloud is down"
+    );
+    gw.shutdown();
+    gate.set_open(true);
+    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "ack = \"cloud\"", "");
+    let got = receive(&mut sub, 1, WAIT).await;
+    assert_eq!(
+        got,
+        vec![("d1".to_string(), 0)],
+        "the spooled message survives the restart"
+    );
+    let mut dev = device(&gw, "d2", ProtocolVersion::V311).await;
+    assert_eq!(
+        dev.publish("dev/d2", payload("d2", 0), QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK"),
+        0
+    );
+    assert_eq!(
+        receive(&mut sub, 1, WAIT).await,
+        vec![("d2".to_string(), 0)]
+    );
+    gw.shutdown();
+}
