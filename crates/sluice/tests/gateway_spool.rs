@@ -463,3 +463,104 @@ async fn ack_cloud_waits_for_the_cloud_but_still_keeps_messages_across_a_restart
     );
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spooled_messages_are_aggregated_into_senml_packs_and_a_pack_ack_trims_all_its_records() {
+    use sluice_proto::senml::{self, Format, Value};
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "agg/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{}",
+        dir.path().display(),
+        cloud.uplink_toml(
+            Some(gate.addr),
+            "[uplink.aggregate]\nmin_devices = 0\nmax_pack = \"2KiB\"\nmax_delay = \"100ms\"\ntopic = \"agg/packs\""
+        )
+    );
+    let gw = gateway(1, &text);
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    publish_all(&mut dev, "d1", "t/d1", 0..200, 16).await;
+    gate.set_open(true);
+    let mut got = Vec::new();
+    let mut packs = 0;
+    while got.len() < 200 {
+        let Some(p) = sub.recv(WAIT).await.expect("sub") else {
+            break;
+        };
+        assert_eq!(p.topic, "agg/packs");
+        packs += 1;
+        for r in senml::decode(Format::Json, &p.payload).expect("pack decodes") {
+            let Some(Value::String(s)) = r.value else {
+                panic!("text payload becomes vs: {r:?}")
+            };
+            got.push(index_of(s.as_bytes()));
+        }
+    }
+    assert_eq!(
+        got,
+        (0..200).map(|i| ("d1".to_string(), i)).collect::<Vec<_>>()
+    );
+    assert!(packs < 200, "records were packed: {packs} packs");
+    assert!(
+        eventually(WAIT, || gw.status_json()["spool"]["unacked_records"] == 0).await,
+        "each pack's PUBACK acknowledges all its records: {}",
+        gw.status_json()["spool"]
+    );
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn high_priority_messages_bypass_the_spool_and_keep_cloud_ack_semantics() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "[priority]\ndevices = {{ \"alarm\" = 1 }}\n[spool]\ndir = \"{}\"\nfsync = \"never\"\n{}",
+        dir.path().display(),
+        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
+    );
+    let gw = gateway(1, &text);
+    let mut normal = device(&gw, "n1", ProtocolVersion::V311).await;
+    let mut alarm = device(&gw, "alarm", ProtocolVersion::V311).await;
+    alarm.set_ack_timeout(Duration::from_millis(800));
+    let id = alarm
+        .publish_no_wait("dev/alarm", payload("alarm", 0), QoS::AtLeastOnce, false)
+        .await
+        .expect("publish")
+        .expect("id");
+    assert!(
+        alarm.wait_ack(id).await.is_err(),
+        "a high message waits for the cloud"
+    );
+    assert_eq!(
+        normal
+            .publish("dev/n1", payload("n1", 0), QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK"),
+        0
+    );
+    let bytes = spool_bytes(dir.path());
+    assert!(
+        contains(&bytes, payload("n1", 0).as_bytes()),
+        "the normal message is spooled"
+    );
+    assert!(
+        !contains(&bytes, payload("alarm", 0).as_bytes()),
+        "the high message is not"
+    );
+    gate.set_open(true);
+    alarm.set_ack_timeout(WAIT);
+    assert_eq!(
+        alarm.wait_ack(id).await.expect("PUBACK after the cloud's"),
+        0
+    );
+    let mut got = receive(&mut sub, 2, WAIT).await;
+    got.sort();
+    assert_eq!(got, vec![("alarm".to_string(), 0), ("n1".to_string(), 0)]);
+    gw.shutdown();
+}
