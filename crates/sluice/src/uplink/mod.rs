@@ -59,6 +59,8 @@ mod tls;
 
 pub use metrics::{DropReason, UplinkMetrics, UplinkState};
 pub use pack::records_of;
+#[cfg(test)]
+pub(crate) use queue::is_backlog as queue_is_backlog;
 pub use queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
 pub use route::UplinkRoute;
 pub use session::{spawn, SessionSeed};

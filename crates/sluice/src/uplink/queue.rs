@@ -233,7 +233,7 @@ impl UplinkQueue {
         let used = if backlog {
             st.backlog_bytes
         } else {
-            st.reserved_bytes - st.backlog_bytes
+            st.reserved_bytes.saturating_sub(st.backlog_bytes)
         };
         (self.capacity_bytes / 2).saturating_sub(used)
     }
@@ -501,6 +501,55 @@ mod tests {
             "QoS 0 needs no window"
         );
         assert_eq!(q.front_needs_ack(), None);
+    }
+
+    #[test]
+    fn take_next_serves_the_backlog_only_on_its_turn_or_when_nothing_live_waits() {
+        let q = UplinkQueue::new(100_000);
+        q.push_backlog(msg("b1", 1, QoS::AtLeastOnce));
+        q.push_backlog(msg("b2", 1, QoS::AtLeastOnce));
+        q.try_push(msg("l1", 1, QoS::AtLeastOnce)).unwrap();
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.backlog_len(), 2);
+        assert_eq!(q.take_next(true, false).unwrap().msg.topic, "l1");
+        // Live is empty now: the backlog goes whatever the turn says.
+        assert_eq!(q.take_next(true, false).unwrap().msg.topic, "b1");
+        q.try_push(msg("l2", 1, QoS::AtLeastOnce)).unwrap();
+        assert_eq!(q.take_next(true, true).unwrap().msg.topic, "b2");
+        assert_eq!(q.take_next(true, true).unwrap().msg.topic, "l2");
+        assert!(q.take_next(true, true).is_none());
+    }
+
+    #[test]
+    fn a_closed_window_lets_only_a_qos0_front_of_the_other_stream_pass() {
+        let q = UplinkQueue::new(100_000);
+        q.push_backlog(msg("b1", 1, QoS::AtLeastOnce));
+        q.try_push(msg("l0", 1, QoS::AtMostOnce)).unwrap();
+        assert_eq!(q.front_needs_ack(), Some(false));
+        assert_eq!(q.take_next(false, true).unwrap().msg.topic, "l0");
+        assert_eq!(q.front_needs_ack(), Some(true));
+        assert!(q.take_next(false, true).is_none());
+    }
+
+    #[test]
+    fn each_stream_gets_half_the_capacity_as_read_ahead() {
+        let one = 1 + 10 + MESSAGE_OVERHEAD_BYTES;
+        let q = UplinkQueue::new(4 * one);
+        assert_eq!(q.stream_room(true), 2 * one);
+        q.push_backlog(msg("b", 10, QoS::AtLeastOnce));
+        q.push_backlog(msg("b", 10, QoS::AtLeastOnce));
+        assert_eq!(q.stream_room(true), 0);
+        assert_eq!(
+            q.stream_room(false),
+            2 * one,
+            "the backlog never eats the live share"
+        );
+        q.try_push(msg("l", 10, QoS::AtLeastOnce)).unwrap();
+        assert_eq!(q.stream_room(false), one);
+        let taken = q.take_next(true, false).unwrap();
+        assert_eq!(taken.msg.topic, "l");
+        q.release_msg(&taken.msg);
+        assert_eq!(q.stream_room(false), 2 * one);
     }
 
     #[test]
