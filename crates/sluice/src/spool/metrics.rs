@@ -24,6 +24,9 @@ pub struct SpoolMetrics {
     pub dropped_full: Counter,
     /// Records whose body could not be decoded (skipped and acknowledged).
     pub undecodable: Counter,
+    /// Messages larger than the largest spool record (cannot happen with a consistent
+    /// config; dropped, counted, the device acknowledged).
+    pub dropped_too_large: Counter,
     /// Commit or I/O failures that made the gateway reopen the spool.
     pub failures: Counter,
     /// Records present but not acknowledged.
@@ -98,6 +101,12 @@ impl SpoolMetrics {
             "Spool records whose body could not be decoded (skipped).",
             l,
             self.undecodable.get(),
+        );
+        w.counter(
+            "sluice_spool_dropped_too_large_total",
+            "Messages larger than the largest spool record (dropped).",
+            l,
+            self.dropped_too_large.get(),
         );
         w.counter(
             "sluice_spool_failures_total",

@@ -397,7 +397,7 @@ impl UplinkSpool {
                 }
                 Err(SpoolError::RecordTooLarge { len, max }) => {
                     debug!(shard = self.shard, uplink = %self.uplink, len, max, "message larger than the largest spool record; dropped");
-                    self.metrics.undecodable.inc();
+                    self.metrics.dropped_too_large.inc();
                     if let Some(t) = ack {
                         t.complete();
                     }
@@ -612,6 +612,14 @@ impl UplinkSpool {
     /// Moves committed records into the uplink queue while each stream has room.
     fn fill(self: &Rc<Self>) {
         if !self.link_up.get() {
+            // What piles up now becomes backlog when the link comes back: report it as such.
+            let inner = self.inner.borrow();
+            if let Some(spool) = &inner.spool {
+                let pending = spool.next_seq().0.saturating_sub(inner.live.next_seq().0);
+                let newest_first = self.drain_order == DrainOrder::NewestFirst;
+                let backlog = backlog_remaining(&inner, newest_first) + pending;
+                self.metrics.backlog_records.set(backlog as i64);
+            }
             return;
         }
         let mut batch: Vec<(SpoolRecord, bool)> = Vec::new();

@@ -18,6 +18,13 @@
 //! window has room, maps its topic, encodes it with others into one write → cloud PUBACK →
 //! `AckToken::complete` (the device gets its PUBACK once every uplink completed) → bytes released.
 //!
+//! With a spool (`crate::spool`), the normal lane's queue is filled by the spool's feeder
+//! instead of the device connections: committed records, in two streams (live and backlog,
+//! see `UplinkQueue::take_next`), each carrying a spool ack token whose completion
+//! acknowledges the record in the spool. The session tells the spool when its connection
+//! comes up or ends (through the queue), and lets the backlog use at most the configured
+//! drain share of its inflight window while live messages wait.
+//!
 //! # Invariants
 //! - **Bounded memory.** A message's bytes (topic + payload + [`MESSAGE_OVERHEAD_BYTES`]) are
 //!   reserved when it is pushed and released only when it is finished: cloud PUBACK (QoS 1),
