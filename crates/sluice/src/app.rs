@@ -56,8 +56,8 @@ pub struct Gateway {
     mqtt: std::net::TcpListener,
     admin: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
-    /// `[uplink][shard]`, opened and recovered; empty without a spool.
-    spools: Vec<Vec<crate::spool::OpenedSpool>>,
+    /// Opened and recovered; empty without a spool.
+    spools: crate::spool::OpenedSpools,
 }
 
 impl Gateway {
@@ -180,6 +180,10 @@ impl Gateway {
             Vec::new()
         };
         // `[shard][uplink]` metrics, and each shard's spools (one per uplink).
+        let crate::spool::OpenedSpools {
+            per_uplink: spools,
+            former,
+        } = spools;
         let spool_metrics: Vec<Vec<Arc<crate::spool::SpoolMetrics>>> = (0..shards)
             .map(|s| {
                 spools
@@ -197,7 +201,17 @@ impl Gateway {
                 }
             }
         }
+        let former_metrics: Vec<Arc<crate::spool::SpoolMetrics>> =
+            former.iter().map(|(_, _, o)| o.metrics.clone()).collect();
+        let mut shard_former: Vec<Vec<(usize, usize, crate::spool::OpenedSpool)>> =
+            (0..shards).map(|_| Vec::new()).collect();
+        for (uplink, index, opened) in former {
+            if let Some(v) = shard_former.get_mut(index % shards) {
+                v.push((uplink, index, opened));
+            }
+        }
         let mut shard_spools = shard_spools.into_iter();
+        let mut shard_former = shard_former.into_iter();
         let mut threads = Vec::new();
         for (id, inbox) in rxs.into_iter().enumerate() {
             let seed = ShardSeed {
@@ -221,6 +235,7 @@ impl Gateway {
                     Some(cores[id % cores.len()])
                 },
                 spools: shard_spools.next().unwrap_or_default(),
+                former_spools: shard_former.next().unwrap_or_default(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -240,6 +255,7 @@ impl Gateway {
             devices_per_shard: plane.devices_per_shard(),
             control: control_metrics.clone(),
             spool_metrics,
+            former_spool_metrics: former_metrics,
             spool_dir: config.spool.dir.clone(),
             spool_ack: config.spool.ack,
         });
@@ -401,6 +417,8 @@ struct GatewayStatus {
     control: Arc<ControlMetrics>,
     /// `[shard][uplink]`; empty rows without a spool.
     spool_metrics: Vec<Vec<Arc<crate::spool::SpoolMetrics>>>,
+    /// Spools of former shard indexes being drained (counted in the `spool` totals only).
+    former_spool_metrics: Vec<Arc<crate::spool::SpoolMetrics>>,
     spool_dir: Option<std::path::PathBuf>,
     spool_ack: crate::config::SpoolAck,
 }
@@ -411,7 +429,11 @@ impl GatewayStatus {
         let Some(dir) = &self.spool_dir else {
             return serde_json::Value::Null;
         };
-        let all = self.spool_metrics.iter().flatten();
+        let all = self
+            .spool_metrics
+            .iter()
+            .flatten()
+            .chain(&self.former_spool_metrics);
         let (mut bytes, mut unacked, mut backlog, mut dropped, mut appended, mut acked) =
             (0i64, 0i64, 0i64, 0u64, 0u64, 0u64);
         for m in all {
@@ -434,6 +456,7 @@ impl GatewayStatus {
             "records_appended": appended,
             "records_acked": acked,
             "dropped_oldest": dropped,
+            "former_shard_spools": self.former_spool_metrics.len(),
         })
     }
 }

@@ -564,3 +564,46 @@ async fn high_priority_messages_bypass_the_spool_and_keep_cloud_ack_semantics() 
     assert_eq!(got, vec![("alarm".to_string(), 0), ("n1".to_string(), 0)]);
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spool_of_a_shard_index_no_longer_configured_is_drained_by_a_current_shard() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{}",
+        dir.path().display(),
+        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
+    );
+    let gw = gateway(2, &text);
+    let ids = ids_on_shards("dev", 2, 1);
+    let on_shard_1 = ids[1][0].clone();
+    let mut dev = device(&gw, &on_shard_1, ProtocolVersion::V311).await;
+    publish_all(&mut dev, &on_shard_1, "dev/x", 0..50, 8).await;
+    drop(dev);
+    gw.shutdown();
+    assert!(dir.path().join("cloud/shard-1").is_dir());
+
+    // One shard now: shard 0 drains the former shard 1's spool.
+    gate.set_open(true);
+    let gw = gateway(1, &text);
+    let got = receive(&mut sub, 50, WAIT).await;
+    assert_eq!(
+        got,
+        (0..50).map(|i| (on_shard_1.clone(), i)).collect::<Vec<_>>()
+    );
+    assert_eq!(gw.status_json()["spool"]["former_shard_spools"], 1);
+    assert!(eventually(WAIT, || gw.status_json()["spool"]["unacked_records"] == 0).await);
+    gw.shutdown();
+    // Acknowledged and committed at shutdown: nothing comes back on the next start.
+    let gw = gateway(1, &text);
+    assert!(eventually(WAIT, || uplink_connected(&gw)).await);
+    assert!(sub
+        .recv(Duration::from_millis(500))
+        .await
+        .expect("sub")
+        .is_none());
+    gw.shutdown();
+}

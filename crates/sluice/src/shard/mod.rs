@@ -146,6 +146,8 @@ pub struct ShardSeed {
     /// Per uplink, this shard's spool (opened and recovered at start-up); empty without
     /// `[spool] dir`.
     pub spools: Vec<crate::spool::OpenedSpool>,
+    /// Spools of former shard indexes this shard drains: `(uplink index, former index, spool)`.
+    pub former_spools: Vec<(usize, usize, crate::spool::OpenedSpool)>,
 }
 
 /// Start a shard thread.
@@ -194,6 +196,7 @@ async fn run(seed: ShardSeed) {
         online_devices,
         mut shutdown,
         spools,
+        former_spools,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -253,20 +256,34 @@ async fn run(seed: ShardSeed) {
     // Spool tasks stop after the uplink sessions, so the last acks are committed.
     let (spool_shutdown_tx, spool_shutdown) = watch::channel(false);
     let mut spool_tasks = Vec::new();
-    for u in &ctx.uplinks {
-        if let Some(spool) = &u.spool {
-            // A weak reference: the queue must not keep its own feeder alive in a cycle.
-            let weak = Rc::downgrade(spool);
-            u.queue.attach_spool(
-                config.spool.drain_share,
-                Box::new(move |up| {
-                    if let Some(s) = weak.upgrade() {
-                        s.link_changed(up);
-                    }
-                }),
-            );
-            spool_tasks.extend(spool.spawn_tasks(spool_shutdown.clone()));
+    let mut former = Vec::new();
+    for (uplink, index, opened) in former_spools {
+        if let (Some(u), Some(ucfg)) = (ctx.uplinks.get(uplink), config.uplink.get(uplink)) {
+            let spool =
+                crate::spool::UplinkSpool::new(index, &ucfg.name, &config, opened, u.queue.clone());
+            spool.set_former();
+            former.push((uplink, spool));
         }
+    }
+    let all_spools = ctx
+        .uplinks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, u)| u.spool.clone().map(|s| (i, s)))
+        .chain(former);
+    for (i, spool) in all_spools {
+        let queue = &ctx.uplinks[i].queue;
+        // A weak reference: the queue must not keep its own feeder alive in a cycle.
+        let weak = Rc::downgrade(&spool);
+        queue.attach_spool(
+            config.spool.drain_share,
+            Box::new(move |up| {
+                if let Some(s) = weak.upgrade() {
+                    s.link_changed(up);
+                }
+            }),
+        );
+        spool_tasks.extend(spool.spawn_tasks(spool_shutdown.clone()));
     }
 
     let mut uplink_tasks = Vec::new();

@@ -54,6 +54,11 @@
 //!   everything unacknowledged is read again as backlog (duplicates, never loss).
 //! - **Shutdown:** after the uplink sessions stopped, one last commit persists the ack cursor.
 //!   After a crash, everything committed and unacknowledged is sent again (at-least-once).
+//! - **Fewer shards than before:** a `shard-N` directory with `N >= shards` and unacknowledged
+//!   records is opened at start-up (WARN) and drained as backlog by shard `N % shards` into
+//!   the same uplink (nothing is appended to it; an INFO line says when it is empty and may be
+//!   removed). It counts in the status `spool` totals, not in the per-shard metrics. A
+//!   directory of an uplink that is no longer configured is named in a WARN and left alone.
 //!
 //! Everything here runs on the shard thread (`Rc`, `RefCell`; no borrow is held across an
 //! await); only the commit job and reopening run on the blocking pool.
@@ -121,12 +126,24 @@ pub fn spool_dir(base: &Path, uplink: &str, shard: usize) -> PathBuf {
     base.join(uplink).join(format!("shard-{shard}"))
 }
 
-/// Opens every (uplink, shard) spool, logging each recovery report; `[uplink][shard]`.
-/// Directories of uplinks or shards no longer configured are named in a WARN (their records
-/// are not sent: configure the uplink or shard count again to drain them).
-pub fn open_all(config: &Config, shards: usize) -> Result<Vec<Vec<OpenedSpool>>, SpoolStartError> {
+/// Every spool the gateway runs, opened and recovered at start-up.
+#[derive(Default)]
+pub struct OpenedSpools {
+    /// `[uplink][shard]`.
+    pub per_uplink: Vec<Vec<OpenedSpool>>,
+    /// Spools of shard indexes no longer configured (the shard count went down), with
+    /// unacknowledged records: `(uplink index, former shard index, spool)`. Shard
+    /// `former % shards` drains them into that uplink's backlog; nothing is appended to them.
+    pub former: Vec<(usize, usize, OpenedSpool)>,
+}
+
+/// Opens every (uplink, shard) spool, logging each recovery report. Directories of shard
+/// indexes no longer configured are opened too and drained by a current shard (WARN); a
+/// directory of an uplink that is not configured is named in a WARN and left alone (there is
+/// nowhere to send it).
+pub fn open_all(config: &Config, shards: usize) -> Result<OpenedSpools, SpoolStartError> {
     let Some(base) = &config.spool.dir else {
-        return Ok(Vec::new());
+        return Ok(OpenedSpools::default());
     };
     let record_max = crate::config::SpoolConfig::max_record_bytes(
         config.mqtt.max_packet_size,
@@ -136,7 +153,7 @@ pub fn open_all(config: &Config, shards: usize) -> Result<Vec<Vec<OpenedSpool>>,
         config
             .spool
             .engine_config(shards, config.uplink.len(), record_max, ENGINE_ACK_WINDOW);
-    warn_stale(base, config, shards);
+    warn_unknown_uplinks(base, config);
     let mut all = Vec::new();
     for u in &config.uplink {
         let mut per_shard = Vec::new();
@@ -159,7 +176,61 @@ pub fn open_all(config: &Config, shards: usize) -> Result<Vec<Vec<OpenedSpool>>,
         }
         all.push(per_shard);
     }
-    Ok(all)
+    let mut former = Vec::new();
+    for (ui, u) in config.uplink.iter().enumerate() {
+        for index in former_shards(&base.join(&u.name), shards) {
+            let dir = spool_dir(base, &u.name, index);
+            let (spool, report) =
+                Spool::open(&dir, engine.clone()).map_err(|source| SpoolStartError::Open {
+                    dir: dir.clone(),
+                    source,
+                })?;
+            log_recovery(index, &u.name, &dir, &spool, &report);
+            let unacked = (spool.next_seq().0 - 1).saturating_sub(spool.ack_cursor().0);
+            if unacked == 0 {
+                info!(uplink = %u.name, dir = %dir.display(), shards, "spool directory of a shard index no longer configured holds nothing unacknowledged; it can be removed");
+                continue;
+            }
+            warn!(uplink = %u.name, dir = %dir.display(), shards, unacked, drained_by = index % shards, "spool directory of a shard index no longer configured (fewer shards now); a current shard drains it");
+            let metrics = Arc::new(SpoolMetrics::default());
+            update_gauges(&spool, &metrics);
+            former.push((
+                ui,
+                index,
+                OpenedSpool {
+                    spool,
+                    dir,
+                    engine: engine.clone(),
+                    metrics,
+                },
+            ));
+        }
+    }
+    Ok(OpenedSpools {
+        per_uplink: all,
+        former,
+    })
+}
+
+/// Indexes of `shard-N` directories under `uplink_dir` with `N >= shards`, ascending.
+fn former_shards(uplink_dir: &Path, shards: usize) -> Vec<usize> {
+    let Ok(entries) = std::fs::read_dir(uplink_dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<usize> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix("shard-")?
+                .parse::<usize>()
+                .ok()
+        })
+        .filter(|&n| n >= shards)
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 fn log_recovery(shard: usize, uplink: &str, dir: &Path, spool: &Spool, r: &RecoveryReport) {
@@ -193,35 +264,15 @@ fn log_recovery(shard: usize, uplink: &str, dir: &Path, spool: &Spool, r: &Recov
     }
 }
 
-/// WARN about spool directories that no configured (uplink, shard) uses.
-fn warn_stale(base: &Path, config: &Config, shards: usize) {
+/// WARN about spool directories of uplinks that are not configured.
+fn warn_unknown_uplinks(base: &Path, config: &Config) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !e.path().is_dir() {
-            continue;
-        }
-        if !config.uplink.iter().any(|u| u.name == name) {
+        if e.path().is_dir() && !config.uplink.iter().any(|u| u.name == name) {
             warn!(dir = %e.path().display(), "spool directory of an uplink that is not configured; its records are not sent");
-            continue;
-        }
-        let Ok(sub) = std::fs::read_dir(e.path()) else {
-            continue;
-        };
-        for s in sub.flatten() {
-            let sname = s.file_name().to_string_lossy().into_owned();
-            let index = sname
-                .strip_prefix("shard-")
-                .and_then(|n| n.parse::<usize>().ok());
-            if index.is_some_and(|n| n >= shards) {
-                warn!(
-                    dir = %s.path().display(),
-                    shards,
-                    "spool directory of a shard index that is not configured (fewer shards now); its records are not sent until gateway.shards is raised again"
-                );
-            }
         }
     }
 }
@@ -264,6 +315,8 @@ pub struct UplinkSpool {
     /// The feeder should look again; one stored permit.
     feed: Notify,
     link_up: Cell<bool>,
+    /// The spool of a shard index no longer configured: drained, never appended to.
+    former: Cell<bool>,
     /// Acks that arrived while `inner` was borrowed (never in practice; kept for safety).
     deferred_acks: RefCell<Vec<u64>>,
 }
@@ -334,8 +387,15 @@ impl UplinkSpool {
             committed: Notify::new(),
             feed: Notify::new(),
             link_up: Cell::new(false),
+            former: Cell::new(false),
             deferred_acks: RefCell::new(Vec::new()),
         })
+    }
+
+    /// Marks this as the spool of a former shard index: it is only drained; a log line says
+    /// when it is empty.
+    pub fn set_former(&self) {
+        self.former.set(true);
     }
 
     /// Everything unacknowledged in a freshly opened spool is backlog; live starts after it.
@@ -540,6 +600,10 @@ impl UplinkSpool {
                     }
                     if let Some(spool) = &inner.spool {
                         update_gauges(spool, &self.metrics);
+                        if self.former.get() && spool.ack_cursor().0 + 1 >= spool.next_seq().0 {
+                            self.former.set(false);
+                            info!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), "spool of a former shard index drained; the directory can be removed");
+                        }
                     }
                     v
                 };

@@ -54,10 +54,10 @@ pub struct UplinkQueue {
     spool_hooks: RefCell<Option<SpoolHooks>>,
 }
 
-/// How a spool attaches to the queue it feeds (see [`UplinkQueue::attach_spool`]).
+/// How spools attach to the queue they feed (see [`UplinkQueue::attach_spool`]).
 struct SpoolHooks {
     drain_share: crate::config::Share,
-    on_link: Box<dyn Fn(bool)>,
+    on_link: Vec<Box<dyn Fn(bool)>>,
 }
 
 impl std::fmt::Debug for SpoolHooks {
@@ -97,12 +97,18 @@ impl UplinkQueue {
 
     /// A spool feeds this queue: the session lets the backlog stream use `drain_share` of its
     /// window while live messages wait, and tells `on_link` when its connection comes up
-    /// (`true`) or ends (`false`).
+    /// (`true`) or ends (`false`). Several spools may feed one queue (a former shard's).
     pub fn attach_spool(&self, drain_share: crate::config::Share, on_link: Box<dyn Fn(bool)>) {
-        *self.spool_hooks.borrow_mut() = Some(SpoolHooks {
-            drain_share,
-            on_link,
-        });
+        let mut hooks = self.spool_hooks.borrow_mut();
+        match hooks.as_mut() {
+            Some(h) => h.on_link.push(on_link),
+            None => {
+                *hooks = Some(SpoolHooks {
+                    drain_share,
+                    on_link: vec![on_link],
+                })
+            }
+        }
     }
 
     /// The backlog's share of the window (`None`: no spool, so no backlog stream).
@@ -113,7 +119,9 @@ impl UplinkQueue {
     /// The session's connection came up or ended.
     pub(crate) fn link_changed(&self, up: bool) {
         if let Some(h) = self.spool_hooks.borrow().as_ref() {
-            (h.on_link)(up);
+            for f in &h.on_link {
+                f(up);
+            }
         }
     }
 
