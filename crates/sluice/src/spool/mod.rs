@@ -463,7 +463,12 @@ impl UplinkSpool {
                     }
                     return Appended::DroppedTooLarge;
                 }
-                Err(SpoolError::Full { .. }) | Err(SpoolError::BatchFull { .. }) => {
+                Err(SpoolError::BatchFull { .. }) => {
+                    // The open batch is at its bound while a commit runs: wait for it.
+                    self.dirty.notify_one();
+                    committed.await;
+                }
+                Err(SpoolError::Full { .. }) => {
                     if !counted_full {
                         self.metrics.full_waits.inc();
                         counted_full = true;
