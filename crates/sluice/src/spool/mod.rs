@@ -60,6 +60,19 @@
 //!   removed). It counts in the status `spool` totals, not in the per-shard metrics. A
 //!   directory of an uplink that is no longer configured is named in a WARN and left alone.
 //!
+//! # Bounds (memory is independent of the spool's size)
+//! - disk: the engine's `max_bytes` (`spool.max_size` split over shards and uplinks), with
+//!   the `when_full` policy above;
+//! - the read-ahead in the uplink queue: half of the lane's queue bytes per stream;
+//! - device tokens waiting for a commit or for the cloud: at most `mqtt.receive_maximum` per
+//!   connected device (the device connection's own bound);
+//! - the uncommitted batch: the engine's `max_batch_bytes` (appends wait for the running
+//!   commit beyond it);
+//! - out-of-order cloud acks: [`ENGINE_ACK_WINDOW`] seqs in the engine, the rest as ranges
+//!   ([`AckRanges`]: one entry per gap, not per record);
+//! - backlog ranges: [`MAX_BACKLOG_RANGES`] (one per outage during a drain; beyond, the newest
+//!   two merge and the live records between them are sent again).
+//!
 //! Everything here runs on the shard thread (`Rc`, `RefCell`; no borrow is held across an
 //! await); only the commit job and reopening run on the blocking pool.
 
