@@ -70,7 +70,7 @@
 //!   commit beyond it);
 //! - out-of-order cloud acks: [`ENGINE_ACK_WINDOW`] seqs in the engine, the rest as ranges
 //!   ([`AckRanges`]: one entry per gap, not per record);
-//! - backlog ranges: [`MAX_BACKLOG_RANGES`] (one per outage during a drain; beyond, the newest
+//! - backlog ranges: `MAX_BACKLOG_RANGES` (one per outage during a drain; beyond, the newest
 //!   two merge and the live records between them are sent again).
 //!
 //! Everything here runs on the shard thread (`Rc`, `RefCell`; no borrow is held across an
