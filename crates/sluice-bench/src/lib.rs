@@ -25,4 +25,5 @@ pub mod scenario;
 pub mod seganet;
 pub mod sink;
 pub mod stats;
+pub mod storage;
 pub mod throughput;

@@ -67,6 +67,21 @@ enum Command {
     /// disconnects and prints a second JSON line.
     #[command(hide = true)]
     Idle(IdleArgs),
+    /// The storage study: append N records with T threads, then read them all back, for the
+    /// sluice spool, SQLite and PostgreSQL under the same durability policy.
+    ///
+    /// For each engine, T and N (N is the total over all T producer threads): append, make
+    /// durable (default: group commit every 10 ms — spool fsync, SQLite WAL commit with
+    /// synchronous=FULL, PostgreSQL commit with synchronous_commit=on), then scan everything
+    /// back with one thread and verify count and checksum. The spool runs one spool per
+    /// producer thread (as one per shard); SQLite and PostgreSQL get one writer connection fed
+    /// by the producers over a channel, one transaction per commit window. PostgreSQL runs in a
+    /// throwaway cluster when its binaries are installed (/usr/lib/postgresql/*/bin), else is
+    /// reported as not installed. Points predicted to exceed --max-point-time are skipped.
+    /// --recovery SIZE also writes a spool of SIZE and times Spool::open on it, after dropping
+    /// the page cache (root) and again warm. Prints the Markdown table; writes JSON to --out,
+    /// Markdown to --md and PNG charts {charts}-append.png and {charts}-read.png.
+    Storage(StorageArgs),
 }
 
 #[derive(Subcommand)]
@@ -563,6 +578,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Throughput(args)) => throughput(args).await,
         Command::Scenario(ScenarioCommand::Connections(args)) => connections(args).await,
         Command::Scenario(ScenarioCommand::Priority(args)) => priority(args).await,
+        Command::Storage(args) => storage(args).await,
     }
 }
 
@@ -1240,5 +1256,140 @@ async fn priority(args: PriorityArgs) -> anyhow::Result<()> {
             emit_json(&report, None)?;
         }
     }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StorageEngineChoice {
+    /// The sluice spool, one per producer thread.
+    Spool,
+    /// SQLite (bundled) in WAL mode, one writer connection.
+    Sqlite,
+    /// PostgreSQL in a throwaway cluster (skipped when not installed).
+    Postgres,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DurabilityChoice {
+    /// Group commit every --commit-interval, each commit fsynced.
+    Interval,
+    /// One fsynced commit per producer batch of --batch records.
+    Always,
+    /// Commit every --commit-interval without fsync.
+    Never,
+}
+
+#[derive(Args)]
+struct StorageArgs {
+    /// Total records per point (N, over all threads), comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "5000,50000,500000,5000000"
+    )]
+    records: Vec<u64>,
+    /// A smaller sweep: N = 5000,50000,500000 (replaces the default --records).
+    #[arg(long)]
+    quick: bool,
+    /// Producer threads per point (T), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    threads: Vec<usize>,
+    /// Record body size in bytes (at least 12).
+    #[arg(long, default_value_t = 256)]
+    record_bytes: usize,
+    /// Engines, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "spool,sqlite,postgres"
+    )]
+    engines: Vec<StorageEngineChoice>,
+    /// When records are made durable.
+    #[arg(long, value_enum, default_value = "interval")]
+    durability: DurabilityChoice,
+    /// The group-commit window (interval, never).
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    commit_interval: Duration,
+    /// Records a producer appends (or hands to the writer) at a time; the commit unit of
+    /// --durability always.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// The spool's max_batch_bytes: most bytes one commit job carries (a full batch makes the
+    /// producer wait for the commit in flight).
+    #[arg(long, default_value = "16MiB", value_parser = sluice_bench::storage::parse_bytes)]
+    spool_batch_bytes: u64,
+    /// Skip a point whose predicted append+read time exceeds this; cut one that runs 3× over.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    max_point_time: Duration,
+    /// Where the files go (a fresh subdirectory, removed afterwards). Default /var/tmp, or the
+    /// current directory when /var/tmp is a tmpfs.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Also write a spool of this size (e.g. 1GiB) and time its recovery (Spool::open).
+    #[arg(long, value_name = "SIZE", value_parser = sluice_bench::storage::parse_bytes)]
+    recovery: Option<u64>,
+    /// Skip the engine × N × T study (e.g. with --recovery).
+    #[arg(long)]
+    no_study: bool,
+    /// Write the JSON report here (e.g. docs/perf/storage.json).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Write the Markdown report here (e.g. docs/perf/storage.md).
+    #[arg(long, value_name = "FILE")]
+    md: Option<PathBuf>,
+    /// Chart prefix: writes PREFIX-append.png and PREFIX-read.png (default: --out without
+    /// its extension; no charts without either).
+    #[arg(long, value_name = "PREFIX")]
+    charts: Option<PathBuf>,
+}
+
+async fn storage(args: StorageArgs) -> anyhow::Result<()> {
+    use sluice_bench::storage::{self as st, Durability, Engine, StorageConfig};
+    let dir = args.dir.unwrap_or_else(st::default_dir);
+    let mut config = StorageConfig::new(dir);
+    config.records = if args.quick {
+        vec![5_000, 50_000, 500_000]
+    } else {
+        args.records
+    };
+    config.threads = args.threads;
+    config.record_bytes = args.record_bytes;
+    config.engines = args
+        .engines
+        .iter()
+        .map(|e| match e {
+            StorageEngineChoice::Spool => Engine::Spool,
+            StorageEngineChoice::Sqlite => Engine::Sqlite,
+            StorageEngineChoice::Postgres => Engine::Postgres,
+        })
+        .collect();
+    config.commit_interval = args.commit_interval;
+    config.durability = match args.durability {
+        DurabilityChoice::Interval => Durability::Interval(args.commit_interval),
+        DurabilityChoice::Always => Durability::Always,
+        DurabilityChoice::Never => Durability::Never,
+    };
+    config.batch = args.batch;
+    config.spool_batch_bytes = args.spool_batch_bytes;
+    config.max_point_time = args.max_point_time;
+    config.study = !args.no_study;
+    config.recovery_bytes = args.recovery;
+    config.command_line = command_line();
+    let charts = args
+        .charts
+        .or_else(|| args.out.as_ref().map(|p| p.with_extension("")));
+    let files = st::ReportFiles {
+        json: args.out,
+        markdown: args.md,
+        charts,
+    };
+    let table = tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
+        let report = st::run_storage(&config)?;
+        st::write_reports(&report, &files)
+    })
+    .await
+    .context("the storage study thread")??;
+    println!("{table}");
     Ok(())
 }
