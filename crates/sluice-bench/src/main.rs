@@ -1332,6 +1332,10 @@ struct StorageArgs {
     /// Skip the engine × N × T study (e.g. with --recovery).
     #[arg(long)]
     no_study: bool,
+    /// Before the study, time plain 1 MiB writes of this much to a new file (no fsync, and
+    /// with one fsync) on the same file system, for scale; 0 skips it.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = sluice_bench::storage::parse_bytes)]
+    baseline: u64,
     /// Write the JSON report here (e.g. docs/perf/storage.json).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -1374,6 +1378,7 @@ async fn storage(args: StorageArgs) -> anyhow::Result<()> {
     config.spool_batch_bytes = args.spool_batch_bytes;
     config.max_point_time = args.max_point_time;
     config.study = !args.no_study;
+    config.baseline_bytes = args.baseline;
     config.recovery_bytes = args.recovery;
     config.command_line = command_line();
     let charts = args

@@ -136,6 +136,8 @@ pub struct StorageConfig {
     pub recovery_bytes: Option<u64>,
     /// Drop the page cache (needs root) before the cold open of the recovery measurement.
     pub drop_caches: bool,
+    /// Bytes for [`WriteBaseline`] (0: not measured).
+    pub baseline_bytes: u64,
     pub command_line: String,
 }
 
@@ -155,6 +157,7 @@ impl StorageConfig {
             study: true,
             recovery_bytes: None,
             drop_caches: true,
+            baseline_bytes: 512 << 20,
             command_line: String::new(),
         }
     }
@@ -406,7 +409,58 @@ pub struct StorageReport {
     pub points: Vec<PointResult>,
     pub headline: Vec<Headline>,
     pub recovery: Option<RecoveryResult>,
+    /// Plain file writes on the same file system, for scale (see [`WriteBaseline`]).
+    pub baseline: Option<WriteBaseline>,
     pub loadavg_at_end: String,
+}
+
+/// What the file system does with plain `write(2)`s of 1 MiB to a new file: the ceiling any
+/// engine's appends meet on this machine. Measured before the study.
+#[derive(Debug, Clone, Serialize)]
+pub struct WriteBaseline {
+    pub bytes: u64,
+    /// Writing to a new file, no fsync (page cache only).
+    pub new_file_mib_per_s: f64,
+    /// Overwriting the same, still cached, file in place, no fsync.
+    pub overwrite_mib_per_s: f64,
+    /// Writing to a new file and one fsync at the end, in total.
+    pub new_file_fsync_mib_per_s: f64,
+}
+
+/// Measures [`WriteBaseline`] with `bytes` in `dir` (the file is removed).
+pub fn write_baseline(dir: &Path, bytes: u64) -> anyhow::Result<WriteBaseline> {
+    use std::io::{Seek as _, SeekFrom};
+    let chunk = vec![0x5Au8; 1 << 20];
+    let chunks = (bytes >> 20).max(1);
+    let timed = |f: &mut std::fs::File| -> anyhow::Result<f64> {
+        let start = Instant::now();
+        for _ in 0..chunks {
+            f.write_all(&chunk)?;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mib = chunks as f64;
+    let path = dir.join("baseline.tmp");
+    let mut f =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let new_s = timed(&mut f)?;
+    f.seek(SeekFrom::Start(0))?;
+    let over_s = timed(&mut f)?;
+    drop(f);
+    std::fs::remove_file(&path)?;
+    let mut f = std::fs::File::create(&path)?;
+    let start = Instant::now();
+    timed(&mut f)?;
+    f.sync_all()?;
+    let sync_s = start.elapsed().as_secs_f64();
+    drop(f);
+    std::fs::remove_file(&path)?;
+    Ok(WriteBaseline {
+        bytes: chunks << 20,
+        new_file_mib_per_s: mib / new_s.max(1e-9),
+        overwrite_mib_per_s: mib / over_s.max(1e-9),
+        new_file_fsync_mib_per_s: mib / sync_s.max(1e-9),
+    })
 }
 
 /// Runs the study (and the recovery measurement when asked) and returns the report.
@@ -436,6 +490,7 @@ pub fn run_storage(config: &StorageConfig) -> anyhow::Result<StorageReport> {
         points: Vec::new(),
         headline: Vec::new(),
         recovery: None,
+        baseline: None,
         loadavg_at_end: String::new(),
     };
     eprintln!(
@@ -445,6 +500,17 @@ pub fn run_storage(config: &StorageConfig) -> anyhow::Result<StorageReport> {
         report.file_system.device,
         report.file_system.mount_point
     );
+    if config.baseline_bytes > 0 {
+        let b = write_baseline(run_dir.path(), config.baseline_bytes)?;
+        eprintln!(
+            "storage: plain 1 MiB writes of {} MiB: new file {:.0} MiB/s, overwrite cached {:.0} MiB/s, new file + fsync {:.0} MiB/s",
+            b.bytes >> 20,
+            b.new_file_mib_per_s,
+            b.overwrite_mib_per_s,
+            b.new_file_fsync_mib_per_s
+        );
+        report.baseline = Some(b);
+    }
     if config.study {
         let mut cluster = None;
         if config.engines.contains(&Engine::Postgres) {
@@ -867,14 +933,17 @@ pub fn markdown(r: &StorageReport) -> String {
         let _ = writeln!(s, "## The storage-study table\n");
         let _ = writeln!(
             s,
-            "| engine | N | threads | append rec/s | read rec/s | append s | read s | total s | commits | on disk MiB | result |"
+            "| engine | N | threads | append rec/s | read rec/s | append s | read s | total s | commits | on disk MiB | load after | result |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(
+            s,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        );
         for p in &r.points {
             if p.ran() {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {:.1} | {} |",
+                    "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {:.1} | {} | {} |",
                     p.engine.name(),
                     short_count(p.records),
                     p.threads,
@@ -885,12 +954,13 @@ pub fn markdown(r: &StorageReport) -> String {
                     p.total_s,
                     p.commits,
                     p.bytes_on_disk as f64 / MIB,
+                    p.loadavg_after.split(' ').next().unwrap_or(""),
                     status_text(p)
                 );
             } else {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | | | | | | | | {} |",
+                    "| {} | {} | {} | | | | | | | | | {} |",
                     p.engine.name(),
                     short_count(p.records),
                     p.threads,
@@ -959,6 +1029,68 @@ pub fn markdown(r: &StorageReport) -> String {
             }
         );
     }
+    if let Some(b) = &r.baseline {
+        let frame = (r.record_bytes + 16) as f64;
+        let _ = writeln!(
+            s,
+            "## Plain writes on the same file system, for scale
+"
+        );
+        let _ = writeln!(
+            s,
+            "`write(2)` of 1 MiB chunks, {} MiB in all: to a new file {:.0} MiB/s (≈ {:.2} M records/s of {} B              framed as {} B); overwriting the same cached file {:.0} MiB/s; to a new file plus one fsync              {:.0} MiB/s (≈ {:.2} M records/s).
+",
+            b.bytes >> 20,
+            b.new_file_mib_per_s,
+            b.new_file_mib_per_s * MIB / frame / 1e6,
+            r.record_bytes,
+            frame,
+            b.overwrite_mib_per_s,
+            b.new_file_fsync_mib_per_s,
+            b.new_file_fsync_mib_per_s * MIB / frame / 1e6
+        );
+    }
+    let _ = writeln!(
+        s,
+        "## How to read it
+"
+    );
+    let _ = writeln!(
+        s,
+        "- N is the total number of records of a point, split evenly over T producer threads. \
+         *append rec/s* is N over the time from the first append to the return of the last commit \
+         (every record durable under the policy above); *read rec/s* is one thread scanning \
+         everything back in storage order, checksumming each body. *result* `ok` means the count \
+         and an order-independent checksum of what was read equal those of what was appended.\n\
+         - spool: one spool per producer thread (the gateway's one spool per shard), each with a \
+         writer thread running its commit jobs (write + fsync) while appends go on; a commit \
+         carries at most the spool's `max_batch_bytes`. SQLite: WAL, `synchronous=FULL`, one \
+         writer connection fed by the producers over a bounded channel, one transaction per commit \
+         window — the best SQLite can do, since it admits one writer at a time. PostgreSQL: \
+         default server settings (`fsync=on`, `synchronous_commit=on`), one writer connection, \
+         one `INSERT … SELECT unnest($1::bytea[])` per producer batch, one transaction per window.\n\
+         - *commits* counts transactions (SQL) or commit jobs (spool, summed over spools). A commit \
+         that takes longer than the window delays the next one, so slow storage shows as fewer, \
+         larger commits rather than a missed window.\n\
+         - Skipped points were predicted (from the same engine and T at a smaller N) to exceed \
+         the per-point cap; *cut* points ran three times over it and stopped appending.\n"
+    );
+    let _ = writeln!(
+        s,
+        "## Caveats
+"
+    );
+    let _ = writeln!(
+        s,
+        "- A shared machine: other work ran alongside (see the load averages per point and at \
+         start and end); compare figures within one run, as ratios, rather than across runs.\n\
+         - A virtual disk on a virtual machine: fsync latency and bandwidth are the host's, and \
+         writing *new* page-cache pages costs far more than on bare metal (see \
+         \"Plain writes\" above): appends of new data cannot outrun that figure, whatever the engine.\n\
+         - Reads ran right after the appends, from the page cache; they measure the engines' read \
+         paths, not the disk.\n\
+         - Bytes on disk count different things per engine (see the line under the table).\n"
+    );
     s
 }
 

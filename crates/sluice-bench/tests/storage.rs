@@ -16,6 +16,7 @@ fn tiny_config(dir: &std::path::Path, durability: Durability) -> StorageConfig {
     config.engines = vec![Engine::Spool, Engine::Sqlite];
     config.durability = durability;
     config.commit_interval = std::time::Duration::from_millis(10);
+    config.baseline_bytes = 1 << 20;
     config
 }
 
@@ -93,7 +94,7 @@ fn the_binary_runs_the_study_and_writes_its_reports() {
             "--engines",
             "spool,sqlite",
         ])
-        .args(["--durability", "never", "--dir"])
+        .args(["--durability", "never", "--baseline", "1MiB", "--dir"])
         .arg(dir.path())
         .arg("--out")
         .arg(&json_path)
@@ -120,6 +121,11 @@ fn the_binary_runs_the_study_and_writes_its_reports() {
     );
     let md = std::fs::read_to_string(&md_path).unwrap();
     assert!(md.contains("## The storage-study table"), "{md}");
+    assert!(
+        md.contains("## Plain writes on the same file system"),
+        "{md}"
+    );
+    assert!(json["baseline"]["new_file_mib_per_s"].as_f64().unwrap() > 0.0);
     assert!(String::from_utf8_lossy(&status.stdout).contains("| engine | N | threads |"));
 }
 
