@@ -4,7 +4,7 @@
 //! Owns: simulated MQTT devices ([`devices`]), the measuring subscriber ([`sink`]), the bench
 //! payload format ([`payload`]), statistics ([`stats`]), `/proc` sampling ([`procfs`]) and
 //! whole-machine scenarios ([`scenario`], [`seganet`], [`throughput`], [`connections`],
-//! [`priority`]). Does not own: the gateway, the brokers (Mosquitto
+//! [`priority`], [`outage`]). Does not own: the gateway, the brokers (Mosquitto
 //! comes from `sluice-testkit`) or the MQTT codec (`sluice-proto`).
 //!
 //! Invariants: bytes from a broker never panic the tool; every in-flight window and buffer has a
@@ -18,6 +18,7 @@ pub mod conn;
 pub mod connections;
 pub mod devices;
 pub mod fastsink;
+pub mod outage;
 pub mod payload;
 pub mod priority;
 pub mod procfs;

@@ -134,6 +134,13 @@ enum ScenarioCommand {
     /// latency; and verdicts against the target (high p99 with lanes+tc ≤ 2× unloaded; normal
     /// p99 ≥ 10×; nothing lost). Prints a Markdown table; writes JSON to --out.
     Priority(PriorityArgs),
+    /// A cloud outage under load with sluice's durable spool (ack "spool"): N devices publish,
+    /// sluice's link to a TLS 1.3 cloud Mosquitto is cut for --outage and restored; reports the
+    /// backlog at the reconnect, the drain time, live traffic's e2e p50/p99 during the drain vs
+    /// before the outage, device ack latency, delivery, duplicates and per-device order within
+    /// the backlog and within the live stream, with verdicts. --quick: 16 devices, 5 s outage.
+    /// Prints the Markdown report; writes JSON to --out and Markdown to --markdown.
+    Outage(OutageArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -578,6 +585,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Throughput(args)) => throughput(args).await,
         Command::Scenario(ScenarioCommand::Connections(args)) => connections(args).await,
         Command::Scenario(ScenarioCommand::Priority(args)) => priority(args).await,
+        Command::Scenario(ScenarioCommand::Outage(args)) => outage(args).await,
         Command::Storage(args) => storage(args).await,
     }
 }
@@ -861,6 +869,100 @@ async fn seganet(args: SeganetArgs) -> anyhow::Result<()> {
         "reports written to {}",
         args.out_dir.join(format!("{name}.{{json,md}}")).display()
     );
+    Ok(())
+}
+
+#[derive(Args)]
+struct OutageArgs {
+    /// The small configuration of the tests: 16 devices, 1 s ramp, 3 s warm-up, 5 s outage,
+    /// 10 s of load after it (flags below still override).
+    #[arg(long)]
+    quick: bool,
+    /// Devices (one MQTT connection each). Default 256 (16 with --quick).
+    #[arg(short = 'n', long = "devices")]
+    devices: Option<u32>,
+    /// Messages per second per device.
+    #[arg(long, default_value_t = 10.0, value_name = "MSG/S")]
+    rate: f64,
+    /// Payload size in bytes (MIN..MAX or SIZE; at least 24).
+    #[arg(long, default_value = "100..1024", value_name = "MIN..MAX")]
+    payload: PayloadSize,
+    /// Device connections are spread over this. Default 5s (1s with --quick).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ramp: Option<Duration>,
+    /// Load before the cut, ramp included. Default 15s (3s with --quick).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    warmup: Option<Duration>,
+    /// How long the link to the cloud stays cut. Default 60s (5s with --quick).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    outage: Option<Duration>,
+    /// How long the load keeps running after the link is restored. Default 60s (10s with
+    /// --quick).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    after: Option<Duration>,
+    /// After the load stops, wait at most this long for the remaining messages.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    drain_max: Duration,
+    /// sluice's [gateway] shards.
+    #[arg(long, default_value_t = 2)]
+    shards: u32,
+    /// sluice's SenML aggregation: off (default here: one PUBLISH per message, so order and
+    /// latency are observed message by message) or on with sluice's defaults.
+    #[arg(long, value_enum, default_value = "off")]
+    aggregate: OnOff,
+    /// sluice's uplink reconnect_max (the default 30 s would delay the drain's start).
+    #[arg(long, default_value = "1s")]
+    reconnect_max: String,
+    /// Directory in which the spool directory is created (default /var/tmp, or the current
+    /// directory when /var/tmp is a tmpfs).
+    #[arg(long, value_name = "DIR")]
+    spool_parent: Option<PathBuf>,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// Progress lines on stderr every this often ("0s" to disable).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    progress: Duration,
+    /// Write the JSON report here (e.g. docs/perf/outage.json).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown report here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+async fn outage(args: OutageArgs) -> anyhow::Result<()> {
+    use sluice_bench::outage::{self as out, OutageScenario};
+    let mut config = if args.quick {
+        OutageScenario::quick(args.sluice_bin)
+    } else {
+        OutageScenario::new(args.sluice_bin)
+    };
+    config.devices = args.devices.unwrap_or(config.devices);
+    config.rate_per_device = args.rate;
+    config.payload = args.payload;
+    config.ramp = args.ramp.unwrap_or(config.ramp);
+    config.warmup = args.warmup.unwrap_or(config.warmup);
+    config.outage = args.outage.unwrap_or(config.outage);
+    config.after = args.after.unwrap_or(config.after);
+    config.drain_max = args.drain_max;
+    config.shards = args.shards;
+    if args.aggregate == OnOff::On {
+        config.aggregate = sluice_bench::scenario::AggregateOpts::default();
+    }
+    config.reconnect_max = args.reconnect_max;
+    config.spool_parent = args.spool_parent;
+    config.progress_every = progress(args.progress);
+    config.command_line = command_line();
+    let report = out::run_outage(&config).await?;
+    out::write_reports(&report, args.out.as_deref(), args.markdown.as_deref())?;
+    let table = out::markdown(&report);
+    if args.out.is_some() {
+        println!("{table}");
+    } else {
+        eprintln!("{table}");
+        emit_json(&report, None)?;
+    }
     Ok(())
 }
 
