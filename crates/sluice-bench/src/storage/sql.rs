@@ -188,6 +188,7 @@ pub fn run_sqlite(point: &Point) -> anyhow::Result<EngineRun> {
         commits,
         bytes_on_disk,
         bytes_note: "database, -wal and -shm files after the appends",
+        fsync_time: None,
     })
 }
 
@@ -267,5 +268,6 @@ pub fn run_postgres(point: &Point, cluster: &Cluster) -> anyhow::Result<EngineRu
         commits,
         bytes_on_disk: u64::try_from(bytes_on_disk).unwrap_or(0),
         bytes_note: "table and primary-key index (pg_total_relation_size; WAL not counted)",
+        fsync_time: None,
     })
 }
