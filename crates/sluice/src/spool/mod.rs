@@ -105,8 +105,10 @@ use crate::uplink::{UplinkMessage, UplinkQueue};
 /// Out-of-order acks the engine holds per spool (its `ack_window`); acks further ahead wait
 /// in [`AckRanges`].
 pub const ENGINE_ACK_WINDOW: u64 = 8192;
-/// Records read from the spool at a time.
-const READ_BATCH: usize = 64;
+/// Most records read from the spool at a time.
+const READ_BATCH: usize = 4096;
+/// Most record bytes read at a time (the engine reads about this much per call).
+const READ_BYTES: usize = 256 << 10;
 /// Most separate backlog ranges kept; beyond, the newest two merge (their gap is re-sent).
 const MAX_BACKLOG_RANGES: usize = 1024;
 /// Pause before reopening a spool after a failure.
@@ -394,7 +396,7 @@ impl UplinkSpool {
                 live,
                 backlog,
                 backlog_cur: None,
-                scratch: Vec::with_capacity(READ_BATCH),
+                scratch: Vec::new(),
             }),
             dirty: Notify::new(),
             committed: Notify::new(),
@@ -713,7 +715,7 @@ impl UplinkSpool {
             };
             // Live first.
             loop {
-                let room = self.queue.stream_room(false);
+                let room = self.queue.stream_room(false).min(READ_BYTES);
                 if room == 0 {
                     break;
                 }
@@ -736,7 +738,7 @@ impl UplinkSpool {
             // Then the backlog.
             let newest_first = self.drain_order == DrainOrder::NewestFirst;
             loop {
-                let room = self.queue.stream_room(true);
+                let room = self.queue.stream_room(true).min(READ_BYTES);
                 if room == 0 {
                     break;
                 }
@@ -835,10 +837,12 @@ impl UplinkSpool {
             };
             let age = wall.duration_since(rec.received).unwrap_or(Duration::ZERO);
             let acker: Rc<dyn SpoolAcker> = self.clone();
+            // Copies: a slice would pin the whole read chunk (up to `READ_BYTES`) for as long
+            // as the message waits for the cloud, so memory would exceed the queue's bound.
             let msg = UplinkMessage {
-                device: rec.device,
-                topic: rec.topic,
-                payload: rec.payload,
+                device: ByteString::from(&*rec.device),
+                topic: ByteString::from(&*rec.topic),
+                payload: bytes::Bytes::copy_from_slice(&rec.payload),
                 qos: rec.qos,
                 retain: rec.retain,
                 received_at: now.checked_sub(age).unwrap_or(now),
