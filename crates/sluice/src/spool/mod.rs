@@ -713,9 +713,21 @@ impl UplinkSpool {
             let Some(spool) = inner.spool.as_mut() else {
                 return;
             };
+            // Refill a stream only once a good part of its read-ahead is free (or it ran dry):
+            // every read costs a chunk of up to `READ_BYTES`, so topping up one message per
+            // cloud ack would copy far more than it sends.
+            let min_refill = (self.queue.capacity_bytes() / 8).clamp(1, READ_BYTES);
+            let room_for = |backlog: bool| {
+                let room = self.queue.stream_room(backlog).min(READ_BYTES);
+                if room < min_refill && self.queue.stream_waiting(backlog) > 0 {
+                    0
+                } else {
+                    room
+                }
+            };
             // Live first.
             loop {
-                let room = self.queue.stream_room(false).min(READ_BYTES);
+                let room = room_for(false);
                 if room == 0 {
                     break;
                 }
@@ -738,7 +750,7 @@ impl UplinkSpool {
             // Then the backlog.
             let newest_first = self.drain_order == DrainOrder::NewestFirst;
             loop {
-                let room = self.queue.stream_room(true).min(READ_BYTES);
+                let room = room_for(true);
                 if room == 0 {
                     break;
                 }

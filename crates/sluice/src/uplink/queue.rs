@@ -251,6 +251,16 @@ impl UplinkQueue {
         self.state.borrow().backlog.len()
     }
 
+    /// Messages waiting in one stream (inflight ones excluded).
+    pub fn stream_waiting(&self, backlog: bool) -> usize {
+        let st = self.state.borrow();
+        if backlog {
+            st.backlog.len()
+        } else {
+            st.waiting.len()
+        }
+    }
+
     /// A future that resolves when bytes are released (for the spool feeder). Create it,
     /// `enable` it, then check the room, then await it.
     pub fn space_released(&self) -> tokio::sync::futures::Notified<'_> {
