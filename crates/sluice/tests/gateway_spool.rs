@@ -321,6 +321,24 @@ async fn a_full_spool_with_block_stops_acknowledging_until_the_cloud_drains_it()
         "{metrics}"
     );
     assert!(metric_sum(&metrics, "sluice_spool_bytes") <= 16384.0);
+    // Another device's QoS 0 message is dropped and counted rather than waiting.
+    let mut other = device(&gw, "d2", ProtocolVersion::V311).await;
+    other
+        .publish(
+            "dev/d2",
+            format!("{}{}", payload("d2", 0), "y".repeat(400)),
+            QoS::AtMostOnce,
+            false,
+        )
+        .await
+        .expect("QoS 0 publish");
+    assert!(
+        eventually(WAIT, || metric_sum(
+            &gw.metrics_text(),
+            "sluice_mqtt_dropped_total{shard=\"0\",reason=\"spool_full\"}"
+        ) == 1.0)
+        .await
+    );
 
     // The cloud comes back: the spool drains, the device is acknowledged for everything.
     gate.set_open(true);

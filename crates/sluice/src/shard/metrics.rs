@@ -15,14 +15,17 @@ pub enum DropReason {
     TooLargeForDevice = 3,
     /// The retained-message store is at its bound.
     RetainedStoreFull = 4,
+    /// A QoS 0 message found the uplink's spool full (`when_full = "block"`).
+    SpoolFull = 5,
 }
 
-pub const DROP_REASONS: [(DropReason, &str); 5] = [
+pub const DROP_REASONS: [(DropReason, &str); 6] = [
     (DropReason::UplinkQueueFull, "uplink_queue_full"),
     (DropReason::MailboxFull, "mailbox_full"),
     (DropReason::SessionQueueFull, "session_queue_full"),
     (DropReason::TooLargeForDevice, "too_large_for_device"),
     (DropReason::RetainedStoreFull, "retained_store_full"),
+    (DropReason::SpoolFull, "spool_full"),
 ];
 
 /// Why the gateway closed a device connection.
@@ -61,7 +64,7 @@ pub struct ShardMetrics {
     pub messages_forwarded: Counter,
     pub cross_shard_sent: Counter,
     pub cross_shard_received: Counter,
-    pub dropped: [Counter; 5],
+    pub dropped: [Counter; 6],
     pub closed: [Counter; 8],
 }
 

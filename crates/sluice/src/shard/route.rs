@@ -90,7 +90,7 @@ pub async fn publish(
             match body {
                 Some(body) => {
                     if spool.append(body, qos, share).await == crate::spool::Appended::DroppedFull {
-                        ctx.metrics.count_drop(DropReason::UplinkQueueFull);
+                        ctx.metrics.count_drop(DropReason::SpoolFull);
                     }
                 }
                 // Not encodable (a device id or topic over 64 KiB): can never be sent.
