@@ -42,8 +42,8 @@
 //!   queue with cloud-ack semantics (urgent data must not wait behind a commit or a backlog).
 //! - **QoS 0:** spooled like QoS 1 (one path, per-device order across QoS levels, survives a
 //!   restart), sent at QoS 0 and trimmed once written. When the spool is full under `block`, a
-//!   QoS 0 message is dropped and counted (`sluice_spool_dropped_full_total`) instead of
-//!   waiting.
+//!   QoS 0 message is dropped and counted (`sluice_spool_dropped_full_total`, and
+//!   `sluice_mqtt_dropped_total{reason="spool_full"}`) instead of waiting.
 //! - **Full:** under `block` a QoS 1 append waits until a commit has trimmed space (the device
 //!   connection stops reading: back-pressure); under `drop-oldest` the engine removes the
 //!   oldest segment, counted; a device waiting for those records is acknowledged (the drop is
