@@ -36,8 +36,9 @@
 //!   `sluice_spool_backlog_records` after it.
 //! - Drain time: reconnect → first arrival of the last message sent before the reconnect.
 //! - Live latency: end-to-end (device send → recorder), first arrivals, for messages sent
-//!   and delivered before the cut (after the ramp), sent during the drain (reconnect → drain
-//!   end) and after it.
+//!   and delivered before the cut (after the ramp), sent during the drain (reconnect + guard →
+//!   drain end) and after it; messages sent within the guard after the reconnect on their own
+//!   (sluice's session may not be up yet, so they may travel as backlog).
 //! - Device ack latency from the cut to the end of the load (devices are acknowledged by the
 //!   spool while the cloud is away) and the PUBACKs received during the outage.
 //! - Delivery: unique vs sent, duplicates, per-device gaps.
@@ -305,6 +306,9 @@ pub struct OutageReport {
     pub e2e_live_after_drain: LatencySummary,
     /// Messages sent during the outage (cut → reconnect), first arrivals.
     pub e2e_backlog: LatencySummary,
+    /// Messages sent within the order guard after the reconnect (before sluice's session is
+    /// surely up they count as backlog in sluice), first arrivals.
+    pub e2e_near_reconnect: LatencySummary,
     pub ack_latency_whole_run: LatencySummary,
     pub ack_latency_cut_to_end: LatencySummary,
     pub order: OrderCheck,
@@ -529,6 +533,7 @@ pub async fn run_outage(config: &OutageScenario) -> anyhow::Result<OutageReport>
         e2e_live_during_drain: LatencySummary::from_histogram(&analysis.live_during_drain),
         e2e_live_after_drain: LatencySummary::from_histogram(&analysis.live_after_drain),
         e2e_backlog: LatencySummary::from_histogram(&analysis.backlog),
+        e2e_near_reconnect: LatencySummary::from_histogram(&analysis.near_reconnect),
         ack_latency_whole_run: devices_report.ack_latency,
         ack_latency_cut_to_end: devices_report.ack_latency_steady,
         order: analysis.order,
@@ -653,6 +658,9 @@ pub struct Analysis {
     pub live_during_drain: Histogram<u64>,
     pub live_after_drain: Histogram<u64>,
     pub backlog: Histogram<u64>,
+    /// Sent within the guard after the reconnect (sluice's session may not be up yet: either
+    /// stream).
+    pub near_reconnect: Histogram<u64>,
     pub order: OrderCheck,
 }
 
@@ -675,6 +683,7 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
     let mut live_during_drain = latency_histogram();
     let mut live_after_drain = latency_histogram();
     let mut backlog = latency_histogram();
+    let mut near_reconnect = latency_histogram();
     let mut max_seq: HashMap<u32, u64> = HashMap::new();
     let mut count: HashMap<u32, u64> = HashMap::new();
     // Per device: highest seq seen so far in the backlog and in the live stream.
@@ -703,6 +712,10 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
             }
         } else if a.sent_at_ns >= e.cut_ns && a.sent_at_ns < e.reconnect_ns {
             record_us(&mut backlog, micros);
+        } else if a.sent_at_ns >= e.reconnect_ns
+            && a.sent_at_ns < e.reconnect_ns.saturating_add(e.guard_ns)
+        {
+            record_us(&mut near_reconnect, micros);
         } else if a.sent_at_ns >= e.reconnect_ns && a.sent_at_ns <= drain_end {
             record_us(&mut live_during_drain, micros);
         } else if a.sent_at_ns > drain_end {
@@ -782,6 +795,7 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
         live_during_drain,
         live_after_drain,
         backlog,
+        near_reconnect,
         order,
     }
 }
@@ -928,9 +942,16 @@ pub fn markdown(r: &OutageReport) -> String {
     let _ = writeln!(s, "\n| e2e latency, first arrivals | count | p50 ms | p99 ms | p99.9 ms | max ms |\n|---|---|---|---|---|---|");
     for (name, l) in [
         ("live, before the outage", &r.e2e_before_outage),
-        ("live, during the drain", &r.e2e_live_during_drain),
+        (
+            "live, during the drain (sent from reconnect + guard)",
+            &r.e2e_live_during_drain,
+        ),
         ("live, after the drain", &r.e2e_live_after_drain),
         ("backlog (sent during the outage)", &r.e2e_backlog),
+        (
+            "sent within the guard after the reconnect",
+            &r.e2e_near_reconnect,
+        ),
         ("device ack (PUBACK), cut → end", &r.ack_latency_cut_to_end),
         ("device ack (PUBACK), whole run", &r.ack_latency_whole_run),
     ] {
