@@ -529,7 +529,31 @@ impl UplinkSpool {
                 let next = spool.next_seq().0;
                 let from = inner.live.next_seq().0;
                 if next > from {
-                    push_range(&mut inner.backlog, from, next);
+                    if self.drain_order == DrainOrder::NewestFirst {
+                        // The cursor works down the newest range: cut that range to what it has
+                        // not read yet and keep it apart, so the new (newer) range goes first
+                        // and the rest of the old one resumes after it.
+                        if let (Some(cur), Some(back)) =
+                            (inner.backlog_cur.take(), inner.backlog.back_mut())
+                        {
+                            back.1 = back.1.min(cur.next_seq().0.saturating_add(1));
+                            if back.1 <= back.0 {
+                                inner.backlog.pop_back();
+                            }
+                        }
+                        inner.backlog.push_back((from, next));
+                        if inner.backlog.len() > MAX_BACKLOG_RANGES {
+                            // Merge the oldest two (not being read): the live records between
+                            // them are sent again (duplicates).
+                            if let (Some(a), Some(b)) =
+                                (inner.backlog.pop_front(), inner.backlog.pop_front())
+                            {
+                                inner.backlog.push_front((a.0, b.1));
+                            }
+                        }
+                    } else {
+                        push_range(&mut inner.backlog, from, next);
+                    }
                     inner.live = ReadCursor::at(SpoolSeq(next));
                 }
             }
@@ -732,7 +756,8 @@ impl UplinkSpool {
                     break;
                 }
                 inner.scratch.clear();
-                match spool.read(&mut inner.live, READ_BATCH, room, &mut inner.scratch) {
+                let count = records_for(room);
+                match spool.read(&mut inner.live, count, room, &mut inner.scratch) {
                     Ok(0) => break,
                     Ok(_) => {
                         batch.extend(inner.scratch.drain(..).map(|r| (r, false)));
@@ -783,9 +808,9 @@ impl UplinkSpool {
                     break;
                 }
                 let want = if newest_first {
-                    READ_BATCH
+                    records_for(room)
                 } else {
-                    READ_BATCH.min((end - next) as usize)
+                    records_for(room).min((end - next) as usize)
                 };
                 inner.scratch.clear();
                 match spool.read(cur, want, room, &mut inner.scratch) {
@@ -918,6 +943,12 @@ impl SpoolAcker for UplinkSpool {
     }
 }
 
+/// How many records to read for `room` bytes of queue: each costs at least
+/// `MESSAGE_OVERHEAD_BYTES` there, whatever its body's size.
+fn records_for(room: usize) -> usize {
+    (room / crate::uplink::MESSAGE_OVERHEAD_BYTES).clamp(1, READ_BATCH)
+}
+
 /// Adds `[start, end)` to the backlog, merging with the newest range when adjacent.
 fn push_range(backlog: &mut VecDeque<(u64, u64)>, start: u64, end: u64) {
     if let Some(last) = backlog.back_mut() {
@@ -1020,6 +1051,15 @@ mod tests {
     }
 
     fn setup(dir: &Path, extra: &str, ack_window: u64) -> (Rc<UplinkSpool>, Rc<UplinkQueue>) {
+        setup_with_queue(dir, extra, ack_window, 1 << 20)
+    }
+
+    fn setup_with_queue(
+        dir: &Path,
+        extra: &str,
+        ack_window: u64,
+        queue_bytes: usize,
+    ) -> (Rc<UplinkSpool>, Rc<UplinkQueue>) {
         let config = crate::config::parse(&format!(
             "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{extra}\n",
             dir.display()
@@ -1035,7 +1075,7 @@ mod tests {
             engine,
             metrics: Arc::default(),
         };
-        let queue = Rc::new(UplinkQueue::new(1 << 20));
+        let queue = Rc::new(UplinkQueue::new(queue_bytes));
         let spool = UplinkSpool::new(0, "cloud", &config, opened, queue.clone());
         (spool, queue)
     }
@@ -1055,6 +1095,8 @@ mod tests {
     fn drain_queue(q: &UplinkQueue) -> Vec<(String, bool, AckToken)> {
         std::iter::from_fn(|| q.take_next(true, false))
             .map(|t| {
+                // As the session does once a message is finished.
+                q.release_msg(&t.msg);
                 let backlog = crate::uplink::queue_is_backlog(&t.msg);
                 let payload = String::from_utf8(t.msg.payload.to_vec()).expect("utf-8");
                 (
@@ -1155,6 +1197,62 @@ mod tests {
             let s = inner.spool.as_ref().expect("open");
             assert_eq!(s.ack_cursor(), SpoolSeq(300));
             assert!(inner.acks.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_second_outage_during_a_newest_first_drain_loses_and_repeats_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (rt, local) = rt();
+        local.block_on(&rt, async {
+            // A small queue: each fill hands over only part of the backlog.
+            let (spool, q) =
+                setup_with_queue(dir.path(), "drain_order = \"newest-first\"", 64, 8 << 10);
+            for i in 0..100 {
+                spool.append(&body(i), QoS::AtLeastOnce, None).await;
+            }
+            spool.commit_once().await;
+            spool.link_changed(true);
+            spool.fill();
+            let mut seen: Vec<usize> = Vec::new();
+            let first = drain_queue(&q);
+            assert!(!first.is_empty() && first.len() < 100, "{}", first.len());
+            for (p, _, t) in first {
+                seen.push(p.parse().expect("number"));
+                t.complete();
+            }
+            // The link drops mid-drain; more records pile up; it comes back.
+            spool.link_changed(false);
+            for i in 100..150 {
+                spool.append(&body(i), QoS::AtLeastOnce, None).await;
+            }
+            spool.commit_once().await;
+            spool.link_changed(true);
+            for _ in 0..100 {
+                spool.fill();
+                let got = drain_queue(&q);
+                if got.is_empty() {
+                    break;
+                }
+                for (p, _, t) in got {
+                    seen.push(p.parse().expect("number"));
+                    t.complete();
+                }
+            }
+            let mut sorted = seen.clone();
+            sorted.sort_unstable();
+            assert_eq!(
+                sorted,
+                (0..150).collect::<Vec<_>>(),
+                "each record once: {seen:?}"
+            );
+            let pos = |n: usize| seen.iter().position(|&x| x == n).expect("seen");
+            assert!(
+                pos(149) < pos(0),
+                "the newer outage's records go before the rest of the older"
+            );
+            spool.commit_once().await;
+            assert_eq!(spool.metrics.unacked_records.get(), 0);
         });
     }
 }
