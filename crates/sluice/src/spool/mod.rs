@@ -1202,12 +1202,25 @@ mod tests {
 
     #[test]
     fn a_second_outage_during_a_newest_first_drain_loses_and_repeats_nothing() {
+        second_outage_during_a_drain(true);
+    }
+
+    #[test]
+    fn a_second_outage_during_an_oldest_first_drain_loses_and_repeats_nothing() {
+        second_outage_during_a_drain(false);
+    }
+
+    fn second_outage_during_a_drain(newest_first: bool) {
         let dir = tempfile::tempdir().expect("tempdir");
         let (rt, local) = rt();
+        let order = if newest_first {
+            "drain_order = \"newest-first\""
+        } else {
+            ""
+        };
         local.block_on(&rt, async {
             // A small queue: each fill hands over only part of the backlog.
-            let (spool, q) =
-                setup_with_queue(dir.path(), "drain_order = \"newest-first\"", 64, 8 << 10);
+            let (spool, q) = setup_with_queue(dir.path(), order, 64, 8 << 10);
             for i in 0..100 {
                 spool.append(&body(i), QoS::AtLeastOnce, None).await;
             }
@@ -1247,10 +1260,14 @@ mod tests {
                 "each record once: {seen:?}"
             );
             let pos = |n: usize| seen.iter().position(|&x| x == n).expect("seen");
-            assert!(
-                pos(149) < pos(0),
-                "the newer outage's records go before the rest of the older"
-            );
+            if newest_first {
+                assert!(
+                    pos(149) < pos(0),
+                    "the newer outage's records go before the older rest"
+                );
+            } else {
+                assert_eq!(seen, (0..150).collect::<Vec<_>>(), "oldest first, in order");
+            }
             spool.commit_once().await;
             assert_eq!(spool.metrics.unacked_records.get(), 0);
         });
