@@ -1057,15 +1057,12 @@ pub fn markdown(r: &StorageReport) -> String {
     }
     if let Some(b) = &r.baseline {
         let frame = (r.record_bytes + 16) as f64;
+        let _ = writeln!(s, "## Plain writes on the same file system, for scale\n");
         let _ = writeln!(
             s,
-            "## Plain writes on the same file system, for scale
-"
-        );
-        let _ = writeln!(
-            s,
-            "`write(2)` of 1 MiB chunks, {} MiB in all: to a new file {:.0} MiB/s (≈ {:.2} M records/s of {} B              framed as {} B); overwriting the same cached file {:.0} MiB/s; to a new file plus one fsync              {:.0} MiB/s (≈ {:.2} M records/s).
-",
+            "`write(2)` of 1 MiB chunks, {} MiB in all: to a new file {:.0} MiB/s (≈ {:.2} M records/s \
+             of {} B framed as {} B); overwriting the same cached file {:.0} MiB/s; to a new file plus \
+             one fsync {:.0} MiB/s (≈ {:.2} M records/s).\n",
             b.bytes >> 20,
             b.new_file_mib_per_s,
             b.new_file_mib_per_s * MIB / frame / 1e6,
@@ -1076,11 +1073,7 @@ pub fn markdown(r: &StorageReport) -> String {
             b.new_file_fsync_mib_per_s * MIB / frame / 1e6
         );
     }
-    let _ = writeln!(
-        s,
-        "## How to read it
-"
-    );
+    let _ = writeln!(s, "## How to read it\n");
     let _ = writeln!(
         s,
         "- N is the total number of records of a point, split evenly over T producer threads. \
@@ -1100,13 +1093,11 @@ pub fn markdown(r: &StorageReport) -> String {
          that takes longer than the window delays the next one, so slow storage shows as fewer, \
          larger commits rather than a missed window.\n\
          - Skipped points were predicted (from the same engine and T at a smaller N) to exceed \
-         the per-point cap; *cut* points ran three times over it and stopped appending.\n"
+         the per-point cap; *cut* points ran three times over it and stopped appending.\n\
+         - Small points (5K records take a few milliseconds) measure mostly the latency of one or \
+         two commits and thread start-up; the larger N, the more a figure says about throughput.\n"
     );
-    let _ = writeln!(
-        s,
-        "## Caveats
-"
-    );
+    let _ = writeln!(s, "## Caveats\n");
     let _ = writeln!(
         s,
         "- A shared machine: other work ran alongside (see the load averages per point and at \
