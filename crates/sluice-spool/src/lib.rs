@@ -123,8 +123,10 @@
 //! implementation that injects I/O errors and simulates crashes (torn unsynced tails, lost
 //! unsynced directory changes) for the model-based tests.
 //!
-//! A `newest-first` read order is a later option: it fits [`ReadCursor`] (a direction
-//! field) and the per-segment index without a format change.
+//! # Read order
+//! Readers go oldest first ([`ReadCursor::at`]) or newest first ([`ReadCursor::newest_first`],
+//! the gateway's `drain_order = "newest-first"`): a direction in the cursor and a bounded
+//! per-segment checkpoint table, no format change.
 #![forbid(unsafe_code)]
 
 mod cursor;
