@@ -59,7 +59,7 @@ pub async fn connect(
         if let Err(error) = mark(&socket, addr, lane, notsent_lowat) {
             tracing::warn!(lane = lane.as_str(), %error, "cannot mark the uplink socket; connecting unmarked");
         }
-        match socket.connect(addr).await {
+        match socket.connect(addr).await.and_then(refuse_self_connect) {
             Ok(stream) => return Ok(stream),
             Err(e) => last_error = Some(e),
         }
@@ -70,6 +70,27 @@ pub async fn connect(
             format!("{host} resolved to no address"),
         )
     }))
+}
+
+/// Fails a connection the kernel made to itself. When nothing listens on a local port in the
+/// ephemeral range (a cloud broker on the same host being restarted), a connect can be given
+/// that very port as its source and "succeed" by TCP simultaneous open; kept, it would hold
+/// the port so the broker could not listen on it again. Closing it at once frees the port and
+/// the session retries as for a refused connection.
+fn refuse_self_connect(stream: TcpStream) -> io::Result<TcpStream> {
+    if stream.local_addr()? == stream.peer_addr()? {
+        // Abort rather than close, so the port does not linger in TIME_WAIT.
+        let _ = SockRef::from(&stream).set_linger(Some(std::time::Duration::ZERO));
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            format!(
+                "connected to itself ({}): nothing listens there and the kernel chose that \
+                 port as the source",
+                stream.local_addr()?
+            ),
+        ));
+    }
+    Ok(stream)
 }
 
 /// Set the lane's options on an unconnected socket.
@@ -148,6 +169,26 @@ mod tests {
         assert_eq!(m.tos, 0);
         let (_s, m) = pair(Lane::Normal, 0).await;
         assert_eq!(m.notsent_lowat, 0, "0 leaves the kernel default");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_kernel_made_to_itself_is_refused_and_frees_the_port() {
+        // Bind a socket and connect it to its own address: TCP simultaneous open, the same
+        // thing the kernel does when a connect to a closed ephemeral port picks that port.
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = socket.local_addr().unwrap();
+        let stream = socket
+            .connect(addr)
+            .await
+            .expect("Linux allows a self-connect");
+        assert_eq!(stream.local_addr().unwrap(), stream.peer_addr().unwrap());
+        let error = refuse_self_connect(stream).expect_err("a self-connect is refused");
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused);
+        assert!(error.to_string().contains("connected to itself"), "{error}");
+        // The port is free again for the broker that belongs there.
+        let listener = tokio::net::TcpListener::bind(addr).await;
+        assert!(listener.is_ok(), "{listener:?}");
     }
 
     #[tokio::test]
