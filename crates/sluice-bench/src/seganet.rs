@@ -1544,7 +1544,11 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
         m.started_at
     );
     let _ = writeln!(out, "```sh\n{}\n```\n", m.command_line);
-    let _ = writeln!(out, "sluice: {}\n", report.params.sluice_aggregate.describe());
+    let _ = writeln!(
+        out,
+        "sluice: {}\n",
+        report.params.sluice_aggregate.describe()
+    );
     let _ = writeln!(
         out,
         "Load: N devices × {} msg/s, payload {}..{} B, QoS {}, MQTT {}; uplink TLS 1.3, QoS 1. \

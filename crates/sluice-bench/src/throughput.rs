@@ -1609,7 +1609,11 @@ pub fn markdown(report: &ThroughputReport) -> String {
         m.loadavg_at_start
     );
     let _ = writeln!(out, "`{}`\n", m.command_line);
-    let _ = writeln!(out, "sluice: {}\n", report.params.sluice_aggregate.describe());
+    let _ = writeln!(
+        out,
+        "sluice: {}\n",
+        report.params.sluice_aggregate.describe()
+    );
     let _ = writeln!(
         out,
         "| SUT | cloud | max sustained, msg/s | SUT CPU at max, µs/msg | SUT CPU at max, % of one core | machine CPU at max, % of all cores | what stopped the ramp | limited by |"

@@ -14,7 +14,9 @@ use sluice_spool::{CommitJob, CommitOutcome, FsyncPolicy, Spool, SpoolConfig, Sp
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = args.get(1).ok_or_else(|| anyhow::anyhow!("usage: append_rate DIR [RECORDS] [BODY_BYTES] [COMMIT_MS]"))?;
+    let dir = args.get(1).ok_or_else(|| {
+        anyhow::anyhow!("usage: append_rate DIR [RECORDS] [BODY_BYTES] [COMMIT_MS]")
+    })?;
     let records: u64 = args.get(2).map_or(Ok(4_000_000), |s| s.parse())?;
     let body_len: usize = args.get(3).map_or(Ok(256), |s| s.parse())?;
     let period = Duration::from_millis(args.get(4).map_or(Ok(10), |s| s.parse())?);
@@ -74,7 +76,9 @@ fn main() -> anyhow::Result<()> {
     let last = spool.commit()?;
     let elapsed = start.elapsed();
     drop(job_tx);
-    writer.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
     let c = spool.counters();
     println!(
         "{records} records of {body_len} B in {:.3} s: {:.0} records/s, {:.1} MiB/s of frames; durable through {}; \

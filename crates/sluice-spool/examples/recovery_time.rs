@@ -7,9 +7,17 @@ use std::time::Instant;
 use sluice_spool::{Spool, SpoolConfig};
 
 fn main() -> anyhow::Result<()> {
-    let dir = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: recovery_time DIR"))?;
+    let dir = std::env::args()
+        .nth(1)
+        .ok_or_else(|| anyhow::anyhow!("usage: recovery_time DIR"))?;
     let start = Instant::now();
-    let (spool, report) = Spool::open(&dir, SpoolConfig { max_bytes: 64 << 30, ..SpoolConfig::default() })?;
+    let (spool, report) = Spool::open(
+        &dir,
+        SpoolConfig {
+            max_bytes: 64 << 30,
+            ..SpoolConfig::default()
+        },
+    )?;
     let elapsed = start.elapsed();
     println!(
         "recovered {} records in {} segments ({:.2} GiB scanned) in {:.3} s; clean: {}; next seq {}",

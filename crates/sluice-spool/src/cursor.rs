@@ -44,22 +44,39 @@ pub fn encode(ack: u64) -> [u8; CURSOR_LEN] {
 /// Reads the cursor; `Ok(None)` when there is no cursor file.
 pub fn read(fs: &dyn SpoolFs, dir: &Path) -> Result<Option<u64>, CursorError> {
     let path = dir.join(CURSOR_FILE);
-    let io_err = |source| CursorError::Io { path: path.clone(), source };
-    let len = match fs.list(dir).map_err(io_err)?.into_iter().find(|(n, _)| n == CURSOR_FILE) {
+    let io_err = |source| CursorError::Io {
+        path: path.clone(),
+        source,
+    };
+    let len = match fs
+        .list(dir)
+        .map_err(io_err)?
+        .into_iter()
+        .find(|(n, _)| n == CURSOR_FILE)
+    {
         Some((_, len)) => len,
         None => return Ok(None),
     };
     if len != CURSOR_LEN as u64 {
-        return Err(CursorError::Damaged { path, reason: "wrong length" });
+        return Err(CursorError::Damaged {
+            path,
+            reason: "wrong length",
+        });
     }
     let file = fs.open_read(&path).map_err(io_err)?;
     let mut b = [0u8; CURSOR_LEN];
     file.read_exact_at(&mut b, 0).map_err(io_err)?;
     if b[0..8] != CURSOR_MAGIC {
-        return Err(CursorError::Damaged { path, reason: "bad magic" });
+        return Err(CursorError::Damaged {
+            path,
+            reason: "bad magic",
+        });
     }
     if crc32c::crc32c(&b[0..16]).to_le_bytes() != b[16..20] {
-        return Err(CursorError::Damaged { path, reason: "checksum mismatch" });
+        return Err(CursorError::Damaged {
+            path,
+            reason: "checksum mismatch",
+        });
     }
     let mut v = [0u8; 8];
     v.copy_from_slice(&b[8..16]);

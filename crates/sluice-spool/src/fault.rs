@@ -221,7 +221,10 @@ impl FaultFs {
     /// returns true.
     pub fn create_for_test(&self, path: &Path, bytes: Vec<u8>) -> bool {
         let mut s = self.lock();
-        s.inodes.push(Inode { durable: bytes.clone(), data: bytes });
+        s.inodes.push(Inode {
+            durable: bytes.clone(),
+            data: bytes,
+        });
         let ino = s.inodes.len() - 1;
         s.names.insert(path.to_owned(), ino);
         s.durable_names.insert(path.to_owned(), ino);
@@ -256,7 +259,9 @@ impl SpoolFile for FaultFile {
         let s = self.lock()?;
         let data = &s.inodes[self.ino].data;
         let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
-        let end = start.checked_add(buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
+        let end = start
+            .checked_add(buf.len())
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
         let src = data.get(start..end).ok_or(io::ErrorKind::UnexpectedEof)?;
         buf.copy_from_slice(src);
         Ok(())
@@ -264,7 +269,10 @@ impl SpoolFile for FaultFile {
     fn append(&self, buf: &[u8]) -> io::Result<()> {
         let mut s = self.lock()?;
         if !self.writable {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "read-only handle"));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "read-only handle",
+            ));
         }
         if s.tick() {
             let n = (s.next_rand() % (buf.len() as u64 + 1)) as usize;
@@ -289,7 +297,10 @@ impl SpoolFile for FaultFile {
     fn truncate(&self, len: u64) -> io::Result<()> {
         let mut s = self.lock()?;
         if !self.writable {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "read-only handle"));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "read-only handle",
+            ));
         }
         if s.tick() {
             return Err(injected());
@@ -326,17 +337,32 @@ impl SpoolFs for FaultFs {
         s.inodes.push(Inode::default());
         let ino = s.inodes.len() - 1;
         s.record(DirOp::Link(path.to_owned(), ino));
-        Ok(Arc::new(FaultFile { state: self.state.clone(), ino, epoch: s.epoch, writable: true }))
+        Ok(Arc::new(FaultFile {
+            state: self.state.clone(),
+            ino,
+            epoch: s.epoch,
+            writable: true,
+        }))
     }
     fn open(&self, path: &Path) -> io::Result<Arc<dyn SpoolFile>> {
         let s = self.lock();
         let ino = *s.names.get(path).ok_or(io::ErrorKind::NotFound)?;
-        Ok(Arc::new(FaultFile { state: self.state.clone(), ino, epoch: s.epoch, writable: true }))
+        Ok(Arc::new(FaultFile {
+            state: self.state.clone(),
+            ino,
+            epoch: s.epoch,
+            writable: true,
+        }))
     }
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn SpoolFile>> {
         let s = self.lock();
         let ino = *s.names.get(path).ok_or(io::ErrorKind::NotFound)?;
-        Ok(Arc::new(FaultFile { state: self.state.clone(), ino, epoch: s.epoch, writable: false }))
+        Ok(Arc::new(FaultFile {
+            state: self.state.clone(),
+            ino,
+            epoch: s.epoch,
+            writable: false,
+        }))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut s = self.lock();

@@ -78,9 +78,7 @@ pub fn parse_header(b: &[u8]) -> Option<FrameHeader> {
 /// True when `frame` (header and body, exactly one frame) carries a matching checksum.
 pub fn check_frame(frame: &[u8]) -> bool {
     match parse_header(frame) {
-        Some(h) if frame.len() as u64 == h.frame_len() => {
-            crc32c::crc32c(&frame[4..]) == h.crc
-        }
+        Some(h) if frame.len() as u64 == h.frame_len() => crc32c::crc32c(&frame[4..]) == h.crc,
         _ => false,
     }
 }

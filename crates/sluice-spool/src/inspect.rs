@@ -76,10 +76,16 @@ impl VerifyReport {
 }
 
 fn read_err(dir: &Path) -> impl FnOnce(io::Error) -> InspectError + '_ {
-    move |source| InspectError::Read { path: dir.to_owned(), source }
+    move |source| InspectError::Read {
+        path: dir.to_owned(),
+        source,
+    }
 }
 
-fn cursor_state(fs: &dyn SpoolFs, dir: &Path) -> Result<(Option<u64>, CursorRecovery), InspectError> {
+fn cursor_state(
+    fs: &dyn SpoolFs,
+    dir: &Path,
+) -> Result<(Option<u64>, CursorRecovery), InspectError> {
     match cursor::read(fs, dir) {
         Ok(Some(c)) => Ok((Some(c), CursorRecovery::Valid)),
         Ok(None) => Ok((None, CursorRecovery::Missing)),
@@ -94,7 +100,11 @@ pub fn stat(dir: impl AsRef<Path>, max_record_bytes: u32) -> Result<SpoolStat, I
 }
 
 /// [`stat`] on any [`SpoolFs`].
-pub fn stat_with_fs(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> Result<SpoolStat, InspectError> {
+pub fn stat_with_fs(
+    fs: &dyn SpoolFs,
+    dir: &Path,
+    max_record_bytes: u32,
+) -> Result<SpoolStat, InspectError> {
     let (segs, _) = recovery::list_segments(fs, dir).map_err(read_err(dir))?;
     let (ack_cursor, cursor) = cursor_state(fs, dir)?;
     let mut st = SpoolStat {
@@ -108,9 +118,16 @@ pub fn stat_with_fs(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> Resu
     // Newest: scan segments from the newest back until one holds a record.
     for (i, &(name, len)) in segs.iter().enumerate().rev() {
         let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
-        let file = fs.open_read(&crate::fs::segment_path(dir, name)).map_err(read_err(dir))?;
-        let bounds = crate::scan::Bounds { max_record_bytes, floor: name.saturating_sub(1), ceiling };
-        let scan = crate::scan::scan_segment(&*file, len, bounds, |_, _| Ok(())).map_err(read_err(dir))?;
+        let file = fs
+            .open_read(&crate::fs::segment_path(dir, name))
+            .map_err(read_err(dir))?;
+        let bounds = crate::scan::Bounds {
+            max_record_bytes,
+            floor: name.saturating_sub(1),
+            ceiling,
+        };
+        let scan =
+            crate::scan::scan_segment(&*file, len, bounds, |_, _| Ok(())).map_err(read_err(dir))?;
         if let Some(last) = scan.last_seq() {
             st.newest_seq = Some(last);
             break;
@@ -130,9 +147,16 @@ pub fn verify(dir: impl AsRef<Path>, max_record_bytes: u32) -> Result<VerifyRepo
 }
 
 /// [`verify`] on any [`SpoolFs`].
-pub fn verify_with_fs(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> Result<VerifyReport, InspectError> {
+pub fn verify_with_fs(
+    fs: &dyn SpoolFs,
+    dir: &Path,
+    max_record_bytes: u32,
+) -> Result<VerifyReport, InspectError> {
     let (_, cursor) = cursor_state(fs, dir)?;
-    let mut rep = VerifyReport { cursor, ..Default::default() };
+    let mut rep = VerifyReport {
+        cursor,
+        ..Default::default()
+    };
     recovery::scan_all(
         fs,
         dir,
@@ -164,7 +188,11 @@ pub fn verify_with_fs(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> Re
 /// Writes every intact record of the spool in `dir` to `out`, one per line:
 /// `SEQ LEN BODY` with the body ASCII-escaped, after a first line `# ack cursor: N`.
 /// Damaged ranges are skipped silently here; [`verify`] lists them.
-pub fn dump(dir: impl AsRef<Path>, max_record_bytes: u32, out: impl Write) -> Result<(), InspectError> {
+pub fn dump(
+    dir: impl AsRef<Path>,
+    max_record_bytes: u32,
+    out: impl Write,
+) -> Result<(), InspectError> {
     dump_with_fs(&RealFs, dir.as_ref(), max_record_bytes, out)
 }
 

@@ -142,11 +142,12 @@ pub use cursor::{CursorError, CURSOR_FILE};
 pub use frame::{FRAME_HEADER_LEN, SEGMENT_HEADER_LEN, SEGMENT_MAGIC};
 pub use fs::{parse_segment_name, segment_path, RealFs, SpoolFile, SpoolFs};
 pub use inspect::{
-    dump, dump_with_fs, stat, stat_with_fs, verify, verify_with_fs, InspectError, SpoolStat, VerifyReport,
+    dump, dump_with_fs, stat, stat_with_fs, verify, verify_with_fs, InspectError, SpoolStat,
+    VerifyReport,
 };
 pub use recovery::{CursorRecovery, RecoveryReport, SeqGap, SkippedRange, QUARANTINE_DIR};
 pub use scan::{BadRange, Run};
 pub use spool::{
-    Appended, CommitJob, CommitOutcome, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor, Spool,
-    SpoolConfig, SpoolCounters, SpoolError, SpoolRecord, SpoolSeq,
+    Appended, CommitJob, CommitOutcome, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor,
+    Spool, SpoolConfig, SpoolCounters, SpoolError, SpoolRecord, SpoolSeq,
 };

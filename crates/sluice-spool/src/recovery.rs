@@ -126,7 +126,10 @@ pub(crate) struct Recovered {
 pub(crate) type SegmentList = Vec<(u64, u64)>;
 
 /// Lists segment files in seq order, plus the other file names.
-pub(crate) fn list_segments(fs: &dyn SpoolFs, dir: &Path) -> io::Result<(SegmentList, Vec<String>)> {
+pub(crate) fn list_segments(
+    fs: &dyn SpoolFs,
+    dir: &Path,
+) -> io::Result<(SegmentList, Vec<String>)> {
     let mut segs = Vec::new();
     let mut other = Vec::new();
     for (name, len) in fs.list(dir)? {
@@ -154,7 +157,11 @@ pub(crate) fn scan_all(
         let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
         let path = segment_path(dir, name);
         let file = fs.open_read(&path)?;
-        let bounds = Bounds { max_record_bytes, floor, ceiling };
+        let bounds = Bounds {
+            max_record_bytes,
+            floor,
+            ceiling,
+        };
         let scan = scan::scan_segment(&*file, len, bounds, &mut on_record)?;
         visit(name, &path, &scan, floor, ceiling, i + 1 == segs.len());
         if let Some(last) = scan.last_seq() {
@@ -166,14 +173,26 @@ pub(crate) fn scan_all(
 
 /// The seqs a bad range may have held, given the runs around it.
 pub(crate) fn gap_for(bad: &BadRange, runs: &[Run], floor: u64, ceiling: u64) -> SeqGap {
-    let before = runs.iter().filter(|r| r.end <= bad.start).map(|r| r.last_seq).max().unwrap_or(floor);
-    let after = runs.iter().filter(|r| r.start >= bad.end).map(|r| r.first_seq).min();
+    let before = runs
+        .iter()
+        .filter(|r| r.end <= bad.start)
+        .map(|r| r.last_seq)
+        .max()
+        .unwrap_or(floor);
+    let after = runs
+        .iter()
+        .filter(|r| r.start >= bad.end)
+        .map(|r| r.first_seq)
+        .min();
     let last = match after {
         Some(s) => Some(s - 1),
         None if ceiling == u64::MAX => None,
         None => Some(ceiling - 1),
     };
-    SeqGap { first: before + 1, last }
+    SeqGap {
+        first: before + 1,
+        last,
+    }
 }
 
 /// Copies `[start, end)` of `src` into a new durable file at `dst` (via a temp file),
@@ -203,7 +222,11 @@ fn copy_out(
     fs.rename(&tmp, dst)
 }
 
-pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io::Result<Recovered> {
+pub(crate) fn recover(
+    fs: &dyn SpoolFs,
+    dir: &Path,
+    max_record_bytes: u32,
+) -> io::Result<Recovered> {
     fs.create_dir_all(dir)?;
     let mut report = RecoveryReport::default();
     let (segs, other) = list_segments(fs, dir)?;
@@ -232,7 +255,11 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
         let is_last = i + 1 == segs.len();
         let path = segment_path(dir, name);
         let file = fs.open(&path)?;
-        let bounds = Bounds { max_record_bytes, floor, ceiling };
+        let bounds = Bounds {
+            max_record_bytes,
+            floor,
+            ceiling,
+        };
         let scan = scan::scan_segment(&*file, len, bounds, |_, _| Ok(()))?;
         report.segments_scanned += 1;
         report.bytes_scanned += len;
@@ -252,7 +279,11 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
                     // Bytes a previous process wrote but never fsynced are readable now;
                     // make them durable before anyone treats them as committed.
                     file.sync()?;
-                    metas.push(SegMeta { first: r.first_seq, last: r.last_seq, len });
+                    metas.push(SegMeta {
+                        first: r.first_seq,
+                        last: r.last_seq,
+                        len,
+                    });
                 }
                 None => {
                     fs.remove(&path)?;
@@ -274,7 +305,11 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
                 Some(r) => {
                     file.truncate(keep)?;
                     file.sync()?;
-                    metas.push(SegMeta { first: r.first_seq, last: r.last_seq, len: keep });
+                    metas.push(SegMeta {
+                        first: r.first_seq,
+                        last: r.last_seq,
+                        len: keep,
+                    });
                 }
                 None => {
                     fs.remove(&path)?;
@@ -301,11 +336,22 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
             let mut replaced = false;
             for (j, run) in scan.runs.iter().enumerate() {
                 if j > 0 || !keep_first {
-                    copy_out(fs, &*file, run.start, run.end, &segment_path(dir, run.first_seq), true)?;
+                    copy_out(
+                        fs,
+                        &*file,
+                        run.start,
+                        run.end,
+                        &segment_path(dir, run.first_seq),
+                        true,
+                    )?;
                     replaced |= run.first_seq == name;
                 }
                 let len = run.end - run.start + SEGMENT_HEADER_LEN;
-                metas.push(SegMeta { first: run.first_seq, last: run.last_seq, len });
+                metas.push(SegMeta {
+                    first: run.first_seq,
+                    last: run.last_seq,
+                    len,
+                });
             }
             fs.sync_dir(dir)?;
             if keep_first {
@@ -342,5 +388,9 @@ pub(crate) fn recover(fs: &dyn SpoolFs, dir: &Path, max_record_bytes: u32) -> io
     }
     // Always: a previous process may have created or removed files without syncing.
     fs.sync_dir(dir)?;
-    Ok(Recovered { segments: metas, ack_cursor, report })
+    Ok(Recovered {
+        segments: metas,
+        ack_cursor,
+        report,
+    })
 }

@@ -37,7 +37,13 @@ pub(crate) struct Window<'a> {
 
 impl<'a> Window<'a> {
     pub(crate) fn new(file: &'a dyn SpoolFile, file_len: u64, chunk: usize) -> Self {
-        Window { file, file_len, base: 0, buf: Vec::new(), chunk }
+        Window {
+            file,
+            file_len,
+            base: 0,
+            buf: Vec::new(),
+            chunk,
+        }
     }
 
     /// Bytes `[off, off+len)`; the caller guarantees `off + len <= file_len`.
@@ -148,10 +154,16 @@ pub(crate) fn scan_segment(
     mut on_record: impl FnMut(u64, &[u8]) -> io::Result<()>,
 ) -> io::Result<SegmentScan> {
     let mut w = Window::new(file, file_len, WINDOW_BYTES);
-    let mut scan = SegmentScan { file_len, ..Default::default() };
+    let mut scan = SegmentScan {
+        file_len,
+        ..Default::default()
+    };
     if file_len < SEGMENT_HEADER_LEN {
         if file_len > 0 {
-            scan.bad.push(BadRange { start: 0, end: file_len });
+            scan.bad.push(BadRange {
+                start: 0,
+                end: file_len,
+            });
         }
         return Ok(scan);
     }
@@ -185,7 +197,13 @@ pub(crate) fn scan_segment(
                         if let Some(r) = run.take() {
                             scan.runs.push(r);
                         }
-                        run = Some(Run { start: pos, end, first_seq: h.seq, last_seq: h.seq, records: 1 });
+                        run = Some(Run {
+                            start: pos,
+                            end,
+                            first_seq: h.seq,
+                            last_seq: h.seq,
+                            records: 1,
+                        });
                     }
                 }
                 pos = end;
@@ -200,7 +218,10 @@ pub(crate) fn scan_segment(
         scan.runs.push(r);
     }
     if let Some(start) = bad_start {
-        scan.bad.push(BadRange { start, end: file_len.max(pos) });
+        scan.bad.push(BadRange {
+            start,
+            end: file_len.max(pos),
+        });
     }
     Ok(scan)
 }

@@ -145,7 +145,9 @@ pub enum SpoolError {
     Config(&'static str),
     /// `max_bytes` reached under [`FullPolicy::Block`]: back-pressure and retry after acks
     /// have been committed.
-    #[error("spool full ({used} of {max} bytes): back-pressure devices until the cloud acknowledges")]
+    #[error(
+        "spool full ({used} of {max} bytes): back-pressure devices until the cloud acknowledges"
+    )]
     Full {
         /// Bytes in use.
         used: u64,
@@ -181,7 +183,9 @@ pub enum SpoolError {
         durable: u64,
     },
     /// An ack too far ahead of the ack cursor (the uplink's window exceeds `ack_window`).
-    #[error("ack for seq {seq} is more than ack_window ({window}) ahead of the ack cursor {cursor}")]
+    #[error(
+        "ack for seq {seq} is more than ack_window ({window}) ahead of the ack cursor {cursor}"
+    )]
     AckOutsideWindow {
         /// The acked seq.
         seq: u64,
@@ -192,7 +196,9 @@ pub enum SpoolError {
     },
     /// A committed record failed its checksum on read (the medium changed it). Reopening
     /// lets recovery quarantine it.
-    #[error("record at {path}:{offset} failed its checksum on read; reopen the spool to quarantine it")]
+    #[error(
+        "record at {path}:{offset} failed its checksum on read; reopen the spool to quarantine it"
+    )]
     CorruptRecord {
         /// Segment file.
         path: PathBuf,
@@ -215,7 +221,11 @@ pub enum SpoolError {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> SpoolError + 'a {
-    move |source| SpoolError::Io { op, path: path.to_owned(), source }
+    move |source| SpoolError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
 }
 
 /// A record read back.
@@ -307,12 +317,20 @@ pub const REV_CHECKPOINT_EVERY: u64 = 256;
 impl ReadCursor {
     /// A cursor that starts at `seq` and reads upwards (oldest first).
     pub fn at(seq: SpoolSeq) -> Self {
-        ReadCursor { next: seq.0.max(1), hint: None, newest_first: false }
+        ReadCursor {
+            next: seq.0.max(1),
+            hint: None,
+            newest_first: false,
+        }
     }
     /// A cursor that reads downwards (newest first) from `seq` (clamped to the newest
     /// committed record) to the oldest unacknowledged record.
     pub fn newest_first(seq: SpoolSeq) -> Self {
-        ReadCursor { next: seq.0, hint: None, newest_first: true }
+        ReadCursor {
+            next: seq.0,
+            hint: None,
+            newest_first: true,
+        }
     }
     /// Whether this cursor reads newest first.
     pub fn is_newest_first(&self) -> bool {
@@ -371,7 +389,15 @@ impl CommitJob {
     /// Writes the batch, fsyncs per policy, persists the ack cursor and removes trimmed
     /// segments. Blocks.
     pub fn run(self) -> CommitOutcome {
-        let CommitJob { fs, dir, writes, sync, sync_dir, cursor, removes } = self;
+        let CommitJob {
+            fs,
+            dir,
+            writes,
+            sync,
+            sync_dir,
+            cursor,
+            removes,
+        } = self;
         let result = (|| {
             for w in &writes {
                 w.file.append(&w.buf).map_err(io_err("write", &w.path))?;
@@ -406,7 +432,10 @@ impl CommitJob {
             }
             Ok((fsync_time, fsyncs))
         })();
-        CommitOutcome { result, buffers: writes.into_iter().map(|w| w.buf).collect() }
+        CommitOutcome {
+            result,
+            buffers: writes.into_iter().map(|w| w.buf).collect(),
+        }
     }
 }
 
@@ -449,7 +478,10 @@ const READ_CHUNK: usize = 256 << 10;
 
 impl Spool {
     /// Opens (recovering) the spool in `dir` on the real file system.
-    pub fn open(dir: impl AsRef<Path>, cfg: SpoolConfig) -> Result<(Spool, RecoveryReport), SpoolError> {
+    pub fn open(
+        dir: impl AsRef<Path>,
+        cfg: SpoolConfig,
+    ) -> Result<(Spool, RecoveryReport), SpoolError> {
         Self::open_with_fs(Arc::new(RealFs), dir, cfg)
     }
 
@@ -461,14 +493,22 @@ impl Spool {
     ) -> Result<(Spool, RecoveryReport), SpoolError> {
         cfg.validate()?;
         let dir = dir.as_ref().to_owned();
-        let rec = recovery::recover(&*fs, &dir, cfg.max_record_bytes).map_err(io_err("recover", &dir))?;
-        let persisted_ack = matches!(rec.report.cursor, recovery::CursorRecovery::Valid).then_some(rec.ack_cursor);
+        let rec =
+            recovery::recover(&*fs, &dir, cfg.max_record_bytes).map_err(io_err("recover", &dir))?;
+        let persisted_ack =
+            matches!(rec.report.cursor, recovery::CursorRecovery::Valid).then_some(rec.ack_cursor);
         let newest = rec.segments.last().map_or(0, |m| m.last);
         let next_seq = newest.max(rec.ack_cursor) + 1;
         let mut segments: VecDeque<Segment> = rec
             .segments
             .iter()
-            .map(|m| Segment { first: m.first, last: m.last, len: m.len, committed_len: m.len, committed_last: m.last })
+            .map(|m| Segment {
+                first: m.first,
+                last: m.last,
+                len: m.len,
+                committed_len: m.len,
+                committed_last: m.last,
+            })
             .collect();
         let total_bytes = segments.iter().map(|s| s.len).sum::<u64>();
         let path = segment_path(&dir, next_seq);
@@ -490,13 +530,21 @@ impl Spool {
             ack: rec.ack_cursor,
             acked_above: BTreeSet::new(),
             persisted_ack,
-            pending: vec![Pending { seg_first: next_seq, path, file, buf: SEGMENT_MAGIC.to_vec() }],
+            pending: vec![Pending {
+                seg_first: next_seq,
+                path,
+                file,
+                buf: SEGMENT_MAGIC.to_vec(),
+            }],
             pending_bytes: SEGMENT_HEADER_LEN,
             dir_dirty: true,
             in_flight: None,
             total_bytes: total_bytes + SEGMENT_HEADER_LEN,
             poisoned: false,
-            counters: SpoolCounters { segments_created: 1, ..Default::default() },
+            counters: SpoolCounters {
+                segments_created: 1,
+                ..Default::default()
+            },
             read_file: None,
             spare_bufs: Vec::new(),
             rev_index: None,
@@ -513,11 +561,16 @@ impl Spool {
             return Err(SpoolError::Poisoned);
         }
         if body.len() > self.cfg.max_record_bytes as usize {
-            return Err(SpoolError::RecordTooLarge { len: body.len(), max: self.cfg.max_record_bytes });
+            return Err(SpoolError::RecordTooLarge {
+                len: body.len(),
+                max: self.cfg.max_record_bytes,
+            });
         }
         let flen = frame::frame_len(body.len());
         if self.pending_bytes + flen + SEGMENT_HEADER_LEN > self.cfg.max_batch_bytes {
-            return Err(SpoolError::BatchFull { bytes: self.pending_bytes });
+            return Err(SpoolError::BatchFull {
+                bytes: self.pending_bytes,
+            });
         }
         let mut dropped = None;
         let needs_rotation = {
@@ -526,18 +579,28 @@ impl Spool {
             let active = self.segments.back().ok_or(SpoolError::Poisoned)?;
             active.last >= active.first && active.len + flen > self.cfg.segment_bytes
         };
-        let extra = if needs_rotation { SEGMENT_HEADER_LEN } else { 0 };
+        let extra = if needs_rotation {
+            SEGMENT_HEADER_LEN
+        } else {
+            0
+        };
         if self.total_bytes + flen + extra > self.cfg.max_bytes {
             match self.cfg.when_full {
                 FullPolicy::Block => {
                     self.counters.full_rejections += 1;
-                    return Err(SpoolError::Full { used: self.total_bytes, max: self.cfg.max_bytes });
+                    return Err(SpoolError::Full {
+                        used: self.total_bytes,
+                        max: self.cfg.max_bytes,
+                    });
                 }
                 FullPolicy::DropOldest => {
                     dropped = self.drop_oldest(flen + extra)?;
                     if self.total_bytes + flen + extra > self.cfg.max_bytes {
                         self.counters.full_rejections += 1;
-                        return Err(SpoolError::Full { used: self.total_bytes, max: self.cfg.max_bytes });
+                        return Err(SpoolError::Full {
+                            used: self.total_bytes,
+                            max: self.cfg.max_bytes,
+                        });
                     }
                 }
             }
@@ -568,7 +631,10 @@ impl Spool {
         self.total_bytes += flen;
         self.counters.records_appended += 1;
         self.counters.bytes_appended += flen;
-        Ok(Appended { seq: SpoolSeq(seq), dropped })
+        Ok(Appended {
+            seq: SpoolSeq(seq),
+            dropped,
+        })
     }
 
     fn poison<T>(&mut self, e: SpoolError) -> Result<T, SpoolError> {
@@ -585,7 +651,12 @@ impl Spool {
         };
         let mut buf = self.spare_bufs.pop().unwrap_or_default();
         buf.extend_from_slice(&SEGMENT_MAGIC);
-        self.pending.push(Pending { seg_first: first, path, file: file.clone(), buf });
+        self.pending.push(Pending {
+            seg_first: first,
+            path,
+            file: file.clone(),
+            buf,
+        });
         self.pending_bytes += SEGMENT_HEADER_LEN;
         self.total_bytes += SEGMENT_HEADER_LEN;
         self.segments.push_back(Segment {
@@ -669,7 +740,10 @@ impl Spool {
         let reached = writes
             .iter()
             .filter_map(|w| {
-                self.segments.iter().find(|s| s.first == w.seg_first).map(|s| (s.first, s.len, s.last))
+                self.segments
+                    .iter()
+                    .find(|s| s.first == w.seg_first)
+                    .map(|s| (s.first, s.len, s.last))
             })
             .collect();
         self.pending_bytes = 0;
@@ -681,9 +755,17 @@ impl Spool {
             sync,
             sync_dir: std::mem::take(&mut self.dir_dirty),
             cursor,
-            removes: removes.iter().map(|&f| segment_path(&self.dir, f)).collect(),
+            removes: removes
+                .iter()
+                .map(|&f| segment_path(&self.dir, f))
+                .collect(),
         };
-        self.in_flight = Some(InFlight { through: self.next_seq - 1, reached, cursor, removes });
+        self.in_flight = Some(InFlight {
+            through: self.next_seq - 1,
+            reached,
+            cursor,
+            removes,
+        });
         Ok(Some(job))
     }
 
@@ -728,7 +810,10 @@ impl Spool {
         self.counters.fsyncs += fsyncs;
         self.counters.fsync_nanos_total += nanos;
         self.counters.fsync_nanos_max = self.counters.fsync_nanos_max.max(nanos);
-        Ok(Committed { durable_through: SpoolSeq(self.durable), fsync_time })
+        Ok(Committed {
+            durable_through: SpoolSeq(self.durable),
+            fsync_time,
+        })
     }
 
     /// Begins, runs and finishes a commit on this thread (blocks for the fsync).
@@ -738,7 +823,10 @@ impl Spool {
                 let outcome = job.run();
                 self.finish_commit(outcome)
             }
-            None => Ok(Committed { durable_through: SpoolSeq(self.durable), fsync_time: Duration::ZERO }),
+            None => Ok(Committed {
+                durable_through: SpoolSeq(self.durable),
+                fsync_time: Duration::ZERO,
+            }),
         }
     }
 
@@ -750,10 +838,17 @@ impl Spool {
             return Ok(());
         }
         if seq > self.durable {
-            return Err(SpoolError::AckNotCommitted { seq, durable: self.durable });
+            return Err(SpoolError::AckNotCommitted {
+                seq,
+                durable: self.durable,
+            });
         }
         if seq - self.ack > self.cfg.ack_window {
-            return Err(SpoolError::AckOutsideWindow { seq, cursor: self.ack, window: self.cfg.ack_window });
+            return Err(SpoolError::AckOutsideWindow {
+                seq,
+                cursor: self.ack,
+                window: self.cfg.ack_window,
+            });
         }
         self.acked_above.insert(seq);
         self.advance_ack();
@@ -789,7 +884,11 @@ impl Spool {
 
     /// A read cursor at the first unacknowledged record.
     pub fn read_cursor(&self) -> ReadCursor {
-        ReadCursor { next: self.ack + 1, hint: None, newest_first: false }
+        ReadCursor {
+            next: self.ack + 1,
+            hint: None,
+            newest_first: false,
+        }
     }
 
     /// Reads committed records from `cur` into `out` in the cursor's direction (seq order,
@@ -833,20 +932,25 @@ impl Spool {
                 Some((f, off)) if f == seg.first => off,
                 _ => locate(&*file, seg.committed_len, cur.next).map_err(|e| match e {
                     Some(e) => io_err("read", &path)(e),
-                    None => SpoolError::CorruptRecord { path: path.clone(), offset: 0 },
+                    None => SpoolError::CorruptRecord {
+                        path: path.clone(),
+                        offset: 0,
+                    },
                 })?,
             };
             let avail = seg.committed_len - off;
             let mut want = (avail as usize).min(READ_CHUNK.max(max_bytes.saturating_sub(bytes)));
             let mut hdr = [0u8; FRAME_HEADER_LEN];
-            file.read_exact_at(&mut hdr, off).map_err(io_err("read", &path))?;
+            file.read_exact_at(&mut hdr, off)
+                .map_err(io_err("read", &path))?;
             let first_len = frame::parse_header(&hdr).map_or(0, |h| h.frame_len());
             if first_len > avail || first_len == 0 {
                 return Err(SpoolError::CorruptRecord { path, offset: off });
             }
             want = want.max(first_len as usize);
             let mut buf = BytesMut::zeroed(want);
-            file.read_exact_at(&mut buf, off).map_err(io_err("read", &path))?;
+            file.read_exact_at(&mut buf, off)
+                .map_err(io_err("read", &path))?;
             let chunk = buf.freeze();
             let mut p = 0usize;
             while n < max_records && (n == 0 || bytes < max_bytes) {
@@ -858,9 +962,15 @@ impl Spool {
                     break;
                 }
                 if h.seq != cur.next || !frame::check_frame(&chunk[p..end]) {
-                    return Err(SpoolError::CorruptRecord { path, offset: off + p as u64 });
+                    return Err(SpoolError::CorruptRecord {
+                        path,
+                        offset: off + p as u64,
+                    });
                 }
-                out.push(SpoolRecord { seq: SpoolSeq(h.seq), body: chunk.slice(p + FRAME_HEADER_LEN..end) });
+                out.push(SpoolRecord {
+                    seq: SpoolSeq(h.seq),
+                    body: chunk.slice(p + FRAME_HEADER_LEN..end),
+                });
                 n += 1;
                 bytes += h.len as usize;
                 cur.next += 1;
@@ -910,8 +1020,17 @@ impl Spool {
                 let lo = hi + 1 - k as u64;
                 tmp.clear();
                 let off = self.rev_offset(&seg, lo)?;
-                let mut fwd = ReadCursor { next: lo, hint: Some((seg.first, off)), newest_first: false };
-                self.read(&mut fwd, k, max_bytes.saturating_sub(bytes).max(1), &mut tmp)?;
+                let mut fwd = ReadCursor {
+                    next: lo,
+                    hint: Some((seg.first, off)),
+                    newest_first: false,
+                };
+                self.read(
+                    &mut fwd,
+                    k,
+                    max_bytes.saturating_sub(bytes).max(1),
+                    &mut tmp,
+                )?;
                 let reached = tmp.last().map(|r| r.seq.0) == Some(hi);
                 if reached || k == 1 {
                     break;
@@ -937,14 +1056,23 @@ impl Spool {
         let file = self.file_for(seg, &path)?;
         let mut ix = match self.rev_index.take() {
             Some(ix) if ix.seg_first == seg.first => ix,
-            _ => RevIndex { seg_first: seg.first, scanned_off: SEGMENT_HEADER_LEN, points: Vec::new() },
+            _ => RevIndex {
+                seg_first: seg.first,
+                scanned_off: SEGMENT_HEADER_LEN,
+                points: Vec::new(),
+            },
         };
-        let corrupt = |offset| SpoolError::CorruptRecord { path: path.clone(), offset };
+        let corrupt = |offset| SpoolError::CorruptRecord {
+            path: path.clone(),
+            offset,
+        };
         if ix.scanned_off < seg.committed_len {
             let mut w = Window::new(&*file, seg.committed_len, 64 << 10);
             let mut off = ix.scanned_off;
             while off + FRAME_HEADER_LEN as u64 <= seg.committed_len {
-                let hdr = w.get(off, FRAME_HEADER_LEN).map_err(io_err("read", &path))?;
+                let hdr = w
+                    .get(off, FRAME_HEADER_LEN)
+                    .map_err(io_err("read", &path))?;
                 let h = frame::parse_header(hdr).ok_or_else(|| corrupt(off))?;
                 if h.frame_len() == 0 || h.seq < seg.first {
                     return Err(corrupt(off));
@@ -967,7 +1095,9 @@ impl Spool {
             if off + FRAME_HEADER_LEN as u64 > seg.committed_len {
                 return Err(corrupt(off));
             }
-            let hdr = w.get(off, FRAME_HEADER_LEN).map_err(io_err("read", &path))?;
+            let hdr = w
+                .get(off, FRAME_HEADER_LEN)
+                .map_err(io_err("read", &path))?;
             let h = frame::parse_header(hdr).ok_or_else(|| corrupt(off))?;
             if h.seq != seq || h.frame_len() == 0 {
                 return Err(corrupt(off));

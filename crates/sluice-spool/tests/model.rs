@@ -50,7 +50,11 @@ fn config(drop_oldest: bool) -> SpoolConfig {
     SpoolConfig {
         segment_bytes: 256,
         max_bytes: 2048,
-        when_full: if drop_oldest { FullPolicy::DropOldest } else { FullPolicy::Block },
+        when_full: if drop_oldest {
+            FullPolicy::DropOldest
+        } else {
+            FullPolicy::Block
+        },
         ack_window: 64,
         max_record_bytes: 80,
         max_batch_bytes: 1024,
@@ -79,26 +83,52 @@ struct Harness {
 impl Harness {
     fn open(&mut self) {
         let (spool, _report) =
-            Spool::open_with_fs(Arc::new(self.fs.clone()), "/spool", self.cfg.clone()).expect("recovery never refuses");
+            Spool::open_with_fs(Arc::new(self.fs.clone()), "/spool", self.cfg.clone())
+                .expect("recovery never refuses");
         let c = spool.ack_cursor().0;
-        assert!(c >= self.cursor_floor, "resumed at {c}, below the persisted cursor {}", self.cursor_floor);
+        assert!(
+            c >= self.cursor_floor,
+            "resumed at {c}, below the persisted cursor {}",
+            self.cursor_floor
+        );
         self.reader = spool.read_cursor();
         self.spool = Some(spool);
         // Read everything back and check it against the model.
         let spool = self.spool.as_mut().expect("just opened");
         let mut cur = spool.read_cursor();
         let mut got = Vec::new();
-        while spool.read(&mut cur, 100, 1 << 20, &mut got).expect("read after recovery") > 0 {}
+        while spool
+            .read(&mut cur, 100, 1 << 20, &mut got)
+            .expect("read after recovery")
+            > 0
+        {}
         let mut prev = c;
         for r in &got {
             assert!(r.seq.0 > prev, "seq {} after {prev}", r.seq.0);
             prev = r.seq.0;
-            assert_eq!(self.appended.get(&r.body[..]), Some(&r.seq.0), "record {} was never appended so", r.seq.0);
+            assert_eq!(
+                self.appended.get(&r.body[..]),
+                Some(&r.seq.0),
+                "record {} was never appended so",
+                r.seq.0
+            );
         }
-        if std::env::var("MODEL_DEBUG").is_ok() { eprintln!("open: c={c} seqs={:?} report={:?} paths={:?}", got.iter().map(|r| r.seq.0).collect::<Vec<_>>(), _report, self.fs.paths()); }
-        let present: BTreeMap<u64, Vec<u8>> = got.iter().map(|r| (r.seq.0, r.body.to_vec())).collect();
+        if std::env::var("MODEL_DEBUG").is_ok() {
+            eprintln!(
+                "open: c={c} seqs={:?} report={:?} paths={:?}",
+                got.iter().map(|r| r.seq.0).collect::<Vec<_>>(),
+                _report,
+                self.fs.paths()
+            );
+        }
+        let present: BTreeMap<u64, Vec<u8>> =
+            got.iter().map(|r| (r.seq.0, r.body.to_vec())).collect();
         for (seq, body) in self.committed.range(c + 1..) {
-            assert_eq!(present.get(seq), Some(body), "committed record {seq} lost (cursor {c})");
+            assert_eq!(
+                present.get(seq),
+                Some(body),
+                "committed record {seq} lost (cursor {c})"
+            );
         }
         // Everything that survived recovery is durable now.
         self.committed = present;
@@ -128,7 +158,11 @@ impl Harness {
                             self.uncommitted.retain(|&s, _| s > d.last.0);
                         }
                     }
-                    Err(SpoolError::Full { .. } | SpoolError::BatchFull { .. } | SpoolError::Io { .. }) => {}
+                    Err(
+                        SpoolError::Full { .. }
+                        | SpoolError::BatchFull { .. }
+                        | SpoolError::Io { .. },
+                    ) => {}
                     Err(e) => panic!("append: {e}"),
                 }
             }
@@ -148,14 +182,24 @@ impl Harness {
                 let mut reader = self.reader;
                 let Some(spool) = self.spool() else { return };
                 let mut out = Vec::new();
-                spool.read(&mut reader, *n, 1 << 20, &mut out).expect("read");
+                spool
+                    .read(&mut reader, *n, 1 << 20, &mut out)
+                    .expect("read");
                 let from = out.first().map_or(0, |r| r.seq.0);
-                let want: Vec<(u64, Vec<u8>)> =
-                    self.committed.range(from..).take(out.len()).map(|(s, b)| (*s, b.clone())).collect();
-                let got: Vec<(u64, Vec<u8>)> = out.iter().map(|r| (r.seq.0, r.body.to_vec())).collect();
+                let want: Vec<(u64, Vec<u8>)> = self
+                    .committed
+                    .range(from..)
+                    .take(out.len())
+                    .map(|(s, b)| (*s, b.clone()))
+                    .collect();
+                let got: Vec<(u64, Vec<u8>)> =
+                    out.iter().map(|r| (r.seq.0, r.body.to_vec())).collect();
                 assert_eq!(got, want, "reads return the committed records in order");
                 if let Some(&(first, _)) = want.first() {
-                    let skipped = self.committed.range(self.reader.next_seq().0..first).count();
+                    let skipped = self
+                        .committed
+                        .range(self.reader.next_seq().0..first)
+                        .count();
                     assert_eq!(skipped, 0, "the reader skipped committed records");
                 }
                 self.delivered.extend(out.iter().map(|r| r.seq.0));
@@ -166,7 +210,9 @@ impl Harness {
                     return;
                 }
                 let seq = self.delivered.swap_remove(i % self.delivered.len());
-                let Some(spool) = self.spool.as_mut() else { return };
+                let Some(spool) = self.spool.as_mut() else {
+                    return;
+                };
                 match spool.ack(SpoolSeq(seq)) {
                     Ok(()) | Err(SpoolError::AckOutsideWindow { .. }) => {}
                     Err(e) => panic!("ack: {e}"),
@@ -189,7 +235,8 @@ impl Harness {
     fn absorb_commit(&mut self, durable: u64) {
         let rest = self.uncommitted.split_off(&(durable + 1));
         let done = std::mem::replace(&mut self.uncommitted, rest);
-        self.committed.extend(done.into_iter().filter(|(s, _)| *s > self.cursor_floor));
+        self.committed
+            .extend(done.into_iter().filter(|(s, _)| *s > self.cursor_floor));
     }
 }
 

@@ -38,7 +38,8 @@ fn a_torn_tail_at_every_byte_of_the_last_record_recovers_every_earlier_record() 
     for cut in last_start..bytes.len() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(segment_path(dir.path(), 1), &bytes[..cut]).expect("write");
-        let (mut spool, report) = Spool::open(dir.path(), small_config()).expect("recovery never refuses");
+        let (mut spool, report) =
+            Spool::open(dir.path(), small_config()).expect("recovery never refuses");
         let got = read_all(&mut spool);
         let seqs: Vec<u64> = got.iter().map(|r| r.seq.0).collect();
         assert_eq!(seqs, vec![1, 2, 3, 4], "cut at {cut}");
@@ -46,14 +47,21 @@ fn a_torn_tail_at_every_byte_of_the_last_record_recovers_every_earlier_record() 
             assert_eq!(&r.body[..], &body(r.seq.0)[..]);
         }
         if cut == last_start {
-            assert!(report.is_clean(), "a cut on a frame boundary is a clean file");
+            assert!(
+                report.is_clean(),
+                "a cut on a frame boundary is a clean file"
+            );
         } else {
             assert_eq!(report.torn_tails.len(), 1, "cut at {cut}");
             assert_eq!(report.torn_tails[0].bytes as usize, cut - last_start);
             assert_eq!(report.torn_tails[0].seqs.first, 5);
             assert!(report.quarantined.is_empty());
         }
-        assert_eq!(spool.next_seq(), SpoolSeq(5), "seq 5 was never durable: it is reused");
+        assert_eq!(
+            spool.next_seq(),
+            SpoolSeq(5),
+            "seq 5 was never durable: it is reused"
+        );
     }
 }
 
@@ -65,8 +73,9 @@ fn a_bit_flip_in_a_middle_record_quarantines_only_that_record_and_reports_it() {
     assert!(segs.len() >= 3);
     // Flip one bit inside the third record of the second segment.
     let victim = &segs[1];
-    let first: u64 = sluice_spool::parse_segment_name(victim.file_name().and_then(|n| n.to_str()).unwrap_or(""))
-        .expect("segment name");
+    let first: u64 =
+        sluice_spool::parse_segment_name(victim.file_name().and_then(|n| n.to_str()).unwrap_or(""))
+            .expect("segment name");
     let mut bytes = std::fs::read(victim).expect("read");
     let mut off = 8;
     for s in first..first + 2 {
@@ -78,18 +87,30 @@ fn a_bit_flip_in_a_middle_record_quarantines_only_that_record_and_reports_it() {
     std::fs::write(victim, &bytes).expect("write");
 
     // verify() sees it and changes nothing.
-    let before: Vec<Vec<u8>> = segs.iter().map(|p| std::fs::read(p).expect("read")).collect();
+    let before: Vec<Vec<u8>> = segs
+        .iter()
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect();
     let v = sluice_spool::verify(dir.path(), 128).expect("verify");
     assert_eq!(v.damaged_ranges, 1);
     assert_eq!(v.damaged[0].offset, off as u64);
     assert_eq!(v.damaged[0].bytes, bad_len);
-    assert_eq!((v.damaged[0].seqs.first, v.damaged[0].seqs.last), (bad_seq, Some(bad_seq)));
+    assert_eq!(
+        (v.damaged[0].seqs.first, v.damaged[0].seqs.last),
+        (bad_seq, Some(bad_seq))
+    );
     let st = sluice_spool::stat(dir.path(), 128).expect("stat");
-    assert_eq!((st.oldest_seq, st.newest_seq, st.segments), (Some(1), Some(40), segs.len()));
+    assert_eq!(
+        (st.oldest_seq, st.newest_seq, st.segments),
+        (Some(1), Some(40), segs.len())
+    );
     let mut dumped = Vec::new();
     sluice_spool::dump(dir.path(), 128, &mut dumped).expect("dump");
     assert_eq!(String::from_utf8_lossy(&dumped).lines().count(), 1 + 39);
-    let after: Vec<Vec<u8>> = segs.iter().map(|p| std::fs::read(p).expect("read")).collect();
+    let after: Vec<Vec<u8>> = segs
+        .iter()
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect();
     assert_eq!(before, after, "operator tools are read-only");
     assert!(!dir.path().join(QUARANTINE_DIR).exists());
 
@@ -100,7 +121,10 @@ fn a_bit_flip_in_a_middle_record_quarantines_only_that_record_and_reports_it() {
     assert_eq!((q.offset, q.bytes), (off as u64, bad_len));
     assert_eq!((q.seqs.first, q.seqs.last), (bad_seq, Some(bad_seq)));
     let moved = q.moved_to.as_ref().expect("quarantined somewhere");
-    assert_eq!(std::fs::read(moved).expect("quarantine file").len() as u64, bad_len);
+    assert_eq!(
+        std::fs::read(moved).expect("quarantine file").len() as u64,
+        bad_len
+    );
     let seqs: Vec<u64> = read_all(&mut spool).iter().map(|r| r.seq.0).collect();
     let want: Vec<u64> = (1..=40).filter(|&s| s != bad_seq).collect();
     assert_eq!(seqs, want);
@@ -164,7 +188,11 @@ fn a_crash_at_any_step_of_recovery_is_recovered_by_the_next_start() {
     for n in 1..40 {
         let fs = make(n + 100);
         fs.fail_op(n);
-        let first = sluice_spool::Spool::open_with_fs(std::sync::Arc::new(fs.clone()), "/spool", small_config());
+        let first = sluice_spool::Spool::open_with_fs(
+            std::sync::Arc::new(fs.clone()),
+            "/spool",
+            small_config(),
+        );
         drop(first);
         fs.crash();
         let (mut spool, _) = open_fault(&fs, small_config());
@@ -188,6 +216,9 @@ fn a_damaged_cursor_file_redelivers_rather_than_refusing_to_start() {
     }
     std::fs::write(dir.path().join(sluice_spool::CURSOR_FILE), b"garbage").expect("write");
     let (mut spool, report) = Spool::open(dir.path(), small_config()).expect("open");
-    assert!(matches!(report.cursor, sluice_spool::CursorRecovery::Damaged(_)));
+    assert!(matches!(
+        report.cursor,
+        sluice_spool::CursorRecovery::Damaged(_)
+    ));
     assert_eq!(read_all(&mut spool).len(), 5);
 }

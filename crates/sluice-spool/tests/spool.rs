@@ -14,7 +14,10 @@ fn records_become_readable_only_after_commit_and_in_append_order() {
     for i in 1..=50 {
         assert_eq!(spool.append(&body(i)).expect("append").seq, SpoolSeq(i));
     }
-    assert!(read_all(&mut spool).is_empty(), "uncommitted records must not be readable");
+    assert!(
+        read_all(&mut spool).is_empty(),
+        "uncommitted records must not be readable"
+    );
     let c = spool.commit().expect("commit");
     assert_eq!(c.durable_through, SpoolSeq(50));
     let got = read_all(&mut spool);
@@ -32,10 +35,15 @@ fn a_commit_job_runs_on_another_thread_while_appends_continue() {
     let (mut spool, _) = Spool::open(dir.path(), small_config()).expect("open");
     spool.append(b"first").expect("append");
     let job = spool.begin_commit().expect("begin").expect("work to do");
-    assert!(matches!(spool.begin_commit(), Err(SpoolError::CommitInFlight)));
+    assert!(matches!(
+        spool.begin_commit(),
+        Err(SpoolError::CommitInFlight)
+    ));
     let handle = std::thread::spawn(move || job.run());
     spool.append(b"second").expect("append during commit");
-    let c = spool.finish_commit(handle.join().expect("job thread")).expect("finish");
+    let c = spool
+        .finish_commit(handle.join().expect("job thread"))
+        .expect("finish");
     assert_eq!(c.durable_through, SpoolSeq(1));
     assert_eq!(spool.commit().expect("commit").durable_through, SpoolSeq(2));
     let bodies: Vec<_> = read_all(&mut spool).into_iter().map(|r| r.body).collect();
@@ -59,7 +67,10 @@ fn out_of_order_acks_advance_the_cursor_only_over_a_contiguous_prefix() {
     spool.ack(SpoolSeq(4)).expect("ack");
     assert_eq!(spool.ack_cursor(), SpoolSeq(5));
     spool.ack(SpoolSeq(2)).expect("a duplicate ack is ignored");
-    assert!(matches!(spool.ack(SpoolSeq(11)), Err(SpoolError::AckNotCommitted { .. })));
+    assert!(matches!(
+        spool.ack(SpoolSeq(11)),
+        Err(SpoolError::AckNotCommitted { .. })
+    ));
     spool.commit().expect("commit persists the cursor");
     assert_eq!(spool.persisted_ack_cursor(), Some(SpoolSeq(5)));
     drop(spool);
@@ -80,7 +91,10 @@ fn acks_beyond_the_window_are_refused() {
     }
     spool.commit().expect("commit");
     spool.ack(SpoolSeq(4)).expect("inside the window");
-    assert!(matches!(spool.ack(SpoolSeq(5)), Err(SpoolError::AckOutsideWindow { .. })));
+    assert!(matches!(
+        spool.ack(SpoolSeq(5)),
+        Err(SpoolError::AckOutsideWindow { .. })
+    ));
 }
 
 #[test]
@@ -91,7 +105,11 @@ fn a_segment_is_deleted_only_after_every_record_in_it_is_acked_and_the_cursor_pe
         spool.append(&body(i)).expect("append");
     }
     spool.commit().expect("commit");
-    let segs_before = fs.paths().iter().filter(|p| p.extension().is_some_and(|e| e == "seg")).count();
+    let segs_before = fs
+        .paths()
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .count();
     let first_seg = sluice_spool::segment_path("/spool".as_ref(), 1);
     // Ack all but the last record of the first segment.
     let mut cur = spool.read_cursor();
@@ -102,15 +120,31 @@ fn a_segment_is_deleted_only_after_every_record_in_it_is_acked_and_the_cursor_pe
         spool.ack(r.seq).expect("ack");
     }
     spool.commit().expect("commit");
-    assert!(fs.read_all(&first_seg).is_some(), "a partly acked segment stays");
+    assert!(
+        fs.read_all(&first_seg).is_some(),
+        "a partly acked segment stays"
+    );
     for r in &out {
         spool.ack(r.seq).expect("ack");
     }
-    assert!(fs.read_all(&first_seg).is_some(), "nothing is deleted before the cursor is persisted");
+    assert!(
+        fs.read_all(&first_seg).is_some(),
+        "nothing is deleted before the cursor is persisted"
+    );
     spool.commit().expect("commit");
-    assert!(fs.read_all(&first_seg).is_none(), "fully acked segments go after the commit");
-    let segs_after = fs.paths().iter().filter(|p| p.extension().is_some_and(|e| e == "seg")).count();
-    assert_eq!(segs_after, 1, "only the active segment remains (had {segs_before})");
+    assert!(
+        fs.read_all(&first_seg).is_none(),
+        "fully acked segments go after the commit"
+    );
+    let segs_after = fs
+        .paths()
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .count();
+    assert_eq!(
+        segs_after, 1,
+        "only the active segment remains (had {segs_before})"
+    );
     assert_eq!(spool.counters().segments_trimmed as usize, segs_before - 1);
 }
 
@@ -147,7 +181,9 @@ fn drop_oldest_removes_the_oldest_segment_counts_it_and_says_which_seqs() {
     let (mut spool, _) = open_fault(&fs, cfg);
     let mut dropped = None;
     for i in 1..=100u64 {
-        let a = spool.append(&[i as u8; 64]).expect("never full under drop-oldest");
+        let a = spool
+            .append(&[i as u8; 64])
+            .expect("never full under drop-oldest");
         spool.commit().expect("commit");
         if a.dropped.is_some() && dropped.is_none() {
             dropped = a.dropped;
@@ -192,7 +228,10 @@ fn oversized_records_and_overfull_batches_are_refused_without_harm() {
     let mut cfg = small_config();
     cfg.max_batch_bytes = 1024;
     let (mut spool, _) = open_fault(&fs, cfg);
-    assert!(matches!(spool.append(&[0u8; 129]), Err(SpoolError::RecordTooLarge { .. })));
+    assert!(matches!(
+        spool.append(&[0u8; 129]),
+        Err(SpoolError::RecordTooLarge { .. })
+    ));
     let err = loop {
         if let Err(e) = spool.append(&[1u8; 100]) {
             break e;
@@ -214,11 +253,20 @@ fn the_fsync_policy_never_does_not_fsync() {
     assert_eq!(spool.counters().fsyncs, 0);
 }
 
-fn read_newest_first(spool: &mut Spool, from: u64, max_records: usize, max_bytes: usize) -> Vec<u64> {
+fn read_newest_first(
+    spool: &mut Spool,
+    from: u64,
+    max_records: usize,
+    max_bytes: usize,
+) -> Vec<u64> {
     let mut cur = ReadCursor::newest_first(SpoolSeq(from));
     assert!(cur.is_newest_first());
     let mut out = Vec::new();
-    while spool.read(&mut cur, max_records, max_bytes, &mut out).expect("read") > 0 {}
+    while spool
+        .read(&mut cur, max_records, max_bytes, &mut out)
+        .expect("read")
+        > 0
+    {}
     out.iter().map(|r| r.seq.0).collect()
 }
 
@@ -238,7 +286,13 @@ fn a_newest_first_cursor_reads_committed_unacked_records_in_reverse_across_segme
         spool.append(&body(i)).expect("append uncommitted");
     }
     assert!(spool.segment_count() > 5, "records span segments");
-    for (batch, bytes) in [(1, 1 << 20), (7, 1 << 20), (64, 1 << 20), (1000, 1 << 20), (64, 1)] {
+    for (batch, bytes) in [
+        (1, 1 << 20),
+        (7, 1 << 20),
+        (64, 1 << 20),
+        (1000, 1 << 20),
+        (64, 1),
+    ] {
         let got = read_newest_first(&mut spool, 5000, batch, bytes);
         let want: Vec<u64> = (1..=1200).rev().collect();
         assert_eq!(got, want, "batch {batch}, bytes {bytes}");
@@ -247,7 +301,10 @@ fn a_newest_first_cursor_reads_committed_unacked_records_in_reverse_across_segme
     let mut cur = ReadCursor::newest_first(SpoolSeq(700));
     let mut out = Vec::new();
     spool.read(&mut cur, 3, 1 << 20, &mut out).expect("read");
-    assert_eq!(out.iter().map(|r| r.seq.0).collect::<Vec<_>>(), vec![700, 699, 698]);
+    assert_eq!(
+        out.iter().map(|r| r.seq.0).collect::<Vec<_>>(),
+        vec![700, 699, 698]
+    );
     for r in &out {
         assert_eq!(&r.body[..], &body(r.seq.0)[..]);
     }
@@ -265,15 +322,24 @@ fn a_newest_first_cursor_stops_above_the_ack_cursor_and_sees_later_commits() {
     for s in 1..=40 {
         spool.ack(SpoolSeq(s)).expect("ack");
     }
-    assert_eq!(read_newest_first(&mut spool, 100, 16, 1 << 20), (41..=100).rev().collect::<Vec<_>>());
+    assert_eq!(
+        read_newest_first(&mut spool, 100, 16, 1 << 20),
+        (41..=100).rev().collect::<Vec<_>>()
+    );
     for i in 101..=120 {
         spool.append(&body(i)).expect("append");
     }
     spool.commit().expect("commit");
-    assert_eq!(read_newest_first(&mut spool, 120, 16, 1 << 20), (41..=120).rev().collect::<Vec<_>>());
+    assert_eq!(
+        read_newest_first(&mut spool, 120, 16, 1 << 20),
+        (41..=120).rev().collect::<Vec<_>>()
+    );
     // Oldest-first cursors are unchanged by the newest-first reader's table.
     let mut cur = spool.read_cursor();
     let mut out = Vec::new();
     spool.read(&mut cur, 5, 1 << 20, &mut out).expect("read");
-    assert_eq!(out.iter().map(|r| r.seq.0).collect::<Vec<_>>(), vec![41, 42, 43, 44, 45]);
+    assert_eq!(
+        out.iter().map(|r| r.seq.0).collect::<Vec<_>>(),
+        vec![41, 42, 43, 44, 45]
+    );
 }

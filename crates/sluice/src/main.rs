@@ -108,7 +108,10 @@ fn spool(action: SpoolAction) -> ExitCode {
                 println!("ack cursor     {} ({:?})", seq(s.ack_cursor), s.cursor);
                 println!("oldest seq     {}", seq(s.oldest_seq));
                 println!("newest seq     {}", seq(s.newest_seq));
-                println!("quarantine     {} files ({} bytes)", s.quarantine_files, s.quarantine_bytes);
+                println!(
+                    "quarantine     {} files ({} bytes)",
+                    s.quarantine_files, s.quarantine_bytes
+                );
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&a.dir, &error),
