@@ -1,41 +1,15 @@
 //! The `connections` scenario at tiny scale: 50 idle devices against sluice, once from this
 //! process and once spread over two `sluice-bench idle` child processes.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+mod sluice_binary;
+
+use std::path::PathBuf;
 
 use sluice_bench::connections::{run_connections, ConnectionsScenario, EdgeSut};
 
-/// The sluice binary of this workspace (see tests/throughput.rs).
-fn sluice_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let debug = target.join("debug/sluice");
-        let release = target.join("release/sluice");
-        if !debug.is_file() && !release.is_file() {
-            let status = std::process::Command::new(env!("CARGO"))
-                .args(["build", "-p", "sluice", "--bin", "sluice"])
-                .current_dir(&root)
-                .status()
-                .expect("running cargo build -p sluice");
-            assert!(status.success(), "cargo build -p sluice failed");
-        }
-        if debug.is_file() {
-            debug
-        } else {
-            release
-        }
-    })
-    .clone()
-}
-
 fn scenario(per_process: u32) -> ConnectionsScenario {
     let mut config = ConnectionsScenario::new(
-        sluice_bin(),
+        sluice_binary::debug_or_release(),
         PathBuf::from(env!("CARGO_BIN_EXE_sluice-bench")),
     );
     config.suts = vec![EdgeSut::Sluice];

@@ -5,28 +5,14 @@
 //! Two sizes: the quick one (16 devices, 5 s outage) and the (256 devices × 10 msg/s,
 //! 60 s outage; about two minutes). Latency figures are printed, never asserted.
 
-use std::path::{Path, PathBuf};
+mod sluice_binary;
+
 use std::time::{Duration, Instant};
 
 use sluice_bench::outage::{markdown, run_outage, OutageReport, OutageScenario};
 
 /// The scenarios measure the machine: never two at once.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The sluice binary of this work tree, built now so that it has the code under test.
-fn sluice_bin() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let status = std::process::Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "sluice", "--bin", "sluice"])
-        .current_dir(&root)
-        .status()
-        .expect("running cargo build -p sluice");
-    assert!(status.success(), "cargo build -p sluice failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    target.join("debug/sluice")
-}
 
 fn assert_outage_survived(report: &OutageReport) {
     let text = markdown(report);
@@ -68,7 +54,7 @@ fn assert_outage_survived(report: &OutageReport) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_outage_loses_nothing_and_keeps_per_device_order() -> anyhow::Result<()> {
     let _one = ONE_AT_A_TIME.lock().await;
-    let mut config = OutageScenario::quick(sluice_bin());
+    let mut config = OutageScenario::quick(sluice_binary::built_now());
     config.command_line = "test (quick)".to_string();
     config.progress_every = None;
     let started = Instant::now();
@@ -85,7 +71,7 @@ async fn a_short_outage_loses_nothing_and_keeps_per_device_order() -> anyhow::Re
 async fn a_60_s_outage_under_256_devices_loses_nothing_and_keeps_per_device_order(
 ) -> anyhow::Result<()> {
     let _one = ONE_AT_A_TIME.lock().await;
-    let mut config = OutageScenario::new(sluice_bin());
+    let mut config = OutageScenario::new(sluice_binary::built_now());
     config.warmup = Duration::from_secs(10);
     config.after = Duration::from_secs(20);
     config.drain_max = Duration::from_secs(90);

@@ -2,7 +2,9 @@
 //! report has every mode and every device, and nothing is lost. Needs root (namespaces, veth,
 //! tc); prints a skip line otherwise.
 
-use std::path::{Path, PathBuf};
+mod sluice_binary;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sluice_bench::devices::PayloadSize;
@@ -15,21 +17,6 @@ fn is_root() -> bool {
         == Some(0)
 }
 
-/// The sluice binary of this work tree, built now so that it has the code under test.
-fn sluice_bin() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let status = std::process::Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "sluice", "--bin", "sluice"])
-        .current_dir(&root)
-        .status()
-        .expect("running cargo build -p sluice");
-    assert!(status.success(), "cargo build -p sluice failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    target.join("debug/sluice")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_runs_in_its_own_namespaces_and_loses_nothing() -> anyhow::Result<()> {
     if !is_root() {
@@ -40,7 +27,7 @@ async fn every_mode_runs_in_its_own_namespaces_and_loses_nothing() -> anyhow::Re
         return Ok(());
     }
     let mut config = PriorityScenario::new(
-        sluice_bin(),
+        sluice_binary::built_now(),
         PathBuf::from(env!("CARGO_BIN_EXE_sluice-bench")),
     );
     config.rate_per_device = 50.0;

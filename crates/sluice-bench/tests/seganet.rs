@@ -1,8 +1,9 @@
 //! The `seganet` scenario and its parts: a tiny sweep against every system under test, chart
 //! output, the per-device agent's acknowledgement rule, and the admission and verdict rules.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+mod sluice_binary;
+
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -23,35 +24,6 @@ use tokio::sync::oneshot;
 use tokio::time::timeout;
 use tokio_rustls::TlsAcceptor;
 
-/// The sluice binary of this workspace: `target/{debug,release}/sluice`, built with
-/// `cargo build -p sluice` when neither exists (`cargo test --workspace` does not promise to
-/// build other packages' binaries before this test runs).
-fn sluice_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let debug = target.join("debug/sluice");
-        let release = target.join("release/sluice");
-        if !debug.is_file() && !release.is_file() {
-            let status = std::process::Command::new(env!("CARGO"))
-                .args(["build", "-p", "sluice", "--bin", "sluice"])
-                .current_dir(&root)
-                .status()
-                .expect("running cargo build -p sluice");
-            assert!(status.success(), "cargo build -p sluice failed");
-        }
-        if debug.is_file() {
-            debug
-        } else {
-            release
-        }
-    })
-    .clone()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_sweep_delivers_everything_through_sluice_the_agents_and_the_bridge(
 ) -> anyhow::Result<()> {
@@ -69,7 +41,7 @@ async fn a_tiny_sweep_delivers_everything_through_sluice_the_agents_and_the_brid
         ramp: Duration::from_millis(300),
         settle: Duration::from_millis(200),
         constrained: None,
-        sluice_bin: sluice_bin(),
+        sluice_bin: sluice_binary::debug_or_release(),
         sluice_shards: 1,
         // Aggregate even 4 devices, so the sink's SenML unpacking is on the path.
         sluice_aggregate: sluice_bench::scenario::AggregateOpts {

@@ -2,8 +2,8 @@
 //! PUBLISHes over TLS 1.3 for MQTT 3.1.1 and 5, and a tiny step load through sluice and the
 //! Mosquitto bridge finds a maximum sustained rate.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+mod sluice_binary;
+
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -19,35 +19,6 @@ use sluice_testkit::TestPki;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpListener;
 use tokio::time::timeout;
-
-/// The sluice binary of this workspace: `target/{debug,release}/sluice`, built with
-/// `cargo build -p sluice` when neither exists (`cargo test --workspace` does not promise to
-/// build other packages' binaries before this test runs).
-fn sluice_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let debug = target.join("debug/sluice");
-        let release = target.join("release/sluice");
-        if !debug.is_file() && !release.is_file() {
-            let status = std::process::Command::new(env!("CARGO"))
-                .args(["build", "-p", "sluice", "--bin", "sluice"])
-                .current_dir(&root)
-                .status()
-                .expect("running cargo build -p sluice");
-            assert!(status.success(), "cargo build -p sluice failed");
-        }
-        if debug.is_file() {
-            debug
-        } else {
-            release
-        }
-    })
-    .clone()
-}
 
 /// Publish 100 QoS 1 bench messages and one QoS 0 duplicate to a fast sink with one write, and
 /// expect one PUBACK per QoS 1 message, in order, and the sink's counters to match.
@@ -172,7 +143,7 @@ async fn fast_sink_acknowledges_and_counts_every_mqtt_5_publish_over_tls13() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_step_load_finds_a_sustained_rate_through_sluice_and_the_bridge(
 ) -> anyhow::Result<()> {
-    let mut config = ThroughputScenario::new(sluice_bin());
+    let mut config = ThroughputScenario::new(sluice_binary::debug_or_release());
     config.suts = vec![Sut::Sluice, Sut::MosquittoBridge];
     config.clouds = vec![Cloud::FastSink];
     config.devices = 8;
