@@ -16,23 +16,61 @@ use sluice_testkit::TestClient;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// `[spool]` plus an uplink through `via`, one shard unless `extra` says otherwise.
-fn spool_gateway(
-    cloud: &Cloud,
-    via: std::net::SocketAddr,
-    dir: &Path,
-    spool_extra: &str,
-    uplink_extra: &str,
-) -> RunningGateway {
-    let text = format!(
-        "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{spool_extra}\n{}",
-        dir.display(),
-        cloud.uplink_toml(
-            Some(via),
-            &format!("{uplink_extra}\n[uplink.aggregate]\nenabled = false")
+/// `[uplink]` lines that turn SenML aggregation off (one PUBLISH per spooled message).
+const NO_AGGREGATION: &str = "[uplink.aggregate]\nenabled = false";
+
+/// What every test here starts from: a cloud broker with a subscriber, a gate in front of it
+/// that starts closed (the cloud is "down"), and an empty spool directory.
+struct GatedCloud {
+    cloud: Cloud,
+    sub: TestClient,
+    gate: Gate,
+    dir: tempfile::TempDir,
+}
+
+impl GatedCloud {
+    /// The cloud, its subscriber on `filter`, the gate closed.
+    async fn start_closed(filter: &str) -> GatedCloud {
+        let cloud = Cloud::start();
+        let sub = cloud.subscriber("cloud-sub", filter).await;
+        let gate = Gate::start(cloud.broker.tls_addr()).await;
+        gate.set_open(false);
+        let dir = tempfile::tempdir().expect("tempdir");
+        GatedCloud {
+            cloud,
+            sub,
+            gate,
+            dir,
+        }
+    }
+
+    /// `[spool]` in the spool directory (`fsync = "never"`, then `spool_extra`) and an uplink
+    /// through the gate (`uplink_extra` in its section).
+    fn config(&self, spool_extra: &str, uplink_extra: &str) -> String {
+        format!(
+            "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{spool_extra}\n{}",
+            self.dir.path().display(),
+            self.cloud.uplink_toml(Some(self.gate.addr), uplink_extra)
         )
-    );
-    gateway(1, &text)
+    }
+
+    /// A one-shard gateway on [`GatedCloud::config`] without aggregation.
+    fn gateway(&self, spool_extra: &str, uplink_extra: &str) -> RunningGateway {
+        gateway(
+            1,
+            &self.config(spool_extra, &format!("{uplink_extra}\n{NO_AGGREGATION}")),
+        )
+    }
+
+    /// A one-shard gateway whose spool holds 16 KiB in 4 KiB segments, `when_full` when it is
+    /// full, and devices' packets of at most 1 KiB.
+    fn small_spool_gateway(&self, when_full: &str) -> RunningGateway {
+        let text = self.config(
+            &format!("segment_size = \"4KiB\"\nmax_size = \"16KiB\"\nwhen_full = \"{when_full}\""),
+            NO_AGGREGATION,
+        );
+        gateway_mqtt(1, "max_packet_size = \"1KiB\"", &text)
+    }
 }
 
 fn payload(device: &str, i: usize) -> String {
@@ -125,32 +163,29 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qos1_publishes_are_acked_from_the_spool_while_the_cloud_is_down_and_arrive_in_order_later()
 {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "ack = \"spool\"", "");
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = t.gateway("ack = \"spool\"", "");
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     dev.set_ack_timeout(Duration::from_secs(5));
     // Every PUBACK arrives although no cloud is reachable: the spool acknowledged them.
     publish_all(&mut dev, "d1", "dev/d1", 0..300, 16).await;
     assert!(!uplink_connected(&gw));
-    let bytes = spool_bytes(dir.path());
+    let bytes = spool_bytes(t.dir.path());
     for i in 0..300 {
         assert!(
             contains(&bytes, payload("d1", i).as_bytes()),
             "message {i} not in the spool files"
         );
     }
-    assert!(sub
+    assert!(t
+        .sub
         .recv(Duration::from_millis(300))
         .await
         .expect("sub")
         .is_none());
 
-    gate.set_open(true);
-    let got = receive(&mut sub, 300, WAIT).await;
+    t.gate.set_open(true);
+    let got = receive(&mut t.sub, 300, WAIT).await;
     let want: Vec<(String, usize)> = (0..300).map(|i| ("d1".to_string(), i)).collect();
     assert_eq!(got, want, "every message once, in order");
     // Acknowledged records are trimmed: the unacked count drops to zero.
@@ -175,35 +210,33 @@ async fn qos1_publishes_are_acked_from_the_spool_while_the_cloud_is_down_and_arr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unacknowledged_records_are_delivered_after_a_gateway_restart_on_the_same_spool() {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "", "");
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = t.gateway("", "");
     let mut dev = device(&gw, "d1", ProtocolVersion::V5).await;
     publish_all(&mut dev, "d1", "dev/d1", 0..120, 8).await;
     drop(dev);
     gw.shutdown();
-    assert!(sub
+    assert!(t
+        .sub
         .recv(Duration::from_millis(200))
         .await
         .expect("sub")
         .is_none());
 
     // The same spool directory, the cloud reachable now.
-    gate.set_open(true);
-    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "", "");
-    let got = receive(&mut sub, 120, WAIT).await;
+    t.gate.set_open(true);
+    let gw = t.gateway("", "");
+    let got = receive(&mut t.sub, 120, WAIT).await;
     let want: Vec<(String, usize)> = (0..120).map(|i| ("d1".to_string(), i)).collect();
     assert_eq!(got, want);
     assert!(eventually(WAIT, || gw.status_json()["spool"]["unacked_records"] == 0).await);
     gw.shutdown();
     // Acknowledged and committed: a third start sends nothing again.
-    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "", "");
+    let gw = t.gateway("", "");
     assert!(eventually(WAIT, || uplink_connected(&gw)).await);
     assert!(
-        sub.recv(Duration::from_millis(500))
+        t.sub
+            .recv(Duration::from_millis(500))
             .await
             .expect("sub")
             .is_none(),
@@ -216,26 +249,16 @@ async fn unacknowledged_records_are_delivered_after_a_gateway_restart_on_the_sam
 async fn live_messages_overtake_a_draining_backlog_which_keeps_per_device_order() {
     const BACKLOG: usize = 3000;
     const LIVE: usize = 20;
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let mut t = GatedCloud::start_closed("dev/#").await;
     // A window of 2: the backlog may use one slot while live messages wait, live the other.
-    let gw = spool_gateway(
-        &cloud,
-        gate.addr,
-        dir.path(),
-        "drain_share = 0.5",
-        "inflight = 2",
-    );
+    let gw = t.gateway("drain_share = 0.5", "inflight = 2");
     let mut a = device(&gw, "a", ProtocolVersion::V311).await;
     let mut b = device(&gw, "b", ProtocolVersion::V311).await;
     publish_all(&mut a, "a", "dev/a", 0..BACKLOG / 2, 32).await;
     publish_all(&mut b, "b", "dev/b", 0..BACKLOG / 2, 32).await;
     let mut live = device(&gw, "live", ProtocolVersion::V311).await;
 
-    gate.set_open(true);
+    t.gate.set_open(true);
     assert!(eventually(WAIT, || uplink_connected(&gw)).await);
     let live_task = tokio::spawn(async move {
         for i in 0..LIVE {
@@ -245,7 +268,7 @@ async fn live_messages_overtake_a_draining_backlog_which_keeps_per_device_order(
         }
         live
     });
-    let got = receive(&mut sub, BACKLOG + LIVE, WAIT).await;
+    let got = receive(&mut t.sub, BACKLOG + LIVE, WAIT).await;
     let _live = live_task.await.expect("live task");
     assert_eq!(got.len(), BACKLOG + LIVE, "everything arrives");
     let first_live = got
@@ -274,17 +297,8 @@ async fn live_messages_overtake_a_draining_backlog_which_keeps_per_device_order(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_spool_with_block_stops_acknowledging_until_the_cloud_drains_it() {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = format!(
-        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nsegment_size = \"4KiB\"\nmax_size = \"16KiB\"\nwhen_full = \"block\"\n{}",
-        dir.path().display(),
-        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
-    );
-    let gw = gateway_mqtt(1, "max_packet_size = \"1KiB\"", &text);
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = t.small_spool_gateway("block");
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     const N: usize = 200;
     let filler = "x".repeat(200);
@@ -341,12 +355,12 @@ async fn a_full_spool_with_block_stops_acknowledging_until_the_cloud_drains_it()
     );
 
     // The cloud comes back: the spool drains, the device is acknowledged for everything.
-    gate.set_open(true);
+    t.gate.set_open(true);
     dev.set_ack_timeout(WAIT);
     for &id in &ids[acked..] {
         assert_eq!(dev.wait_ack(id).await.expect("PUBACK after the drain"), 0);
     }
-    let got = receive(&mut sub, N, WAIT).await;
+    let got = receive(&mut t.sub, N, WAIT).await;
     assert_eq!(
         got,
         (0..N).map(|i| ("d1".to_string(), i)).collect::<Vec<_>>(),
@@ -361,17 +375,8 @@ async fn a_full_spool_with_block_stops_acknowledging_until_the_cloud_drains_it()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_oldest_keeps_acknowledging_and_counts_what_it_dropped() {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = format!(
-        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nsegment_size = \"4KiB\"\nmax_size = \"16KiB\"\nwhen_full = \"drop-oldest\"\n{}",
-        dir.path().display(),
-        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
-    );
-    let gw = gateway_mqtt(1, "max_packet_size = \"1KiB\"", &text);
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = t.small_spool_gateway("drop-oldest");
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     const N: usize = 200;
     let filler = "x".repeat(200);
@@ -396,8 +401,8 @@ async fn drop_oldest_keeps_acknowledging_and_counts_what_it_dropped() {
             >= 100
     );
 
-    gate.set_open(true);
-    let got = receive(&mut sub, N, Duration::from_secs(3)).await;
+    t.gate.set_open(true);
+    let got = receive(&mut t.sub, N, Duration::from_secs(3)).await;
     let idx: Vec<usize> = got.iter().map(|(_, i)| *i).collect();
     assert_eq!(
         idx.len() as f64,
@@ -411,27 +416,17 @@ async fn drop_oldest_keeps_acknowledging_and_counts_what_it_dropped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newest_first_sends_the_backlog_freshest_record_first() {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gw = spool_gateway(
-        &cloud,
-        gate.addr,
-        dir.path(),
-        "drain_order = \"newest-first\"",
-        "",
-    );
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = t.gateway("drain_order = \"newest-first\"", "");
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     publish_all(&mut dev, "d1", "dev/d1", 0..500, 16).await;
-    gate.set_open(true);
-    let got = receive(&mut sub, 500, WAIT).await;
+    t.gate.set_open(true);
+    let got = receive(&mut t.sub, 500, WAIT).await;
     let idx: Vec<usize> = got.iter().map(|(_, i)| *i).collect();
     assert_eq!(idx, (0..500).rev().collect::<Vec<_>>(), "newest first");
     // Live messages after the drain are in order again.
     publish_all(&mut dev, "d1", "dev/d1", 500..510, 4).await;
-    let got = receive(&mut sub, 10, WAIT).await;
+    let got = receive(&mut t.sub, 10, WAIT).await;
     assert_eq!(
         got.iter().map(|(_, i)| *i).collect::<Vec<_>>(),
         (500..510).collect::<Vec<_>>()
@@ -442,12 +437,8 @@ async fn newest_first_sends_the_backlog_freshest_record_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_cloud_waits_for_the_cloud_but_still_keeps_messages_across_a_restart() {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "ack = \"cloud\"", "");
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = t.gateway("ack = \"cloud\"", "");
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     dev.set_ack_timeout(Duration::from_millis(800));
     let id = dev
@@ -460,9 +451,9 @@ async fn ack_cloud_waits_for_the_cloud_but_still_keeps_messages_across_a_restart
         "no PUBACK while the cloud is down"
     );
     gw.shutdown();
-    gate.set_open(true);
-    let gw = spool_gateway(&cloud, gate.addr, dir.path(), "ack = \"cloud\"", "");
-    let got = receive(&mut sub, 1, WAIT).await;
+    t.gate.set_open(true);
+    let gw = t.gateway("ack = \"cloud\"", "");
+    let got = receive(&mut t.sub, 1, WAIT).await;
     assert_eq!(
         got,
         vec![("d1".to_string(), 0)],
@@ -476,7 +467,7 @@ async fn ack_cloud_waits_for_the_cloud_but_still_keeps_messages_across_a_restart
         0
     );
     assert_eq!(
-        receive(&mut sub, 1, WAIT).await,
+        receive(&mut t.sub, 1, WAIT).await,
         vec![("d2".to_string(), 0)]
     );
     gw.shutdown();
@@ -485,27 +476,19 @@ async fn ack_cloud_waits_for_the_cloud_but_still_keeps_messages_across_a_restart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spooled_messages_are_aggregated_into_senml_packs_and_a_pack_ack_trims_all_its_records() {
     use sluice_proto::senml::{self, Format, Value};
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "agg/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = format!(
-        "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{}",
-        dir.path().display(),
-        cloud.uplink_toml(
-            Some(gate.addr),
-            "[uplink.aggregate]\nmin_devices = 0\nmax_pack = \"2KiB\"\nmax_delay = \"100ms\"\ntopic = \"agg/packs\""
-        )
+    let mut t = GatedCloud::start_closed("agg/#").await;
+    let text = t.config(
+        "",
+        "[uplink.aggregate]\nmin_devices = 0\nmax_pack = \"2KiB\"\nmax_delay = \"100ms\"\ntopic = \"agg/packs\"",
     );
     let gw = gateway(1, &text);
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     publish_all(&mut dev, "d1", "t/d1", 0..200, 16).await;
-    gate.set_open(true);
+    t.gate.set_open(true);
     let mut got = Vec::new();
     let mut packs = 0;
     while got.len() < 200 {
-        let Some(p) = sub.recv(WAIT).await.expect("sub") else {
+        let Some(p) = t.sub.recv(WAIT).await.expect("sub") else {
             break;
         };
         assert_eq!(p.topic, "agg/packs");
@@ -532,15 +515,10 @@ async fn spooled_messages_are_aggregated_into_senml_packs_and_a_pack_ack_trims_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn high_priority_messages_bypass_the_spool_and_keep_cloud_ack_semantics() {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let mut t = GatedCloud::start_closed("dev/#").await;
     let text = format!(
-        "[priority]\ndevices = {{ \"alarm\" = 1 }}\n[spool]\ndir = \"{}\"\nfsync = \"never\"\n{}",
-        dir.path().display(),
-        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
+        "[priority]\ndevices = {{ \"alarm\" = 1 }}\n{}",
+        t.config("", NO_AGGREGATION)
     );
     let gw = gateway(1, &text);
     let mut normal = device(&gw, "n1", ProtocolVersion::V311).await;
@@ -562,7 +540,7 @@ async fn high_priority_messages_bypass_the_spool_and_keep_cloud_ack_semantics() 
             .expect("PUBACK"),
         0
     );
-    let bytes = spool_bytes(dir.path());
+    let bytes = spool_bytes(t.dir.path());
     assert!(
         contains(&bytes, payload("n1", 0).as_bytes()),
         "the normal message is spooled"
@@ -571,13 +549,13 @@ async fn high_priority_messages_bypass_the_spool_and_keep_cloud_ack_semantics() 
         !contains(&bytes, payload("alarm", 0).as_bytes()),
         "the high message is not"
     );
-    gate.set_open(true);
+    t.gate.set_open(true);
     alarm.set_ack_timeout(WAIT);
     assert_eq!(
         alarm.wait_ack(id).await.expect("PUBACK after the cloud's"),
         0
     );
-    let mut got = receive(&mut sub, 2, WAIT).await;
+    let mut got = receive(&mut t.sub, 2, WAIT).await;
     got.sort();
     assert_eq!(got, vec![("alarm".to_string(), 0), ("n1".to_string(), 0)]);
     gw.shutdown();
@@ -585,16 +563,8 @@ async fn high_priority_messages_bypass_the_spool_and_keep_cloud_ack_semantics() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_spool_of_a_shard_index_no_longer_configured_is_drained_by_a_current_shard() {
-    let cloud = Cloud::start();
-    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
-    let gate = Gate::start(cloud.broker.tls_addr()).await;
-    gate.set_open(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = format!(
-        "[spool]\ndir = \"{}\"\nfsync = \"never\"\n{}",
-        dir.path().display(),
-        cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
-    );
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let text = t.config("", NO_AGGREGATION);
     let gw = gateway(2, &text);
     let ids = ids_on_shards("dev", 2, 1);
     let on_shard_1 = ids[1][0].clone();
@@ -602,12 +572,12 @@ async fn the_spool_of_a_shard_index_no_longer_configured_is_drained_by_a_current
     publish_all(&mut dev, &on_shard_1, "dev/x", 0..50, 8).await;
     drop(dev);
     gw.shutdown();
-    assert!(dir.path().join("cloud/shard-1").is_dir());
+    assert!(t.dir.path().join("cloud/shard-1").is_dir());
 
     // One shard now: shard 0 drains the former shard 1's spool.
-    gate.set_open(true);
+    t.gate.set_open(true);
     let gw = gateway(1, &text);
-    let got = receive(&mut sub, 50, WAIT).await;
+    let got = receive(&mut t.sub, 50, WAIT).await;
     assert_eq!(
         got,
         (0..50).map(|i| (on_shard_1.clone(), i)).collect::<Vec<_>>()
@@ -618,7 +588,8 @@ async fn the_spool_of_a_shard_index_no_longer_configured_is_drained_by_a_current
     // Acknowledged and committed at shutdown: nothing comes back on the next start.
     let gw = gateway(1, &text);
     assert!(eventually(WAIT, || uplink_connected(&gw)).await);
-    assert!(sub
+    assert!(t
+        .sub
         .recv(Duration::from_millis(500))
         .await
         .expect("sub")
