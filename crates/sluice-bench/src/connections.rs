@@ -62,6 +62,7 @@ use crate::conn::handshake;
 use crate::devices::version_name;
 use crate::payload::unix_now_ns;
 use crate::procfs::{self, round1, round3, Pid};
+pub use crate::scenario::write_json;
 use crate::scenario::{machine, Machine, SluiceChild};
 use crate::stats::{latency_histogram, record_us, LatencySummary};
 
@@ -1206,19 +1207,6 @@ pub fn markdown(report: &ConnectionsReport) -> String {
         let _ = writeln!(out, "{line}");
     }
     out
-}
-
-/// Write the JSON report to `path` (creating parent directories).
-pub fn write_json(report: &ConnectionsReport, path: &Path) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let mut file =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    serde_json::to_writer_pretty(&mut file, report).context("serialising the report")?;
-    file.write_all(b"\n").context("writing the report")?;
-    Ok(())
 }
 
 #[cfg(test)]

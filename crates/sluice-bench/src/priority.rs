@@ -63,7 +63,6 @@
 //! deleted at the next start.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -75,6 +74,7 @@ use serde::{Deserialize, Serialize};
 use sluice_testkit::TestPki;
 
 use crate::devices::PayloadSize;
+pub use crate::scenario::write_json;
 use crate::scenario::{machine, Machine};
 
 /// Address of `veth0` (gateway side) and of `veth1` (cloud side).
@@ -1291,19 +1291,6 @@ pub fn markdown(report: &PriorityReport) -> String {
         );
     }
     out
-}
-
-/// Write the JSON report to `path` (creating parent directories).
-pub fn write_json(report: &PriorityReport, path: &Path) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let mut file =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    serde_json::to_writer_pretty(&mut file, report).context("serialising the report")?;
-    file.write_all(b"\n").context("writing the report")?;
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -955,8 +955,9 @@ pub fn markdown(report: &ScenarioReport) -> String {
     out
 }
 
-/// Write the JSON report to `path` (creating parent directories).
-pub fn write_json(report: &ScenarioReport, path: &Path) -> anyhow::Result<()> {
+/// Write a report as pretty JSON to `path` (creating parent directories); the other
+/// scenarios' modules re-export this.
+pub fn write_json(report: &impl Serialize, path: &Path) -> anyhow::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;

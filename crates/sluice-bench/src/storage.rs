@@ -59,6 +59,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde::Serialize;
 
+pub use crate::scenario::write_json;
 use crate::scenario::{loadavg, machine, Machine};
 
 /// A storage engine under test.
@@ -1165,19 +1166,6 @@ pub fn default_dir() -> PathBuf {
     } else {
         PathBuf::from(".")
     }
-}
-
-/// Writes `report` as pretty JSON to `path` (creating the parent directory).
-pub fn write_json(report: &StorageReport, path: &Path) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let mut file =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    serde_json::to_writer_pretty(&mut file, report).context("serialising the report")?;
-    file.write_all(b"\n").context("writing the report")?;
-    Ok(())
 }
 
 #[cfg(test)]

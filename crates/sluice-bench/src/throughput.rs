@@ -55,7 +55,6 @@
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -86,6 +85,7 @@ use crate::fastsink::{
 };
 use crate::payload::{unix_now_ns, PayloadHeader, HEADER_LEN};
 use crate::procfs::{self, round1, round3, CpuMeter, Pid};
+pub use crate::scenario::write_json;
 use crate::scenario::{loadavg, machine, Machine, SluiceChild, Sut};
 use crate::stats::LatencySummary;
 
@@ -1695,17 +1695,4 @@ pub fn markdown(report: &ThroughputReport) -> String {
         }
     }
     out
-}
-
-/// Write the JSON report to `path` (creating parent directories).
-pub fn write_json(report: &ThroughputReport, path: &Path) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let mut file =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    serde_json::to_writer_pretty(&mut file, report).context("serialising the report")?;
-    file.write_all(b"\n").context("writing the report")?;
-    Ok(())
 }
