@@ -67,7 +67,6 @@ use sluice_proto::mqtt::{
     SubscribeFilter, SubscriptionOptions,
 };
 use sluice_proto::senml;
-use sluice_testkit::{Mosquitto, TestPki};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -77,7 +76,7 @@ use crate::conn;
 use crate::devices::{spawn_devices, DevicesConfig, DevicesReport, PayloadSize};
 use crate::payload::{unix_now_ns, PayloadHeader};
 use crate::procfs::round3;
-use crate::scenario::{loadavg, machine, AggregateOpts, Machine, SluiceChild};
+use crate::scenario::{loadavg, machine, start_tls_cloud, AggregateOpts, Machine, SluiceChild};
 use crate::stats::{latency_histogram, record_us, LatencySummary};
 
 /// How often sluice's `/metrics` is read.
@@ -325,17 +324,7 @@ pub struct OutageReport {
 pub async fn run_outage(config: &OutageScenario) -> anyhow::Result<OutageReport> {
     config.validate()?;
     let machine = machine(&config.command_line);
-    let (pki, cloud) = tokio::task::spawn_blocking(|| -> anyhow::Result<(TestPki, Mosquitto)> {
-        let pki = TestPki::try_generate()?;
-        let cloud = Mosquitto::builder()
-            .tls(&pki)
-            .plain_listener(false)
-            .start()
-            .context("starting the cloud Mosquitto")?;
-        Ok((pki, cloud))
-    })
-    .await
-    .context("cloud start-up panicked")??;
+    let (pki, cloud) = start_tls_cloud().await?;
 
     let recorder = Recorder::start(cloud.tls_addr(), pki.ca_path()).await?;
     let link = Link::start(cloud.tls_addr()).await?;

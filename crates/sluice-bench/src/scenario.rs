@@ -326,8 +326,10 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
     })
 }
 
-async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun> {
-    let (pki, cloud) = tokio::task::spawn_blocking(|| -> anyhow::Result<(TestPki, Mosquitto)> {
+/// A PKI generated now and the cloud Mosquitto with it: TLS 1.3 only, no plain listener
+/// (started on a blocking thread).
+pub async fn start_tls_cloud() -> anyhow::Result<(TestPki, Mosquitto)> {
+    tokio::task::spawn_blocking(|| -> anyhow::Result<(TestPki, Mosquitto)> {
         let pki = TestPki::try_generate()?;
         let cloud = Mosquitto::builder()
             .tls(&pki)
@@ -337,7 +339,11 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
         Ok((pki, cloud))
     })
     .await
-    .context("cloud start-up panicked")??;
+    .context("cloud start-up panicked")?
+}
+
+async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun> {
+    let (pki, cloud) = start_tls_cloud().await?;
     let cloud_pid = cloud
         .pid()
         .ok_or_else(|| anyhow!("the cloud Mosquitto is not running"))?;

@@ -56,7 +56,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use crate::charts::{self, Chart, ChartPoint, Series};
 use crate::devices::{spawn_devices, Arrivals, DevicesConfig, PayloadSize};
 use crate::procfs::{self, round1, round3, usage_between, CpuMeter, Pid};
-use crate::scenario::{self, CoreScenario, Machine, Sut};
+use crate::scenario::{self, start_tls_cloud, CoreScenario, Machine, Sut};
 use crate::sink::{start_sink, SinkConfig, SinkTls};
 use crate::stats::LatencySummary;
 
@@ -429,17 +429,7 @@ async fn measure_point(
     agent_footprint_kib: &mut Option<u64>,
     limits: &Limits,
 ) -> Result<Measurement, PointEnd> {
-    let (pki, cloud) = tokio::task::spawn_blocking(|| -> anyhow::Result<(TestPki, Mosquitto)> {
-        let pki = TestPki::try_generate()?;
-        let cloud = Mosquitto::builder()
-            .tls(&pki)
-            .plain_listener(false)
-            .start()
-            .context("starting the cloud Mosquitto")?;
-        Ok((pki, cloud))
-    })
-    .await
-    .map_err(|e| anyhow!("cloud start-up panicked: {e}"))??;
+    let (pki, cloud) = start_tls_cloud().await?;
     let cloud_pid = cloud
         .pid()
         .ok_or_else(|| anyhow!("the cloud Mosquitto is not running"))?;
