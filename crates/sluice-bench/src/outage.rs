@@ -78,6 +78,7 @@ use crate::payload::{unix_now_ns, PayloadHeader};
 use crate::procfs::round3;
 use crate::scenario::{loadavg, machine, start_tls_cloud, AggregateOpts, Machine, SluiceChild};
 use crate::stats::{latency_histogram, record_us, LatencySummary};
+use crate::storage::{default_dir, file_system};
 
 /// How often sluice's `/metrics` is read.
 const METRICS_EVERY: Duration = Duration::from_millis(500);
@@ -329,15 +330,12 @@ pub async fn run_outage(config: &OutageScenario) -> anyhow::Result<OutageReport>
     let recorder = Recorder::start(cloud.tls_addr(), pki.ca_path()).await?;
     let link = Link::start(cloud.tls_addr()).await?;
 
-    let spool_parent = config
-        .spool_parent
-        .clone()
-        .unwrap_or_else(default_spool_parent);
+    let spool_parent = config.spool_parent.clone().unwrap_or_else(default_dir);
     let spool_dir = tempfile::Builder::new()
         .prefix("sluice-bench-outage-spool-")
         .tempdir_in(&spool_parent)
         .with_context(|| format!("creating a spool directory in {}", spool_parent.display()))?;
-    let spool_fs = filesystem_of(spool_dir.path());
+    let spool_fs = file_system(spool_dir.path()).fs_type;
     let mqtt_port = sluice_testkit::free_port()?;
     let admin_port = sluice_testkit::free_port()?;
     let toml = outage_config(
@@ -577,34 +575,6 @@ pub fn outage_config(
         reconnect_max = config.reconnect_max,
         aggregate = config.aggregate.toml(),
     )
-}
-
-/// `/var/tmp` unless it is a tmpfs, else the current directory.
-pub fn default_spool_parent() -> PathBuf {
-    let var_tmp = PathBuf::from("/var/tmp");
-    if var_tmp.is_dir() && filesystem_of(&var_tmp) != "tmpfs" {
-        var_tmp
-    } else {
-        PathBuf::from(".")
-    }
-}
-
-/// The file system type of the longest mount point holding `dir` (from /proc/mounts).
-pub fn filesystem_of(dir: &Path) -> String {
-    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
-        return "unknown".to_string();
-    };
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let _device = f.next()?;
-            Some((PathBuf::from(f.next()?), f.next()?.to_string()))
-        })
-        .filter(|(mount, _)| dir.starts_with(mount))
-        .max_by_key(|(mount, _)| mount.as_os_str().len())
-        .map_or_else(|| "unknown".to_string(), |(_, fs)| fs)
 }
 
 // ---------------------------------------------------------------------------------------------
