@@ -14,6 +14,16 @@ use sluice_bench::outage::{markdown, run_outage, OutageReport, OutageScenario};
 /// The scenarios measure the machine: never two at once.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Runs `config`, prints the report and how long the run took, and asserts it survived.
+async fn run_and_assert_survived(config: &OutageScenario) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let report = run_outage(config).await?;
+    eprintln!("{}", markdown(&report));
+    eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
+    assert_outage_survived(&report);
+    Ok(())
+}
+
 fn assert_outage_survived(report: &OutageReport) {
     let text = markdown(report);
     assert!(
@@ -57,12 +67,7 @@ async fn a_short_outage_loses_nothing_and_keeps_per_device_order() -> anyhow::Re
     let mut config = OutageScenario::quick(sluice_binary::built_now());
     config.command_line = "test (quick)".to_string();
     config.progress_every = None;
-    let started = Instant::now();
-    let report = run_outage(&config).await?;
-    eprintln!("{}", markdown(&report));
-    eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
-    assert_outage_survived(&report);
-    Ok(())
+    run_and_assert_survived(&config).await
 }
 
 /// The scenario: 256 devices × 10 msg/s, a 60 s outage, 20 s of load after it (the
@@ -77,10 +82,5 @@ async fn a_60_s_outage_under_256_devices_loses_nothing_and_keeps_per_device_orde
     config.drain_max = Duration::from_secs(90);
     config.command_line = "test (256 devices, 60 s outage)".to_string();
     config.progress_every = Some(Duration::from_secs(10));
-    let started = Instant::now();
-    let report = run_outage(&config).await?;
-    eprintln!("{}", markdown(&report));
-    eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
-    assert_outage_survived(&report);
-    Ok(())
+    run_and_assert_survived(&config).await
 }
