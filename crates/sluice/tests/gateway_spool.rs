@@ -596,3 +596,109 @@ async fn the_spool_of_a_shard_index_no_longer_configured_is_drained_by_a_current
         .is_none());
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_spool_closes_the_devices_it_cannot_acknowledge_and_they_resend_after_reconnecting(
+) {
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    t.gate.set_open(true);
+    // 4 KiB segments (so devices' packets of at most 1 KiB): the spool soon needs a new
+    // segment file.
+    let gw = gateway_mqtt(
+        1,
+        "max_packet_size = \"1KiB\"",
+        &t.config("ack = \"spool\"\nsegment_size = \"4KiB\"", NO_AGGREGATION),
+    );
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    // Far beyond how long the gateway may take to close the connection, so a timeout here
+    // cannot pass for a close.
+    let ack_timeout = Duration::from_secs(30);
+    dev.set_ack_timeout(ack_timeout);
+    publish_all(&mut dev, "d1", "dev/d1", 0..10, 1).await;
+
+    // The spool's storage fails under the running gateway: its directory disappears, so the
+    // next segment file cannot be created and the commit that needs it fails.
+    std::fs::remove_dir_all(t.dir.path()).expect("remove the spool directory");
+    // Keep 16 messages in flight, so the commit that fails has devices waiting on it.
+    let mut pending = std::collections::VecDeque::new();
+    let mut first_unacked = None;
+    for i in 10..20_000 {
+        if pending.len() >= 16 {
+            let (j, id) = *pending.front().expect("pending");
+            let started = std::time::Instant::now();
+            match dev.wait_ack(id).await {
+                Ok(code) => {
+                    assert_eq!(code, 0, "PUBACK code for message {j}");
+                    pending.pop_front();
+                }
+                Err(e) => {
+                    assert!(
+                        started.elapsed() < ack_timeout / 2,
+                        "message {j}: no PUBACK and no close for {:?}: {e:#}",
+                        started.elapsed()
+                    );
+                    first_unacked = Some(j);
+                    break;
+                }
+            }
+        }
+        match dev
+            .publish_no_wait("dev/d1", payload("d1", i), QoS::AtLeastOnce, false)
+            .await
+        {
+            Ok(id) => pending.push_back((i, id.expect("packet id"))),
+            // Closed while we were writing: PUBACKs come in order, so the oldest
+            // unacknowledged message is where the device starts resending.
+            Err(_) => {
+                first_unacked = Some(pending.front().map_or(i, |p| p.0));
+                break;
+            }
+        }
+    }
+    let Some(first_unacked) = first_unacked else {
+        panic!(
+            "the failing spool never closed the device; spool metrics:\n{}",
+            gw.metrics_text()
+                .lines()
+                .filter(|l| l.starts_with("sluice_spool"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    };
+    assert!(metric_sum(&gw.metrics_text(), "sluice_spool_failures_total") >= 1.0);
+    let ack_lost = "sluice_mqtt_connections_closed_total{shard=\"0\",reason=\"ack_lost\"}";
+    assert!(
+        eventually(WAIT, || metric_sum(&gw.metrics_text(), ack_lost) == 1.0).await,
+        "closed by reason: {}",
+        gw.metrics_text()
+            .lines()
+            .filter(|l| l.starts_with("sluice_mqtt_connections_closed_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // The device reconnects and resends what it holds unacknowledged, then carries on: the
+    // reopened spool acknowledges it all and the cloud gets it, in order.
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    dev.set_ack_timeout(Duration::from_secs(10));
+    let last = first_unacked + 20;
+    publish_all(&mut dev, "d1", "dev/d1", first_unacked..last, 4).await;
+    let mut got = Vec::new();
+    while got.last() != Some(&("d1".to_string(), last - 1)) {
+        match t.sub.recv(WAIT).await.expect("cloud subscriber") {
+            Some(p) => got.push(index_of(&p.payload)),
+            None => panic!("the resent messages did not reach the cloud; got {got:?}"),
+        }
+    }
+    let resent: Vec<usize> = got
+        .iter()
+        .map(|(_, i)| *i)
+        .skip_while(|&i| i < first_unacked)
+        .collect();
+    assert_eq!(
+        resent,
+        (first_unacked..last).collect::<Vec<_>>(),
+        "the resent messages arrive once each, in order"
+    );
+    gw.shutdown();
+}

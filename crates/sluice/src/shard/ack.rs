@@ -13,6 +13,12 @@
 //! trimmed), and then completes the device token it may wrap (`ack = "cloud"`). Dropping any
 //! token without completing it acknowledges nothing: a spooled record is then sent again
 //! after a restart.
+//!
+//! A device token whose last clone is dropped without being completed (the spool failed
+//! before the message was durable, or anything else lost track of it) marks its
+//! [`DeviceAcks`] *abandoned*. The device would never get that PUBACK — and, since PUBACKs go
+//! out in the order the device sent its messages, none after it — so its connection closes
+//! at once: MQTT devices resend unacknowledged messages when they reconnect, and only then.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -25,6 +31,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub struct DeviceAcks {
     ready: RefCell<VecDeque<u16>>,
+    /// A message of this connection will never be acknowledged (see the module docs).
+    abandoned: Cell<bool>,
     pub notify: Rc<Notify>,
 }
 
@@ -36,8 +44,18 @@ impl DeviceAcks {
     pub fn with_notify(notify: Rc<Notify>) -> Rc<DeviceAcks> {
         Rc::new(DeviceAcks {
             ready: RefCell::default(),
+            abandoned: Cell::new(false),
             notify,
         })
+    }
+    /// Whether a message of this connection was dropped unacknowledged (the connection must
+    /// close so the device resends it).
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned.get()
+    }
+    fn abandon(&self) {
+        self.abandoned.set(true);
+        self.notify.notify_one();
     }
     /// Take every packet id that is ready to be acknowledged, in completion order.
     pub fn drain_into(&self, out: &mut Vec<u16>) {
@@ -58,6 +76,16 @@ struct Pending {
     remaining: Cell<u32>,
     device: Weak<DeviceAcks>,
     packet_id: u16,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.remaining.get() > 0 {
+            if let Some(device) = self.device.upgrade() {
+                device.abandon();
+            }
+        }
+    }
 }
 
 /// Where a spool token's completion goes: the spool that holds the record.
@@ -108,6 +136,15 @@ impl AckToken {
             backlog,
             device,
         })))
+    }
+
+    /// Whether the device this token acknowledges has had another message abandoned (its
+    /// connection is closing; storing this one would let it overtake the resent one).
+    pub fn device_abandoned(&self) -> bool {
+        match &self.0 {
+            Target::Device(p) => p.device.upgrade().is_some_and(|d| d.is_abandoned()),
+            Target::Spool(s) => s.device.as_ref().is_some_and(AckToken::device_abandoned),
+        }
     }
 
     /// `Some(is_backlog)` for a spool token, `None` for a device token.
@@ -174,6 +211,48 @@ mod tests {
         assert!(dev.drain().is_empty());
         b.complete();
         assert_eq!(dev.drain(), vec![7]);
+    }
+
+    #[test]
+    fn a_token_dropped_uncompleted_abandons_the_device_and_a_completed_one_does_not() {
+        let dev = DeviceAcks::new();
+        AckToken::new(&dev, 1).complete();
+        assert!(!dev.is_abandoned());
+        assert_eq!(dev.drain(), vec![1]);
+
+        // One uplink completed, the other's clone was dropped: never acknowledged.
+        let a = AckToken::new(&dev, 2);
+        let b = a.share();
+        a.complete();
+        assert!(!dev.is_abandoned());
+        drop(b);
+        assert!(dev.is_abandoned());
+        assert!(dev.drain().is_empty());
+    }
+
+    #[test]
+    fn a_spool_token_dropped_uncompleted_abandons_the_device_token_it_wraps() {
+        #[derive(Debug)]
+        struct NoSpool;
+        impl SpoolAcker for NoSpool {
+            fn cloud_acked(&self, _seq: u64) {}
+        }
+        let dev = DeviceAcks::new();
+        let t = AckToken::spooled(Rc::new(NoSpool), 9, false, Some(AckToken::new(&dev, 3)));
+        drop(t);
+        assert!(dev.is_abandoned());
+        // A spool token without a device token abandons nobody.
+        let other = DeviceAcks::new();
+        drop(AckToken::spooled(Rc::new(NoSpool), 10, true, None).share());
+        assert!(!other.is_abandoned());
+    }
+
+    #[test]
+    fn dropping_after_the_device_left_is_harmless() {
+        let dev = DeviceAcks::new();
+        let t = AckToken::new(&dev, 1);
+        drop(dev);
+        drop(t);
     }
 
     #[test]

@@ -295,6 +295,9 @@ impl Connection {
             if let Err(reason) = self.flush().await {
                 return reason;
             }
+            if let Err(Close(reason, code)) = self.check_abandoned() {
+                return Box::pin(self.close_with(reason, code)).await;
+            }
             let paused = self.pending.len() >= receive_max;
             tokio::select! {
                 biased;
@@ -335,9 +338,22 @@ impl Connection {
         }
     }
 
+    /// A message of this connection will never be acknowledged (see `shard::ack`): stop
+    /// reading — anything handled after it could reach the cloud before the device resends
+    /// it — and close, so the device reconnects and resends in order.
+    fn check_abandoned(&self) -> Result<(), Close> {
+        if !self.acks.is_abandoned() {
+            return Ok(());
+        }
+        tracing::warn!(client_id = %self.client_id, peer = %self.peer,
+            "a message from this device was dropped before it was stored or forwarded (see the spool error above); closing the connection so the device resends it");
+        Err(Close(CloseReason::AckLost, Some(reason::UNSPECIFIED_ERROR)))
+    }
+
     /// Decode and handle every complete packet in the read buffer.
     async fn process_input(&mut self) -> Result<(), Close> {
         loop {
+            self.check_abandoned()?;
             let packet = match self.decoder.decode(&mut self.rbuf) {
                 Ok(Some(p)) => p,
                 Ok(None) => return Ok(()),

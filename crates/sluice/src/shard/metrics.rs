@@ -39,9 +39,12 @@ pub enum CloseReason {
     SlowConsumer = 5,
     IoError = 6,
     Shutdown = 7,
+    /// A message of the device was dropped before it was acknowledged (e.g. the spool
+    /// failed); the device must reconnect to resend it.
+    AckLost = 8,
 }
 
-pub const CLOSE_REASONS: [(CloseReason, &str); 8] = [
+pub const CLOSE_REASONS: [(CloseReason, &str); 9] = [
     (CloseReason::ClientDisconnect, "client_disconnect"),
     (CloseReason::PeerClosed, "peer_closed"),
     (CloseReason::ProtocolError, "protocol_error"),
@@ -50,6 +53,7 @@ pub const CLOSE_REASONS: [(CloseReason, &str); 8] = [
     (CloseReason::SlowConsumer, "slow_consumer"),
     (CloseReason::IoError, "io_error"),
     (CloseReason::Shutdown, "shutdown"),
+    (CloseReason::AckLost, "ack_lost"),
 ];
 
 #[derive(Debug, Default)]
@@ -65,7 +69,7 @@ pub struct ShardMetrics {
     pub cross_shard_sent: Counter,
     pub cross_shard_received: Counter,
     pub dropped: [Counter; 6],
-    pub closed: [Counter; 8],
+    pub closed: [Counter; 9],
 }
 
 impl ShardMetrics {

@@ -309,6 +309,9 @@ pub enum Appended {
     /// Cannot ever be stored (larger than the largest record): dropped, counted, the device
     /// acknowledged.
     DroppedTooLarge,
+    /// Waited for a failed spool to reopen, and meanwhile another message of its device was
+    /// abandoned: not stored and not acknowledged, so the device resends both in order.
+    NotStored,
 }
 
 /// One uplink's spool on one shard. See the module docs.
@@ -500,6 +503,11 @@ impl UplinkSpool {
                     debug!(shard = self.shard, uplink = %self.uplink, error = %e, "spool unavailable; append waits for the reopen");
                     self.dirty.notify_one();
                     committed.await;
+                    // The failure abandoned earlier messages of this device: dropping this
+                    // one's token unacknowledged keeps the device's resend in order.
+                    if ack.as_ref().is_some_and(AckToken::device_abandoned) {
+                        return Appended::NotStored;
+                    }
                 }
             }
         }
@@ -665,7 +673,7 @@ impl UplinkSpool {
     /// everything unacknowledged again as backlog.
     async fn fail(&self, error: &str) {
         self.metrics.failures.inc();
-        error!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), error, blame = "local", "spool write failed; reopening it (devices waiting for this batch get no PUBACK and resend)");
+        error!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), error, blame = "local", "spool write failed; reopening it (devices waiting for this batch get no PUBACK: their connections are closed so they resend)");
         {
             let mut inner = self.inner.borrow_mut();
             inner.spool = None;
@@ -763,6 +771,13 @@ impl UplinkSpool {
                         batch.extend(inner.scratch.drain(..).map(|r| (r, false)));
                         self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
                     }
+                    Err(e) if needs_reopen(&e) => {
+                        // Not this record's fault: the storage failed. The commit task reopens
+                        // the spool (`fail`); reading on would only fail again.
+                        debug!(shard = self.shard, uplink = %self.uplink, error = %e, "spool read failed; feeding waits for the reopen");
+                        self.dirty.notify_one();
+                        return;
+                    }
                     Err(e) => {
                         warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = inner.live.next_seq().0, "spool record unreadable; skipped");
                         self.metrics.undecodable.inc();
@@ -830,6 +845,11 @@ impl UplinkSpool {
                         if past {
                             finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
                         }
+                    }
+                    Err(e) if needs_reopen(&e) => {
+                        debug!(shard = self.shard, uplink = %self.uplink, error = %e, "spool read failed; feeding waits for the reopen");
+                        self.dirty.notify_one();
+                        return;
                     }
                     Err(e) => {
                         warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = next, "spool record unreadable; skipped");
@@ -977,6 +997,12 @@ fn finish_range(
         backlog.pop_front();
     }
     *cur = None;
+}
+
+/// Whether a read error means the storage failed (the spool is poisoned and must be
+/// reopened) rather than one record being bad.
+fn needs_reopen(e: &SpoolError) -> bool {
+    matches!(e, SpoolError::Poisoned | SpoolError::Io { .. })
 }
 
 fn backlog_remaining(inner: &Inner, newest_first: bool) -> u64 {
