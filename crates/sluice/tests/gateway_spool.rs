@@ -124,6 +124,15 @@ async fn receive(sub: &mut TestClient, n: usize, quiet: Duration) -> Vec<(String
     got
 }
 
+/// The gateway's metric lines starting with `prefix`, for failure messages.
+fn metric_lines(gw: &RunningGateway, prefix: &str) -> String {
+    gw.metrics_text()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn uplink_connected(gw: &RunningGateway) -> bool {
     gw.status_json()["shards"]
         .as_array()
@@ -658,11 +667,7 @@ async fn a_failing_spool_closes_the_devices_it_cannot_acknowledge_and_they_resen
     let Some(first_unacked) = first_unacked else {
         panic!(
             "the failing spool never closed the device; spool metrics:\n{}",
-            gw.metrics_text()
-                .lines()
-                .filter(|l| l.starts_with("sluice_spool"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            metric_lines(&gw, "sluice_spool")
         );
     };
     assert!(metric_sum(&gw.metrics_text(), "sluice_spool_failures_total") >= 1.0);
@@ -670,11 +675,7 @@ async fn a_failing_spool_closes_the_devices_it_cannot_acknowledge_and_they_resen
     assert!(
         eventually(WAIT, || metric_sum(&gw.metrics_text(), ack_lost) == 1.0).await,
         "closed by reason: {}",
-        gw.metrics_text()
-            .lines()
-            .filter(|l| l.starts_with("sluice_mqtt_connections_closed_total"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        metric_lines(&gw, "sluice_mqtt_connections_closed_total")
     );
 
     // The device reconnects and resends what it holds unacknowledged, then carries on: the

@@ -43,9 +43,8 @@ impl DeviceAcks {
     /// Acks that wake `notify` when ready.
     pub fn with_notify(notify: Rc<Notify>) -> Rc<DeviceAcks> {
         Rc::new(DeviceAcks {
-            ready: RefCell::default(),
-            abandoned: Cell::new(false),
             notify,
+            ..DeviceAcks::default()
         })
     }
     /// Whether a message of this connection was dropped unacknowledged (the connection must

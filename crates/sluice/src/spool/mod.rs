@@ -771,13 +771,7 @@ impl UplinkSpool {
                         batch.extend(inner.scratch.drain(..).map(|r| (r, false)));
                         self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
                     }
-                    Err(e) if needs_reopen(&e) => {
-                        // Not this record's fault: the storage failed. The commit task reopens
-                        // the spool (`fail`); reading on would only fail again.
-                        debug!(shard = self.shard, uplink = %self.uplink, error = %e, "spool read failed; feeding waits for the reopen");
-                        self.dirty.notify_one();
-                        return;
-                    }
+                    Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
                     Err(e) => {
                         warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = inner.live.next_seq().0, "spool record unreadable; skipped");
                         self.metrics.undecodable.inc();
@@ -846,11 +840,7 @@ impl UplinkSpool {
                             finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
                         }
                     }
-                    Err(e) if needs_reopen(&e) => {
-                        debug!(shard = self.shard, uplink = %self.uplink, error = %e, "spool read failed; feeding waits for the reopen");
-                        self.dirty.notify_one();
-                        return;
-                    }
+                    Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
                     Err(e) => {
                         warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = next, "spool record unreadable; skipped");
                         self.metrics.undecodable.inc();
@@ -866,6 +856,13 @@ impl UplinkSpool {
             let backlog = backlog_remaining(inner, newest_first);
             self.metrics.backlog_records.set(backlog as i64);
         }
+    }
+
+    /// A read failed because the storage did (not one record): stop feeding and make sure
+    /// the commit task runs, which reopens the spool (`fail`) and wakes the feeder after.
+    fn feed_after_reopen(&self, e: &SpoolError) {
+        debug!(shard = self.shard, uplink = %self.uplink, error = %e, "spool read failed; feeding waits for the reopen");
+        self.dirty.notify_one();
     }
 
     /// Decodes records and hands them to the uplink queue (the `inner` borrow is held: the
