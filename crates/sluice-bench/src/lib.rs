@@ -2,7 +2,8 @@
 //! call exactly the code the `sluice-bench` binary runs.
 //!
 //! Owns: simulated MQTT devices ([`devices`]), the measuring subscriber ([`sink`]), the bench
-//! payload format ([`payload`]), statistics ([`stats`]), `/proc` sampling ([`procfs`]) and
+//! payload format ([`payload`]), statistics ([`stats`]), `/proc` sampling ([`procfs`]), the kernel
+//! floor responder ([`floor`]) and
 //! whole-machine scenarios ([`scenario`], [`seganet`], [`throughput`], [`connections`],
 //! [`priority`], [`outage`]). Does not own: the gateway, the brokers (Mosquitto
 //! comes from `sluice-testkit`) or the MQTT codec (`sluice-proto`).
@@ -18,6 +19,7 @@ pub mod conn;
 pub mod connections;
 pub mod devices;
 pub mod fastsink;
+pub mod floor;
 pub mod outage;
 pub mod payload;
 pub mod priority;

@@ -67,6 +67,15 @@ enum Command {
     /// disconnects and prints a second JSON line.
     #[command(hide = true)]
     Idle(IdleArgs),
+    /// The kernel floor: a minimal MQTT responder that answers CONNECT and every QoS 1 PUBLISH
+    /// at once and forwards nothing.
+    ///
+    /// One thread, one epoll loop, no codec beyond finding packet types and ids. Its CPU under a
+    /// device load is what terminating the devices' TCP connections costs this machine's kernel
+    /// (reads, writes, loopback delivery, wake-ups): the floor under any gateway's CPU per
+    /// message. `scenario core --sut floor` (or `--sut all`) measures it beside the gateways.
+    /// Prints "listening on HOST:PORT" on stdout, then serves until killed.
+    Floor(FloorArgs),
     /// The storage study: append N records with T threads, then read them all back, for the
     /// sluice spool, SQLite and PostgreSQL under the same durability policy.
     ///
@@ -168,6 +177,11 @@ enum SutChoice {
     MosquittoBridge,
     /// sluice, then the bridge, in one invocation, with a comparison table.
     Both,
+    /// `sluice-bench floor`: answers every PUBLISH and forwards nothing (the kernel floor).
+    Floor,
+    /// sluice, the bridge, then the floor: the comparison table plus each one's CPU above the
+    /// floor.
+    All,
 }
 
 /// sluice's SenML aggregation (`[uplink.aggregate]`) in the generated config.
@@ -545,6 +559,20 @@ enum SegaSutChoice {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Floor(args) = &cli.command {
+        // A plain epoll loop on this thread: no runtime, so nothing but the floor's own work.
+        let served = sluice_bench::floor::run_floor(args.listen, |addr| {
+            println!("listening on {addr}");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        });
+        return match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice-bench floor: {}: {e}", args.listen);
+                ExitCode::FAILURE
+            }
+        };
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -587,6 +615,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Priority(args)) => priority(args).await,
         Command::Scenario(ScenarioCommand::Outage(args)) => outage(args).await,
         Command::Storage(args) => storage(args).await,
+        Command::Floor(_) => unreachable!("served in main without a runtime"),
     }
 }
 
@@ -747,6 +776,8 @@ async fn core(args: CoreArgs) -> anyhow::Result<()> {
         SutChoice::Sluice => vec![Sut::Sluice],
         SutChoice::MosquittoBridge => vec![Sut::MosquittoBridge],
         SutChoice::Both => vec![Sut::Sluice, Sut::MosquittoBridge],
+        SutChoice::Floor => vec![Sut::Floor],
+        SutChoice::All => vec![Sut::Sluice, Sut::MosquittoBridge, Sut::Floor],
     };
     if args.load.ramp + args.load.settle >= args.load.duration {
         bail!(
@@ -765,6 +796,7 @@ async fn core(args: CoreArgs) -> anyhow::Result<()> {
         arrivals: arrivals(args.load.poisson),
         suts,
         sluice_bin: args.sluice_bin,
+        floor_bin: std::env::current_exe().context("locating this executable")?,
         sluice_shards: args.sluice_shards,
         sluice_aggregate: args.aggregate.opts(),
         drain_idle: args.drain_idle,
@@ -981,6 +1013,13 @@ fn command_line() -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[derive(Args)]
+struct FloorArgs {
+    /// Plain-TCP MQTT address to listen on (port 0: any free port, printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:1883", value_name = "HOST:PORT")]
+    listen: SocketAddr,
 }
 
 #[derive(Args)]

@@ -56,6 +56,9 @@ pub enum Sut {
     Sluice,
     /// An edge Mosquitto bridging `topic # out 1` to the cloud over TLS 1.3.
     MosquittoBridge,
+    /// `sluice-bench floor`: answers every PUBLISH at once and forwards nothing, so its CPU is
+    /// the kernel's cost of the device connections alone (see [`crate::floor`]).
+    Floor,
 }
 
 impl Sut {
@@ -63,6 +66,7 @@ impl Sut {
         match self {
             Sut::Sluice => "sluice",
             Sut::MosquittoBridge => "mosquitto-bridge",
+            Sut::Floor => "floor",
         }
     }
 }
@@ -83,6 +87,8 @@ pub struct CoreScenario {
     /// Run in this order.
     pub suts: Vec<Sut>,
     pub sluice_bin: PathBuf,
+    /// The `sluice-bench` executable that serves `floor` (the running one, for the CLI).
+    pub floor_bin: PathBuf,
     /// `[gateway] shards` for sluice (0 = one per core).
     pub sluice_shards: u32,
     /// `[uplink.aggregate]` for sluice.
@@ -263,6 +269,25 @@ pub struct ScenarioReport {
     pub runs: Vec<SutRun>,
     /// Present when both sluice and the bridge ran.
     pub comparison: Option<Vec<ComparisonRow>>,
+    /// Present when the floor ran: each gateway's CPU per message against it.
+    pub floor: Option<FloorComparison>,
+}
+
+/// CPU per message of the gateways against the floor measured in the same invocation.
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorComparison {
+    /// µs of CPU per message for only terminating the device connections.
+    pub floor_us_per_msg: f64,
+    pub sluice_us_per_msg: Option<f64>,
+    pub bridge_us_per_msg: Option<f64>,
+    /// floor ÷ bridge: no gateway that terminates the devices' connections can use a smaller
+    /// share of the bridge's CPU than this.
+    pub floor_share_of_bridge: Option<f64>,
+    /// sluice − floor: what sluice spends per message beyond the device sockets (parsing,
+    /// routing, queues, the TLS uplink and its acknowledgements).
+    pub sluice_above_floor_us: Option<f64>,
+    /// bridge − floor.
+    pub bridge_above_floor_us: Option<f64>,
 }
 
 /// Run the `core` scenario for every configured SUT, one after the other.
@@ -277,6 +302,12 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
         bail!(
             "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
             config.sluice_bin.display()
+        );
+    }
+    if config.suts.contains(&Sut::Floor) && !config.floor_bin.is_file() {
+        bail!(
+            "sluice-bench binary {} not found",
+            config.floor_bin.display()
         );
     }
     let machine = machine(&config.command_line);
@@ -296,6 +327,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
         runs.push(run);
     }
     let comparison = compare(&runs);
+    let floor = compare_floor(&runs);
     Ok(ScenarioReport {
         scenario: "core",
         machine,
@@ -323,6 +355,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
         },
         runs,
         comparison,
+        floor,
     })
 }
 
@@ -414,14 +447,14 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let devices_report = devices.wait().await?;
 
     let drain_start = Instant::now();
-    loop {
-        if sink.unique() >= devices_report.sent
-            || sink.idle_for() >= config.drain_idle
-            || drain_start.elapsed() >= config.drain_max
+    // The floor forwards nothing: there is nothing to wait for.
+    if sut_kind != Sut::Floor {
+        while sink.unique() < devices_report.sent
+            && sink.idle_for() < config.drain_idle
+            && drain_start.elapsed() < config.drain_max
         {
-            break;
+            sleep(Duration::from_millis(100)).await;
         }
-        sleep(Duration::from_millis(100)).await;
     }
     let drain = drain_start.elapsed();
     let rss_end = procfs::rss_kib(sut_pid)?;
@@ -492,6 +525,7 @@ pub struct RunningSut {
 enum SutProcess {
     Sluice { _child: SluiceChild },
     Bridge { _edge: Mosquitto },
+    Floor { _child: FloorChild },
 }
 
 /// Start `kind` against `cloud` and wait until its uplink is connected (also used by `seganet`).
@@ -547,6 +581,63 @@ pub async fn start_sut(
                 _process: SutProcess::Bridge { _edge: edge },
             })
         }
+        Sut::Floor => {
+            let bin = config.floor_bin.clone();
+            let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin))
+                .await
+                .context("floor start-up panicked")??;
+            Ok(RunningSut {
+                pid: child.child.id(),
+                device_addr: child.addr,
+                config_text: format!(
+                    "{} floor --listen {}",
+                    config.floor_bin.display(),
+                    child.addr
+                ),
+                _process: SutProcess::Floor { _child: child },
+            })
+        }
+    }
+}
+
+/// `sluice-bench floor` as a child process on a free port; dropping it kills it.
+struct FloorChild {
+    child: Child,
+    addr: std::net::SocketAddr,
+}
+
+impl FloorChild {
+    fn start(bin: &Path) -> anyhow::Result<FloorChild> {
+        let mut child = Command::new(bin)
+            .args(["floor", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {} floor", bin.display()))?;
+        let stdout = child.stdout.take().context("floor stdout")?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .context("reading the floor's address")?;
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok());
+        match addr {
+            Some(addr) => Ok(FloorChild { child, addr }),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the floor did not start (it printed {line:?})")
+            }
+        }
+    }
+}
+
+impl Drop for FloorChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -791,6 +882,28 @@ fn compare(runs: &[SutRun]) -> Option<Vec<ComparisonRow>> {
     ])
 }
 
+fn compare_floor(runs: &[SutRun]) -> Option<FloorComparison> {
+    let floor = runs
+        .iter()
+        .find(|r| r.sut == Sut::Floor)?
+        .sut_cpu_us_per_msg;
+    let us = |sut| {
+        runs.iter()
+            .find(|r| r.sut == sut)
+            .map(|r| r.sut_cpu_us_per_msg)
+    };
+    let (sluice, bridge) = (us(Sut::Sluice), us(Sut::MosquittoBridge));
+    let round2 = |x: f64| (x * 100.0).round() / 100.0;
+    Some(FloorComparison {
+        floor_us_per_msg: floor,
+        sluice_us_per_msg: sluice,
+        bridge_us_per_msg: bridge,
+        floor_share_of_bridge: bridge.filter(|b| *b > 0.0).map(|b| round2(floor / b)),
+        sluice_above_floor_us: sluice.map(|s| round2(s - floor)),
+        bridge_above_floor_us: bridge.map(|b| round2(b - floor)),
+    })
+}
+
 /// One line per run, for stderr.
 fn run_summary_line(r: &SutRun) -> String {
     format!(
@@ -863,21 +976,23 @@ pub fn markdown(report: &ScenarioReport) -> String {
         ("messages sent", |r| r.sent.to_string(), None),
         (
             "delivery ratio (unique received ÷ sent)",
-            |r| format!("{:.6}", r.delivery_ratio),
+            |r| forwarded(r, || format!("{:.6}", r.delivery_ratio)),
             Some(|r| r.delivery_ratio),
         ),
         (
             "duplicates / order violations",
-            |r| format!("{} / {}", r.duplicates, r.order_violations),
+            |r| forwarded(r, || format!("{} / {}", r.duplicates, r.order_violations)),
             None,
         ),
         (
             "e2e latency p50 / p99 / p99.9, ms (steady state)",
             |r| {
-                format!(
-                    "{:.2} / {:.2} / {:.2}",
-                    r.e2e_latency.p50_ms, r.e2e_latency.p99_ms, r.e2e_latency.p999_ms
-                )
+                forwarded(r, || {
+                    format!(
+                        "{:.2} / {:.2} / {:.2}",
+                        r.e2e_latency.p50_ms, r.e2e_latency.p99_ms, r.e2e_latency.p999_ms
+                    )
+                })
             },
             Some(|r| r.e2e_latency.p99_ms),
         ),
@@ -894,10 +1009,14 @@ pub fn markdown(report: &ScenarioReport) -> String {
         (
             "e2e latency p50 / p99 / p99.9, ms (whole run, ramp included)",
             |r| {
-                format!(
-                    "{:.2} / {:.2} / {:.2}",
-                    r.e2e_latency_all.p50_ms, r.e2e_latency_all.p99_ms, r.e2e_latency_all.p999_ms
-                )
+                forwarded(r, || {
+                    format!(
+                        "{:.2} / {:.2} / {:.2}",
+                        r.e2e_latency_all.p50_ms,
+                        r.e2e_latency_all.p99_ms,
+                        r.e2e_latency_all.p999_ms
+                    )
+                })
             },
             None,
         ),
@@ -958,7 +1077,39 @@ pub fn markdown(report: &ScenarioReport) -> String {
     if both {
         let _ = writeln!(out, "\nWhere a cell holds several figures, the ratio is of the p99 (latencies) or the peak (RSS).");
     }
+    if let Some(f) = &report.floor {
+        let _ = writeln!(
+            out,
+            "\n**Floor.** `floor` answers each PUBLISH and forwards nothing: {:.2} µs of CPU per \
+             message is what the device connections alone cost this machine's kernel.",
+            f.floor_us_per_msg
+        );
+        if let (Some(share), Some(b)) = (f.floor_share_of_bridge, f.bridge_us_per_msg) {
+            let _ = writeln!(
+                out,
+                "That is {share:.2} of the bridge's {b:.2} µs: no gateway that terminates the \
+                 devices' connections can use a smaller share of the bridge's CPU."
+            );
+        }
+        for (name, above) in [
+            ("sluice", f.sluice_above_floor_us),
+            ("mosquitto-bridge", f.bridge_above_floor_us),
+        ] {
+            if let Some(above) = above {
+                let _ = writeln!(out, "{name} above the floor: {above:.2} µs per message.");
+            }
+        }
+    }
     out
+}
+
+/// A cell about what reached the cloud; the floor forwards nothing.
+fn forwarded(r: &SutRun, cell: impl FnOnce() -> String) -> String {
+    if r.sut == Sut::Floor {
+        "n/a (forwards nothing)".to_string()
+    } else {
+        cell()
+    }
 }
 
 /// Write a report as pretty JSON to `path` (creating parent directories); the other

@@ -753,6 +753,7 @@ async fn start(
         arrivals: Arrivals::Periodic,
         suts: vec![core_sut],
         sluice_bin: config.sluice_bin.clone(),
+        floor_bin: config.agent_bin.clone(),
         sluice_shards: config.sluice_shards,
         sluice_aggregate: config.sluice_aggregate.clone(),
         drain_idle: config.drain_idle,

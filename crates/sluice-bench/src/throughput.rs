@@ -1036,6 +1036,7 @@ async fn start_sut(
         Sut::Sluice if config.sluice_shards > 0 => u64::from(config.sluice_shards),
         Sut::Sluice => std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
         Sut::MosquittoBridge => 1,
+        Sut::Floor => bail!("the floor is measured by `scenario core`, not `scenario throughput`"),
     };
     let side = match kind {
         Sut::Sluice => {
@@ -1070,6 +1071,7 @@ async fn start_sut(
                 _bridge: Some(edge),
             }
         }
+        Sut::Floor => unreachable!("refused above"),
     };
     // Wait until the SUT's uplink(s) are connected to the cloud.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -1077,7 +1079,7 @@ async fn start_sut(
         Some(broker) => {
             let needle = match kind {
                 Sut::Sluice => "as sluice-gw",
-                Sut::MosquittoBridge => "sluice-edge-bridge",
+                Sut::MosquittoBridge | Sut::Floor => "sluice-edge-bridge",
             };
             broker
                 .wait_for_log_async(needle, Duration::from_secs(15))
@@ -1120,7 +1122,7 @@ async fn run_one(
         None => cloud.sink.connections_open(),
         Some(_) => match sut_kind {
             Sut::Sluice => std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
-            Sut::MosquittoBridge => 1,
+            Sut::MosquittoBridge | Sut::Floor => 1,
         },
     };
 

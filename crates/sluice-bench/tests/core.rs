@@ -1,0 +1,84 @@
+//! `scenario core` at tiny scale against all three systems under test: sluice and the bridge
+//! deliver everything, the floor acknowledges everything and forwards nothing, and the report
+//! sets each gateway's CPU against the floor's.
+
+mod sluice_binary;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_bench::devices::{Arrivals, PayloadSize};
+use sluice_bench::scenario::{markdown, run_core, AggregateOpts, CoreScenario, Sut};
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_devices_through_sluice_the_bridge_and_the_floor() -> anyhow::Result<()> {
+    let config = CoreScenario {
+        devices: 4,
+        rate_per_device: 20.0,
+        duration: Duration::from_secs(3),
+        ramp: Duration::from_millis(300),
+        settle: Duration::from_millis(200),
+        payload: PayloadSize {
+            min: 100,
+            max: 1024,
+        },
+        protocol: ProtocolVersion::V5,
+        qos: QoS::AtLeastOnce,
+        arrivals: Arrivals::Periodic,
+        suts: vec![Sut::Sluice, Sut::MosquittoBridge, Sut::Floor],
+        sluice_bin: sluice_binary::debug_or_release(),
+        floor_bin: PathBuf::from(env!("CARGO_BIN_EXE_sluice-bench")),
+        sluice_shards: 1,
+        sluice_aggregate: AggregateOpts::off(),
+        drain_idle: Duration::from_secs(2),
+        drain_max: Duration::from_secs(5),
+        command_line: "test".to_string(),
+        progress_every: None,
+    };
+    let report = run_core(&config).await?;
+    assert_eq!(report.runs.len(), 3);
+    for run in &report.runs {
+        let name = run.sut.name();
+        assert!(run.sent >= 4 * 20 * 2, "{name}: sent only {}", run.sent);
+        assert_eq!(
+            run.devices.acknowledged, run.sent,
+            "{name}: every QoS 1 PUBLISH acknowledged"
+        );
+        assert_eq!(
+            (run.devices.reconnects, run.devices.connect_failures),
+            (0, 0),
+            "{name}"
+        );
+        assert!(run.steady_messages > 0, "{name}: nothing in the window");
+        if run.sut == Sut::Floor {
+            assert_eq!(run.unique_received, 0, "the floor forwards nothing");
+            assert_eq!(run.drain_s, 0.0, "nothing to drain from the floor");
+        } else {
+            assert_eq!(run.delivery_ratio, 1.0, "{name}: {:?}", run.sink);
+            assert_eq!(run.order_violations, 0, "{name}");
+        }
+    }
+    let floor = report.floor.as_ref().expect("the floor ran");
+    let us = |sut: Sut| {
+        report
+            .runs
+            .iter()
+            .find(|r| r.sut == sut)
+            .map(|r| r.sut_cpu_us_per_msg)
+            .unwrap()
+    };
+    assert_eq!(floor.floor_us_per_msg, us(Sut::Floor));
+    assert_eq!(floor.sluice_us_per_msg, Some(us(Sut::Sluice)));
+    assert_eq!(floor.bridge_us_per_msg, Some(us(Sut::MosquittoBridge)));
+    if us(Sut::MosquittoBridge) > 0.0 {
+        let share = floor.floor_share_of_bridge.expect("bridge CPU measured");
+        let expected = us(Sut::Floor) / us(Sut::MosquittoBridge);
+        assert!((share - expected).abs() < 0.006, "{share} vs {expected}");
+    }
+    let table = markdown(&report);
+    assert!(table.contains("| floor |"), "{table}");
+    assert!(table.contains("n/a (forwards nothing)"), "{table}");
+    assert!(table.contains("**Floor.**"), "{table}");
+    Ok(())
+}
