@@ -9,8 +9,9 @@
 //! MQTT codec (the framing here is the minimum to find packet types and ids; a malformed
 //! stream only closes its connection) or any forwarding.
 //!
-//! Invariants: one `read` per readiness event and connection until it would block, one `write`
-//! per read that produced answers; per-connection buffers are bounded by [`MAX_PACKET`].
+//! Invariants: a ready connection is read until it would block, with one `write` per read that
+//! produced answers; reads land in one shared scratch buffer and only an incomplete packet is
+//! kept per connection (at most [`MAX_PACKET`] plus one read).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -139,6 +140,7 @@ fn frame(buf: &[u8]) -> Result<Option<(usize, usize)>, FloorError> {
 
 struct Conn {
     stream: TcpStream,
+    /// The start of a packet whose rest has not arrived.
     rbuf: Vec<u8>,
     /// Answers the socket did not take yet.
     pending: Vec<u8>,
@@ -157,6 +159,7 @@ pub fn run_floor(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io::Resu
     let mut conns: HashMap<usize, Conn> = HashMap::new();
     let mut next_token = 0usize;
     let mut out = Vec::with_capacity(READ_CHUNK);
+    let mut scratch = vec![0u8; READ_CHUNK];
     loop {
         if let Err(e) = poll.poll(&mut events, None) {
             if e.kind() == io::ErrorKind::Interrupted {
@@ -201,7 +204,7 @@ pub fn run_floor(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io::Resu
             let Some(conn) = conns.get_mut(&token) else {
                 continue;
             };
-            if serve(conn, &mut out).is_err() {
+            if serve(conn, &mut scratch, &mut out).is_err() {
                 if let Some(mut conn) = conns.remove(&token) {
                     let _ = poll.registry().deregister(&mut conn.stream);
                 }
@@ -210,34 +213,37 @@ pub fn run_floor(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io::Resu
     }
 }
 
-/// Read until the socket would block, answer, write. `Err` closes the connection.
-fn serve(conn: &mut Conn, out: &mut Vec<u8>) -> io::Result<()> {
+/// Read until the socket would block, answer, write. `Err` closes the connection. Reads go
+/// into the loop's one scratch buffer; only a partial packet is kept per connection.
+fn serve(conn: &mut Conn, scratch: &mut [u8], out: &mut Vec<u8>) -> io::Result<()> {
     if !conn.pending.is_empty() {
         let n = write_some(&mut conn.stream, &conn.pending)?;
         conn.pending.drain(..n);
     }
     loop {
-        let start = conn.rbuf.len();
-        conn.rbuf.resize(start + READ_CHUNK, 0);
-        let read = conn.stream.read(&mut conn.rbuf[start..]);
-        let n = match read {
+        let n = match conn.stream.read(scratch) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                conn.rbuf.truncate(start);
-                return Ok(());
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                conn.rbuf.truncate(start);
-                continue;
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        conn.rbuf.truncate(start + n);
         out.clear();
-        let answered = respond(&conn.rbuf, &mut conn.v5, out)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        conn.rbuf.drain(..answered.consumed);
+        let answered = if conn.rbuf.is_empty() {
+            let answered = respond(&scratch[..n], &mut conn.v5, out);
+            let answered = answered.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            conn.rbuf.extend_from_slice(&scratch[answered.consumed..n]);
+            answered
+        } else {
+            conn.rbuf.extend_from_slice(&scratch[..n]);
+            let answered = respond(&conn.rbuf, &mut conn.v5, out);
+            let answered = answered.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            conn.rbuf.drain(..answered.consumed);
+            answered
+        };
+        if conn.rbuf.is_empty() {
+            conn.rbuf = Vec::new();
+        }
         if !out.is_empty() {
             if conn.pending.is_empty() {
                 let written = write_some(&mut conn.stream, out)?;
