@@ -386,7 +386,8 @@ struct CoreArgs {
     /// After the devices stop, the run ends once nothing new reached the sink for this long…
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     drain_idle: Duration,
-    /// …or after this long at most.
+    /// …or after this long at most. Devices also wait up to this long for their outstanding
+    /// PUBACKs before they disconnect.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     drain_max: Duration,
     /// Write the JSON report here (e.g. docs/perf/core-path.json).
@@ -483,8 +484,9 @@ struct SeganetArgs {
     /// After the devices stop, a point ends once nothing new reached the sink for this long…
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     drain_idle: Duration,
-    /// …or after this long at most.
-    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    /// …or after this long at most. Devices also wait up to this long for their outstanding
+    /// PUBACKs before they disconnect: at N = 16,384 the back-pressured backlog takes ~30 s.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     drain_max: Duration,
     /// Directory for the reports.
     #[arg(long, default_value = "docs/perf", value_name = "DIR")]

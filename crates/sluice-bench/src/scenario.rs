@@ -20,9 +20,11 @@
 //! 4. The SUT's VmRSS is sampled every second from start to the end of the drain.
 //!    Latencies are reported for messages sent in that window (steady state) and for the
 //!    whole run (the connection ramp included).
-//! 5. Drain: after devices stop, wait until the sink has every message, or nothing new arrived
-//!    for `drain_idle`, or `drain_max` passed. Then the sink reports and the SUT is stopped
-//!    (SIGTERM, then SIGKILL after 5 s).
+//! 5. Drain: after devices stop publishing, each waits up to `drain_max` for its outstanding
+//!    PUBACKs before it disconnects (closing earlier would throw away what the kernel still
+//!    holds for a back-pressuring SUT); then wait until the sink has every message, or nothing
+//!    new arrived for `drain_idle`, or `drain_max` passed. Then the sink reports and the SUT is
+//!    stopped (SIGTERM, then SIGKILL after 5 s).
 //!
 //! Everything shares the machine's cores: the report records `nproc`, the CPU model, this tool's
 //! own CPU and the cloud broker's CPU so a reader can judge contention.
@@ -427,6 +429,10 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     devices_config.qos = config.qos;
     devices_config.arrivals = config.arrivals;
     devices_config.progress_every = config.progress_every;
+    // Devices wait for their outstanding PUBACKs as long as the drain may take: a device that
+    // closed its socket earlier would discard what the kernel still held for a back-pressuring
+    // SUT, and count it lost although the SUT never received it.
+    devices_config.drain_timeout = config.drain_max;
     let devices = spawn_devices(devices_config)?;
     let started = devices.started();
 

@@ -23,7 +23,9 @@
 //!    RSS is the sum of VmRSS over the SUT's processes, sampled every second; PSS (which shares
 //!    out common pages, so it does not count the agents' shared binary N times) is read once
 //!    at the end.
-//! 4. Drain until the sink has everything, nothing new arrived for `drain_idle`, or `drain_max`.
+//! 4. Devices wait up to `drain_max` for their outstanding PUBACKs before they disconnect (so
+//!    nothing they wrote dies in their socket buffers), then drain until the sink has
+//!    everything, nothing new arrived for `drain_idle`, or `drain_max`.
 //!
 //! Honesty about the load: the generator costs CPU too (~12 µs per message here) and shares
 //! the two cores with the SUT and the cloud broker, so every point reports the offered rate,
@@ -517,6 +519,10 @@ async fn measure_point(
     devices_config.qos = config.qos;
     devices_config.arrivals = Arrivals::Periodic;
     devices_config.progress_every = config.progress_every;
+    // Devices wait for their outstanding PUBACKs as long as the drain may take: a device that
+    // closed its socket earlier would discard what the kernel still held for a back-pressuring
+    // SUT, and count it lost although the SUT never received it.
+    devices_config.drain_timeout = config.drain_max;
     let devices = spawn_devices(devices_config)?;
     let started = devices.started();
 
