@@ -355,10 +355,22 @@ fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::uplink::tc::TcMana
     tc::TcManager::start(None, interface, rate).map_err(|e| e.to_string())
 }
 
+/// Connections the kernel completes and queues for `accept` per listener (capped by
+/// `net.core.somaxconn`, 4096 by default since Linux 5.4). The standard library's 128 drops
+/// the SYNs of a reconnect storm beyond it, and each dropped device waits out a 1 s, then 3 s
+/// SYN retransmission before it gets in.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A non-blocking listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as the
+/// standard library sets it, so a restart does not wait out TIME_WAIT).
 fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let l = std::net::TcpListener::bind(addr)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
 }
 
 /// A started gateway. Dropping it without `shutdown` leaves the threads running.
@@ -547,5 +559,36 @@ impl AdminSource for GatewayStatus {
                 .map(|(name, tc)| serde_json::json!({ "uplink": name, "tc": tc }))
                 .collect::<Vec<_>>(),
         })
+    }
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Far more connections than the standard library's backlog of 128 complete their
+    /// handshake while nobody accepts.
+    #[test]
+    fn the_listener_queues_a_connection_storm_beyond_128() {
+        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if somaxconn <= 200 {
+            eprintln!("net.core.somaxconn is {somaxconn}: the kernel caps the backlog; skipped");
+            return;
+        }
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let storm = somaxconn.min(1000);
+        let mut held = Vec::with_capacity(storm);
+        for i in 0..storm {
+            // A SYN beyond the accept queue is dropped: connect would wait for a retransmission.
+            let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+                .unwrap_or_else(|e| panic!("connection {i} of {storm} not queued: {e}"));
+            held.push(stream);
+        }
+        assert_eq!(held.len(), storm);
     }
 }
