@@ -896,6 +896,11 @@ impl Spool {
     /// `max_bytes` of bodies are read (at least one record is returned when one is
     /// available). Records that no longer exist (trimmed, dropped, quarantined) are skipped;
     /// a newest-first cursor stops above the ack cursor. Returns how many were read.
+    ///
+    /// A record that fails its checksum ends the read: the records before it (in the cursor's
+    /// direction) are returned, and the next read fails with [`SpoolError::CorruptRecord`]
+    /// with `cur.next_seq()` at the damaged record, so a caller that skips exactly that seq
+    /// loses nothing else.
     pub fn read(
         &mut self,
         cur: &mut ReadCursor,
@@ -909,6 +914,24 @@ impl Spool {
         if cur.newest_first {
             return self.read_newest_first(cur, max_records, max_bytes, out);
         }
+        let before = out.len();
+        match self.read_forward(cur, max_records, max_bytes, out) {
+            // `cur.next` stopped at the damaged record; the hint may point before it.
+            Err(SpoolError::CorruptRecord { .. }) if out.len() > before => {
+                cur.hint = None;
+                Ok(out.len() - before)
+            }
+            r => r,
+        }
+    }
+
+    fn read_forward(
+        &mut self,
+        cur: &mut ReadCursor,
+        max_records: usize,
+        max_bytes: usize,
+        out: &mut Vec<SpoolRecord>,
+    ) -> Result<usize, SpoolError> {
         let mut n = 0;
         let mut bytes = 0usize;
         while n < max_records && (n == 0 || bytes < max_bytes) && cur.next <= self.durable {
@@ -1025,12 +1048,27 @@ impl Spool {
                     hint: Some((seg.first, off)),
                     newest_first: false,
                 };
-                self.read(
+                match self.read_forward(
                     &mut fwd,
                     k,
                     max_bytes.saturating_sub(bytes).max(1),
                     &mut tmp,
-                )?;
+                ) {
+                    Ok(_) => {}
+                    // `fwd.next` is the damaged record. Below `hi`: read the window above
+                    // it first (the next round ends at it).
+                    Err(SpoolError::CorruptRecord { .. }) if fwd.next < hi => {
+                        k = (hi - fwd.next) as usize;
+                        continue;
+                    }
+                    // `hi` itself: return what came before it (from above), or fail with
+                    // the cursor on it.
+                    Err(e @ SpoolError::CorruptRecord { .. }) => {
+                        cur.next = hi;
+                        return if n > 0 { Ok(n) } else { Err(e) };
+                    }
+                    Err(e) => return Err(e),
+                }
                 let reached = tmp.last().map(|r| r.seq.0) == Some(hi);
                 if reached || k == 1 {
                     break;

@@ -343,3 +343,94 @@ fn a_newest_first_cursor_stops_above_the_ack_cursor_and_sees_later_commits() {
         vec![41, 42, 43, 44, 45]
     );
 }
+
+/// Flips one byte in the body of record `seq`, wherever it is stored (media damage after the
+/// record was committed; the open spool does not know).
+fn damage(fs: &FaultFs, seq: u64) {
+    let needle = body(seq);
+    let mut hits = 0;
+    for path in fs.paths() {
+        if path.extension().is_none_or(|e| e != "seg") {
+            continue;
+        }
+        let mut bytes = fs.read_all(&path).expect("segment");
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            bytes[at + needle.len() - 1] ^= 0x10;
+            assert!(fs.overwrite(&path, bytes));
+            hits += 1;
+        }
+    }
+    assert_eq!(hits, 1, "record {seq}'s body is stored exactly once");
+}
+
+/// Reads with `cur` until it runs dry (Ok) or hits a damaged record (Err); the seqs the
+/// successful reads returned. A failing read must return nothing (callers drop its output).
+fn read_until_error(
+    spool: &mut Spool,
+    cur: &mut ReadCursor,
+    max_records: usize,
+) -> (Vec<u64>, Option<SpoolError>) {
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        match spool.read(cur, max_records, 1 << 20, &mut out) {
+            Ok(0) => return (out.iter().map(|r| r.seq.0).collect(), None),
+            Ok(n) => assert_eq!(out.len(), before + n),
+            Err(e) => {
+                out.truncate(before);
+                return (out.iter().map(|r| r.seq.0).collect(), Some(e));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_record_damaged_after_commit_costs_only_itself_in_either_read_direction() {
+    for max_records in [1000, 7, 1] {
+        let fs = FaultFs::new(11);
+        let (mut spool, _) = open_fault(&fs, small_config());
+        for i in 1..=40 {
+            spool.append(&body(i)).expect("append");
+        }
+        spool.commit().expect("commit");
+        assert!(spool.segment_count() > 3);
+        damage(&fs, 25);
+
+        // Oldest first: everything before it, then the error with the cursor on it; skipping
+        // exactly that seq reads the rest.
+        let mut cur = spool.read_cursor();
+        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+        assert_eq!(
+            seqs,
+            (1..=24).collect::<Vec<_>>(),
+            "max_records {max_records}"
+        );
+        assert!(
+            matches!(err, Some(SpoolError::CorruptRecord { .. })),
+            "{err:?}"
+        );
+        assert_eq!(cur.next_seq(), SpoolSeq(25));
+        let mut cur = ReadCursor::at(SpoolSeq(26));
+        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+        assert_eq!(seqs, (26..=40).collect::<Vec<_>>());
+        assert!(err.is_none(), "{err:?}");
+
+        // Newest first: the same, from the other end.
+        let mut cur = ReadCursor::newest_first(SpoolSeq(40));
+        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+        assert_eq!(
+            seqs,
+            (26..=40).rev().collect::<Vec<_>>(),
+            "max_records {max_records}"
+        );
+        assert!(
+            matches!(err, Some(SpoolError::CorruptRecord { .. })),
+            "{err:?}"
+        );
+        assert_eq!(cur.next_seq(), SpoolSeq(25));
+        let mut cur = ReadCursor::newest_first(SpoolSeq(24));
+        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+        assert_eq!(seqs, (1..=24).rev().collect::<Vec<_>>());
+        assert!(err.is_none(), "{err:?}");
+    }
+}

@@ -98,7 +98,7 @@ impl SpoolMetrics {
         );
         w.counter(
             "sluice_spool_undecodable_total",
-            "Spool records whose body could not be decoded (skipped).",
+            "Spool records skipped because they failed their checksum on read or could not be decoded.",
             l,
             self.undecodable.get(),
         );

@@ -773,9 +773,10 @@ impl UplinkSpool {
                     }
                     Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
                     Err(e) => {
-                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = inner.live.next_seq().0, "spool record unreadable; skipped");
-                        self.metrics.undecodable.inc();
+                        // The cursor is on the damaged record (see `Spool::read`).
                         let skip = inner.live.next_seq().0;
+                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = skip, "spool record unreadable; skipped");
+                        self.metrics.undecodable.inc();
                         let _ = spool.ack(SpoolSeq(skip));
                         inner.live = ReadCursor::at(SpoolSeq(skip + 1));
                     }
@@ -842,13 +843,16 @@ impl UplinkSpool {
                     }
                     Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
                     Err(e) => {
-                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = next, "spool record unreadable; skipped");
+                        // The read stopped with the cursor on the damaged record (the
+                        // records before it came back in an earlier read): skip just it.
+                        let bad = cur.next_seq().0;
+                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = bad, "spool record unreadable; skipped");
                         self.metrics.undecodable.inc();
-                        let _ = spool.ack(SpoolSeq(next));
+                        let _ = spool.ack(SpoolSeq(bad));
                         inner.backlog_cur = Some(if newest_first {
-                            ReadCursor::newest_first(SpoolSeq(next.saturating_sub(1)))
+                            ReadCursor::newest_first(SpoolSeq(bad.saturating_sub(1)))
                         } else {
-                            ReadCursor::at(SpoolSeq(next + 1))
+                            ReadCursor::at(SpoolSeq(bad + 1))
                         });
                     }
                 }

@@ -66,8 +66,14 @@ pub fn gateway(shards: usize, extra: &str) -> RunningGateway {
 
 /// [`gateway`] with extra lines in the `[mqtt]` section.
 pub fn gateway_mqtt(shards: usize, mqtt: &str, extra: &str) -> RunningGateway {
+    gateway_sections(&format!("shards = {shards}"), mqtt, extra)
+}
+
+/// A gateway on free loopback ports with `gateway` lines in `[gateway]` (which must set
+/// `shards`; threads are never pinned), `mqtt` lines in `[mqtt]` and extra TOML after.
+pub fn gateway_sections(gateway: &str, mqtt: &str, extra: &str) -> RunningGateway {
     let text = format!(
-        "[gateway]\nshards = {shards}\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\n{mqtt}\n[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
+        "[gateway]\npin_threads = false\n{gateway}\n[mqtt]\nlisten = \"127.0.0.1:0\"\n{mqtt}\n[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
     );
     let config =
         sluice::config::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
