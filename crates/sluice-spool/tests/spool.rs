@@ -386,51 +386,48 @@ fn read_until_error(
 
 #[test]
 fn a_record_damaged_after_commit_costs_only_itself_in_either_read_direction() {
-    for max_records in [1000, 7, 1] {
-        let fs = FaultFs::new(11);
-        let (mut spool, _) = open_fault(&fs, small_config());
-        for i in 1..=40 {
-            spool.append(&body(i)).expect("append");
+    const LAST: u64 = 40;
+    // Every position: first and last record, segment starts and ends, the middle.
+    for bad in 1..LAST {
+        for max_records in [1000, 7, 1] {
+            let ctx = format!("record {bad} damaged, max_records {max_records}");
+            let fs = FaultFs::new(11);
+            let (mut spool, _) = open_fault(&fs, small_config());
+            for i in 1..=LAST {
+                spool.append(&body(i)).expect("append");
+            }
+            spool.commit().expect("commit");
+            assert!(spool.segment_count() > 3);
+            damage(&fs, bad);
+
+            // Oldest first: everything before it, then the error with the cursor on it;
+            // skipping exactly that seq reads the rest.
+            let mut cur = spool.read_cursor();
+            let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+            assert_eq!(seqs, (1..bad).collect::<Vec<_>>(), "{ctx}");
+            assert!(
+                matches!(err, Some(SpoolError::CorruptRecord { .. })),
+                "{ctx}: {err:?}"
+            );
+            assert_eq!(cur.next_seq(), SpoolSeq(bad), "{ctx}");
+            let mut cur = ReadCursor::at(SpoolSeq(bad + 1));
+            let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+            assert_eq!(seqs, (bad + 1..=LAST).collect::<Vec<_>>(), "{ctx}");
+            assert!(err.is_none(), "{ctx}: {err:?}");
+
+            // Newest first: the same, from the other end.
+            let mut cur = ReadCursor::newest_first(SpoolSeq(LAST));
+            let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+            assert_eq!(seqs, (bad + 1..=LAST).rev().collect::<Vec<_>>(), "{ctx}");
+            assert!(
+                matches!(err, Some(SpoolError::CorruptRecord { .. })),
+                "{ctx}: {err:?}"
+            );
+            assert_eq!(cur.next_seq(), SpoolSeq(bad), "{ctx}");
+            let mut cur = ReadCursor::newest_first(SpoolSeq(bad - 1));
+            let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
+            assert_eq!(seqs, (1..bad).rev().collect::<Vec<_>>(), "{ctx}");
+            assert!(err.is_none(), "{ctx}: {err:?}");
         }
-        spool.commit().expect("commit");
-        assert!(spool.segment_count() > 3);
-        damage(&fs, 25);
-
-        // Oldest first: everything before it, then the error with the cursor on it; skipping
-        // exactly that seq reads the rest.
-        let mut cur = spool.read_cursor();
-        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
-        assert_eq!(
-            seqs,
-            (1..=24).collect::<Vec<_>>(),
-            "max_records {max_records}"
-        );
-        assert!(
-            matches!(err, Some(SpoolError::CorruptRecord { .. })),
-            "{err:?}"
-        );
-        assert_eq!(cur.next_seq(), SpoolSeq(25));
-        let mut cur = ReadCursor::at(SpoolSeq(26));
-        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
-        assert_eq!(seqs, (26..=40).collect::<Vec<_>>());
-        assert!(err.is_none(), "{err:?}");
-
-        // Newest first: the same, from the other end.
-        let mut cur = ReadCursor::newest_first(SpoolSeq(40));
-        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
-        assert_eq!(
-            seqs,
-            (26..=40).rev().collect::<Vec<_>>(),
-            "max_records {max_records}"
-        );
-        assert!(
-            matches!(err, Some(SpoolError::CorruptRecord { .. })),
-            "{err:?}"
-        );
-        assert_eq!(cur.next_seq(), SpoolSeq(25));
-        let mut cur = ReadCursor::newest_first(SpoolSeq(24));
-        let (seqs, err) = read_until_error(&mut spool, &mut cur, max_records);
-        assert_eq!(seqs, (1..=24).rev().collect::<Vec<_>>());
-        assert!(err.is_none(), "{err:?}");
     }
 }
