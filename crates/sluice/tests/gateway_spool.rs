@@ -169,6 +169,27 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Flips one byte of the payload `needle` in the spool segment that holds it, in place (the
+/// running gateway's open file sees it), as a flash bit flip would.
+fn damage_on_disk(dir: &Path, needle: &str) {
+    let mut damaged = 0;
+    for path in walk(dir) {
+        if path.extension().is_none_or(|e| e != "seg") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).expect("read segment");
+        if let Some(at) = bytes
+            .windows(needle.len())
+            .position(|w| w == needle.as_bytes())
+        {
+            bytes[at + 3] ^= 0x40;
+            std::fs::write(&path, &bytes).expect("rewrite segment");
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 1, "{needle} is in exactly one segment");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qos1_publishes_are_acked_from_the_spool_while_the_cloud_is_down_and_arrive_in_order_later()
 {
@@ -723,24 +744,7 @@ async fn a_record_damaged_on_disk_after_it_was_acknowledged_is_skipped_counted_a
 
     // The medium changes one byte of an acknowledged, committed record that the gateway has
     // not read back yet (a flash bit flip): its checksum no longer matches.
-    let needle = payload("d1", DAMAGED);
-    let mut damaged = 0;
-    for path in walk(t.dir.path()) {
-        if path.extension().is_none_or(|e| e != "seg") {
-            continue;
-        }
-        let mut bytes = std::fs::read(&path).expect("read segment");
-        if let Some(at) = bytes
-            .windows(needle.len())
-            .position(|w| w == needle.as_bytes())
-        {
-            bytes[at + 3] ^= 0x40;
-            // Same length, written in place: the spool's open file sees the new byte.
-            std::fs::write(&path, &bytes).expect("rewrite segment");
-            damaged += 1;
-        }
-    }
-    assert_eq!(damaged, 1, "the record to damage is in exactly one segment");
+    damage_on_disk(t.dir.path(), &payload("d1", DAMAGED));
 
     t.gate.set_open(true);
     let got = receive(&mut t.sub, N - 1, WAIT).await;
@@ -783,6 +787,86 @@ async fn a_record_damaged_on_disk_after_it_was_acknowledged_is_skipped_counted_a
         (N..N + 10)
             .map(|i| ("d1".to_string(), i))
             .collect::<Vec<_>>()
+    );
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ack_cloud_a_damaged_record_closes_its_device_which_resends_it() {
+    const N: usize = 40;
+    const DAMAGED: usize = 30;
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = gateway_sections(
+        "shards = 1\nmax_buffered = \"1KiB\"",
+        "max_packet_size = \"1KiB\"",
+        &t.config("ack = \"cloud\"", NO_AGGREGATION),
+    );
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    dev.set_ack_timeout(WAIT);
+    // With the cloud away nothing is acknowledged: all N wait, spooled.
+    let mut pending = std::collections::VecDeque::new();
+    for i in 0..N {
+        let id = dev
+            .publish_no_wait("dev/d1", payload("d1", i), QoS::AtLeastOnce, false)
+            .await
+            .expect("publish")
+            .expect("packet id");
+        pending.push_back((i, id));
+    }
+    let last = payload("d1", N - 1);
+    assert!(
+        eventually(WAIT, || contains(
+            &spool_bytes(t.dir.path()),
+            last.as_bytes()
+        ))
+        .await,
+        "all {N} messages reach the spool files"
+    );
+    damage_on_disk(t.dir.path(), &payload("d1", DAMAGED));
+
+    // The cloud comes back. The messages before the damaged one are acknowledged; the
+    // damaged one never can be, so the gateway closes the device's connection.
+    t.gate.set_open(true);
+    let mut first_unacked = None;
+    while let Some(&(i, id)) = pending.front() {
+        match dev.wait_ack(id).await {
+            Ok(code) => {
+                assert_eq!(code, 0, "PUBACK code for message {i}");
+                pending.pop_front();
+            }
+            Err(_) => {
+                first_unacked = Some(i);
+                break;
+            }
+        }
+    }
+    let first_unacked = first_unacked.expect("the device was not closed");
+    assert!(
+        first_unacked <= DAMAGED,
+        "message {DAMAGED} was acknowledged (first unacknowledged: {first_unacked})"
+    );
+    let ack_lost = "sluice_mqtt_connections_closed_total{shard=\"0\",reason=\"ack_lost\"}";
+    assert_eq!(metric_sum(&gw.metrics_text(), ack_lost), 1.0);
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), "sluice_spool_undecodable_total"),
+        1.0
+    );
+
+    // The device reconnects and resends what it holds: the damaged message reaches the cloud
+    // after all, and nothing is missing (duplicates of what the cloud already had allowed).
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    publish_all(&mut dev, "d1", "dev/d1", first_unacked..N, 8).await;
+    let got = receive(&mut t.sub, usize::MAX, Duration::from_secs(2)).await;
+    let mut first_seen = Vec::new();
+    for (_, i) in &got {
+        if !first_seen.contains(i) {
+            first_seen.push(*i);
+        }
+    }
+    assert_eq!(
+        first_seen,
+        (0..N).collect::<Vec<_>>(),
+        "every message, in order of first arrival; got {got:?}"
     );
     gw.shutdown();
 }

@@ -32,7 +32,9 @@ use tokio::sync::Notify;
 pub struct DeviceAcks {
     ready: RefCell<VecDeque<u16>>,
     /// A message of this connection will never be acknowledged (see the module docs).
-    abandoned: Cell<bool>,
+    /// Shared with the connection's pending tokens, which can still tell after the
+    /// connection is gone.
+    abandoned: Rc<Cell<bool>>,
     pub notify: Rc<Notify>,
 }
 
@@ -74,12 +76,15 @@ impl DeviceAcks {
 struct Pending {
     remaining: Cell<u32>,
     device: Weak<DeviceAcks>,
+    /// The device connection's `abandoned` flag.
+    abandoned: Rc<Cell<bool>>,
     packet_id: u16,
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
         if self.remaining.get() > 0 {
+            self.abandoned.set(true);
             if let Some(device) = self.device.upgrade() {
                 device.abandon();
             }
@@ -117,6 +122,7 @@ impl AckToken {
         AckToken(Target::Device(Rc::new(Pending {
             remaining: Cell::new(1),
             device: Rc::downgrade(device),
+            abandoned: device.abandoned.clone(),
             packet_id,
         })))
     }
@@ -141,7 +147,7 @@ impl AckToken {
     /// connection is closing; storing this one would let it overtake the resent one).
     pub fn device_abandoned(&self) -> bool {
         match &self.0 {
-            Target::Device(p) => p.device.upgrade().is_some_and(|d| d.is_abandoned()),
+            Target::Device(p) => p.abandoned.get(),
             Target::Spool(s) => s.device.as_ref().is_some_and(AckToken::device_abandoned),
         }
     }
@@ -167,6 +173,7 @@ impl AckToken {
                 None => AckToken(Target::Device(Rc::new(Pending {
                     remaining: Cell::new(1),
                     device: Weak::new(),
+                    abandoned: Rc::default(),
                     packet_id: 0,
                 }))),
             },
@@ -244,6 +251,22 @@ mod tests {
         let other = DeviceAcks::new();
         drop(AckToken::spooled(Rc::new(NoSpool), 10, true, None).share());
         assert!(!other.is_abandoned());
+    }
+
+    #[test]
+    fn a_pending_token_still_tells_its_connection_was_abandoned_after_the_connection_is_gone() {
+        let dev = DeviceAcks::new();
+        let lost = AckToken::new(&dev, 1);
+        let later = AckToken::new(&dev, 2);
+        let other = AckToken::new(&DeviceAcks::new(), 3);
+        assert!(!later.device_abandoned());
+        drop(lost);
+        assert!(later.device_abandoned());
+        // The connection closes and its acks go; the later message's token still knows, so
+        // its stored copy is not sent ahead of the device's resend.
+        drop(dev);
+        assert!(later.device_abandoned());
+        assert!(!other.device_abandoned());
     }
 
     #[test]

@@ -776,8 +776,7 @@ impl UplinkSpool {
                         // The cursor is on the damaged record (see `Spool::read`).
                         let skip = inner.live.next_seq().0;
                         warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = skip, "spool record unreadable; skipped");
-                        self.metrics.undecodable.inc();
-                        let _ = spool.ack(SpoolSeq(skip));
+                        self.skip_record(spool, &mut inner.cloud_tokens, skip);
                         inner.live = ReadCursor::at(SpoolSeq(skip + 1));
                     }
                 }
@@ -847,8 +846,7 @@ impl UplinkSpool {
                         // records before it came back in an earlier read): skip just it.
                         let bad = cur.next_seq().0;
                         warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = bad, "spool record unreadable; skipped");
-                        self.metrics.undecodable.inc();
-                        let _ = spool.ack(SpoolSeq(bad));
+                        self.skip_record(spool, &mut inner.cloud_tokens, bad);
                         inner.backlog_cur = Some(if newest_first {
                             ReadCursor::newest_first(SpoolSeq(bad.saturating_sub(1)))
                         } else {
@@ -860,6 +858,16 @@ impl UplinkSpool {
             let backlog = backlog_remaining(inner, newest_first);
             self.metrics.backlog_records.set(backlog as i64);
         }
+    }
+
+    /// Record `seq` cannot be sent (damaged or undecodable): count it and acknowledge it in
+    /// the spool so it is not tried again. With `ack = "cloud"` its device still holds the
+    /// message unacknowledged: dropping the device's token uncompleted closes that device's
+    /// connection (abandoned, see `shard::ack`), and the device resends the message.
+    fn skip_record(&self, spool: &mut Spool, cloud_tokens: &mut BTreeMap<u64, AckToken>, seq: u64) {
+        self.metrics.undecodable.inc();
+        let _ = spool.ack(SpoolSeq(seq));
+        drop(cloud_tokens.remove(&seq));
     }
 
     /// A read failed because the storage did (not one record): stop feeding and make sure
@@ -884,8 +892,7 @@ impl UplinkSpool {
                 Ok(rec) => rec,
                 Err(e) => {
                     warn!(shard = self.shard, uplink = %self.uplink, seq = r.seq.0, error = %e, "spool record body undecodable; skipped");
-                    self.metrics.undecodable.inc();
-                    let _ = spool.ack(r.seq);
+                    self.skip_record(spool, cloud_tokens, r.seq.0);
                     continue;
                 }
             };
@@ -893,6 +900,14 @@ impl UplinkSpool {
                 SpoolAck::Cloud => cloud_tokens.remove(&r.seq.0),
                 SpoolAck::Spool => None,
             };
+            // `ack = "cloud"` and an earlier message of this device was lost (e.g. a damaged
+            // record): its connection is closed and the device resends this one after the
+            // lost one. Sending the stored copy now would overtake the resend.
+            if device.as_ref().is_some_and(AckToken::device_abandoned) {
+                debug!(shard = self.shard, uplink = %self.uplink, seq = r.seq.0, "spool record of an abandoned device connection not sent; the device resends it");
+                let _ = spool.ack(r.seq);
+                continue;
+            }
             let age = wall.duration_since(rec.received).unwrap_or(Duration::ZERO);
             let acker: Rc<dyn SpoolAcker> = self.clone();
             // Copies: a slice would pin the whole read chunk (up to `READ_BYTES`) for as long
