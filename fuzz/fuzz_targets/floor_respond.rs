@@ -35,7 +35,10 @@ fuzz_target!(|data: &[u8]| {
     match (&whole, &split) {
         (Ok(w), Ok(s)) => {
             assert_eq!(w, s, "outcome depends on where the input was split");
-            assert_eq!(whole_out, split_out, "answers depend on where the input was split");
+            assert_eq!(
+                whole_out, split_out,
+                "answers depend on where the input was split"
+            );
         }
         // An error in the first part of a split is an error in the whole; an error only the
         // whole sees lies beyond the cut's complete packets and shows up in the second call.

@@ -961,6 +961,11 @@ impl Spool {
                     },
                 })?,
             };
+            // A damaged length field upstream (found by `locate` or the reverse index) can
+            // point past the committed end.
+            if off + FRAME_HEADER_LEN as u64 > seg.committed_len {
+                return Err(SpoolError::CorruptRecord { path, offset: off });
+            }
             let avail = seg.committed_len - off;
             let mut want = (avail as usize).min(READ_CHUNK.max(max_bytes.saturating_sub(bytes)));
             let mut hdr = [0u8; FRAME_HEADER_LEN];
@@ -1042,7 +1047,16 @@ impl Spool {
             loop {
                 let lo = hi + 1 - k as u64;
                 tmp.clear();
-                let off = self.rev_offset(&seg, lo)?;
+                let off = match self.rev_offset(&seg, lo) {
+                    Ok(off) => off,
+                    // A frame header in this segment is damaged, so records cannot be
+                    // located from it: give up on `hi` alone, as for a damaged record.
+                    Err(e @ SpoolError::CorruptRecord { .. }) => {
+                        cur.next = hi;
+                        return if n > 0 { Ok(n) } else { Err(e) };
+                    }
+                    Err(e) => return Err(e),
+                };
                 let mut fwd = ReadCursor {
                     next: lo,
                     hint: Some((seg.first, off)),
