@@ -953,13 +953,7 @@ impl Spool {
             let file = self.file_for(&seg, &path)?;
             let mut off = match cur.hint {
                 Some((f, off)) if f == seg.first => off,
-                _ => locate(&*file, seg.committed_len, cur.next).map_err(|e| match e {
-                    Some(e) => io_err("read", &path)(e),
-                    None => SpoolError::CorruptRecord {
-                        path: path.clone(),
-                        offset: 0,
-                    },
-                })?,
+                _ => self.locate_checked(&seg, cur.next)?,
             };
             // A damaged length field upstream (found by `locate` or the reverse index) can
             // point past the committed end.
@@ -1044,13 +1038,29 @@ impl Spool {
                 continue;
             }
             let mut k = (max_records - n).min((hi - lo_min + 1) as usize);
+            // Set once damage shows in this segment: records are then found by the
+            // checksum-validating scan instead of the reverse index's header walk.
+            let mut scan = false;
             loop {
                 let lo = hi + 1 - k as u64;
                 tmp.clear();
-                let off = match self.rev_offset(&seg, lo) {
+                let located = if scan {
+                    self.locate_checked(&seg, lo)
+                } else {
+                    self.rev_offset(&seg, lo)
+                };
+                let off = match located {
                     Ok(off) => off,
-                    // A frame header in this segment is damaged, so records cannot be
-                    // located from it: give up on `hi` alone, as for a damaged record.
+                    Err(SpoolError::CorruptRecord { .. }) if !scan => {
+                        scan = true;
+                        continue;
+                    }
+                    // No valid frame `lo`: it is the damaged one. Read the window above it
+                    // first (the next round ends at it).
+                    Err(SpoolError::CorruptRecord { .. }) if lo < hi => {
+                        k = (hi - lo) as usize;
+                        continue;
+                    }
                     Err(e @ SpoolError::CorruptRecord { .. }) => {
                         cur.next = hi;
                         return if n > 0 { Ok(n) } else { Err(e) };
@@ -1069,6 +1079,12 @@ impl Spool {
                     &mut tmp,
                 ) {
                     Ok(_) => {}
+                    // The offset may have come from a damaged chain of headers: find `lo`
+                    // again with the scan before taking a record for damaged.
+                    Err(SpoolError::CorruptRecord { .. }) if !scan => {
+                        scan = true;
+                        continue;
+                    }
                     // `fwd.next` is the damaged record. Below `hi`: read the window above
                     // it first (the next round ends at it).
                     Err(SpoolError::CorruptRecord { .. }) if fwd.next < hi => {
@@ -1099,6 +1115,20 @@ impl Spool {
             cur.next = lowest - 1;
         }
         Ok(n)
+    }
+
+    /// Byte offset of a valid frame `seq` in `seg`, found by [`locate`]; `CorruptRecord` when
+    /// there is none (the record is damaged).
+    fn locate_checked(&mut self, seg: &Segment, seq: u64) -> Result<u64, SpoolError> {
+        let path = segment_path(&self.dir, seg.first);
+        let file = self.file_for(seg, &path)?;
+        locate(&*file, seg.committed_len, seq).map_err(|e| match e {
+            Some(e) => io_err("read", &path)(e),
+            None => SpoolError::CorruptRecord {
+                path: path.clone(),
+                offset: 0,
+            },
+        })
     }
 
     /// Byte offset of record `lo` in `seg`, walking frame headers from the nearest
@@ -1220,20 +1250,62 @@ impl Spool {
     }
 }
 
-/// Byte offset of the frame with `seq` in a segment, walking headers. `Err(None)`: not
-/// found (the segment does not hold what the index says).
+/// Byte offset of the valid frame with `seq` in a segment: walking headers, and when that
+/// does not lead to it (damage on the way), by [`locate_scan`]. `Err(None)`: no valid frame
+/// `seq` (the record is damaged, or the segment does not hold what the index says).
 fn locate(file: &dyn SpoolFile, committed_len: u64, seq: u64) -> Result<u64, Option<io::Error>> {
     let mut w = Window::new(file, committed_len, 64 << 10);
     let mut off = SEGMENT_HEADER_LEN;
     while off + FRAME_HEADER_LEN as u64 <= committed_len {
-        let h = frame::parse_header(w.get(off, FRAME_HEADER_LEN).map_err(Some)?).ok_or(None)?;
+        let Some(h) = frame::parse_header(w.get(off, FRAME_HEADER_LEN).map_err(Some)?) else {
+            break;
+        };
+        let len = h.frame_len();
         if h.seq == seq {
-            return Ok(off);
+            if off + len <= committed_len
+                && frame::check_frame(w.get(off, len as usize).map_err(Some)?)
+            {
+                return Ok(off);
+            }
+            break;
         }
-        if h.seq > seq || h.frame_len() == 0 {
-            return Err(None);
+        if h.seq > seq || len == 0 {
+            break;
         }
-        off += h.frame_len();
+        off += len;
+    }
+    // Walking the headers did not lead to a valid frame `seq`: a header on the way (or the
+    // record itself) is damaged.
+    locate_scan(file, committed_len, seq)
+}
+
+/// [`locate`] for a segment with damage: steps over frames whose checksum matches and tries
+/// every byte offset in between (as recovery's scan does), so a damaged frame costs only
+/// itself. Only valid frames count, and the bytes inside them are never taken for a frame.
+fn locate_scan(
+    file: &dyn SpoolFile,
+    committed_len: u64,
+    seq: u64,
+) -> Result<u64, Option<io::Error>> {
+    let mut w = Window::new(file, committed_len, 64 << 10);
+    let mut off = SEGMENT_HEADER_LEN;
+    while off + FRAME_HEADER_LEN as u64 <= committed_len {
+        if let Some(h) = frame::parse_header(w.get(off, FRAME_HEADER_LEN).map_err(Some)?) {
+            let len = h.frame_len();
+            if off + len <= committed_len
+                && frame::check_frame(w.get(off, len as usize).map_err(Some)?)
+            {
+                match h.seq.cmp(&seq) {
+                    std::cmp::Ordering::Equal => return Ok(off),
+                    std::cmp::Ordering::Greater => return Err(None),
+                    std::cmp::Ordering::Less => {
+                        off += len;
+                        continue;
+                    }
+                }
+            }
+        }
+        off += 1;
     }
     Err(None)
 }

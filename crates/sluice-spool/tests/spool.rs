@@ -344,10 +344,21 @@ fn a_newest_first_cursor_stops_above_the_ack_cursor_and_sees_later_commits() {
     );
 }
 
-/// Flips one byte in the body of record `seq`, wherever it is stored (media damage after the
-/// record was committed; the open spool does not know).
-fn damage(fs: &FaultFs, seq: u64) {
-    let needle = body(seq);
+/// Where [`damage`] flips a byte of a record.
+#[derive(Debug, Clone, Copy)]
+enum Hit {
+    /// The last byte of its body.
+    Body,
+    /// Its frame header's length field (crc32c 4 bytes, length 4, seq 8, then the body), so
+    /// the headers after it can no longer be walked to.
+    Length,
+}
+
+/// Flips one byte of record `seq`, wherever it is stored (media damage after the record was
+/// committed; the open spool does not know).
+fn damage(fs: &FaultFs, seq: u64, hit: Hit) {
+    // The frame's seq field and body: unique, where a body alone may also match a header.
+    let needle = [&seq.to_le_bytes()[..], &body(seq)].concat();
     let mut hits = 0;
     for path in fs.paths() {
         if path.extension().is_none_or(|e| e != "seg") {
@@ -355,7 +366,10 @@ fn damage(fs: &FaultFs, seq: u64) {
         }
         let mut bytes = fs.read_all(&path).expect("segment");
         if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
-            bytes[at + needle.len() - 1] ^= 0x10;
+            match hit {
+                Hit::Body => bytes[at + needle.len() - 1] ^= 0x10,
+                Hit::Length => bytes[at - 4] ^= 0x03,
+            }
             assert!(fs.overwrite(&path, bytes));
             hits += 1;
         }
@@ -388,9 +402,13 @@ fn read_until_error(
 fn a_record_damaged_after_commit_costs_only_itself_in_either_read_direction() {
     const LAST: u64 = 40;
     // Every position: first and last record, segment starts and ends, the middle.
-    for bad in 1..LAST {
-        for max_records in [1000, 7, 1] {
-            let ctx = format!("record {bad} damaged, max_records {max_records}");
+    for (bad, hit, max_records) in (1..LAST).flat_map(|bad| {
+        [Hit::Body, Hit::Length]
+            .into_iter()
+            .flat_map(move |hit| [1000, 7, 1].map(|m| (bad, hit, m)))
+    }) {
+        {
+            let ctx = format!("record {bad} damaged ({hit:?}), max_records {max_records}");
             let fs = FaultFs::new(11);
             let (mut spool, _) = open_fault(&fs, small_config());
             for i in 1..=LAST {
@@ -398,7 +416,7 @@ fn a_record_damaged_after_commit_costs_only_itself_in_either_read_direction() {
             }
             spool.commit().expect("commit");
             assert!(spool.segment_count() > 3);
-            damage(&fs, bad);
+            damage(&fs, bad, hit);
 
             // Oldest first: everything before it, then the error with the cursor on it;
             // skipping exactly that seq reads the rest.
