@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,7 +113,7 @@ pub fn ids_on_shards(prefix: &str, shards: usize, per_shard: usize) -> Vec<Vec<S
 /// decides when the gateway may reach the cloud again.
 pub struct Gate {
     pub addr: SocketAddr,
-    open: Arc<AtomicBool>,
+    open: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Gate {
@@ -123,28 +122,35 @@ impl Gate {
             .await
             .expect("bind relay");
         let addr = listener.local_addr().expect("relay addr");
-        let open = Arc::new(AtomicBool::new(true));
+        let open = Arc::new(tokio::sync::watch::Sender::new(true));
         let gate = open.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((mut down, _)) = listener.accept().await else {
                     return;
                 };
-                if !gate.load(Ordering::SeqCst) {
+                if !*gate.borrow() {
                     drop(down);
                     continue;
                 }
+                let mut closed = gate.subscribe();
                 tokio::spawn(async move {
                     if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                            // Closing the gate cuts the connections through it.
+                            _ = closed.wait_for(|open| !*open) => {}
+                        }
                     }
                 });
             }
         });
         Gate { addr, open }
     }
+
+    /// Open lets new connections through; closing refuses new ones and cuts those open.
     pub fn set_open(&self, open: bool) {
-        self.open.store(open, Ordering::SeqCst);
+        self.open.send_replace(open);
     }
 }
 
