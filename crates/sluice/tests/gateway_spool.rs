@@ -62,6 +62,16 @@ impl GatedCloud {
         )
     }
 
+    /// A one-shard gateway with `ack` and a 1 KiB uplink queue: while the cloud is away only
+    /// the first few records are read into memory, the rest stay on disk.
+    fn small_queue_gateway(&self, ack: &str) -> RunningGateway {
+        gateway_sections(
+            "shards = 1\nmax_buffered = \"1KiB\"",
+            "max_packet_size = \"1KiB\"",
+            &self.config(&format!("ack = \"{ack}\""), NO_AGGREGATION),
+        )
+    }
+
     /// A one-shard gateway whose spool holds 16 KiB in 4 KiB segments, `when_full` when it is
     /// full, and devices' packets of at most 1 KiB.
     fn small_spool_gateway(&self, when_full: &str) -> RunningGateway {
@@ -731,13 +741,7 @@ async fn a_record_damaged_on_disk_after_it_was_acknowledged_is_skipped_counted_a
     const N: usize = 300;
     const DAMAGED: usize = 250;
     let mut t = GatedCloud::start_closed("dev/#").await;
-    // A 1 KiB uplink queue: while the cloud is away only the first few records are read into
-    // memory, the rest stay on disk until the cloud drains the queue.
-    let gw = gateway_sections(
-        "shards = 1\nmax_buffered = \"1KiB\"",
-        "max_packet_size = \"1KiB\"",
-        &t.config("ack = \"spool\"", NO_AGGREGATION),
-    );
+    let gw = t.small_queue_gateway("spool");
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     dev.set_ack_timeout(Duration::from_secs(5));
     publish_all(&mut dev, "d1", "dev/d1", 0..N, 16).await;
@@ -796,11 +800,7 @@ async fn with_ack_cloud_a_damaged_record_closes_its_device_which_resends_it() {
     const N: usize = 40;
     const DAMAGED: usize = 30;
     let mut t = GatedCloud::start_closed("dev/#").await;
-    let gw = gateway_sections(
-        "shards = 1\nmax_buffered = \"1KiB\"",
-        "max_packet_size = \"1KiB\"",
-        &t.config("ack = \"cloud\"", NO_AGGREGATION),
-    );
+    let gw = t.small_queue_gateway("cloud");
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
     dev.set_ack_timeout(WAIT);
     // With the cloud away nothing is acknowledged: all N wait, spooled.

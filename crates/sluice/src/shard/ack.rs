@@ -54,10 +54,6 @@ impl DeviceAcks {
     pub fn is_abandoned(&self) -> bool {
         self.abandoned.get()
     }
-    fn abandon(&self) {
-        self.abandoned.set(true);
-        self.notify.notify_one();
-    }
     /// Take every packet id that is ready to be acknowledged, in completion order.
     pub fn drain_into(&self, out: &mut Vec<u16>) {
         out.extend(self.ready.borrow_mut().drain(..));
@@ -84,9 +80,10 @@ struct Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if self.remaining.get() > 0 {
+            // The flag is the connection's own; wake it so it closes.
             self.abandoned.set(true);
             if let Some(device) = self.device.upgrade() {
-                device.abandon();
+                device.notify.notify_one();
             }
         }
     }
