@@ -64,7 +64,7 @@ pub mod socket;
 pub mod tc;
 mod tls;
 
-pub use metrics::{DropReason, UplinkMetrics, UplinkState};
+pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
 pub use pack::records_of;
 #[cfg(test)]
 pub(crate) use queue::is_backlog as queue_is_backlog;
