@@ -80,7 +80,7 @@ fn start_uplink(cfg: UplinkConfig, devices: usize) -> Uplink {
             cfg: Rc::new(cfg),
             tls,
             queue: queue.clone(),
-            downlink: Rc::new(|_p: Publish| {}),
+            downlink: Rc::new(|_p: Publish| -> uplink::DownlinkDelivery { Box::pin(async {}) }),
             metrics: metrics.clone(),
             live_devices: Arc::new(AtomicUsize::new(devices)),
             on_port: None,

@@ -81,9 +81,10 @@ pub struct SessionSeed {
     /// Must be `Some` when `cfg.url.tls` (see [`super::client_tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub queue: Rc<UplinkQueue>,
-    /// Called on the shard thread with every PUBLISH the cloud sends (topic unchanged), after
-    /// its PUBACK was queued. Only the normal lane subscribes to `receive`.
-    pub downlink: Rc<dyn Fn(Publish)>,
+    /// Called on the shard thread with every PUBLISH the cloud sends (topic unchanged); a
+    /// QoS 1 one is acknowledged to the cloud once the returned future resolved. Only shard
+    /// 0's normal lane subscribes to `receive` (see the module docs of `uplink`).
+    pub downlink: super::Downlink,
     pub metrics: Arc<UplinkMetrics>,
     /// Devices connected to the whole gateway (decides whether the normal lane aggregates).
     pub live_devices: Arc<AtomicUsize>,
@@ -142,6 +143,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         pending_subscribe: None,
         send_seq: 0,
         alone: VecDeque::new(),
+        downlink_pending: VecDeque::new(),
         refused: Vec::new(),
         paused_until: None,
         refusal_backoff: Backoff::new(
@@ -170,6 +172,8 @@ struct Connection {
     keep_alive: Duration,
     retain_available: bool,
     local_port: u16,
+    /// The broker still had our session (only the downlink session asks for one).
+    session_present: bool,
     /// Most encoded bytes a SenML pack may have so that its PUBLISH fits `max_packet`.
     pack_limit: usize,
 }
@@ -226,7 +230,10 @@ struct Session {
     cfg: Rc<UplinkConfig>,
     tls: Option<TlsConnector>,
     queue: Rc<UplinkQueue>,
-    downlink: Rc<dyn Fn(Publish)>,
+    downlink: super::Downlink,
+    /// Cloud PUBLISHes decoded and not yet delivered (at most what one read decodes: the
+    /// broker sends no more than our Receive Maximum of QoS 1 ones unacknowledged).
+    downlink_pending: VecDeque<Publish>,
     metrics: Arc<UplinkMetrics>,
     route: UplinkRoute,
     version: ProtocolVersion,
@@ -427,13 +434,18 @@ impl Session {
         };
 
         let mut properties = Properties::default();
+        let persistent = self.subscribes_downlink();
         if self.version == ProtocolVersion::V5 {
             properties.receive_maximum = Some(DOWNLINK_RECEIVE_MAXIMUM);
             properties.maximum_packet_size = Some(MAX_INCOMING_PACKET_BYTES as u32);
+            if persistent {
+                let secs = cfg.downlink_session_expiry.as_secs();
+                properties.session_expiry_interval = Some(u32::try_from(secs).unwrap_or(u32::MAX));
+            }
         }
         let connect = Packet::Connect(Connect {
             protocol: self.version,
-            clean_start: true,
+            clean_start: !persistent,
             keep_alive: keep_alive_secs(cfg.keep_alive),
             client_id: self.client_id.clone(),
             will: None,
@@ -506,6 +518,7 @@ impl Session {
             keep_alive,
             retain_available: p.retain_available != Some(0),
             local_port,
+            session_present: connack.session_present,
             pack_limit: usize::MAX,
         })
     }
@@ -521,8 +534,10 @@ impl Session {
         let mut out = BytesMut::with_capacity(MAX_BATCH_BYTES + 1024);
         // QoS 0 messages in `out`: finished once the write succeeds.
         let mut unacked_in_write: Vec<UplinkMessage> = Vec::new();
-        if self.lane == Lane::Normal && !self.cfg.receive.is_empty() {
-            self.encode_subscribe(&mut out)?;
+        if self.subscribes_downlink()
+            && (!c.session_present || self.version == ProtocolVersion::V5)
+        {
+            self.encode_subscribe(&mut out, c.session_present)?;
         }
         let now = Instant::now();
         let mut last_read = now;
@@ -537,6 +552,7 @@ impl Session {
         while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
             self.handle(packet, &mut out, &mut ping_outstanding)?;
         }
+        self.deliver_downlinks(&mut out).await?;
 
         loop {
             let (sent, resent) = self.fill_batch(c, &mut out, &mut unacked_in_write);
@@ -609,6 +625,7 @@ impl Session {
                     while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
                         self.handle(packet, &mut out, &mut ping_outstanding)?;
                     }
+                    self.deliver_downlinks(&mut out).await?;
                     self.maybe_resume();
                 }
                 Event::Queued => {}
@@ -948,24 +965,14 @@ impl Session {
                         "PUBLISH with an empty topic (no topic aliases were allowed)".into(),
                     ));
                 }
-                match (p.qos, p.packet_id) {
-                    (QoS::AtMostOnce, _) => {}
-                    (QoS::AtLeastOnce, Some(id)) => {
-                        encode(&Packet::PubAck(ok_response(id)), self.version, out)?
-                    }
-                    // We subscribe with QoS 1, so a conforming broker never sends QoS 2; if it
-                    // does, it is delivered on receipt (a resent duplicate may repeat it).
-                    (QoS::ExactlyOnce, Some(id)) => {
-                        encode(&Packet::PubRec(ok_response(id)), self.version, out)?
-                    }
-                    (_, None) => {
-                        return Err(UplinkError::Protocol(
-                            "QoS>0 PUBLISH without packet id".into(),
-                        ))
-                    }
+                if p.qos != QoS::AtMostOnce && p.packet_id.is_none() {
+                    return Err(UplinkError::Protocol(
+                        "QoS>0 PUBLISH without packet id".into(),
+                    ));
                 }
                 self.metrics.downlink_messages.inc();
-                (self.downlink)(p);
+                // Delivered (and acknowledged) by deliver_downlinks, in arrival order.
+                self.downlink_pending.push_back(p);
             }
             Packet::PubRel(r) => encode(
                 &Packet::PubComp(ok_response(r.packet_id)),
@@ -1102,7 +1109,40 @@ impl Session {
         self.finish(msg);
     }
 
-    fn encode_subscribe(&mut self, out: &mut BytesMut) -> Result<(), UplinkError> {
+    /// Whether this session holds the uplink's one downlink subscription: shard 0's normal
+    /// lane, when `receive` has filters.
+    fn subscribes_downlink(&self) -> bool {
+        self.shard == 0 && self.lane == Lane::Normal && !self.cfg.receive.is_empty()
+    }
+
+    /// Deliver the cloud PUBLISHes decoded so far, in order; a QoS 1 one is acknowledged to
+    /// the cloud (PUBACK appended to `out`) only after the shard accepted it. (We subscribe
+    /// with QoS 1, so a conforming broker never sends QoS 2; if it does, PUBREC follows
+    /// delivery the same way and a resent duplicate may repeat it.)
+    async fn deliver_downlinks(&mut self, out: &mut BytesMut) -> Result<(), UplinkError> {
+        while let Some(p) = self.downlink_pending.pop_front() {
+            let reply = match (p.qos, p.packet_id) {
+                (QoS::AtLeastOnce, Some(id)) => Some(Packet::PubAck(ok_response(id))),
+                (QoS::ExactlyOnce, Some(id)) => Some(Packet::PubRec(ok_response(id))),
+                _ => None,
+            };
+            let downlink = self.downlink.clone();
+            downlink(p).await;
+            if let Some(reply) = reply {
+                encode(&reply, self.version, out)?;
+                self.metrics.downlink_acked.inc();
+            }
+        }
+        Ok(())
+    }
+
+    /// SUBSCRIBE to the `receive` filters; `session_present`: the broker kept our session
+    /// (MQTT 5 then asks for no retained messages again: Retain Handling 1).
+    fn encode_subscribe(
+        &mut self,
+        out: &mut BytesMut,
+        session_present: bool,
+    ) -> Result<(), UplinkError> {
         let packet_id = self.alloc_packet_id();
         self.pending_subscribe = Some(packet_id);
         let v5 = self.version == ProtocolVersion::V5;
@@ -1116,7 +1156,7 @@ impl Session {
                     qos: QoS::AtLeastOnce,
                     no_local: v5,
                     retain_as_published: false,
-                    retain_handling: 0,
+                    retain_handling: u8::from(session_present),
                 },
             })
             .collect();
