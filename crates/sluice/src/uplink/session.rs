@@ -5,8 +5,18 @@
 //! shard's device connections.
 //!
 //! Per connection: TCP (`connect_timeout` covers TCP, TLS and CONNACK) → TLS 1.3 → CONNECT
-//! (`clean_start`, client id `"{client_id}-{shard}"`) → CONNACK → SUBSCRIBE `receive` filters
-//! (QoS 1) → serve loop. The serve loop first writes everything it can — pending control
+//! (client id `"{client_id}-{shard}"`; clean, except the downlink session: shard 0's normal
+//! lane when `receive` is set, persistent, see the `uplink` module docs) → CONNACK → for the
+//! downlink session, SUBSCRIBE `receive` filters (QoS 1) unless the broker kept the session
+//! (MQTT 5: always, with Retain Handling 1 when it did) → serve loop. Downlink PUBLISHes are
+//! delivered in arrival order and a QoS 1 one is PUBACKed only once delivery was accepted.
+//!
+//! Messages leave in queue order. While aggregating, a message is packed only if the pack
+//! stays within what the broker's Maximum Packet Size leaves for a pack's payload; otherwise
+//! the pack is sealed first, and a message no pack can hold is sent alone in its place
+//! (`alone`). A PUBACK failure code either pauses sending for a backoff, after which every
+//! unacknowledged message is requeued in send order and resent (temporary), or is counted,
+//! logged and completed (permanent); see `classify_refusal`. The serve loop first writes everything it can — pending control
 //! packets plus as many queued messages as the inflight window and [`MAX_BATCH_BYTES`] allow,
 //! encoded into one buffer and written with one `write_all` + flush — then waits for the first
 //! of: shutdown, bytes from the broker, a message queued while the window is open, or the
