@@ -18,9 +18,14 @@ const RECEIVE: &str = "receive = [\"cmd/#\"]";
 async fn wait_for_downlink(app: &mut TestClient, locals: &mut [&mut TestClient]) {
     let mut got = vec![false; locals.len()];
     for attempt in 0..60 {
-        app.publish("cmd/probe", format!("probe-{attempt}").into_bytes(), QoS::AtLeastOnce, false)
-            .await
-            .expect("cloud accepts the probe");
+        app.publish(
+            "cmd/probe",
+            format!("probe-{attempt}").into_bytes(),
+            QoS::AtLeastOnce,
+            false,
+        )
+        .await
+        .expect("cloud accepts the probe");
         for (i, local) in locals.iter_mut().enumerate() {
             while let Ok(Some(p)) = local.recv(Duration::from_millis(200)).await {
                 got[i] |= p.topic == "cmd/probe";
@@ -129,8 +134,16 @@ async fn with_two_shards_one_cloud_command_crosses_the_wan_once_and_reaches_each
         .unwrap();
     let got0 = received_on(&mut on0, "cmd/all/reboot", Duration::from_secs(3)).await;
     let got1 = received_on(&mut on1, "cmd/all/reboot", Duration::from_secs(3)).await;
-    assert_eq!(got0, vec![b"now".to_vec()], "shard 0's subscriber: exactly once");
-    assert_eq!(got1, vec![b"now".to_vec()], "shard 1's subscriber: exactly once");
+    assert_eq!(
+        got0,
+        vec![b"now".to_vec()],
+        "shard 0's subscriber: exactly once"
+    );
+    assert_eq!(
+        got1,
+        vec![b"now".to_vec()],
+        "shard 1's subscriber: exactly once"
+    );
     assert_eq!(
         downlink_messages(&gw) - before,
         1.0,
@@ -143,8 +156,8 @@ async fn with_two_shards_one_cloud_command_crosses_the_wan_once_and_reaches_each
 /// whose device is offline is kept in that session (on another shard than the downlink
 /// session's) and delivered when the device comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_qos1_command_for_an_offline_persistent_subscriber_is_kept_and_delivered_when_it_returns(
-) {
+async fn a_qos1_command_for_an_offline_persistent_subscriber_is_kept_and_delivered_when_it_returns()
+{
     let cloud = Cloud::start();
     let gw = gateway(2, &cloud.uplink_toml(None, RECEIVE));
     let ids = ids_on_shards("keeper", 2, 1);
@@ -176,7 +189,11 @@ async fn a_qos1_command_for_an_offline_persistent_subscriber_is_kept_and_deliver
     );
     let acked = "sluice_uplink_downlink_acked_total{shard=\"0\",uplink=\"cloud\",lane=\"normal\"}";
     assert!(
-        eventually(Duration::from_secs(5), || metric_sum(&gw.metrics_text(), acked) >= 1.0).await,
+        eventually(Duration::from_secs(5), || metric_sum(
+            &gw.metrics_text(),
+            acked
+        ) >= 1.0)
+        .await,
         "the command was acknowledged to the cloud after local delivery was accepted"
     );
 

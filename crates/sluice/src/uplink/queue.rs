@@ -776,4 +776,52 @@ mod tests {
             }
         });
     }
+
+    /// A blocked push that is dropped (its device connection closed) leaves the line: the
+    /// waiter behind it is served by the next release, and a push dropped after its grant
+    /// gives the granted bytes back.
+    #[test]
+    fn a_cancelled_waiting_push_gives_its_place_and_its_bytes_back() {
+        let (rt, local) = rt();
+        local.block_on(&rt, async {
+            let one = 1 + 36 + MESSAGE_OVERHEAD_BYTES;
+            let q = std::rc::Rc::new(UplinkQueue::new(one));
+            q.push(msg("0", 36, QoS::AtLeastOnce)).await;
+            let q1 = q.clone();
+            let first = tokio::task::spawn_local(async move {
+                q1.push(msg("1", 36, QoS::AtLeastOnce)).await;
+            });
+            settle().await;
+            let q2 = q.clone();
+            let second = tokio::task::spawn_local(async move {
+                q2.push(msg("2", 36, QoS::AtLeastOnce)).await;
+            });
+            settle().await;
+            first.abort();
+            settle().await;
+            let front = q.take_front(true).unwrap();
+            q.release_msg(&front.msg);
+            settle().await;
+            assert!(
+                second.is_finished(),
+                "the waiter behind the cancelled one got the room"
+            );
+            assert_eq!(q.take_front(true).unwrap().msg.topic, "2");
+            assert_eq!(q.reserved_bytes(), one);
+
+            // Granted, then dropped before it ran: the bytes come back.
+            let q3 = q.clone();
+            let third = tokio::task::spawn_local(async move {
+                q3.push(msg("3", 36, QoS::AtLeastOnce)).await;
+            });
+            settle().await;
+            q.release(one);
+            // Granted now (bytes reserved for it), but the task has not run yet.
+            assert_eq!(q.reserved_bytes(), one);
+            third.abort();
+            settle().await;
+            assert_eq!(q.reserved_bytes(), 0, "a dropped grant releases its bytes");
+            assert!(q.is_empty());
+        });
+    }
 }

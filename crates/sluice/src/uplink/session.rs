@@ -544,8 +544,7 @@ impl Session {
         let mut out = BytesMut::with_capacity(MAX_BATCH_BYTES + 1024);
         // QoS 0 messages in `out`: finished once the write succeeds.
         let mut unacked_in_write: Vec<UplinkMessage> = Vec::new();
-        if self.subscribes_downlink()
-            && (!c.session_present || self.version == ProtocolVersion::V5)
+        if self.subscribes_downlink() && (!c.session_present || self.version == ProtocolVersion::V5)
         {
             self.encode_subscribe(&mut out, c.session_present)?;
         }
@@ -1508,6 +1507,43 @@ mod tests {
             mix.1 += 1;
         }
         assert!((95..=105).contains(&mix.0), "{mix:?}");
+    }
+
+    #[test]
+    fn puback_failure_codes_are_temporary_or_permanent_by_what_a_resend_can_change() {
+        use sluice_proto::mqtt::reason::*;
+        for code in [QUOTA_EXCEEDED, PACKET_IDENTIFIER_IN_USE] {
+            assert_eq!(classify_refusal(code, 0), Refusal::Temporary);
+            assert_eq!(
+                classify_refusal(code, 1000),
+                Refusal::Temporary,
+                "{code:#x}"
+            );
+        }
+        for code in [UNSPECIFIED_ERROR, IMPLEMENTATION_SPECIFIC_ERROR] {
+            assert_eq!(classify_refusal(code, 0), Refusal::Temporary);
+            assert_eq!(
+                classify_refusal(code, PERSISTENT_ERROR_ROUNDS),
+                Refusal::Permanent(RejectReason::PersistentError),
+                "{code:#x} that never clears is given up"
+            );
+        }
+        assert_eq!(
+            classify_refusal(NOT_AUTHORIZED, 0),
+            Refusal::Permanent(RejectReason::NotAuthorized)
+        );
+        assert_eq!(
+            classify_refusal(TOPIC_NAME_INVALID, 0),
+            Refusal::Permanent(RejectReason::TopicNameInvalid)
+        );
+        assert_eq!(
+            classify_refusal(PAYLOAD_FORMAT_INVALID, 0),
+            Refusal::Permanent(RejectReason::PayloadFormatInvalid)
+        );
+        assert_eq!(
+            classify_refusal(0xA0, 0),
+            Refusal::Permanent(RejectReason::Other)
+        );
     }
 
     #[test]
