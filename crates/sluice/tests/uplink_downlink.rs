@@ -202,3 +202,28 @@ async fn a_qos1_command_for_an_offline_persistent_subscriber_is_kept_and_deliver
     assert_eq!(got, vec![b"v2".to_vec()]);
     tokio::task::block_in_place(|| gw.shutdown());
 }
+
+/// A broker restarted without persistence has forgotten the downlink session: the CONNACK
+/// says so (session present = 0) and the gateway subscribes again. Over 3.1.1, where a kept
+/// session is not re-subscribed, this is the only way back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_cloud_broker_lost_the_session_the_gateway_subscribes_again() {
+    let mut cloud = Cloud::start();
+    let gw = gateway(
+        2,
+        &cloud.uplink_toml(None, &format!("{RECEIVE}\nprotocol = \"3.1.1\"")),
+    );
+    let mut local = device(&gw, "local-app", ProtocolVersion::V311).await;
+    local
+        .subscribe(&[("cmd/#", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    let mut app = cloud.client("cloud-app").await;
+    wait_for_downlink(&mut app, &mut [&mut local]).await;
+    drop(app);
+
+    tokio::task::block_in_place(|| cloud.broker.restart()).expect("broker restarts");
+    let mut app = cloud.client("cloud-app-2").await;
+    wait_for_downlink(&mut app, &mut [&mut local]).await;
+    tokio::task::block_in_place(|| gw.shutdown());
+}
