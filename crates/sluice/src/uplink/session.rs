@@ -31,7 +31,9 @@
 //! together with a Receive Maximum of [`DOWNLINK_RECEIVE_MAXIMUM`]; we request no topic aliases.
 //! Our window is `min(inflight, broker Receive Maximum)`, capped at 65534 so that a SUBSCRIBE
 //! always finds a free packet id. In MQTT 5 the downlink subscription sets No Local, so
-//! messages we publish are not echoed back when `forward` and `receive` overlap.
+//! messages the downlink session itself publishes are not echoed back when `forward` and
+//! `receive` overlap; those other shards' sessions publish are (different client ids), so
+//! with several shards keep the two apart.
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
