@@ -3,6 +3,8 @@
 //! authorized, from a real Mosquitto with an ACL) or refused for now (0x97 Quota exceeded, from
 //! a small fault-injecting broker: Mosquitto never sends it). Nothing a device had acknowledged
 //! may be lost with a pack-mate, and a temporary refusal is resent, in order, after a backoff.
+//! The same fault-injecting broker also holds a downlink command's delivery back, to observe
+//! that its PUBACK waits for the local delivery.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -19,6 +21,7 @@ use sluice::telemetry::metrics::PromWriter;
 use sluice::uplink::{self, DropReason, UplinkMessage, UplinkMetrics, UplinkQueue};
 use sluice_proto::mqtt::{
     encode, ConnAck, Decoder, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS,
+    SubAck,
 };
 use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -300,14 +303,21 @@ fn a_publish_refused_as_not_authorized_is_counted_by_reason_and_the_next_ones_fl
     });
 }
 
-/// What the fault-injecting broker saw: every PUBLISH payload, in arrival order.
+/// What the fault-injecting broker saw: every PUBLISH payload, in arrival order, and the
+/// packet ids of the PUBACKs the gateway sent for its downlink command.
 #[derive(Default)]
 struct FakeLog {
     publishes: Vec<Bytes>,
+    pubacks: Vec<u16>,
 }
 
+/// The command the fake broker sends (packet id 7) once the gateway subscribed.
+const COMMAND_ID: u16 = 7;
+
 /// A minimal MQTT 5 broker on plain TCP that answers the first `refuse` PUBLISHes with PUBACK
-/// 0x97 (Quota exceeded) and the rest with success. It exists only to inject that fault.
+/// 0x97 (Quota exceeded) and the rest with success, and answers a SUBSCRIBE with one QoS 1
+/// command. It exists only to inject faults Mosquitto cannot be made to produce, and to see
+/// exactly when the gateway's PUBACK comes.
 async fn quota_broker(refuse: usize) -> (std::net::SocketAddr, Arc<Mutex<FakeLog>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -329,12 +339,12 @@ async fn quota_broker(refuse: usize) -> (std::net::SocketAddr, Arc<Mutex<FakeLog
                     }
                     Err(_) => break,
                 };
-                let reply = match packet {
-                    Packet::Connect(_) => Some(Packet::ConnAck(ConnAck {
+                let replies: Vec<Packet> = match packet {
+                    Packet::Connect(_) => vec![Packet::ConnAck(ConnAck {
                         session_present: false,
                         code: 0,
                         properties: Properties::default(),
-                    })),
+                    })],
                     Packet::Publish(p) => {
                         let reason = if refused < refuse {
                             refused += 1;
@@ -343,23 +353,47 @@ async fn quota_broker(refuse: usize) -> (std::net::SocketAddr, Arc<Mutex<FakeLog
                             seen.lock().unwrap().publishes.push(p.payload.clone());
                             0
                         };
-                        p.packet_id.map(|packet_id| {
-                            Packet::PubAck(PubResponse {
-                                packet_id,
-                                reason,
-                                properties: None,
+                        p.packet_id
+                            .map(|packet_id| {
+                                Packet::PubAck(PubResponse {
+                                    packet_id,
+                                    reason,
+                                    properties: None,
+                                })
                             })
-                        })
+                            .into_iter()
+                            .collect()
                     }
-                    Packet::PingReq => Some(Packet::PingResp),
-                    _ => None,
+                    Packet::PingReq => vec![Packet::PingResp],
+                    // Grant the downlink subscription, then send one QoS 1 command.
+                    Packet::Subscribe(sub) => vec![
+                        Packet::SubAck(SubAck {
+                            packet_id: sub.packet_id,
+                            codes: vec![1; sub.filters.len()],
+                            properties: Properties::default(),
+                        }),
+                        Packet::Publish(Publish {
+                            dup: false,
+                            qos: QoS::AtLeastOnce,
+                            retain: false,
+                            topic: ByteString::from_static("cmd/valve/open"),
+                            packet_id: Some(COMMAND_ID),
+                            properties: None,
+                            payload: Bytes::from_static(b"open"),
+                        }),
+                    ],
+                    Packet::PubAck(a) => {
+                        seen.lock().unwrap().pubacks.push(a.packet_id);
+                        Vec::new()
+                    }
+                    _ => Vec::new(),
                 };
-                if let Some(r) = reply {
-                    let mut out = BytesMut::new();
-                    encode(&r, ProtocolVersion::V5, &mut out).unwrap();
-                    if sock.write_all(&out).await.is_err() {
-                        break;
-                    }
+                let mut out = BytesMut::new();
+                for r in &replies {
+                    encode(r, ProtocolVersion::V5, &mut out).unwrap();
+                }
+                if !out.is_empty() && sock.write_all(&out).await.is_err() {
+                    break;
                 }
             }
         }
@@ -427,5 +461,71 @@ fn quota_exceeded_is_retried_after_a_backoff_in_order_and_acked_only_after_succe
         assert_eq!(up.metrics.dropped(DropReason::CloudRejected), 0);
         assert!(up.metrics_text().contains("sluice_uplink_cloud_refusals_retried_total{shard=\"0\",uplink=\"cloud\",lane=\"normal\"} 3"), "{}", up.metrics_text());
         up.stop().await;
+    });
+}
+
+/// Before: the downlink PUBACK was written as soon as the command was decoded, whether or not
+/// the gateway could deliver it. Now the session waits for the downlink future (the shard
+/// accepting the command for its local subscribers) before it acknowledges the cloud.
+#[test]
+fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was_accepted() {
+    run_local(async {
+        let (addr, log) = quota_broker(0).await;
+        let mut cfg = base_config(UplinkUrl {
+            tls: false,
+            host: "127.0.0.1".into(),
+            port: addr.port(),
+        });
+        cfg.allow_plaintext = true;
+        cfg.receive = vec!["cmd/#".into()];
+        let tls = None;
+        let queue = Rc::new(UplinkQueue::new(64 * 1024));
+        let metrics = Arc::new(UplinkMetrics::new());
+        let delivered: Rc<RefCell<Vec<Publish>>> = Rc::default();
+        let accept = Rc::new(tokio::sync::Notify::new());
+        let (sink, gate) = (delivered.clone(), accept.clone());
+        let (shutdown, rx) = watch::channel(false);
+        let task = uplink::spawn(
+            uplink::SessionSeed {
+                shard: 0,
+                lane: uplink::Lane::Normal,
+                cfg: Rc::new(cfg),
+                tls,
+                queue,
+                downlink: Rc::new(move |p: Publish| -> uplink::DownlinkDelivery {
+                    sink.borrow_mut().push(p);
+                    let gate = gate.clone();
+                    // Delivery is accepted only when the test says so.
+                    Box::pin(async move { gate.notified().await })
+                }),
+                metrics: metrics.clone(),
+                live_devices: Arc::new(AtomicUsize::new(0)),
+                on_port: None,
+            },
+            rx,
+        );
+        wait_until(
+            "the command reaches the downlink",
+            Duration::from_secs(10),
+            || delivered.borrow().len() == 1,
+        )
+        .await;
+        assert_eq!(delivered.borrow()[0].topic, "cmd/valve/open");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            log.lock().unwrap().pubacks.is_empty(),
+            "no PUBACK while local delivery is pending"
+        );
+        accept.notify_one();
+        wait_until("the PUBACK to the cloud", Duration::from_secs(5), || {
+            log.lock().unwrap().pubacks == vec![COMMAND_ID]
+        })
+        .await;
+        assert_eq!(metrics.downlink_acked.get(), 1);
+        shutdown.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("session ends on shutdown")
+            .expect("no panic");
     });
 }
