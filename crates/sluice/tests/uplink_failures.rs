@@ -6,6 +6,8 @@
 //! The same fault-injecting broker also holds a downlink command's delivery back, to observe
 //! that its PUBACK waits for the local delivery.
 
+mod common;
+
 use std::cell::RefCell;
 use std::future::Future;
 use std::rc::Rc;
@@ -528,4 +530,58 @@ fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was
             .expect("session ends on shutdown")
             .expect("no panic");
     });
+}
+
+/// End to end through a gateway: the cloud refuses a topic (Mosquitto ACL, PUBACK 0x87). An
+/// MQTT 5 device is told so in its PUBACK; a 3.1.1 device, which has no reason codes, gets
+/// an ordinary PUBACK. Both keep publishing: their next messages reach the cloud.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_is_told_the_clouds_refusal_in_its_mqtt5_puback_and_keeps_publishing() {
+    let pki = TestPki::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, "topic readwrite dev/#\n").unwrap();
+    let broker = Mosquitto::builder()
+        .tls(&pki)
+        .plain_listener(false)
+        .config_lines([
+            "allow_anonymous true".to_string(),
+            format!("acl_file {}", acl.display()),
+        ])
+        .start()
+        .expect("mosquitto starts");
+    let cloud = common::Cloud { pki, broker };
+    let mut sub = cloud_subscriber(&cloud.pki, &cloud.broker, "dev/#").await;
+    let gw = common::gateway(1, &cloud.uplink_toml(None, ""));
+    for (version, expected) in [(ProtocolVersion::V5, 0x87), (ProtocolVersion::V311, 0)] {
+        let mut dev = common::device(&gw, &format!("dev-{version:?}"), version).await;
+        let code = dev
+            .publish("secret/plans", &b"x"[..], QoS::AtLeastOnce, false)
+            .await
+            .expect("the device gets a PUBACK");
+        assert_eq!(code, expected, "{version:?}");
+        let code = dev
+            .publish(
+                "dev/ok",
+                format!("{version:?}").into_bytes(),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .expect("the next message is acknowledged");
+        assert_eq!(code, 0);
+        let got = sub
+            .recv(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("the allowed message reaches the cloud");
+        assert_eq!(got.payload, Bytes::from(format!("{version:?}")));
+    }
+    let text = gw.metrics_text();
+    assert_eq!(
+        common::metric_sum(&text, "sluice_uplink_cloud_rejected_total{shard=\"0\",uplink=\"cloud\",lane=\"normal\",reason=\"not_authorized\"}"),
+        2.0,
+        "{text}"
+    );
+    tokio::task::block_in_place(|| gw.shutdown());
 }

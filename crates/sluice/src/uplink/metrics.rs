@@ -32,7 +32,7 @@ pub enum DropReason {
     TooLargeForCloud = 1,
     /// Could not be encoded (e.g. templated topic too long); its ack token was completed.
     InvalidForCloud = 2,
-    /// MQTT 5 PUBACK with a failure reason code; its ack token was completed.
+    /// MQTT 5 PUBACK with a permanent failure reason code; its ack token was completed with it.
     CloudRejected = 3,
     /// QoS 0 message in a write that failed.
     ConnectionLost = 4,

@@ -76,8 +76,9 @@
 //! (`refused_retry_min` doubling to `refused_retry_max`, reset by the next success); or
 //! permanent — 0x87, 0x90, 0x99 and the rest — and then the message is counted
 //! (`sluice_uplink_cloud_rejected_total{reason}` and `dropped_total{reason="cloud_rejected"}`),
-//! logged (one WARN per reason per minute) and its token completed: the device gets an
-//! ordinary PUBACK (its message was taken over by the gateway, which can do no more).
+//! logged (one WARN per reason per minute) and its token completed with that code, which an
+//! MQTT 5 device gets in its PUBACK (3.1.1: an ordinary PUBACK). A message that can never be
+//! sent (too large even alone, not encodable) completes with 0x83.
 
 mod metrics;
 mod pack;

@@ -1084,7 +1084,7 @@ impl Session {
                     );
                 }
                 for msg in msgs {
-                    self.finish_dropped(msg, DropReason::CloudRejected);
+                    self.finish_refused(msg, DropReason::CloudRejected, code);
                 }
             }
         }
@@ -1109,15 +1109,34 @@ impl Session {
 
     /// The message is done: release its bytes and complete its ack token.
     fn finish(&self, msg: UplinkMessage) {
+        self.finish_with(msg, 0);
+    }
+
+    /// [`Session::finish`] with a reason code for the device (0: success; see
+    /// [`crate::shard::ack::AckToken::complete_with`]).
+    fn finish_with(&self, msg: UplinkMessage, code: u8) {
         self.queue.release_msg(&msg);
         if let Some(token) = msg.ack {
-            token.complete();
+            token.complete_with(code);
         }
     }
 
+    /// The message can never reach the cloud: count it and complete its token with `code`
+    /// (the cloud's PUBACK code, or 0x83 Implementation specific error when the gateway
+    /// cannot send it at all), which an MQTT 5 device sees in its PUBACK.
     fn finish_dropped(&self, msg: UplinkMessage, reason: DropReason) {
+        let code = match reason {
+            DropReason::TooLargeForCloud | DropReason::InvalidForCloud => {
+                sluice_proto::mqtt::reason::IMPLEMENTATION_SPECIFIC_ERROR
+            }
+            _ => 0,
+        };
+        self.finish_refused(msg, reason, code);
+    }
+
+    fn finish_refused(&self, msg: UplinkMessage, reason: DropReason, code: u8) {
         self.metrics.record_drop(reason);
-        self.finish(msg);
+        self.finish_with(msg, code);
     }
 
     /// Whether this session holds the uplink's one downlink subscription: shard 0's normal
