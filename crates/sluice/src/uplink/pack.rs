@@ -81,6 +81,11 @@ impl Packer {
         self.msgs.is_empty()
     }
 
+    /// Whether the open pack reached `max_pack` (it should be sealed before more is added).
+    pub fn is_full(&self) -> bool {
+        !self.msgs.is_empty() && self.writer.encoded_len() >= self.max_pack
+    }
+
     /// When the open pack must be sealed at the latest (`None` when empty).
     pub fn deadline(&self) -> Option<Instant> {
         self.msgs.first().map(|m| m.received_at + self.max_delay)

@@ -732,6 +732,11 @@ impl Session {
                 self.seal_pack();
                 continue;
             }
+            if self.packer.as_ref().is_some_and(Packer::is_full) {
+                // Filled by a message that started it while the previous pack was sealed.
+                self.seal_pack();
+                continue;
+            }
             let backlog_turn = self.backlog_turn(c.window, aggregating);
             let Some(Queued { msg, resend }) = self
                 .queue
@@ -783,13 +788,9 @@ impl Session {
         let Some(packer) = self.packer.as_mut() else {
             return;
         };
-        match packer.add(msg, limit) {
-            Ok(full) => {
-                if full && self.sealed.is_none() {
-                    self.seal_pack();
-                }
-            }
-            Err(msg) => self.alone.push_back(Queued { msg, resend }),
+        // If this fills the new pack at once, fill_batch seals it after the sealed one went.
+        if let Err(msg) = packer.add(msg, limit) {
+            self.alone.push_back(Queued { msg, resend });
         }
     }
 
