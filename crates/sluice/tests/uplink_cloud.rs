@@ -75,7 +75,10 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
             cfg: Rc::new(cfg),
             tls: Some(tls),
             queue: queue.clone(),
-            downlink: Rc::new(move |p: Publish| sink.borrow_mut().push(p)),
+            downlink: Rc::new(move |p: Publish| -> uplink::DownlinkDelivery {
+                sink.borrow_mut().push(p);
+                Box::pin(async {})
+            }),
             metrics: metrics.clone(),
             // No devices connected: the normal lane never aggregates here.
             live_devices: Arc::new(std::sync::atomic::AtomicUsize::new(0)),

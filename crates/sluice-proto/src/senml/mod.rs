@@ -51,7 +51,7 @@ mod fields;
 mod json;
 mod writer;
 
-pub use writer::PackWriter;
+pub use writer::{PackMark, PackWriter};
 
 /// How deep [`decode`] descends into nested CBOR values of unknown labels (the pack is level 1,
 /// a record level 2).

@@ -12,6 +12,13 @@ use super::{cbor, json, valid_name, Format, Record, SenmlError, Value};
 
 const CBOR_MAJOR_ARRAY: u8 = 4;
 
+/// Where a [`PackWriter`] stood, to go back to with [`PackWriter::rollback`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackMark {
+    records: usize,
+    body: usize,
+}
+
 /// Incremental pack encoder: records are appended one by one; the gateway checks
 /// encoded_len() against a size limit before/after pushing.
 #[derive(Clone, Debug)]
@@ -72,6 +79,24 @@ impl PackWriter {
         }
         self.records += 1;
         Ok(())
+    }
+
+    /// The writer's position now (see [`PackWriter::rollback`]).
+    pub fn mark(&self) -> PackMark {
+        PackMark {
+            records: self.records,
+            body: self.body.len(),
+        }
+    }
+
+    /// Remove every record pushed since `mark` was taken (so a caller can try a record and
+    /// take it back when the pack would grow past a limit). A mark from before the last
+    /// `finish` (or from another writer) that lies ahead of the writer does nothing.
+    pub fn rollback(&mut self, mark: PackMark) {
+        if mark.records <= self.records && mark.body <= self.body.len() {
+            self.records = mark.records;
+            self.body.truncate(mark.body);
+        }
     }
 
     /// Exact number of bytes finish() would return right now (including array brackets /

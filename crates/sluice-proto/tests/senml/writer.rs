@@ -210,3 +210,30 @@ fn content_types_are_the_senml_media_types() {
     assert_eq!(Format::Json.content_type(), "application/senml+json");
     assert_eq!(Format::Cbor.content_type(), "application/senml+cbor");
 }
+
+#[test]
+fn rollback_to_a_mark_takes_back_exactly_the_records_pushed_since() {
+    for format in [Format::Json, Format::Cbor] {
+        let mut w = PackWriter::new(format);
+        w.push(&number("a", 1.0)).unwrap();
+        let mark = w.mark();
+        let len_at_mark = w.encoded_len();
+        w.push(&number("b", 2.0)).unwrap();
+        w.push(&number("c", 3.0)).unwrap();
+        assert_eq!(w.len(), 3);
+        w.rollback(mark);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w.encoded_len(), len_at_mark);
+        w.push(&number("d", 4.0)).unwrap();
+        let bytes = w.finish();
+        assert_eq!(
+            bytes,
+            Bytes::from(pack(format, &[number("a", 1.0), number("d", 4.0)]))
+        );
+        // A mark from before finish() is ahead of the emptied writer: nothing happens.
+        w.push(&number("e", 5.0)).unwrap();
+        w.rollback(mark);
+        assert_eq!(w.len(), 1);
+        assert_eq!(decode(format, &w.finish()).unwrap(), vec![number("e", 5.0)]);
+    }
+}

@@ -80,6 +80,18 @@ pub struct UplinkConfig {
     /// `"0B"` leaves the kernel default.
     #[serde(default = "default_notsent_lowat")]
     pub notsent_lowat: ByteSize,
+    // --- cloud refusals and the downlink session (uplink part) ---
+    /// First wait before resending messages the broker refused for now (MQTT 5 PUBACK 0x97
+    /// Quota exceeded, 0x80, 0x83, 0x91); doubles per refusal round up to `refused_retry_max`.
+    #[serde(default = "default_refused_retry_min", with = "units::duration")]
+    pub refused_retry_min: Duration,
+    #[serde(default = "default_refused_retry_max", with = "units::duration")]
+    pub refused_retry_max: Duration,
+    /// How long the cloud broker keeps the downlink session (its `receive` subscription and
+    /// the QoS 1 commands published for it) while the gateway is disconnected. MQTT 5 Session
+    /// Expiry Interval; a 3.1.1 uplink uses clean session = 0 (the broker decides how long).
+    #[serde(default = "default_downlink_session_expiry", with = "units::duration")]
+    pub downlink_session_expiry: Duration,
     /// Install SegaNet-style traffic control on the uplink interface (htb root, a high class
     /// for the high lane's source ports, a default class for the rest). Needs CAP_NET_ADMIN.
     #[serde(default)]
@@ -116,6 +128,15 @@ fn default_reconnect_min() -> Duration {
 fn default_reconnect_max() -> Duration {
     Duration::from_secs(30)
 }
+fn default_refused_retry_min() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_refused_retry_max() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_downlink_session_expiry() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
 fn default_notsent_lowat() -> ByteSize {
     ByteSize::kib(16)
 }
@@ -145,6 +166,9 @@ impl UplinkConfig {
             reconnect_min: default_reconnect_min(),
             reconnect_max: default_reconnect_max(),
             notsent_lowat: default_notsent_lowat(),
+            refused_retry_min: default_refused_retry_min(),
+            refused_retry_max: default_refused_retry_max(),
+            downlink_session_expiry: default_downlink_session_expiry(),
             install_tc: false,
             tc_interface: None,
             tc_rate: None,

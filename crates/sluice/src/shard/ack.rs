@@ -14,6 +14,11 @@
 //! token without completing it acknowledges nothing: a spooled record is then sent again
 //! after a restart.
 //!
+//! A token may be completed with a failure reason code ([`AckToken::complete_with`]): an
+//! uplink's cloud refused the message for good (MQTT 5 PUBACK 0x87, …) or it can never be
+//! sent. The device is still acknowledged (nothing is left to retry), and an MQTT 5 device's
+//! PUBACK carries the first such code ([`DeviceAcks::take_reason`]); 3.1.1 has no reason codes.
+//!
 //! A device token whose last clone is dropped without being completed (the spool failed
 //! before the message was durable, or anything else lost track of it) marks its
 //! [`DeviceAcks`] *abandoned*. The device would never get that PUBACK — and, since PUBACKs go
@@ -31,6 +36,9 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub struct DeviceAcks {
     ready: RefCell<VecDeque<u16>>,
+    /// Failure reason codes for packet ids whose message was refused (see the module docs);
+    /// at most one entry per packet id, removed when it is taken or the id completes again.
+    refused: RefCell<Vec<(u16, u8)>>,
     /// A message of this connection will never be acknowledged (see the module docs).
     /// Shared with the connection's pending tokens, which can still tell after the
     /// connection is gone.
@@ -62,6 +70,31 @@ impl DeviceAcks {
     pub fn drain(&self) -> Vec<u16> {
         self.ready.borrow_mut().drain(..).collect()
     }
+    /// The reason code for the PUBACK of `packet_id`, taken: 0 (success), or for an MQTT 5
+    /// device the failure code its message was completed with.
+    pub fn take_reason(&self, packet_id: u16, version: sluice_proto::mqtt::ProtocolVersion) -> u8 {
+        let mut refused = self.refused.borrow_mut();
+        let Some(i) = refused.iter().position(|(id, _)| *id == packet_id) else {
+            return 0;
+        };
+        let (_, code) = refused.swap_remove(i);
+        match version {
+            sluice_proto::mqtt::ProtocolVersion::V5 => code,
+            sluice_proto::mqtt::ProtocolVersion::V311 => 0,
+        }
+    }
+
+    /// Remember (or, for 0, forget) the reason code of `packet_id`'s acknowledgement.
+    fn set_reason(&self, packet_id: u16, code: u8) {
+        let mut refused = self.refused.borrow_mut();
+        if !refused.is_empty() {
+            refused.retain(|(id, _)| *id != packet_id);
+        }
+        if code != 0 {
+            refused.push((packet_id, code));
+        }
+    }
+
     pub fn push(&self, packet_id: u16) {
         self.ready.borrow_mut().push_back(packet_id);
         self.notify.notify_one();
@@ -75,6 +108,8 @@ struct Pending {
     /// The device connection's `abandoned` flag.
     abandoned: Rc<Cell<bool>>,
     packet_id: u16,
+    /// The first failure reason code a holder completed with (0: none).
+    reason: Cell<u8>,
 }
 
 impl Drop for Pending {
@@ -121,6 +156,7 @@ impl AckToken {
             device: Rc::downgrade(device),
             abandoned: device.abandoned.clone(),
             packet_id,
+            reason: Cell::new(0),
         })))
     }
 
@@ -172,18 +208,30 @@ impl AckToken {
                     device: Weak::new(),
                     abandoned: Rc::default(),
                     packet_id: 0,
+                    reason: Cell::new(0),
                 }))),
             },
         }
     }
 
     pub fn complete(self) {
+        self.complete_with(0);
+    }
+
+    /// Complete with a reason code: 0 for success, or a PUBACK failure code (≥ 0x80) when the
+    /// message was refused for good; the device's PUBACK carries the first failure code of
+    /// any holder (MQTT 5 devices only).
+    pub fn complete_with(self, reason: u8) {
         match self.0 {
             Target::Device(p) => {
+                if reason >= 0x80 && p.reason.get() == 0 {
+                    p.reason.set(reason);
+                }
                 let left = p.remaining.get().saturating_sub(1);
                 p.remaining.set(left);
                 if left == 0 {
                     if let Some(device) = p.device.upgrade() {
+                        device.set_reason(p.packet_id, p.reason.get());
                         device.push(p.packet_id);
                     }
                 }
@@ -194,7 +242,7 @@ impl AckToken {
                 } = *s;
                 spool.cloud_acked(seq);
                 if let Some(d) = device {
-                    d.complete();
+                    d.complete_with(reason);
                 }
             }
         }
@@ -264,6 +312,27 @@ mod tests {
         drop(dev);
         assert!(later.device_abandoned());
         assert!(!other.device_abandoned());
+    }
+
+    #[test]
+    fn a_refusal_by_any_uplink_is_the_reason_an_mqtt5_device_is_told_and_a_later_success_clears_it()
+    {
+        use sluice_proto::mqtt::ProtocolVersion::{V311, V5};
+        let dev = DeviceAcks::new();
+        let a = AckToken::new(&dev, 4);
+        let b = a.share();
+        a.complete_with(0x87);
+        b.complete();
+        assert_eq!(dev.drain(), vec![4]);
+        assert_eq!(dev.take_reason(4, V5), 0x87);
+        assert_eq!(dev.take_reason(4, V5), 0, "taken once");
+
+        AckToken::new(&dev, 5).complete_with(0x97);
+        assert_eq!(dev.take_reason(5, V311), 0, "3.1.1 has no reason codes");
+        // An entry left untaken is cleared when the same packet id completes with success.
+        AckToken::new(&dev, 6).complete_with(0x90);
+        AckToken::new(&dev, 6).complete();
+        assert_eq!(dev.take_reason(6, V5), 0);
     }
 
     #[test]

@@ -581,7 +581,10 @@ impl Connection {
                 break;
             };
             match a.kind {
-                AckKind::PubAck => self.write(Packet::PubAck(resp(a.packet_id))),
+                AckKind::PubAck => self.write(Packet::PubAck(PubResponse {
+                    reason: self.acks.take_reason(a.packet_id, self.version),
+                    ..resp(a.packet_id)
+                })),
                 AckKind::PubRec => {
                     self.awaiting_rel.insert(a.packet_id);
                     self.write(Packet::PubRec(resp(a.packet_id)));

@@ -289,18 +289,21 @@ async fn run(seed: ShardSeed) {
     let mut uplink_tasks = Vec::new();
     for (i, ucfg) in config.uplink.iter().enumerate() {
         let downlink_ctx = ctx.clone();
-        let downlink: Rc<dyn Fn(sluice_proto::mqtt::Publish)> = Rc::new(move |p| {
-            route::deliver_local(
-                &downlink_ctx,
-                &Routed {
+        // Only shard 0's normal session subscribes (uplink module docs); it delivers to every
+        // shard and acknowledges the cloud once the future resolved.
+        let downlink: crate::uplink::Downlink = Rc::new(move |p: sluice_proto::mqtt::Publish| {
+            let ctx = downlink_ctx.clone();
+            Box::pin(async move {
+                let routed = Routed {
                     origin: ByteString::from_static(""),
                     topic: p.topic,
                     payload: p.payload,
                     qos: p.qos,
                     retain: false,
                     properties: p.properties,
-                },
-            );
+                };
+                route::deliver_downlink(&ctx, routed).await;
+            }) as crate::uplink::DownlinkDelivery
         });
         let cfg = Rc::new(UplinkConfig::clone(ucfg));
         uplink_tasks.push(crate::uplink::spawn(

@@ -341,3 +341,14 @@ pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
         ctx.metrics.sessions.sub(1);
     }
 }
+
+/// A command from the cloud (the uplink's one downlink session, on shard 0): delivered to the
+/// matching sessions on this shard and sent once to every other shard whose snapshot entry
+/// matches, as a device's PUBLISH is. Resolves when the delivery was *accepted*: queued to
+/// every matching local session (an offline persistent session keeps QoS 1/2; a full outbox
+/// drops and counts, as for any message) and handed to every other matching shard's mailbox
+/// (QoS 1/2 waits for room). The uplink acknowledges the command to the cloud only then.
+pub async fn deliver_downlink(ctx: &Rc<ShardContext>, routed: Routed) {
+    deliver_local(ctx, &routed);
+    deliver_other_shards(ctx, &routed).await;
+}

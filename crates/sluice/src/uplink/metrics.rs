@@ -32,7 +32,7 @@ pub enum DropReason {
     TooLargeForCloud = 1,
     /// Could not be encoded (e.g. templated topic too long); its ack token was completed.
     InvalidForCloud = 2,
-    /// MQTT 5 PUBACK with a failure reason code; its ack token was completed.
+    /// MQTT 5 PUBACK with a permanent failure reason code; its ack token was completed with it.
     CloudRejected = 3,
     /// QoS 0 message in a write that failed.
     ConnectionLost = 4,
@@ -54,6 +54,42 @@ impl DropReason {
             DropReason::InvalidForCloud => "invalid_for_cloud",
             DropReason::CloudRejected => "cloud_rejected",
             DropReason::ConnectionLost => "connection_lost",
+        }
+    }
+}
+
+/// Why the cloud broker refused a message for good (MQTT 5 PUBACK reason codes that no resend
+/// can change), as the `reason` label of `sluice_uplink_cloud_rejected_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// 0x87.
+    NotAuthorized = 0,
+    /// 0x90.
+    TopicNameInvalid = 1,
+    /// 0x99.
+    PayloadFormatInvalid = 2,
+    /// 0x80 or 0x83 still refused after many backoff rounds with no success in between.
+    PersistentError = 3,
+    /// Any other failure code.
+    Other = 4,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 5] = [
+        RejectReason::NotAuthorized,
+        RejectReason::TopicNameInvalid,
+        RejectReason::PayloadFormatInvalid,
+        RejectReason::PersistentError,
+        RejectReason::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::NotAuthorized => "not_authorized",
+            RejectReason::TopicNameInvalid => "topic_name_invalid",
+            RejectReason::PayloadFormatInvalid => "payload_format_invalid",
+            RejectReason::PersistentError => "persistent_error",
+            RejectReason::Other => "other",
         }
     }
 }
@@ -91,6 +127,13 @@ pub struct UplinkMetrics {
     /// Bytes reserved in the queue: waiting *and* inflight messages (the bounded quantity).
     pub queue_bytes: Gauge,
     drops: [Counter; DropReason::ALL.len()],
+    /// Device messages the cloud refused for good, by [`RejectReason`] (a pack counts each of
+    /// its messages).
+    rejected: [Counter; RejectReason::ALL.len()],
+    /// Device messages resent after a temporary refusal (PUBACK 0x97, 0x80, 0x83, 0x91).
+    pub refusals_retried: Counter,
+    /// Downlink QoS 1 messages whose PUBACK to the cloud waited for local delivery.
+    pub downlink_acked: Counter,
     /// Device read → cloud PUBACK.
     pub ack_latency: Histogram,
     /// PUBLISH packets received from the cloud and handed to the downlink.
@@ -123,6 +166,9 @@ impl Default for UplinkMetrics {
             queue_messages: Gauge::default(),
             queue_bytes: Gauge::default(),
             drops: Default::default(),
+            rejected: Default::default(),
+            refusals_retried: Counter::default(),
+            downlink_acked: Counter::default(),
             ack_latency: Histogram::default(),
             downlink_messages: Counter::default(),
             packs_sent: Counter::default(),
@@ -149,6 +195,14 @@ impl UplinkMetrics {
 
     pub fn dropped(&self, reason: DropReason) -> u64 {
         self.drops[reason as usize].get()
+    }
+
+    pub fn record_rejected(&self, reason: RejectReason, messages: u64) {
+        self.rejected[reason as usize].add(messages);
+    }
+
+    pub fn rejected(&self, reason: RejectReason) -> u64 {
+        self.rejected[reason as usize].get()
     }
 
     pub(crate) fn set_state(&self, state: UplinkState) {
@@ -281,6 +335,31 @@ impl UplinkMetrics {
                 self.dropped(reason),
             );
         }
+        for reason in RejectReason::ALL {
+            w.counter(
+                "sluice_uplink_cloud_rejected_total",
+                "Messages the cloud broker refused for good (MQTT 5 PUBACK failure code), by reason; counted, logged and acknowledged to the device.",
+                &[
+                    ("shard", shard),
+                    ("uplink", uplink),
+                    ("lane", lane),
+                    ("reason", reason.as_str()),
+                ],
+                self.rejected(reason),
+            );
+        }
+        w.counter(
+            "sluice_uplink_cloud_refusals_retried_total",
+            "Messages resent after the cloud broker refused them for now (PUBACK 0x97, 0x80, 0x83, 0x91).",
+            l,
+            self.refusals_retried.get(),
+        );
+        w.counter(
+            "sluice_uplink_downlink_acked_total",
+            "Downlink QoS 1 messages acknowledged to the cloud after local delivery was accepted.",
+            l,
+            self.downlink_acked.get(),
+        );
         w.histogram(
             "sluice_uplink_ack_latency_seconds",
             "Time from reading a message from the device to the cloud broker's PUBACK.",

@@ -42,7 +42,10 @@
 //!   not be stuck forever, each counted in `sluice_uplink_dropped_total{reason}`:
 //!   `too_large_for_cloud` (bigger than the broker's Maximum Packet Size),
 //!   `invalid_for_cloud` (cannot be encoded, e.g. a templated topic over 65535 bytes) and
-//!   `cloud_rejected` (an MQTT 5 PUBACK with a failure reason code such as Not Authorized).
+//!   `cloud_rejected` (an MQTT 5 PUBACK with a permanent failure code such as Not
+//!   Authorized; temporary ones are resent, see below). A SenML pack is kept within the
+//!   broker's Maximum Packet Size, so a message too big for a pack travels alone and never
+//!   costs its pack-mates anything.
 //!   QoS 0 messages in a write that fails are lost (`connection_lost`), as QoS 0 allows.
 //! - Network input never panics the process; a protocol error closes only this session.
 //!
@@ -52,8 +55,30 @@
 //! jittered exponential backoff: attempt *n* waits a random delay in `[d/2, d]` with
 //! `d = min(reconnect_max, reconnect_min · 2ⁿ)`. The attempt counter resets after a connection
 //! stayed up at least `max(reconnect_max, 10 s)`. The session never gives up; only shutdown ends
-//! it (sending DISCONNECT when connected). Each connection starts a clean session
-//! (`clean_start = true`), re-subscribes to the `receive` filters and resends what was inflight.
+//! it (sending DISCONNECT when connected). Each connection resends what was inflight.
+//!
+//! # Downlink
+//! One session per uplink subscribes to the `receive` filters: shard 0's normal lane. It is
+//! persistent — stable client id `"{client_id}-0"`, `clean_start = false` with a Session
+//! Expiry Interval of `downlink_session_expiry` (MQTT 5) or clean session = 0 (3.1.1) — so the
+//! broker keeps the subscription and the QoS 1 commands published while the gateway is away.
+//! It subscribes again whenever the CONNACK says the session was not present (MQTT 5 also
+//! re-subscribes with Retain Handling 1 when it was, so changed filters take effect). Every
+//! other session starts clean and subscribes to nothing, so each command crosses the WAN
+//! once. A QoS 1 command is acknowledged to the cloud only after the [`Downlink`] future
+//! resolved (the shard accepted it for every local subscriber, see `shard::route`);
+//! at-least-once: a command delivered just before a connection loss comes again.
+//!
+//! # Cloud refusals
+//! A PUBACK failure code is either temporary — 0x97 Quota exceeded, 0x91 Packet identifier in
+//! use, and 0x80/0x83 until they persisted for 8 refusal rounds — and then nothing new is sent
+//! and every unacknowledged message is resent in order after a jittered backoff
+//! (`refused_retry_min` doubling to `refused_retry_max`, reset by the next success); or
+//! permanent — 0x87, 0x90, 0x99 and the rest — and then the message is counted
+//! (`sluice_uplink_cloud_rejected_total{reason}` and `dropped_total{reason="cloud_rejected"}`),
+//! logged (one WARN per reason per minute) and its token completed with that code, which an
+//! MQTT 5 device gets in its PUBACK (3.1.1: an ordinary PUBACK). A message that can never be
+//! sent (too large even alone, not encodable) completes with 0x83.
 
 mod metrics;
 mod pack;
@@ -64,7 +89,7 @@ pub mod socket;
 pub mod tc;
 mod tls;
 
-pub use metrics::{DropReason, UplinkMetrics, UplinkState};
+pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
 pub use pack::records_of;
 #[cfg(test)]
 pub(crate) use queue::is_backlog as queue_is_backlog;
@@ -81,6 +106,15 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::QoS;
 
 use crate::shard::ack::AckToken;
+
+/// A downlink delivery under way: resolves once the message was accepted locally (see
+/// [`Downlink`]).
+pub type DownlinkDelivery = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+/// What the downlink session does with each PUBLISH from the cloud (topic unchanged): deliver
+/// it to the local subscribers. The session acknowledges a QoS 1 message to the cloud only
+/// after the returned future resolved.
+pub type Downlink = std::rc::Rc<dyn Fn(sluice_proto::mqtt::Publish) -> DownlinkDelivery>;
 
 /// Which of a shard's two sessions to an uplink carries a message (SegaNet §4.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

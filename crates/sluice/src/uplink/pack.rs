@@ -20,6 +20,9 @@
 //! - A pack is sealed once its encoding reaches `max_pack` (it may exceed it by the last
 //!   message's records, so a message is never split) or its oldest message has waited
 //!   `max_delay`. The open pack holds at most `max_pack` plus one message of encoded bytes.
+//! - A pack never grows past the limit its session gives [`Packer::add`] (what the broker's
+//!   Maximum Packet Size leaves for the payload): a message that would take it past is handed
+//!   back unpacked, so one large message can never make a whole pack unsendable.
 //! - Messages stay owned by the pack until the cloud acknowledges it; their queue bytes stay
 //!   reserved until then (the memory bound in queue.rs covers them).
 
@@ -78,14 +81,25 @@ impl Packer {
         self.msgs.is_empty()
     }
 
+    /// Whether the open pack reached `max_pack` (it should be sealed before more is added).
+    pub fn is_full(&self) -> bool {
+        !self.msgs.is_empty() && self.writer.encoded_len() >= self.max_pack
+    }
+
     /// When the open pack must be sealed at the latest (`None` when empty).
     pub fn deadline(&self) -> Option<Instant> {
         self.msgs.first().map(|m| m.received_at + self.max_delay)
     }
 
-    /// Add a message's records; returns `true` when the pack reached `max_pack` and should
-    /// be sealed now.
-    pub fn add(&mut self, msg: UplinkMessage) -> bool {
+    /// Add a message's records if the pack stays within `limit` encoded bytes (the most the
+    /// broker's Maximum Packet Size leaves for the payload); returns whether the pack reached
+    /// `max_pack` and should be sealed now. A message that would take the pack past `limit`
+    /// is handed back and the pack is unchanged: the caller seals the pack and tries again
+    /// with an empty one, or sends the message alone when even an empty pack cannot hold it.
+    // Handing the message back by value is the point (it is never lost or copied).
+    #[allow(clippy::result_large_err)]
+    pub fn add(&mut self, msg: UplinkMessage, limit: usize) -> Result<bool, UplinkMessage> {
+        let mark = self.writer.mark();
         for record in records_of(&msg, unix_time_of(msg.received_at)) {
             if let Err(error) = self.writer.push(&record) {
                 // records_of only yields valid records; if the codec still refuses one, keep
@@ -95,8 +109,12 @@ impl Packer {
                 let _ = self.writer.push(&fallback);
             }
         }
+        if self.writer.encoded_len() > limit {
+            self.writer.rollback(mark);
+            return Err(msg);
+        }
         self.msgs.push(msg);
-        self.writer.encoded_len() >= self.max_pack
+        Ok(self.writer.encoded_len() >= self.max_pack)
     }
 
     /// Seal the open pack (`None` when empty).
@@ -258,7 +276,12 @@ mod tests {
             assert!(p.deadline().is_none());
             let mut full_after = None;
             for i in 0..20u8 {
-                if p.add(msg("dev", "t", &[0x80, i, 1, 2, 3, 4, 5, 6, 7, 8, 9])) {
+                if p.add(
+                    msg("dev", "t", &[0x80, i, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
+                    usize::MAX,
+                )
+                .unwrap()
+                {
                     full_after = Some(i);
                     break;
                 }
@@ -286,6 +309,44 @@ mod tests {
                 assert_eq!(r.name, "dev/t");
             }
             assert!(p.seal().is_none());
+        }
+    }
+
+    #[test]
+    fn a_message_that_would_take_the_pack_past_the_limit_is_handed_back_and_the_pack_kept() {
+        for format in [PackFormat::Json, PackFormat::Cbor] {
+            let cfg = AggregateConfig {
+                format,
+                max_pack: ByteSize::kib(16),
+                ..AggregateConfig::default()
+            };
+            let mut p = Packer::new(&cfg);
+            assert_eq!(p.add(msg("dev", "t", b"one"), 200).ok(), Some(false));
+            assert_eq!(p.add(msg("dev", "t", b"two"), 200).ok(), Some(false));
+            let big = p
+                .add(msg("dev", "t", &[b'x'; 300]), 200)
+                .expect_err("300 bytes cannot fit in 200");
+            assert_eq!(big.payload.len(), 300, "handed back whole");
+            // Alone it does not fit either: the caller sends it unpacked.
+            let mut empty = Packer::new(&cfg);
+            assert!(empty.add(big, 200).is_err());
+            let sealed = p.seal().unwrap();
+            assert!(sealed.payload.len() <= 200);
+            let fmt = match format {
+                PackFormat::Json => Format::Json,
+                PackFormat::Cbor => Format::Cbor,
+            };
+            let back = senml::decode(fmt, &sealed.payload).unwrap();
+            let values: Vec<_> = back.into_iter().map(|r| r.value).collect();
+            assert_eq!(
+                values,
+                vec![
+                    Some(Value::String("one".into())),
+                    Some(Value::String("two".into()))
+                ],
+                "the pack is exactly what it was before the refused message"
+            );
+            assert_eq!(sealed.msgs.len(), 2);
         }
     }
 }

@@ -7,8 +7,12 @@
 //! nothing at all is reserved (so one message bigger than the whole capacity still passes,
 //! alone). Overflow: [`UplinkQueue::push`] waits (back-pressure: the device connection stops
 //! reading its socket); [`UplinkQueue::try_push`] hands the message back (the caller drops it
-//! and counts `uplink_queue_full`). Waiting pushers are woken together when bytes are released
-//! and admitted in the order the runtime polls them; there is no stricter fairness.
+//! and counts `uplink_queue_full`). Waiting pushers are served first come, first served: each
+//! takes a ticket in a FIFO; when bytes are released, tickets are granted from the front for as
+//! long as the front one fits (its bytes are reserved at the grant), and only those pushers are
+//! woken. A later, smaller message never overtakes an earlier waiter, and while anyone waits
+//! [`UplinkQueue::try_push`] refuses (a QoS 0 message cannot take the room a waiter needs).
+//! A push cancelled while it holds a ticket gives its ticket (and any granted bytes) back.
 //!
 //! Two streams (used with a spool, see `crate::spool`): *live* (everything pushed with
 //! [`UplinkQueue::push`]/[`UplinkQueue::try_push`], and spool records appended since the
@@ -21,8 +25,9 @@
 //!
 //! Shared with `Rc` on one shard thread; every `RefCell` borrow is released before any await.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -45,7 +50,8 @@ pub(crate) struct Queued {
 pub struct UplinkQueue {
     capacity_bytes: usize,
     state: RefCell<State>,
-    /// Bytes were released: waiting pushers re-check.
+    /// Bytes were released: the spool feeder re-checks its stream's room. (Blocked pushers
+    /// wait on their own tickets, see `State::waiters`.)
     space: Notify,
     /// A message was queued: the session task re-checks (one stored permit at most).
     ready: Notify,
@@ -80,6 +86,43 @@ struct State {
     backlog_bytes: usize,
     /// Where depth, bytes and `uplink_queue_full` drops are reported (set by [`super::spawn`]).
     metrics: Option<Arc<UplinkMetrics>>,
+    /// Blocked pushers in arrival order (see the module docs).
+    waiters: VecDeque<Rc<Ticket>>,
+    /// Times a blocked pusher was woken (tests check that a release wakes only who fits).
+    waiter_wakeups: u64,
+}
+
+/// A blocked push's place in line. `granted`: its bytes are reserved and it may queue.
+#[derive(Debug)]
+struct Ticket {
+    cost: usize,
+    granted: Cell<bool>,
+    wake: Notify,
+}
+
+/// Gives a cancelled push's ticket back: out of the line, or its granted bytes released.
+struct TicketGuard<'a> {
+    queue: &'a UplinkQueue,
+    ticket: Rc<Ticket>,
+    done: bool,
+}
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        {
+            let mut st = self.queue.state.borrow_mut();
+            if self.ticket.granted.get() {
+                st.reserved_bytes = st.reserved_bytes.saturating_sub(self.ticket.cost);
+                UplinkQueue::update_gauges(&st);
+            } else {
+                st.waiters.retain(|t| !Rc::ptr_eq(t, &self.ticket));
+            }
+        }
+        self.queue.serve_waiters();
+    }
 }
 
 impl UplinkQueue {
@@ -140,21 +183,40 @@ impl UplinkQueue {
         Self::update_gauges(&st);
     }
 
-    /// Queue `msg`, waiting while its bytes do not fit. Never waits when nothing is reserved.
-    /// Cancel-safe: dropping the future before it completes drops `msg` unqueued.
+    /// Queue `msg`, waiting while its bytes do not fit or earlier pushers still wait (first
+    /// come, first served). Never waits when nothing is reserved and nobody waits.
+    /// Cancel-safe: dropping the future before it completes drops `msg` unqueued and gives
+    /// its place (and any bytes granted to it) back.
     pub async fn push(&self, msg: UplinkMessage) {
         let cost = msg.cost();
-        loop {
-            let released = self.space.notified();
-            tokio::pin!(released);
-            // Register before checking, so a release between the check and the await wakes us.
-            released.as_mut().enable();
-            if self.admits(cost) {
+        let ticket = {
+            let mut st = self.state.borrow_mut();
+            if st.waiters.is_empty() && self.fits(&st, cost) {
+                drop(st);
                 self.admit(msg, cost);
                 return;
             }
-            released.await;
+            let ticket = Rc::new(Ticket {
+                cost,
+                granted: Cell::new(false),
+                wake: Notify::new(),
+            });
+            st.waiters.push_back(ticket.clone());
+            ticket
+        };
+        let mut guard = TicketGuard {
+            queue: self,
+            ticket,
+            done: false,
+        };
+        // Invariant: after every release the front ticket is granted if it fits, so a new
+        // ticket behind others (or one that does not fit now) just waits for its grant.
+        while !guard.ticket.granted.get() {
+            // `notify_one` stores a permit, so a grant before this await is not missed.
+            guard.ticket.wake.notified().await;
         }
+        guard.done = true;
+        self.admit_reserved(msg);
     }
 
     /// Queue `msg` if its bytes fit now; otherwise hand it back (for QoS 0: the caller drops
@@ -164,7 +226,7 @@ impl UplinkQueue {
     #[allow(clippy::result_large_err)]
     pub fn try_push(&self, msg: UplinkMessage) -> Result<(), UplinkMessage> {
         let cost = msg.cost();
-        if self.admits(cost) {
+        if self.admits(cost) && self.state.borrow().waiters.is_empty() {
             self.admit(msg, cost);
             Ok(())
         } else {
@@ -190,6 +252,11 @@ impl UplinkQueue {
         self.len() == 0
     }
 
+    /// Times a blocked pusher was woken (for tests of the wake-up policy).
+    pub fn waiter_wakeups(&self) -> u64 {
+        self.state.borrow().waiter_wakeups
+    }
+
     /// Bytes reserved by waiting and inflight messages.
     pub fn reserved_bytes(&self) -> usize {
         self.state.borrow().reserved_bytes
@@ -200,18 +267,45 @@ impl UplinkQueue {
     }
 
     fn admits(&self, cost: usize) -> bool {
-        let reserved = self.state.borrow().reserved_bytes;
-        reserved == 0 || reserved.saturating_add(cost) <= self.capacity_bytes
+        self.fits(&self.state.borrow(), cost)
+    }
+
+    fn fits(&self, st: &State, cost: usize) -> bool {
+        st.reserved_bytes == 0 || st.reserved_bytes.saturating_add(cost) <= self.capacity_bytes
     }
 
     fn admit(&self, msg: UplinkMessage, cost: usize) {
+        self.state.borrow_mut().reserved_bytes += cost;
+        self.admit_reserved(msg);
+    }
+
+    /// Queue a message whose bytes are already reserved.
+    fn admit_reserved(&self, msg: UplinkMessage) {
         {
             let mut st = self.state.borrow_mut();
-            st.reserved_bytes += cost;
             st.waiting.push_back(Queued { msg, resend: false });
             Self::update_gauges(&st);
         }
         self.ready.notify_one();
+    }
+
+    /// Grant tickets from the front of the line while the front one fits: reserve its bytes
+    /// and wake that pusher only.
+    fn serve_waiters(&self) {
+        let mut st = self.state.borrow_mut();
+        while let Some(front) = st.waiters.front() {
+            if !self.fits(&st, front.cost) {
+                break;
+            }
+            let Some(ticket) = st.waiters.pop_front() else {
+                break;
+            };
+            st.reserved_bytes += ticket.cost;
+            st.waiter_wakeups += 1;
+            ticket.granted.set(true);
+            ticket.wake.notify_one();
+        }
+        Self::update_gauges(&st);
     }
 
     /// Queue a spool record of the backlog stream (the feeder checked
@@ -376,6 +470,7 @@ impl UplinkQueue {
             st.reserved_bytes = st.reserved_bytes.saturating_sub(cost);
             Self::update_gauges(&st);
         }
+        self.serve_waiters();
         self.space.notify_waiters();
     }
 }
@@ -592,5 +687,141 @@ mod tests {
             ]
         );
         assert_eq!(q.reserved_bytes(), 4 * (2 + MESSAGE_OVERHEAD_BYTES));
+    }
+
+    /// Three pushers block on a full queue, in the order 1, 2, 3. Releasing room for one
+    /// message admits exactly one, the first to arrive; the others stay asleep (not woken to
+    /// find no room); the next release admits the second, and so on.
+    #[test]
+    fn blocked_pushers_are_admitted_first_come_first_served_one_release_at_a_time() {
+        let (rt, local) = rt();
+        local.block_on(&rt, async {
+            let one = 1 + 36 + MESSAGE_OVERHEAD_BYTES;
+            let q = std::rc::Rc::new(UplinkQueue::new(one));
+            q.push(msg("0", 36, QoS::AtLeastOnce)).await;
+            let polls = std::rc::Rc::new(std::cell::RefCell::new(Vec::<&'static str>::new()));
+            let mut tasks = Vec::new();
+            for topic in ["1", "2", "3"] {
+                let (q, polls) = (q.clone(), polls.clone());
+                tasks.push(tokio::task::spawn_local(async move {
+                    let m = msg(topic, 36, QoS::AtLeastOnce);
+                    q.push(m).await;
+                    polls.borrow_mut().push(topic);
+                }));
+                // Arrival order is the spawn order.
+                settle().await;
+            }
+            let wakeups_before = q.waiter_wakeups();
+            for expect in ["1", "2", "3"] {
+                let front = q.take_front(true).unwrap();
+                q.release_msg(&front.msg);
+                settle().await;
+                assert_eq!(
+                    polls.borrow().last().copied(),
+                    Some(expect),
+                    "the earliest waiter is admitted first"
+                );
+                assert_eq!(q.len(), 1, "exactly one waiter admitted per release");
+            }
+            assert_eq!(*polls.borrow(), vec!["1", "2", "3"]);
+            assert_eq!(
+                q.waiter_wakeups() - wakeups_before,
+                3,
+                "each release woke only the waiter that fits"
+            );
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+    }
+
+    /// Small messages behind a large one wait their turn: releasing room for the small ones
+    /// only does not let them overtake the large waiter that arrived first.
+    #[test]
+    fn a_small_pusher_does_not_overtake_a_large_one_waiting_before_it() {
+        let (rt, local) = rt();
+        local.block_on(&rt, async {
+            let small = 1 + 10 + MESSAGE_OVERHEAD_BYTES;
+            let q = std::rc::Rc::new(UplinkQueue::new(3 * small));
+            for _ in 0..3 {
+                q.push(msg("0", 10, QoS::AtLeastOnce)).await;
+            }
+            let order = std::rc::Rc::new(std::cell::RefCell::new(Vec::<&'static str>::new()));
+            let mut tasks = Vec::new();
+            for (topic, len) in [("b", 2 * small - 1 - MESSAGE_OVERHEAD_BYTES - 1), ("s", 10)] {
+                let (q, order) = (q.clone(), order.clone());
+                tasks.push(tokio::task::spawn_local(async move {
+                    q.push(msg(topic, len, QoS::AtLeastOnce)).await;
+                    order.borrow_mut().push(topic);
+                }));
+                settle().await;
+            }
+            let first = q.take_front(true).unwrap();
+            q.release_msg(&first.msg);
+            settle().await;
+            assert!(
+                order.borrow().is_empty(),
+                "room for the small one only: it still waits behind the big one"
+            );
+            let second = q.take_front(true).unwrap();
+            q.release_msg(&second.msg);
+            settle().await;
+            assert_eq!(*order.borrow(), vec!["b"]);
+            let third = q.take_front(true).unwrap();
+            q.release_msg(&third.msg);
+            settle().await;
+            assert_eq!(*order.borrow(), vec!["b", "s"]);
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+    }
+
+    /// A blocked push that is dropped (its device connection closed) leaves the line: the
+    /// waiter behind it is served by the next release, and a push dropped after its grant
+    /// gives the granted bytes back.
+    #[test]
+    fn a_cancelled_waiting_push_gives_its_place_and_its_bytes_back() {
+        let (rt, local) = rt();
+        local.block_on(&rt, async {
+            let one = 1 + 36 + MESSAGE_OVERHEAD_BYTES;
+            let q = std::rc::Rc::new(UplinkQueue::new(one));
+            q.push(msg("0", 36, QoS::AtLeastOnce)).await;
+            let q1 = q.clone();
+            let first = tokio::task::spawn_local(async move {
+                q1.push(msg("1", 36, QoS::AtLeastOnce)).await;
+            });
+            settle().await;
+            let q2 = q.clone();
+            let second = tokio::task::spawn_local(async move {
+                q2.push(msg("2", 36, QoS::AtLeastOnce)).await;
+            });
+            settle().await;
+            first.abort();
+            settle().await;
+            let front = q.take_front(true).unwrap();
+            q.release_msg(&front.msg);
+            settle().await;
+            assert!(
+                second.is_finished(),
+                "the waiter behind the cancelled one got the room"
+            );
+            assert_eq!(q.take_front(true).unwrap().msg.topic, "2");
+            assert_eq!(q.reserved_bytes(), one);
+
+            // Granted, then dropped before it ran: the bytes come back.
+            let q3 = q.clone();
+            let third = tokio::task::spawn_local(async move {
+                q3.push(msg("3", 36, QoS::AtLeastOnce)).await;
+            });
+            settle().await;
+            q.release(one);
+            // Granted now (bytes reserved for it), but the task has not run yet.
+            assert_eq!(q.reserved_bytes(), one);
+            third.abort();
+            settle().await;
+            assert_eq!(q.reserved_bytes(), 0, "a dropped grant releases its bytes");
+            assert!(q.is_empty());
+        });
     }
 }

@@ -5,8 +5,18 @@
 //! shard's device connections.
 //!
 //! Per connection: TCP (`connect_timeout` covers TCP, TLS and CONNACK) → TLS 1.3 → CONNECT
-//! (`clean_start`, client id `"{client_id}-{shard}"`) → CONNACK → SUBSCRIBE `receive` filters
-//! (QoS 1) → serve loop. The serve loop first writes everything it can — pending control
+//! (client id `"{client_id}-{shard}"`; clean, except the downlink session: shard 0's normal
+//! lane when `receive` is set, persistent, see the `uplink` module docs) → CONNACK → for the
+//! downlink session, SUBSCRIBE `receive` filters (QoS 1) unless the broker kept the session
+//! (MQTT 5: always, with Retain Handling 1 when it did) → serve loop. Downlink PUBLISHes are
+//! delivered in arrival order and a QoS 1 one is PUBACKed only once delivery was accepted.
+//!
+//! Messages leave in queue order. While aggregating, a message is packed only if the pack
+//! stays within what the broker's Maximum Packet Size leaves for a pack's payload; otherwise
+//! the pack is sealed first, and a message no pack can hold is sent alone in its place
+//! (`alone`). A PUBACK failure code either pauses sending for a backoff, after which every
+//! unacknowledged message is requeued in send order and resent (temporary), or is counted,
+//! logged and completed (permanent); see `classify_refusal`. The serve loop first writes everything it can — pending control
 //! packets plus as many queued messages as the inflight window and [`MAX_BATCH_BYTES`] allow,
 //! encoded into one buffer and written with one `write_all` + flush — then waits for the first
 //! of: shutdown, bytes from the broker, a message queued while the window is open, or the
@@ -21,9 +31,11 @@
 //! together with a Receive Maximum of [`DOWNLINK_RECEIVE_MAXIMUM`]; we request no topic aliases.
 //! Our window is `min(inflight, broker Receive Maximum)`, capped at 65534 so that a SUBSCRIBE
 //! always finds a free packet id. In MQTT 5 the downlink subscription sets No Local, so
-//! messages we publish are not echoed back when `forward` and `receive` overlap.
+//! messages the downlink session itself publishes are not echoed back when `forward` and
+//! `receive` overlap; those other shards' sessions publish are (different client ids), so
+//! with several shards keep the two apart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -47,8 +59,8 @@ use tracing::{debug, info, trace, warn};
 use super::pack::{Packer, SealedPack};
 use super::queue::Queued;
 use super::{
-    connack_reason, socket, DropReason, Lane, UplinkError, UplinkMessage, UplinkMetrics,
-    UplinkQueue, UplinkRoute, UplinkState,
+    connack_reason, socket, DropReason, Lane, RejectReason, UplinkError, UplinkMessage,
+    UplinkMetrics, UplinkQueue, UplinkRoute, UplinkState,
 };
 use crate::config::{MqttProtocol, UplinkConfig};
 
@@ -65,6 +77,13 @@ const SHUTDOWN_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 const READ_CHUNK: usize = 16 * 1024;
 /// Our inflight window never exceeds this, leaving one packet id for SUBSCRIBE.
 const MAX_WINDOW: usize = u16::MAX as usize - 1;
+/// PUBACK 0x80/0x83 are retried like a quota until this many refusal rounds passed without
+/// any success in between; then they count as permanent (`persistent_error`).
+const PERSISTENT_ERROR_ROUNDS: u32 = 8;
+/// At most one WARN per refusal reason per this long (the counter has every one).
+const REJECT_WARN_EVERY: Duration = Duration::from_secs(60);
+/// Floor of the refusal backoff, whatever the config says (a zero delay would spin).
+const MIN_REFUSAL_DELAY: Duration = Duration::from_millis(10);
 
 /// Everything one session task needs.
 pub struct SessionSeed {
@@ -74,9 +93,10 @@ pub struct SessionSeed {
     /// Must be `Some` when `cfg.url.tls` (see [`super::client_tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub queue: Rc<UplinkQueue>,
-    /// Called on the shard thread with every PUBLISH the cloud sends (topic unchanged), after
-    /// its PUBACK was queued. Only the normal lane subscribes to `receive`.
-    pub downlink: Rc<dyn Fn(Publish)>,
+    /// Called on the shard thread with every PUBLISH the cloud sends (topic unchanged); a
+    /// QoS 1 one is acknowledged to the cloud once the returned future resolved. Only shard
+    /// 0's normal lane subscribes to `receive` (see the module docs of `uplink`).
+    pub downlink: super::Downlink,
     pub metrics: Arc<UplinkMetrics>,
     /// Devices connected to the whole gateway (decides whether the normal lane aggregates).
     pub live_devices: Arc<AtomicUsize>,
@@ -111,6 +131,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
     };
     let packer =
         (lane == Lane::Normal && cfg.aggregate.enabled).then(|| Packer::new(&cfg.aggregate));
+    let cfg_refused = (cfg.refused_retry_min, cfg.refused_retry_max);
     let session = Session {
         shard,
         lane,
@@ -133,6 +154,16 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         next_packet_id: 1,
         pending_subscribe: None,
         send_seq: 0,
+        alone: VecDeque::new(),
+        downlink_pending: VecDeque::new(),
+        refused: Vec::new(),
+        paused_until: None,
+        refusal_backoff: Backoff::new(
+            cfg_refused.0.max(MIN_REFUSAL_DELAY),
+            cfg_refused.1.max(MIN_REFUSAL_DELAY),
+        ),
+        refusal_rounds: 0,
+        reject_warned: [None; RejectReason::ALL.len()],
     };
     tokio::task::spawn_local(session.run(shutdown))
 }
@@ -153,6 +184,10 @@ struct Connection {
     keep_alive: Duration,
     retain_available: bool,
     local_port: u16,
+    /// The broker still had our session (only the downlink session asks for one).
+    session_present: bool,
+    /// Most encoded bytes a SenML pack may have so that its PUBLISH fits `max_packet`.
+    pack_limit: usize,
 }
 
 impl Connection {
@@ -207,7 +242,10 @@ struct Session {
     cfg: Rc<UplinkConfig>,
     tls: Option<TlsConnector>,
     queue: Rc<UplinkQueue>,
-    downlink: Rc<dyn Fn(Publish)>,
+    downlink: super::Downlink,
+    /// Cloud PUBLISHes decoded and not yet delivered (at most what one read decodes: the
+    /// broker sends no more than our Receive Maximum of QoS 1 ones unacknowledged).
+    downlink_pending: VecDeque<Publish>,
     metrics: Arc<UplinkMetrics>,
     route: UplinkRoute,
     version: ProtocolVersion,
@@ -216,6 +254,48 @@ struct Session {
     next_packet_id: u16,
     pending_subscribe: Option<u16>,
     send_seq: u64,
+    /// Messages to send on their own, before anything taken after them: one too big for any
+    /// pack, or the messages of a pack the broker could not take.
+    alone: VecDeque<Queued>,
+    /// PUBLISHes the broker refused for now (with their send order), resent when the pause
+    /// ends.
+    refused: Vec<(u64, Carried)>,
+    /// While set, nothing is sent: a temporary refusal's backoff runs until then (and until
+    /// nothing is inflight), then everything unacknowledged is requeued in order.
+    paused_until: Option<Instant>,
+    refusal_backoff: Backoff,
+    /// Refusal rounds since the last successful PUBACK.
+    refusal_rounds: u32,
+    /// When each permanent refusal reason was last logged.
+    reject_warned: [Option<Instant>; RejectReason::ALL.len()],
+}
+
+/// What a PUBACK failure code means for the messages it refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Resend after a backoff, in order.
+    Temporary,
+    /// Count, log, complete the ack token: no resend can help.
+    Permanent(RejectReason),
+}
+
+/// Classify a PUBACK reason code ≥ 0x80. `rounds`: refusal rounds since the last success.
+fn classify_refusal(code: u8, rounds: u32) -> Refusal {
+    use sluice_proto::mqtt::reason::*;
+    match code {
+        QUOTA_EXCEEDED | PACKET_IDENTIFIER_IN_USE => Refusal::Temporary,
+        UNSPECIFIED_ERROR | IMPLEMENTATION_SPECIFIC_ERROR => {
+            if rounds >= PERSISTENT_ERROR_ROUNDS {
+                Refusal::Permanent(RejectReason::PersistentError)
+            } else {
+                Refusal::Temporary
+            }
+        }
+        NOT_AUTHORIZED => Refusal::Permanent(RejectReason::NotAuthorized),
+        TOPIC_NAME_INVALID => Refusal::Permanent(RejectReason::TopicNameInvalid),
+        PAYLOAD_FORMAT_INVALID => Refusal::Permanent(RejectReason::PayloadFormatInvalid),
+        _ => Refusal::Permanent(RejectReason::Other),
+    }
 }
 
 /// What woke the serve loop.
@@ -225,6 +305,7 @@ enum Event {
     Queued,
     Timer,
     PackDue,
+    RetryDue,
 }
 
 impl Session {
@@ -365,13 +446,18 @@ impl Session {
         };
 
         let mut properties = Properties::default();
+        let persistent = self.subscribes_downlink();
         if self.version == ProtocolVersion::V5 {
             properties.receive_maximum = Some(DOWNLINK_RECEIVE_MAXIMUM);
             properties.maximum_packet_size = Some(MAX_INCOMING_PACKET_BYTES as u32);
+            if persistent {
+                let secs = cfg.downlink_session_expiry.as_secs();
+                properties.session_expiry_interval = Some(u32::try_from(secs).unwrap_or(u32::MAX));
+            }
         }
         let connect = Packet::Connect(Connect {
             protocol: self.version,
-            clean_start: true,
+            clean_start: !persistent,
             keep_alive: keep_alive_secs(cfg.keep_alive),
             client_id: self.client_id.clone(),
             will: None,
@@ -444,6 +530,8 @@ impl Session {
             keep_alive,
             retain_available: p.retain_available != Some(0),
             local_port,
+            session_present: connack.session_present,
+            pack_limit: usize::MAX,
         })
     }
 
@@ -454,11 +542,13 @@ impl Session {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), UplinkError> {
         self.next_packet_id = 1;
+        c.pack_limit = self.pack_payload_limit(c.max_packet);
         let mut out = BytesMut::with_capacity(MAX_BATCH_BYTES + 1024);
         // QoS 0 messages in `out`: finished once the write succeeds.
         let mut unacked_in_write: Vec<UplinkMessage> = Vec::new();
-        if self.lane == Lane::Normal && !self.cfg.receive.is_empty() {
-            self.encode_subscribe(&mut out)?;
+        if self.subscribes_downlink() && (!c.session_present || self.version == ProtocolVersion::V5)
+        {
+            self.encode_subscribe(&mut out, c.session_present)?;
         }
         let now = Instant::now();
         let mut last_read = now;
@@ -473,6 +563,7 @@ impl Session {
         while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
             self.handle(packet, &mut out, &mut ping_outstanding)?;
         }
+        self.deliver_downlinks(&mut out).await?;
 
         loop {
             let (sent, resent) = self.fill_batch(c, &mut out, &mut unacked_in_write);
@@ -496,11 +587,16 @@ impl Session {
             }
 
             let window_open = self.inflight.len() < c.window;
-            let can_take = if self.aggregating() {
-                self.sealed.is_none()
-            } else {
-                window_open || self.queue.front_needs_ack() == Some(false)
-            };
+            let held = self.sealed.is_some() || !self.alone.is_empty();
+            let can_take = self.paused_until.is_none()
+                && !held
+                && (self.aggregating()
+                    || window_open
+                    || self.queue.front_needs_ack() == Some(false));
+            // The pause ends at its deadline once nothing is inflight (a PUBACK re-checks).
+            let retry_at = self
+                .paused_until
+                .filter(|at| self.inflight.is_empty() || *at > Instant::now());
             let pack_due = match &self.sealed {
                 Some(_) => None,
                 None => self.packer.as_ref().and_then(Packer::deadline),
@@ -526,6 +622,7 @@ impl Session {
                 _ = self.queue.wait_ready(), if can_take => Event::Queued,
                 _ = &mut timer, if !keep_alive.is_zero() => Event::Timer,
                 _ = sleep_until_opt(pack_due), if pack_due.is_some() => Event::PackDue,
+                _ = sleep_until_opt(retry_at), if retry_at.is_some() => Event::RetryDue,
             };
             match event {
                 Event::Shutdown => {
@@ -539,9 +636,12 @@ impl Session {
                     while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
                         self.handle(packet, &mut out, &mut ping_outstanding)?;
                     }
+                    self.deliver_downlinks(&mut out).await?;
+                    self.maybe_resume();
                 }
                 Event::Queued => {}
                 Event::PackDue => self.seal_pack(),
+                Event::RetryDue => self.maybe_resume(),
                 Event::Timer => {
                     let now = Instant::now();
                     if now >= dead_at {
@@ -594,7 +694,10 @@ impl Session {
     /// whatever control packets `out` already holds. Returns (PUBLISH packets, of which
     /// resends). While aggregating, messages go into the open pack instead, and a sealed pack
     /// is written as one PUBLISH; order is kept across both paths because a pack is sealed
-    /// (and written first) before any message is sent on its own again.
+    /// (and written first) before any message is sent on its own again. A message that would
+    /// take the pack past what the broker's Maximum Packet Size allows seals the pack and
+    /// starts the next one; if even an empty pack cannot hold it, it is sent alone (in its
+    /// place). Nothing is taken while a temporary refusal's backoff runs.
     fn fill_batch(
         &mut self,
         c: &Connection,
@@ -602,7 +705,7 @@ impl Session {
         unacked_in_write: &mut Vec<UplinkMessage>,
     ) -> (u64, u64) {
         let (mut sent, mut resent) = (0, 0);
-        while out.len() < MAX_BATCH_BYTES {
+        while out.len() < MAX_BATCH_BYTES && self.paused_until.is_none() {
             let window_open = self.inflight.len() < c.window;
             if let Some(pack) = self.sealed.take() {
                 if pack.needs_ack() && !window_open {
@@ -612,9 +715,25 @@ impl Session {
                 sent += u64::from(self.write_pack(c, out, pack, unacked_in_write));
                 continue;
             }
+            if let Some(front) = self.alone.front() {
+                if front.msg.needs_cloud_ack() && !window_open {
+                    break;
+                }
+                if let Some(q) = self.alone.pop_front() {
+                    let (s, r) = self.send_single(c, out, q, unacked_in_write);
+                    sent += s;
+                    resent += r;
+                }
+                continue;
+            }
             let aggregating = self.aggregating();
             if !aggregating && self.packer.as_ref().is_some_and(|p| !p.is_empty()) {
                 // Crossed below the threshold: what is packed goes before anything single.
+                self.seal_pack();
+                continue;
+            }
+            if self.packer.as_ref().is_some_and(Packer::is_full) {
+                // Filled by a message that started it while the previous pack was sealed.
                 self.seal_pack();
                 continue;
             }
@@ -631,75 +750,164 @@ impl Session {
                 self.pack_mix.0 += usize::from(backlog);
                 self.pack_mix.1 += 1;
                 resent += u64::from(resend);
-                let full = self.packer.as_mut().is_some_and(|p| p.add(msg));
-                if full {
-                    self.seal_pack();
-                }
+                self.pack_or_hold(Queued { msg, resend }, c.pack_limit);
                 continue;
             }
-            let needs_ack = msg.needs_cloud_ack();
-            let packet_id = needs_ack.then(|| self.alloc_packet_id());
-            let publish = Packet::Publish(Publish {
-                dup: resend && needs_ack,
-                qos: if needs_ack {
-                    QoS::AtLeastOnce
-                } else {
-                    QoS::AtMostOnce
-                },
-                retain: msg.retain && c.retain_available,
-                topic: self.route.cloud_topic(&msg.device, &msg.topic),
-                packet_id,
-                properties: None,
-                payload: msg.payload.clone(),
-            });
-            let before = out.len();
-            match encode(&publish, self.version, out) {
-                Err(e) => {
-                    out.truncate(before);
-                    debug!(shard = self.shard, uplink = %self.cfg.name, error = %e, "message cannot be encoded for the cloud; dropped");
-                    self.finish_dropped(msg, DropReason::InvalidForCloud);
-                    continue;
-                }
-                Ok(()) if out.len() - before > c.max_packet => {
-                    let size = out.len() - before;
-                    out.truncate(before);
-                    debug!(
-                        shard = self.shard,
-                        uplink = %self.cfg.name,
-                        size,
-                        max = c.max_packet,
-                        "message exceeds the cloud broker's maximum packet size; dropped"
-                    );
-                    self.finish_dropped(msg, DropReason::TooLargeForCloud);
-                    continue;
-                }
-                Ok(()) => {}
-            }
-            trace!(shard = self.shard, packet_id = ?packet_id, dup = resend, "publish to cloud");
-            sent += 1;
-            resent += u64::from(resend);
-            match packet_id {
-                Some(id) => {
-                    self.send_seq += 1;
-                    self.inflight_backlog += usize::from(backlog);
-                    self.inflight.insert(
-                        id,
-                        Inflight {
-                            seq: self.send_seq,
-                            carried: Carried::One(msg),
-                            backlog,
-                        },
-                    );
-                }
-                None => unacked_in_write.push(msg),
-            }
+            let (s, r) = self.send_single(c, out, Queued { msg, resend }, unacked_in_write);
+            sent += s;
+            resent += r;
         }
         self.metrics.inflight.set(self.inflight.len() as i64);
         (sent, resent)
     }
 
+    /// Put a message into the open pack if it fits within `limit`; otherwise seal the pack
+    /// and try an empty one; a message even an empty pack cannot hold is held to go alone.
+    fn pack_or_hold(&mut self, q: Queued, limit: usize) {
+        let Queued { msg, resend } = q;
+        let Some(packer) = self.packer.as_mut() else {
+            self.alone.push_back(Queued { msg, resend });
+            return;
+        };
+        let msg = match packer.add(msg, limit) {
+            Ok(full) => {
+                if full {
+                    self.seal_pack();
+                }
+                return;
+            }
+            Err(msg) if packer.is_empty() => {
+                self.alone.push_back(Queued { msg, resend });
+                return;
+            }
+            Err(msg) => msg,
+        };
+        // The open pack is full for this message: seal it (it goes first), start a new one.
+        // `sealed` is empty here: fill_batch writes (or waits for) a sealed pack first.
+        self.seal_pack();
+        let Some(packer) = self.packer.as_mut() else {
+            return;
+        };
+        // If this fills the new pack at once, fill_batch seals it after the sealed one went.
+        if let Err(msg) = packer.add(msg, limit) {
+            self.alone.push_back(Queued { msg, resend });
+        }
+    }
+
+    /// Encode one message as its own PUBLISH (or finish it with a counted drop when the
+    /// broker can never take it). Returns (PUBLISH packets, of which resends).
+    fn send_single(
+        &mut self,
+        c: &Connection,
+        out: &mut BytesMut,
+        q: Queued,
+        unacked_in_write: &mut Vec<UplinkMessage>,
+    ) -> (u64, u64) {
+        let Queued { msg, resend } = q;
+        let backlog = super::queue::is_backlog(&msg);
+        let needs_ack = msg.needs_cloud_ack();
+        let packet_id = needs_ack.then(|| self.alloc_packet_id());
+        let publish = Packet::Publish(Publish {
+            dup: resend && needs_ack,
+            qos: if needs_ack {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            },
+            retain: msg.retain && c.retain_available,
+            topic: self.route.cloud_topic(&msg.device, &msg.topic),
+            packet_id,
+            properties: None,
+            payload: msg.payload.clone(),
+        });
+        let before = out.len();
+        match encode(&publish, self.version, out) {
+            Err(e) => {
+                out.truncate(before);
+                debug!(shard = self.shard, uplink = %self.cfg.name, error = %e, "message cannot be encoded for the cloud; dropped");
+                self.finish_dropped(msg, DropReason::InvalidForCloud);
+                return (0, 0);
+            }
+            Ok(()) if out.len() - before > c.max_packet => {
+                let size = out.len() - before;
+                out.truncate(before);
+                debug!(
+                    shard = self.shard,
+                    uplink = %self.cfg.name,
+                    size,
+                    max = c.max_packet,
+                    "message exceeds the cloud broker's maximum packet size; dropped"
+                );
+                self.finish_dropped(msg, DropReason::TooLargeForCloud);
+                return (0, 0);
+            }
+            Ok(()) => {}
+        }
+        trace!(shard = self.shard, packet_id = ?packet_id, dup = resend, "publish to cloud");
+        match packet_id {
+            Some(id) => {
+                self.send_seq += 1;
+                self.inflight_backlog += usize::from(backlog);
+                self.inflight.insert(
+                    id,
+                    Inflight {
+                        seq: self.send_seq,
+                        carried: Carried::One(msg),
+                        backlog,
+                    },
+                );
+            }
+            None => unacked_in_write.push(msg),
+        }
+        (1, u64::from(resend))
+    }
+
+    /// The PUBLISH carrying a SenML pack.
+    fn pack_publish(&self, packet_id: Option<u16>, payload: Bytes) -> Packet {
+        let properties = (self.version == ProtocolVersion::V5).then(|| {
+            let format = self.packer.as_ref().map(Packer::format);
+            Box::new(Properties {
+                content_type: format.map(|f| ByteString::from_static(f.content_type())),
+                ..Properties::default()
+            })
+        });
+        Packet::Publish(Publish {
+            dup: false,
+            qos: if packet_id.is_some() {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            },
+            retain: false,
+            topic: ByteString::from(self.cfg.aggregate.topic.as_str()),
+            packet_id,
+            properties,
+            payload,
+        })
+    }
+
+    /// Most payload bytes a pack may have so that its PUBLISH stays within `max_packet`: the
+    /// PUBLISH around an empty payload, plus 3 for the remaining-length field growing.
+    fn pack_payload_limit(&self, max_packet: usize) -> usize {
+        if max_packet == usize::MAX || self.packer.is_none() {
+            return usize::MAX;
+        }
+        let mut probe = BytesMut::new();
+        match encode(
+            &self.pack_publish(Some(1), Bytes::new()),
+            self.version,
+            &mut probe,
+        ) {
+            Ok(()) => max_packet.saturating_sub(probe.len() + 3),
+            // The aggregate topic cannot be encoded: no pack can be sent; every message goes
+            // alone (write_pack hands a refused pack's messages over too).
+            Err(_) => 0,
+        }
+    }
+
     /// Encode a sealed pack as one PUBLISH on the aggregate topic; returns whether it was
-    /// written (a pack the broker cannot take is dropped, counted per message).
+    /// written. A pack the broker cannot take (not expected: packs are kept within
+    /// `pack_limit`) is not dropped: its messages go one by one, before anything later.
     fn write_pack(
         &mut self,
         c: &Connection,
@@ -709,44 +917,24 @@ impl Session {
     ) -> bool {
         let needs_ack = pack.needs_ack();
         let packet_id = needs_ack.then(|| self.alloc_packet_id());
-        let properties = (self.version == ProtocolVersion::V5).then(|| {
-            let format = self.packer.as_ref().map(Packer::format);
-            Box::new(Properties {
-                content_type: format.map(|f| ByteString::from_static(f.content_type())),
-                ..Properties::default()
-            })
-        });
-        let publish = Packet::Publish(Publish {
-            dup: false,
-            qos: if needs_ack {
-                QoS::AtLeastOnce
-            } else {
-                QoS::AtMostOnce
-            },
-            retain: false,
-            topic: ByteString::from(self.cfg.aggregate.topic.as_str()),
-            packet_id,
-            properties,
-            payload: pack.payload.clone(),
-        });
+        let publish = self.pack_publish(packet_id, pack.payload.clone());
         let before = out.len();
-        let refused = match encode(&publish, self.version, out) {
-            Err(_) => Some(DropReason::InvalidForCloud),
-            Ok(()) if out.len() - before > c.max_packet => Some(DropReason::TooLargeForCloud),
-            Ok(()) => None,
+        let fits = match encode(&publish, self.version, out) {
+            Err(_) => false,
+            Ok(()) => out.len() - before <= c.max_packet,
         };
-        if let Some(reason) = refused {
+        if !fits {
             out.truncate(before);
-            warn!(
+            debug!(
                 shard = self.shard,
                 uplink = %self.cfg.name,
                 records = pack.records,
                 bytes = pack.payload.len(),
                 max = c.max_packet,
-                "SenML pack cannot be sent to the cloud broker (lower aggregate.max_pack); its messages are dropped"
+                "SenML pack cannot be sent to the cloud broker; its messages go one by one"
             );
-            for msg in pack.msgs {
-                self.finish_dropped(msg, reason);
+            for (i, msg) in pack.msgs.into_iter().enumerate() {
+                self.alone.insert(i, Queued { msg, resend: false });
             }
             return false;
         }
@@ -789,24 +977,14 @@ impl Session {
                         "PUBLISH with an empty topic (no topic aliases were allowed)".into(),
                     ));
                 }
-                match (p.qos, p.packet_id) {
-                    (QoS::AtMostOnce, _) => {}
-                    (QoS::AtLeastOnce, Some(id)) => {
-                        encode(&Packet::PubAck(ok_response(id)), self.version, out)?
-                    }
-                    // We subscribe with QoS 1, so a conforming broker never sends QoS 2; if it
-                    // does, it is delivered on receipt (a resent duplicate may repeat it).
-                    (QoS::ExactlyOnce, Some(id)) => {
-                        encode(&Packet::PubRec(ok_response(id)), self.version, out)?
-                    }
-                    (_, None) => {
-                        return Err(UplinkError::Protocol(
-                            "QoS>0 PUBLISH without packet id".into(),
-                        ))
-                    }
+                if p.qos != QoS::AtMostOnce && p.packet_id.is_none() {
+                    return Err(UplinkError::Protocol(
+                        "QoS>0 PUBLISH without packet id".into(),
+                    ));
                 }
                 self.metrics.downlink_messages.inc();
-                (self.downlink)(p);
+                // Delivered (and acknowledged) by deliver_downlinks, in arrival order.
+                self.downlink_pending.push_back(p);
             }
             Packet::PubRel(r) => encode(
                 &Packet::PubComp(ok_response(r.packet_id)),
@@ -844,7 +1022,9 @@ impl Session {
 
     fn on_puback(&mut self, ack: PubResponse) {
         let Some(Inflight {
-            carried, backlog, ..
+            seq,
+            carried,
+            backlog,
         }) = self.inflight.remove(&ack.packet_id)
         else {
             // A duplicate or late PUBACK (e.g. for a packet id of an earlier connection): harmless.
@@ -853,21 +1033,72 @@ impl Session {
         };
         self.inflight_backlog = self.inflight_backlog.saturating_sub(usize::from(backlog));
         self.metrics.inflight.set(self.inflight.len() as i64);
-        if ack.reason >= 0x80 {
-            debug!(
-                shard = self.shard,
-                uplink = %self.cfg.name,
-                reason = format_args!("{:#04x}", ack.reason),
-                "cloud broker rejected a message; dropped"
-            );
-            for msg in carried.into_messages() {
-                self.finish_dropped(msg, DropReason::CloudRejected);
+        if ack.reason < 0x80 {
+            self.refusal_backoff.reset();
+            self.refusal_rounds = 0;
+            match carried {
+                Carried::One(msg) => self.acked(msg),
+                Carried::Pack(msgs) => msgs.into_iter().for_each(|m| self.acked(m)),
             }
             return;
         }
-        match carried {
-            Carried::One(msg) => self.acked(msg),
-            Carried::Pack(msgs) => msgs.into_iter().for_each(|m| self.acked(m)),
+        let code = ack.reason;
+        match classify_refusal(code, self.refusal_rounds) {
+            Refusal::Temporary => {
+                let n = match &carried {
+                    Carried::One(_) => 1,
+                    Carried::Pack(v) => v.len(),
+                };
+                self.metrics.refusals_retried.add(n as u64);
+                self.refused.push((seq, carried));
+                if self.paused_until.is_none() {
+                    let delay = self.refusal_backoff.next_delay();
+                    self.refusal_rounds = self.refusal_rounds.saturating_add(1);
+                    self.paused_until = Some(Instant::now() + delay);
+                    warn!(
+                        shard = self.shard,
+                        uplink = %self.cfg.name,
+                        lane = self.lane.as_str(),
+                        blame = "cloud",
+                        code = format_args!("{code:#04x}"),
+                        retry_in = ?delay,
+                        "cloud broker refused messages for now; resending them in order after a backoff"
+                    );
+                }
+            }
+            Refusal::Permanent(reason) => {
+                let msgs = carried.into_messages();
+                self.metrics.record_rejected(reason, msgs.len() as u64);
+                let now = Instant::now();
+                let last = &mut self.reject_warned[reason as usize];
+                if last.is_none_or(|at| now.duration_since(at) >= REJECT_WARN_EVERY) {
+                    *last = Some(now);
+                    warn!(
+                        shard = self.shard,
+                        uplink = %self.cfg.name,
+                        lane = self.lane.as_str(),
+                        blame = "cloud",
+                        code = format_args!("{code:#04x}"),
+                        reason = reason.as_str(),
+                        total = self.metrics.rejected(reason),
+                        "cloud broker refused a message for good; counted and acknowledged to the device (logged at most once a minute per reason)"
+                    );
+                }
+                for msg in msgs {
+                    self.finish_refused(msg, DropReason::CloudRejected, code);
+                }
+            }
+        }
+    }
+
+    /// End a refusal pause once its deadline passed and nothing is inflight: everything
+    /// unacknowledged goes back to the queue's front in send order, to be sent again.
+    fn maybe_resume(&mut self) {
+        let Some(at) = self.paused_until else {
+            return;
+        };
+        if Instant::now() >= at && self.inflight.is_empty() {
+            self.requeue_unacked();
         }
     }
 
@@ -879,18 +1110,70 @@ impl Session {
 
     /// The message is done: release its bytes and complete its ack token.
     fn finish(&self, msg: UplinkMessage) {
+        self.finish_with(msg, 0);
+    }
+
+    /// [`Session::finish`] with a reason code for the device (0: success; see
+    /// [`crate::shard::ack::AckToken::complete_with`]).
+    fn finish_with(&self, msg: UplinkMessage, code: u8) {
         self.queue.release_msg(&msg);
         if let Some(token) = msg.ack {
-            token.complete();
+            token.complete_with(code);
         }
     }
 
+    /// The message can never reach the cloud: count it and complete its token with `code`
+    /// (the cloud's PUBACK code, or 0x83 Implementation specific error when the gateway
+    /// cannot send it at all), which an MQTT 5 device sees in its PUBACK.
     fn finish_dropped(&self, msg: UplinkMessage, reason: DropReason) {
-        self.metrics.record_drop(reason);
-        self.finish(msg);
+        let code = match reason {
+            DropReason::TooLargeForCloud | DropReason::InvalidForCloud => {
+                sluice_proto::mqtt::reason::IMPLEMENTATION_SPECIFIC_ERROR
+            }
+            _ => 0,
+        };
+        self.finish_refused(msg, reason, code);
     }
 
-    fn encode_subscribe(&mut self, out: &mut BytesMut) -> Result<(), UplinkError> {
+    fn finish_refused(&self, msg: UplinkMessage, reason: DropReason, code: u8) {
+        self.metrics.record_drop(reason);
+        self.finish_with(msg, code);
+    }
+
+    /// Whether this session holds the uplink's one downlink subscription: shard 0's normal
+    /// lane, when `receive` has filters.
+    fn subscribes_downlink(&self) -> bool {
+        self.shard == 0 && self.lane == Lane::Normal && !self.cfg.receive.is_empty()
+    }
+
+    /// Deliver the cloud PUBLISHes decoded so far, in order; a QoS 1 one is acknowledged to
+    /// the cloud (PUBACK appended to `out`) only after the shard accepted it. (We subscribe
+    /// with QoS 1, so a conforming broker never sends QoS 2; if it does, PUBREC follows
+    /// delivery the same way and a resent duplicate may repeat it.)
+    async fn deliver_downlinks(&mut self, out: &mut BytesMut) -> Result<(), UplinkError> {
+        while let Some(p) = self.downlink_pending.pop_front() {
+            let reply = match (p.qos, p.packet_id) {
+                (QoS::AtLeastOnce, Some(id)) => Some(Packet::PubAck(ok_response(id))),
+                (QoS::ExactlyOnce, Some(id)) => Some(Packet::PubRec(ok_response(id))),
+                _ => None,
+            };
+            let downlink = self.downlink.clone();
+            downlink(p).await;
+            if let Some(reply) = reply {
+                encode(&reply, self.version, out)?;
+                self.metrics.downlink_acked.inc();
+            }
+        }
+        Ok(())
+    }
+
+    /// SUBSCRIBE to the `receive` filters; `session_present`: the broker kept our session
+    /// (MQTT 5 then asks for no retained messages again: Retain Handling 1).
+    fn encode_subscribe(
+        &mut self,
+        out: &mut BytesMut,
+        session_present: bool,
+    ) -> Result<(), UplinkError> {
         let packet_id = self.alloc_packet_id();
         self.pending_subscribe = Some(packet_id);
         let v5 = self.version == ProtocolVersion::V5;
@@ -904,7 +1187,7 @@ impl Session {
                     qos: QoS::AtLeastOnce,
                     no_local: v5,
                     retain_as_published: false,
-                    retain_handling: 0,
+                    retain_handling: u8::from(session_present),
                 },
             })
             .collect();
@@ -928,25 +1211,38 @@ impl Session {
         }
     }
 
-    /// Put every unacknowledged message back at the front of the queue in send order: the
-    /// inflight ones, then a sealed pack's, then the open pack's.
+    /// The connection ended: requeue everything unacknowledged (see [`Session::requeue_unacked`]).
     fn requeue_inflight(&mut self) {
-        let mut pending: Vec<Inflight> = self.inflight.drain().map(|(_, f)| f).collect();
-        pending.sort_unstable_by_key(|f| f.seq);
+        self.requeue_unacked();
+        self.pending_subscribe = None;
+    }
+
+    /// Put every unacknowledged message back at the front of the queue in send order: the
+    /// inflight and refused ones (by send order), then a sealed pack's, then those held to go
+    /// alone, then the open pack's. Ends a refusal pause.
+    fn requeue_unacked(&mut self) {
+        let mut pending: Vec<(u64, Carried)> = self
+            .inflight
+            .drain()
+            .map(|(_, f)| (f.seq, f.carried))
+            .chain(self.refused.drain(..))
+            .collect();
+        pending.sort_unstable_by_key(|(seq, _)| *seq);
         let mut msgs: Vec<UplinkMessage> = pending
             .into_iter()
-            .flat_map(|f| f.carried.into_messages())
+            .flat_map(|(_, carried)| carried.into_messages())
             .collect();
         if let Some(sealed) = self.sealed.take() {
             msgs.extend(sealed.msgs);
         }
+        msgs.extend(self.alone.drain(..).map(|q| q.msg));
         if let Some(packer) = &mut self.packer {
             msgs.extend(packer.take_messages());
         }
         self.queue.requeue_front(msgs);
         self.inflight_backlog = 0;
         self.pack_mix = (0, 0);
-        self.pending_subscribe = None;
+        self.paused_until = None;
         self.metrics.inflight.set(0);
     }
 
@@ -1233,6 +1529,43 @@ mod tests {
             mix.1 += 1;
         }
         assert!((95..=105).contains(&mix.0), "{mix:?}");
+    }
+
+    #[test]
+    fn puback_failure_codes_are_temporary_or_permanent_by_what_a_resend_can_change() {
+        use sluice_proto::mqtt::reason::*;
+        for code in [QUOTA_EXCEEDED, PACKET_IDENTIFIER_IN_USE] {
+            assert_eq!(classify_refusal(code, 0), Refusal::Temporary);
+            assert_eq!(
+                classify_refusal(code, 1000),
+                Refusal::Temporary,
+                "{code:#x}"
+            );
+        }
+        for code in [UNSPECIFIED_ERROR, IMPLEMENTATION_SPECIFIC_ERROR] {
+            assert_eq!(classify_refusal(code, 0), Refusal::Temporary);
+            assert_eq!(
+                classify_refusal(code, PERSISTENT_ERROR_ROUNDS),
+                Refusal::Permanent(RejectReason::PersistentError),
+                "{code:#x} that never clears is given up"
+            );
+        }
+        assert_eq!(
+            classify_refusal(NOT_AUTHORIZED, 0),
+            Refusal::Permanent(RejectReason::NotAuthorized)
+        );
+        assert_eq!(
+            classify_refusal(TOPIC_NAME_INVALID, 0),
+            Refusal::Permanent(RejectReason::TopicNameInvalid)
+        );
+        assert_eq!(
+            classify_refusal(PAYLOAD_FORMAT_INVALID, 0),
+            Refusal::Permanent(RejectReason::PayloadFormatInvalid)
+        );
+        assert_eq!(
+            classify_refusal(0xA0, 0),
+            Refusal::Permanent(RejectReason::Other)
+        );
     }
 
     #[test]
