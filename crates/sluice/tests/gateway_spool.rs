@@ -519,7 +519,7 @@ async fn spooled_messages_are_aggregated_into_senml_packs_and_a_pack_ack_trims_a
     let mut t = GatedCloud::start_closed("agg/#").await;
     let text = t.config(
         "",
-        "[uplink.aggregate]\nmin_devices = 0\nmax_pack = \"2KiB\"\nmax_delay = \"100ms\"\ntopic = \"agg/packs\"",
+        "[uplink.aggregate]\nenabled = true\nmin_devices = 0\nmax_pack = \"2KiB\"\nmax_delay = \"100ms\"\ntopic = \"agg/packs\"",
     );
     let gw = gateway(1, &text);
     let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
