@@ -508,7 +508,11 @@ async fn with_the_default_config_sixty_devices_each_reach_the_cloud_on_their_own
         other_topics.len(),
         other_topics.first()
     );
-    assert_eq!(per_topic.len(), usize::from(DEVICES), "every device's topic");
+    assert_eq!(
+        per_topic.len(),
+        usize::from(DEVICES),
+        "every device's topic"
+    );
     for (topic, seqs) in &per_topic {
         assert_eq!(
             seqs,

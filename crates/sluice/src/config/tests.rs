@@ -50,7 +50,9 @@ fn everything_set() -> Config {
     c.mqtt.max_client_id_len = 23;
     c.mqtt.allow_empty_client_id = false;
     c.mqtt.client_id_prefixes = vec!["sensor-".into(), "meter-".into()];
-    c.mqtt.allow_anonymous = false;
+    c.mqtt.allow_anonymous = Some(false);
+    c.mqtt.auth_concurrency = 3;
+    c.mqtt.auth_queue = 5;
     c.mqtt.users = vec![UserConfig {
         username: "dev1".into(),
         password_hash: HASH.into(),
