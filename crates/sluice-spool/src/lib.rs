@@ -149,5 +149,6 @@ pub use recovery::{CursorRecovery, RecoveryReport, SeqGap, SkippedRange, QUARANT
 pub use scan::{BadRange, Run};
 pub use spool::{
     Appended, CommitJob, CommitOutcome, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor,
-    Spool, SpoolConfig, SpoolCounters, SpoolError, SpoolRecord, SpoolSeq,
+    ReadDone, ReadJob, ReadOutcome, Spool, SpoolConfig, SpoolCounters, SpoolError, SpoolRecord,
+    SpoolSeq,
 };
