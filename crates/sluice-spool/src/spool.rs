@@ -1176,7 +1176,7 @@ impl Reader<'_> {
             if cur.next > seg.committed_last || cur.next > self.durable {
                 break;
             }
-            let path = segment_path(&self.dir, seg.first);
+            let path = segment_path(self.dir, seg.first);
             let file = self.file_for(&seg, &path)?;
             let mut off = match cur.hint {
                 Some((f, off)) if f == seg.first => off,
@@ -1347,7 +1347,7 @@ impl Reader<'_> {
     /// Byte offset of a valid frame `seq` in `seg`, found by [`locate`]; `CorruptRecord` when
     /// there is none (the record is damaged).
     fn locate_checked(&mut self, seg: &Segment, seq: u64) -> Result<u64, SpoolError> {
-        let path = segment_path(&self.dir, seg.first);
+        let path = segment_path(self.dir, seg.first);
         let file = self.file_for(seg, &path)?;
         locate(&*file, seg.committed_len, seq).map_err(|e| match e {
             Some(e) => io_err("read", &path)(e),
@@ -1361,7 +1361,7 @@ impl Reader<'_> {
     /// Byte offset of record `lo` in `seg`, walking frame headers from the nearest
     /// checkpoint at or below it (the table is extended as the segment grows).
     fn rev_offset(&mut self, seg: &Segment, lo: u64) -> Result<u64, SpoolError> {
-        let path = segment_path(&self.dir, seg.first);
+        let path = segment_path(self.dir, seg.first);
         let file = self.file_for(seg, &path)?;
         let mut ix = match self.rev_index.take() {
             Some(ix) if ix.seg_first == seg.first => ix,
