@@ -187,7 +187,8 @@ enum SutChoice {
 /// sluice's SenML aggregation (`[uplink.aggregate]`) in the generated config.
 #[derive(Args, Clone)]
 struct AggregateArgs {
-    /// Aggregate normal records into SenML packs above --min-devices ("on" is sluice's default).
+    /// Aggregate normal records into SenML packs above --min-devices (on in the scenarios as
+    /// measured; sluice's own default is off, so the generated config always says which).
     #[arg(long, value_enum, default_value = "on")]
     aggregate: OnOff,
     /// Aggregate while more than this many devices are connected.
@@ -941,7 +942,7 @@ struct OutageArgs {
     #[arg(long, default_value_t = 2)]
     shards: u32,
     /// sluice's SenML aggregation: off (default here: one PUBLISH per message, so order and
-    /// latency are observed message by message) or on with sluice's defaults.
+    /// latency are observed message by message) or on with sluice's pack settings.
     #[arg(long, value_enum, default_value = "off")]
     aggregate: OnOff,
     /// sluice's uplink reconnect_max (the default 30 s would delay the drain's start).

@@ -158,7 +158,9 @@ pub struct AggregateOpts {
 }
 
 impl Default for AggregateOpts {
-    /// sluice's own defaults.
+    /// Aggregation on, with sluice's pack settings (50 devices, JSON, 1 KiB, 1 s). sluice
+    /// itself has aggregation off unless configured; the scenarios write the whole table into
+    /// their configs, so they run as they were measured (on unless `--aggregate off`).
     fn default() -> Self {
         AggregateOpts {
             enabled: true,

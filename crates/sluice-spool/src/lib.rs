@@ -26,6 +26,10 @@
 //! }
 //! let mut cur = spool.read_cursor();                   // uplink: from the first unacked
 //! spool.read(&mut cur, 64, 256 << 10, &mut out)?;      // committed records only, in order
+//! // ... or off the spool's thread (a backlog that is not in the page cache):
+//! let job = spool.begin_read(cur, 64, 256 << 10)?;
+//! let outcome = spawn_blocking(move || job.run()).await?;
+//! if let Some(done) = spool.finish_read(outcome) { cur = done.cursor; /* done.records */ }
 //! spool.ack(seq)?;                                     // on the cloud's PUBACK, any order
 //! ```
 //!
@@ -35,7 +39,10 @@
 //! creating a segment file at rotation and removing one under drop-oldest. The blocking half
 //! of a commit is a [`CommitJob`] (`Send`) that the caller runs on `spawn_blocking` or a
 //! dedicated writer thread; appends continue meanwhile into the next batch (one job at a
-//! time). `read` does positional reads of committed bytes (page cache in the common case).
+//! time). `read` does positional reads of committed bytes (page cache in the common case);
+//! its blocking form is a [`ReadJob`] (`Send`, from `begin_read`, on a snapshot of the
+//! segment index) whose outcome `finish_read` takes back, or discards (`None`: read again)
+//! when a segment was removed while it ran.
 //! After any failed write or fsync the spool is poisoned and must be reopened: after a failed
 //! fsync the page cache cannot be trusted, so only recovery from disk can say what is durable.
 //!
@@ -149,5 +156,6 @@ pub use recovery::{CursorRecovery, RecoveryReport, SeqGap, SkippedRange, QUARANT
 pub use scan::{BadRange, Run};
 pub use spool::{
     Appended, CommitJob, CommitOutcome, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor,
-    Spool, SpoolConfig, SpoolCounters, SpoolError, SpoolRecord, SpoolSeq,
+    ReadDone, ReadJob, ReadOutcome, Spool, SpoolConfig, SpoolCounters, SpoolError, SpoolRecord,
+    SpoolSeq,
 };

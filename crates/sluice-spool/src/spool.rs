@@ -6,13 +6,17 @@
 //! when to commit and where the blocking part of a commit runs.
 //!
 //! Threading: a [`Spool`] is used from one thread (the shard's). Its methods do no blocking
-//! I/O except opening or removing a segment file at rotation or drop-oldest and reading
-//! committed bytes. A commit is split so the blocking part runs elsewhere:
-//! [`Spool::begin_commit`] takes the uncommitted batch and returns a [`CommitJob`] (`Send`);
-//! [`CommitJob::run`] writes, fsyncs and persists the ack cursor (run it on a dedicated
-//! thread or `spawn_blocking`); [`Spool::finish_commit`] applies its outcome and says up to
-//! which seq records are durable. Appends continue while a job runs; one job at a time.
-//! [`Spool::commit`] does all three inline (tests, tools).
+//! I/O except opening or removing a segment file at rotation or drop-oldest, and
+//! [`Spool::read`] (reading committed bytes). A commit is split so the blocking part runs
+//! elsewhere: [`Spool::begin_commit`] takes the uncommitted batch and returns a [`CommitJob`]
+//! (`Send`); [`CommitJob::run`] writes, fsyncs and persists the ack cursor (run it on a
+//! dedicated thread or `spawn_blocking`); [`Spool::finish_commit`] applies its outcome and
+//! says up to which seq records are durable. Appends continue while a job runs; one job at a
+//! time. [`Spool::commit`] does all three inline (tests, tools). Reads are split the same
+//! way: [`Spool::begin_read`] snapshots the segment index into a [`ReadJob`] (`Send`),
+//! [`ReadJob::run`] reads as [`Spool::read`] does, and [`Spool::finish_read`] hands back the
+//! records, or discards them if a segment was removed meanwhile (the caller reads again);
+//! one read job at a time, alongside a commit job.
 //!
 //! Invariants:
 //! - seqs are assigned consecutively from 1 and never reused while the process runs;
@@ -463,6 +467,9 @@ pub struct Spool {
     spare_bufs: Vec<Vec<u8>>,
     /// The newest-first reader's checkpoints for one segment.
     rev_index: Option<RevIndex>,
+    /// Segments removed so far (trim, drop-oldest): a read job that ran across a removal is
+    /// discarded ([`Spool::finish_read`]).
+    removals: u64,
 }
 
 /// Offsets of every [`REV_CHECKPOINT_EVERY`]th frame of one segment (newest-first reads).
@@ -548,6 +555,7 @@ impl Spool {
             read_file: None,
             spare_bufs: Vec::new(),
             rev_index: None,
+            removals: 0,
             dir,
         };
         Ok((spool, rec.report))
@@ -684,6 +692,7 @@ impl Spool {
                 return self.poison(io_err("remove", &path)(e));
             }
             self.dir_dirty = true;
+            self.removals += 1;
             self.total_bytes -= seg.len;
             let before = self.pending.len();
             self.pending.retain(|p| p.seg_first != seg.first);
@@ -797,6 +806,7 @@ impl Spool {
         for first in done.removes {
             if let Some(i) = self.segments.iter().position(|s| s.first == first) {
                 if let Some(s) = self.segments.remove(i) {
+                    self.removals += 1;
                     self.total_bytes -= s.len;
                     self.counters.segments_trimmed += 1;
                 }
@@ -911,6 +921,223 @@ impl Spool {
         if self.poisoned {
             return Err(SpoolError::Poisoned);
         }
+        let mut reader = Reader {
+            fs: &*self.fs,
+            dir: &self.dir,
+            segments: &self.segments,
+            active_first: self.segments.back().map_or(0, |s| s.first),
+            active_file: &self.active_file,
+            durable: self.durable,
+            ack: self.ack,
+            read_file: self.read_file.take(),
+            rev_index: self.rev_index.take(),
+        };
+        let result = reader.read(cur, max_records, max_bytes, out);
+        let Reader {
+            read_file,
+            rev_index,
+            ..
+        } = reader;
+        self.read_file = read_file;
+        self.rev_index = rev_index;
+        result
+    }
+
+    /// Starts a read whose blocking part runs elsewhere, like a commit: [`ReadJob::run`]
+    /// reads from `cur` as [`Spool::read`] would (on a snapshot of the segment index taken
+    /// now) on another thread, and [`Spool::finish_read`] hands back what it read. Appends,
+    /// commits and acks continue meanwhile; the caller runs one read at a time.
+    pub fn begin_read(
+        &mut self,
+        cur: ReadCursor,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<ReadJob, SpoolError> {
+        if self.poisoned {
+            return Err(SpoolError::Poisoned);
+        }
+        Ok(ReadJob {
+            fs: self.fs.clone(),
+            dir: self.dir.clone(),
+            // One small summary per segment (bounded by max_bytes / segment_bytes).
+            segments: self.segments.clone(),
+            active_first: self.segments.back().map_or(0, |s| s.first),
+            active_file: self.active_file.clone(),
+            durable: self.durable,
+            ack: self.ack,
+            read_file: self.read_file.take(),
+            rev_index: self.rev_index.take(),
+            removals: self.removals,
+            cursor: cur,
+            max_records,
+            max_bytes,
+        })
+    }
+
+    /// Takes back a finished [`ReadJob`]: the cursor after the read, the records and the
+    /// read's result, as [`Spool::read`] gives them. `None` when segments were removed (trim,
+    /// drop-oldest) while the job ran: its files or records may be gone, so the outcome is
+    /// discarded and the caller reads again from its unchanged cursor. After a failure the
+    /// spool poisoned meanwhile, the result is [`SpoolError::Poisoned`].
+    pub fn finish_read(&mut self, outcome: ReadOutcome) -> Option<ReadDone> {
+        if outcome.removals != self.removals {
+            return None;
+        }
+        if self.poisoned {
+            return Some(ReadDone {
+                cursor: outcome.start,
+                records: Vec::new(),
+                result: Err(SpoolError::Poisoned),
+            });
+        }
+        self.read_file = outcome.read_file;
+        self.rev_index = outcome.rev_index;
+        Some(outcome.done)
+    }
+
+    /// Every record at or below this seq is durable (or was dropped / trimmed).
+    pub fn durable_seq(&self) -> SpoolSeq {
+        SpoolSeq(self.durable)
+    }
+    /// The seq the next append gets.
+    pub fn next_seq(&self) -> SpoolSeq {
+        SpoolSeq(self.next_seq)
+    }
+    /// Every record at or below this seq is acknowledged (in memory).
+    pub fn ack_cursor(&self) -> SpoolSeq {
+        SpoolSeq(self.ack)
+    }
+    /// The ack cursor as last persisted (what a restart resumes from), if written yet.
+    pub fn persisted_ack_cursor(&self) -> Option<SpoolSeq> {
+        self.persisted_ack.map(SpoolSeq)
+    }
+    /// Bytes of all segment files, including uncommitted ones.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+    /// Bytes appended but not yet handed to a commit job.
+    pub fn uncommitted_bytes(&self) -> u64 {
+        self.pending_bytes
+    }
+    /// True when a commit job is out.
+    pub fn commit_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+    /// Number of segment files.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+    /// Counters for metrics.
+    pub fn counters(&self) -> &SpoolCounters {
+        &self.counters
+    }
+    /// The configuration in force.
+    pub fn config(&self) -> &SpoolConfig {
+        &self.cfg
+    }
+    /// True after a failed write or fsync: reopen.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+}
+
+/// The blocking half of a read (see [`Spool::begin_read`]). `Send`: run it on another thread.
+pub struct ReadJob {
+    fs: Arc<dyn SpoolFs>,
+    dir: PathBuf,
+    segments: VecDeque<Segment>,
+    active_first: u64,
+    active_file: Arc<dyn SpoolFile>,
+    durable: u64,
+    ack: u64,
+    read_file: Option<(u64, Arc<dyn SpoolFile>)>,
+    rev_index: Option<RevIndex>,
+    removals: u64,
+    cursor: ReadCursor,
+    max_records: usize,
+    max_bytes: usize,
+}
+
+/// What a [`ReadJob`] did; hand it to [`Spool::finish_read`].
+pub struct ReadOutcome {
+    start: ReadCursor,
+    done: ReadDone,
+    read_file: Option<(u64, Arc<dyn SpoolFile>)>,
+    rev_index: Option<RevIndex>,
+    removals: u64,
+}
+
+/// A finished read, as [`Spool::read`] reports it.
+#[derive(Debug)]
+pub struct ReadDone {
+    /// The cursor after the read (on the damaged record after a `CorruptRecord`).
+    pub cursor: ReadCursor,
+    /// The records read, in the cursor's direction.
+    pub records: Vec<SpoolRecord>,
+    /// How many were read, or why the read failed.
+    pub result: Result<usize, SpoolError>,
+}
+
+impl ReadJob {
+    /// Reads (blocks on the disk).
+    pub fn run(self) -> ReadOutcome {
+        let mut reader = Reader {
+            fs: &*self.fs,
+            dir: &self.dir,
+            segments: &self.segments,
+            active_first: self.active_first,
+            active_file: &self.active_file,
+            durable: self.durable,
+            ack: self.ack,
+            read_file: self.read_file,
+            rev_index: self.rev_index,
+        };
+        let mut cursor = self.cursor;
+        let mut records = Vec::new();
+        let result = reader.read(&mut cursor, self.max_records, self.max_bytes, &mut records);
+        ReadOutcome {
+            start: self.cursor,
+            done: ReadDone {
+                cursor,
+                records,
+                result,
+            },
+            read_file: reader.read_file,
+            rev_index: reader.rev_index,
+            removals: self.removals,
+        }
+    }
+}
+
+/// Reads committed records: the spool's segment index and files, borrowed by [`Spool::read`]
+/// or owned by a [`ReadJob`], and the reader's caches (open segment file, reverse index),
+/// which move in and back out.
+struct Reader<'a> {
+    fs: &'a dyn SpoolFs,
+    dir: &'a Path,
+    segments: &'a VecDeque<Segment>,
+    active_first: u64,
+    active_file: &'a Arc<dyn SpoolFile>,
+    durable: u64,
+    ack: u64,
+    read_file: Option<(u64, Arc<dyn SpoolFile>)>,
+    rev_index: Option<RevIndex>,
+}
+
+impl Reader<'_> {
+    /// The first existing seq at or after `s`.
+    fn next_existing(&self, s: u64) -> Option<u64> {
+        let i = self.segments.partition_point(|seg| seg.last < s);
+        self.segments.get(i).map(|seg| seg.first.max(s))
+    }
+
+    fn read(
+        &mut self,
+        cur: &mut ReadCursor,
+        max_records: usize,
+        max_bytes: usize,
+        out: &mut Vec<SpoolRecord>,
+    ) -> Result<usize, SpoolError> {
         if cur.newest_first {
             return self.read_newest_first(cur, max_records, max_bytes, out);
         }
@@ -949,7 +1176,7 @@ impl Spool {
             if cur.next > seg.committed_last || cur.next > self.durable {
                 break;
             }
-            let path = segment_path(&self.dir, seg.first);
+            let path = segment_path(self.dir, seg.first);
             let file = self.file_for(&seg, &path)?;
             let mut off = match cur.hint {
                 Some((f, off)) if f == seg.first => off,
@@ -1120,7 +1347,7 @@ impl Spool {
     /// Byte offset of a valid frame `seq` in `seg`, found by [`locate`]; `CorruptRecord` when
     /// there is none (the record is damaged).
     fn locate_checked(&mut self, seg: &Segment, seq: u64) -> Result<u64, SpoolError> {
-        let path = segment_path(&self.dir, seg.first);
+        let path = segment_path(self.dir, seg.first);
         let file = self.file_for(seg, &path)?;
         locate(&*file, seg.committed_len, seq).map_err(|e| match e {
             Some(e) => io_err("read", &path)(e),
@@ -1134,7 +1361,7 @@ impl Spool {
     /// Byte offset of record `lo` in `seg`, walking frame headers from the nearest
     /// checkpoint at or below it (the table is extended as the segment grows).
     fn rev_offset(&mut self, seg: &Segment, lo: u64) -> Result<u64, SpoolError> {
-        let path = segment_path(&self.dir, seg.first);
+        let path = segment_path(self.dir, seg.first);
         let file = self.file_for(seg, &path)?;
         let mut ix = match self.rev_index.take() {
             Some(ix) if ix.seg_first == seg.first => ix,
@@ -1191,7 +1418,7 @@ impl Spool {
     }
 
     fn file_for(&mut self, seg: &Segment, path: &Path) -> Result<Arc<dyn SpoolFile>, SpoolError> {
-        if self.segments.back().map(|s| s.first) == Some(seg.first) {
+        if seg.first == self.active_first {
             return Ok(self.active_file.clone());
         }
         if let Some((first, f)) = &self.read_file {
@@ -1202,51 +1429,6 @@ impl Spool {
         let f = self.fs.open_read(path).map_err(io_err("open", path))?;
         self.read_file = Some((seg.first, f.clone()));
         Ok(f)
-    }
-
-    /// Every record at or below this seq is durable (or was dropped / trimmed).
-    pub fn durable_seq(&self) -> SpoolSeq {
-        SpoolSeq(self.durable)
-    }
-    /// The seq the next append gets.
-    pub fn next_seq(&self) -> SpoolSeq {
-        SpoolSeq(self.next_seq)
-    }
-    /// Every record at or below this seq is acknowledged (in memory).
-    pub fn ack_cursor(&self) -> SpoolSeq {
-        SpoolSeq(self.ack)
-    }
-    /// The ack cursor as last persisted (what a restart resumes from), if written yet.
-    pub fn persisted_ack_cursor(&self) -> Option<SpoolSeq> {
-        self.persisted_ack.map(SpoolSeq)
-    }
-    /// Bytes of all segment files, including uncommitted ones.
-    pub fn total_bytes(&self) -> u64 {
-        self.total_bytes
-    }
-    /// Bytes appended but not yet handed to a commit job.
-    pub fn uncommitted_bytes(&self) -> u64 {
-        self.pending_bytes
-    }
-    /// True when a commit job is out.
-    pub fn commit_in_flight(&self) -> bool {
-        self.in_flight.is_some()
-    }
-    /// Number of segment files.
-    pub fn segment_count(&self) -> usize {
-        self.segments.len()
-    }
-    /// Counters for metrics.
-    pub fn counters(&self) -> &SpoolCounters {
-        &self.counters
-    }
-    /// The configuration in force.
-    pub fn config(&self) -> &SpoolConfig {
-        &self.cfg
-    }
-    /// True after a failed write or fsync: reopen.
-    pub fn is_poisoned(&self) -> bool {
-        self.poisoned
     }
 }
 

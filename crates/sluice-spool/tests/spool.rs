@@ -51,6 +51,70 @@ fn a_commit_job_runs_on_another_thread_while_appends_continue() {
 }
 
 #[test]
+fn a_read_job_runs_on_another_thread_and_is_discarded_if_a_segment_went_meanwhile() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut spool, _) = Spool::open(dir.path(), small_config()).expect("open");
+    for i in 1..=200 {
+        spool.append(&body(i)).expect("append");
+    }
+    spool.commit().expect("commit");
+    assert!(spool.segment_count() > 3, "small segments rotate");
+    // Forward and newest first: the same records as an inline read, in the same order.
+    for start in [
+        ReadCursor::at(SpoolSeq(1)),
+        ReadCursor::newest_first(SpoolSeq(200)),
+    ] {
+        let mut cur = start;
+        let mut got = Vec::new();
+        loop {
+            let job = spool.begin_read(cur, 7, 1 << 10).expect("begin");
+            let handle = std::thread::spawn(move || job.run());
+            spool
+                .append(b"during the read")
+                .expect("append during a read");
+            let done = spool
+                .finish_read(handle.join().expect("job thread"))
+                .expect("no segment removed");
+            cur = done.cursor;
+            if done.result.expect("read") == 0 {
+                break;
+            }
+            got.extend(done.records.into_iter().map(|r| r.seq.0));
+        }
+        let mut want: Vec<u64> = (1..=200).collect();
+        if start.is_newest_first() {
+            want.reverse();
+        }
+        assert_eq!(got, want, "newest first: {}", start.is_newest_first());
+    }
+    // Acks trim whole segments: a job that ran across the trim is discarded.
+    let job = spool
+        .begin_read(ReadCursor::at(SpoolSeq(1)), 10, 1 << 20)
+        .expect("begin");
+    for i in 1..=100 {
+        spool.ack(SpoolSeq(i)).expect("ack");
+    }
+    spool
+        .commit()
+        .expect("commit persists the cursor and trims");
+    assert!(
+        spool.finish_read(job.run()).is_none(),
+        "discarded: read again"
+    );
+    let job = spool
+        .begin_read(ReadCursor::at(SpoolSeq(1)), 10, 1 << 20)
+        .expect("begin");
+    let done = spool
+        .finish_read(job.run())
+        .expect("nothing removed meanwhile");
+    assert!(done.result.expect("read") > 0);
+    assert!(
+        done.records[0].seq.0 > 1,
+        "records of trimmed segments are skipped"
+    );
+}
+
+#[test]
 fn out_of_order_acks_advance_the_cursor_only_over_a_contiguous_prefix() {
     let fs = FaultFs::new(2);
     let (mut spool, _) = open_fault(&fs, small_config());

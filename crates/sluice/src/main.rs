@@ -60,7 +60,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => match sluice::config::load(Some(&config)) {
-            Ok(cfg) => {
+            Ok(mut cfg) => {
+                // Print the effective value of a default that depends on other keys.
+                cfg.mqtt.allow_anonymous = Some(cfg.mqtt.anonymous_allowed());
                 print!("{}", cfg.to_toml());
                 eprintln!("{}: valid", config.display());
                 ExitCode::SUCCESS

@@ -14,8 +14,11 @@ use sluice_testkit::{ConnectOpts, TestClient};
 async fn malformed_oversized_silent_and_flooding_clients_do_not_disturb_a_healthy_device() {
     let cloud = Cloud::start();
     let mut sub = cloud.subscriber("cloud-sub", "healthy/#").await;
+    // A configured login (4 MiB per check) for the password storm; the other devices
+    // connect anonymously.
+    let hash = argon2_hash(b"right", 4);
     let text = format!(
-        "[gateway]\nshards = 2\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"4KiB\"\nconnect_timeout = \"1s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        "[gateway]\nshards = 2\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"4KiB\"\nconnect_timeout = \"1s\"\nallow_anonymous = true\n[[mqtt.users]]\nusername = \"meter\"\npassword_hash = \"{hash}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
         cloud.uplink_toml(None, "")
     );
     let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap())
@@ -42,6 +45,22 @@ async fn malformed_oversized_silent_and_flooding_clients_do_not_disturb_a_health
         }
         c.disconnect().await.unwrap();
     });
+
+    // 0. A storm of logins with wrong passwords, in flight while everything below happens.
+    const LOGINS: usize = 100;
+    let mut logins = tokio::task::JoinSet::new();
+    for i in 0..LOGINS {
+        logins.spawn(async move {
+            let mut opts = ConnectOpts::v311(format!("guess-{i}"));
+            opts.username = Some("meter".into());
+            opts.password = Some(bytes::Bytes::from(format!("wrong-{i}")));
+            opts.timeout = Duration::from_secs(60);
+            TestClient::connect(addr, opts)
+                .await
+                .map(|(_c, ack)| ack.code)
+                .map_err(|e| e.to_string())
+        });
+    }
 
     // 1. Garbage instead of CONNECT.
     let mut g = TestClient::open(addr, &ConnectOpts::v311("x"))
@@ -146,6 +165,21 @@ async fn malformed_oversized_silent_and_flooding_clients_do_not_disturb_a_health
             "sluice_mqtt_connections_closed_total{shard=\"1\",reason=\"keep_alive_timeout\"}"
         ) >= 1.0
     );
+    // Every wrong password was refused: checked (bad credentials, 4) or, beyond the two
+    // check slots and their wait, refused as busy (3). None admitted.
+    while let Some(done) = logins.join_next().await {
+        let code = done
+            .expect("login task")
+            .expect("a CONNACK for every login");
+        assert!(code == 4 || code == 3, "bad login answered with {code}");
+    }
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_control_auth_checks_total")
+            + metric_sum(&m, "sluice_control_auth_busy_total"),
+        LOGINS as f64,
+        "every login checked or refused as busy: {m}"
+    );
     // The flood is cleared by the CONNECT timeout.
     assert!(
         eventually(Duration::from_secs(5), || metric_sum(
@@ -155,6 +189,138 @@ async fn malformed_oversized_silent_and_flooding_clients_do_not_disturb_a_health
         .await
     );
     drop(flood);
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+/// An argon2id PHC hash of `password` costing `mib` MiB (and one pass) per check.
+fn argon2_hash(password: &[u8], mib: u32) -> String {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let params = argon2::Params::new(mib * 1024, 1, 1, None).expect("argon2 params");
+    let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let salt = SaltString::encode_b64(b"sluice-test-salt").expect("salt");
+    argon
+        .hash_password(password, &salt)
+        .expect("hash")
+        .to_string()
+}
+
+/// This process's peak resident memory (VmHWM), in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/self/status");
+    kib * 1024
+}
+
+/// The connection flood's login variant: hundreds of CONNECTs naming a configured user with a
+/// wrong password, each of which would cost an Argon2 verification (here 4 MiB; sluice's
+/// `passwd` default is 19 MiB). The checks run at most `mqtt.auth_concurrency` (default 2)
+/// at a time, at most `mqtt.auth_queue` wait, the rest are refused as busy (3.1.1: 0x03);
+/// nobody is admitted, the gateway's memory stays within that bound, and a device
+/// publishing at QoS 1 meanwhile keeps getting its PUBACKs and the cloud all its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_wrong_passwords_is_bounded_and_a_publishing_device_keeps_its_acks() {
+    const STORM: usize = 300;
+    const HASH_MIB: u64 = 4;
+    const BOUND: u64 = 2; // the default mqtt.auth_concurrency
+    let hash = argon2_hash(b"right", HASH_MIB as u32);
+
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "steady/#").await;
+    let text = format!(
+        "[gateway]\nshards = 1\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nconnect_timeout = \"4s\"\nallow_anonymous = true\n[[mqtt.users]]\nusername = \"meter\"\npassword_hash = \"{hash}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        cloud.uplink_toml(None, "")
+    );
+    let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap())
+        .unwrap()
+        .start()
+        .unwrap();
+    let addr = gw.mqtt_addr;
+    let (mut steady, _) = TestClient::connect(addr, ConnectOpts::v311("steady-1"))
+        .await
+        .unwrap();
+    steady.set_ack_timeout(Duration::from_secs(5));
+    let rss_before = peak_rss();
+
+    // The storm: every login in flight at once, each waiting for its CONNACK.
+    let mut storm = tokio::task::JoinSet::new();
+    for i in 0..STORM {
+        storm.spawn(async move {
+            let mut opts = ConnectOpts::v311(format!("guess-{i}"));
+            opts.username = Some("meter".into());
+            opts.password = Some(bytes::Bytes::from(format!("wrong-{i}")));
+            opts.timeout = Duration::from_secs(120);
+            TestClient::connect(addr, opts)
+                .await
+                .map(|(_c, ack)| ack.code)
+                .map_err(|e| e.to_string())
+        });
+    }
+    // While it is in flight the device publishes at QoS 1: every PUBACK within 5 s.
+    let mut sent = 0u32;
+    let mut most_verifying = 0.0f64;
+    while !storm.is_empty() && sent < 100_000 {
+        steady
+            .publish(
+                "steady/meter",
+                sent.to_be_bytes().to_vec(),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .unwrap_or_else(|e| {
+                panic!("publish {sent} not acknowledged within 5 s during the login storm: {e}")
+            });
+        sent += 1;
+        let m = gw.metrics_text();
+        most_verifying = most_verifying.max(metric_sum(&m, "sluice_control_auth_verifications "));
+        while let Some(done) = storm.try_join_next() {
+            let code = done
+                .expect("login task")
+                .expect("every bad login gets a CONNACK");
+            assert!(
+                code == 4 || code == 3,
+                "a wrong password is refused (4) or the check refused as busy (3), got {code}"
+            );
+        }
+    }
+    assert!(
+        sent >= 10,
+        "the device published only {sent} messages while the storm lasted"
+    );
+    let rss_growth = peak_rss().saturating_sub(rss_before);
+    // Each check holds its hash's memory: unbounded, 300 checks took 1.2 GiB. The slack
+    // covers the other tests of this binary running meanwhile.
+    assert!(
+        rss_growth <= BOUND * HASH_MIB * (1 << 20) + (256 << 20),
+        "peak memory grew by {} MiB during the storm",
+        rss_growth >> 20
+    );
+    let m = gw.metrics_text();
+    assert!(
+        most_verifying >= 1.0 && most_verifying <= BOUND as f64,
+        "concurrent password checks seen: {most_verifying} (bound {BOUND})"
+    );
+    assert!(
+        metric_sum(&m, "sluice_control_auth_busy_total") >= 1.0,
+        "logins beyond the queue were refused as busy: {m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "sluice_control_admitted_total"),
+        1.0,
+        "only the steady device was admitted"
+    );
+    for i in 0..sent {
+        let p = sub
+            .recv(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("steady message in the cloud");
+        assert_eq!(&p.payload[..], &i.to_be_bytes(), "steady stream in order");
+    }
     tokio::task::block_in_place(|| gw.shutdown());
 }
 
@@ -180,7 +346,7 @@ async fn mqtt5_device_exceeding_receive_maximum_is_disconnected_with_0x93() {
             .await
             .unwrap();
     }
-    match d.recv_packet(Duration::from_secs(3)).await {
+    match d.recv_packet(Duration::from_secs(10)).await {
         Ok(Some(sluice_proto::mqtt::Packet::Disconnect(x))) => assert_eq!(x.reason, 0x93),
         other => panic!("expected DISCONNECT 0x93, got {other:?}"),
     }

@@ -83,8 +83,9 @@ async fn collect(
     a
 }
 
+/// `[uplink.aggregate]` turned on (it is off by default) with `aggregate`'s settings.
 fn aggregate_toml(extra_uplink: &str, aggregate: &str) -> String {
-    format!("{extra_uplink}\n[uplink.aggregate]\n{aggregate}\n")
+    format!("{extra_uplink}\n[uplink.aggregate]\nenabled = true\n{aggregate}\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,5 +441,84 @@ async fn without_priority_entries_there_is_no_high_lane() {
     );
     let lanes = &gw.status_json()["shards"][0]["uplinks"][0]["lanes"];
     assert!(lanes.get("high").is_none(), "{lanes}");
+    gw.shutdown();
+}
+
+/// Aggregation is opt-in: with the default config and more devices than the old threshold
+/// (50), a cloud application subscribed to its devices' topics gets every message, each on
+/// its own topic, nothing on `sluice/senml`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_default_config_sixty_devices_each_reach_the_cloud_on_their_own_topic() {
+    const DEVICES: u8 = 60;
+    const PER_DEVICE: u16 = 5;
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("app", "#").await;
+    let gw = gateway(2, &cloud.uplink_toml(None, ""));
+    let mut devs = Vec::new();
+    for i in 0..DEVICES {
+        devs.push(device(&gw, &format!("meter-{i}"), ProtocolVersion::V311).await);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || gw.status_json()["devices"]
+            == u64::from(DEVICES))
+        .await,
+        "all devices connected before anyone publishes"
+    );
+    let mut pending = Vec::new();
+    for seq in 0..PER_DEVICE {
+        for (i, d) in devs.iter_mut().enumerate() {
+            let id = d
+                .publish_no_wait(
+                    &format!("meters/{i}"),
+                    payload(i as u8, seq, 8),
+                    QoS::AtLeastOnce,
+                    false,
+                )
+                .await
+                .expect("publish sent");
+            pending.push((i, id));
+        }
+    }
+    let want = usize::from(DEVICES) * usize::from(PER_DEVICE);
+    let mut per_topic: HashMap<String, Vec<u16>> = HashMap::new();
+    let mut other_topics = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = 0;
+    while got < want {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(p)) = sub.recv(left).await else {
+            break;
+        };
+        got += 1;
+        if let Some(i) = p.topic.strip_prefix("meters/") {
+            let (d, s) = parse(&p.payload);
+            assert_eq!(i, d.to_string(), "payload on its device's topic");
+            per_topic.entry(p.topic.to_string()).or_default().push(s);
+        } else {
+            other_topics.push(p.topic.to_string());
+        }
+    }
+    for (i, id) in pending {
+        let id = id.expect("QoS 1 has a packet id");
+        assert_eq!(devs[i].wait_ack(id).await.expect("PUBACK"), 0);
+    }
+    assert!(
+        other_topics.is_empty(),
+        "the cloud got {} publishes on other topics ({:?}...), not the devices' own",
+        other_topics.len(),
+        other_topics.first()
+    );
+    assert_eq!(
+        per_topic.len(),
+        usize::from(DEVICES),
+        "every device's topic"
+    );
+    for (topic, seqs) in &per_topic {
+        assert_eq!(
+            seqs,
+            &(0..PER_DEVICE).collect::<Vec<_>>(),
+            "{topic}: every message, in order"
+        );
+    }
     gw.shutdown();
 }

@@ -50,11 +50,12 @@ pub enum PackFormat {
 }
 
 /// `[uplink.aggregate]`: pack normal-priority records into SenML packs when many devices are
-/// connected.
+/// connected. Off by default: packing changes what the cloud receives (packs on `topic`
+/// instead of each message on its own topic), so a deployment opts in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AggregateConfig {
-    /// Aggregate at all. Off: every message is published on its own topic.
+    /// Aggregate at all (default: off). Off: every message is published on its own topic.
     pub enabled: bool,
     /// Aggregate while more than this many devices are connected to the gateway (SegaNet: 50).
     pub min_devices: usize,
@@ -71,7 +72,7 @@ pub struct AggregateConfig {
 impl Default for AggregateConfig {
     fn default() -> Self {
         AggregateConfig {
-            enabled: true,
+            enabled: false,
             min_devices: 50,
             format: PackFormat::Json,
             max_pack: ByteSize::kib(1),

@@ -255,11 +255,31 @@ pub struct MqttConfig {
     pub allow_empty_client_id: bool,
     /// If non-empty, client ids must start with one of these.
     pub client_id_prefixes: Vec<String>,
-    /// Accept devices that present no username.
-    pub allow_anonymous: bool,
+    /// Accept devices that present no username. Absent: false when `users` are configured,
+    /// true otherwise (see [`MqttConfig::anonymous_allowed`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_anonymous: Option<bool>,
+    // --- admission: password checks (`control/admission.rs`) ---
+    /// Password verifications running at once; each holds its hash's memory (19 MiB for a
+    /// `sluice passwd` hash), so this bounds admission's memory.
+    pub auth_concurrency: usize,
+    /// Logins that may wait for a verification slot (each until its `connect_timeout`);
+    /// beyond, a login is refused as busy (CONNACK 0x89 / 3.1.1: 0x03).
+    pub auth_queue: usize,
+    // --- end admission ---
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserConfig>,
 }
+
+// --- admission (`control/admission.rs`) ---
+impl MqttConfig {
+    /// Whether devices without a username are admitted: `allow_anonymous` when set, else
+    /// only when no `users` are configured (configuring logins closes the door by default).
+    pub fn anonymous_allowed(&self) -> bool {
+        self.allow_anonymous.unwrap_or(self.users.is_empty())
+    }
+}
+// --- end admission ---
 
 impl Default for MqttConfig {
     fn default() -> Self {
@@ -277,7 +297,9 @@ impl Default for MqttConfig {
             max_client_id_len: 128,
             allow_empty_client_id: true,
             client_id_prefixes: Vec::new(),
-            allow_anonymous: true,
+            allow_anonymous: None,
+            auth_concurrency: 2,
+            auth_queue: 256,
             users: Vec::new(),
         }
     }

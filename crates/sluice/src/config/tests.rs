@@ -50,7 +50,9 @@ fn everything_set() -> Config {
     c.mqtt.max_client_id_len = 23;
     c.mqtt.allow_empty_client_id = false;
     c.mqtt.client_id_prefixes = vec!["sensor-".into(), "meter-".into()];
-    c.mqtt.allow_anonymous = false;
+    c.mqtt.allow_anonymous = Some(false);
+    c.mqtt.auth_concurrency = 3;
+    c.mqtt.auth_queue = 5;
     c.mqtt.users = vec![UserConfig {
         username: "dev1".into(),
         password_hash: HASH.into(),
@@ -378,6 +380,7 @@ fn range_rules_name_the_offending_key() {
             "mqtt.max_packet_size: ",
         ),
         ("[mqtt]\nallow_anonymous = false", "mqtt.allow_anonymous: "),
+        ("[mqtt]\nauth_concurrency = 0", "mqtt.auth_concurrency: "),
         ("[log]\nlevel = \" \"", "log.level: "),
         ("[admin]\nlisten = \"127.0.0.1:1883\"", "admin.listen: "),
     ];
@@ -415,6 +418,30 @@ fn user_password_hashes_must_be_argon2_phc_strings() {
     }
     let e = err(&format!("{ok}{ok}"));
     assert!(e.starts_with("mqtt.users[1].username: duplicate"), "{e}");
+}
+
+#[test]
+fn anonymous_devices_are_allowed_by_default_only_without_users() {
+    let users = format!("[[mqtt.users]]\nusername = \"dev1\"\npassword_hash = \"{HASH}\"\n");
+    let no_users = parse("").unwrap();
+    assert!(no_users.mqtt.anonymous_allowed());
+    let with_users = parse(&users).unwrap();
+    assert_eq!(with_users.mqtt.allow_anonymous, None);
+    assert!(!with_users.mqtt.anonymous_allowed(), "users close the door");
+    for explicit in [true, false] {
+        let c = parse(&format!("[mqtt]\nallow_anonymous = {explicit}\n{users}")).unwrap();
+        assert_eq!(
+            c.mqtt.anonymous_allowed(),
+            explicit,
+            "an explicit value wins"
+        );
+        assert_eq!(parse(&c.to_toml()).unwrap(), c, "round trip");
+    }
+    assert_eq!(
+        parse(&with_users.to_toml()).unwrap(),
+        with_users,
+        "round trip"
+    );
 }
 
 #[test]

@@ -150,7 +150,10 @@ fn check_mqtt(config: &Config) -> Result<(), ConfigError> {
             return invalid(&format!("mqtt.users[{i}].password_hash"), &reason);
         }
     }
-    if !m.allow_anonymous && m.users.is_empty() {
+    if m.auth_concurrency == 0 {
+        return invalid("mqtt.auth_concurrency", "must be at least 1");
+    }
+    if m.allow_anonymous == Some(false) && m.users.is_empty() {
         return invalid(
             "mqtt.allow_anonymous",
             "is false but no [[mqtt.users]] are configured, so no device could connect",

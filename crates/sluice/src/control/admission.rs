@@ -1,16 +1,35 @@
 //! Connection admission: client-id rules and username/password checks.
 //!
 //! Password hashes come from the config as PHC strings (argon2id recommended). Verification is
-//! deliberately expensive, so it runs on the blocking pool: a storm of CONNECTs with slow
-//! hashes delays other admissions, never a shard.
+//! deliberately expensive in CPU and memory (a `sluice passwd` hash takes 19 MiB per check),
+//! and anyone who can reach the listener can ask for one by naming a configured user, so:
+//!
+//! - checks run on the blocking pool, never on a shard or the control thread;
+//! - at most `mqtt.auth_concurrency` run at once (a semaphore; each check holds its slot until
+//!   the hash returns, even if its connection is gone), so admission's memory is bounded by
+//!   `auth_concurrency` × the hash's memory cost and its CPU by `auth_concurrency` threads;
+//! - at most `mqtt.auth_queue` logins wait for a slot, each no later than its CONNECT deadline
+//!   (`connect_timeout` from the accept); beyond either bound the login is refused as busy
+//!   (CONNACK 0x89 Server busy, 3.1.1: 0x03 Server unavailable), counted in
+//!   `sluice_control_auth_busy_total`. A device refused as busy may retry later.
+//!
+//! Nothing is cached: every login with a password is verified against its hash (a cache of
+//! accepted passwords would keep secrets in memory).
+//!
+//! Anonymous devices (no username) are admitted per [`MqttConfig::anonymous_allowed`]: by
+//! default only when no users are configured.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
 use sluice_proto::mqtt::{reason, Connect, ProtocolVersion};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::MqttConfig;
+use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
 /// Why a device was refused; carries the CONNACK code for its protocol version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -23,6 +42,10 @@ pub enum Refusal {
     NotAuthorized,
     #[error("enhanced authentication (MQTT 5 AUTH) is not supported")]
     BadAuthMethod,
+    /// Too many password checks running and waiting (`auth_concurrency`, `auth_queue`), or
+    /// the wait reached the CONNECT deadline. The device may retry later.
+    #[error("too many logins being checked; try again later")]
+    Busy,
 }
 
 impl Refusal {
@@ -38,9 +61,56 @@ impl Refusal {
             (Refusal::NotAuthorized, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
             (Refusal::BadAuthMethod, ProtocolVersion::V5) => 0x8C,
             (Refusal::BadAuthMethod, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
+            (Refusal::Busy, ProtocolVersion::V5) => reason::SERVER_BUSY,
+            (Refusal::Busy, ProtocolVersion::V311) => reason::V3_SERVER_UNAVAILABLE,
         }
     }
 }
+
+/// Admission's password-check metrics (rendered with the control plane's).
+#[derive(Debug, Default)]
+pub struct AdmissionMetrics {
+    /// Checks running now (at most `auth_concurrency`).
+    pub verifying: Gauge,
+    /// Logins waiting for a check slot (at most `auth_queue`).
+    pub waiting: Gauge,
+    /// Checks run.
+    pub checks: Counter,
+    /// Logins refused as busy.
+    pub busy: Counter,
+}
+
+impl AdmissionMetrics {
+    pub fn render(&self, w: &mut PromWriter) {
+        w.gauge(
+            "sluice_control_auth_verifications",
+            "Password checks running now (bounded by mqtt.auth_concurrency)",
+            &[],
+            self.verifying.get(),
+        );
+        w.gauge(
+            "sluice_control_auth_waiting",
+            "Logins waiting for a password check slot (bounded by mqtt.auth_queue)",
+            &[],
+            self.waiting.get(),
+        );
+        w.counter(
+            "sluice_control_auth_checks_total",
+            "Password checks run",
+            &[],
+            self.checks.get(),
+        );
+        w.counter(
+            "sluice_control_auth_busy_total",
+            "Logins refused as busy (CONNACK 0x89 / 0x03): check slots and queue full, or the wait reached the CONNECT deadline",
+            &[],
+            self.busy.get(),
+        );
+    }
+}
+
+/// Logs a busy refusal at most this often.
+const BUSY_LOG_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Admission {
     max_client_id_len: usize,
@@ -48,6 +118,27 @@ pub struct Admission {
     prefixes: Vec<String>,
     allow_anonymous: bool,
     users: Arc<HashMap<String, String>>,
+    /// One permit per check allowed to run (`auth_concurrency`).
+    check_slots: Arc<Semaphore>,
+    concurrency: usize,
+    /// Most logins waiting for a permit (`auth_queue`).
+    max_waiting: usize,
+    waiting: AtomicUsize,
+    /// When a busy refusal was last logged (ms since `started`; 0 = never).
+    busy_logged_ms: AtomicU64,
+    started: Instant,
+}
+
+/// A running check's slot: released (and the gauge lowered) when the hash returns.
+struct CheckSlot {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<AdmissionMetrics>,
+}
+
+impl Drop for CheckSlot {
+    fn drop(&mut self) {
+        self.metrics.verifying.sub(1);
+    }
 }
 
 impl Admission {
@@ -56,19 +147,31 @@ impl Admission {
             max_client_id_len: cfg.max_client_id_len,
             allow_empty_client_id: cfg.allow_empty_client_id,
             prefixes: cfg.client_id_prefixes.clone(),
-            allow_anonymous: cfg.allow_anonymous,
+            allow_anonymous: cfg.anonymous_allowed(),
             users: Arc::new(
                 cfg.users
                     .iter()
                     .map(|u| (u.username.clone(), u.password_hash.clone()))
                     .collect(),
             ),
+            check_slots: Arc::new(Semaphore::new(cfg.auth_concurrency.max(1))),
+            concurrency: cfg.auth_concurrency.max(1),
+            max_waiting: cfg.auth_queue,
+            waiting: AtomicUsize::new(0),
+            busy_logged_ms: AtomicU64::new(0),
+            started: Instant::now(),
         }
     }
 
     /// Decide on a CONNECT. On success returns whether the gateway assigned the client id
-    /// (it is then written into `connect.client_id`).
-    pub async fn admit(&self, connect: &mut Connect) -> Result<bool, Refusal> {
+    /// (it is then written into `connect.client_id`). A password check waits for a slot no
+    /// later than `deadline`.
+    pub async fn admit(
+        &self,
+        connect: &mut Connect,
+        deadline: tokio::time::Instant,
+        metrics: &Arc<AdmissionMetrics>,
+    ) -> Result<bool, Refusal> {
         if connect.properties.authentication_method.is_some() {
             return Err(Refusal::BadAuthMethod);
         }
@@ -102,11 +205,18 @@ impl Admission {
                 None if self.users.is_empty() && self.allow_anonymous => Ok(assigned),
                 None => Err(Refusal::BadCredentials),
                 Some(hash) => {
+                    let slot = self.check_slot(deadline, metrics).await?;
                     let hash = hash.clone();
                     let password = connect.password.clone().unwrap_or_default();
-                    let ok = tokio::task::spawn_blocking(move || verify_password(&hash, &password))
-                        .await
-                        .unwrap_or(false);
+                    metrics.checks.inc();
+                    // The slot moves into the blocking task: it is held until the hash
+                    // returns, even if this future is dropped.
+                    let ok = tokio::task::spawn_blocking(move || {
+                        let _slot = slot;
+                        verify_password(&hash, &password)
+                    })
+                    .await
+                    .unwrap_or(false);
                     if ok {
                         Ok(assigned)
                     } else {
@@ -115,6 +225,69 @@ impl Admission {
                 }
             },
         }
+    }
+
+    /// A slot to run one password check: at once if one is free, else after waiting in the
+    /// bounded queue until `deadline`; `Busy` when the queue is full or the deadline passes.
+    async fn check_slot(
+        &self,
+        deadline: tokio::time::Instant,
+        metrics: &Arc<AdmissionMetrics>,
+    ) -> Result<CheckSlot, Refusal> {
+        let permit = match self.check_slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let queued = self
+                    .waiting
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        (n < self.max_waiting).then_some(n + 1)
+                    })
+                    .is_ok();
+                if !queued {
+                    return Err(self.busy(metrics));
+                }
+                metrics.waiting.add(1);
+                let acquired =
+                    tokio::time::timeout_at(deadline, self.check_slots.clone().acquire_owned())
+                        .await;
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                metrics.waiting.sub(1);
+                match acquired {
+                    Ok(Ok(p)) => p,
+                    // Timed out (or the semaphore closed, which never happens).
+                    _ => return Err(self.busy(metrics)),
+                }
+            }
+        };
+        metrics.verifying.add(1);
+        Ok(CheckSlot {
+            _permit: permit,
+            metrics: metrics.clone(),
+        })
+    }
+
+    /// Counts a busy refusal; logs one WARN a second at most.
+    fn busy(&self, metrics: &AdmissionMetrics) -> Refusal {
+        metrics.busy.inc();
+        let now = u64::try_from(self.started.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let last = self.busy_logged_ms.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= BUSY_LOG_EVERY.as_millis() as u64;
+        if due
+            && self
+                .busy_logged_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                concurrency = self.concurrency,
+                queue = self.max_waiting,
+                refused_total = metrics.busy.get(),
+                "password checks and their queue are full; refusing logins as busy"
+            );
+        }
+        Refusal::Busy
     }
 }
 

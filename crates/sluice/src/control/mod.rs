@@ -85,6 +85,8 @@ pub struct ControlMetrics {
     pub retained: Gauge,
     pub retained_refused: Counter,
     pub devices_connected: Gauge,
+    /// Password checks (admission's own block).
+    pub admission: Arc<admission::AdmissionMetrics>,
 }
 
 impl ControlMetrics {
@@ -137,6 +139,7 @@ impl ControlMetrics {
             &[],
             self.devices_connected.get(),
         );
+        self.admission.render(w);
     }
 }
 

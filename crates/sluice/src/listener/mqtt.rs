@@ -4,7 +4,9 @@
 //! complete, valid CONNECT; a refused device gets a CONNACK with the reason and is closed.
 //! The number of open device connections is bounded by `max_connections`: beyond it, new
 //! sockets are closed at once (counted, logged at most once a second). A flood of
-//! connections, or of slow CONNECTs, costs this thread work but never a shard.
+//! connections, or of slow CONNECTs, costs this thread work but never a shard. Password
+//! checks are bounded by admission (`auth_concurrency` running, `auth_queue` waiting, each
+//! wait ending at the CONNECT deadline); logins beyond are refused as busy.
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::control::admission::Admission;
+use crate::control::admission::{Admission, Refusal};
 use crate::control::ControlMetrics;
 use crate::shard::{hash, Adopted, ShardCmd};
 
@@ -112,10 +114,17 @@ impl MqttListener {
         };
         let mut connect = connect;
         let version = connect.protocol;
-        let assigned = match self.admission.admit(&mut connect).await {
+        let assigned = match self
+            .admission
+            .admit(&mut connect, deadline, &self.metrics.admission)
+            .await
+        {
             Ok(assigned) => assigned,
             Err(refusal) => {
-                tracing::info!(%peer, client_id = %connect.client_id, reason = %refusal, "device refused");
+                // Busy refusals come in storms; admission logs them at most once a second.
+                if refusal != Refusal::Busy {
+                    tracing::info!(%peer, client_id = %connect.client_id, reason = %refusal, "device refused");
+                }
                 self.metrics.rejected.inc();
                 let mut out = BytesMut::new();
                 let ack = ConnAck {

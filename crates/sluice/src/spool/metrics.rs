@@ -31,11 +31,19 @@ pub struct SpoolMetrics {
     pub failures: Counter,
     /// Records present but not acknowledged.
     pub unacked_records: Gauge,
+    /// Reads of committed records, each run on the blocking pool (the feeder).
+    pub reads: Counter,
 }
 
 impl SpoolMetrics {
     pub fn render(&self, w: &mut PromWriter, shard: &str, uplink: &str) {
         let l: &[(&str, &str)] = &[("shard", shard), ("uplink", uplink)];
+        w.counter(
+            "sluice_spool_reads_total",
+            "Reads of committed records by the feeder, each on the blocking pool",
+            l,
+            self.reads.get(),
+        );
         w.gauge(
             "sluice_spool_bytes",
             "Bytes of the spool's segment files.",

@@ -17,7 +17,8 @@
 //! `fsync_interval`; `always` and `never` commit as soon as anything is appended (`never`
 //! writes without fsync). After a commit, under `ack = "spool"`, every device whose record is
 //! now durable gets its PUBACK (through its [`AckToken`]). The feeder reads committed records
-//! into the uplink queue (a bounded read-ahead: each stream at most half the queue's bytes),
+//! into the uplink queue (a bounded read-ahead: each stream at most half the queue's bytes;
+//! the reads themselves on the blocking pool),
 //! each carrying a spool [`AckToken`]; the cloud's PUBACK (or a counted, final drop in the
 //! uplink) completes it, which acknowledges the record here ([`AckRanges`] holds acks that
 //! are ahead of the engine's ack window) and, under `ack = "cloud"`, then the device.
@@ -74,7 +75,15 @@
 //!   two merge and the live records between them are sent again).
 //!
 //! Everything here runs on the shard thread (`Rc`, `RefCell`; no borrow is held across an
-//! await); only the commit job and reopening run on the blocking pool.
+//! await); the disk work runs on the blocking pool: the commit job, reopening, and every read
+//! of committed records (`Spool::begin_read` → `ReadJob` → `finish_read`: a backlog after an
+//! outage is not in the page cache, and the shard must keep serving its devices while it is
+//! read). The feeder runs one read at a time per spool, so the read-ahead bound and the
+//! order of each stream are as if it read inline; a read whose stream changed while it was
+//! out (a reconnect, a reopen, a trimmed or dropped segment) is discarded and done again
+//! from the current cursor. Damaged records are handled exactly as before: the read returns
+//! the records before the damage and fails next with the cursor on it, and the feeder skips
+//! that one seq.
 
 mod acks;
 mod metrics;
@@ -337,6 +346,8 @@ pub struct UplinkSpool {
     former: Cell<bool>,
     /// Acks that arrived while `inner` was borrowed (never in practice; kept for safety).
     deferred_acks: RefCell<Vec<u64>>,
+    /// Times the spool was reopened: a read started before a reopen is discarded.
+    reopens: Cell<u64>,
 }
 
 impl std::fmt::Debug for UplinkSpool {
@@ -363,7 +374,6 @@ struct Inner {
     backlog: VecDeque<(u64, u64)>,
     /// Position inside the range being drained (front for oldest-first, back for newest).
     backlog_cur: Option<ReadCursor>,
-    scratch: Vec<SpoolRecord>,
 }
 
 impl UplinkSpool {
@@ -399,7 +409,6 @@ impl UplinkSpool {
                 live,
                 backlog,
                 backlog_cur: None,
-                scratch: Vec::new(),
             }),
             dirty: Notify::new(),
             committed: Notify::new(),
@@ -407,6 +416,7 @@ impl UplinkSpool {
             link_up: Cell::new(false),
             former: Cell::new(false),
             deferred_acks: RefCell::new(Vec::new()),
+            reopens: Cell::new(0),
         })
     }
 
@@ -677,6 +687,7 @@ impl UplinkSpool {
         {
             let mut inner = self.inner.borrow_mut();
             inner.spool = None;
+            self.reopens.set(self.reopens.get() + 1);
             inner.commit_waiters.clear();
             inner.cloud_tokens.clear();
             inner.backlog_cur = None;
@@ -716,7 +727,12 @@ impl UplinkSpool {
             let space = self.queue.space_released();
             tokio::pin!(space);
             space.as_mut().enable();
-            self.fill();
+            // Dropping a fill mid-read is safe: a read's result is applied only after it
+            // returns, and the blocking job's outcome is then dropped.
+            tokio::select! {
+                _ = self.fill() => {}
+                _ = shutdown_signal(&mut shutdown) => break,
+            }
             tokio::select! {
                 _ = &mut space => {}
                 _ = self.feed.notified() => {}
@@ -725,8 +741,10 @@ impl UplinkSpool {
         }
     }
 
-    /// Moves committed records into the uplink queue while each stream has room.
-    fn fill(self: &Rc<Self>) {
+    /// Moves committed records into the uplink queue while each stream has room. Each read
+    /// runs on the blocking pool ([`UplinkSpool::read_off_shard`]); the shard keeps serving
+    /// its devices meanwhile, and a read whose stream changed while it was out is discarded.
+    async fn fill(self: &Rc<Self>) {
         if !self.link_up.get() {
             // What piles up now becomes backlog when the link comes back: report it as such.
             let inner = self.inner.borrow();
@@ -738,64 +756,83 @@ impl UplinkSpool {
             }
             return;
         }
+        // Refill a stream only once a good part of its read-ahead is free (or it ran dry):
+        // every read costs a chunk of up to `READ_BYTES`, so topping up one message per
+        // cloud ack would copy far more than it sends.
+        let min_refill = (self.queue.capacity_bytes() / 8).clamp(1, READ_BYTES);
+        let room_for = |backlog: bool| {
+            let room = self.queue.stream_room(backlog).min(READ_BYTES);
+            if room < min_refill && self.queue.stream_waiting(backlog) > 0 {
+                0
+            } else {
+                room
+            }
+        };
         let mut batch: Vec<(SpoolRecord, bool)> = Vec::new();
-        {
+        // Live first.
+        loop {
+            let room = room_for(false);
+            if room == 0 || !self.link_up.get() {
+                break;
+            }
+            let cur = {
+                let inner = self.inner.borrow();
+                let Some(spool) = inner.spool.as_ref() else {
+                    return;
+                };
+                if inner.live.next_seq() > spool.durable_seq() {
+                    break; // nothing committed to read
+                }
+                inner.live
+            };
+            let done = match self
+                .read_off_shard(cur, records_for(room), room, |inner| inner.live == cur)
+                .await
+            {
+                Fetched::Stop => return,
+                Fetched::Stale => continue,
+                Fetched::Done(done) => done,
+            };
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
             let Some(spool) = inner.spool.as_mut() else {
                 return;
             };
-            // Refill a stream only once a good part of its read-ahead is free (or it ran dry):
-            // every read costs a chunk of up to `READ_BYTES`, so topping up one message per
-            // cloud ack would copy far more than it sends.
-            let min_refill = (self.queue.capacity_bytes() / 8).clamp(1, READ_BYTES);
-            let room_for = |backlog: bool| {
-                let room = self.queue.stream_room(backlog).min(READ_BYTES);
-                if room < min_refill && self.queue.stream_waiting(backlog) > 0 {
-                    0
-                } else {
-                    room
+            inner.live = done.cursor;
+            match done.result {
+                Ok(0) => break,
+                Ok(_) => {
+                    batch.extend(done.records.into_iter().map(|r| (r, false)));
+                    self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
                 }
-            };
-            // Live first.
-            loop {
-                let room = room_for(false);
-                if room == 0 {
-                    break;
-                }
-                inner.scratch.clear();
-                let count = records_for(room);
-                match spool.read(&mut inner.live, count, room, &mut inner.scratch) {
-                    Ok(0) => break,
-                    Ok(_) => {
-                        batch.extend(inner.scratch.drain(..).map(|r| (r, false)));
-                        self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
-                    }
-                    Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
-                    Err(e) => {
-                        // The cursor is on the damaged record (see `Spool::read`).
-                        let skip = inner.live.next_seq().0;
-                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = skip, "spool record unreadable; skipped");
-                        self.skip_record(spool, &mut inner.cloud_tokens, skip);
-                        inner.live = ReadCursor::at(SpoolSeq(skip + 1));
-                    }
+                Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
+                Err(e) => {
+                    // The cursor is on the damaged record (see `Spool::read`).
+                    let skip = inner.live.next_seq().0;
+                    warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = skip, "spool record unreadable; skipped");
+                    self.skip_record(spool, &mut inner.cloud_tokens, skip);
+                    inner.live = ReadCursor::at(SpoolSeq(skip + 1));
                 }
             }
-            // Then the backlog.
-            let newest_first = self.drain_order == DrainOrder::NewestFirst;
-            loop {
-                let room = room_for(true);
-                if room == 0 {
-                    break;
-                }
-                let range = if newest_first {
-                    inner.backlog.back().copied()
-                } else {
-                    inner.backlog.front().copied()
+        }
+        // Then the backlog.
+        let newest_first = self.drain_order == DrainOrder::NewestFirst;
+        loop {
+            let room = room_for(true);
+            if room == 0 || !self.link_up.get() {
+                break;
+            }
+            let (range, cur, want) = {
+                let mut guard = self.inner.borrow_mut();
+                let inner = &mut *guard;
+                let Some(spool) = inner.spool.as_ref() else {
+                    return;
                 };
-                let Some((start, end)) = range else { break };
+                let Some((start, end)) = current_range(&inner.backlog, newest_first) else {
+                    break;
+                };
                 let durable = spool.durable_seq().0;
-                let cur = inner.backlog_cur.get_or_insert_with(|| {
+                let cur = *inner.backlog_cur.get_or_insert_with(|| {
                     if newest_first {
                         ReadCursor::newest_first(SpoolSeq(end - 1))
                     } else {
@@ -821,42 +858,116 @@ impl UplinkSpool {
                 } else {
                     records_for(room).min((end - next) as usize)
                 };
-                inner.scratch.clear();
-                match spool.read(cur, want, room, &mut inner.scratch) {
-                    Ok(0) => {
+                ((start, end), cur, want)
+            };
+            let (start, end) = range;
+            let done = match self
+                .read_off_shard(cur, want, room, |inner| {
+                    inner.backlog_cur == Some(cur)
+                        && current_range(&inner.backlog, newest_first) == Some(range)
+                })
+                .await
+            {
+                Fetched::Stop => return,
+                Fetched::Stale => continue,
+                Fetched::Done(done) => done,
+            };
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let Some(spool) = inner.spool.as_mut() else {
+                return;
+            };
+            inner.backlog_cur = Some(done.cursor);
+            match done.result {
+                Ok(0) => {
+                    finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
+                }
+                Ok(_) => {
+                    let mut past = false;
+                    for r in done.records {
+                        if r.seq.0 < start || r.seq.0 >= end {
+                            past = true;
+                            continue;
+                        }
+                        batch.push((r, true));
+                    }
+                    self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
+                    if past {
                         finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
                     }
-                    Ok(_) => {
-                        let mut past = false;
-                        for r in inner.scratch.drain(..) {
-                            if r.seq.0 < start || r.seq.0 >= end {
-                                past = true;
-                                continue;
-                            }
-                            batch.push((r, true));
-                        }
-                        self.push_all(spool, &mut inner.cloud_tokens, &mut batch);
-                        if past {
-                            finish_range(&mut inner.backlog, &mut inner.backlog_cur, newest_first);
-                        }
-                    }
-                    Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
-                    Err(e) => {
-                        // The read stopped with the cursor on the damaged record (the
-                        // records before it came back in an earlier read): skip just it.
-                        let bad = cur.next_seq().0;
-                        warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = bad, "spool record unreadable; skipped");
-                        self.skip_record(spool, &mut inner.cloud_tokens, bad);
-                        inner.backlog_cur = Some(if newest_first {
-                            ReadCursor::newest_first(SpoolSeq(bad.saturating_sub(1)))
-                        } else {
-                            ReadCursor::at(SpoolSeq(bad + 1))
-                        });
-                    }
+                }
+                Err(e) if needs_reopen(&e) => return self.feed_after_reopen(&e),
+                Err(e) => {
+                    // The read stopped with the cursor on the damaged record (the
+                    // records before it came back in an earlier read): skip just it.
+                    let bad = done.cursor.next_seq().0;
+                    warn!(shard = self.shard, uplink = %self.uplink, error = %e, seq = bad, "spool record unreadable; skipped");
+                    self.skip_record(spool, &mut inner.cloud_tokens, bad);
+                    inner.backlog_cur = Some(if newest_first {
+                        ReadCursor::newest_first(SpoolSeq(bad.saturating_sub(1)))
+                    } else {
+                        ReadCursor::at(SpoolSeq(bad + 1))
+                    });
                 }
             }
-            let backlog = backlog_remaining(inner, newest_first);
-            self.metrics.backlog_records.set(backlog as i64);
+        }
+        let inner = self.inner.borrow();
+        let backlog = backlog_remaining(&inner, newest_first);
+        self.metrics.backlog_records.set(backlog as i64);
+    }
+
+    /// Reads from `cur` on the blocking pool (a backlog after an outage is usually not in
+    /// the page cache, and the shard thread must not wait for the disk). The result counts
+    /// only if, when it comes back, the spool was not reopened, the link is still up and
+    /// `still_current` (the stream's cursor and range are what the read started from);
+    /// otherwise it is [`Fetched::Stale`] and the caller reads again from the current state.
+    async fn read_off_shard(
+        &self,
+        cur: ReadCursor,
+        max_records: usize,
+        max_bytes: usize,
+        still_current: impl Fn(&Inner) -> bool,
+    ) -> Fetched {
+        let reopens = self.reopens.get();
+        let job = {
+            let mut inner = self.inner.borrow_mut();
+            let Some(spool) = inner.spool.as_mut() else {
+                return Fetched::Stop;
+            };
+            match spool.begin_read(cur, max_records, max_bytes) {
+                Ok(job) => job,
+                Err(e) => {
+                    return Fetched::Done(sluice_spool::ReadDone {
+                        cursor: cur,
+                        records: Vec::new(),
+                        result: Err(e),
+                    })
+                }
+            }
+        };
+        self.metrics.reads.inc();
+        let outcome = match tokio::task::spawn_blocking(move || job.run()).await {
+            Ok(o) => o,
+            Err(error) => {
+                // Only a panic in the read (a bug) gets here; reading again would repeat it.
+                error!(shard = self.shard, uplink = %self.uplink, %error, "spool read task failed; feeding stops until the spool is reopened");
+                self.dirty.notify_one();
+                return Fetched::Stop;
+            }
+        };
+        if self.reopens.get() != reopens || !self.link_up.get() {
+            return Fetched::Stale;
+        }
+        let mut inner = self.inner.borrow_mut();
+        if !still_current(&inner) {
+            return Fetched::Stale;
+        }
+        let Some(spool) = inner.spool.as_mut() else {
+            return Fetched::Stop;
+        };
+        match spool.finish_read(outcome) {
+            Some(done) => Fetched::Done(done),
+            None => Fetched::Stale,
         }
     }
 
@@ -976,6 +1087,25 @@ impl SpoolAcker for UplinkSpool {
         self.apply_ack(&mut inner, seq);
         drop(inner);
         self.dirty.notify_one();
+    }
+}
+
+/// What came of a read run on the blocking pool.
+enum Fetched {
+    /// No spool (a reopen runs), or the read task failed: stop feeding for now.
+    Stop,
+    /// The stream, the spool's segments or the link changed while the read was out: read
+    /// again from the current state.
+    Stale,
+    Done(sluice_spool::ReadDone),
+}
+
+/// The backlog range being drained: the oldest for oldest-first, the newest otherwise.
+fn current_range(backlog: &VecDeque<(u64, u64)>, newest_first: bool) -> Option<(u64, u64)> {
+    if newest_first {
+        backlog.back().copied()
+    } else {
+        backlog.front().copied()
     }
 }
 
@@ -1178,18 +1308,18 @@ mod tests {
                 spool.append(&body(i), QoS::AtLeastOnce, None).await;
             }
             spool.commit_once().await;
-            spool.fill();
+            spool.fill().await;
             assert!(
                 q.is_empty(),
                 "nothing is handed over while the uplink is down"
             );
             spool.link_changed(true);
-            spool.fill();
+            spool.fill().await;
             for i in 5..8 {
                 spool.append(&body(i), QoS::AtLeastOnce, None).await;
             }
             spool.commit_once().await;
-            spool.fill();
+            spool.fill().await;
             let got = drain_queue(&q);
             let order: Vec<(String, bool)> = got.iter().map(|(p, b, _)| (p.clone(), *b)).collect();
             let want: Vec<(String, bool)> = (5..8)
@@ -1221,7 +1351,7 @@ mod tests {
             spool.link_changed(true);
             let mut tokens = Vec::new();
             while tokens.len() < 300 {
-                spool.fill();
+                spool.fill().await;
                 let got = drain_queue(&q);
                 assert!(!got.is_empty(), "the feeder makes progress");
                 tokens.extend(got);
@@ -1268,7 +1398,7 @@ mod tests {
             }
             spool.commit_once().await;
             spool.link_changed(true);
-            spool.fill();
+            spool.fill().await;
             let mut seen: Vec<usize> = Vec::new();
             let first = drain_queue(&q);
             assert!(!first.is_empty() && first.len() < 100, "{}", first.len());
@@ -1284,7 +1414,7 @@ mod tests {
             spool.commit_once().await;
             spool.link_changed(true);
             for _ in 0..100 {
-                spool.fill();
+                spool.fill().await;
                 let got = drain_queue(&q);
                 if got.is_empty() {
                     break;
@@ -1313,5 +1443,189 @@ mod tests {
             spool.commit_once().await;
             assert_eq!(spool.metrics.unacked_records.get(), 0);
         });
+    }
+
+    /// A file system whose reads block while its gate is closed: the fault of a slow disk
+    /// under a backlog that is not in the page cache.
+    #[derive(Clone, Default)]
+    struct GatedFs {
+        gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+        blocked_reads: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl GatedFs {
+        fn set_closed(&self, closed: bool) {
+            *self.gate.0.lock().expect("gate") = closed;
+            self.gate.1.notify_all();
+        }
+        fn is_closed(&self) -> bool {
+            *self.gate.0.lock().expect("gate")
+        }
+        fn wrap(&self, f: Arc<dyn sluice_spool::SpoolFile>) -> Arc<dyn sluice_spool::SpoolFile> {
+            Arc::new(GatedFile {
+                fs: self.clone(),
+                file: f,
+            })
+        }
+    }
+
+    struct GatedFile {
+        fs: GatedFs,
+        file: Arc<dyn sluice_spool::SpoolFile>,
+    }
+
+    impl sluice_spool::SpoolFile for GatedFile {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            let mut closed = self.fs.gate.0.lock().expect("gate");
+            if *closed {
+                self.fs
+                    .blocked_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            while *closed {
+                closed = self.fs.gate.1.wait(closed).expect("gate");
+            }
+            drop(closed);
+            self.file.read_exact_at(buf, offset)
+        }
+        fn append(&self, buf: &[u8]) -> std::io::Result<()> {
+            self.file.append(buf)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.file.sync()
+        }
+        fn size(&self) -> std::io::Result<u64> {
+            self.file.size()
+        }
+        fn truncate(&self, len: u64) -> std::io::Result<()> {
+            self.file.truncate(len)
+        }
+    }
+
+    impl sluice_spool::SpoolFs for GatedFs {
+        fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+            sluice_spool::RealFs.create_dir_all(dir)
+        }
+        fn list(&self, dir: &Path) -> std::io::Result<Vec<(String, u64)>> {
+            sluice_spool::RealFs.list(dir)
+        }
+        fn create(
+            &self,
+            path: &Path,
+            exclusive: bool,
+        ) -> std::io::Result<Arc<dyn sluice_spool::SpoolFile>> {
+            Ok(self.wrap(sluice_spool::RealFs.create(path, exclusive)?))
+        }
+        fn open(&self, path: &Path) -> std::io::Result<Arc<dyn sluice_spool::SpoolFile>> {
+            Ok(self.wrap(sluice_spool::RealFs.open(path)?))
+        }
+        fn open_read(&self, path: &Path) -> std::io::Result<Arc<dyn sluice_spool::SpoolFile>> {
+            Ok(self.wrap(sluice_spool::RealFs.open_read(path)?))
+        }
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            sluice_spool::RealFs.rename(from, to)
+        }
+        fn remove(&self, path: &Path) -> std::io::Result<()> {
+            sluice_spool::RealFs.remove(path)
+        }
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            sluice_spool::RealFs.sync_dir(dir)
+        }
+    }
+
+    #[test]
+    fn a_device_on_the_shard_gets_its_puback_while_a_backlog_read_waits_for_the_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (rt, local) = rt();
+        let fs = GatedFs::default();
+        // If reads ran on the shard thread, the blocked read would stall this whole test
+        // (the shard's runtime): a watchdog opens the gate after 10 s so it fails instead.
+        let (finished, watch_finish) = std::sync::mpsc::channel::<()>();
+        let watchdog = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let _ = watch_finish.recv_timeout(Duration::from_secs(10));
+                fs.set_closed(false);
+            })
+        };
+        local.block_on(&rt, async {
+            let config = crate::config::parse(&format!(
+                "[spool]\ndir = \"{}\"\nfsync = \"never\"\nack = \"spool\"\n",
+                dir.path().display()
+            ))
+            .expect("config");
+            let engine = config.spool.engine_config(1, 1, 64 << 10, 64);
+            let sdir = spool_dir(dir.path(), "cloud", 0);
+            let (engine_spool, _) =
+                Spool::open_with_fs(Arc::new(fs.clone()), &sdir, engine.clone()).expect("open");
+            let opened = OpenedSpool {
+                spool: engine_spool,
+                dir: sdir,
+                engine,
+                metrics: Arc::default(),
+            };
+            let q = Rc::new(UplinkQueue::new(1 << 20));
+            let spool = UplinkSpool::new(0, "cloud", &config, opened, q.clone());
+            // A backlog piled up during an outage.
+            for i in 0..50 {
+                spool.append(&body(i), QoS::AtLeastOnce, None).await;
+            }
+            spool.commit_once().await;
+            let (stop, shutdown) = watch::channel(false);
+            let tasks = spool.spawn_tasks(shutdown);
+            // The disk stalls; the uplink comes back and the feeder starts reading backlog.
+            fs.set_closed(true);
+            spool.link_changed(true);
+            let stalled = tokio::time::timeout(Duration::from_secs(30), async {
+                while fs.blocked_reads.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await;
+            assert!(stalled.is_ok(), "the feeder reads the backlog");
+            // A device on this shard publishes meanwhile: its PUBACK comes after the commit.
+            let dev = DeviceAcks::new();
+            let token = AckToken::new(&dev, 9);
+            assert_eq!(
+                spool.append(&body(50), QoS::AtLeastOnce, Some(token)).await,
+                Appended::Stored
+            );
+            let acked = tokio::time::timeout(Duration::from_secs(30), async {
+                while dev.drain().is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await;
+            assert!(acked.is_ok(), "the device is acknowledged");
+            assert!(
+                fs.is_closed(),
+                "the device's PUBACK waited until the stalled spool read finished: the read blocked the shard thread"
+            );
+            // The disk recovers: the backlog, then the live record, all in order.
+            fs.set_closed(false);
+            let mut got: Vec<(String, bool)> = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while got.len() < 51 && Instant::now() < deadline {
+                for (p, backlog, t) in drain_queue(&q) {
+                    got.push((p, backlog));
+                    t.complete();
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let backlog: Vec<String> = got.iter().filter(|g| g.1).map(|g| g.0.clone()).collect();
+            let live: Vec<String> = got.iter().filter(|g| !g.1).map(|g| g.0.clone()).collect();
+            assert_eq!(
+                backlog,
+                (0..50).map(|i| i.to_string()).collect::<Vec<_>>(),
+                "the backlog, in order"
+            );
+            assert_eq!(live, vec!["50".to_string()], "the live record");
+            stop.send_replace(true);
+            for t in tasks {
+                t.await.expect("spool task");
+            }
+        });
+        drop(finished);
+        watchdog.join().expect("watchdog");
     }
 }
