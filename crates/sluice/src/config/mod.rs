@@ -257,6 +257,13 @@ pub struct MqttConfig {
     pub client_id_prefixes: Vec<String>,
     /// Accept devices that present no username.
     pub allow_anonymous: bool,
+
+    // --- Input bounds (the "bounds" part: shard/limits.rs) ---
+    /// Most levels in a topic name or filter a device may use (will topics included).
+    pub max_topic_levels: usize,
+    /// Longest topic name or filter a device may use.
+    pub max_topic_length: ByteSize,
+    // --- end of input bounds ---
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserConfig>,
 }
@@ -278,6 +285,9 @@ impl Default for MqttConfig {
             allow_empty_client_id: true,
             client_id_prefixes: Vec::new(),
             allow_anonymous: true,
+            // Input bounds.
+            max_topic_levels: 32,
+            max_topic_length: ByteSize::kib(1),
             users: Vec::new(),
         }
     }

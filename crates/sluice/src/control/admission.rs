@@ -11,6 +11,7 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{reason, Connect, ProtocolVersion};
 
 use crate::config::MqttConfig;
+use crate::shard::limits::TopicLimits;
 
 /// Why a device was refused; carries the CONNACK code for its protocol version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -23,6 +24,9 @@ pub enum Refusal {
     NotAuthorized,
     #[error("enhanced authentication (MQTT 5 AUTH) is not supported")]
     BadAuthMethod,
+    /// Input bounds: the will topic is beyond `mqtt.max_topic_levels`/`max_topic_length`.
+    #[error("will topic beyond mqtt.max_topic_levels or mqtt.max_topic_length")]
+    WillTopicRefused,
 }
 
 impl Refusal {
@@ -38,6 +42,8 @@ impl Refusal {
             (Refusal::NotAuthorized, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
             (Refusal::BadAuthMethod, ProtocolVersion::V5) => 0x8C,
             (Refusal::BadAuthMethod, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
+            (Refusal::WillTopicRefused, ProtocolVersion::V5) => reason::TOPIC_NAME_INVALID,
+            (Refusal::WillTopicRefused, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
         }
     }
 }
@@ -48,6 +54,8 @@ pub struct Admission {
     prefixes: Vec<String>,
     allow_anonymous: bool,
     users: Arc<HashMap<String, String>>,
+    /// Input bounds: a will topic must be within them.
+    topic_limits: TopicLimits,
 }
 
 impl Admission {
@@ -63,6 +71,7 @@ impl Admission {
                     .map(|u| (u.username.clone(), u.password_hash.clone()))
                     .collect(),
             ),
+            topic_limits: TopicLimits::new(cfg),
         }
     }
 
@@ -71,6 +80,9 @@ impl Admission {
     pub async fn admit(&self, connect: &mut Connect) -> Result<bool, Refusal> {
         if connect.properties.authentication_method.is_some() {
             return Err(Refusal::BadAuthMethod);
+        }
+        if let Some(will) = &connect.will {
+            (self.topic_limits.check(&will.topic)).map_err(|_| Refusal::WillTopicRefused)?;
         }
         let mut assigned = false;
         if connect.client_id.is_empty() {

@@ -486,6 +486,13 @@ impl Connection {
                 Some(reason::TOPIC_NAME_INVALID),
             ));
         }
+        if let Err(error) = super::limits::TopicLimits::new(&self.ctx.config.mqtt).check(&p.topic) {
+            tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error, "device published to a topic beyond the gateway's limits; closing");
+            return Err(Close(
+                CloseReason::TopicLimit,
+                Some(reason::TOPIC_NAME_INVALID),
+            ));
+        }
         self.ctx.metrics.messages_received.inc();
         // Own the bytes: a zero-copy slice would pin its whole read buffer for as long as the
         // message waits for the cloud, making real memory several times what the uplink's
@@ -600,7 +607,9 @@ impl Connection {
                     ProtocolVersion::V5 => reason::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
                 });
-            } else if !topic::valid_topic_filter(&f.filter) {
+            } else if !topic::valid_topic_filter(&f.filter)
+                || !super::limits::filter_allowed(&self.ctx, &self.client_id, &f.filter)
+            {
                 codes.push(match self.version {
                     ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,

@@ -14,6 +14,7 @@
 pub mod ack;
 mod connection;
 pub mod hash;
+pub mod limits;
 pub mod metrics;
 mod route;
 pub mod session;

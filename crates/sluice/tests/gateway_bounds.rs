@@ -1,0 +1,282 @@
+//! Input bounds against the real `sluice` binary: what one device sends must never take the
+//! gateway down or let memory grow without bound.
+//!
+//! The gateway runs as a child process, so a crash (a stack overflow aborts the whole
+//! process) shows as the process having exited, with its stderr in the failure message,
+//! instead of killing the test runner. Each test asserts the process is still alive and still
+//! serving other devices after the attack.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ids_on_shards, metric_sum};
+use sluice_proto::mqtt::{Packet, ProtocolVersion, QoS, Will};
+use sluice_testkit::{ConnectOpts, TestClient};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A filter/topic of 32,000 levels (`a/a/…/a`, 63,999 bytes): within MQTT's 65,535-byte
+/// string and the 1 MiB packet limit.
+fn deep_topic(levels: usize) -> String {
+    vec!["a"; levels].join("/")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_32000_level_subscribe_and_publish_close_only_that_device_and_the_gateway_keeps_serving()
+{
+    let gw = GatewayProcess::start("");
+    let deep = deep_topic(32_000);
+
+    // MQTT 3.1.1: the deep filter is refused in the SUBACK (0x80); publishing to the deep
+    // topic closes the connection. Before the fix the SUBSCRIBE was taken and the PUBLISH's
+    // match recursed once per level: "thread 'sluice-shard-N' has overflowed its stack".
+    let mut v3 = connect(gw.mqtt, ConnectOpts::v311("deep-311")).await;
+    let codes_311 = v3.subscribe(&[(deep.as_str(), QoS::AtMostOnce)]).await;
+    let _ = v3
+        .publish_no_wait(deep.as_str(), "x", QoS::AtMostOnce, false)
+        .await;
+    let v3_closed = v3.expect_closed(Duration::from_secs(10)).await;
+    gw.assert_alive("after a 32,000-level SUBSCRIBE and PUBLISH (MQTT 3.1.1)");
+    assert_eq!(codes_311.expect("SUBACK"), vec![0x80], "3.1.1 SUBACK");
+    assert!(
+        v3_closed,
+        "the 3.1.1 device publishing to a 32,000-level topic is closed"
+    );
+
+    // MQTT 5: SUBACK 0x8F Topic Filter invalid; PUBLISH → DISCONNECT 0x90 Topic Name invalid.
+    let mut v5 = connect(gw.mqtt, ConnectOpts::v5("deep-5")).await;
+    let codes_5 = v5
+        .subscribe(&[
+            (deep.as_str(), QoS::AtLeastOnce),
+            ("fine/#", QoS::AtLeastOnce),
+        ])
+        .await
+        .expect("SUBACK");
+    assert_eq!(
+        codes_5,
+        vec![0x8F, 0x01],
+        "MQTT 5 SUBACK: only the deep filter refused"
+    );
+    let _ = v5
+        .publish_no_wait(deep.as_str(), "x", QoS::AtLeastOnce, false)
+        .await;
+    match v5.recv_packet(Duration::from_secs(10)).await {
+        Ok(Some(Packet::Disconnect(d))) => assert_eq!(d.reason, 0x90),
+        other => panic!("expected DISCONNECT 0x90, got {other:?}"),
+    }
+    gw.assert_alive("after a 32,000-level SUBSCRIBE and PUBLISH (MQTT 5)");
+
+    // A will topic beyond the limits is refused at CONNECT: 0x90 (MQTT 5), 0x05 (3.1.1).
+    for (version, code) in [(ProtocolVersion::V5, 0x90), (ProtocolVersion::V311, 0x05)] {
+        let mut opts = ConnectOpts::new(version, format!("deep-will-{version:?}"));
+        opts.will = Some(Will {
+            topic: deep.as_str().into(),
+            payload: "gone".into(),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: Default::default(),
+        });
+        let (_c, ack) = TestClient::connect(gw.mqtt, opts)
+            .await
+            .expect("CONNACK for a deep will topic");
+        assert_eq!(ack.code, code, "{version:?} CONNACK for a deep will topic");
+    }
+
+    // Other devices, one on each shard, still publish and subscribe across shards.
+    let ids = ids_on_shards("healthy", 2, 1);
+    let mut sub = connect(gw.mqtt, ConnectOpts::v5(ids[0][0].clone())).await;
+    assert_eq!(
+        sub.subscribe(&[("ok/#", QoS::AtLeastOnce)]).await.unwrap(),
+        vec![1]
+    );
+    let mut publ = connect(gw.mqtt, ConnectOpts::v311(ids[1][0].clone())).await;
+    publ.publish("ok/1", "still here", QoS::AtLeastOnce, false)
+        .await
+        .expect("PUBACK for a healthy device");
+    let p = sub
+        .recv(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("delivered across shards");
+    assert_eq!(&p.payload[..], b"still here");
+    gw.assert_alive("at the end");
+
+    let metrics = http_get(gw.admin, "/metrics").await;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "sluice_mqtt_subscriptions_refused_total{shard=\"0\",reason=\"topic_limit\"}"
+        ) + metric_sum(
+            &metrics,
+            "sluice_mqtt_subscriptions_refused_total{shard=\"1\",reason=\"topic_limit\"}"
+        ),
+        2.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "sluice_mqtt_connections_closed_total{shard=\"0\",reason=\"topic_limit\"}"
+        ) + metric_sum(
+            &metrics,
+            "sluice_mqtt_connections_closed_total{shard=\"1\",reason=\"topic_limit\"}"
+        ),
+        2.0,
+        "{metrics}"
+    );
+}
+
+/// With the limits raised to MQTT's own maximum, a 32,000-level subscription is stored in a
+/// shard's trie and in the control plane's snapshot, matched from another shard, and removed
+/// again — the tries never recurse per level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_limits_raised_to_the_protocol_maximum_deep_topics_are_routed_without_a_crash() {
+    let gw = GatewayProcess::start("max_topic_levels = 65535\nmax_topic_length = \"65535B\"\n");
+    let deep = deep_topic(32_000);
+    let ids = ids_on_shards("deep", 2, 1);
+    let mut sub = connect(gw.mqtt, ConnectOpts::v5(ids[0][0].clone())).await;
+    let plus = format!("{}/+", deep_topic(31_999));
+    assert_eq!(
+        sub.subscribe(&[
+            (deep.as_str(), QoS::AtLeastOnce),
+            (plus.as_str(), QoS::AtLeastOnce)
+        ])
+        .await
+        .expect("SUBACK"),
+        vec![1, 1]
+    );
+    let mut publ = connect(gw.mqtt, ConnectOpts::v5(ids[1][0].clone())).await;
+    publ.publish(deep.as_str(), "deep", QoS::AtLeastOnce, false)
+        .await
+        .expect("PUBACK for the deep publish");
+    let p = sub
+        .recv(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the deep message crossed shards");
+    assert_eq!(&p.payload[..], b"deep");
+    assert_eq!(
+        sub.unsubscribe(&[deep.as_str(), plus.as_str()])
+            .await
+            .unwrap(),
+        vec![0, 0]
+    );
+    // Ending the session drops whatever is left of its subscriptions.
+    sub.disconnect().await.unwrap();
+    publ.publish(deep.as_str(), "again", QoS::AtLeastOnce, false)
+        .await
+        .expect("PUBACK after the subscriber left");
+    gw.assert_alive("after deep subscribe, publish, unsubscribe");
+}
+
+async fn connect(addr: SocketAddr, opts: ConnectOpts) -> TestClient {
+    let id = opts.client_id.clone();
+    let (c, ack) = TestClient::connect(addr, opts)
+        .await
+        .unwrap_or_else(|e| panic!("connect {id}: {e:#}"));
+    assert_eq!(ack.code, 0, "{id} refused: {ack:?}");
+    c
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("admin connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// The `sluice` binary as a child process on free loopback ports; killed when dropped.
+struct GatewayProcess {
+    mqtt: SocketAddr,
+    admin: SocketAddr,
+    stderr_path: PathBuf,
+    child: std::sync::Mutex<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl GatewayProcess {
+    /// Start with two shards, the given extra `[mqtt]` lines, and wait until it accepts.
+    fn start(mqtt_extra: &str) -> GatewayProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mqtt_port = sluice_testkit::free_port().expect("free port");
+        let admin_port = sluice_testkit::free_port().expect("free port");
+        let config = dir.path().join("sluice.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[gateway]\nshards = 2\npin_threads = false\n\n\
+                 [mqtt]\nlisten = \"127.0.0.1:{mqtt_port}\"\n{mqtt_extra}\n\
+                 [admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\n\
+                 [log]\nlevel = \"info\"\n"
+            ),
+        )
+        .expect("write config");
+        let stderr_path = dir.path().join("sluice.stderr");
+        let child = spawn(&config, &stderr_path);
+        let gw = GatewayProcess {
+            mqtt: SocketAddr::from(([127, 0, 0, 1], mqtt_port)),
+            admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
+            stderr_path,
+            child: std::sync::Mutex::new(child),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(gw.mqtt).is_err() {
+            gw.assert_alive("while starting");
+            assert!(Instant::now() < deadline, "sluice did not start listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        gw
+    }
+
+    /// Panic with the exit status and stderr if the process is gone.
+    fn assert_alive(&self, when: &str) {
+        let mut child = self.child.lock().unwrap();
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "sluice exited ({status}) {when}; stderr:\n{}",
+                tail(&self.stderr_path)
+            );
+        }
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        if let Ok(mut child) = self.child.lock() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn(config: &Path, stderr_path: &Path) -> Child {
+    let stderr = std::fs::File::create(stderr_path).expect("stderr file");
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg("-c")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn sluice")
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..]
+        .iter()
+        .map(|l| l.get(..300).unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
