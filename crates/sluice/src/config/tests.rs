@@ -34,6 +34,8 @@ fn everything_set() -> Config {
             pin_threads: false,
             mailbox_capacity: 17,
             max_buffered: ByteSize(1_000_000_000),
+            // Input bounds.
+            max_outbox_memory: ByteSize(2_000_000_000),
         },
         ..Config::default()
     };
@@ -54,6 +56,10 @@ fn everything_set() -> Config {
     // Input bounds.
     c.mqtt.max_topic_levels = 8;
     c.mqtt.max_topic_length = ByteSize(300);
+    c.mqtt.max_sessions = 6;
+    c.mqtt.max_queued_bytes = ByteSize(3000);
+    c.mqtt.max_retained_bytes = ByteSize(5000);
+    c.mqtt.max_subscriptions_per_session = 4;
     c.mqtt.users = vec![UserConfig {
         username: "dev1".into(),
         password_hash: HASH.into(),
@@ -680,6 +686,27 @@ fn topic_limits_are_in_range_and_the_configs_own_filters_obey_them() {
         "{limits}[priority]\ntopics = {{ \"a/b/c/d\" = 1 }}\n"
     ));
     assert!(e.starts_with("priority.topics.\"a/b/c/d\": "), "{e}");
+    for (text, prefix) in [
+        (
+            "[mqtt]\nmax_connections = 10\nmax_sessions = 9",
+            "mqtt.max_sessions: 9 is less than mqtt.max_connections (10)",
+        ),
+        (
+            "[mqtt]\nmax_queued_bytes = \"0B\"",
+            "mqtt.max_queued_bytes: ",
+        ),
+        (
+            "[gateway]\nmax_outbox_memory = \"1MiB\"",
+            "gateway.max_outbox_memory: ",
+        ),
+        (
+            "[mqtt]\nmax_subscriptions_per_session = 0",
+            "mqtt.max_subscriptions_per_session: ",
+        ),
+    ] {
+        let e = err(text);
+        assert!(e.starts_with(prefix), "{text:?} gave {e}");
+    }
     assert!(parse_unchecked_files(&format!(
         "{limits}{}",
         plaintext_uplink("forward = [\"a/b/#\"]")

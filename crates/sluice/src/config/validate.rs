@@ -161,7 +161,8 @@ fn check_mqtt(config: &Config) -> Result<(), ConfigError> {
 }
 
 /// Input bounds (the "bounds" part): `mqtt.max_topic_levels` and `mqtt.max_topic_length`
-/// in range, and every topic filter of the config (priority topics, each uplink's `forward`
+/// in range, sessions ≥ connections, queue and subscription bounds usable, and every topic
+/// filter of the config (priority topics, each uplink's `forward`
 /// and `receive`) within them — a filter the devices' own topics could not reach is a mistake.
 fn check_topic_limits(config: &Config) -> Result<(), ConfigError> {
     let m = &config.mqtt;
@@ -173,6 +174,30 @@ fn check_topic_limits(config: &Config) -> Result<(), ConfigError> {
             "mqtt.max_topic_length",
             "must be from 1B to 65535B (MQTT's limit)",
         );
+    }
+    if m.max_sessions < m.max_connections {
+        return invalid(
+            "mqtt.max_sessions",
+            &format!(
+                "{} is less than mqtt.max_connections ({}); every connected device needs a session",
+                m.max_sessions, m.max_connections
+            ),
+        );
+    }
+    if m.max_queued_bytes.as_u64() == 0 {
+        return invalid("mqtt.max_queued_bytes", "must be more than 0B");
+    }
+    if config.gateway.max_outbox_memory < m.max_queued_bytes {
+        return invalid(
+            "gateway.max_outbox_memory",
+            &format!(
+                "{} is smaller than mqtt.max_queued_bytes ({})",
+                config.gateway.max_outbox_memory, m.max_queued_bytes
+            ),
+        );
+    }
+    if m.max_subscriptions_per_session == 0 {
+        return invalid("mqtt.max_subscriptions_per_session", "must be at least 1");
     }
     let limits = crate::shard::limits::TopicLimits::new(m);
     let priority = config

@@ -54,6 +54,12 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
         }
     };
     let _ = stream.set_nodelay(true);
+    // Input bounds: room in the session table (mqtt.max_sessions), or a refusing CONNACK.
+    if let Err(code) =
+        super::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol).await
+    {
+        return super::limits::refuse_connect(stream, connect.protocol, code).await;
+    }
     ctx.metrics.connections.add(1);
     let client_id = connect.client_id.clone();
     let (rd, wr) = stream.into_split();
@@ -225,7 +231,12 @@ impl Connection {
     }
 
     fn new_session(ctx: &ShardContext, client_id: &ByteString) -> Rc<Session> {
-        let s = Session::new(client_id.clone(), ctx.config.mqtt.max_queued_messages);
+        let s = Session::with_budget(
+            client_id.clone(),
+            ctx.config.mqtt.max_queued_messages,
+            ctx.bounds.outbox.clone(),
+        );
+        ctx.bounds.session_added();
         ctx.sessions
             .borrow_mut()
             .insert(client_id.clone(), s.clone());
@@ -379,7 +390,7 @@ impl Connection {
                 let mut st = self.session.state.borrow_mut();
                 if matches!(st.inflight.get(&r.packet_id), Some((m, OutStage::AwaitingAck)) if m.qos == QoS::AtLeastOnce)
                 {
-                    st.inflight.remove(&r.packet_id);
+                    st.remove_inflight(r.packet_id);
                 }
                 Ok(())
             }
@@ -389,7 +400,7 @@ impl Connection {
                     match st.inflight.get_mut(&r.packet_id) {
                         Some((m, stage)) if m.qos == QoS::ExactlyOnce => {
                             if r.reason >= 0x80 {
-                                st.inflight.remove(&r.packet_id);
+                                st.remove_inflight(r.packet_id);
                                 false
                             } else {
                                 *stage = OutStage::AwaitingComp;
@@ -405,11 +416,7 @@ impl Connection {
                 Ok(())
             }
             Packet::PubComp(r) => {
-                self.session
-                    .state
-                    .borrow_mut()
-                    .inflight
-                    .remove(&r.packet_id);
+                self.session.state.borrow_mut().remove_inflight(r.packet_id);
                 Ok(())
             }
             Packet::PubRel(r) => {
@@ -614,6 +621,13 @@ impl Connection {
                     ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
                 });
+            } else if !super::limits::subscription_allowed(
+                &self.ctx,
+                &self.session,
+                &f.filter,
+                accepted.iter().map(|a: &(ByteString, _, _)| &*a.0),
+            ) {
+                codes.push(super::limits::quota_exceeded_code(self.version));
             } else {
                 codes.push(f.options.qos as u8);
                 accepted.push((f.filter.clone(), f.options, true));
@@ -688,7 +702,7 @@ impl Connection {
                 if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
                     break;
                 }
-                let Some(msg) = st.outbox.pop_front() else {
+                let Some(msg) = st.pop_outbox() else {
                     break;
                 };
                 let id = if msg.qos == QoS::AtMostOnce {
@@ -712,7 +726,7 @@ impl Connection {
             {
                 self.wbuf.truncate(before);
                 if let Some(id) = id {
-                    self.session.state.borrow_mut().inflight.remove(&id);
+                    self.session.state.borrow_mut().remove_inflight(id);
                 }
                 self.ctx.metrics.count_drop(DropReason::TooLargeForDevice);
                 continue;
@@ -782,6 +796,7 @@ impl Connection {
         let expiry = {
             let mut st = self.session.state.borrow_mut();
             st.connected = false;
+            st.offline_since = Some(Instant::now());
             st.expiry
         };
         if expiry.is_zero() || reason == CloseReason::Shutdown {

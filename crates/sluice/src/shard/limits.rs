@@ -1,22 +1,54 @@
-//! Bounds on what one device can make the gateway hold or walk: topic depth and length.
+//! Bounds on what devices can make a shard hold or walk: topic depth and length, the session
+//! table, the bytes queued for devices (outboxes and inflight), and subscriptions per session.
 //!
 //! Owns: the policy checks that sit on top of the protocol's own validity rules
-//! (`sluice_proto::mqtt::topic`), and their wording in logs and errors. Does not own: acting
-//! on a refusal (the connection closes, the SUBACK carries a failure code, admission refuses
-//! the CONNECT) — the callers do that.
+//! (`sluice_proto::mqtt::topic`) and the session/queue bookkeeping, their metrics
+//! (`sluice_mqtt_*`, rendered with the shard's) and the wording of their logs. Does not own:
+//! acting on a refusal (the connection closes, the SUBACK carries a failure code, admission
+//! refuses the CONNECT, the caller counts a dropped message) — the callers do that; nor the
+//! retained store's bound (`control/`).
 //!
-//! Invariants: every topic name a device publishes to (including a will topic) and every
-//! filter it subscribes to has at most `mqtt.max_topic_levels` levels and
-//! `mqtt.max_topic_length` bytes before anything stores or matches it; the config's own
-//! filters obey the same limits (`config::validate`). Checks are linear in the topic's length
-//! and never allocate.
+//! Invariants:
+//! - Every topic name a device publishes to (including a will topic) and every filter it
+//!   subscribes to has at most `mqtt.max_topic_levels` levels and `mqtt.max_topic_length`
+//!   bytes before anything stores or matches it; the config's own filters obey the same
+//!   limits (`config::validate`). Topic checks are linear in the topic's length.
+//! - Sessions (connected and offline persistent ones), whole gateway: a new session is created
+//!   only while fewer than `mqtt.max_sessions` exist, after evicting this shard's offline
+//!   session idle longest if need be; otherwise the CONNECT is refused (CONNACK 0x97 Quota
+//!   exceeded / 3.1.1 0x03 Server unavailable). The count is checked and then taken without an
+//!   await in between on a shard, so shards racing each other can exceed it by at most
+//!   `shards - 1` sessions.
+//! - Bytes queued for devices: every message in a session's outbox or inflight window is
+//!   charged [`message_cost`] to its session (at most `mqtt.max_queued_bytes`, or one message
+//!   if a single one is larger) and to its shard (at most `gateway.max_outbox_memory / shards`),
+//!   from enqueue until it leaves the session (QoS 0: written; QoS 1/2: acknowledged or
+//!   dropped). A message that does not fit is not queued (the caller counts the drop).
+//!   Whatever a session still holds is released when the session is dropped.
+//! - Subscriptions per session: at most `mqtt.max_subscriptions_per_session`; a SUBSCRIBE
+//!   beyond it gets 0x97 Quota exceeded (3.1.1: 0x80) for the new filters.
 
-use sluice_proto::mqtt::topic;
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sluice_proto::mqtt::{reason, topic, ProtocolVersion};
 
 use super::metrics::ShardMetrics;
+use super::session::OutMessage;
 use super::ShardContext;
-use crate::config::MqttConfig;
-use crate::telemetry::metrics::PromWriter;
+use crate::config::{Config, MqttConfig};
+use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
+
+/// Bytes charged for a queued message besides its topic and payload (the message struct,
+/// its queue slot, properties), as `gateway.max_buffered` charges 256 B per message.
+pub const MESSAGE_OVERHEAD: usize = 256;
+
+/// What a message queued for a device is charged: topic + payload + [`MESSAGE_OVERHEAD`].
+pub fn message_cost(msg: &OutMessage) -> usize {
+    msg.topic.len() + msg.payload.len() + MESSAGE_OVERHEAD
+}
 
 /// `mqtt.max_topic_levels` and `mqtt.max_topic_length`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,10 +99,78 @@ impl TopicLimits {
 pub enum SubscribeRefusal {
     /// The filter is beyond `mqtt.max_topic_levels` or `mqtt.max_topic_length`.
     TopicLimit = 0,
+    /// The session holds `mqtt.max_subscriptions_per_session` already.
+    Quota = 1,
 }
 
-pub const SUBSCRIBE_REFUSALS: [(SubscribeRefusal, &str); 1] =
-    [(SubscribeRefusal::TopicLimit, "topic_limit")];
+pub const SUBSCRIBE_REFUSALS: [(SubscribeRefusal, &str); 2] = [
+    (SubscribeRefusal::TopicLimit, "topic_limit"),
+    (SubscribeRefusal::Quota, "quota"),
+];
+
+/// Which bound refused a message for a device's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueLimit {
+    /// The session's `mqtt.max_queued_bytes`.
+    SessionBytes = 0,
+    /// The shard's share of `gateway.max_outbox_memory`.
+    ShardBudget = 1,
+}
+
+pub const QUEUE_LIMITS: [(QueueLimit, &str); 2] = [
+    (QueueLimit::SessionBytes, "session_bytes"),
+    (QueueLimit::ShardBudget, "shard_budget"),
+];
+
+/// The shard's bound-keeping metrics, rendered with [`ShardMetrics`].
+#[derive(Debug, Default)]
+pub struct BoundsMetrics {
+    pub subscriptions_refused: [Counter; SUBSCRIBE_REFUSALS.len()],
+    /// Bytes charged to this shard's outboxes and inflight windows.
+    pub queued_bytes: Gauge,
+    pub queue_refused: [Counter; QUEUE_LIMITS.len()],
+    pub sessions_evicted: Counter,
+    pub sessions_refused: Counter,
+}
+
+/// `sluice_mqtt_*` bound metrics of one shard.
+pub fn render(metrics: &ShardMetrics, w: &mut PromWriter, shard: &str) {
+    let m = &metrics.bounds;
+    for (reason, name) in SUBSCRIBE_REFUSALS {
+        w.counter(
+            "sluice_mqtt_subscriptions_refused_total",
+            "Subscriptions refused with a SUBACK failure, by reason",
+            &[("shard", shard), ("reason", name)],
+            m.subscriptions_refused[reason as usize].get(),
+        );
+    }
+    w.gauge(
+        "sluice_mqtt_queued_bytes",
+        "Bytes of messages queued for devices (outboxes and inflight windows), charged topic + payload + 256 B each",
+        &[("shard", shard)],
+        m.queued_bytes.get(),
+    );
+    for (limit, name) in QUEUE_LIMITS {
+        w.counter(
+            "sluice_mqtt_queue_refused_total",
+            "Messages for a device not queued because a byte bound was reached (also counted in sluice_mqtt_dropped_total{reason=\"session_queue_full\"}), by bound",
+            &[("shard", shard), ("limit", name)],
+            m.queue_refused[limit as usize].get(),
+        );
+    }
+    w.counter(
+        "sluice_mqtt_sessions_evicted_total",
+        "Offline sessions ended early to make room for a new one at mqtt.max_sessions",
+        &[("shard", shard)],
+        m.sessions_evicted.get(),
+    );
+    w.counter(
+        "sluice_mqtt_sessions_refused_total",
+        "Connections refused at mqtt.max_sessions with no offline session to evict (CONNACK 0x97 / 0x03)",
+        &[("shard", shard)],
+        m.sessions_refused.get(),
+    );
+}
 
 /// Whether a device may subscribe to `filter` (already a valid filter) under the topic
 /// limits. A refusal is logged with the device and counted; the caller answers it in the
@@ -80,22 +180,240 @@ pub fn filter_allowed(ctx: &ShardContext, client_id: &str, filter: &str) -> bool
         Ok(()) => true,
         Err(error) => {
             tracing::info!(client_id, %error, "device subscribed to a filter beyond the gateway's limits; refused in the SUBACK");
-            ctx.metrics.subscriptions_refused[SubscribeRefusal::TopicLimit as usize].inc();
+            ctx.metrics.bounds.subscriptions_refused[SubscribeRefusal::TopicLimit as usize].inc();
             false
         }
     }
 }
 
-/// `sluice_mqtt_subscriptions_refused_total{shard, reason}`.
-pub fn render_refusals(metrics: &ShardMetrics, w: &mut PromWriter, shard: &str) {
-    for (reason, name) in SUBSCRIBE_REFUSALS {
-        w.counter(
-            "sluice_mqtt_subscriptions_refused_total",
-            "Subscriptions refused with a SUBACK failure, by reason",
-            &[("shard", shard), ("reason", name)],
-            metrics.subscriptions_refused[reason as usize].get(),
-        );
+/// Whether a session may hold `filter` as well as what it holds and the filters accepted so
+/// far in this SUBSCRIBE (`accepted_new`: how many of those are new to the session). A filter
+/// the session already has (or just accepted) replaces its options and is always allowed.
+/// A refusal is logged and counted; the caller answers 0x97 Quota exceeded (3.1.1: 0x80).
+pub fn subscription_allowed<'a>(
+    ctx: &ShardContext,
+    session: &super::session::Session,
+    filter: &str,
+    accepted: impl Iterator<Item = &'a str> + Clone,
+) -> bool {
+    let st = session.state.borrow();
+    if st.subscriptions.contains_key(filter) || accepted.clone().any(|f| f == filter) {
+        return true;
     }
+    let new = accepted
+        .filter(|f| !st.subscriptions.contains_key(*f))
+        .count();
+    let max = ctx.config.mqtt.max_subscriptions_per_session;
+    if st.subscriptions.len() + new < max {
+        return true;
+    }
+    tracing::info!(client_id = %session.client_id, max, "device reached mqtt.max_subscriptions_per_session; subscription refused in the SUBACK");
+    ctx.metrics.bounds.subscriptions_refused[SubscribeRefusal::Quota as usize].inc();
+    false
+}
+
+/// The SUBACK failure code for a subscription over the quota.
+pub fn quota_exceeded_code(version: ProtocolVersion) -> u8 {
+    match version {
+        ProtocolVersion::V5 => reason::QUOTA_EXCEEDED,
+        ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
+    }
+}
+
+/// One shard's share of the queued-bytes bound, shared by its sessions.
+#[derive(Debug)]
+pub struct OutboxBudget {
+    per_session: usize,
+    shard_max: usize,
+    used: Cell<usize>,
+    metrics: Option<Arc<ShardMetrics>>,
+}
+
+impl OutboxBudget {
+    pub fn new(
+        per_session: usize,
+        shard_max: usize,
+        metrics: Option<Arc<ShardMetrics>>,
+    ) -> Rc<Self> {
+        Rc::new(OutboxBudget {
+            per_session,
+            shard_max,
+            used: Cell::new(0),
+            metrics,
+        })
+    }
+
+    /// No bound (sessions made outside a shard, e.g. in unit tests).
+    pub fn unbounded() -> Rc<Self> {
+        Self::new(usize::MAX, usize::MAX, None)
+    }
+
+    /// This shard's budget from the config.
+    pub fn for_shard(config: &Config, shards: usize, metrics: Arc<ShardMetrics>) -> Rc<Self> {
+        Self::new(
+            config.mqtt.max_queued_bytes.as_usize(),
+            config.gateway.max_outbox_memory.as_usize() / shards.max(1),
+            Some(metrics),
+        )
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.get()
+    }
+
+    fn set_used(&self, used: usize) {
+        self.used.set(used);
+        if let Some(m) = &self.metrics {
+            m.bounds.queued_bytes.set(used as i64);
+        }
+    }
+
+    fn refused(&self, limit: QueueLimit) {
+        if let Some(m) = &self.metrics {
+            m.bounds.queue_refused[limit as usize].inc();
+        }
+    }
+}
+
+/// The bytes one session has charged to its shard's [`OutboxBudget`]; released when dropped.
+#[derive(Debug)]
+pub struct QueuedBytes {
+    used: usize,
+    budget: Rc<OutboxBudget>,
+}
+
+impl QueuedBytes {
+    pub fn new(budget: Rc<OutboxBudget>) -> QueuedBytes {
+        QueuedBytes { used: 0, budget }
+    }
+
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// Charge `msg`, or say which bound it would cross. The session's bound admits one
+    /// message of any size into an empty session; the shard's bound admits nothing past it.
+    pub fn charge(&mut self, msg: &OutMessage) -> Result<(), QueueLimit> {
+        let cost = message_cost(msg);
+        if self.used > 0 && self.used + cost > self.budget.per_session {
+            self.budget.refused(QueueLimit::SessionBytes);
+            return Err(QueueLimit::SessionBytes);
+        }
+        let shard = self.budget.used();
+        if shard + cost > self.budget.shard_max {
+            self.budget.refused(QueueLimit::ShardBudget);
+            return Err(QueueLimit::ShardBudget);
+        }
+        self.used += cost;
+        self.budget.set_used(shard + cost);
+        Ok(())
+    }
+
+    /// `msg` left the session (written at QoS 0, acknowledged, or dropped).
+    pub fn release(&mut self, msg: &OutMessage) {
+        let cost = message_cost(msg).min(self.used);
+        self.used -= cost;
+        self.budget
+            .set_used(self.budget.used().saturating_sub(cost));
+    }
+}
+
+impl Drop for QueuedBytes {
+    fn drop(&mut self) {
+        self.budget
+            .set_used(self.budget.used().saturating_sub(self.used));
+    }
+}
+
+/// What a shard keeps for the bounds: its queued-bytes budget and the gateway-wide count of
+/// sessions.
+pub struct ShardBounds {
+    pub outbox: Rc<OutboxBudget>,
+    /// Sessions on every shard (connected and offline).
+    pub sessions: Arc<AtomicUsize>,
+}
+
+impl ShardBounds {
+    pub fn new(
+        config: &Config,
+        shards: usize,
+        metrics: Arc<ShardMetrics>,
+        sessions: Arc<AtomicUsize>,
+    ) -> ShardBounds {
+        ShardBounds {
+            outbox: OutboxBudget::for_shard(config, shards, metrics),
+            sessions,
+        }
+    }
+
+    /// A session was added to / removed from this shard's table.
+    pub fn session_added(&self) {
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn session_removed(&self) {
+        self.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Make room for the session of a device that is connecting, before its CONNACK. A device
+/// that resumes or replaces its own session needs no room. At `mqtt.max_sessions`, this
+/// shard's offline session idle longest is ended; with none, the device is refused
+/// (`Err(CONNACK code)`), logged and counted.
+pub async fn make_room_for_session(
+    ctx: &Rc<ShardContext>,
+    client_id: &str,
+    version: ProtocolVersion,
+) -> Result<(), u8> {
+    let max = ctx.config.mqtt.max_sessions;
+    if ctx.sessions.borrow().contains_key(client_id)
+        || ctx.bounds.sessions.load(Ordering::Relaxed) < max
+    {
+        return Ok(());
+    }
+    let idlest = ctx
+        .sessions
+        .borrow()
+        .values()
+        .filter_map(|s| {
+            let st = s.state.borrow();
+            (!st.connected).then(|| (st.offline_since, s.clone()))
+        })
+        .min_by_key(|(since, _)| *since)
+        .map(|(_, s)| s);
+    match idlest {
+        Some(session) => {
+            tracing::info!(evicted = %session.client_id, for_device = client_id, max,
+                "mqtt.max_sessions reached; ending the offline session idle longest");
+            ctx.metrics.bounds.sessions_evicted.inc();
+            super::route::end_session(ctx, &session).await;
+            Ok(())
+        }
+        None => {
+            tracing::warn!(client_id, max, "mqtt.max_sessions reached and no offline session on this shard to evict; device refused");
+            ctx.metrics.bounds.sessions_refused.inc();
+            Err(match version {
+                ProtocolVersion::V5 => reason::QUOTA_EXCEEDED,
+                ProtocolVersion::V311 => reason::V3_SERVER_UNAVAILABLE,
+            })
+        }
+    }
+}
+
+/// Refuse a device before its session exists: CONNACK with `code`, then close.
+pub async fn refuse_connect(stream: tokio::net::TcpStream, version: ProtocolVersion, code: u8) {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = stream;
+    let mut out = bytes::BytesMut::new();
+    let ack = sluice_proto::mqtt::Packet::ConnAck(sluice_proto::mqtt::ConnAck {
+        session_present: false,
+        code,
+        properties: Default::default(),
+    });
+    if sluice_proto::mqtt::encode(&ack, version, &mut out).is_ok() {
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+    }
+    let _ = stream.shutdown().await;
 }
 
 #[cfg(test)]

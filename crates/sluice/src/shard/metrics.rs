@@ -74,8 +74,8 @@ pub struct ShardMetrics {
     pub cross_shard_received: Counter,
     pub dropped: [Counter; 6],
     pub closed: [Counter; 10],
-    /// Input bounds: subscriptions refused with a SUBACK failure, by reason.
-    pub subscriptions_refused: [Counter; crate::shard::limits::SUBSCRIBE_REFUSALS.len()],
+    /// Input bounds (`shard::limits`).
+    pub bounds: crate::shard::limits::BoundsMetrics,
 }
 
 impl ShardMetrics {
@@ -156,7 +156,7 @@ impl ShardMetrics {
                 self.dropped[reason as usize].get(),
             );
         }
-        crate::shard::limits::render_refusals(self, w, shard);
+        crate::shard::limits::render(self, w, shard);
         for (reason, name) in CLOSE_REASONS {
             w.counter(
                 "sluice_mqtt_connections_closed_total",

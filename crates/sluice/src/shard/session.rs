@@ -11,12 +11,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
+
+use super::limits::{OutboxBudget, QueuedBytes};
 
 /// A message on its way to a device.
 #[derive(Debug, Clone)]
@@ -46,6 +48,10 @@ pub struct SessionState {
     /// How long the session outlives a disconnect (zero: it ends with the connection).
     pub expiry: Duration,
     pub connected: bool,
+    /// Input bounds: bytes of `outbox` + `inflight` charged to the shard (`shard::limits`).
+    pub queued: QueuedBytes,
+    /// Input bounds: when the device last disconnected (eviction order at `max_sessions`).
+    pub offline_since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -70,6 +76,15 @@ pub enum QueueRefusal {
 
 impl Session {
     pub fn new(client_id: ByteString, max_queued: usize) -> Rc<Session> {
+        Self::with_budget(client_id, max_queued, OutboxBudget::unbounded())
+    }
+
+    /// A session whose queued bytes are charged to `budget` (its shard's).
+    pub fn with_budget(
+        client_id: ByteString,
+        max_queued: usize,
+        budget: Rc<OutboxBudget>,
+    ) -> Rc<Session> {
         Rc::new(Session {
             client_id,
             state: RefCell::new(SessionState {
@@ -79,6 +94,8 @@ impl Session {
                 next_packet_id: 1,
                 expiry: Duration::ZERO,
                 connected: false,
+                queued: QueuedBytes::new(budget),
+                offline_since: None,
             }),
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
@@ -92,7 +109,7 @@ impl Session {
         if !st.connected && msg.qos == QoS::AtMostOnce {
             return Err(QueueRefusal::Offline);
         }
-        if st.outbox.len() >= self.max_queued {
+        if st.outbox.len() >= self.max_queued || st.queued.charge(&msg).is_err() {
             return Err(QueueRefusal::Full);
         }
         st.outbox.push_back(msg);
@@ -112,6 +129,23 @@ impl Session {
 }
 
 impl SessionState {
+    /// Take the next message of the outbox. A QoS 0 message leaves the session here; a QoS
+    /// 1/2 one stays charged (`shard::limits`) until [`SessionState::remove_inflight`].
+    pub fn pop_outbox(&mut self) -> Option<OutMessage> {
+        let msg = self.outbox.pop_front()?;
+        if msg.qos == QoS::AtMostOnce {
+            self.queued.release(&msg);
+        }
+        Some(msg)
+    }
+
+    /// A QoS 1/2 message written to the device leaves the session (acknowledged or dropped).
+    pub fn remove_inflight(&mut self, packet_id: u16) -> Option<(OutMessage, OutStage)> {
+        let removed = self.inflight.remove(&packet_id)?;
+        self.queued.release(&removed.0);
+        Some(removed)
+    }
+
     /// A packet id not currently in flight to the device.
     pub fn allocate_packet_id(&mut self) -> Option<u16> {
         for _ in 0..u16::MAX {
