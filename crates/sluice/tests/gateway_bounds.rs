@@ -1,10 +1,11 @@
 //! Input bounds against the real `sluice` binary: what one device sends must never take the
 //! gateway down or let memory grow without bound.
 //!
-//! The gateway runs as a child process, so a crash (a stack overflow aborts the whole
-//! process) shows as the process having exited, with its stderr in the failure message,
-//! instead of killing the test runner. Each test asserts the process is still alive and still
-//! serving other devices after the attack.
+//! Deep topics: the gateway runs as a child process, so a crash (a stack overflow aborts the
+//! whole process) shows as the process having exited, with its stderr in the failure message,
+//! instead of killing the test runner; each such test asserts the process is still alive and
+//! still serving other devices after the attack. Memory bounds (sessions, queued bytes,
+//! retained bytes, subscriptions): an in-process gateway, observed by its devices and metrics.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ids_on_shards, metric_sum};
+use common::{eventually, gateway_mqtt, ids_on_shards, metric_sum};
 use sluice_proto::mqtt::{Packet, ProtocolVersion, QoS, Will};
 use sluice_testkit::{ConnectOpts, TestClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -170,6 +171,214 @@ async fn with_limits_raised_to_the_protocol_maximum_deep_topics_are_routed_witho
         .await
         .expect("PUBACK after the subscriber left");
     gw.assert_alive("after deep subscribe, publish, unsubscribe");
+}
+
+/// Everything on every shard's line of `name` (metrics are labelled by shard).
+fn metric(gw: &sluice::app::RunningGateway, name: &str) -> f64 {
+    metric_sum(&gw.metrics_text(), name)
+}
+
+/// With the defaults (`max_queued_bytes = "4MiB"`), an offline persistent session keeps 4
+/// messages of 1,000,000 bytes, not `max_queued_messages` (1,000) of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_persistent_sessions_queue_stops_at_max_queued_bytes() {
+    let gw = gateway_mqtt(1, "", "");
+    let mut opts = ConnectOpts::v311("keeper");
+    opts.clean_start = false;
+    let mut keeper = connect(gw.mqtt_addr, opts.clone()).await;
+    assert_eq!(
+        keeper
+            .subscribe(&[("big/#", QoS::AtLeastOnce)])
+            .await
+            .unwrap(),
+        vec![1]
+    );
+    keeper.disconnect().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_connections{"
+        ) == 0.0)
+        .await,
+        "keeper's connection ended"
+    );
+    let mut pusher = connect(gw.mqtt_addr, ConnectOpts::v311("pusher")).await;
+    for i in 0..10u8 {
+        pusher
+            .publish("big/x", vec![i; 1_000_000], QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK");
+    }
+    let queued = metric(&gw, "sluice_mqtt_queued_bytes{");
+    let (mut keeper, ack) = TestClient::connect(gw.mqtt_addr, opts).await.unwrap();
+    assert!(ack.session_present, "the persistent session was kept");
+    let mut got = Vec::new();
+    while let Ok(Some(p)) = keeper.recv(Duration::from_secs(2)).await {
+        assert_eq!(p.payload.len(), 1_000_000);
+        got.push(p.payload[0]);
+    }
+    assert_eq!(
+        got,
+        vec![0, 1, 2, 3],
+        "the first 4 MiB of messages, in order"
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            "sluice_mqtt_queue_refused_total{shard=\"0\",limit=\"session_bytes\"}"
+        ),
+        6.0
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            "sluice_mqtt_dropped_total{shard=\"0\",reason=\"session_queue_full\"}"
+        ),
+        6.0
+    );
+    // Acknowledged messages are released: nothing stays charged.
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_queued_bytes{"
+        ) == 0.0)
+        .await,
+        "queued bytes released after the acks"
+    );
+}
+
+/// `max_sessions = 2` over two shards: a new device evicts its shard's offline session idle
+/// longest; on a shard with no offline session it is refused with CONNACK 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_idle_longest() {
+    let gw = gateway_mqtt(2, "max_connections = 2\nmax_sessions = 2", "");
+    let ids = ids_on_shards("sess", 2, 2);
+    let mut persistent = ConnectOpts::v311(ids[0][0].clone());
+    persistent.clean_start = false;
+    let mut p = connect(gw.mqtt_addr, persistent.clone()).await;
+    p.subscribe(&[("x/#", QoS::AtLeastOnce)]).await.unwrap();
+    p.disconnect().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_connections{"
+        ) == 0.0)
+        .await
+    );
+    // Shard 1: one live session; now two sessions exist (one offline on shard 0).
+    let _n = connect(gw.mqtt_addr, ConnectOpts::v5(ids[1][0].clone())).await;
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
+    // Another device on shard 1: no offline session there to evict → 0x97 Quota exceeded.
+    let (_m, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5(ids[1][1].clone()))
+        .await
+        .expect("CONNACK");
+    assert_eq!(ack.code, 0x97, "refused at max_sessions");
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions_refused_total{"), 1.0);
+    drop(_m);
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_connections{"
+        ) == 1.0)
+        .await
+    );
+    // A device on shard 0 evicts the offline session there.
+    let q = connect(gw.mqtt_addr, ConnectOpts::v311(ids[0][1].clone())).await;
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions_evicted_total{"), 1.0);
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
+    q.disconnect().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_sessions{"
+        ) == 1.0)
+        .await
+    );
+    // The evicted device comes back to a fresh session.
+    let (_p, ack) = TestClient::connect(gw.mqtt_addr, persistent).await.unwrap();
+    assert_eq!(ack.code, 0);
+    assert!(!ack.session_present, "the evicted session is gone");
+    assert!(metric(&gw, "sluice_mqtt_sessions{") <= 2.0);
+}
+
+/// With the defaults (`max_subscriptions_per_session = 100`): the 101st filter gets 0x97
+/// (MQTT 5) / 0x80 (3.1.1); filters the session has already may be subscribed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_beyond_max_subscriptions_per_session_get_a_suback_failure() {
+    let gw = gateway_mqtt(1, "", "");
+    let filters: Vec<String> = (0..101).map(|i| format!("f/{i}")).collect();
+    let all: Vec<(&str, QoS)> = filters
+        .iter()
+        .map(|f| (f.as_str(), QoS::AtLeastOnce))
+        .collect();
+    let mut v5 = connect(gw.mqtt_addr, ConnectOpts::v5("many-5")).await;
+    let codes = v5.subscribe(&all).await.unwrap();
+    assert_eq!(&codes[..100], &[1u8; 100][..]);
+    assert_eq!(codes[100], 0x97);
+    assert_eq!(
+        v5.subscribe(&[("f/0", QoS::AtMostOnce), ("f/100", QoS::AtMostOnce)])
+            .await
+            .unwrap(),
+        vec![0, 0x97],
+        "a held filter may be subscribed again; a new one may not"
+    );
+    let mut v3 = connect(gw.mqtt_addr, ConnectOpts::v311("many-311")).await;
+    assert_eq!(v3.subscribe(&all[..100]).await.unwrap(), vec![1u8; 100]);
+    assert_eq!(v3.subscribe(&all[100..]).await.unwrap(), vec![0x80]);
+    assert_eq!(
+        metric(
+            &gw,
+            "sluice_mqtt_subscriptions_refused_total{shard=\"0\",reason=\"quota\"}"
+        ),
+        3.0
+    );
+    assert_eq!(metric(&gw, "sluice_mqtt_subscriptions{"), 200.0);
+}
+
+/// With the defaults (`max_retained_bytes = "64MiB"`): 70 retained messages of 1,000,000
+/// bytes leave 67 stored and 3 refused, not 70 stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retained_store_stops_at_max_retained_bytes() {
+    let gw = gateway_mqtt(1, "", "");
+    let mut d = connect(gw.mqtt_addr, ConnectOpts::v311("retainer")).await;
+    for i in 0..70u32 {
+        d.publish(
+            &format!("r/{i}"),
+            vec![1u8; 1_000_000],
+            QoS::AtLeastOnce,
+            true,
+        )
+        .await
+        .expect("PUBACK");
+    }
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            metric(&gw, "sluice_control_retained_messages")
+                + metric(&gw, "sluice_control_retained_refused_total")
+                == 70.0
+        })
+        .await,
+        "{}",
+        gw.metrics_text()
+    );
+    assert_eq!(metric(&gw, "sluice_control_retained_messages"), 67.0);
+    assert!(metric(&gw, "sluice_control_retained_bytes") <= 64.0 * 1024.0 * 1024.0);
+    // Deleting one (empty payload) makes room for another.
+    d.publish("r/0", Vec::new(), QoS::AtLeastOnce, true)
+        .await
+        .unwrap();
+    d.publish("r/99", vec![2u8; 1_000_000], QoS::AtLeastOnce, true)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            metric(&gw, "sluice_control_retained_messages") == 67.0
+                && metric(&gw, "sluice_control_retained_refused_total") == 3.0
+        })
+        .await,
+        "{}",
+        gw.metrics_text()
+    );
 }
 
 async fn connect(addr: SocketAddr, opts: ConnectOpts) -> TestClient {

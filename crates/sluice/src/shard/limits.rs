@@ -442,4 +442,62 @@ mod tests {
             Err(TopicLimitExceeded::TooLong { len: 11, max: 10 })
         );
     }
+
+    fn msg(payload: usize, qos: sluice_proto::mqtt::QoS) -> OutMessage {
+        OutMessage {
+            topic: "t".into(),
+            payload: bytes::Bytes::from(vec![0u8; payload]),
+            qos,
+            retain: false,
+            properties: None,
+        }
+    }
+
+    #[test]
+    fn a_session_is_charged_until_its_messages_leave_and_its_bytes_stop_at_its_bound() {
+        use sluice_proto::mqtt::QoS;
+        let budget = OutboxBudget::new(3000, 1_000_000, None);
+        let mut q = QueuedBytes::new(budget.clone());
+        let m = msg(1000, QoS::AtLeastOnce);
+        let cost = message_cost(&m);
+        assert_eq!(cost, 1 + 1000 + MESSAGE_OVERHEAD);
+        assert_eq!(q.charge(&m), Ok(()));
+        assert_eq!(q.charge(&m), Ok(()));
+        assert_eq!(q.charge(&m), Err(QueueLimit::SessionBytes));
+        assert_eq!((q.used(), budget.used()), (2 * cost, 2 * cost));
+        q.release(&m);
+        assert_eq!((q.used(), budget.used()), (cost, cost));
+        // An empty session takes one message of any size.
+        let mut big = QueuedBytes::new(budget.clone());
+        assert_eq!(big.charge(&msg(10_000, QoS::AtMostOnce)), Ok(()));
+        assert_eq!(
+            big.charge(&msg(1, QoS::AtMostOnce)),
+            Err(QueueLimit::SessionBytes)
+        );
+        // Dropping a session releases what it still held.
+        drop(big);
+        drop(q);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn the_shards_budget_bounds_all_its_sessions_together() {
+        use sluice_proto::mqtt::QoS;
+        let m = msg(1000, QoS::ExactlyOnce);
+        let cost = message_cost(&m);
+        let budget = OutboxBudget::new(10 * cost, 3 * cost, None);
+        let mut a = QueuedBytes::new(budget.clone());
+        let mut b = QueuedBytes::new(budget.clone());
+        assert_eq!(a.charge(&m), Ok(()));
+        assert_eq!(b.charge(&m), Ok(()));
+        assert_eq!(a.charge(&m), Ok(()));
+        assert_eq!(b.charge(&m), Err(QueueLimit::ShardBudget));
+        assert_eq!(budget.used(), 3 * cost);
+        a.release(&m);
+        assert_eq!(b.charge(&m), Ok(()));
+        assert_eq!(
+            (a.used(), b.used(), budget.used()),
+            (cost, 2 * cost, 3 * cost)
+        );
+    }
 }
