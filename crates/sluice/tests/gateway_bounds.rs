@@ -275,9 +275,21 @@ async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_id
         ) == 0.0)
         .await
     );
-    // Shard 1: one live session; now two sessions exist (one offline on shard 0).
-    let _n = connect(gw.mqtt_addr, ConnectOpts::v5(ids[1][0].clone())).await;
+    // Shard 1: one live session; now two sessions exist (one offline on shard 0). It queues
+    // a message for the offline session.
+    let mut n = connect(gw.mqtt_addr, ConnectOpts::v5(ids[1][0].clone())).await;
     assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
+    n.publish("x/1", vec![7u8; 10_000], QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_queued_bytes{"
+        ) > 10_000.0)
+        .await,
+        "the offline session holds the message"
+    );
     // Another device on shard 1: no offline session there to evict → 0x97 Quota exceeded.
     let (_m, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5(ids[1][1].clone()))
         .await
@@ -296,6 +308,11 @@ async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_id
     let q = connect(gw.mqtt_addr, ConnectOpts::v311(ids[0][1].clone())).await;
     assert_eq!(metric(&gw, "sluice_mqtt_sessions_evicted_total{"), 1.0);
     assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
+    assert_eq!(
+        metric(&gw, "sluice_mqtt_queued_bytes{"),
+        0.0,
+        "the evicted session's queue is released at once"
+    );
     q.disconnect().await.unwrap();
     assert!(
         eventually(Duration::from_secs(10), || metric(
@@ -389,6 +406,38 @@ async fn the_retained_store_stops_at_max_retained_bytes() {
         "{}",
         gw.metrics_text()
     );
+}
+
+/// A will delayed beyond the session's expiry is published when the session ends (MQTT 5
+/// §3.1.3.2.2), so a delayed will never outlives its session: before, it waited the full
+/// delay (here an hour) in a task of its own, one per connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_delayed_beyond_the_session_expiry_is_published_when_the_session_ends() {
+    let gw = gateway_mqtt(1, "", "");
+    let mut watcher = connect(gw.mqtt_addr, ConnectOpts::v311("watcher")).await;
+    watcher
+        .subscribe(&[("wills/#", QoS::AtMostOnce)])
+        .await
+        .unwrap();
+    let mut opts = ConnectOpts::v5("mortal");
+    opts.properties.session_expiry_interval = Some(1);
+    let mut will_props = sluice_proto::mqtt::Properties::default();
+    will_props.will_delay_interval = Some(3600);
+    opts.will = Some(Will {
+        topic: "wills/mortal".into(),
+        payload: "gone".into(),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: will_props,
+    });
+    let mortal = connect(gw.mqtt_addr, opts).await;
+    drop(mortal); // no DISCONNECT: the will is due
+    let p = watcher
+        .recv(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the will, when the 1 s session ended, not after an hour");
+    assert_eq!(&p.payload[..], b"gone");
 }
 
 async fn connect(addr: SocketAddr, opts: ConnectOpts) -> TestClient {

@@ -14,9 +14,9 @@
 //!
 //! Invariants: the command mailbox is bounded (`mailbox_capacity`); a subscribe is replied
 //! to only after a snapshot containing it is published; the retained store holds at most
-//! `max_retained_messages` topics and `max_retained_bytes` bytes (topic + payload + 256 B
-//! each; a message that does not fit is refused and counted, and an existing topic keeps its
-//! old message).
+//! `max_retained_messages` topics and `max_retained_bytes` bytes (topic + payload + MQTT 5
+//! properties + 256 B each); a message that does not fit is refused and counted, and an
+//! existing topic keeps its old message.
 
 pub mod admission;
 pub mod priority;
@@ -93,7 +93,11 @@ pub struct ControlMetrics {
 
 /// What a retained message is charged against `mqtt.max_retained_bytes`.
 fn retained_cost(m: &RetainedMessage) -> usize {
-    m.topic.len() + m.payload.len() + crate::shard::limits::MESSAGE_OVERHEAD
+    use crate::shard::limits::{properties_cost, MESSAGE_OVERHEAD};
+    m.topic.len()
+        + m.payload.len()
+        + m.properties.as_deref().map_or(0, properties_cost)
+        + MESSAGE_OVERHEAD
 }
 
 impl ControlMetrics {

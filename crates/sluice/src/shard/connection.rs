@@ -157,6 +157,7 @@ impl Connection {
             }
             Some(s) => {
                 s.take_over();
+                s.state.borrow_mut().timers.abort_all(); // input bounds
                 route::end_session(&ctx, &s).await;
                 (Self::new_session(&ctx, &client_id), false)
             }
@@ -800,23 +801,33 @@ impl Connection {
             st.expiry
         };
         if expiry.is_zero() || reason == CloseReason::Shutdown {
+            self.session.state.borrow_mut().timers.abort_all(); // input bounds
             route::end_session(&self.ctx, &self.session).await;
             return;
         }
         let ctx = self.ctx.clone();
         let session = self.session.clone();
         let generation = self.generation;
-        tokio::task::spawn_local(async move {
+        let timer = tokio::task::spawn_local(async move {
             tokio::time::sleep(expiry).await;
             if session.generation.get() == generation && !session.state.borrow().connected {
                 tracing::debug!(client_id = %session.client_id, "persistent session expired");
                 route::end_session(&ctx, &session).await;
             }
         });
+        // Input bounds: one expiry timer per session (an older one could not fire anyway).
+        self.session
+            .state
+            .borrow_mut()
+            .timers
+            .set_expiry(timer.abort_handle());
     }
 
     async fn publish_will(&mut self, will: Will) {
         let delay = Duration::from_secs(will.properties.will_delay_interval.unwrap_or(0) as u64);
+        // Input bounds: published when the session ends at the latest (MQTT 5 §3.1.3.2.2), so
+        // a pending will never outlives its session.
+        let delay = delay.min(self.session.state.borrow().expiry);
         let props = if will.properties.is_empty() {
             None
         } else {
@@ -846,13 +857,19 @@ impl Connection {
         let ctx = self.ctx.clone();
         let session = self.session.clone();
         let generation = self.generation;
-        tokio::task::spawn_local(async move {
+        let timer = tokio::task::spawn_local(async move {
             tokio::time::sleep(delay).await;
             // A device that reconnected within the delay cancels its will (MQTT 5 §3.1.3.2.2).
             if session.generation.get() == generation {
                 route::publish(&ctx, &origin, priority, &p, None, Instant::now()).await;
             }
         });
+        // Input bounds: one pending will per session (an older one could not fire anyway).
+        self.session
+            .state
+            .borrow_mut()
+            .timers
+            .set_will(timer.abort_handle());
     }
 }
 

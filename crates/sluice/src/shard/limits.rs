@@ -20,7 +20,7 @@
 //!   await in between on a shard, so shards racing each other can exceed it by at most
 //!   `shards - 1` sessions.
 //! - Bytes queued for devices: every message in a session's outbox or inflight window is
-//!   charged [`message_cost`] to its session (at most `mqtt.max_queued_bytes`, or one message
+//!   charged [`message_cost`] (topic + payload + properties + 256 B) to its session (at most `mqtt.max_queued_bytes`, or one message
 //!   if a single one is larger) and to its shard (at most `gateway.max_outbox_memory / shards`),
 //!   from enqueue until it leaves the session (QoS 0: written; QoS 1/2: acknowledged or
 //!   dropped). A message that does not fit is not queued (the caller counts the drop).
@@ -33,7 +33,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use sluice_proto::mqtt::{reason, topic, ProtocolVersion};
+use sluice_proto::mqtt::{reason, topic, Properties, ProtocolVersion};
 
 use super::metrics::ShardMetrics;
 use super::session::OutMessage;
@@ -41,13 +41,41 @@ use super::ShardContext;
 use crate::config::{Config, MqttConfig};
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
-/// Bytes charged for a queued message besides its topic and payload (the message struct,
-/// its queue slot, properties), as `gateway.max_buffered` charges 256 B per message.
+/// Bytes charged for a queued message besides its topic, payload and properties: the
+/// message struct in its queue slot (80 B; a queue keeps at most twice the slots it needs, and
+/// an emptied outbox gives its slots back) and the inflight map's entry. The same figure as
+/// `gateway.max_buffered` charges per message.
 pub const MESSAGE_OVERHEAD: usize = 256;
 
-/// What a message queued for a device is charged: topic + payload + [`MESSAGE_OVERHEAD`].
+/// What a message queued for a device is charged: topic + payload + its MQTT 5 properties
+/// ([`properties_cost`]) + [`MESSAGE_OVERHEAD`].
 pub fn message_cost(msg: &OutMessage) -> usize {
-    msg.topic.len() + msg.payload.len() + MESSAGE_OVERHEAD
+    msg.topic.len()
+        + msg.payload.len()
+        + msg.properties.as_deref().map_or(0, properties_cost)
+        + MESSAGE_OVERHEAD
+}
+
+/// The heap a message's properties hold: the struct and every variable-length field (user
+/// properties can be as large as the packet, so they are charged like the payload).
+pub fn properties_cost(p: &Properties) -> usize {
+    let text = |t: &Option<bytestring::ByteString>| t.as_ref().map_or(0, |t| t.len());
+    let bytes = |b: &Option<bytes::Bytes>| b.as_ref().map_or(0, |b| b.len());
+    std::mem::size_of::<Properties>()
+        + text(&p.content_type)
+        + text(&p.response_topic)
+        + bytes(&p.correlation_data)
+        + p.subscription_identifiers.len() * 4
+        + text(&p.assigned_client_identifier)
+        + text(&p.authentication_method)
+        + bytes(&p.authentication_data)
+        + text(&p.response_information)
+        + text(&p.server_reference)
+        + text(&p.reason_string)
+        + p.user_properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2 * std::mem::size_of::<bytestring::ByteString>())
+            .sum::<usize>()
 }
 
 /// `mqtt.max_topic_levels` and `mqtt.max_topic_length`.
@@ -318,10 +346,49 @@ impl QueuedBytes {
     }
 }
 
+impl QueuedBytes {
+    /// Everything the session held left it (the session ended).
+    pub fn release_all(&mut self) {
+        self.budget
+            .set_used(self.budget.used().saturating_sub(self.used));
+        self.used = 0;
+    }
+}
+
 impl Drop for QueuedBytes {
     fn drop(&mut self) {
         self.budget
             .set_used(self.budget.used().saturating_sub(self.used));
+    }
+}
+
+/// A session's pending timer tasks: its expiry after a disconnect and its delayed will. Each
+/// new one aborts the one it replaces (which would find the session taken over and do
+/// nothing), so a device that reconnects in a loop leaves one of each, not one per connection.
+#[derive(Debug, Default)]
+pub struct SessionTimers {
+    expiry: Option<tokio::task::AbortHandle>,
+    will: Option<tokio::task::AbortHandle>,
+}
+
+impl SessionTimers {
+    pub fn set_expiry(&mut self, task: tokio::task::AbortHandle) {
+        if let Some(old) = self.expiry.replace(task) {
+            old.abort();
+        }
+    }
+
+    pub fn set_will(&mut self, task: tokio::task::AbortHandle) {
+        if let Some(old) = self.will.replace(task) {
+            old.abort();
+        }
+    }
+
+    /// End both (the session is being ended by someone else than these tasks).
+    pub fn abort_all(&mut self) {
+        for task in [self.expiry.take(), self.will.take()].into_iter().flatten() {
+            task.abort();
+        }
     }
 }
 
@@ -385,6 +452,7 @@ pub async fn make_room_for_session(
             tracing::info!(evicted = %session.client_id, for_device = client_id, max,
                 "mqtt.max_sessions reached; ending the offline session idle longest");
             ctx.metrics.bounds.sessions_evicted.inc();
+            session.state.borrow_mut().timers.abort_all();
             super::route::end_session(ctx, &session).await;
             Ok(())
         }
@@ -499,5 +567,31 @@ mod tests {
             (a.used(), b.used(), budget.used()),
             (cost, 2 * cost, 3 * cost)
         );
+    }
+
+    #[test]
+    fn a_new_timer_aborts_the_one_it_replaces() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async {
+            let sleeper = || {
+                tokio::task::spawn_local(tokio::time::sleep(std::time::Duration::from_secs(3600)))
+            };
+            let mut timers = SessionTimers::default();
+            let (e1, e2, w1, w2) = (sleeper(), sleeper(), sleeper(), sleeper());
+            timers.set_expiry(e1.abort_handle());
+            timers.set_expiry(e2.abort_handle());
+            timers.set_will(w1.abort_handle());
+            timers.set_will(w2.abort_handle());
+            assert!(e1.await.unwrap_err().is_cancelled(), "older expiry aborted");
+            assert!(w1.await.unwrap_err().is_cancelled(), "older will aborted");
+            assert!(!e2.is_finished() && !w2.is_finished());
+            timers.abort_all();
+            assert!(e2.await.unwrap_err().is_cancelled());
+            assert!(w2.await.unwrap_err().is_cancelled());
+        });
     }
 }

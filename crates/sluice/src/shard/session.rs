@@ -18,7 +18,7 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
 
-use super::limits::{OutboxBudget, QueuedBytes};
+use super::limits::{OutboxBudget, QueuedBytes, SessionTimers};
 
 /// A message on its way to a device.
 #[derive(Debug, Clone)]
@@ -52,6 +52,8 @@ pub struct SessionState {
     pub queued: QueuedBytes,
     /// Input bounds: when the device last disconnected (eviction order at `max_sessions`).
     pub offline_since: Option<Instant>,
+    /// Input bounds: the session's pending expiry and delayed-will tasks, at most one each.
+    pub timers: SessionTimers,
 }
 
 #[derive(Debug)]
@@ -96,6 +98,7 @@ impl Session {
                 connected: false,
                 queued: QueuedBytes::new(budget),
                 offline_since: None,
+                timers: SessionTimers::default(),
             }),
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
@@ -136,7 +139,19 @@ impl SessionState {
         if msg.qos == QoS::AtMostOnce {
             self.queued.release(&msg);
         }
+        if self.outbox.is_empty() && self.outbox.capacity() > 64 {
+            // A burst is over: give its slots back (they are not charged once empty).
+            self.outbox = VecDeque::new();
+        }
         Some(msg)
+    }
+
+    /// The session ended: drop every message still queued or inflight, releasing their bytes
+    /// now rather than when the last reference to the session goes.
+    pub fn drop_queued(&mut self) {
+        self.outbox = VecDeque::new();
+        self.inflight.clear();
+        self.queued.release_all();
     }
 
     /// A QoS 1/2 message written to the device leaves the session (acknowledged or dropped).
