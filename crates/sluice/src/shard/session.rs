@@ -6,7 +6,11 @@
 //! device always hashes to the same shard, the session is found again without a global
 //! lookup. Invariants: the outbox holds at most `max_queued` messages (overflow: the new
 //! message is dropped and counted); `inflight` holds QoS 1/2 messages written to the device
-//! and not yet acknowledged, resent with DUP when the device reconnects.
+//! and not yet acknowledged, resent with DUP when the device reconnects. Input bounds
+//! (`shard::limits`): every message in the outbox or inflight is charged to `queued` (the
+//! session's `max_queued_bytes` and the shard's share of `max_outbox_memory`) until it leaves
+//! through `pop_outbox` (QoS 0), `remove_inflight` (QoS 1/2) or `drop_queued` (session end);
+//! `timers` holds at most one pending expiry and one delayed will.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
