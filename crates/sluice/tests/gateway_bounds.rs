@@ -232,6 +232,10 @@ async fn an_offline_persistent_sessions_queue_stops_at_max_queued_bytes() {
         vec![0, 1, 2, 3],
         "the first 4 MiB of messages, in order"
     );
+    assert!(
+        queued > 3_000_000.0 && queued <= 4.0 * 1024.0 * 1024.0,
+        "queued bytes while offline: {queued}"
+    );
     assert_eq!(
         metric(
             &gw,
@@ -277,7 +281,8 @@ async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_id
     );
     // Shard 1: one live session; now two sessions exist (one offline on shard 0). It queues
     // a message for the offline session.
-    let mut n = connect(gw.mqtt_addr, ConnectOpts::v5(ids[1][0].clone())).await;
+    let (mut n, _) =
+        connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v5(ids[1][0].clone())).await;
     assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
     n.publish("x/1", vec![7u8; 10_000], QoS::AtLeastOnce, false)
         .await
@@ -305,7 +310,9 @@ async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_id
         .await
     );
     // A device on shard 0 evicts the offline session there.
-    let q = connect(gw.mqtt_addr, ConnectOpts::v311(ids[0][1].clone())).await;
+    let (q, ack) =
+        connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v311(ids[0][1].clone())).await;
+    assert_eq!(ack.code, 0);
     assert_eq!(metric(&gw, "sluice_mqtt_sessions_evicted_total{"), 1.0);
     assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
     assert_eq!(
@@ -322,7 +329,7 @@ async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_id
         .await
     );
     // The evicted device comes back to a fresh session.
-    let (_p, ack) = TestClient::connect(gw.mqtt_addr, persistent).await.unwrap();
+    let (_p, ack) = connect_when_a_slot_frees(gw.mqtt_addr, persistent).await;
     assert_eq!(ack.code, 0);
     assert!(!ack.session_present, "the evicted session is gone");
     assert!(metric(&gw, "sluice_mqtt_sessions{") <= 2.0);
@@ -421,8 +428,10 @@ async fn a_will_delayed_beyond_the_session_expiry_is_published_when_the_session_
         .unwrap();
     let mut opts = ConnectOpts::v5("mortal");
     opts.properties.session_expiry_interval = Some(1);
-    let mut will_props = sluice_proto::mqtt::Properties::default();
-    will_props.will_delay_interval = Some(3600);
+    let will_props = sluice_proto::mqtt::Properties {
+        will_delay_interval: Some(3600),
+        ..Default::default()
+    };
     opts.will = Some(Will {
         topic: "wills/mortal".into(),
         payload: "gone".into(),
@@ -438,6 +447,25 @@ async fn a_will_delayed_beyond_the_session_expiry_is_published_when_the_session_
         .unwrap()
         .expect("the will, when the 1 s session ended, not after an hour");
     assert_eq!(&p.payload[..], b"gone");
+}
+
+/// Connect, retrying while the listener still counts a connection that just ended against
+/// `max_connections` (it closes new sockets without a CONNACK until the count drops).
+async fn connect_when_a_slot_frees(
+    addr: SocketAddr,
+    opts: ConnectOpts,
+) -> (TestClient, sluice_proto::mqtt::ConnAck) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TestClient::connect(addr, opts.clone()).await {
+            Ok(connected) => return connected,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("connect {}: {e:#}", opts.client_id),
+        }
+    }
 }
 
 async fn connect(addr: SocketAddr, opts: ConnectOpts) -> TestClient {
