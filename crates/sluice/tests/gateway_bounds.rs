@@ -281,8 +281,9 @@ async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_id
     );
     // Shard 1: one live session; now two sessions exist (one offline on shard 0). It queues
     // a message for the offline session.
-    let (mut n, _) =
+    let (mut n, n_ack) =
         connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v5(ids[1][0].clone())).await;
+    assert_eq!(n_ack.code, 0);
     assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
     n.publish("x/1", vec![7u8; 10_000], QoS::AtLeastOnce, false)
         .await
