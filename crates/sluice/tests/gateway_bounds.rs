@@ -261,79 +261,84 @@ async fn an_offline_persistent_sessions_queue_stops_at_max_queued_bytes() {
     );
 }
 
-/// `max_sessions = 2` over two shards: a new device evicts its shard's offline session idle
-/// longest; on a shard with no offline session it is refused with CONNACK 0x97.
+/// `max_sessions = 3` over two shards: a new device ends the offline session idle longest on
+/// its own shard, or, when its shard has none, on another shard; an evicted session's queued
+/// messages are released at once, and its device comes back to a fresh session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_session_table_stops_at_max_sessions_evicting_the_offline_session_idle_longest() {
-    let gw = gateway_mqtt(2, "max_connections = 2\nmax_sessions = 2", "");
-    let ids = ids_on_shards("sess", 2, 2);
-    let mut persistent = ConnectOpts::v311(ids[0][0].clone());
-    persistent.clean_start = false;
-    let mut p = connect(gw.mqtt_addr, persistent.clone()).await;
-    p.subscribe(&[("x/#", QoS::AtLeastOnce)]).await.unwrap();
-    p.disconnect().await.unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), || metric(
-            &gw,
-            "sluice_mqtt_connections{"
-        ) == 0.0)
-        .await
-    );
-    // Shard 1: one live session; now two sessions exist (one offline on shard 0). It queues
-    // a message for the offline session.
-    let (mut n, n_ack) =
-        connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v5(ids[1][0].clone())).await;
-    assert_eq!(n_ack.code, 0);
-    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
-    n.publish("x/1", vec![7u8; 10_000], QoS::AtLeastOnce, false)
+async fn the_session_table_stops_at_max_sessions_evicting_offline_sessions() {
+    let gw = gateway_mqtt(2, "max_connections = 3\nmax_sessions = 3", "");
+    let ids = ids_on_shards("sess", 2, 4);
+    let persistent = |id: &str| {
+        let mut o = ConnectOpts::v311(id);
+        o.clean_start = false;
+        o
+    };
+    // a (shard 0), then b (shard 1): persistent, subscribed, offline.
+    for id in [&ids[0][0], &ids[1][0]] {
+        let (mut c, _) = connect_when_a_slot_frees(gw.mqtt_addr, persistent(id)).await;
+        c.subscribe(&[("x/#", QoS::AtLeastOnce)]).await.unwrap();
+        c.disconnect().await.unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || metric(
+                &gw,
+                "sluice_mqtt_connections{"
+            ) == 0.0)
+            .await
+        );
+    }
+    // c (shard 1) fills the table and queues a message for both offline sessions.
+    let (mut c, ack) =
+        connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v5(ids[1][1].clone())).await;
+    assert_eq!(ack.code, 0);
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 3.0);
+    c.publish("x/1", vec![7u8; 10_000], QoS::AtLeastOnce, false)
         .await
         .unwrap();
     assert!(
         eventually(Duration::from_secs(10), || metric(
             &gw,
             "sluice_mqtt_queued_bytes{"
-        ) > 10_000.0)
+        ) > 20_000.0)
         .await,
-        "the offline session holds the message"
+        "both offline sessions hold the message"
     );
-    // Another device on shard 1: no offline session there to evict → 0x97 Quota exceeded.
-    let (_m, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5(ids[1][1].clone()))
-        .await
-        .expect("CONNACK");
-    assert_eq!(ack.code, 0x97, "refused at max_sessions");
-    assert_eq!(metric(&gw, "sluice_mqtt_sessions_refused_total{"), 1.0);
-    drop(_m);
-    assert!(
-        eventually(Duration::from_secs(10), || metric(
-            &gw,
-            "sluice_mqtt_connections{"
-        ) == 1.0)
-        .await
-    );
-    // A device on shard 0 evicts the offline session there.
-    let (q, ack) =
-        connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v311(ids[0][1].clone())).await;
+    // d (shard 1): its own shard's offline session b goes, although a is idle longer.
+    let (_d, ack) =
+        connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v5(ids[1][2].clone())).await;
     assert_eq!(ack.code, 0);
-    assert_eq!(metric(&gw, "sluice_mqtt_sessions_evicted_total{"), 1.0);
-    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 2.0);
+    assert_eq!(
+        metric(&gw, "sluice_mqtt_sessions_evicted_total{shard=\"1\"}"),
+        1.0
+    );
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 3.0);
+    // e (shard 1): no offline session left on shard 1, so shard 0 ends a.
+    let (e, ack) =
+        connect_when_a_slot_frees(gw.mqtt_addr, ConnectOpts::v311(ids[1][3].clone())).await;
+    assert_eq!(ack.code, 0);
+    assert_eq!(
+        metric(&gw, "sluice_mqtt_sessions_evicted_total{shard=\"0\"}"),
+        1.0
+    );
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 3.0);
     assert_eq!(
         metric(&gw, "sluice_mqtt_queued_bytes{"),
         0.0,
-        "the evicted session's queue is released at once"
+        "the evicted sessions' queues are released at once"
     );
-    q.disconnect().await.unwrap();
+    // e leaves (its clean session ends); a comes back to a fresh session.
+    e.disconnect().await.unwrap();
     assert!(
         eventually(Duration::from_secs(10), || metric(
             &gw,
             "sluice_mqtt_sessions{"
-        ) == 1.0)
+        ) == 2.0)
         .await
     );
-    // The evicted device comes back to a fresh session.
-    let (_p, ack) = connect_when_a_slot_frees(gw.mqtt_addr, persistent).await;
+    let (_a, ack) = connect_when_a_slot_frees(gw.mqtt_addr, persistent(&ids[0][0])).await;
     assert_eq!(ack.code, 0);
-    assert!(!ack.session_present, "the evicted session is gone");
-    assert!(metric(&gw, "sluice_mqtt_sessions{") <= 2.0);
+    assert!(!ack.session_present, "a's session was evicted");
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions{"), 3.0);
+    assert_eq!(metric(&gw, "sluice_mqtt_sessions_refused_total{"), 0.0);
 }
 
 /// With the defaults (`max_subscriptions_per_session = 100`): the 101st filter gets 0x97

@@ -14,11 +14,12 @@
 //!   bytes before anything stores or matches it; the config's own filters obey the same
 //!   limits (`config::validate`). Topic checks are linear in the topic's length.
 //! - Sessions (connected and offline persistent ones), whole gateway: a new session is created
-//!   only while fewer than `mqtt.max_sessions` exist, after evicting this shard's offline
-//!   session idle longest if need be; otherwise the CONNECT is refused (CONNACK 0x97 Quota
-//!   exceeded / 3.1.1 0x03 Server unavailable). The count is checked and then taken without an
-//!   await in between on a shard, so shards racing each other can exceed it by at most
-//!   `shards - 1` sessions.
+//!   only while fewer than `mqtt.max_sessions` exist, after evicting the offline session idle
+//!   longest (on this shard if it has one, else on the first other shard that has one) if
+//!   need be; otherwise the CONNECT is refused (CONNACK 0x97 Quota exceeded / 3.1.1 0x03
+//!   Server unavailable). The count is checked (or an evicted session's slot taken) and the
+//!   session created without an await in between on a shard, so shards racing each other can
+//!   exceed it by at most `shards - 1` sessions.
 //! - Bytes queued for devices: every message in a session's outbox or inflight window is
 //!   charged [`message_cost`] (topic + payload + properties + 256 B) to its session (at most `mqtt.max_queued_bytes`, or one message
 //!   if a single one is larger) and to its shard (at most `gateway.max_outbox_memory / shards`),
@@ -423,9 +424,10 @@ impl ShardBounds {
 }
 
 /// Make room for the session of a device that is connecting, before its CONNACK. A device
-/// that resumes or replaces its own session needs no room. At `mqtt.max_sessions`, this
-/// shard's offline session idle longest is ended; with none, the device is refused
-/// (`Err(CONNACK code)`), logged and counted.
+/// that resumes or replaces its own session needs no room. At `mqtt.max_sessions`, the
+/// offline session idle longest on this shard is ended; if this shard has none, the other
+/// shards are asked in turn (`ShardCmd::EvictOffline`) to end theirs; if none has one, the
+/// device is refused (`Err(CONNACK code)`), logged and counted.
 pub async fn make_room_for_session(
     ctx: &Rc<ShardContext>,
     client_id: &str,
@@ -437,6 +439,52 @@ pub async fn make_room_for_session(
     {
         return Ok(());
     }
+    if evict_idlest_offline(ctx, client_id, false).await {
+        return Ok(());
+    }
+    let shards = ctx.mailboxes.len();
+    for other in (1..shards).map(|i| (ctx.id + i) % shards) {
+        let (reply, evicted) = tokio::sync::oneshot::channel();
+        if ctx.mailboxes[other]
+            .send(super::ShardCmd::EvictOffline(reply))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        if evicted.await == Ok(true) {
+            // The other shard kept the slot for us (see `on_evict_request`); take it now,
+            // with no await before the session is created.
+            ctx.bounds.session_removed();
+            return Ok(());
+        }
+    }
+    tracing::warn!(
+        client_id,
+        max,
+        "mqtt.max_sessions reached and no offline session to evict; device refused"
+    );
+    ctx.metrics.bounds.sessions_refused.inc();
+    Err(match version {
+        ProtocolVersion::V5 => reason::QUOTA_EXCEEDED,
+        ProtocolVersion::V311 => reason::V3_SERVER_UNAVAILABLE,
+    })
+}
+
+/// Another shard's device needs a session at `mqtt.max_sessions`: end this shard's offline
+/// session idle longest, if any, and answer whether one was ended. The slot it frees is kept
+/// counted until the asking shard takes it, so no third shard can take it meanwhile.
+pub fn on_evict_request(ctx: &Rc<ShardContext>, reply: tokio::sync::oneshot::Sender<bool>) {
+    let ctx = ctx.clone();
+    tokio::task::spawn_local(async move {
+        let evicted = evict_idlest_offline(&ctx, "(on another shard)", true).await;
+        let _ = reply.send(evicted);
+    });
+}
+
+/// End this shard's offline session idle longest; whether there was one. With `keep_slot`
+/// the gateway-wide count is not lowered (the slot is handed to another shard).
+async fn evict_idlest_offline(ctx: &Rc<ShardContext>, for_device: &str, keep_slot: bool) -> bool {
     let idlest = ctx
         .sessions
         .borrow()
@@ -447,24 +495,19 @@ pub async fn make_room_for_session(
         })
         .min_by_key(|(since, _)| *since)
         .map(|(_, s)| s);
-    match idlest {
-        Some(session) => {
-            tracing::info!(evicted = %session.client_id, for_device = client_id, max,
-                "mqtt.max_sessions reached; ending the offline session idle longest");
-            ctx.metrics.bounds.sessions_evicted.inc();
-            session.state.borrow_mut().timers.abort_all();
-            super::route::end_session(ctx, &session).await;
-            Ok(())
-        }
-        None => {
-            tracing::warn!(client_id, max, "mqtt.max_sessions reached and no offline session on this shard to evict; device refused");
-            ctx.metrics.bounds.sessions_refused.inc();
-            Err(match version {
-                ProtocolVersion::V5 => reason::QUOTA_EXCEEDED,
-                ProtocolVersion::V311 => reason::V3_SERVER_UNAVAILABLE,
-            })
-        }
+    let Some(session) = idlest else {
+        return false;
+    };
+    tracing::info!(evicted = %session.client_id, for_device, max = ctx.config.mqtt.max_sessions,
+        "mqtt.max_sessions reached; ending the offline session idle longest");
+    ctx.metrics.bounds.sessions_evicted.inc();
+    session.state.borrow_mut().timers.abort_all();
+    super::route::end_session(ctx, &session).await;
+    if keep_slot {
+        // No await since end_session lowered the count: the dip is one atomic step long.
+        ctx.bounds.session_added();
     }
+    true
 }
 
 /// Refuse a device before its session exists: CONNACK with `code`, then close.

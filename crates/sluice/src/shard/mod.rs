@@ -69,6 +69,8 @@ pub struct Routed {
 pub enum ShardCmd {
     Adopt(Box<Adopted>),
     Deliver(Routed),
+    /// Input bounds: end an offline session for another shard's device at `max_sessions`.
+    EvictOffline(tokio::sync::oneshot::Sender<bool>),
 }
 
 /// A subscription of a local session.
@@ -371,6 +373,7 @@ async fn run(seed: ShardSeed) {
                     ctx.metrics.cross_shard_received.inc();
                     route::deliver_local(&ctx, &routed);
                 }
+                Some(ShardCmd::EvictOffline(reply)) => limits::on_evict_request(&ctx, reply),
                 None => break,
             },
             _ = shutdown.changed() => {
