@@ -455,6 +455,48 @@ async fn a_will_delayed_beyond_the_session_expiry_is_published_when_the_session_
     assert_eq!(&p.payload[..], b"gone");
 }
 
+/// A will waiting for its delay is charged to the queued bytes (and so bounded by
+/// `gateway.max_outbox_memory`); the device coming back cancels it and frees the bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_will_is_charged_until_the_device_returns() {
+    let gw = gateway_mqtt(1, "", "");
+    let mut opts = ConnectOpts::v5("returning");
+    opts.clean_start = false;
+    opts.properties.session_expiry_interval = Some(3600);
+    opts.will = Some(Will {
+        topic: "wills/returning".into(),
+        payload: vec![1u8; 10_000].into(),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: sluice_proto::mqtt::Properties {
+            will_delay_interval: Some(3600),
+            ..Default::default()
+        },
+    });
+    let device = connect(gw.mqtt_addr, opts.clone()).await;
+    drop(device); // no DISCONNECT: the will waits for its delay
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_queued_bytes{"
+        ) > 10_000.0)
+        .await,
+        "the waiting will is charged: {}",
+        metric(&gw, "sluice_mqtt_queued_bytes{")
+    );
+    opts.will = None;
+    let (_back, ack) = connect_when_a_slot_frees(gw.mqtt_addr, opts).await;
+    assert!(ack.session_present);
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &gw,
+            "sluice_mqtt_queued_bytes{"
+        ) == 0.0)
+        .await,
+        "the cancelled will's bytes are released"
+    );
+}
+
 /// Connect, retrying while the listener still counts a connection that just ended against
 /// `max_connections` (it closes new sockets without a CONNACK until the count drops).
 async fn connect_when_a_slot_frees(

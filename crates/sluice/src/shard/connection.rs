@@ -153,6 +153,7 @@ impl Connection {
         let (session, session_present) = match existing {
             Some(s) if !connect.clean_start => {
                 s.take_over();
+                s.state.borrow_mut().timers.abort_all(); // input bounds: its will is cancelled
                 (s, true)
             }
             Some(s) => {
@@ -850,7 +851,12 @@ impl Connection {
         };
         let origin = self.client_id.clone();
         let priority = self.priority;
-        if delay.is_zero() {
+        // Input bounds: a waiting will is charged to the shard's queued bytes; one that does
+        // not fit is published now.
+        let charge = (!delay.is_zero())
+            .then(|| super::limits::WillCharge::new(&self.ctx, &p))
+            .flatten();
+        if delay.is_zero() || charge.is_none() {
             route::publish(&self.ctx, &origin, priority, &p, None, Instant::now()).await;
             return;
         }
@@ -858,6 +864,7 @@ impl Connection {
         let session = self.session.clone();
         let generation = self.generation;
         let timer = tokio::task::spawn_local(async move {
+            let _charge = charge;
             tokio::time::sleep(delay).await;
             // A device that reconnected within the delay cancels its will (MQTT 5 §3.1.3.2.2).
             if session.generation.get() == generation {

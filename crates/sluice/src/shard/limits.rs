@@ -25,7 +25,9 @@
 //!   if a single one is larger) and to its shard (at most `gateway.max_outbox_memory / shards`),
 //!   from enqueue until it leaves the session (QoS 0: written; QoS 1/2: acknowledged or
 //!   dropped). A message that does not fit is not queued (the caller counts the drop).
-//!   Whatever a session still holds is released when the session is dropped.
+//!   Whatever a session still holds is released when the session ends. A delayed will waiting
+//!   after its connection is charged to the shard's budget too ([`WillCharge`]; one that does
+//!   not fit is published at once).
 //! - Subscriptions per session: at most `mqtt.max_subscriptions_per_session`; a SUBSCRIBE
 //!   beyond it gets 0x97 Quota exceeded (3.1.1: 0x80) for the new filters.
 
@@ -301,6 +303,43 @@ impl OutboxBudget {
         if let Some(m) = &self.metrics {
             m.bounds.queue_refused[limit as usize].inc();
         }
+    }
+}
+
+/// A delayed will waiting in its timer task, charged to the shard's [`OutboxBudget`] like a
+/// queued message (topic + payload + properties + 256 B); released when dropped, i.e. when the
+/// will is published or its task is aborted.
+#[derive(Debug)]
+pub struct WillCharge {
+    budget: Rc<OutboxBudget>,
+    cost: usize,
+}
+
+impl WillCharge {
+    /// Charge a will that is to wait; `None` if the shard's budget cannot hold it (the caller
+    /// publishes it at once instead; counted as `limit="shard_budget"`).
+    pub fn new(ctx: &ShardContext, will: &sluice_proto::mqtt::Publish) -> Option<WillCharge> {
+        let budget = &ctx.bounds.outbox;
+        let cost = will.topic.len()
+            + will.payload.len()
+            + will.properties.as_deref().map_or(0, properties_cost)
+            + MESSAGE_OVERHEAD;
+        if budget.used() + cost > budget.shard_max {
+            budget.refused(QueueLimit::ShardBudget);
+            return None;
+        }
+        budget.set_used(budget.used() + cost);
+        Some(WillCharge {
+            budget: budget.clone(),
+            cost,
+        })
+    }
+}
+
+impl Drop for WillCharge {
+    fn drop(&mut self) {
+        self.budget
+            .set_used(self.budget.used().saturating_sub(self.cost));
     }
 }
 
