@@ -21,15 +21,17 @@
 //!   session created without an await in between on a shard, so shards racing each other can
 //!   exceed it by at most `shards - 1` sessions.
 //! - Bytes queued for devices: every message in a session's outbox or inflight window is
-//!   charged [`message_cost`] (topic + payload + properties + 256 B) to its session (at most `mqtt.max_queued_bytes`, or one message
-//!   if a single one is larger) and to its shard (at most `gateway.max_outbox_memory / shards`),
-//!   from enqueue until it leaves the session (QoS 0: written; QoS 1/2: acknowledged or
-//!   dropped). A message that does not fit is not queued (the caller counts the drop).
+//!   charged [`message_cost`] (topic + payload + properties + 256 B) to its session (at most
+//!   `mqtt.max_queued_bytes`, or one message if a single one is larger) and to its shard (at
+//!   most `gateway.max_outbox_memory / shards`), from enqueue until it leaves the session
+//!   (QoS 0: written; QoS 1/2: acknowledged or dropped). A message that does not fit is not queued (the caller counts the drop).
 //!   Whatever a session still holds is released when the session ends. A delayed will waiting
 //!   after its connection is charged to the shard's budget too ([`WillCharge`]; one that does
 //!   not fit is published at once).
 //! - Subscriptions per session: at most `mqtt.max_subscriptions_per_session`; a SUBSCRIBE
 //!   beyond it gets 0x97 Quota exceeded (3.1.1: 0x80) for the new filters.
+//! - Timers: a session has at most one pending expiry task and one delayed-will task
+//!   ([`SessionTimers`]).
 
 use std::cell::Cell;
 use std::rc::Rc;
