@@ -213,6 +213,8 @@ impl Gateway {
         let mut shard_spools = shard_spools.into_iter();
         let mut shard_former = shard_former.into_iter();
         let mut threads = Vec::new();
+        // Input bounds: sessions on all shards, against mqtt.max_sessions.
+        let sessions_total = Arc::new(AtomicUsize::new(0));
         for (id, inbox) in rxs.into_iter().enumerate() {
             let seed = ShardSeed {
                 id,
@@ -236,6 +238,7 @@ impl Gateway {
                 },
                 spools: shard_spools.next().unwrap_or_default(),
                 former_spools: shard_former.next().unwrap_or_default(),
+                sessions_total: sessions_total.clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -245,7 +248,8 @@ impl Gateway {
             config.mqtt.max_retained_messages,
             snapshot,
             control_metrics.clone(),
-        );
+        )
+        .with_max_retained_bytes(config.mqtt.max_retained_bytes.as_usize());
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),
             uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),

@@ -10,8 +10,13 @@
 //! the parent level (`sport/#` matches `sport`); `+` matches exactly one level, which may be
 //! empty. Topics starting with `$` are not matched by a filter whose first level is a wildcard.
 //!
-//! Invariants: nothing here allocates or panics; [`matches()`] is linear in the shorter input.
-//! [`matches()`] assumes a valid filter and name; on invalid input it returns some answer.
+//! The protocol allows up to 32,768 levels (65,535 bytes) in a name and 65,536 in a filter;
+//! a server caps both lower as policy (sluice: `mqtt.max_topic_levels`/`max_topic_length`),
+//! using [`levels()`].
+//!
+//! Invariants: nothing here allocates, panics or recurses; every function is linear in its
+//! input ([`matches()`] in the shorter one). [`matches()`] assumes a valid filter and name; on
+//! invalid input it returns some answer.
 
 /// Longest topic name or filter: a UTF-8 string's length prefix is a `u16`.
 const MAX_LEN: usize = u16::MAX as usize;
@@ -41,6 +46,11 @@ pub fn valid_topic_filter(filter: &str) -> bool {
         }
     }
     true
+}
+
+/// The number of levels in a topic name or filter: one more than its `/` separators.
+pub fn levels(topic: &str) -> usize {
+    topic.bytes().filter(|&b| b == b'/').count() + 1
 }
 
 /// Whether `filter` matches `topic`. Wildcards at the first level do not match topics that

@@ -1,7 +1,7 @@
 //! Topic names, filters and matching (§4.7), as tables taken from the specification's examples.
 
 use proptest::prelude::*;
-use sluice_proto::mqtt::topic::{matches, valid_topic_filter, valid_topic_name};
+use sluice_proto::mqtt::topic::{levels, matches, valid_topic_filter, valid_topic_name};
 
 #[test]
 fn topic_names_are_non_empty_without_wildcards_or_nul() {
@@ -27,6 +27,15 @@ fn topic_names_are_non_empty_without_wildcards_or_nul() {
             "{name:?} should be rejected as a topic name"
         );
     }
+}
+
+#[test]
+fn levels_counts_the_separated_parts_including_empty_ones() {
+    assert_eq!(levels("a"), 1);
+    assert_eq!(levels("/"), 2);
+    assert_eq!(levels("a//b"), 3);
+    assert_eq!(levels("sport/+/#"), 3);
+    assert_eq!(levels(&"/".repeat(65_535)), 65_536);
 }
 
 #[test]

@@ -191,6 +191,10 @@ pub struct GatewayConfig {
     pub mailbox_capacity: usize,
     /// Memory bound for messages waiting for the cloud, whole gateway, split evenly over shards.
     pub max_buffered: ByteSize,
+    // --- Input bounds (the "bounds" part: shard/limits.rs) ---
+    /// Bound on the bytes queued for devices (outboxes and inflight windows of all sessions),
+    /// whole gateway, split evenly over shards.
+    pub max_outbox_memory: ByteSize,
 }
 
 impl Default for GatewayConfig {
@@ -200,6 +204,8 @@ impl Default for GatewayConfig {
             pin_threads: true,
             mailbox_capacity: 4096,
             max_buffered: ByteSize::mib(64),
+            // Input bounds.
+            max_outbox_memory: ByteSize::mib(256),
         }
     }
 }
@@ -267,6 +273,21 @@ pub struct MqttConfig {
     /// beyond, a login is refused as busy (CONNACK 0x89 / 3.1.1: 0x03).
     pub auth_queue: usize,
     // --- end admission ---
+
+    // --- Input bounds (the "bounds" part: shard/limits.rs) ---
+    /// Most levels in a topic name or filter a device may use (will topics included).
+    pub max_topic_levels: usize,
+    /// Longest topic name or filter a device may use.
+    pub max_topic_length: ByteSize,
+    /// Sessions held at once (connected and offline persistent), whole gateway.
+    pub max_sessions: usize,
+    /// Bytes queued per session (outbox and inflight), charged topic + payload + 256 B each.
+    pub max_queued_bytes: ByteSize,
+    /// Bytes of retained messages (topic + payload + 256 B each), whole gateway.
+    pub max_retained_bytes: ByteSize,
+    /// Subscriptions one session may hold.
+    pub max_subscriptions_per_session: usize,
+    // --- end of input bounds ---
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserConfig>,
 }
@@ -300,6 +321,13 @@ impl Default for MqttConfig {
             allow_anonymous: None,
             auth_concurrency: 2,
             auth_queue: 256,
+            // Input bounds.
+            max_topic_levels: 32,
+            max_topic_length: ByteSize::kib(1),
+            max_sessions: 20_000,
+            max_queued_bytes: ByteSize::mib(4),
+            max_retained_bytes: ByteSize::mib(64),
+            max_subscriptions_per_session: 100,
             users: Vec::new(),
         }
     }

@@ -34,6 +34,8 @@ fn everything_set() -> Config {
             pin_threads: false,
             mailbox_capacity: 17,
             max_buffered: ByteSize(1_000_000_000),
+            // Input bounds.
+            max_outbox_memory: ByteSize(2_000_000_000),
         },
         ..Config::default()
     };
@@ -53,6 +55,13 @@ fn everything_set() -> Config {
     c.mqtt.allow_anonymous = Some(false);
     c.mqtt.auth_concurrency = 3;
     c.mqtt.auth_queue = 5;
+    // Input bounds.
+    c.mqtt.max_topic_levels = 8;
+    c.mqtt.max_topic_length = ByteSize(300);
+    c.mqtt.max_sessions = 6;
+    c.mqtt.max_queued_bytes = ByteSize(3000);
+    c.mqtt.max_retained_bytes = ByteSize(5000);
+    c.mqtt.max_subscriptions_per_session = 4;
     c.mqtt.users = vec![UserConfig {
         username: "dev1".into(),
         password_hash: HASH.into(),
@@ -654,4 +663,80 @@ fn a_relative_spool_dir_is_resolved_against_the_config_file() {
         c.spool.dir.as_deref(),
         Some(dir.path().join("spool").as_path())
     );
+}
+
+// --- Input bounds ---
+
+#[test]
+fn topic_limits_are_in_range_and_the_configs_own_filters_obey_them() {
+    let c = Config::default();
+    assert_eq!(
+        (c.mqtt.max_topic_levels, c.mqtt.max_topic_length),
+        (32, ByteSize::kib(1))
+    );
+    for (text, prefix) in [
+        ("[mqtt]\nmax_topic_levels = 0", "mqtt.max_topic_levels: "),
+        (
+            "[mqtt]\nmax_topic_levels = 65536",
+            "mqtt.max_topic_levels: ",
+        ),
+        (
+            "[mqtt]\nmax_topic_length = \"0B\"",
+            "mqtt.max_topic_length: ",
+        ),
+        (
+            "[mqtt]\nmax_topic_length = \"64KiB\"",
+            "mqtt.max_topic_length: ",
+        ),
+    ] {
+        let e = err(text);
+        assert!(e.starts_with(prefix), "{text:?} gave {e}");
+    }
+    let limits = "[mqtt]\nmax_topic_levels = 3\nmax_topic_length = \"16B\"\n";
+    let e = err(&format!(
+        "{limits}{}",
+        plaintext_uplink("forward = [\"a/b/#\", \"a/b/c/d\"]")
+    ));
+    assert_eq!(
+        e,
+        "uplink[0].forward[1]: the topic has 4 levels, more than mqtt.max_topic_levels (3)"
+    );
+    let e = err(&format!(
+        "{limits}{}",
+        plaintext_uplink("receive = [\"cmd/0123456789abcdef\"]")
+    ));
+    assert!(
+        e.starts_with("uplink[0].receive[0]: the topic is 20 bytes long"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{limits}[priority]\ntopics = {{ \"a/b/c/d\" = 1 }}\n"
+    ));
+    assert!(e.starts_with("priority.topics.\"a/b/c/d\": "), "{e}");
+    for (text, prefix) in [
+        (
+            "[mqtt]\nmax_connections = 10\nmax_sessions = 9",
+            "mqtt.max_sessions: 9 is less than mqtt.max_connections (10)",
+        ),
+        (
+            "[mqtt]\nmax_queued_bytes = \"0B\"",
+            "mqtt.max_queued_bytes: ",
+        ),
+        (
+            "[gateway]\nmax_outbox_memory = \"1MiB\"",
+            "gateway.max_outbox_memory: ",
+        ),
+        (
+            "[mqtt]\nmax_subscriptions_per_session = 0",
+            "mqtt.max_subscriptions_per_session: ",
+        ),
+    ] {
+        let e = err(text);
+        assert!(e.starts_with(prefix), "{text:?} gave {e}");
+    }
+    assert!(parse_unchecked_files(&format!(
+        "{limits}{}",
+        plaintext_uplink("forward = [\"a/b/#\"]")
+    ))
+    .is_ok());
 }

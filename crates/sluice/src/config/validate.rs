@@ -40,6 +40,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     }
     check_priority(config)?;
     check_spool(config)?;
+    check_topic_limits(config)?;
     let mut names = HashSet::new();
     for (i, uplink) in config.uplink.iter().enumerate() {
         check_uplink(i, uplink, files)?;
@@ -158,6 +159,72 @@ fn check_mqtt(config: &Config) -> Result<(), ConfigError> {
             "mqtt.allow_anonymous",
             "is false but no [[mqtt.users]] are configured, so no device could connect",
         );
+    }
+    Ok(())
+}
+
+/// Input bounds (the "bounds" part): `mqtt.max_topic_levels` and `mqtt.max_topic_length`
+/// in range, sessions ≥ connections, queue and subscription bounds usable, and every topic
+/// filter of the config (priority topics, each uplink's `forward`
+/// and `receive`) within them — a filter the devices' own topics could not reach is a mistake.
+fn check_topic_limits(config: &Config) -> Result<(), ConfigError> {
+    let m = &config.mqtt;
+    if m.max_topic_levels == 0 || m.max_topic_levels > 65_535 {
+        return invalid("mqtt.max_topic_levels", "must be from 1 to 65535");
+    }
+    if m.max_topic_length.as_u64() == 0 || m.max_topic_length.as_u64() > 65_535 {
+        return invalid(
+            "mqtt.max_topic_length",
+            "must be from 1B to 65535B (MQTT's limit)",
+        );
+    }
+    if m.max_sessions < m.max_connections {
+        return invalid(
+            "mqtt.max_sessions",
+            &format!(
+                "{} is less than mqtt.max_connections ({}); every connected device needs a session",
+                m.max_sessions, m.max_connections
+            ),
+        );
+    }
+    if m.max_queued_bytes.as_u64() == 0 {
+        return invalid("mqtt.max_queued_bytes", "must be more than 0B");
+    }
+    if config.gateway.max_outbox_memory < m.max_queued_bytes {
+        return invalid(
+            "gateway.max_outbox_memory",
+            &format!(
+                "{} is smaller than mqtt.max_queued_bytes ({})",
+                config.gateway.max_outbox_memory, m.max_queued_bytes
+            ),
+        );
+    }
+    if m.max_subscriptions_per_session == 0 {
+        return invalid("mqtt.max_subscriptions_per_session", "must be at least 1");
+    }
+    let limits = crate::shard::limits::TopicLimits::new(m);
+    let priority = config
+        .priority
+        .topics
+        .keys()
+        .map(|f| (format!("priority.topics.{f:?}"), f));
+    let uplinks = config.uplink.iter().enumerate().flat_map(|(i, u)| {
+        let forward = u
+            .forward
+            .iter()
+            .enumerate()
+            .map(move |(j, f)| (format!("uplink[{i}].forward[{j}]"), f));
+        let receive = u
+            .receive
+            .iter()
+            .enumerate()
+            .map(move |(j, f)| (format!("uplink[{i}].receive[{j}]"), f));
+        forward.chain(receive)
+    });
+    for (key, filter) in priority.chain(uplinks) {
+        if let Err(e) = limits.check(filter) {
+            return invalid(&key, &format!("{e}"));
+        }
     }
     Ok(())
 }

@@ -30,6 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::MqttConfig;
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
+use crate::shard::limits::TopicLimits;
 
 /// Why a device was refused; carries the CONNACK code for its protocol version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +47,9 @@ pub enum Refusal {
     /// the wait reached the CONNECT deadline. The device may retry later.
     #[error("too many logins being checked; try again later")]
     Busy,
+    /// Input bounds: the will topic is beyond `mqtt.max_topic_levels`/`max_topic_length`.
+    #[error("will topic beyond mqtt.max_topic_levels or mqtt.max_topic_length")]
+    WillTopicRefused,
 }
 
 impl Refusal {
@@ -63,6 +67,8 @@ impl Refusal {
             (Refusal::BadAuthMethod, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
             (Refusal::Busy, ProtocolVersion::V5) => reason::SERVER_BUSY,
             (Refusal::Busy, ProtocolVersion::V311) => reason::V3_SERVER_UNAVAILABLE,
+            (Refusal::WillTopicRefused, ProtocolVersion::V5) => reason::TOPIC_NAME_INVALID,
+            (Refusal::WillTopicRefused, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
         }
     }
 }
@@ -118,6 +124,8 @@ pub struct Admission {
     prefixes: Vec<String>,
     allow_anonymous: bool,
     users: Arc<HashMap<String, String>>,
+    /// Input bounds: a will topic must be within them.
+    topic_limits: TopicLimits,
     /// One permit per check allowed to run (`auth_concurrency`).
     check_slots: Arc<Semaphore>,
     concurrency: usize,
@@ -160,6 +168,7 @@ impl Admission {
             waiting: AtomicUsize::new(0),
             busy_logged_ms: AtomicU64::new(0),
             started: Instant::now(),
+            topic_limits: TopicLimits::new(cfg),
         }
     }
 
@@ -174,6 +183,9 @@ impl Admission {
     ) -> Result<bool, Refusal> {
         if connect.properties.authentication_method.is_some() {
             return Err(Refusal::BadAuthMethod);
+        }
+        if let Some(will) = &connect.will {
+            (self.topic_limits.check(&will.topic)).map_err(|_| Refusal::WillTopicRefused)?;
         }
         let mut assigned = false;
         if connect.client_id.is_empty() {

@@ -14,7 +14,9 @@
 //!
 //! Invariants: the command mailbox is bounded (`mailbox_capacity`); a subscribe is replied
 //! to only after a snapshot containing it is published; the retained store holds at most
-//! `max_retained_messages` topics (a new topic beyond that is refused and counted).
+//! `max_retained_messages` topics and `max_retained_bytes` bytes (topic + payload + MQTT 5
+//! properties + 256 B each); a message that does not fit is refused and counted, and an
+//! existing topic keeps its old message.
 
 pub mod admission;
 pub mod priority;
@@ -87,6 +89,17 @@ pub struct ControlMetrics {
     pub devices_connected: Gauge,
     /// Password checks (admission's own block).
     pub admission: Arc<admission::AdmissionMetrics>,
+    /// Input bounds: bytes of the retained store (topic + payload + 256 B each).
+    pub retained_bytes: Gauge,
+}
+
+/// What a retained message is charged against `mqtt.max_retained_bytes`.
+fn retained_cost(m: &RetainedMessage) -> usize {
+    use crate::shard::limits::{properties_cost, MESSAGE_OVERHEAD};
+    m.topic.len()
+        + m.payload.len()
+        + m.properties.as_deref().map_or(0, properties_cost)
+        + MESSAGE_OVERHEAD
 }
 
 impl ControlMetrics {
@@ -129,9 +142,15 @@ impl ControlMetrics {
         );
         w.counter(
             "sluice_control_retained_refused_total",
-            "Retained messages refused at max_retained_messages",
+            "Retained messages refused at max_retained_messages or max_retained_bytes",
             &[],
             self.retained_refused.get(),
+        );
+        w.gauge(
+            "sluice_control_retained_bytes",
+            "Bytes of retained messages stored, charged topic + payload + 256 B each",
+            &[],
+            self.retained_bytes.get(),
         );
         w.gauge(
             "sluice_control_devices_connected",
@@ -152,6 +171,9 @@ pub struct ControlPlane {
     snapshot: SharedSnapshot,
     max_retained: usize,
     metrics: Arc<ControlMetrics>,
+    /// Input bounds: `mqtt.max_retained_bytes` and the bytes stored.
+    max_retained_bytes: usize,
+    retained_bytes: usize,
 }
 
 impl ControlPlane {
@@ -169,7 +191,15 @@ impl ControlPlane {
             snapshot,
             max_retained,
             metrics,
+            max_retained_bytes: usize::MAX,
+            retained_bytes: 0,
         }
+    }
+
+    /// Input bounds: cap the retained store's bytes (`mqtt.max_retained_bytes`).
+    pub fn with_max_retained_bytes(mut self, max: usize) -> ControlPlane {
+        self.max_retained_bytes = max;
+        self
     }
 
     pub fn devices_per_shard(&self) -> Arc<Vec<Gauge>> {
@@ -250,17 +280,23 @@ impl ControlPlane {
     }
 
     fn retain(&mut self, msg: RetainedMessage) {
+        let old = self.retained.get(&msg.topic).map_or(0, retained_cost);
         if msg.payload.is_empty() {
             self.retained.remove(&msg.topic);
-        } else if self.retained.len() >= self.max_retained
-            && !self.retained.contains_key(&msg.topic)
-        {
+            self.retained_bytes -= old;
+        } else if self.retained.len() >= self.max_retained && old == 0 {
             self.metrics.retained_refused.inc();
             tracing::warn!(topic = %msg.topic, max = self.max_retained, "retained store full; message not retained");
+        } else if self.retained_bytes - old + retained_cost(&msg) > self.max_retained_bytes {
+            // Input bounds: an update that does not fit leaves the old message in place.
+            self.metrics.retained_refused.inc();
+            tracing::warn!(topic = %msg.topic, max_bytes = self.max_retained_bytes, "retained store at max_retained_bytes; message not retained");
         } else {
+            self.retained_bytes = self.retained_bytes - old + retained_cost(&msg);
             self.retained.insert(msg.topic.clone(), msg);
         }
         self.metrics.retained.set(self.retained.len() as i64);
+        self.metrics.retained_bytes.set(self.retained_bytes as i64);
     }
 
     fn retained_matching(&self, filters: &[ByteString]) -> Vec<RetainedMessage> {

@@ -54,6 +54,12 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
         }
     };
     let _ = stream.set_nodelay(true);
+    // Input bounds: room in the session table (mqtt.max_sessions), or a refusing CONNACK.
+    if let Err(code) =
+        super::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol).await
+    {
+        return super::limits::refuse_connect(stream, connect.protocol, code).await;
+    }
     ctx.metrics.connections.add(1);
     let client_id = connect.client_id.clone();
     let (rd, wr) = stream.into_split();
@@ -147,10 +153,12 @@ impl Connection {
         let (session, session_present) = match existing {
             Some(s) if !connect.clean_start => {
                 s.take_over();
+                s.state.borrow_mut().timers.abort_all(); // input bounds: its will is cancelled
                 (s, true)
             }
             Some(s) => {
                 s.take_over();
+                s.state.borrow_mut().timers.abort_all(); // input bounds
                 route::end_session(&ctx, &s).await;
                 (Self::new_session(&ctx, &client_id), false)
             }
@@ -225,7 +233,12 @@ impl Connection {
     }
 
     fn new_session(ctx: &ShardContext, client_id: &ByteString) -> Rc<Session> {
-        let s = Session::new(client_id.clone(), ctx.config.mqtt.max_queued_messages);
+        let s = Session::with_budget(
+            client_id.clone(),
+            ctx.config.mqtt.max_queued_messages,
+            ctx.bounds.outbox.clone(),
+        );
+        ctx.bounds.session_added();
         ctx.sessions
             .borrow_mut()
             .insert(client_id.clone(), s.clone());
@@ -379,7 +392,7 @@ impl Connection {
                 let mut st = self.session.state.borrow_mut();
                 if matches!(st.inflight.get(&r.packet_id), Some((m, OutStage::AwaitingAck)) if m.qos == QoS::AtLeastOnce)
                 {
-                    st.inflight.remove(&r.packet_id);
+                    st.remove_inflight(r.packet_id);
                 }
                 Ok(())
             }
@@ -389,7 +402,7 @@ impl Connection {
                     match st.inflight.get_mut(&r.packet_id) {
                         Some((m, stage)) if m.qos == QoS::ExactlyOnce => {
                             if r.reason >= 0x80 {
-                                st.inflight.remove(&r.packet_id);
+                                st.remove_inflight(r.packet_id);
                                 false
                             } else {
                                 *stage = OutStage::AwaitingComp;
@@ -405,11 +418,7 @@ impl Connection {
                 Ok(())
             }
             Packet::PubComp(r) => {
-                self.session
-                    .state
-                    .borrow_mut()
-                    .inflight
-                    .remove(&r.packet_id);
+                self.session.state.borrow_mut().remove_inflight(r.packet_id);
                 Ok(())
             }
             Packet::PubRel(r) => {
@@ -483,6 +492,13 @@ impl Connection {
             tracing::warn!(client_id = %self.client_id, topic = %p.topic, "device published to an invalid topic name; closing");
             return Err(Close(
                 CloseReason::ProtocolError,
+                Some(reason::TOPIC_NAME_INVALID),
+            ));
+        }
+        if let Err(error) = super::limits::TopicLimits::new(&self.ctx.config.mqtt).check(&p.topic) {
+            tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error, "device published to a topic beyond the gateway's limits; closing");
+            return Err(Close(
+                CloseReason::TopicLimit,
                 Some(reason::TOPIC_NAME_INVALID),
             ));
         }
@@ -603,11 +619,20 @@ impl Connection {
                     ProtocolVersion::V5 => reason::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
                 });
-            } else if !topic::valid_topic_filter(&f.filter) {
+            } else if !topic::valid_topic_filter(&f.filter)
+                || !super::limits::filter_allowed(&self.ctx, &self.client_id, &f.filter)
+            {
                 codes.push(match self.version {
                     ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
                 });
+            } else if !super::limits::subscription_allowed(
+                &self.ctx,
+                &self.session,
+                &f.filter,
+                accepted.iter().map(|a: &(ByteString, _, _)| &*a.0),
+            ) {
+                codes.push(super::limits::quota_exceeded_code(self.version));
             } else {
                 codes.push(f.options.qos as u8);
                 accepted.push((f.filter.clone(), f.options, true));
@@ -682,7 +707,7 @@ impl Connection {
                 if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
                     break;
                 }
-                let Some(msg) = st.outbox.pop_front() else {
+                let Some(msg) = st.pop_outbox() else {
                     break;
                 };
                 let id = if msg.qos == QoS::AtMostOnce {
@@ -706,7 +731,7 @@ impl Connection {
             {
                 self.wbuf.truncate(before);
                 if let Some(id) = id {
-                    self.session.state.borrow_mut().inflight.remove(&id);
+                    self.session.state.borrow_mut().remove_inflight(id);
                 }
                 self.ctx.metrics.count_drop(DropReason::TooLargeForDevice);
                 continue;
@@ -776,26 +801,37 @@ impl Connection {
         let expiry = {
             let mut st = self.session.state.borrow_mut();
             st.connected = false;
+            st.offline_since = Some(Instant::now());
             st.expiry
         };
         if expiry.is_zero() || reason == CloseReason::Shutdown {
+            self.session.state.borrow_mut().timers.abort_all(); // input bounds
             route::end_session(&self.ctx, &self.session).await;
             return;
         }
         let ctx = self.ctx.clone();
         let session = self.session.clone();
         let generation = self.generation;
-        tokio::task::spawn_local(async move {
+        let timer = tokio::task::spawn_local(async move {
             tokio::time::sleep(expiry).await;
             if session.generation.get() == generation && !session.state.borrow().connected {
                 tracing::debug!(client_id = %session.client_id, "persistent session expired");
                 route::end_session(&ctx, &session).await;
             }
         });
+        // Input bounds: one expiry timer per session (an older one could not fire anyway).
+        self.session
+            .state
+            .borrow_mut()
+            .timers
+            .set_expiry(timer.abort_handle());
     }
 
     async fn publish_will(&mut self, will: Will) {
         let delay = Duration::from_secs(will.properties.will_delay_interval.unwrap_or(0) as u64);
+        // Input bounds: published when the session ends at the latest (MQTT 5 §3.1.3.2.2), so
+        // a pending will never outlives its session.
+        let delay = delay.min(self.session.state.borrow().expiry);
         let props = if will.properties.is_empty() {
             None
         } else {
@@ -818,20 +854,32 @@ impl Connection {
         };
         let origin = self.client_id.clone();
         let priority = self.priority;
-        if delay.is_zero() {
+        // Input bounds: a waiting will is charged to the shard's queued bytes; one that does
+        // not fit is published now.
+        let charge = (!delay.is_zero())
+            .then(|| super::limits::WillCharge::new(&self.ctx, &p))
+            .flatten();
+        if delay.is_zero() || charge.is_none() {
             route::publish(&self.ctx, &origin, priority, &p, None, Instant::now()).await;
             return;
         }
         let ctx = self.ctx.clone();
         let session = self.session.clone();
         let generation = self.generation;
-        tokio::task::spawn_local(async move {
+        let timer = tokio::task::spawn_local(async move {
+            let _charge = charge;
             tokio::time::sleep(delay).await;
             // A device that reconnected within the delay cancels its will (MQTT 5 §3.1.3.2.2).
             if session.generation.get() == generation {
                 route::publish(&ctx, &origin, priority, &p, None, Instant::now()).await;
             }
         });
+        // Input bounds: one pending will per session (an older one could not fire anyway).
+        self.session
+            .state
+            .borrow_mut()
+            .timers
+            .set_will(timer.abort_handle());
     }
 }
 

@@ -42,9 +42,12 @@ pub enum CloseReason {
     /// A message of the device was dropped before it was acknowledged (e.g. the spool
     /// failed); the device must reconnect to resend it.
     AckLost = 8,
+    /// Input bounds: the device published to a topic beyond `mqtt.max_topic_levels` or
+    /// `mqtt.max_topic_length`.
+    TopicLimit = 9,
 }
 
-pub const CLOSE_REASONS: [(CloseReason, &str); 9] = [
+pub const CLOSE_REASONS: [(CloseReason, &str); 10] = [
     (CloseReason::ClientDisconnect, "client_disconnect"),
     (CloseReason::PeerClosed, "peer_closed"),
     (CloseReason::ProtocolError, "protocol_error"),
@@ -54,6 +57,7 @@ pub const CLOSE_REASONS: [(CloseReason, &str); 9] = [
     (CloseReason::IoError, "io_error"),
     (CloseReason::Shutdown, "shutdown"),
     (CloseReason::AckLost, "ack_lost"),
+    (CloseReason::TopicLimit, "topic_limit"),
 ];
 
 #[derive(Debug, Default)]
@@ -69,7 +73,9 @@ pub struct ShardMetrics {
     pub cross_shard_sent: Counter,
     pub cross_shard_received: Counter,
     pub dropped: [Counter; 6],
-    pub closed: [Counter; 9],
+    pub closed: [Counter; 10],
+    /// Input bounds (`shard::limits`).
+    pub bounds: crate::shard::limits::BoundsMetrics,
 }
 
 impl ShardMetrics {
@@ -150,6 +156,7 @@ impl ShardMetrics {
                 self.dropped[reason as usize].get(),
             );
         }
+        crate::shard::limits::render(self, w, shard);
         for (reason, name) in CLOSE_REASONS {
             w.counter(
                 "sluice_mqtt_connections_closed_total",

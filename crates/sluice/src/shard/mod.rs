@@ -14,6 +14,7 @@
 pub mod ack;
 mod connection;
 pub mod hash;
+pub mod limits;
 pub mod metrics;
 mod route;
 pub mod session;
@@ -68,6 +69,8 @@ pub struct Routed {
 pub enum ShardCmd {
     Adopt(Box<Adopted>),
     Deliver(Routed),
+    /// Input bounds: end an offline session for another shard's device at `max_sessions`.
+    EvictOffline(tokio::sync::oneshot::Sender<bool>),
 }
 
 /// A subscription of a local session.
@@ -123,6 +126,8 @@ pub struct ShardContext {
     pub online_devices: Arc<AtomicUsize>,
     /// Set once when the gateway stops; connections see it when their session is woken.
     pub shutting_down: std::cell::Cell<bool>,
+    /// Input bounds: queued-bytes budget and the gateway-wide session count.
+    pub bounds: limits::ShardBounds,
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -148,6 +153,8 @@ pub struct ShardSeed {
     pub spools: Vec<crate::spool::OpenedSpool>,
     /// Spools of former shard indexes this shard drains: `(uplink index, former index, spool)`.
     pub former_spools: Vec<(usize, usize, crate::spool::OpenedSpool)>,
+    /// Input bounds: sessions on every shard (`mqtt.max_sessions`).
+    pub sessions_total: Arc<AtomicUsize>,
 }
 
 /// Start a shard thread.
@@ -197,6 +204,7 @@ async fn run(seed: ShardSeed) {
         mut shutdown,
         spools,
         former_spools,
+        sessions_total,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -234,6 +242,7 @@ async fn run(seed: ShardSeed) {
             }
         })
         .collect();
+    let bounds = limits::ShardBounds::new(&config, shards, metrics.clone(), sessions_total);
     let ctx = Rc::new(ShardContext {
         id,
         config: config.clone(),
@@ -249,6 +258,7 @@ async fn run(seed: ShardSeed) {
         live_connections,
         online_devices: online_devices.clone(),
         shutting_down: std::cell::Cell::new(false),
+        bounds,
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
@@ -366,6 +376,7 @@ async fn run(seed: ShardSeed) {
                     ctx.metrics.cross_shard_received.inc();
                     route::deliver_local(&ctx, &routed);
                 }
+                Some(ShardCmd::EvictOffline(reply)) => limits::on_evict_request(&ctx, reply),
                 None => break,
             },
             _ = shutdown.changed() => {

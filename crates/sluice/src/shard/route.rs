@@ -339,6 +339,8 @@ pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
     };
     if removed {
         ctx.metrics.sessions.sub(1);
+        ctx.bounds.session_removed();
+        session.state.borrow_mut().drop_queued();
     }
 }
 

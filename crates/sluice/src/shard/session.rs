@@ -6,17 +6,23 @@
 //! device always hashes to the same shard, the session is found again without a global
 //! lookup. Invariants: the outbox holds at most `max_queued` messages (overflow: the new
 //! message is dropped and counted); `inflight` holds QoS 1/2 messages written to the device
-//! and not yet acknowledged, resent with DUP when the device reconnects.
+//! and not yet acknowledged, resent with DUP when the device reconnects. Input bounds
+//! (`shard::limits`): every message in the outbox or inflight is charged to `queued` (the
+//! session's `max_queued_bytes` and the shard's share of `max_outbox_memory`) until it leaves
+//! through `pop_outbox` (QoS 0), `remove_inflight` (QoS 1/2) or `drop_queued` (session end);
+//! `timers` holds at most one pending expiry and one delayed will.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
+
+use super::limits::{OutboxBudget, QueuedBytes, SessionTimers};
 
 /// A message on its way to a device.
 #[derive(Debug, Clone)]
@@ -46,6 +52,12 @@ pub struct SessionState {
     /// How long the session outlives a disconnect (zero: it ends with the connection).
     pub expiry: Duration,
     pub connected: bool,
+    /// Input bounds: bytes of `outbox` + `inflight` charged to the shard (`shard::limits`).
+    pub queued: QueuedBytes,
+    /// Input bounds: when the device last disconnected (eviction order at `max_sessions`).
+    pub offline_since: Option<Instant>,
+    /// Input bounds: the session's pending expiry and delayed-will tasks, at most one each.
+    pub timers: SessionTimers,
 }
 
 #[derive(Debug)]
@@ -70,6 +82,15 @@ pub enum QueueRefusal {
 
 impl Session {
     pub fn new(client_id: ByteString, max_queued: usize) -> Rc<Session> {
+        Self::with_budget(client_id, max_queued, OutboxBudget::unbounded())
+    }
+
+    /// A session whose queued bytes are charged to `budget` (its shard's).
+    pub fn with_budget(
+        client_id: ByteString,
+        max_queued: usize,
+        budget: Rc<OutboxBudget>,
+    ) -> Rc<Session> {
         Rc::new(Session {
             client_id,
             state: RefCell::new(SessionState {
@@ -79,6 +100,9 @@ impl Session {
                 next_packet_id: 1,
                 expiry: Duration::ZERO,
                 connected: false,
+                queued: QueuedBytes::new(budget),
+                offline_since: None,
+                timers: SessionTimers::default(),
             }),
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
@@ -92,7 +116,7 @@ impl Session {
         if !st.connected && msg.qos == QoS::AtMostOnce {
             return Err(QueueRefusal::Offline);
         }
-        if st.outbox.len() >= self.max_queued {
+        if st.outbox.len() >= self.max_queued || st.queued.charge(&msg).is_err() {
             return Err(QueueRefusal::Full);
         }
         st.outbox.push_back(msg);
@@ -112,6 +136,35 @@ impl Session {
 }
 
 impl SessionState {
+    /// Take the next message of the outbox. A QoS 0 message leaves the session here; a QoS
+    /// 1/2 one stays charged (`shard::limits`) until [`SessionState::remove_inflight`].
+    pub fn pop_outbox(&mut self) -> Option<OutMessage> {
+        let msg = self.outbox.pop_front()?;
+        if msg.qos == QoS::AtMostOnce {
+            self.queued.release(&msg);
+        }
+        if self.outbox.is_empty() && self.outbox.capacity() > 64 {
+            // A burst is over: give its slots back (they are not charged once empty).
+            self.outbox = VecDeque::new();
+        }
+        Some(msg)
+    }
+
+    /// The session ended: drop every message still queued or inflight, releasing their bytes
+    /// now rather than when the last reference to the session goes.
+    pub fn drop_queued(&mut self) {
+        self.outbox = VecDeque::new();
+        self.inflight.clear();
+        self.queued.release_all();
+    }
+
+    /// A QoS 1/2 message written to the device leaves the session (acknowledged or dropped).
+    pub fn remove_inflight(&mut self, packet_id: u16) -> Option<(OutMessage, OutStage)> {
+        let removed = self.inflight.remove(&packet_id)?;
+        self.queued.release(&removed.0);
+        Some(removed)
+    }
+
     /// A packet id not currently in flight to the device.
     pub fn allocate_packet_id(&mut self) -> Option<u16> {
         for _ in 0..u16::MAX {

@@ -4,18 +4,27 @@
 //! Used by each shard for its devices' subscriptions and by the control plane for the
 //! read-mostly snapshot of which shards subscribe to what. Matching walks the topic's levels
 //! once per branch (`literal`, `+`, `#`), so cost grows with topic depth and the number of
-//! matching filters, not with the number of filters stored. `$`-topics are not matched by a
-//! wildcard at the first level (MQTT §4.7.2).
+//! matching filters, not with the number of filters stored; it visits each trie node at most
+//! once per topic. `$`-topics are not matched by a wildcard at the first level (MQTT §4.7.2).
+//!
+//! Invariants:
+//! - **No recursion, anywhere** (insert, match, remove, drop, debug): filters and topics come
+//!   from devices and the cloud, and a trie one node per level deep must not cost stack per
+//!   level. Walks keep their pending branches in a heap `Vec` (allocated only when a walk
+//!   branches); `Drop` takes the tree apart with an explicit stack. The gateway also caps the
+//!   levels a device may use (`mqtt.max_topic_levels`, see `shard::limits`), but the trie does
+//!   not rely on it.
+//! - No node is empty except the root: `remove_where` prunes the branch it empties.
+//! - `len()` is the number of values stored.
 
 use std::collections::HashMap;
+use std::fmt;
 
-#[derive(Debug, Clone)]
 pub struct TopicTrie<V> {
     root: Node<V>,
     len: usize,
 }
 
-#[derive(Debug, Clone)]
 struct Node<V> {
     children: HashMap<Box<str>, Node<V>>,
     plus: Option<Box<Node<V>>>,
@@ -36,6 +45,30 @@ impl<V> Default for Node<V> {
     }
 }
 
+impl<V> Drop for Node<V> {
+    /// Iterative: the derived drop would recurse once per level (a 32,000-level filter
+    /// overflowed a shard's stack). Every descendant is detached into a heap stack and dropped
+    /// from there once it has no children of its own.
+    fn drop(&mut self) {
+        if self.children.is_empty() && self.plus.is_none() {
+            return;
+        }
+        let mut stack: Vec<Node<V>> = Vec::new();
+        detach_children(self, &mut stack);
+        while let Some(mut node) = stack.pop() {
+            detach_children(&mut node, &mut stack);
+            // `node` drops here with no children: no recursion.
+        }
+    }
+}
+
+fn detach_children<V>(node: &mut Node<V>, stack: &mut Vec<Node<V>>) {
+    stack.extend(std::mem::take(&mut node.children).into_values());
+    if let Some(plus) = node.plus.take() {
+        stack.push(*plus);
+    }
+}
+
 impl<V> Default for TopicTrie<V> {
     fn default() -> Self {
         TopicTrie {
@@ -43,6 +76,19 @@ impl<V> Default for TopicTrie<V> {
             len: 0,
         }
     }
+}
+
+impl<V> fmt::Debug for TopicTrie<V> {
+    /// Only the size: a derived `Debug` would recurse through the nodes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopicTrie").field("len", &self.len).finish()
+    }
+}
+
+/// One step down from a node: to a literal child or to the `+` child.
+enum Edge<'f> {
+    Literal(&'f str),
+    Plus,
 }
 
 impl<V: PartialEq> TopicTrie<V> {
@@ -85,98 +131,156 @@ impl<V: PartialEq> TopicTrie<V> {
         }
     }
 
-    /// Remove the entries under `filter` for which `pred` is true; returns how many.
+    /// Remove the entries under `filter` for which `pred` is true; returns how many. A branch
+    /// left without values is pruned.
     pub fn remove_where(&mut self, filter: &str, mut pred: impl FnMut(&V) -> bool) -> usize {
-        let levels: Vec<&str> = filter.split('/').collect();
-        let removed = Self::remove_rec(&mut self.root, &levels, &mut pred);
-        self.len -= removed;
-        removed
-    }
-
-    fn remove_rec(node: &mut Node<V>, levels: &[&str], pred: &mut impl FnMut(&V) -> bool) -> usize {
-        let Some((first, rest)) = levels.split_first() else {
-            let before = node.exact.len();
-            node.exact.retain(|v| !pred(v));
-            return before - node.exact.len();
+        let (edges, slot) = split_filter(filter);
+        // 1. Walk down and remove from the filter's slot.
+        let mut node = &mut self.root;
+        for edge in &edges {
+            let next = match edge {
+                Edge::Literal(level) => node.children.get_mut(*level),
+                Edge::Plus => node.plus.as_deref_mut(),
+            };
+            let Some(next) = next else {
+                return 0;
+            };
+            node = next;
+        }
+        let values = match slot {
+            Slot::Hash => &mut node.hash,
+            Slot::Exact => &mut node.exact,
         };
-        if *first == "#" && rest.is_empty() {
-            let before = node.hash.len();
-            node.hash.retain(|v| !pred(v));
-            return before - node.hash.len();
+        let before = values.len();
+        values.retain(|v| !pred(v));
+        let removed = before - values.len();
+        self.len -= removed;
+        if removed == 0 || !node.is_empty() || edges.is_empty() {
+            return removed;
         }
-        if *first == "+" {
-            let Some(child) = node.plus.as_mut() else {
-                return 0;
-            };
-            let n = Self::remove_rec(child, rest, pred);
-            if child.is_empty() {
-                node.plus = None;
+        // 2. The end node is empty: find the deepest node on the path that stays (it has
+        //    values, or another branch), and cut the path's edge below it. What hangs below
+        //    that edge is a chain of nodes that are now empty.
+        let mut cut = 0;
+        let mut node = &self.root;
+        for (depth, edge) in edges.iter().enumerate() {
+            if depth > 0 && (node.has_values() || node.branches() > 1) {
+                cut = depth;
             }
-            n
-        } else {
-            let Some(child) = node.children.get_mut(*first) else {
-                return 0;
+            let next = match edge {
+                Edge::Literal(level) => node.children.get(*level),
+                Edge::Plus => node.plus.as_deref(),
             };
-            let n = Self::remove_rec(child, rest, pred);
-            if child.is_empty() {
-                node.children.remove(*first);
-            }
-            n
+            let Some(next) = next else {
+                return removed; // unreachable: step 1 walked this path
+            };
+            node = next;
         }
+        // 3. Walk to the cut point and detach the empty chain (dropped iteratively).
+        let mut node = &mut self.root;
+        for edge in &edges[..cut] {
+            let next = match edge {
+                Edge::Literal(level) => node.children.get_mut(*level),
+                Edge::Plus => node.plus.as_deref_mut(),
+            };
+            let Some(next) = next else {
+                return removed; // unreachable: step 1 walked this path
+            };
+            node = next;
+        }
+        match edges[cut] {
+            Edge::Literal(level) => drop(node.children.remove(level)),
+            Edge::Plus => drop(node.plus.take()),
+        }
+        removed
     }
 
     /// Call `f` for every value whose filter matches `topic`.
     pub fn for_each_match<'a>(&'a self, topic: &str, mut f: impl FnMut(&'a V)) {
         let dollar = topic.starts_with('$');
-        Self::match_rec(&self.root, topic, true, dollar, &mut f);
-    }
-
-    fn match_rec<'a>(
-        node: &'a Node<V>,
-        rest: &str,
-        first: bool,
-        dollar: bool,
-        f: &mut impl FnMut(&'a V),
-    ) {
-        let wild_ok = !(first && dollar);
-        if wild_ok {
-            // `#` matches this level and everything below, including the parent ("a/#" ~ "a").
-            node.hash.iter().for_each(&mut *f);
-        }
-        let (level, tail) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
-            None => (rest, None),
-        };
-        let mut visit = |child: &'a Node<V>| match tail {
-            Some(t) => Self::match_rec(child, t, false, dollar, f),
-            None => {
-                child.exact.iter().for_each(&mut *f);
-                child.hash.iter().for_each(&mut *f);
+        // Branches still to walk: (node, the topic levels below it). Allocated only when the
+        // walk forks (a literal and a `+` child both match).
+        let mut pending: Vec<(&'a Node<V>, &str)> = Vec::new();
+        let mut current = Some((&self.root, topic));
+        let mut at_root = true;
+        loop {
+            let (node, rest) = match current.take() {
+                Some(next) => next,
+                None => match pending.pop() {
+                    Some(next) => next,
+                    None => return,
+                },
+            };
+            // Wildcards at the first level do not match `$` topics.
+            let wild_ok = !(at_root && dollar);
+            at_root = false;
+            if wild_ok {
+                // `#` matches this level and everything below, including the parent
+                // ("a/#" ~ "a").
+                node.hash.iter().for_each(&mut f);
             }
-        };
-        if let Some(child) = node.children.get(level) {
-            visit(child);
-        }
-        if wild_ok {
-            if let Some(child) = node.plus.as_deref() {
-                visit(child);
+            let (level, tail) = match rest.find('/') {
+                Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+                None => (rest, None),
+            };
+            let literal = node.children.get(level);
+            let plus = node.plus.as_deref().filter(|_| wild_ok);
+            for child in [literal, plus].into_iter().flatten() {
+                match tail {
+                    Some(tail) if current.is_none() => current = Some((child, tail)),
+                    Some(tail) => pending.push((child, tail)),
+                    None => {
+                        child.exact.iter().for_each(&mut f);
+                        child.hash.iter().for_each(&mut f);
+                    }
+                }
             }
         }
     }
 }
 
+/// Where a filter's values live in its last node.
+enum Slot {
+    Exact,
+    Hash,
+}
+
+/// A filter as the edges from the root to its node, and the slot at that node.
+fn split_filter(filter: &str) -> (Vec<Edge<'_>>, Slot) {
+    let mut edges = Vec::new();
+    let mut levels = filter.split('/').peekable();
+    while let Some(level) = levels.next() {
+        if level == "#" && levels.peek().is_none() {
+            return (edges, Slot::Hash);
+        }
+        edges.push(if level == "+" {
+            Edge::Plus
+        } else {
+            Edge::Literal(level)
+        });
+    }
+    (edges, Slot::Exact)
+}
+
 impl<V> Node<V> {
+    fn has_values(&self) -> bool {
+        !self.hash.is_empty() || !self.exact.is_empty()
+    }
+
+    fn branches(&self) -> usize {
+        self.children.len() + usize::from(self.plus.is_some())
+    }
+
     fn is_empty(&self) -> bool {
-        self.children.is_empty()
-            && self.plus.is_none()
-            && self.hash.is_empty()
-            && self.exact.is_empty()
+        !self.has_values() && self.branches() == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use sluice_proto::mqtt::topic;
 
     fn matches(filters: &[&str], topic: &str) -> Vec<usize> {
         let mut t = TopicTrie::new();
@@ -187,6 +291,18 @@ mod tests {
         t.for_each_match(topic, |v| out.push(*v));
         out.sort();
         out
+    }
+
+    /// How many nodes hang below the root (including it), counted without recursion.
+    fn node_count<V>(t: &TopicTrie<V>) -> usize {
+        let mut stack = vec![&t.root];
+        let mut n = 0;
+        while let Some(node) = stack.pop() {
+            n += 1;
+            stack.extend(node.children.values());
+            stack.extend(node.plus.as_deref());
+        }
+        n
     }
 
     #[test]
@@ -224,10 +340,152 @@ mod tests {
     }
 
     #[test]
+    fn remove_prunes_only_the_emptied_branch() {
+        let mut t = TopicTrie::new();
+        t.insert("a/b/c/d", 1);
+        t.insert("a/b", 2);
+        t.insert("a/x/y", 3);
+        assert_eq!(node_count(&t), 7); // root, a, b, c, d, x, y
+        assert_eq!(t.remove_where("a/b/c/d", |_| true), 1);
+        assert_eq!(node_count(&t), 5); // c and d gone; b keeps its value
+        assert_eq!(t.remove_where("a/x/y", |_| true), 1);
+        assert_eq!(node_count(&t), 3); // root, a, b
+        assert_eq!(t.remove_where("a/b", |_| true), 1);
+        assert_eq!(node_count(&t), 1);
+        assert_eq!(t.remove_where("a/b", |_| true), 0);
+    }
+
+    #[test]
     fn inserting_an_equal_value_replaces_it() {
         let mut t = TopicTrie::new();
         t.insert("x", 5);
         t.insert("x", 5);
         assert_eq!(t.len(), 1);
+    }
+
+    /// 100,000 levels: before the trie was made iterative, each of insert (drop), match and
+    /// remove recursed once per level and overflowed the stack. Run on a thread with a
+    /// 256 KiB stack, so a walk that recursed even a few bytes per level would overflow.
+    #[test]
+    fn a_trie_100000_levels_deep_is_built_matched_removed_and_dropped_without_recursion() {
+        const LEVELS: usize = 100_000;
+        let run = || {
+            let deep = vec!["a"; LEVELS].join("/");
+            let deep_plus = format!("{}/+", vec!["a"; LEVELS - 1].join("/"));
+            let deep_hash = format!("{}/#", vec!["a"; LEVELS / 2].join("/"));
+            let mut t = TopicTrie::new();
+            t.insert(&deep, 1);
+            t.insert(&deep_plus, 2);
+            t.insert(&deep_hash, 3);
+            t.insert(&vec!["+"; LEVELS].join("/"), 4);
+            assert_eq!(t.len(), 4);
+            let mut hits = Vec::new();
+            t.for_each_match(&deep, |v| hits.push(*v));
+            hits.sort();
+            assert_eq!(hits, vec![1, 2, 3, 4]);
+            let mut hits = Vec::new();
+            t.for_each_match(&format!("{deep}/b"), |v| hits.push(*v));
+            assert_eq!(hits, vec![3]);
+            assert_eq!(t.remove_where(&deep, |_| true), 1);
+            assert_eq!(t.remove_where(&deep_plus, |_| true), 1);
+            assert_eq!(t.len(), 2);
+            let mut hits = Vec::new();
+            t.for_each_match(&deep, |v| hits.push(*v));
+            hits.sort();
+            assert_eq!(hits, vec![3, 4]);
+            // The remaining half-deep chain (under deep_hash) is pruned down to its value.
+            assert!(node_count(&t) < LEVELS + LEVELS / 2 + 2);
+            // Dropped with a deep literal chain and a deep `+` chain still in it.
+            drop(t);
+            // A trie dropped without any removal first.
+            let mut t = TopicTrie::new();
+            t.insert(&deep, 1);
+            drop(t);
+        };
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(run)
+            .expect("spawn small-stack thread")
+            .join()
+            .expect("deep trie operations did not overflow a 256 KiB stack");
+    }
+
+    /// Filters over a small alphabet so that random topics often match them.
+    fn filter_strategy() -> impl Strategy<Value = String> {
+        let level = prop_oneof![
+            3 => Just("a".to_string()),
+            3 => Just("b".to_string()),
+            1 => Just(String::new()),
+            1 => Just("$x".to_string()),
+            3 => Just("+".to_string()),
+        ];
+        (prop::collection::vec(level, 1..6), any::<bool>()).prop_map(|(mut levels, hash)| {
+            if hash {
+                levels.push("#".to_string());
+            }
+            // A filter is never empty ("" alone is not a valid filter).
+            match levels.join("/") {
+                f if f.is_empty() => "a".to_string(),
+                f => f,
+            }
+        })
+    }
+
+    fn topic_strategy() -> impl Strategy<Value = String> {
+        let level = prop_oneof![
+            3 => Just("a"),
+            3 => Just("b"),
+            1 => Just(""),
+            1 => Just("$x"),
+        ];
+        // A topic name is never empty ("" alone is not a valid name).
+        prop::collection::vec(level, 1..7).prop_map(|levels| match levels.join("/") {
+            t if t.is_empty() => "a".to_string(),
+            t => t,
+        })
+    }
+
+    proptest! {
+        /// The trie answers exactly what `topic::matches` (the spec's rule, one filter at a
+        /// time) answers, after inserting filters and removing some of them again.
+        #[test]
+        fn the_trie_matches_what_the_reference_matcher_matches(
+            filters in prop::collection::vec(filter_strategy(), 0..24),
+            remove in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+            topics in prop::collection::vec(topic_strategy(), 1..12),
+        ) {
+            let mut t = TopicTrie::new();
+            let mut live: Vec<(String, usize)> = Vec::new();
+            for (i, f) in filters.iter().enumerate() {
+                t.insert(f, i);
+                live.push((f.clone(), i));
+            }
+            for r in &remove {
+                if live.is_empty() {
+                    break;
+                }
+                let (f, v) = live.remove(r.index(live.len()));
+                prop_assert_eq!(t.remove_where(&f, |x| *x == v), 1);
+            }
+            prop_assert_eq!(t.len(), live.len());
+            for topic_name in &topics {
+                let mut got = Vec::new();
+                t.for_each_match(topic_name, |v| got.push(*v));
+                got.sort();
+                let mut want: Vec<usize> = live
+                    .iter()
+                    .filter(|(f, _)| topic::matches(f, topic_name))
+                    .map(|(_, v)| *v)
+                    .collect();
+                want.sort();
+                prop_assert_eq!(got, want, "topic {:?}", topic_name);
+            }
+            // Removing everything leaves only the root.
+            for (f, v) in live.drain(..) {
+                prop_assert_eq!(t.remove_where(&f, |x| *x == v), 1);
+            }
+            prop_assert!(t.is_empty());
+            prop_assert_eq!(node_count(&t), 1);
+        }
     }
 }
