@@ -6,6 +6,9 @@
 //! and are disconnected with 0x93 if they exceed it; 3.1.1 devices are simply not read),
 //! which, with the uplink's memory bound, is how devices are back-pressured when the cloud is
 //! slow or away. Acknowledgements to the device go out in the order its PUBLISHes came in.
+//! Keep-alive counts only the device's own silence: while the gateway is not reading it
+//! (paused, or a publish waiting for room) the device counts as heard from, and its
+//! keep-alive period starts again when reads resume.
 //!
 //! A protocol violation closes only this connection, with a log line naming the device and
 //! what it did wrong (and, for MQTT 5, a DISCONNECT carrying the reason code).
@@ -272,6 +275,7 @@ impl Connection {
         let grace = self.keep_alive + self.keep_alive / 2;
         let keep_alive_timer = tokio::time::sleep(grace);
         tokio::pin!(keep_alive_timer);
+        let mut was_paused = false;
         // Process anything the device pipelined behind its CONNECT.
         if let Err(Close(reason, code)) = self.process_input().await {
             return Box::pin(self.close_with(reason, code)).await;
@@ -299,6 +303,12 @@ impl Connection {
                 return Box::pin(self.close_with(reason, code)).await;
             }
             let paused = self.pending.len() >= receive_max;
+            // Keep-alive measures the device's silence, not the gateway's: while its reads are
+            // paused (and when they resume) the device counts as heard from now.
+            if paused || was_paused {
+                self.last_read = Instant::now();
+            }
+            was_paused = paused;
             tokio::select! {
                 biased;
                 // Outbox, takeover, shutdown and cloud acks all wake this one Notify; the top
@@ -325,6 +335,9 @@ impl Connection {
                     }
                 }
                 _ = &mut keep_alive_timer, if keep_alive_on => {
+                    if paused {
+                        self.last_read = Instant::now();
+                    }
                     let deadline = self.last_read + grace;
                     if Instant::now() < deadline {
                         keep_alive_timer.as_mut().reset(deadline.into());
@@ -543,7 +556,12 @@ impl Connection {
         loop {
             tokio::select! {
                 biased;
-                () = &mut publish => return Ok(()),
+                () = &mut publish => {
+                    // Reads stopped while this publish waited for room (a full queue or
+                    // spool): that silence was the gateway's, not the device's.
+                    self.last_read = Instant::now();
+                    return Ok(());
+                }
                 // While this publish waits for room (a full uplink queue or spool), earlier
                 // messages may complete (a spool commit, a cloud ack): acknowledge them now,
                 // so a waiting publish never holds back PUBACKs the device is owed. The main
