@@ -13,7 +13,7 @@
 //! A protocol violation closes only this connection, with a log line naming the device and
 //! what it did wrong (and, for MQTT 5, a DISCONNECT carrying the reason code).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 use super::ack::{AckToken, DeviceAcks};
 use super::metrics::{CloseReason, DropReason};
 use super::route;
-use super::session::{OutMessage, OutStage, Session};
+use super::session::{OutMessage, OutStage, PendingWill, Session};
 use super::{Adopted, ShardContext};
 use crate::control::priority::Priority;
 
@@ -109,8 +109,6 @@ struct Connection {
     acks: Rc<DeviceAcks>,
     ack_scratch: Vec<u16>,
     pending: VecDeque<PendingAck>,
-    /// QoS 2 packet ids PUBREC'd to the device and awaiting its PUBREL.
-    awaiting_rel: HashSet<u16>,
     aliases: HashMap<u16, ByteString>,
     keep_alive: Duration,
     last_read: Instant,
@@ -150,9 +148,13 @@ impl Connection {
         let (session, session_present) = match existing {
             Some(s) if !connect.clean_start => {
                 s.take_over();
+                // Reconnecting within the will delay cancels the will (MQTT 5 §3.1.3.2.2).
+                s.state.borrow_mut().will = None;
                 (s, true)
             }
             Some(s) => {
+                // A clean start ends the old session: its will, pending or not, goes now.
+                s.state.borrow_mut().ended = true;
                 s.take_over();
                 route::end_session(&ctx, &s).await;
                 (Self::new_session(&ctx, &client_id), false)
@@ -188,7 +190,6 @@ impl Connection {
             acks,
             ack_scratch: Vec::new(),
             pending: VecDeque::new(),
-            awaiting_rel: HashSet::new(),
             aliases: HashMap::new(),
             keep_alive: Duration::from_secs(connect.keep_alive as u64),
             last_read: Instant::now(),
@@ -426,7 +427,12 @@ impl Connection {
                 Ok(())
             }
             Packet::PubRel(r) => {
-                let found = self.awaiting_rel.remove(&r.packet_id);
+                let found = self
+                    .session
+                    .state
+                    .borrow_mut()
+                    .awaiting_rel
+                    .remove(r.packet_id);
                 let mut out = resp(r.packet_id);
                 if !found && self.version == ProtocolVersion::V5 {
                     out.reason = reason::PACKET_IDENTIFIER_NOT_FOUND;
@@ -508,21 +514,33 @@ impl Connection {
         let ack = match (p.qos, p.packet_id) {
             (QoS::AtMostOnce, _) => None,
             (qos, Some(id)) => {
-                if qos == QoS::ExactlyOnce
-                    && (self.awaiting_rel.contains(&id)
-                        || self
-                            .pending
-                            .iter()
-                            .any(|a| a.packet_id == id && a.kind == AckKind::PubRec))
-                {
-                    // A resent QoS 2 message we already took: acknowledge again, never forward twice.
-                    if self.awaiting_rel.contains(&id) {
-                        self.write(Packet::PubRec(resp(id)));
+                let awaiting_rel = {
+                    let st = self.session.state.borrow();
+                    if qos == QoS::ExactlyOnce && st.awaiting_rel.contains(id) {
+                        None
+                    } else {
+                        Some(st.awaiting_rel.len())
                     }
+                };
+                let Some(awaiting_rel) = awaiting_rel else {
+                    // A resent QoS 2 message already PUBREC'd (on this connection or one
+                    // before it): acknowledge again, never forward twice.
+                    self.write(Packet::PubRec(resp(id)));
+                    return Ok(());
+                };
+                if qos == QoS::ExactlyOnce
+                    && self
+                        .pending
+                        .iter()
+                        .any(|a| a.packet_id == id && a.kind == AckKind::PubRec)
+                {
+                    // Resent before its PUBREC on this connection: the PUBREC is coming.
                     return Ok(());
                 }
+                // MQTT 5 counts a QoS 2 message against the Receive Maximum until PUBCOMP.
                 if self.version == ProtocolVersion::V5
-                    && self.pending.len() >= self.ctx.config.mqtt.receive_maximum as usize
+                    && self.pending.len() + awaiting_rel
+                        >= self.ctx.config.mqtt.receive_maximum as usize
                 {
                     tracing::warn!(client_id = %self.client_id, "device exceeded the receive maximum; closing");
                     return Err(Close(
@@ -601,7 +619,12 @@ impl Connection {
             match a.kind {
                 AckKind::PubAck => self.write(Packet::PubAck(resp(a.packet_id))),
                 AckKind::PubRec => {
-                    self.awaiting_rel.insert(a.packet_id);
+                    let bound = self.ctx.config.mqtt.receive_maximum as usize;
+                    self.session
+                        .state
+                        .borrow_mut()
+                        .awaiting_rel
+                        .insert(a.packet_id, bound);
                     self.write(Packet::PubRec(resp(a.packet_id)));
                 }
             }
@@ -775,7 +798,7 @@ impl Connection {
     async fn finish(&mut self, reason: CloseReason) {
         if let Some(will) = self.will.take() {
             if reason != CloseReason::ClientDisconnect {
-                self.publish_will(will).await;
+                self.on_will(will, reason).await;
             }
         }
         if !self.is_current() {
@@ -809,44 +832,74 @@ impl Connection {
         });
     }
 
-    async fn publish_will(&mut self, will: Will) {
+    /// The connection ended without a normal DISCONNECT: publish the will now, or hold it in
+    /// the session for its delay. MQTT 5 §3.1.3.2.2: the will goes at the earlier of the Will
+    /// Delay Interval and the end of the session; a reconnect to the session within the delay
+    /// cancels it, a clean start (which ends the session) publishes it at once.
+    async fn on_will(&mut self, will: Will, reason: CloseReason) {
         let delay = Duration::from_secs(will.properties.will_delay_interval.unwrap_or(0) as u64);
-        let props = if will.properties.is_empty() {
-            None
-        } else {
-            let mut p = will.properties.clone();
-            p.will_delay_interval = None;
-            if p.is_empty() {
-                None
-            } else {
-                Some(Box::new(p))
-            }
+        let p = will_publish(will);
+        let (ended, expiry) = {
+            let st = self.session.state.borrow();
+            (st.ended, st.expiry)
         };
-        let p = Publish {
-            dup: false,
-            qos: will.qos,
-            retain: will.retain,
-            topic: will.topic,
-            packet_id: None,
-            properties: props,
-            payload: will.payload,
+        let now = if !self.is_current() {
+            // Taken over: a clean start ended the session (publish now); a connection that
+            // continues it arrived within the delay (no will), unless there was no delay.
+            if !ended && !delay.is_zero() {
+                return;
+            }
+            true
+        } else {
+            delay.is_zero() || expiry.is_zero() || reason == CloseReason::Shutdown
         };
         let origin = self.client_id.clone();
         let priority = self.priority;
-        if delay.is_zero() {
+        if now {
             route::publish(&self.ctx, &origin, priority, &p, None, Instant::now()).await;
             return;
         }
+        self.session.state.borrow_mut().will = Some(PendingWill {
+            publish: p,
+            priority,
+        });
         let ctx = self.ctx.clone();
         let session = self.session.clone();
         let generation = self.generation;
         tokio::task::spawn_local(async move {
-            tokio::time::sleep(delay).await;
-            // A device that reconnected within the delay cancels its will (MQTT 5 §3.1.3.2.2).
-            if session.generation.get() == generation {
-                route::publish(&ctx, &origin, priority, &p, None, Instant::now()).await;
+            tokio::time::sleep(delay.min(expiry)).await;
+            if session.generation.get() != generation {
+                return; // reconnected (cancelled) or replaced (published by end_session)
+            }
+            let pending = session.state.borrow_mut().will.take();
+            if let Some(w) = pending {
+                route::publish(&ctx, &origin, w.priority, &w.publish, None, Instant::now()).await;
             }
         });
+    }
+}
+
+/// The PUBLISH a will becomes (its will-only properties removed).
+fn will_publish(will: Will) -> Publish {
+    let props = if will.properties.is_empty() {
+        None
+    } else {
+        let mut p = will.properties;
+        p.will_delay_interval = None;
+        if p.is_empty() {
+            None
+        } else {
+            Some(Box::new(p))
+        }
+    };
+    Publish {
+        dup: false,
+        qos: will.qos,
+        retain: will.retain,
+        topic: will.topic,
+        packet_id: None,
+        properties: props,
+        payload: will.payload,
     }
 }
 

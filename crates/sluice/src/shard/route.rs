@@ -318,8 +318,26 @@ pub async fn unsubscribe(
     true
 }
 
-/// End a session: drop its subscriptions and forget it.
+/// End a session: publish its pending will (the session's end is the latest a delayed will
+/// waits for), drop its subscriptions and forget it.
 pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
+    let will = {
+        let mut st = session.state.borrow_mut();
+        st.ended = true;
+        st.will.take()
+    };
+    if let Some(w) = will {
+        let origin = session.client_id.clone();
+        Box::pin(publish(
+            ctx,
+            &origin,
+            w.priority,
+            &w.publish,
+            None,
+            std::time::Instant::now(),
+        ))
+        .await;
+    }
     let filters: Vec<ByteString> = session
         .state
         .borrow()

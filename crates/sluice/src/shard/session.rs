@@ -6,16 +6,19 @@
 //! device always hashes to the same shard, the session is found again without a global
 //! lookup. Invariants: the outbox holds at most `max_queued` messages (overflow: the new
 //! message is dropped and counted); `inflight` holds QoS 1/2 messages written to the device
-//! and not yet acknowledged, resent with DUP when the device reconnects.
+//! and not yet acknowledged, resent with DUP when the device reconnects. Incoming QoS 2
+//! state (`awaiting_rel`: ids PUBREC'd, awaiting PUBREL) is the session's too, so a PUBLISH
+//! the device resends after a reconnect is acknowledged again and never forwarded twice; it
+//! holds at most `receive_maximum` ids. A delayed will waits here while the device is away.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
+use sluice_proto::mqtt::{Properties, Publish, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
 
 /// A message on its way to a device.
@@ -46,6 +49,70 @@ pub struct SessionState {
     /// How long the session outlives a disconnect (zero: it ends with the connection).
     pub expiry: Duration,
     pub connected: bool,
+    /// Incoming QoS 2: packet ids PUBREC'd to the device and awaiting its PUBREL, oldest
+    /// first. Kept with the session, so a PUBLISH resent (DUP) after a reconnect is
+    /// acknowledged again but never forwarded twice.
+    pub awaiting_rel: AwaitingRel,
+    /// A will waiting for its delay while the device is away (MQTT 5 Will Delay Interval):
+    /// cancelled when the device reconnects to this session, published when the delay passes
+    /// or the session ends, whichever is first.
+    pub will: Option<PendingWill>,
+    /// Set once the session is ending (expired, or a clean-start connection replaced it); a
+    /// connection taken over by then publishes its will at once.
+    pub ended: bool,
+}
+
+/// A delayed will held by a session whose connection is gone.
+#[derive(Debug, Clone)]
+pub struct PendingWill {
+    pub publish: Publish,
+    pub priority: crate::control::priority::Priority,
+}
+
+/// The QoS 2 packet ids PUBREC'd and awaiting PUBREL. Bounded by the caller: an MQTT 5 device
+/// may have at most the gateway's Receive Maximum QoS 2 messages unfinished (more is a
+/// protocol error, 0x93); for a 3.1.1 device, which is not told the limit, the oldest id is
+/// forgotten at the bound (its late PUBREL still gets a PUBCOMP).
+#[derive(Debug, Default)]
+pub struct AwaitingRel {
+    ids: HashSet<u16>,
+    order: VecDeque<u16>,
+}
+
+impl AwaitingRel {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    pub fn contains(&self, id: u16) -> bool {
+        self.ids.contains(&id)
+    }
+    /// Add `id`; at `bound` entries the oldest is forgotten first. Returns whether one was.
+    pub fn insert(&mut self, id: u16, bound: usize) -> bool {
+        if !self.ids.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        let mut evicted = false;
+        while self.ids.len() > bound.max(1) {
+            match self.order.pop_front() {
+                Some(old) => evicted |= self.ids.remove(&old),
+                None => break,
+            }
+        }
+        evicted
+    }
+    pub fn remove(&mut self, id: u16) -> bool {
+        if !self.ids.remove(&id) {
+            return false;
+        }
+        if let Some(pos) = self.order.iter().position(|x| *x == id) {
+            self.order.remove(pos);
+        }
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -79,6 +146,9 @@ impl Session {
                 next_packet_id: 1,
                 expiry: Duration::ZERO,
                 connected: false,
+                awaiting_rel: AwaitingRel::default(),
+                will: None,
+                ended: false,
             }),
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
@@ -146,6 +216,19 @@ mod tests {
         assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
         assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
         assert_eq!(s.enqueue(msg(QoS::AtLeastOnce)), Err(QueueRefusal::Full));
+    }
+
+    #[test]
+    fn awaiting_rel_is_bounded_and_forgets_the_oldest() {
+        let mut a = AwaitingRel::default();
+        assert!(!a.insert(1, 2));
+        assert!(!a.insert(2, 2));
+        assert!(!a.insert(2, 2), "a duplicate is not added twice");
+        assert!(a.insert(3, 2), "the oldest goes at the bound");
+        assert!(!a.contains(1) && a.contains(2) && a.contains(3));
+        assert!(a.remove(2));
+        assert!(!a.remove(2));
+        assert_eq!(a.len(), 1);
     }
 
     #[test]
