@@ -297,3 +297,348 @@ async fn a_will_is_published_at_the_earlier_of_its_delay_and_the_session_expiry(
     }
     tokio::task::block_in_place(|| gw.shutdown());
 }
+
+// ---------------------------------------------------------------------------------------------
+// MQTT 5: message expiry, subscription options, properties, subscription identifiers.
+
+fn expiring(secs: u32) -> Properties {
+    let mut p = Properties::default();
+    p.message_expiry_interval = Some(secs);
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_messages_expire_and_the_rest_carry_their_remaining_lifetime() {
+    let gw = gateway(1, "");
+    let mut opts = ConnectOpts::v5("expiry-sub");
+    opts.clean_start = false;
+    opts.properties.session_expiry_interval = Some(300);
+    let mut sub = device_opts(&gw, opts.clone()).await;
+    sub.subscribe(&[("exp/#", QoS::ExactlyOnce)]).await.unwrap();
+    sub.disconnect().await.unwrap();
+
+    let mut publ = device(&gw, "expiry-pub", ProtocolVersion::V5).await;
+    let sends = [
+        ("short-1", QoS::AtLeastOnce, Some(1)),
+        ("short-2", QoS::ExactlyOnce, Some(1)),
+        ("long-1", QoS::AtLeastOnce, Some(20)),
+        ("long-2", QoS::ExactlyOnce, Some(20)),
+        ("forever", QoS::AtLeastOnce, None),
+    ];
+    for (i, (payload, qos, expiry)) in sends.iter().enumerate() {
+        let props = expiry.map(expiring).unwrap_or_default();
+        let id = 100 + i as u16;
+        publ.send_packet(&publish("exp/x", payload, *qos, Some(id), props))
+            .await
+            .unwrap();
+        publ.wait_ack(id).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    let (mut back, ack) = TestClient::connect(gw.mqtt_addr, opts).await.unwrap();
+    assert!(ack.session_present);
+    let mut got = Vec::new();
+    while let Some(p) = back.recv(Duration::from_secs(2)).await.unwrap() {
+        let left = p
+            .properties
+            .as_ref()
+            .and_then(|p| p.message_expiry_interval);
+        got.push((String::from_utf8_lossy(&p.payload).into_owned(), left));
+    }
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["long-1", "long-2", "forever"], "{got:?}");
+    for (name, left) in &got[..2] {
+        let left = left.unwrap_or_else(|| panic!("{name}: no Message Expiry Interval"));
+        assert!(
+            (1..=18).contains(&left),
+            "{name}: {left} s left after 2.5 s of 20"
+        );
+    }
+    assert_eq!(got[2].1, None, "a message without expiry got one");
+    assert_eq!(
+        metric(
+            &gw,
+            "sluice_mqtt_dropped_total{shard=\"0\",reason=\"expired\"}"
+        ),
+        2.0
+    );
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+fn with_options(filter: &str, f: impl FnOnce(&mut SubscriptionOptions)) -> SubscribeFilter {
+    let mut s = opts_sub(filter, QoS::ExactlyOnce);
+    f(&mut s.options);
+    s
+}
+
+/// The retain flags of everything that arrives until a quiet 800 ms.
+async fn flags(c: &mut TestClient) -> Vec<bool> {
+    let mut v = Vec::new();
+    while let Some(p) = c.recv(Duration::from_millis(800)).await.unwrap() {
+        v.push(p.retain);
+    }
+    v
+}
+
+/// Subscribe to `opt/rh/+` with this Retain Handling; the QoS of each retained message sent.
+async fn count(c: &mut TestClient, handling: u8) -> Vec<u8> {
+    c.subscribe_with(
+        vec![with_options("opt/rh/+", |o| o.retain_handling = handling)],
+        Properties::default(),
+    )
+    .await
+    .unwrap();
+    let mut qos = Vec::new();
+    while let Some(p) = c.recv(Duration::from_millis(800)).await.unwrap() {
+        assert!(p.retain);
+        qos.push(p.qos as u8);
+    }
+    qos.sort();
+    qos
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_local_retain_as_published_and_retain_handling_are_honoured() {
+    let gw = gateway(2, "");
+    // No Local: the publisher does not get its own message; another subscriber does.
+    let mut a = device(&gw, "opt-a", ProtocolVersion::V5).await;
+    let mut b = device(&gw, "opt-b", ProtocolVersion::V5).await;
+    for c in [&mut a, &mut b] {
+        c.subscribe_with(
+            vec![with_options("opt/nl", |o| o.no_local = true)],
+            Properties::default(),
+        )
+        .await
+        .unwrap();
+    }
+    a.publish("opt/nl", "mine", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    assert!(b.recv(Duration::from_secs(3)).await.unwrap().is_some());
+    assert!(
+        a.recv(Duration::from_millis(500)).await.unwrap().is_none(),
+        "No Local ignored"
+    );
+
+    // Retain As Published: the retain flag is kept only for subscriptions that ask for it.
+    let mut rap = device(&gw, "opt-rap", ProtocolVersion::V5).await;
+    rap.subscribe_with(
+        vec![with_options("opt/rap", |o| o.retain_as_published = true)],
+        Properties::default(),
+    )
+    .await
+    .unwrap();
+    let mut plain = device(&gw, "opt-plain", ProtocolVersion::V5).await;
+    plain
+        .subscribe(&[("opt/rap", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    a.publish("opt/rap", "not retained", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    a.publish("opt/rap", "retained", QoS::AtLeastOnce, true)
+        .await
+        .unwrap();
+    assert_eq!(flags(&mut rap).await, [false, true]);
+    assert_eq!(flags(&mut plain).await, [false, false]);
+
+    // Retain Handling: 0 = every time, 1 = only for a new subscription, 2 = never.
+    for (i, qos) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce]
+        .into_iter()
+        .enumerate()
+    {
+        a.publish(&format!("opt/rh/{i}"), "r", qos, true)
+            .await
+            .unwrap();
+    }
+    let mut rh = device(&gw, "opt-rh", ProtocolVersion::V5).await;
+    assert_eq!(count(&mut rh, 1).await, [0, 1, 2], "new subscription");
+    assert_eq!(count(&mut rh, 1).await, [0u8; 0], "existing subscription");
+    assert_eq!(count(&mut rh, 0).await, [0, 1, 2]);
+    assert_eq!(count(&mut rh, 0).await, [0, 1, 2]);
+    let mut never = device(&gw, "opt-never", ProtocolVersion::V5).await;
+    assert_eq!(count(&mut never, 2).await, [0u8; 0]);
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_response_properties_reach_the_subscriber_unchanged() {
+    let gw = gateway(2, "");
+    // The two ends hash to different shards, so both local and cross-shard paths carry them.
+    let ids = ids_on_shards("rr", 2, 1);
+    let mut requester = device(&gw, &ids[0][0], ProtocolVersion::V5).await;
+    let mut responder = device(&gw, &ids[1][0], ProtocolVersion::V5).await;
+    responder
+        .subscribe(&[("svc/request", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    requester
+        .subscribe(&[("svc/reply/me", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    let mut props = Properties::default();
+    props.response_topic = Some("svc/reply/me".into());
+    props.correlation_data = Some(Bytes::from_static(b"\x00\x01corr"));
+    props.content_type = Some("text/plain".into());
+    props.payload_format_indicator = Some(1);
+    props.user_properties = vec![("k".into(), "v".into()), ("k".into(), "w".into())];
+    requester
+        .send_packet(&publish(
+            "svc/request",
+            "ask",
+            QoS::AtLeastOnce,
+            Some(1),
+            props.clone(),
+        ))
+        .await
+        .unwrap();
+    requester.wait_ack(1).await.unwrap();
+    let req = responder
+        .recv(Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("request");
+    let got = *req.properties.expect("properties forwarded");
+    assert_eq!(got, props);
+    // The responder answers on the Response Topic with the Correlation Data.
+    let mut answer = Properties::default();
+    answer.correlation_data = got.correlation_data.clone();
+    let topic = got.response_topic.clone().unwrap();
+    responder
+        .send_packet(&publish(
+            &topic,
+            "answer",
+            QoS::AtLeastOnce,
+            Some(2),
+            answer,
+        ))
+        .await
+        .unwrap();
+    responder.wait_ack(2).await.unwrap();
+    let resp = requester
+        .recv(Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("response");
+    assert_eq!(resp.payload, &b"answer"[..]);
+    assert_eq!(
+        resp.properties.and_then(|p| p.correlation_data),
+        Some(Bytes::from_static(b"\x00\x01corr"))
+    );
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_matching_subscription_identifier_is_sent_with_the_message() {
+    let gw = gateway(2, "");
+    let mut dev = device(&gw, "subid", ProtocolVersion::V5).await;
+    let (ack, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("subid-probe"))
+        .await
+        .map(|(c, a)| (a, c))
+        .unwrap();
+    assert_eq!(ack.properties.subscription_identifier_available, Some(1));
+    for (filter, id) in [("sid/a", 2u32), ("sid/#", 3), ("sid/none/#", 0)] {
+        let mut props = Properties::default();
+        if id != 0 {
+            props.subscription_identifiers = vec![id];
+        }
+        dev.subscribe_with(vec![opts_sub(filter, QoS::AtLeastOnce)], props)
+            .await
+            .unwrap();
+    }
+    let mut other = device(&gw, "subid-pub", ProtocolVersion::V5).await;
+    other
+        .publish("sid/a", "x", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    other
+        .publish("sid/none/x", "y", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let first = dev
+        .recv(Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("message");
+    let mut ids = first
+        .properties
+        .map(|p| p.subscription_identifiers)
+        .unwrap_or_default();
+    ids.sort();
+    assert_eq!(ids, [2, 3]);
+    let second = dev
+        .recv(Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("message");
+    assert_eq!(
+        second
+            .properties
+            .map(|p| p.subscription_identifiers)
+            .unwrap_or_default(),
+        [3],
+        "only sid/# (id 3) and sid/none/# (no id) match"
+    );
+    // A retained message sent on subscribe carries the new subscription's identifier.
+    other
+        .publish("sid/kept", "r", QoS::AtLeastOnce, true)
+        .await
+        .unwrap();
+    let mut props = Properties::default();
+    props.subscription_identifiers = vec![77];
+    let mut late = device(&gw, "subid-late", ProtocolVersion::V5).await;
+    late.subscribe_with(vec![opts_sub("sid/kept", QoS::AtLeastOnce)], props)
+        .await
+        .unwrap();
+    let kept = late
+        .recv(Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("retained");
+    assert_eq!(
+        kept.properties
+            .map(|p| p.subscription_identifiers)
+            .unwrap_or_default(),
+        [77]
+    );
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_subscriptions_deliver_once_per_session_at_the_highest_qos() {
+    let gw = gateway(1, "");
+    let mut devs = Vec::new();
+    for d in 0..20 {
+        let mut c = device(&gw, &format!("ov-{d}"), ProtocolVersion::V5).await;
+        // Many overlapping filters per session; the highest QoS among them is d % 3.
+        let mut filters = vec![
+            opts_sub("ov/#", QoS::AtMostOnce),
+            opts_sub("ov/+/+/+", QoS::AtMostOnce),
+            opts_sub("+/a/#", QoS::AtMostOnce),
+            opts_sub("ov/a/b/c", QoS::AtMostOnce),
+            opts_sub("#", QoS::AtMostOnce),
+        ];
+        filters[d % 5].options.qos = QoS::from_u8((d % 3) as u8).unwrap();
+        c.subscribe_with(filters, Properties::default())
+            .await
+            .unwrap();
+        devs.push(c);
+    }
+    let mut publ = device(&gw, "ov-pub", ProtocolVersion::V5).await;
+    publ.publish("ov/a/b/c", "fan", QoS::ExactlyOnce, false)
+        .await
+        .unwrap();
+    for (d, c) in devs.iter_mut().enumerate() {
+        let got = c
+            .recv(Duration::from_secs(3))
+            .await
+            .unwrap()
+            .expect("delivered");
+        assert_eq!(got.qos as usize, d % 3, "device {d}: QoS");
+        assert!(
+            c.recv(Duration::from_millis(100)).await.unwrap().is_none(),
+            "device {d}: delivered twice"
+        );
+    }
+    tokio::task::block_in_place(|| gw.shutdown());
+}

@@ -38,6 +38,8 @@ pub struct RetainedMessage {
     pub payload: Bytes,
     pub qos: QoS,
     pub properties: Option<Box<Properties>>,
+    /// MQTT 5 Message Expiry Interval as a deadline: an expired message is no longer replayed.
+    pub expires_at: Option<std::time::Instant>,
 }
 
 #[derive(Debug)]
@@ -264,8 +266,10 @@ impl ControlPlane {
         if filters.is_empty() {
             return Vec::new();
         }
+        let now = std::time::Instant::now();
         self.retained
             .values()
+            .filter(|m| m.expires_at.is_none_or(|at| at > now))
             .filter(|m| filters.iter().any(|f| topic::matches(f, &m.topic)))
             .cloned()
             .collect()

@@ -210,7 +210,7 @@ impl Connection {
             props.retain_available = Some(1);
             props.wildcard_subscription_available = Some(1);
             props.shared_subscription_available = Some(0);
-            props.subscription_identifier_available = Some(0);
+            props.subscription_identifier_available = Some(1);
             if assigned_client_id {
                 props.assigned_client_identifier = Some(client_id.clone());
             }
@@ -498,6 +498,17 @@ impl Connection {
                 }
             }
         }
+        // Subscription Identifiers are the server's to set, per subscriber (MQTT 5 §3.3.4).
+        if let Some(props) = p
+            .properties
+            .as_mut()
+            .filter(|pr| !pr.subscription_identifiers.is_empty())
+        {
+            props.subscription_identifiers.clear();
+            if props.is_empty() {
+                p.properties = None;
+            }
+        }
         if !topic::valid_topic_name(&p.topic) {
             tracing::warn!(client_id = %self.client_id, topic = %p.topic, "device published to an invalid topic name; closing");
             return Err(Close(
@@ -651,7 +662,13 @@ impl Connection {
                 accepted.push((f.filter.clone(), f.options, true));
             }
         }
-        let retained = route::subscribe(&self.ctx, &self.session, &accepted).await;
+        let sub_id = s
+            .properties
+            .subscription_identifiers
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let retained = route::subscribe(&self.ctx, &self.session, &accepted, sub_id).await;
         self.write(Packet::SubAck(SubAck {
             packet_id: s.packet_id,
             codes,
@@ -664,12 +681,20 @@ impl Connection {
                 .map(|(_, o, _)| o.qos)
                 .max()
                 .unwrap_or(QoS::AtMostOnce);
+            let properties = if sub_id == 0 {
+                m.properties
+            } else {
+                let mut p = m.properties.unwrap_or_default();
+                p.subscription_identifiers = vec![sub_id];
+                Some(p)
+            };
             let msg = OutMessage {
                 topic: m.topic,
                 payload: m.payload,
                 qos: m.qos.min(granted),
                 retain: true,
-                properties: m.properties,
+                properties,
+                expires_at: m.expires_at,
             };
             if self.session.enqueue(msg).is_err() {
                 self.ctx.metrics.count_drop(DropReason::SessionQueueFull);
@@ -711,12 +736,18 @@ impl Connection {
             .max_inflight_out
             .min(self.device_receive_max))
         .max(1) as usize;
+        let now = Instant::now();
         loop {
             let (msg, id) = {
                 let mut st = self.session.state.borrow_mut();
                 let Some(front) = st.outbox.front() else {
                     break;
                 };
+                if front.is_expired(now) {
+                    st.outbox.pop_front();
+                    self.ctx.metrics.count_drop(DropReason::Expired);
+                    continue;
+                }
                 if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
                     break;
                 }
@@ -930,7 +961,7 @@ fn publish_packet(msg: &OutMessage, packet_id: Option<u16>, dup: bool) -> Publis
         retain: msg.retain,
         topic: msg.topic.clone(),
         packet_id,
-        properties: msg.properties.clone(),
+        properties: msg.properties_now(Instant::now()),
         payload: msg.payload.clone(),
     }
 }

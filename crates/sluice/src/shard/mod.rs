@@ -75,6 +75,8 @@ pub enum ShardCmd {
 pub struct LocalSub {
     pub session: Rc<Session>,
     pub options: SubscriptionOptions,
+    /// MQTT 5 Subscription Identifier of the SUBSCRIBE that made it (0: none).
+    pub sub_id: u32,
 }
 
 impl PartialEq for LocalSub {
@@ -123,6 +125,8 @@ pub struct ShardContext {
     pub online_devices: Arc<AtomicUsize>,
     /// Set once when the gateway stops; connections see it when their session is woken.
     pub shutting_down: std::cell::Cell<bool>,
+    /// Counts local fan-outs; each stamps the sessions it reached (`route::deliver_local`).
+    pub delivery_seq: std::cell::Cell<u64>,
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -249,6 +253,7 @@ async fn run(seed: ShardSeed) {
         live_connections,
         online_devices: online_devices.clone(),
         shutting_down: std::cell::Cell::new(false),
+        delivery_seq: std::cell::Cell::new(0),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.

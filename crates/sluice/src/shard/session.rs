@@ -14,7 +14,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -29,6 +29,27 @@ pub struct OutMessage {
     pub qos: QoS,
     pub retain: bool,
     pub properties: Option<Box<Properties>>,
+    /// When the message expires (MQTT 5 Message Expiry Interval, counted from when the
+    /// gateway received it): an expired message still queued is dropped, counted.
+    pub expires_at: Option<Instant>,
+}
+
+impl OutMessage {
+    /// The message's properties as sent now: the Message Expiry Interval lowered by the time
+    /// the message waited in the gateway (at least 1 s, so it never reads as "no expiry").
+    pub fn properties_now(&self, now: Instant) -> Option<Box<Properties>> {
+        let Some(at) = self.expires_at else {
+            return self.properties.clone();
+        };
+        let left = at.saturating_duration_since(now);
+        let secs = (left.as_millis().div_ceil(1000)).clamp(1, u32::MAX as u128) as u32;
+        let mut p = self.properties.clone().unwrap_or_default();
+        p.message_expiry_interval = Some(secs);
+        Some(p)
+    }
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
 }
 
 /// Where a QoS 1/2 message written to the device is in its acknowledgement flow.
@@ -126,6 +147,10 @@ pub struct Session {
     /// down, or (shared with the connection's `DeviceAcks`) the cloud acknowledged something.
     pub notify: Rc<Notify>,
     max_queued: usize,
+    /// Local fan-out's per-delivery stamp (`route::deliver_local`): the delivery that last
+    /// counted this session, and its slot in that delivery's hit list. O(1) deduplication.
+    pub delivery_mark: Cell<u64>,
+    pub delivery_slot: Cell<usize>,
 }
 
 /// Why a message was not queued for a device.
@@ -153,6 +178,8 @@ impl Session {
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
             max_queued,
+            delivery_mark: Cell::new(0),
+            delivery_slot: Cell::new(0),
         })
     }
 
@@ -206,6 +233,7 @@ mod tests {
             qos,
             retain: false,
             properties: None,
+            expires_at: None,
         }
     }
 
@@ -216,6 +244,20 @@ mod tests {
         assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
         assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
         assert_eq!(s.enqueue(msg(QoS::AtLeastOnce)), Err(QueueRefusal::Full));
+    }
+
+    #[test]
+    fn message_expiry_is_lowered_by_the_wait_and_expired_messages_say_so() {
+        let now = Instant::now();
+        let mut m = msg(QoS::AtLeastOnce);
+        assert_eq!(m.properties_now(now), None);
+        m.expires_at = Some(now + Duration::from_millis(2_300));
+        let p = m.properties_now(now).unwrap();
+        assert_eq!(p.message_expiry_interval, Some(3));
+        assert!(!m.is_expired(now));
+        assert!(m.is_expired(now + Duration::from_secs(3)));
+        let late = m.properties_now(now + Duration::from_secs(9)).unwrap();
+        assert_eq!(late.message_expiry_interval, Some(1));
     }
 
     #[test]
