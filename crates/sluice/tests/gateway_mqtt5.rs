@@ -642,3 +642,149 @@ async fn overlapping_subscriptions_deliver_once_per_session_at_the_highest_qos()
     }
     tokio::task::block_in_place(|| gw.shutdown());
 }
+
+// ---------------------------------------------------------------------------------------------
+// MQTT 5: Server Keep Alive, flow control, server topic aliases.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_keep_alive_caps_a_longer_or_absent_mqtt5_keep_alive_and_is_enforced() {
+    let gw = gateway(1, "");
+    for (asked, told) in [(120u16, Some(60u16)), (0, Some(60)), (30, None)] {
+        let mut o = ConnectOpts::v5(format!("ka-{asked}"));
+        o.keep_alive = asked;
+        let (_c, ack) = TestClient::connect(gw.mqtt_addr, o).await.unwrap();
+        assert_eq!(ack.properties.server_keep_alive, told, "asked {asked} s");
+    }
+    tokio::task::block_in_place(|| gw.shutdown());
+
+    let gw = gateway_mqtt(1, "max_keep_alive = \"1s\"", "");
+    let mut o = ConnectOpts::v5("ka-none");
+    o.keep_alive = 0;
+    let (mut v5, ack) = TestClient::connect(gw.mqtt_addr, o).await.unwrap();
+    assert_eq!(ack.properties.server_keep_alive, Some(1));
+    let mut o = ConnectOpts::v311("ka-311");
+    o.keep_alive = 0;
+    let mut v311 = device_opts(&gw, o).await;
+    assert!(
+        v5.expect_closed(Duration::from_secs(5)).await,
+        "held to the Server Keep Alive"
+    );
+    v311.ping()
+        .await
+        .expect("a 3.1.1 device keeps its own keep-alive");
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_sends_no_more_unacknowledged_messages_than_the_devices_receive_maximum() {
+    let gw = gateway(1, "");
+    let mut o = ConnectOpts::v5("slow-reader");
+    o.properties.receive_maximum = Some(2);
+    let mut dev = device_opts(&gw, o).await;
+    dev.subscribe(&[("fc/#", QoS::AtLeastOnce)]).await.unwrap();
+    let mut publ = device(&gw, "fc-pub", ProtocolVersion::V5).await;
+    for i in 0..5 {
+        publ.publish("fc/x", format!("{i}"), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+    }
+    // Raw reads: the test client would acknowledge what it decodes.
+    let mut decoder = sluice_proto::mqtt::Decoder::client(ProtocolVersion::V5, 1 << 20);
+    let mut ids = Vec::new();
+    let mut read = |bytes: Vec<u8>, ids: &mut Vec<u16>| {
+        let mut buf = bytes::BytesMut::from(&bytes[..]);
+        while let Ok(Some(p)) = decoder.decode(&mut buf) {
+            if let Packet::Publish(p) = p {
+                ids.extend(p.packet_id);
+            }
+        }
+    };
+    let (bytes, _) = dev.read_raw_until_closed(Duration::from_millis(800)).await;
+    read(bytes, &mut ids);
+    assert_eq!(ids.len(), 2, "sent beyond the device's Receive Maximum");
+    let first = ids[0];
+    dev.send_packet(&Packet::PubAck(PubResponse {
+        packet_id: first,
+        reason: 0,
+        properties: None,
+    }))
+    .await
+    .unwrap();
+    let (bytes, _) = dev.read_raw_until_closed(Duration::from_millis(800)).await;
+    read(bytes, &mut ids);
+    assert_eq!(ids.len(), 3, "one more after one acknowledgement");
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreleased_qos2_messages_count_against_the_receive_maximum() {
+    let gw = gateway_mqtt(1, "receive_maximum = 4", "");
+    let mut dev = device(&gw, "no-pubrel", ProtocolVersion::V5).await;
+    for i in 1..=5u16 {
+        dev.send_packet(&publish(
+            "q2/x",
+            "m",
+            QoS::ExactlyOnce,
+            Some(i),
+            Properties::default(),
+        ))
+        .await
+        .unwrap();
+        // Let the PUBREC go out before the next, so each one is finished but for PUBREL.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (bytes, closed) = dev.read_raw_until_closed(Duration::from_secs(3)).await;
+    assert!(closed, "not disconnected");
+    assert!(
+        bytes.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x93),
+        "no DISCONNECT 0x93: {bytes:?}"
+    );
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_topic_aliases_stay_within_the_devices_topic_alias_maximum() {
+    let gw = gateway(1, "");
+    let mut o = ConnectOpts::v5("alias-dev");
+    o.properties.topic_alias_maximum = Some(1);
+    let mut dev = device_opts(&gw, o).await;
+    dev.subscribe(&[("ta/#", QoS::ExactlyOnce)]).await.unwrap();
+    let mut none = device(&gw, "alias-none", ProtocolVersion::V5).await;
+    none.subscribe(&[("ta/#", QoS::ExactlyOnce)]).await.unwrap();
+    let mut publ = device(&gw, "alias-pub", ProtocolVersion::V5).await;
+    for qos in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce] {
+        publ.publish("ta/x", "m", qos, false).await.unwrap();
+    }
+    publ.publish("ta/y", "other", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let p = dev
+            .recv(Duration::from_secs(3))
+            .await
+            .unwrap()
+            .expect("message");
+        let alias = p.properties.as_ref().and_then(|p| p.topic_alias);
+        got.push((p.topic.to_string(), alias));
+    }
+    assert_eq!(
+        got,
+        [
+            ("ta/x".to_string(), Some(1)),
+            (String::new(), Some(1)),
+            (String::new(), Some(1)),
+            ("ta/y".to_string(), None),
+        ]
+    );
+    for _ in 0..4 {
+        let p = none
+            .recv(Duration::from_secs(3))
+            .await
+            .unwrap()
+            .expect("message");
+        assert!(!p.topic.is_empty());
+        assert_eq!(p.properties.and_then(|p| p.topic_alias), None);
+    }
+    tokio::task::block_in_place(|| gw.shutdown());
+}

@@ -259,6 +259,13 @@ pub struct MqttConfig {
     pub allow_anonymous: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserConfig>,
+
+    // --- MQTT 5 session options (device-facing MQTT session, shard/connection.rs) ---
+    /// Longest keep-alive an MQTT 5 device may use; a device asking for more, or for none,
+    /// is told this as Server Keep Alive and held to it. Zero: no limit. 3.1.1 devices cannot
+    /// be told, and keep their own.
+    #[serde(with = "units::duration")]
+    pub max_keep_alive: Duration,
 }
 
 impl Default for MqttConfig {
@@ -279,6 +286,7 @@ impl Default for MqttConfig {
             client_id_prefixes: Vec::new(),
             allow_anonymous: true,
             users: Vec::new(),
+            max_keep_alive: Duration::from_secs(60),
         }
     }
 }

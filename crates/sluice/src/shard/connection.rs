@@ -110,6 +110,11 @@ struct Connection {
     ack_scratch: Vec<u16>,
     pending: VecDeque<PendingAck>,
     aliases: HashMap<u16, ByteString>,
+    /// Topic aliases the gateway assigned for its PUBLISHes to the device, and the next one.
+    out_aliases: HashMap<ByteString, u16>,
+    out_alias_next: u16,
+    /// How many the gateway may assign: min(device's Topic Alias Maximum, ours).
+    out_alias_max: u16,
     keep_alive: Duration,
     last_read: Instant,
     will: Option<Will>,
@@ -172,6 +177,16 @@ impl Connection {
             shard: ctx.id,
         });
 
+        // Server Keep Alive (MQTT 5 §3.2.2.3.14): a keep-alive beyond the limit, or none, is
+        // replaced by the limit and the device is told so.
+        let mut keep_alive = connect.keep_alive;
+        let max_keep_alive = cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16;
+        let server_keep_alive = version == ProtocolVersion::V5
+            && max_keep_alive > 0
+            && (keep_alive == 0 || keep_alive > max_keep_alive);
+        if server_keep_alive {
+            keep_alive = max_keep_alive;
+        }
         let max_packet = cfg.max_packet_size.0.min(u32::MAX as u64) as usize;
         let acks = DeviceAcks::with_notify(session.notify.clone());
         let mut conn = Connection {
@@ -191,7 +206,17 @@ impl Connection {
             ack_scratch: Vec::new(),
             pending: VecDeque::new(),
             aliases: HashMap::new(),
-            keep_alive: Duration::from_secs(connect.keep_alive as u64),
+            out_aliases: HashMap::new(),
+            out_alias_next: 1,
+            out_alias_max: match version {
+                ProtocolVersion::V5 => connect
+                    .properties
+                    .topic_alias_maximum
+                    .unwrap_or(0)
+                    .min(cfg.topic_alias_maximum),
+                ProtocolVersion::V311 => 0,
+            },
+            keep_alive: Duration::from_secs(keep_alive as u64),
             last_read: Instant::now(),
             will: connect.will.clone(),
             device_receive_max: connect
@@ -211,6 +236,9 @@ impl Connection {
             props.wildcard_subscription_available = Some(1);
             props.shared_subscription_available = Some(0);
             props.subscription_identifier_available = Some(1);
+            if server_keep_alive {
+                props.server_keep_alive = Some(keep_alive);
+            }
             if assigned_client_id {
                 props.assigned_client_identifier = Some(client_id.clone());
             }
@@ -766,14 +794,21 @@ impl Connection {
                 };
                 (msg, id)
             };
+            let mut packet = publish_packet(&msg, id, false);
+            let new_alias = self.apply_out_alias(&mut packet);
             let before = self.wbuf.len();
-            self.write(Packet::Publish(publish_packet(&msg, id, false)));
+            self.write(Packet::Publish(packet));
             let size = self.wbuf.len() - before;
             if self
                 .device_max_packet
                 .is_some_and(|max| size > max as usize)
             {
                 self.wbuf.truncate(before);
+                if let Some(alias) = new_alias {
+                    // Never sent, so the device never learned it.
+                    self.out_aliases.remove(&msg.topic);
+                    self.out_alias_next = alias;
+                }
                 if let Some(id) = id {
                     self.session.state.borrow_mut().inflight.remove(&id);
                 }
@@ -782,6 +817,33 @@ impl Connection {
             }
             self.ctx.metrics.messages_delivered.inc();
         }
+    }
+
+    /// Server topic aliases (MQTT 5 §3.3.2.3.4): the first PUBLISH of a topic to the device
+    /// carries the topic and a new alias while aliases are left (the device's Topic Alias
+    /// Maximum, capped by our own `topic_alias_maximum`); later ones carry only the alias.
+    /// Aliases are never reassigned. Returns the alias this packet newly assigned.
+    fn apply_out_alias(&mut self, p: &mut Publish) -> Option<u16> {
+        if self.out_alias_max == 0 {
+            return None;
+        }
+        let (alias, new) = match self.out_aliases.get(&p.topic) {
+            Some(&a) => (a, false),
+            None if self.out_alias_next <= self.out_alias_max => {
+                let a = self.out_alias_next;
+                self.out_alias_next += 1;
+                self.out_aliases.insert(p.topic.clone(), a);
+                (a, true)
+            }
+            None => return None,
+        };
+        let mut props = p.properties.take().unwrap_or_default();
+        props.topic_alias = Some(alias);
+        p.properties = Some(props);
+        if !new {
+            p.topic = ByteString::from_static("");
+        }
+        new.then_some(alias)
     }
 
     async fn flush(&mut self) -> Result<(), CloseReason> {
