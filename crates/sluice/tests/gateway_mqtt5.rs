@@ -788,3 +788,148 @@ async fn server_topic_aliases_stay_within_the_devices_topic_alias_maximum() {
     }
     tokio::task::block_in_place(|| gw.shutdown());
 }
+
+// ---------------------------------------------------------------------------------------------
+// MQTT 5: shared subscriptions.
+
+/// Receive until a quiet `quiet`; the payloads.
+async fn drain(c: &mut TestClient, quiet: Duration) -> Vec<String> {
+    let mut v = Vec::new();
+    while let Some(p) = c.recv(quiet).await.unwrap() {
+        v.push(String::from_utf8_lossy(&p.payload).into_owned());
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_subscription_gives_each_message_to_one_member_across_shards() {
+    let gw = gateway(2, "");
+    let ids = ids_on_shards("share", 2, 2);
+    let mut members = Vec::new();
+    for id in ids.iter().flatten() {
+        let (mut c, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5(id.clone()))
+            .await
+            .unwrap();
+        assert_eq!(ack.properties.shared_subscription_available, Some(1));
+        let codes = c
+            .subscribe(&[("$share/workers/jobs/#", QoS::AtLeastOnce)])
+            .await
+            .unwrap();
+        assert_eq!(codes, [1]);
+        members.push(c);
+    }
+    let mut plain = device(&gw, "share-plain", ProtocolVersion::V5).await;
+    plain
+        .subscribe(&[("jobs/#", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    let mut publ = device(
+        &gw,
+        &ids[0][0].replace("share", "share-pub"),
+        ProtocolVersion::V5,
+    )
+    .await;
+    for i in 0..40 {
+        publ.publish("jobs/x", format!("{i}"), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+    }
+    let mut all = Vec::new();
+    for (m, c) in members.iter_mut().enumerate() {
+        let got = drain(c, Duration::from_millis(800)).await;
+        assert!(!got.is_empty(), "member {m} got nothing: no round robin");
+        all.extend(got);
+    }
+    all.sort_by_key(|p| p.parse::<u32>().unwrap());
+    let expected: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+    assert_eq!(all, expected, "each message exactly once to the group");
+    assert_eq!(
+        drain(&mut plain, Duration::from_millis(500)).await.len(),
+        40
+    );
+
+    // Members leave; those left get everything; with none left the group is gone.
+    let mut rest = members.split_off(2);
+    for c in members {
+        c.disconnect().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..10 {
+        publ.publish("jobs/y", format!("{i}"), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+    }
+    let mut n = 0;
+    for c in rest.iter_mut() {
+        n += drain(c, Duration::from_millis(800)).await.len();
+    }
+    assert_eq!(n, 10);
+    for c in rest.iter_mut() {
+        assert_eq!(
+            c.unsubscribe(&["$share/workers/jobs/#"]).await.unwrap(),
+            [0]
+        );
+    }
+    publ.publish("jobs/z", "nobody", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    for c in rest.iter_mut() {
+        assert!(c.recv(Duration::from_millis(500)).await.unwrap().is_none());
+    }
+    // Invalid shared filters are refused (No Local on one is refused by the decoder).
+    let codes = plain
+        .subscribe_with(
+            vec![
+                opts_sub("$share//x", QoS::AtLeastOnce),
+                opts_sub("$share/g", QoS::AtLeastOnce),
+            ],
+            Properties::default(),
+        )
+        .await
+        .unwrap()
+        .codes;
+    assert!(codes.iter().all(|c| *c >= 0x80), "{codes:?}");
+    tokio::task::block_in_place(|| gw.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_message_reaches_a_shared_group_once_although_every_shard_receives_it() {
+    let cloud = Cloud::start();
+    let gw = gateway(
+        2,
+        &cloud.uplink_toml(None, "receive = [\"cmd/#\"]\nforward = []"),
+    );
+    let ids = ids_on_shards("cmdw", 2, 1);
+    let mut members = Vec::new();
+    for id in ids.iter().flatten() {
+        let mut c = device(&gw, id, ProtocolVersion::V5).await;
+        c.subscribe(&[("$share/ops/cmd/#", QoS::AtLeastOnce)])
+            .await
+            .unwrap();
+        members.push(c);
+    }
+    // Every shard's cloud session must have subscribed before the cloud publishes.
+    assert!(
+        eventually(Duration::from_secs(10), || gw.status_json()["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["uplinks"][0]["state"] == "connected"))
+        .await,
+        "uplink sessions up"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut operator = cloud.client("operator").await;
+    for i in 0..6 {
+        operator
+            .publish("cmd/reboot", format!("{i}"), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+    }
+    let mut n = 0;
+    for c in members.iter_mut() {
+        n += drain(c, Duration::from_millis(1000)).await.len();
+    }
+    assert_eq!(n, 6, "each cloud message once to the group");
+    tokio::task::block_in_place(|| gw.shutdown());
+}

@@ -73,6 +73,25 @@ pub enum ControlCmd {
 #[derive(Debug, Default)]
 pub struct SubscriptionSnapshot {
     pub trie: TopicTrie<u16>,
+    /// Shared subscriptions (`$share/{group}/{filter}`), stored under their filter: each
+    /// group once, with the shards that have members of it.
+    pub shared: TopicTrie<SharedGroup>,
+}
+
+/// One shared subscription as the data plane sees it: the publishing shard picks one of
+/// `shards` (round robin) and that shard picks one of its local members.
+#[derive(Debug, Clone)]
+pub struct SharedGroup {
+    /// The whole subscription, `$share/{group}/{filter}`: the key shards know it by.
+    pub key: ByteString,
+    /// Shards with at least one member, ascending.
+    pub shards: Vec<u16>,
+}
+
+impl PartialEq for SharedGroup {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
 }
 
 pub type SharedSnapshot = Arc<ArcSwap<SubscriptionSnapshot>>;
@@ -239,12 +258,22 @@ impl ControlPlane {
 
     fn publish_snapshot(&self) {
         let mut trie = TopicTrie::new();
+        let mut shared = TopicTrie::new();
         for (filter, shards) in &self.shard_filters {
+            if let Some((_, inner)) = topic::shared_subscription(filter) {
+                let group = SharedGroup {
+                    key: filter.clone(),
+                    shards: shards.iter().copied().collect(),
+                };
+                shared.insert(inner, group);
+                continue;
+            }
             for s in shards {
                 trie.insert(filter, *s);
             }
         }
-        self.snapshot.store(Arc::new(SubscriptionSnapshot { trie }));
+        self.snapshot
+            .store(Arc::new(SubscriptionSnapshot { trie, shared }));
         self.metrics.snapshot_rebuilds.inc();
     }
 

@@ -74,6 +74,9 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     .await;
     let reason = conn.serve().await;
     Box::pin(conn.finish(reason)).await;
+    if conn.linger {
+        Box::pin(linger(&mut conn.rd)).await;
+    }
     tracing::debug!(%peer, client_id = %client_id, reason = ?reason, "device connection closed");
     ctx.metrics.connections.sub(1);
     ctx.metrics.close(reason);
@@ -120,6 +123,10 @@ struct Connection {
     will: Option<Will>,
     device_receive_max: u16,
     device_max_packet: Option<u32>,
+    /// The gateway closed the connection (a DISCONNECT may be on its way): read and discard
+    /// briefly before closing, so unread input does not turn the close into a reset that
+    /// destroys the DISCONNECT before the device reads it.
+    linger: bool,
 }
 
 /// Close now, for this reason; for MQTT 5 with this reason code in a DISCONNECT.
@@ -225,6 +232,7 @@ impl Connection {
                 .unwrap_or(u16::MAX)
                 .max(1),
             device_max_packet: connect.properties.maximum_packet_size,
+            linger: false,
         };
 
         let mut props = Properties::default();
@@ -234,7 +242,7 @@ impl Connection {
             props.topic_alias_maximum = Some(cfg.topic_alias_maximum);
             props.retain_available = Some(1);
             props.wildcard_subscription_available = Some(1);
-            props.shared_subscription_available = Some(0);
+            props.shared_subscription_available = Some(1);
             props.subscription_identifier_available = Some(1);
             if server_keep_alive {
                 props.server_keep_alive = Some(keep_alive);
@@ -675,12 +683,14 @@ impl Connection {
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut accepted = Vec::new();
         for f in &s.filters {
-            if f.filter.starts_with("$share/") {
-                codes.push(match self.version {
-                    ProtocolVersion::V5 => reason::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-                    ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
-                });
-            } else if !topic::valid_topic_filter(&f.filter) {
+            let shared = f.filter.starts_with("$share/");
+            // (No Local on a shared subscription is already refused by the decoder.)
+            let valid = if shared {
+                topic::valid_shared_subscription(&f.filter)
+            } else {
+                topic::valid_topic_filter(&f.filter)
+            };
+            if !valid {
                 codes.push(match self.version {
                     ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
@@ -884,6 +894,7 @@ impl Connection {
         })
         .await;
         self.wbuf.clear();
+        self.linger = true;
         reason
     }
 
@@ -994,6 +1005,24 @@ fn will_publish(will: Will) -> Publish {
         properties: props,
         payload: will.payload,
     }
+}
+
+/// After the gateway closed a connection (write half shut down): discard what the device
+/// still sends until it closes too, for at most 2 s and 64 KiB, so the socket closes without
+/// a reset and the device can read everything written before it, DISCONNECT included.
+async fn linger(rd: &mut OwnedReadHalf) {
+    const MAX: usize = 64 * 1024;
+    let mut buf = [0u8; 2048];
+    let mut total = 0;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while total < MAX {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await;
 }
 
 /// Wait until the socket is readable, then read. The buffer is only grown once there is

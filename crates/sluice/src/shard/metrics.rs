@@ -19,9 +19,11 @@ pub enum DropReason {
     SpoolFull = 5,
     /// A queued message for a device passed its MQTT 5 Message Expiry Interval.
     Expired = 6,
+    /// A shared subscription's member left between the publisher's pick and the delivery.
+    SharedMemberGone = 7,
 }
 
-pub const DROP_REASONS: [(DropReason, &str); 7] = [
+pub const DROP_REASONS: [(DropReason, &str); 8] = [
     (DropReason::UplinkQueueFull, "uplink_queue_full"),
     (DropReason::MailboxFull, "mailbox_full"),
     (DropReason::SessionQueueFull, "session_queue_full"),
@@ -29,6 +31,7 @@ pub const DROP_REASONS: [(DropReason, &str); 7] = [
     (DropReason::RetainedStoreFull, "retained_store_full"),
     (DropReason::SpoolFull, "spool_full"),
     (DropReason::Expired, "expired"),
+    (DropReason::SharedMemberGone, "shared_member_gone"),
 ];
 
 /// Why the gateway closed a device connection.

@@ -68,6 +68,8 @@ pub struct Routed {
 pub enum ShardCmd {
     Adopt(Box<Adopted>),
     Deliver(Routed),
+    /// Deliver to one local member of the shared subscription `key` (`$share/{group}/{filter}`).
+    DeliverShared(Routed, ByteString),
 }
 
 /// A subscription of a local session.
@@ -83,6 +85,13 @@ impl PartialEq for LocalSub {
     fn eq(&self, other: &Self) -> bool {
         Rc::ptr_eq(&self.session, &other.session)
     }
+}
+
+/// The local members of one shared subscription, and whose turn it is.
+#[derive(Debug, Default)]
+pub struct SharedMembers {
+    pub members: Vec<LocalSub>,
+    pub next: usize,
 }
 
 /// One uplink as seen from a shard: its normal lane, its high lane when the priority table
@@ -127,6 +136,10 @@ pub struct ShardContext {
     pub shutting_down: std::cell::Cell<bool>,
     /// Counts local fan-outs; each stamps the sessions it reached (`route::deliver_local`).
     pub delivery_seq: std::cell::Cell<u64>,
+    /// Shared subscriptions with members on this shard, by `$share/{group}/{filter}`.
+    pub shared: RefCell<HashMap<ByteString, SharedMembers>>,
+    /// Round-robin counter for picking a shard of a shared subscription.
+    pub share_turn: std::cell::Cell<usize>,
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -254,6 +267,8 @@ async fn run(seed: ShardSeed) {
         online_devices: online_devices.clone(),
         shutting_down: std::cell::Cell::new(false),
         delivery_seq: std::cell::Cell::new(0),
+        shared: RefCell::new(HashMap::new()),
+        share_turn: std::cell::Cell::new(0),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
@@ -295,17 +310,16 @@ async fn run(seed: ShardSeed) {
     for (i, ucfg) in config.uplink.iter().enumerate() {
         let downlink_ctx = ctx.clone();
         let downlink: Rc<dyn Fn(sluice_proto::mqtt::Publish)> = Rc::new(move |p| {
-            route::deliver_local(
-                &downlink_ctx,
-                &Routed {
-                    origin: ByteString::from_static(""),
-                    topic: p.topic,
-                    payload: p.payload,
-                    qos: p.qos,
-                    retain: false,
-                    properties: p.properties,
-                },
-            );
+            let routed = Routed {
+                origin: ByteString::from_static(""),
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                retain: false,
+                properties: p.properties,
+            };
+            route::deliver_local(&downlink_ctx, &routed);
+            route::deliver_shared_downlink(&downlink_ctx, &routed);
         });
         let cfg = Rc::new(UplinkConfig::clone(ucfg));
         uplink_tasks.push(crate::uplink::spawn(
@@ -367,6 +381,10 @@ async fn run(seed: ShardSeed) {
                 Some(ShardCmd::Deliver(routed)) => {
                     ctx.metrics.cross_shard_received.inc();
                     route::deliver_local(&ctx, &routed);
+                }
+                Some(ShardCmd::DeliverShared(routed, key)) => {
+                    ctx.metrics.cross_shard_received.inc();
+                    route::deliver_shared_member(&ctx, &routed, &key);
                 }
                 None => break,
             },

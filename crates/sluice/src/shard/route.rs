@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Properties, Publish, QoS, SubscriptionOptions};
+use sluice_proto::mqtt::{topic, Properties, Publish, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, oneshot};
 
 use super::ack::AckToken;
@@ -48,6 +48,7 @@ pub async fn publish(
     };
     deliver_local(ctx, &routed);
     deliver_other_shards(ctx, &routed).await;
+    deliver_shared(ctx, &routed).await;
     if p.retain {
         let msg = RetainedMessage {
             topic: p.topic.clone(),
@@ -179,6 +180,116 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
     }
 }
 
+/// Shared subscriptions (`$share/{group}/{filter}`, MQTT 5 §4.8.2): each matching group gets
+/// the message once. The snapshot lists, per group, the shards with members; the publishing
+/// shard picks one of them round robin and that shard picks one of its members
+/// ([`deliver_shared_member`]). Another shard is reached with `ShardCmd::DeliverShared`, under
+/// the same mailbox policy as `Deliver` (QoS 0 dropped and counted when full, QoS 1/2 waits).
+async fn deliver_shared(ctx: &Rc<ShardContext>, routed: &Routed) {
+    let snapshot = ctx.snapshot.load();
+    if snapshot.shared.is_empty() {
+        return;
+    }
+    let mut picks: Vec<(usize, ByteString)> = Vec::new();
+    snapshot.shared.for_each_match(&routed.topic, |group| {
+        if group.shards.is_empty() {
+            return;
+        }
+        let turn = ctx.share_turn.get();
+        ctx.share_turn.set(turn.wrapping_add(1));
+        let shard = group.shards[turn % group.shards.len()] as usize;
+        picks.push((shard, group.key.clone()));
+    });
+    drop(snapshot);
+    for (shard, key) in picks {
+        if shard == ctx.id {
+            deliver_shared_member(ctx, routed, &key);
+            continue;
+        }
+        let Some(mailbox) = ctx.mailboxes.get(shard) else {
+            continue;
+        };
+        ctx.metrics.cross_shard_sent.inc();
+        match mailbox.try_send(ShardCmd::DeliverShared(routed.clone(), key)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) if routed.qos == QoS::AtMostOnce => {
+                ctx.metrics.count_drop(DropReason::MailboxFull);
+            }
+            Err(mpsc::error::TrySendError::Full(cmd)) => {
+                if Box::pin(mailbox.send(cmd)).await.is_err() {
+                    tracing::debug!(shard, "shard mailbox closed");
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::debug!(shard, "shard mailbox closed")
+            }
+        }
+    }
+}
+
+/// A cloud message reaches every shard (each has its own cloud session), so a shared group
+/// takes it only on its lowest shard with members: one delivery per group without talking
+/// to the other shards (while a snapshot is being replaced, a group whose lowest shard changes
+/// may get it twice or not at all).
+pub fn deliver_shared_downlink(ctx: &ShardContext, routed: &Routed) {
+    let snapshot = ctx.snapshot.load();
+    if snapshot.shared.is_empty() {
+        return;
+    }
+    let mut mine: Vec<ByteString> = Vec::new();
+    snapshot.shared.for_each_match(&routed.topic, |group| {
+        if group.shards.first().is_some_and(|&s| s as usize == ctx.id) {
+            mine.push(group.key.clone());
+        }
+    });
+    drop(snapshot);
+    for key in mine {
+        deliver_shared_member(ctx, routed, &key);
+    }
+}
+
+/// Deliver to one local member of shared subscription `key`, round robin, preferring members
+/// whose device is connected. If the group has no member here any more (it left after the
+/// publisher read the snapshot), the message is dropped and counted (`shared_member_gone`).
+pub fn deliver_shared_member(ctx: &ShardContext, routed: &Routed, key: &ByteString) {
+    let picked = {
+        let mut shared = ctx.shared.borrow_mut();
+        let Some(group) = shared.get_mut(key).filter(|g| !g.members.is_empty()) else {
+            drop(shared);
+            ctx.metrics.count_drop(DropReason::SharedMemberGone);
+            return;
+        };
+        let n = group.members.len();
+        let start = group.next % n;
+        let idx = (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&i| group.members[i].session.state.borrow().connected)
+            .unwrap_or(start);
+        group.next = idx + 1;
+        group.members[idx].clone()
+    };
+    let properties = if picked.sub_id == 0 {
+        routed.properties.clone()
+    } else {
+        let mut p = routed.properties.clone().unwrap_or_default();
+        p.subscription_identifiers = vec![picked.sub_id];
+        Some(p)
+    };
+    let msg = OutMessage {
+        topic: routed.topic.clone(),
+        payload: routed.payload.clone(),
+        qos: routed.qos.min(picked.options.qos),
+        retain: routed.retain && picked.options.retain_as_published,
+        properties,
+        expires_at: expiry_of(routed.properties.as_deref()),
+    };
+    match picked.session.enqueue(msg) {
+        Ok(()) => {}
+        Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),
+        Err(QueueRefusal::Offline) => {}
+    }
+}
+
 /// One session reached by a local fan-out, with what its matching subscriptions add up to.
 struct Hit {
     session: Rc<Session>,
@@ -280,14 +391,22 @@ pub async fn subscribe(
             .subscriptions
             .insert(filter.clone(), *options)
             .is_some();
-        ctx.subs.borrow_mut().insert(
-            filter,
-            LocalSub {
-                session: session.clone(),
-                options: *options,
-                sub_id,
-            },
-        );
+        let sub = LocalSub {
+            session: session.clone(),
+            options: *options,
+            sub_id,
+        };
+        let shared = topic::shared_subscription(filter).is_some();
+        if shared {
+            let mut groups = ctx.shared.borrow_mut();
+            let group = groups.entry(filter.clone()).or_default();
+            match group.members.iter_mut().find(|m| **m == sub) {
+                Some(m) => *m = sub,
+                None => group.members.push(sub),
+            }
+        } else {
+            ctx.subs.borrow_mut().insert(filter, sub);
+        }
         if !existed {
             ctx.metrics.subscriptions.add(1);
             let mut refs = ctx.filter_refs.borrow_mut();
@@ -303,7 +422,8 @@ pub async fn subscribe(
             1 => !existed,
             _ => false,
         };
-        if *want_retained && send {
+        // Retained messages are not sent for a shared subscription (MQTT 5 §4.8.2).
+        if *want_retained && send && !shared {
             retained_for.push(filter.clone());
         }
     }
@@ -338,9 +458,19 @@ pub async fn unsubscribe(
     if !existed {
         return false;
     }
-    ctx.subs
-        .borrow_mut()
-        .remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
+    if topic::shared_subscription(filter).is_some() {
+        let mut groups = ctx.shared.borrow_mut();
+        if let Some(group) = groups.get_mut(filter) {
+            group.members.retain(|m| !Rc::ptr_eq(&m.session, session));
+            if group.members.is_empty() {
+                groups.remove(filter);
+            }
+        }
+    } else {
+        ctx.subs
+            .borrow_mut()
+            .remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
+    }
     ctx.metrics.subscriptions.sub(1);
     let gone = {
         let mut refs = ctx.filter_refs.borrow_mut();
