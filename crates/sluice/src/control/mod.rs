@@ -7,7 +7,9 @@
 //! neither this thread's other work nor any shard), hashes the device to its shard and hands
 //! the socket over. Shards tell the control plane when a filter appears on or leaves a shard;
 //! it publishes a read-mostly [`SubscriptionSnapshot`] through `arc-swap`, which shards read
-//! without locks to route messages to each other.
+//! without locks to route messages to each other. Shared subscriptions
+//! (`$share/{group}/{filter}`) are kept apart in the snapshot: each group once, under its
+//! filter, with the shards that have members, so a publishing shard can pick one.
 //!
 //! Does not own: sessions or per-device subscriptions (their shard does), or any message on
 //! its way to the cloud. A storm of connects or subscribes queues here, not on the shards.

@@ -1,7 +1,10 @@
 //! One device connection on its shard: the MQTT server side of a session after CONNECT.
 //!
-//! Owns the socket, the per-connection protocol state (topic aliases, QoS 1/2 acknowledgement
-//! order, keep-alive) and the will message. Reads are paused while the device has
+//! Owns the socket, the per-connection protocol state (topic aliases both ways, QoS 1/2
+//! acknowledgement order, keep-alive with the MQTT 5 Server Keep Alive cap) and the will
+//! message until the connection ends (a delayed will then moves to the session). What must
+//! survive a reconnect — QoS 2 ids awaiting PUBREL, the outbox, messages in flight — is the
+//! session's. Reads are paused while the device has
 //! `receive_maximum` publishes awaiting acknowledgement (MQTT 5 devices are told the number
 //! and are disconnected with 0x93 if they exceed it; 3.1.1 devices are simply not read),
 //! which, with the uplink's memory bound, is how devices are back-pressured when the cloud is

@@ -2,8 +2,9 @@
 //! store and the uplinks — and the subscription bookkeeping that decides it.
 //!
 //! A PUBLISH from a device is delivered to matching sessions on this shard, sent once to
-//! every other shard whose snapshot entry matches (that shard matches its own sessions), sent
-//! to the control plane if it is retained, and pushed to every uplink whose `forward` filters
+//! every other shard whose snapshot entry matches (that shard matches its own sessions), given
+//! to one member of each matching shared subscription (one shard picked round robin from the
+//! snapshot, then one member there), sent to the control plane if it is retained, and pushed to every uplink whose `forward` filters
 //! match. The device's acknowledgement waits for every uplink's cloud acknowledgement (see
 //! ack.rs); local and cross-shard delivery do not delay it.
 //!
