@@ -77,12 +77,13 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     .await;
     let reason = conn.serve().await;
     Box::pin(conn.finish(reason)).await;
-    if conn.linger {
-        Box::pin(linger(&mut conn.rd)).await;
-    }
     tracing::debug!(%peer, client_id = %client_id, reason = ?reason, "device connection closed");
     ctx.metrics.connections.sub(1);
     ctx.metrics.close(reason);
+    // The socket still counts against max_connections until this returns.
+    if conn.linger {
+        Box::pin(linger(&mut conn.rd)).await;
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
