@@ -19,8 +19,10 @@ use sluice_proto::mqtt::{
 use sluice_testkit::{ConnectOpts, TestClient};
 
 fn will(topic: &str, delay_s: Option<u32>) -> Will {
-    let mut properties = Properties::default();
-    properties.will_delay_interval = delay_s;
+    let properties = Properties {
+        will_delay_interval: delay_s,
+        ..Properties::default()
+    };
     Will {
         topic: topic.into(),
         payload: Bytes::from_static(b"gone"),
@@ -302,9 +304,10 @@ async fn a_will_is_published_at_the_earlier_of_its_delay_and_the_session_expiry(
 // MQTT 5: message expiry, subscription options, properties, subscription identifiers.
 
 fn expiring(secs: u32) -> Properties {
-    let mut p = Properties::default();
-    p.message_expiry_interval = Some(secs);
-    p
+    Properties {
+        message_expiry_interval: Some(secs),
+        ..Properties::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,12 +479,14 @@ async fn request_response_properties_reach_the_subscriber_unchanged() {
         .subscribe(&[("svc/reply/me", QoS::AtLeastOnce)])
         .await
         .unwrap();
-    let mut props = Properties::default();
-    props.response_topic = Some("svc/reply/me".into());
-    props.correlation_data = Some(Bytes::from_static(b"\x00\x01corr"));
-    props.content_type = Some("text/plain".into());
-    props.payload_format_indicator = Some(1);
-    props.user_properties = vec![("k".into(), "v".into()), ("k".into(), "w".into())];
+    let props = Properties {
+        response_topic: Some("svc/reply/me".into()),
+        correlation_data: Some(Bytes::from_static(b"\x00\x01corr")),
+        content_type: Some("text/plain".into()),
+        payload_format_indicator: Some(1),
+        user_properties: vec![("k".into(), "v".into()), ("k".into(), "w".into())],
+        ..Properties::default()
+    };
     requester
         .send_packet(&publish(
             "svc/request",
@@ -501,8 +506,10 @@ async fn request_response_properties_reach_the_subscriber_unchanged() {
     let got = *req.properties.expect("properties forwarded");
     assert_eq!(got, props);
     // The responder answers on the Response Topic with the Correlation Data.
-    let mut answer = Properties::default();
-    answer.correlation_data = got.correlation_data.clone();
+    let answer = Properties {
+        correlation_data: got.correlation_data.clone(),
+        ..Properties::default()
+    };
     let topic = got.response_topic.clone().unwrap();
     responder
         .send_packet(&publish(
@@ -584,8 +591,10 @@ async fn every_matching_subscription_identifier_is_sent_with_the_message() {
         .publish("sid/kept", "r", QoS::AtLeastOnce, true)
         .await
         .unwrap();
-    let mut props = Properties::default();
-    props.subscription_identifiers = vec![77];
+    let props = Properties {
+        subscription_identifiers: vec![77],
+        ..Properties::default()
+    };
     let mut late = device(&gw, "subid-late", ProtocolVersion::V5).await;
     late.subscribe_with(vec![opts_sub("sid/kept", QoS::AtLeastOnce)], props)
         .await
