@@ -138,7 +138,7 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
         return;
     }
     let snapshot = ctx.snapshot.load();
-    if snapshot.trie.is_empty() {
+    if snapshot.trie.is_empty() && snapshot.pending.is_empty() {
         return;
     }
     let mut targets: u128 = 0;
@@ -154,6 +154,16 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
             extra.push(shard);
         }
     });
+    for (filter, shard) in &snapshot.pending {
+        let shard = *shard as usize;
+        if shard != ctx.id && topic::matches(filter, &routed.topic) {
+            if shard < 128 {
+                targets |= 1 << shard;
+            } else if !extra.contains(&shard) {
+                extra.push(shard);
+            }
+        }
+    }
     drop(snapshot);
     let shards = (0..128usize)
         .filter(|s| targets & (1 << s) != 0)
@@ -431,6 +441,7 @@ pub async fn subscribe(
     if add.is_empty() && retained_for.is_empty() {
         return Vec::new();
     }
+    announce_pending(ctx, &add);
     let (tx, rx) = oneshot::channel();
     let cmd = ControlCmd::Subscribe {
         shard: ctx.id,
@@ -442,6 +453,28 @@ pub async fn subscribe(
         return Vec::new();
     }
     rx.await.unwrap_or_default()
+}
+
+/// Put this shard's new filters on the snapshot's pending overlay at once (see
+/// `SubscriptionSnapshot::pending`), unless it is full; the control plane absorbs them.
+fn announce_pending(ctx: &ShardContext, add: &[ByteString]) {
+    let add: Vec<&ByteString> = add
+        .iter()
+        .filter(|f| topic::shared_subscription(f).is_none())
+        .collect();
+    if add.is_empty() || ctx.mailboxes.len() < 2 {
+        return;
+    }
+    let shard = ctx.id as u16;
+    ctx.snapshot.rcu(|old| {
+        let mut next = crate::control::SubscriptionSnapshot::clone(old);
+        for f in &add {
+            if next.pending.len() < crate::control::MAX_PENDING {
+                next.pending.push(((*f).clone(), shard));
+            }
+        }
+        next
+    });
 }
 
 /// Remove a session's subscription; returns whether it existed.
