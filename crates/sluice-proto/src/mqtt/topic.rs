@@ -1,8 +1,8 @@
 //! Topic names and topic filters (MQTT 3.1.1 and 5.0 §4.7).
 //!
-//! Owns: validity of names and filters and matching one against the other. Does not own:
-//! shared-subscription prefixes (`$share/{group}/`), which the session strips before matching,
-//! or topic aliases.
+//! Owns: validity of names and filters and matching one against the other, and splitting a
+//! shared subscription (`$share/{ShareName}/{filter}`, MQTT 5 §4.8.2) into its parts; the
+//! session matches topics against the filter part. Does not own topic aliases.
 //!
 //! Rules: levels are separated by `/` and may be empty. A topic name is non-empty, at most
 //! 65535 bytes, and has no `+`, `#` or U+0000. A filter is the same except that `+` may fill a
@@ -51,6 +51,27 @@ pub fn valid_topic_filter(filter: &str) -> bool {
 /// The number of levels in a topic name or filter: one more than its `/` separators.
 pub fn levels(topic: &str) -> usize {
     topic.bytes().filter(|&b| b == b'/').count() + 1
+}
+
+/// The share name and topic filter of a shared subscription `$share/{ShareName}/{filter}`,
+/// or `None` if `filter` is not one. The caller checks `valid_shared_subscription` first.
+pub fn shared_subscription(filter: &str) -> Option<(&str, &str)> {
+    let rest = filter.strip_prefix("$share/")?;
+    let (group, inner) = rest.split_once('/')?;
+    Some((group, inner))
+}
+
+/// A valid shared subscription: a non-empty share name without `/`, `+`, `#` or U+0000, and a
+/// valid topic filter after it.
+pub fn valid_shared_subscription(filter: &str) -> bool {
+    match shared_subscription(filter) {
+        Some((group, inner)) => {
+            !group.is_empty()
+                && !group.bytes().any(|b| matches!(b, b'+' | b'#' | 0))
+                && valid_topic_filter(inner)
+        }
+        None => false,
+    }
 }
 
 /// Whether `filter` matches `topic`. Wildcards at the first level do not match topics that

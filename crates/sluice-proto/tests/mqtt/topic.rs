@@ -1,7 +1,10 @@
 //! Topic names, filters and matching (§4.7), as tables taken from the specification's examples.
 
 use proptest::prelude::*;
-use sluice_proto::mqtt::topic::{levels, matches, valid_topic_filter, valid_topic_name};
+use sluice_proto::mqtt::topic::{
+    levels, matches, shared_subscription, valid_shared_subscription, valid_topic_filter,
+    valid_topic_name,
+};
 
 #[test]
 fn topic_names_are_non_empty_without_wildcards_or_nul() {
@@ -177,5 +180,28 @@ proptest! {
         let _ = valid_topic_name(&topic);
         let _ = valid_topic_filter(&filter);
         let _ = matches(&filter, &topic);
+    }
+}
+
+#[test]
+fn shared_subscriptions_split_into_share_name_and_filter() {
+    assert_eq!(
+        shared_subscription("$share/g1/a/+/#"),
+        Some(("g1", "a/+/#"))
+    );
+    assert!(valid_shared_subscription("$share/g1/a/+/#"));
+    assert!(valid_shared_subscription("$share/g/#"));
+    assert_eq!(shared_subscription("a/b"), None);
+    for bad in [
+        "$share/",
+        "$share/g",
+        "$share//a",
+        "$share/g+/a",
+        "$share/g#/a",
+        "$share/g/",
+        "$share/g/a/#/b",
+        "$sharex/g/a",
+    ] {
+        assert!(!valid_shared_subscription(bad), "{bad}");
     }
 }

@@ -125,6 +125,12 @@ fn check_mqtt(config: &Config) -> Result<(), ConfigError> {
             "must be at most 4294967295s (MQTT's limit)",
         );
     }
+    if m.max_keep_alive > Duration::from_secs(65_535) || m.max_keep_alive.subsec_nanos() != 0 {
+        return invalid(
+            "mqtt.max_keep_alive",
+            "must be whole seconds, at most 65535s (MQTT's limit)",
+        );
+    }
     if m.max_client_id_len == 0 || m.max_client_id_len > 65_535 {
         return invalid("mqtt.max_client_id_len", "must be from 1 to 65535");
     }

@@ -29,8 +29,8 @@ use sluice_proto::mqtt::{reason, Connect, ProtocolVersion};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::MqttConfig;
-use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 use crate::shard::limits::TopicLimits;
+use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
 /// Why a device was refused; carries the CONNACK code for its protocol version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

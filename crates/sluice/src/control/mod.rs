@@ -7,7 +7,9 @@
 //! neither this thread's other work nor any shard), hashes the device to its shard and hands
 //! the socket over. Shards tell the control plane when a filter appears on or leaves a shard;
 //! it publishes a read-mostly [`SubscriptionSnapshot`] through `arc-swap`, which shards read
-//! without locks to route messages to each other.
+//! without locks to route messages to each other. Shared subscriptions
+//! (`$share/{group}/{filter}`) are kept apart in the snapshot: each group once, under its
+//! filter, with the shards that have members, so a publishing shard can pick one.
 //!
 //! Does not own: sessions or per-device subscriptions (their shard does), or any message on
 //! its way to the cloud. A storm of connects or subscribes queues here, not on the shards.
@@ -40,6 +42,8 @@ pub struct RetainedMessage {
     pub payload: Bytes,
     pub qos: QoS,
     pub properties: Option<Box<Properties>>,
+    /// MQTT 5 Message Expiry Interval as a deadline: an expired message is no longer replayed.
+    pub expires_at: Option<std::time::Instant>,
 }
 
 #[derive(Debug)]
@@ -70,9 +74,38 @@ pub enum ControlCmd {
 }
 
 /// Which shards subscribe to which filters, as the data plane reads it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct SubscriptionSnapshot {
-    pub trie: TopicTrie<u16>,
+    pub trie: Arc<TopicTrie<u16>>,
+    /// Shared subscriptions (`$share/{group}/{filter}`), stored under their filter: each
+    /// group once, with the shards that have members.
+    pub shared: Arc<TopicTrie<SharedGroup>>,
+    /// Filters a shard has just got its first subscriber for and the control plane has not
+    /// absorbed into `trie` yet: the shard adds them itself the moment it reads the SUBSCRIBE
+    /// (a copy-on-write of this short list; the tries are shared), so a message another shard
+    /// routes right after is not missed for as long as the control plane takes to rebuild.
+    /// At most [`MAX_PENDING`]; beyond that shards leave it to the control plane, which
+    /// removes each entry as it absorbs it.
+    pub pending: Vec<(ByteString, u16)>,
+}
+
+/// Most entries in [`SubscriptionSnapshot::pending`] (each publish checks them all).
+pub const MAX_PENDING: usize = 64;
+
+/// One shared subscription as the data plane sees it: the publishing shard picks one of
+/// `shards` (round robin) and that shard picks one of its local members.
+#[derive(Debug, Clone)]
+pub struct SharedGroup {
+    /// The whole subscription, `$share/{group}/{filter}`: the key shards know it by.
+    pub key: ByteString,
+    /// Shards with at least one member, ascending.
+    pub shards: Vec<u16>,
+}
+
+impl PartialEq for SharedGroup {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
 }
 
 pub type SharedSnapshot = Arc<ArcSwap<SubscriptionSnapshot>>;
@@ -213,6 +246,8 @@ impl ControlPlane {
         while inbox.recv_many(&mut batch, 256).await > 0 {
             let mut changed = false;
             let mut replies = Vec::new();
+            // (filter, shard) pairs this batch added or removed: off the pending overlay.
+            let mut absorbed: Vec<(ByteString, u16)> = Vec::new();
             for cmd in batch.drain(..) {
                 match cmd {
                     ControlCmd::Subscribe {
@@ -222,6 +257,7 @@ impl ControlPlane {
                         reply,
                     } => {
                         for f in add {
+                            absorbed.push((f.clone(), shard as u16));
                             changed |= self
                                 .shard_filters
                                 .entry(f)
@@ -233,6 +269,7 @@ impl ControlPlane {
                     }
                     ControlCmd::Unsubscribe { shard, remove } => {
                         for f in remove {
+                            absorbed.push((f.clone(), shard as u16));
                             if let Some(set) = self.shard_filters.get_mut(&f) {
                                 changed |= set.remove(&(shard as u16));
                                 if set.is_empty() {
@@ -259,8 +296,8 @@ impl ControlPlane {
                     }
                 }
             }
-            if changed {
-                self.publish_snapshot();
+            if changed || !absorbed.is_empty() {
+                self.publish_snapshot(&absorbed);
             }
             for (reply, retained) in replies {
                 let _ = reply.send(retained);
@@ -268,14 +305,33 @@ impl ControlPlane {
         }
     }
 
-    fn publish_snapshot(&self) {
+    fn publish_snapshot(&self, absorbed: &[(ByteString, u16)]) {
         let mut trie = TopicTrie::new();
+        let mut shared = TopicTrie::new();
         for (filter, shards) in &self.shard_filters {
+            if let Some((_, inner)) = topic::shared_subscription(filter) {
+                let group = SharedGroup {
+                    key: filter.clone(),
+                    shards: shards.iter().copied().collect(),
+                };
+                shared.insert(inner, group);
+                continue;
+            }
             for s in shards {
                 trie.insert(filter, *s);
             }
         }
-        self.snapshot.store(Arc::new(SubscriptionSnapshot { trie }));
+        let (trie, shared) = (Arc::new(trie), Arc::new(shared));
+        self.snapshot.rcu(|old| SubscriptionSnapshot {
+            trie: trie.clone(),
+            shared: shared.clone(),
+            pending: old
+                .pending
+                .iter()
+                .filter(|p| !absorbed.contains(p))
+                .cloned()
+                .collect(),
+        });
         self.metrics.snapshot_rebuilds.inc();
     }
 
@@ -303,10 +359,58 @@ impl ControlPlane {
         if filters.is_empty() {
             return Vec::new();
         }
+        let now = std::time::Instant::now();
         self.retained
             .values()
+            .filter(|m| m.expires_at.is_none_or(|at| at > now))
             .filter(|m| filters.iter().any(|f| topic::matches(f, &m.topic)))
             .cloned()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_control_plane_absorbs_pending_filters_and_keeps_the_others() {
+        let snapshot: SharedSnapshot = Arc::new(ArcSwap::from_pointee(SubscriptionSnapshot {
+            pending: vec![("a/+".into(), 1), ("b".into(), 0)],
+            ..SubscriptionSnapshot::default()
+        }));
+        let cp = ControlPlane::new(2, 10, snapshot.clone(), Arc::default());
+        let (tx, rx) = mpsc::channel(8);
+        let task = tokio::spawn(cp.run(rx));
+        let (reply, done) = oneshot::channel();
+        tx.send(ControlCmd::Subscribe {
+            shard: 1,
+            add: vec!["a/+".into(), "$share/g/c".into()],
+            retained_for: Vec::new(),
+            reply,
+        })
+        .await
+        .unwrap();
+        done.await.unwrap();
+        let s = snapshot.load();
+        assert_eq!(s.pending, vec![("b".into(), 0)], "absorbed entry left");
+        let mut shards = Vec::new();
+        s.trie.for_each_match("a/x", |v| shards.push(*v));
+        assert_eq!(shards, [1]);
+        let mut groups = Vec::new();
+        s.shared.for_each_match("c", |g| groups.push(g.clone()));
+        assert_eq!(groups.len(), 1);
+        assert_eq!(
+            (groups[0].key.as_ref(), &groups[0].shards[..]),
+            ("$share/g/c", &[1u16][..])
+        );
+        let mut none = Vec::new();
+        s.trie.for_each_match("$share/g/c", |v| none.push(*v));
+        assert!(
+            none.is_empty(),
+            "a shared subscription is not an ordinary filter"
+        );
+        drop(tx);
+        task.await.unwrap();
     }
 }

@@ -1,16 +1,22 @@
 //! One device connection on its shard: the MQTT server side of a session after CONNECT.
 //!
-//! Owns the socket, the per-connection protocol state (topic aliases, QoS 1/2 acknowledgement
-//! order, keep-alive) and the will message. Reads are paused while the device has
+//! Owns the socket, the per-connection protocol state (topic aliases both ways, QoS 1/2
+//! acknowledgement order, keep-alive with the MQTT 5 Server Keep Alive cap) and the will
+//! message until the connection ends (a delayed will then moves to the session). What must
+//! survive a reconnect — QoS 2 ids awaiting PUBREL, the outbox, messages in flight — is the
+//! session's. Reads are paused while the device has
 //! `receive_maximum` publishes awaiting acknowledgement (MQTT 5 devices are told the number
 //! and are disconnected with 0x93 if they exceed it; 3.1.1 devices are simply not read),
 //! which, with the uplink's memory bound, is how devices are back-pressured when the cloud is
 //! slow or away. Acknowledgements to the device go out in the order its PUBLISHes came in.
+//! Keep-alive counts only the device's own silence: while the gateway is not reading it
+//! (paused, or a publish waiting for room) the device counts as heard from, and its
+//! keep-alive period starts again when reads resume.
 //!
 //! A protocol violation closes only this connection, with a log line naming the device and
 //! what it did wrong (and, for MQTT 5, a DISCONNECT carrying the reason code).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -27,7 +33,7 @@ use tokio::net::TcpStream;
 use super::ack::{AckToken, DeviceAcks};
 use super::metrics::{CloseReason, DropReason};
 use super::route;
-use super::session::{OutMessage, OutStage, Session};
+use super::session::{OutMessage, OutStage, PendingWill, Session};
 use super::{Adopted, ShardContext};
 use crate::control::priority::Priority;
 
@@ -80,6 +86,10 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     tracing::debug!(%peer, client_id = %client_id, reason = ?reason, "device connection closed");
     ctx.metrics.connections.sub(1);
     ctx.metrics.close(reason);
+    // The socket still counts against max_connections until this returns.
+    if conn.linger {
+        Box::pin(linger(&mut conn.rd)).await;
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,14 +122,21 @@ struct Connection {
     acks: Rc<DeviceAcks>,
     ack_scratch: Vec<u16>,
     pending: VecDeque<PendingAck>,
-    /// QoS 2 packet ids PUBREC'd to the device and awaiting its PUBREL.
-    awaiting_rel: HashSet<u16>,
     aliases: HashMap<u16, ByteString>,
+    /// Topic aliases the gateway assigned for its PUBLISHes to the device, and the next one.
+    out_aliases: HashMap<ByteString, u16>,
+    out_alias_next: u16,
+    /// How many the gateway may assign: min(device's Topic Alias Maximum, ours).
+    out_alias_max: u16,
     keep_alive: Duration,
     last_read: Instant,
     will: Option<Will>,
     device_receive_max: u16,
     device_max_packet: Option<u32>,
+    /// The gateway closed the connection (a DISCONNECT may be on its way): read and discard
+    /// briefly before closing, so unread input does not turn the close into a reset that
+    /// destroys the DISCONNECT before the device reads it.
+    linger: bool,
 }
 
 /// Close now, for this reason; for MQTT 5 with this reason code in a DISCONNECT.
@@ -154,9 +171,13 @@ impl Connection {
             Some(s) if !connect.clean_start => {
                 s.take_over();
                 s.state.borrow_mut().timers.abort_all(); // input bounds: its will is cancelled
+                                                         // Reconnecting within the will delay cancels the will (MQTT 5 §3.1.3.2.2).
+                s.state.borrow_mut().will = None;
                 (s, true)
             }
             Some(s) => {
+                // A clean start ends the old session: its will, pending or not, goes now.
+                s.state.borrow_mut().ended = true;
                 s.take_over();
                 s.state.borrow_mut().timers.abort_all(); // input bounds
                 route::end_session(&ctx, &s).await;
@@ -175,6 +196,16 @@ impl Connection {
             shard: ctx.id,
         });
 
+        // Server Keep Alive (MQTT 5 §3.2.2.3.14): a keep-alive beyond the limit, or none, is
+        // replaced by the limit and the device is told so.
+        let mut keep_alive = connect.keep_alive;
+        let max_keep_alive = cfg.max_keep_alive.as_secs().min(u16::MAX as u64) as u16;
+        let server_keep_alive = version == ProtocolVersion::V5
+            && max_keep_alive > 0
+            && (keep_alive == 0 || keep_alive > max_keep_alive);
+        if server_keep_alive {
+            keep_alive = max_keep_alive;
+        }
         let max_packet = cfg.max_packet_size.0.min(u32::MAX as u64) as usize;
         let acks = DeviceAcks::with_notify(session.notify.clone());
         let mut conn = Connection {
@@ -193,9 +224,18 @@ impl Connection {
             acks,
             ack_scratch: Vec::new(),
             pending: VecDeque::new(),
-            awaiting_rel: HashSet::new(),
             aliases: HashMap::new(),
-            keep_alive: Duration::from_secs(connect.keep_alive as u64),
+            out_aliases: HashMap::new(),
+            out_alias_next: 1,
+            out_alias_max: match version {
+                ProtocolVersion::V5 => connect
+                    .properties
+                    .topic_alias_maximum
+                    .unwrap_or(0)
+                    .min(cfg.topic_alias_maximum),
+                ProtocolVersion::V311 => 0,
+            },
+            keep_alive: Duration::from_secs(keep_alive as u64),
             last_read: Instant::now(),
             will: connect.will.clone(),
             device_receive_max: connect
@@ -204,6 +244,7 @@ impl Connection {
                 .unwrap_or(u16::MAX)
                 .max(1),
             device_max_packet: connect.properties.maximum_packet_size,
+            linger: false,
         };
 
         let mut props = Properties::default();
@@ -213,8 +254,11 @@ impl Connection {
             props.topic_alias_maximum = Some(cfg.topic_alias_maximum);
             props.retain_available = Some(1);
             props.wildcard_subscription_available = Some(1);
-            props.shared_subscription_available = Some(0);
-            props.subscription_identifier_available = Some(0);
+            props.shared_subscription_available = Some(1);
+            props.subscription_identifier_available = Some(1);
+            if server_keep_alive {
+                props.server_keep_alive = Some(keep_alive);
+            }
             if assigned_client_id {
                 props.assigned_client_identifier = Some(client_id.clone());
             }
@@ -285,6 +329,7 @@ impl Connection {
         let grace = self.keep_alive + self.keep_alive / 2;
         let keep_alive_timer = tokio::time::sleep(grace);
         tokio::pin!(keep_alive_timer);
+        let mut was_paused = false;
         // Process anything the device pipelined behind its CONNECT.
         if let Err(Close(reason, code)) = self.process_input().await {
             return Box::pin(self.close_with(reason, code)).await;
@@ -312,6 +357,12 @@ impl Connection {
                 return Box::pin(self.close_with(reason, code)).await;
             }
             let paused = self.pending.len() >= receive_max;
+            // Keep-alive measures the device's silence, not the gateway's: while its reads are
+            // paused (and when they resume) the device counts as heard from now.
+            if paused || was_paused {
+                self.last_read = Instant::now();
+            }
+            was_paused = paused;
             tokio::select! {
                 biased;
                 // Outbox, takeover, shutdown and cloud acks all wake this one Notify; the top
@@ -338,6 +389,9 @@ impl Connection {
                     }
                 }
                 _ = &mut keep_alive_timer, if keep_alive_on => {
+                    if paused {
+                        self.last_read = Instant::now();
+                    }
                     let deadline = self.last_read + grace;
                     if Instant::now() < deadline {
                         keep_alive_timer.as_mut().reset(deadline.into());
@@ -422,7 +476,12 @@ impl Connection {
                 Ok(())
             }
             Packet::PubRel(r) => {
-                let found = self.awaiting_rel.remove(&r.packet_id);
+                let found = self
+                    .session
+                    .state
+                    .borrow_mut()
+                    .awaiting_rel
+                    .remove(r.packet_id);
                 let mut out = resp(r.packet_id);
                 if !found && self.version == ProtocolVersion::V5 {
                     out.reason = reason::PACKET_IDENTIFIER_NOT_FOUND;
@@ -488,6 +547,17 @@ impl Connection {
                 }
             }
         }
+        // Subscription Identifiers are the server's to set, per subscriber (MQTT 5 §3.3.4).
+        if let Some(props) = p
+            .properties
+            .as_mut()
+            .filter(|pr| !pr.subscription_identifiers.is_empty())
+        {
+            props.subscription_identifiers.clear();
+            if props.is_empty() {
+                p.properties = None;
+            }
+        }
         if !topic::valid_topic_name(&p.topic) {
             tracing::warn!(client_id = %self.client_id, topic = %p.topic, "device published to an invalid topic name; closing");
             return Err(Close(
@@ -511,21 +581,33 @@ impl Connection {
         let ack = match (p.qos, p.packet_id) {
             (QoS::AtMostOnce, _) => None,
             (qos, Some(id)) => {
-                if qos == QoS::ExactlyOnce
-                    && (self.awaiting_rel.contains(&id)
-                        || self
-                            .pending
-                            .iter()
-                            .any(|a| a.packet_id == id && a.kind == AckKind::PubRec))
-                {
-                    // A resent QoS 2 message we already took: acknowledge again, never forward twice.
-                    if self.awaiting_rel.contains(&id) {
-                        self.write(Packet::PubRec(resp(id)));
+                let awaiting_rel = {
+                    let st = self.session.state.borrow();
+                    if qos == QoS::ExactlyOnce && st.awaiting_rel.contains(id) {
+                        None
+                    } else {
+                        Some(st.awaiting_rel.len())
                     }
+                };
+                let Some(awaiting_rel) = awaiting_rel else {
+                    // A resent QoS 2 message already PUBREC'd (on this connection or one
+                    // before it): acknowledge again, never forward twice.
+                    self.write(Packet::PubRec(resp(id)));
+                    return Ok(());
+                };
+                if qos == QoS::ExactlyOnce
+                    && self
+                        .pending
+                        .iter()
+                        .any(|a| a.packet_id == id && a.kind == AckKind::PubRec)
+                {
+                    // Resent before its PUBREC on this connection: the PUBREC is coming.
                     return Ok(());
                 }
+                // MQTT 5 counts a QoS 2 message against the Receive Maximum until PUBCOMP.
                 if self.version == ProtocolVersion::V5
-                    && self.pending.len() >= self.ctx.config.mqtt.receive_maximum as usize
+                    && self.pending.len() + awaiting_rel
+                        >= self.ctx.config.mqtt.receive_maximum as usize
                 {
                     tracing::warn!(client_id = %self.client_id, "device exceeded the receive maximum; closing");
                     return Err(Close(
@@ -559,7 +641,12 @@ impl Connection {
         loop {
             tokio::select! {
                 biased;
-                () = &mut publish => return Ok(()),
+                () = &mut publish => {
+                    // Reads stopped while this publish waited for room (a full queue or
+                    // spool): that silence was the gateway's, not the device's.
+                    self.last_read = Instant::now();
+                    return Ok(());
+                }
                 // While this publish waits for room (a full uplink queue or spool), earlier
                 // messages may complete (a spool commit, a cloud ack): acknowledge them now,
                 // so a waiting publish never holds back PUBACKs the device is owed. The main
@@ -602,7 +689,12 @@ impl Connection {
                     ..resp(a.packet_id)
                 })),
                 AckKind::PubRec => {
-                    self.awaiting_rel.insert(a.packet_id);
+                    let bound = self.ctx.config.mqtt.receive_maximum as usize;
+                    self.session
+                        .state
+                        .borrow_mut()
+                        .awaiting_rel
+                        .insert(a.packet_id, bound);
                     self.write(Packet::PubRec(resp(a.packet_id)));
                 }
             }
@@ -614,14 +706,14 @@ impl Connection {
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut accepted = Vec::new();
         for f in &s.filters {
-            if f.filter.starts_with("$share/") {
-                codes.push(match self.version {
-                    ProtocolVersion::V5 => reason::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-                    ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
-                });
-            } else if !topic::valid_topic_filter(&f.filter)
-                || !super::limits::filter_allowed(&self.ctx, &self.client_id, &f.filter)
-            {
+            let shared = f.filter.starts_with("$share/");
+            // (No Local on a shared subscription is already refused by the decoder.)
+            let valid = if shared {
+                topic::valid_shared_subscription(&f.filter)
+            } else {
+                topic::valid_topic_filter(&f.filter)
+            };
+            if !valid || !super::limits::filter_allowed(&self.ctx, &self.client_id, &f.filter) {
                 codes.push(match self.version {
                     ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
@@ -638,7 +730,13 @@ impl Connection {
                 accepted.push((f.filter.clone(), f.options, true));
             }
         }
-        let retained = route::subscribe(&self.ctx, &self.session, &accepted).await;
+        let sub_id = s
+            .properties
+            .subscription_identifiers
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let retained = route::subscribe(&self.ctx, &self.session, &accepted, sub_id).await;
         self.write(Packet::SubAck(SubAck {
             packet_id: s.packet_id,
             codes,
@@ -651,12 +749,20 @@ impl Connection {
                 .map(|(_, o, _)| o.qos)
                 .max()
                 .unwrap_or(QoS::AtMostOnce);
+            let properties = if sub_id == 0 {
+                m.properties
+            } else {
+                let mut p = m.properties.unwrap_or_default();
+                p.subscription_identifiers = vec![sub_id];
+                Some(p)
+            };
             let msg = OutMessage {
                 topic: m.topic,
                 payload: m.payload,
                 qos: m.qos.min(granted),
                 retain: true,
-                properties: m.properties,
+                properties,
+                expires_at: m.expires_at,
             };
             if self.session.enqueue(msg).is_err() {
                 self.ctx.metrics.count_drop(DropReason::SessionQueueFull);
@@ -698,12 +804,23 @@ impl Connection {
             .max_inflight_out
             .min(self.device_receive_max))
         .max(1) as usize;
+        let now = Instant::now();
         loop {
             let (msg, id) = {
                 let mut st = self.session.state.borrow_mut();
                 let Some(front) = st.outbox.front() else {
                     break;
                 };
+                if front.is_expired(now) {
+                    // Leaves the session: its queued bytes go back (input bounds).
+                    if let Some(expired) = st.pop_outbox() {
+                        if expired.qos != QoS::AtMostOnce {
+                            st.queued.release(&expired);
+                        }
+                    }
+                    self.ctx.metrics.count_drop(DropReason::Expired);
+                    continue;
+                }
                 if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
                     break;
                 }
@@ -722,14 +839,21 @@ impl Connection {
                 };
                 (msg, id)
             };
+            let mut packet = publish_packet(&msg, id, false);
+            let new_alias = self.apply_out_alias(&mut packet);
             let before = self.wbuf.len();
-            self.write(Packet::Publish(publish_packet(&msg, id, false)));
+            self.write(Packet::Publish(packet));
             let size = self.wbuf.len() - before;
             if self
                 .device_max_packet
                 .is_some_and(|max| size > max as usize)
             {
                 self.wbuf.truncate(before);
+                if let Some(alias) = new_alias {
+                    // Never sent, so the device never learned it.
+                    self.out_aliases.remove(&msg.topic);
+                    self.out_alias_next = alias;
+                }
                 if let Some(id) = id {
                     self.session.state.borrow_mut().remove_inflight(id);
                 }
@@ -738,6 +862,33 @@ impl Connection {
             }
             self.ctx.metrics.messages_delivered.inc();
         }
+    }
+
+    /// Server topic aliases (MQTT 5 §3.3.2.3.4): the first PUBLISH of a topic to the device
+    /// carries the topic and a new alias while aliases are left (the device's Topic Alias
+    /// Maximum, capped by our own `topic_alias_maximum`); later ones carry only the alias.
+    /// Aliases are never reassigned. Returns the alias this packet newly assigned.
+    fn apply_out_alias(&mut self, p: &mut Publish) -> Option<u16> {
+        if self.out_alias_max == 0 {
+            return None;
+        }
+        let (alias, new) = match self.out_aliases.get(&p.topic) {
+            Some(&a) => (a, false),
+            None if self.out_alias_next <= self.out_alias_max => {
+                let a = self.out_alias_next;
+                self.out_alias_next += 1;
+                self.out_aliases.insert(p.topic.clone(), a);
+                (a, true)
+            }
+            None => return None,
+        };
+        let mut props = p.properties.take().unwrap_or_default();
+        props.topic_alias = Some(alias);
+        p.properties = Some(props);
+        if !new {
+            p.topic = ByteString::from_static("");
+        }
+        new.then_some(alias)
     }
 
     async fn flush(&mut self) -> Result<(), CloseReason> {
@@ -778,6 +929,7 @@ impl Connection {
         })
         .await;
         self.wbuf.clear();
+        self.linger = true;
         reason
     }
 
@@ -785,7 +937,7 @@ impl Connection {
     async fn finish(&mut self, reason: CloseReason) {
         if let Some(will) = self.will.take() {
             if reason != CloseReason::ClientDisconnect {
-                self.publish_will(will).await;
+                self.on_will(will, reason).await;
             }
         }
         if !self.is_current() {
@@ -827,51 +979,56 @@ impl Connection {
             .set_expiry(timer.abort_handle());
     }
 
-    async fn publish_will(&mut self, will: Will) {
+    /// The connection ended without a normal DISCONNECT: publish the will now, or hold it in
+    /// the session for its delay. MQTT 5 §3.1.3.2.2: the will goes at the earlier of the Will
+    /// Delay Interval and the end of the session; a reconnect to the session within the delay
+    /// cancels it, a clean start (which ends the session) publishes it at once.
+    async fn on_will(&mut self, will: Will, reason: CloseReason) {
         let delay = Duration::from_secs(will.properties.will_delay_interval.unwrap_or(0) as u64);
-        // Input bounds: published when the session ends at the latest (MQTT 5 §3.1.3.2.2), so
-        // a pending will never outlives its session.
-        let delay = delay.min(self.session.state.borrow().expiry);
-        let props = if will.properties.is_empty() {
-            None
-        } else {
-            let mut p = will.properties.clone();
-            p.will_delay_interval = None;
-            if p.is_empty() {
-                None
-            } else {
-                Some(Box::new(p))
-            }
+        let p = will_publish(will);
+        let (ended, expiry) = {
+            let st = self.session.state.borrow();
+            (st.ended, st.expiry)
         };
-        let p = Publish {
-            dup: false,
-            qos: will.qos,
-            retain: will.retain,
-            topic: will.topic,
-            packet_id: None,
-            properties: props,
-            payload: will.payload,
+        let now = if !self.is_current() {
+            // Taken over: a clean start ended the session (publish now); a connection that
+            // continues it arrived within the delay (no will), unless there was no delay.
+            if !ended && !delay.is_zero() {
+                return;
+            }
+            true
+        } else {
+            delay.is_zero() || expiry.is_zero() || reason == CloseReason::Shutdown
         };
         let origin = self.client_id.clone();
         let priority = self.priority;
         // Input bounds: a waiting will is charged to the shard's queued bytes; one that does
         // not fit is published now.
-        let charge = (!delay.is_zero())
-            .then(|| super::limits::WillCharge::new(&self.ctx, &p))
-            .flatten();
-        if delay.is_zero() || charge.is_none() {
+        let charge = if now {
+            None
+        } else {
+            super::limits::WillCharge::new(&self.ctx, &p)
+        };
+        if now || charge.is_none() {
             route::publish(&self.ctx, &origin, priority, &p, None, Instant::now()).await;
             return;
         }
+        self.session.state.borrow_mut().will = Some(PendingWill {
+            publish: p,
+            priority,
+        });
         let ctx = self.ctx.clone();
         let session = self.session.clone();
         let generation = self.generation;
         let timer = tokio::task::spawn_local(async move {
             let _charge = charge;
-            tokio::time::sleep(delay).await;
-            // A device that reconnected within the delay cancels its will (MQTT 5 §3.1.3.2.2).
-            if session.generation.get() == generation {
-                route::publish(&ctx, &origin, priority, &p, None, Instant::now()).await;
+            tokio::time::sleep(delay.min(expiry)).await;
+            if session.generation.get() != generation {
+                return; // reconnected (cancelled) or replaced (published by end_session)
+            }
+            let pending = session.state.borrow_mut().will.take();
+            if let Some(w) = pending {
+                route::publish(&ctx, &origin, w.priority, &w.publish, None, Instant::now()).await;
             }
         });
         // Input bounds: one pending will per session (an older one could not fire anyway).
@@ -881,6 +1038,48 @@ impl Connection {
             .timers
             .set_will(timer.abort_handle());
     }
+}
+
+/// The PUBLISH a will becomes (its will-only properties removed).
+fn will_publish(will: Will) -> Publish {
+    let props = if will.properties.is_empty() {
+        None
+    } else {
+        let mut p = will.properties;
+        p.will_delay_interval = None;
+        if p.is_empty() {
+            None
+        } else {
+            Some(Box::new(p))
+        }
+    };
+    Publish {
+        dup: false,
+        qos: will.qos,
+        retain: will.retain,
+        topic: will.topic,
+        packet_id: None,
+        properties: props,
+        payload: will.payload,
+    }
+}
+
+/// After the gateway closed a connection (write half shut down): discard what the device
+/// still sends until it closes too, for at most 2 s and 64 KiB, so the socket closes without
+/// a reset and the device can read everything written before it, DISCONNECT included.
+async fn linger(rd: &mut OwnedReadHalf) {
+    const MAX: usize = 64 * 1024;
+    let mut buf = [0u8; 2048];
+    let mut total = 0;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while total < MAX {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await;
 }
 
 /// Wait until the socket is readable, then read. The buffer is only grown once there is
@@ -910,7 +1109,7 @@ fn publish_packet(msg: &OutMessage, packet_id: Option<u16>, dup: bool) -> Publis
         retain: msg.retain,
         topic: msg.topic.clone(),
         packet_id,
-        properties: msg.properties.clone(),
+        properties: msg.properties_now(Instant::now()),
         payload: msg.payload.clone(),
     }
 }

@@ -602,6 +602,7 @@ mod tests {
             qos,
             retain: false,
             properties: None,
+            expires_at: None,
         }
     }
 

@@ -17,15 +17,21 @@ pub enum DropReason {
     RetainedStoreFull = 4,
     /// A QoS 0 message found the uplink's spool full (`when_full = "block"`).
     SpoolFull = 5,
+    /// A queued message for a device passed its MQTT 5 Message Expiry Interval.
+    Expired = 6,
+    /// A shared subscription's member left between the publisher's pick and the delivery.
+    SharedMemberGone = 7,
 }
 
-pub const DROP_REASONS: [(DropReason, &str); 6] = [
+pub const DROP_REASONS: [(DropReason, &str); 8] = [
     (DropReason::UplinkQueueFull, "uplink_queue_full"),
     (DropReason::MailboxFull, "mailbox_full"),
     (DropReason::SessionQueueFull, "session_queue_full"),
     (DropReason::TooLargeForDevice, "too_large_for_device"),
     (DropReason::RetainedStoreFull, "retained_store_full"),
     (DropReason::SpoolFull, "spool_full"),
+    (DropReason::Expired, "expired"),
+    (DropReason::SharedMemberGone, "shared_member_gone"),
 ];
 
 /// Why the gateway closed a device connection.
@@ -72,8 +78,8 @@ pub struct ShardMetrics {
     pub messages_forwarded: Counter,
     pub cross_shard_sent: Counter,
     pub cross_shard_received: Counter,
-    pub dropped: [Counter; 6],
-    pub closed: [Counter; 10],
+    pub dropped: [Counter; DROP_REASONS.len()],
+    pub closed: [Counter; CLOSE_REASONS.len()],
     /// Input bounds (`shard::limits`).
     pub bounds: crate::shard::limits::BoundsMetrics,
 }

@@ -71,6 +71,8 @@ pub enum ShardCmd {
     Deliver(Routed),
     /// Input bounds: end an offline session for another shard's device at `max_sessions`.
     EvictOffline(tokio::sync::oneshot::Sender<bool>),
+    /// Deliver to one local member of the shared subscription `key` (`$share/{group}/{filter}`).
+    DeliverShared(Routed, ByteString),
 }
 
 /// A subscription of a local session.
@@ -78,12 +80,21 @@ pub enum ShardCmd {
 pub struct LocalSub {
     pub session: Rc<Session>,
     pub options: SubscriptionOptions,
+    /// MQTT 5 Subscription Identifier of the SUBSCRIBE that made it (0: none).
+    pub sub_id: u32,
 }
 
 impl PartialEq for LocalSub {
     fn eq(&self, other: &Self) -> bool {
         Rc::ptr_eq(&self.session, &other.session)
     }
+}
+
+/// The local members of one shared subscription, and whose turn it is.
+#[derive(Debug, Default)]
+pub struct SharedMembers {
+    pub members: Vec<LocalSub>,
+    pub next: usize,
 }
 
 /// One uplink as seen from a shard: its normal lane, its high lane when the priority table
@@ -128,6 +139,12 @@ pub struct ShardContext {
     pub shutting_down: std::cell::Cell<bool>,
     /// Input bounds: queued-bytes budget and the gateway-wide session count.
     pub bounds: limits::ShardBounds,
+    /// Counts local fan-outs; each stamps the sessions it reached (`route::deliver_local`).
+    pub delivery_seq: std::cell::Cell<u64>,
+    /// Shared subscriptions with members on this shard, by `$share/{group}/{filter}`.
+    pub shared: RefCell<HashMap<ByteString, SharedMembers>>,
+    /// Round-robin counter for picking a shard of a shared subscription.
+    pub share_turn: std::cell::Cell<usize>,
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -259,6 +276,9 @@ async fn run(seed: ShardSeed) {
         online_devices: online_devices.clone(),
         shutting_down: std::cell::Cell::new(false),
         bounds,
+        delivery_seq: std::cell::Cell::new(0),
+        shared: RefCell::new(HashMap::new()),
+        share_turn: std::cell::Cell::new(0),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
@@ -377,6 +397,10 @@ async fn run(seed: ShardSeed) {
                     route::deliver_local(&ctx, &routed);
                 }
                 Some(ShardCmd::EvictOffline(reply)) => limits::on_evict_request(&ctx, reply),
+                Some(ShardCmd::DeliverShared(routed, key)) => {
+                    ctx.metrics.cross_shard_received.inc();
+                    route::deliver_shared_member(&ctx, &routed, &key);
+                }
                 None => break,
             },
             _ = shutdown.changed() => {

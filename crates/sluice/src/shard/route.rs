@@ -2,8 +2,9 @@
 //! store and the uplinks — and the subscription bookkeeping that decides it.
 //!
 //! A PUBLISH from a device is delivered to matching sessions on this shard, sent once to
-//! every other shard whose snapshot entry matches (that shard matches its own sessions), sent
-//! to the control plane if it is retained, and pushed to every uplink whose `forward` filters
+//! every other shard whose snapshot entry matches (that shard matches its own sessions), given
+//! to one member of each matching shared subscription (one shard picked round robin from the
+//! snapshot, then one member there), sent to the control plane if it is retained, and pushed to every uplink whose `forward` filters
 //! match. The device's acknowledgement waits for every uplink's cloud acknowledgement (see
 //! ack.rs); local and cross-shard delivery do not delay it.
 //!
@@ -13,9 +14,10 @@
 //! cloud's PUBACK (`ack = "cloud"`). High-lane messages never go through the spool.
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Publish, QoS, SubscriptionOptions};
+use sluice_proto::mqtt::{topic, Properties, Publish, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, oneshot};
 
 use super::ack::AckToken;
@@ -47,12 +49,14 @@ pub async fn publish(
     };
     deliver_local(ctx, &routed);
     deliver_other_shards(ctx, &routed).await;
+    deliver_shared(ctx, &routed).await;
     if p.retain {
         let msg = RetainedMessage {
             topic: p.topic.clone(),
             payload: p.payload.clone(),
             qos: p.qos,
             properties: p.properties.clone(),
+            expires_at: expiry_of(p.properties.as_deref()),
         };
         if Box::pin(ctx.control.send(ControlCmd::Retain(msg)))
             .await
@@ -134,7 +138,7 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
         return;
     }
     let snapshot = ctx.snapshot.load();
-    if snapshot.trie.is_empty() {
+    if snapshot.trie.is_empty() && snapshot.pending.is_empty() {
         return;
     }
     let mut targets: u128 = 0;
@@ -150,6 +154,16 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
             extra.push(shard);
         }
     });
+    for (filter, shard) in &snapshot.pending {
+        let shard = *shard as usize;
+        if shard != ctx.id && topic::matches(filter, &routed.topic) {
+            if shard < 128 {
+                targets |= 1 << shard;
+            } else if !extra.contains(&shard) {
+                extra.push(shard);
+            }
+        }
+    }
     drop(snapshot);
     let shards = (0..128usize)
         .filter(|s| targets & (1 << s) != 0)
@@ -177,41 +191,176 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
     }
 }
 
-/// Deliver to the matching sessions on this shard (each session once, at the highest QoS of
-/// its matching subscriptions).
+/// Shared subscriptions (`$share/{group}/{filter}`, MQTT 5 §4.8.2): each matching group gets
+/// the message once. The snapshot lists, per group, the shards with members; the publishing
+/// shard picks one of them round robin and that shard picks one of its members
+/// ([`deliver_shared_member`]). Another shard is reached with `ShardCmd::DeliverShared`, under
+/// the same mailbox policy as `Deliver` (QoS 0 dropped and counted when full, QoS 1/2 waits).
+async fn deliver_shared(ctx: &Rc<ShardContext>, routed: &Routed) {
+    let snapshot = ctx.snapshot.load();
+    if snapshot.shared.is_empty() {
+        return;
+    }
+    let mut picks: Vec<(usize, ByteString)> = Vec::new();
+    snapshot.shared.for_each_match(&routed.topic, |group| {
+        if group.shards.is_empty() {
+            return;
+        }
+        let turn = ctx.share_turn.get();
+        ctx.share_turn.set(turn.wrapping_add(1));
+        let shard = group.shards[turn % group.shards.len()] as usize;
+        picks.push((shard, group.key.clone()));
+    });
+    drop(snapshot);
+    for (shard, key) in picks {
+        if shard == ctx.id {
+            deliver_shared_member(ctx, routed, &key);
+            continue;
+        }
+        let Some(mailbox) = ctx.mailboxes.get(shard) else {
+            continue;
+        };
+        ctx.metrics.cross_shard_sent.inc();
+        match mailbox.try_send(ShardCmd::DeliverShared(routed.clone(), key)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) if routed.qos == QoS::AtMostOnce => {
+                ctx.metrics.count_drop(DropReason::MailboxFull);
+            }
+            Err(mpsc::error::TrySendError::Full(cmd)) => {
+                if Box::pin(mailbox.send(cmd)).await.is_err() {
+                    tracing::debug!(shard, "shard mailbox closed");
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::debug!(shard, "shard mailbox closed")
+            }
+        }
+    }
+}
+
+/// Deliver to one local member of shared subscription `key`, round robin, preferring members
+/// whose device is connected. If the group has no member here any more (it left after the
+/// publisher read the snapshot), the message is dropped and counted (`shared_member_gone`).
+pub fn deliver_shared_member(ctx: &ShardContext, routed: &Routed, key: &ByteString) {
+    let picked = {
+        let mut shared = ctx.shared.borrow_mut();
+        let Some(group) = shared.get_mut(key).filter(|g| !g.members.is_empty()) else {
+            drop(shared);
+            ctx.metrics.count_drop(DropReason::SharedMemberGone);
+            return;
+        };
+        let n = group.members.len();
+        let start = group.next % n;
+        let idx = (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&i| group.members[i].session.state.borrow().connected)
+            .unwrap_or(start);
+        group.next = idx + 1;
+        group.members[idx].clone()
+    };
+    let properties = if picked.sub_id == 0 {
+        routed.properties.clone()
+    } else {
+        let mut p = routed.properties.clone().unwrap_or_default();
+        p.subscription_identifiers = vec![picked.sub_id];
+        Some(p)
+    };
+    let msg = OutMessage {
+        topic: routed.topic.clone(),
+        payload: routed.payload.clone(),
+        qos: routed.qos.min(picked.options.qos),
+        retain: routed.retain && picked.options.retain_as_published,
+        properties,
+        expires_at: expiry_of(routed.properties.as_deref()),
+    };
+    match picked.session.enqueue(msg) {
+        Ok(()) => {}
+        Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),
+        Err(QueueRefusal::Offline) => {}
+    }
+}
+
+/// One session reached by a local fan-out, with what its matching subscriptions add up to.
+struct Hit {
+    session: Rc<Session>,
+    qos: QoS,
+    retain_as_published: bool,
+    /// Subscription Identifiers of every matching subscription that has one.
+    ids: Vec<u32>,
+}
+
+/// Deliver to the matching sessions on this shard: each session once, at the highest QoS of
+/// its matching subscriptions, with the Subscription Identifiers of all of them. Cost: one
+/// trie walk plus O(1) per matching subscription — a session is recognised as already hit by
+/// the delivery's stamp on it (`Session::delivery_mark`), not by searching the hits.
 pub fn deliver_local(ctx: &ShardContext, routed: &Routed) {
-    let mut hits: Vec<(Rc<Session>, SubscriptionOptions)> = Vec::new();
+    let stamp = ctx.delivery_seq.get() + 1;
+    ctx.delivery_seq.set(stamp);
+    let mut hits: Vec<Hit> = Vec::new();
     {
         let subs = ctx.subs.borrow();
         subs.for_each_match(&routed.topic, |sub: &LocalSub| {
             if sub.options.no_local && sub.session.client_id == routed.origin {
                 return;
             }
-            match hits.iter_mut().find(|(s, _)| Rc::ptr_eq(s, &sub.session)) {
-                Some((_, opts)) => {
-                    if sub.options.qos > opts.qos {
-                        opts.qos = sub.options.qos;
-                    }
-                    opts.retain_as_published |= sub.options.retain_as_published;
+            let s = &sub.session;
+            let hit = if s.delivery_mark.get() == stamp {
+                match hits.get_mut(s.delivery_slot.get()) {
+                    Some(hit) => hit,
+                    None => return, // invariant: the slot was set with the stamp
                 }
-                None => hits.push((sub.session.clone(), sub.options)),
+            } else {
+                s.delivery_mark.set(stamp);
+                s.delivery_slot.set(hits.len());
+                hits.push(Hit {
+                    session: s.clone(),
+                    qos: QoS::AtMostOnce,
+                    retain_as_published: false,
+                    ids: Vec::new(),
+                });
+                let last = hits.len() - 1;
+                &mut hits[last]
+            };
+            hit.qos = hit.qos.max(sub.options.qos);
+            hit.retain_as_published |= sub.options.retain_as_published;
+            if sub.sub_id != 0 {
+                hit.ids.push(sub.sub_id);
             }
         });
     }
-    for (session, opts) in hits {
+    if hits.is_empty() {
+        return;
+    }
+    let expires_at = expiry_of(routed.properties.as_deref());
+    for hit in hits {
+        let properties = if hit.ids.is_empty() {
+            routed.properties.clone()
+        } else {
+            let mut p = routed.properties.clone().unwrap_or_default();
+            p.subscription_identifiers = hit.ids;
+            Some(p)
+        };
         let msg = OutMessage {
             topic: routed.topic.clone(),
             payload: routed.payload.clone(),
-            qos: routed.qos.min(opts.qos),
-            retain: routed.retain && opts.retain_as_published,
-            properties: routed.properties.clone(),
+            qos: routed.qos.min(hit.qos),
+            retain: routed.retain && hit.retain_as_published,
+            properties,
+            expires_at,
         };
-        match session.enqueue(msg) {
+        match hit.session.enqueue(msg) {
             Ok(()) => {}
             Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),
             Err(QueueRefusal::Offline) => {}
         }
     }
+}
+
+/// When a message with these properties expires, counted from now (MQTT 5 Message Expiry
+/// Interval; messages from another shard or the cloud are a moment old, which is not counted).
+pub fn expiry_of(properties: Option<&Properties>) -> Option<Instant> {
+    let secs = properties?.message_expiry_interval?;
+    Instant::now().checked_add(Duration::from_secs(secs as u64))
 }
 
 /// Add subscriptions for a session; returns the retained messages matching the filters that
@@ -221,6 +370,7 @@ pub async fn subscribe(
     ctx: &Rc<ShardContext>,
     session: &Rc<Session>,
     filters: &[(ByteString, SubscriptionOptions, bool)],
+    sub_id: u32,
 ) -> Vec<RetainedMessage> {
     let mut add = Vec::new();
     let mut retained_for = Vec::new();
@@ -231,13 +381,22 @@ pub async fn subscribe(
             .subscriptions
             .insert(filter.clone(), *options)
             .is_some();
-        ctx.subs.borrow_mut().insert(
-            filter,
-            LocalSub {
-                session: session.clone(),
-                options: *options,
-            },
-        );
+        let sub = LocalSub {
+            session: session.clone(),
+            options: *options,
+            sub_id,
+        };
+        let shared = topic::shared_subscription(filter).is_some();
+        if shared {
+            let mut groups = ctx.shared.borrow_mut();
+            let group = groups.entry(filter.clone()).or_default();
+            match group.members.iter_mut().find(|m| **m == sub) {
+                Some(m) => *m = sub,
+                None => group.members.push(sub),
+            }
+        } else {
+            ctx.subs.borrow_mut().insert(filter, sub);
+        }
         if !existed {
             ctx.metrics.subscriptions.add(1);
             let mut refs = ctx.filter_refs.borrow_mut();
@@ -253,13 +412,15 @@ pub async fn subscribe(
             1 => !existed,
             _ => false,
         };
-        if *want_retained && send {
+        // Retained messages are not sent for a shared subscription (MQTT 5 §4.8.2).
+        if *want_retained && send && !shared {
             retained_for.push(filter.clone());
         }
     }
     if add.is_empty() && retained_for.is_empty() {
         return Vec::new();
     }
+    announce_pending(ctx, &add);
     let (tx, rx) = oneshot::channel();
     let cmd = ControlCmd::Subscribe {
         shard: ctx.id,
@@ -271,6 +432,28 @@ pub async fn subscribe(
         return Vec::new();
     }
     rx.await.unwrap_or_default()
+}
+
+/// Put this shard's new filters on the snapshot's pending overlay at once (see
+/// `SubscriptionSnapshot::pending`), unless it is full; the control plane absorbs them.
+fn announce_pending(ctx: &ShardContext, add: &[ByteString]) {
+    let add: Vec<&ByteString> = add
+        .iter()
+        .filter(|f| topic::shared_subscription(f).is_none())
+        .collect();
+    if add.is_empty() || ctx.mailboxes.len() < 2 {
+        return;
+    }
+    let shard = ctx.id as u16;
+    ctx.snapshot.rcu(|old| {
+        let mut next = crate::control::SubscriptionSnapshot::clone(old);
+        for f in &add {
+            if next.pending.len() < crate::control::MAX_PENDING {
+                next.pending.push(((*f).clone(), shard));
+            }
+        }
+        next
+    });
 }
 
 /// Remove a session's subscription; returns whether it existed.
@@ -288,9 +471,19 @@ pub async fn unsubscribe(
     if !existed {
         return false;
     }
-    ctx.subs
-        .borrow_mut()
-        .remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
+    if topic::shared_subscription(filter).is_some() {
+        let mut groups = ctx.shared.borrow_mut();
+        if let Some(group) = groups.get_mut(filter) {
+            group.members.retain(|m| !Rc::ptr_eq(&m.session, session));
+            if group.members.is_empty() {
+                groups.remove(filter);
+            }
+        }
+    } else {
+        ctx.subs
+            .borrow_mut()
+            .remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
+    }
     ctx.metrics.subscriptions.sub(1);
     let gone = {
         let mut refs = ctx.filter_refs.borrow_mut();
@@ -318,8 +511,26 @@ pub async fn unsubscribe(
     true
 }
 
-/// End a session: drop its subscriptions and forget it.
+/// End a session: publish its pending will (the session's end is the latest a delayed will
+/// waits for), drop its subscriptions and forget it.
 pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
+    let will = {
+        let mut st = session.state.borrow_mut();
+        st.ended = true;
+        st.will.take()
+    };
+    if let Some(w) = will {
+        let origin = session.client_id.clone();
+        Box::pin(publish(
+            ctx,
+            &origin,
+            w.priority,
+            &w.publish,
+            None,
+            std::time::Instant::now(),
+        ))
+        .await;
+    }
     let filters: Vec<ByteString> = session
         .state
         .borrow()
@@ -346,11 +557,13 @@ pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
 
 /// A command from the cloud (the uplink's one downlink session, on shard 0): delivered to the
 /// matching sessions on this shard and sent once to every other shard whose snapshot entry
-/// matches, as a device's PUBLISH is. Resolves when the delivery was *accepted*: queued to
+/// matches, and once to each matching shared group (one member, picked as for a device's
+/// PUBLISH), as a device's PUBLISH is. Resolves when the delivery was *accepted*: queued to
 /// every matching local session (an offline persistent session keeps QoS 1/2; a full outbox
 /// drops and counts, as for any message) and handed to every other matching shard's mailbox
 /// (QoS 1/2 waits for room). The uplink acknowledges the command to the cloud only then.
 pub async fn deliver_downlink(ctx: &Rc<ShardContext>, routed: Routed) {
     deliver_local(ctx, &routed);
     deliver_other_shards(ctx, &routed).await;
+    deliver_shared(ctx, &routed).await;
 }

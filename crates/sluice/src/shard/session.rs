@@ -10,16 +10,19 @@
 //! (`shard::limits`): every message in the outbox or inflight is charged to `queued` (the
 //! session's `max_queued_bytes` and the shard's share of `max_outbox_memory`) until it leaves
 //! through `pop_outbox` (QoS 0), `remove_inflight` (QoS 1/2) or `drop_queued` (session end);
-//! `timers` holds at most one pending expiry and one delayed will.
+//! `timers` holds at most one pending expiry and one delayed will. Incoming QoS 2
+//! state (`awaiting_rel`: ids PUBREC'd, awaiting PUBREL) is the session's too, so a PUBLISH
+//! the device resends after a reconnect is acknowledged again and never forwarded twice; it
+//! holds at most `receive_maximum` ids. A delayed will waits here while the device is away.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
+use sluice_proto::mqtt::{Properties, Publish, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
 
 use super::limits::{OutboxBudget, QueuedBytes, SessionTimers};
@@ -32,6 +35,27 @@ pub struct OutMessage {
     pub qos: QoS,
     pub retain: bool,
     pub properties: Option<Box<Properties>>,
+    /// When the message expires (MQTT 5 Message Expiry Interval, counted from when the
+    /// gateway received it): an expired message still queued is dropped, counted.
+    pub expires_at: Option<Instant>,
+}
+
+impl OutMessage {
+    /// The message's properties as sent now: the Message Expiry Interval lowered by the time
+    /// the message waited in the gateway (at least 1 s, so it never reads as "no expiry").
+    pub fn properties_now(&self, now: Instant) -> Option<Box<Properties>> {
+        let Some(at) = self.expires_at else {
+            return self.properties.clone();
+        };
+        let left = at.saturating_duration_since(now);
+        let secs = (left.as_millis().div_ceil(1000)).clamp(1, u32::MAX as u128) as u32;
+        let mut p = self.properties.clone().unwrap_or_default();
+        p.message_expiry_interval = Some(secs);
+        Some(p)
+    }
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
 }
 
 /// Where a QoS 1/2 message written to the device is in its acknowledgement flow.
@@ -58,6 +82,70 @@ pub struct SessionState {
     pub offline_since: Option<Instant>,
     /// Input bounds: the session's pending expiry and delayed-will tasks, at most one each.
     pub timers: SessionTimers,
+    /// Incoming QoS 2: packet ids PUBREC'd to the device and awaiting its PUBREL, oldest
+    /// first. Kept with the session, so a PUBLISH resent (DUP) after a reconnect is
+    /// acknowledged again but never forwarded twice.
+    pub awaiting_rel: AwaitingRel,
+    /// A will waiting for its delay while the device is away (MQTT 5 Will Delay Interval):
+    /// cancelled when the device reconnects to this session, published when the delay passes
+    /// or the session ends, whichever is first.
+    pub will: Option<PendingWill>,
+    /// Set once the session is ending (expired, or a clean-start connection replaced it); a
+    /// connection taken over by then publishes its will at once.
+    pub ended: bool,
+}
+
+/// A delayed will held by a session whose connection is gone.
+#[derive(Debug, Clone)]
+pub struct PendingWill {
+    pub publish: Publish,
+    pub priority: crate::control::priority::Priority,
+}
+
+/// The QoS 2 packet ids PUBREC'd and awaiting PUBREL. Bounded by the caller: an MQTT 5 device
+/// may have at most the gateway's Receive Maximum QoS 2 messages unfinished (more is a
+/// protocol error, 0x93); for a 3.1.1 device, which is not told the limit, the oldest id is
+/// forgotten at the bound (its late PUBREL still gets a PUBCOMP).
+#[derive(Debug, Default)]
+pub struct AwaitingRel {
+    ids: HashSet<u16>,
+    order: VecDeque<u16>,
+}
+
+impl AwaitingRel {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    pub fn contains(&self, id: u16) -> bool {
+        self.ids.contains(&id)
+    }
+    /// Add `id`; at `bound` entries the oldest is forgotten first. Returns whether one was.
+    pub fn insert(&mut self, id: u16, bound: usize) -> bool {
+        if !self.ids.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        let mut evicted = false;
+        while self.ids.len() > bound.max(1) {
+            match self.order.pop_front() {
+                Some(old) => evicted |= self.ids.remove(&old),
+                None => break,
+            }
+        }
+        evicted
+    }
+    pub fn remove(&mut self, id: u16) -> bool {
+        if !self.ids.remove(&id) {
+            return false;
+        }
+        if let Some(pos) = self.order.iter().position(|x| *x == id) {
+            self.order.remove(pos);
+        }
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -71,6 +159,10 @@ pub struct Session {
     /// down, or (shared with the connection's `DeviceAcks`) the cloud acknowledged something.
     pub notify: Rc<Notify>,
     max_queued: usize,
+    /// Local fan-out's per-delivery stamp (`route::deliver_local`): the delivery that last
+    /// counted this session, and its slot in that delivery's hit list. O(1) deduplication.
+    pub delivery_mark: Cell<u64>,
+    pub delivery_slot: Cell<usize>,
 }
 
 /// Why a message was not queued for a device.
@@ -103,10 +195,15 @@ impl Session {
                 queued: QueuedBytes::new(budget),
                 offline_since: None,
                 timers: SessionTimers::default(),
+                awaiting_rel: AwaitingRel::default(),
+                will: None,
+                ended: false,
             }),
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
             max_queued,
+            delivery_mark: Cell::new(0),
+            delivery_slot: Cell::new(0),
         })
     }
 
@@ -189,6 +286,7 @@ mod tests {
             qos,
             retain: false,
             properties: None,
+            expires_at: None,
         }
     }
 
@@ -199,6 +297,33 @@ mod tests {
         assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
         assert!(s.enqueue(msg(QoS::AtLeastOnce)).is_ok());
         assert_eq!(s.enqueue(msg(QoS::AtLeastOnce)), Err(QueueRefusal::Full));
+    }
+
+    #[test]
+    fn message_expiry_is_lowered_by_the_wait_and_expired_messages_say_so() {
+        let now = Instant::now();
+        let mut m = msg(QoS::AtLeastOnce);
+        assert_eq!(m.properties_now(now), None);
+        m.expires_at = Some(now + Duration::from_millis(2_300));
+        let p = m.properties_now(now).unwrap();
+        assert_eq!(p.message_expiry_interval, Some(3));
+        assert!(!m.is_expired(now));
+        assert!(m.is_expired(now + Duration::from_secs(3)));
+        let late = m.properties_now(now + Duration::from_secs(9)).unwrap();
+        assert_eq!(late.message_expiry_interval, Some(1));
+    }
+
+    #[test]
+    fn awaiting_rel_is_bounded_and_forgets_the_oldest() {
+        let mut a = AwaitingRel::default();
+        assert!(!a.insert(1, 2));
+        assert!(!a.insert(2, 2));
+        assert!(!a.insert(2, 2), "a duplicate is not added twice");
+        assert!(a.insert(3, 2), "the oldest goes at the bound");
+        assert!(!a.contains(1) && a.contains(2) && a.contains(3));
+        assert!(a.remove(2));
+        assert!(!a.remove(2));
+        assert_eq!(a.len(), 1);
     }
 
     #[test]
