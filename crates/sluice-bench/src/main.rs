@@ -11,14 +11,16 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 
-use sluice_bench::agents::{run_agent, AgentConfig};
 use sluice_bench::conn::{host_part, resolve};
-use sluice_bench::devices::{run_devices, Arrivals, DevicesConfig, PayloadSize};
-use sluice_bench::scenario::{markdown, run_core, write_json, CoreScenario, Sut};
-use sluice_bench::seganet::{
+use sluice_bench::harness::agents::{run_agent, AgentConfig};
+use sluice_bench::harness::sut::Sut;
+use sluice_bench::load::devices::{run_devices, Arrivals, DevicesConfig, PayloadSize};
+use sluice_bench::report::write_json;
+use sluice_bench::scenarios::core::{markdown, run_core, CoreScenario};
+use sluice_bench::scenarios::seganet::{
     run_seganet, summary as seganet_summary, Constraint, ReportFiles, SegaSut, SeganetScenario,
 };
-use sluice_bench::sink::{start_sink, SinkConfig, SinkTls};
+use sluice_bench::sinks::sink::{start_sink, SinkConfig, SinkTls};
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 
 /// sluice-bench — load generator and scenario runner for the sluice IoT gateway.
@@ -218,8 +220,8 @@ enum PackFormatArg {
 }
 
 impl AggregateArgs {
-    fn opts(&self) -> sluice_bench::scenario::AggregateOpts {
-        sluice_bench::scenario::AggregateOpts {
+    fn opts(&self) -> sluice_bench::harness::sut::AggregateOpts {
+        sluice_bench::harness::sut::AggregateOpts {
             enabled: self.aggregate == OnOff::On,
             min_devices: self.min_devices,
             format: match self.pack_format {
@@ -529,7 +531,7 @@ struct PriorityArgs {
         value_delimiter = ',',
         default_value = "unloaded,off,lanes,lanes+tc"
     )]
-    modes: Vec<sluice_bench::priority::Mode>,
+    modes: Vec<sluice_bench::scenarios::priority::Mode>,
     /// After the devices stop, the sink stops once nothing arrived for this long.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     drain_idle: Duration,
@@ -564,7 +566,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Floor(args) = &cli.command {
         // A plain epoll loop on this thread: no runtime, so nothing but the floor's own work.
-        let served = sluice_bench::floor::run_floor(args.listen, |addr| {
+        let served = sluice_bench::sinks::floor::run_floor(args.listen, |addr| {
             println!("listening on {addr}");
             let _ = std::io::Write::flush(&mut std::io::stdout());
         });
@@ -967,7 +969,7 @@ struct OutageArgs {
 }
 
 async fn outage(args: OutageArgs) -> anyhow::Result<()> {
-    use sluice_bench::outage::{self as out, OutageScenario};
+    use sluice_bench::scenarios::outage::{self as out, OutageScenario};
     let mut config = if args.quick {
         OutageScenario::quick(args.sluice_bin)
     } else {
@@ -983,7 +985,7 @@ async fn outage(args: OutageArgs) -> anyhow::Result<()> {
     config.drain_max = args.drain_max;
     config.shards = args.shards;
     if args.aggregate == OnOff::On {
-        config.aggregate = sluice_bench::scenario::AggregateOpts::default();
+        config.aggregate = sluice_bench::harness::sut::AggregateOpts::default();
     }
     config.reconnect_max = args.reconnect_max;
     config.spool_parent = args.spool_parent;
@@ -1218,7 +1220,7 @@ struct ConnectionsArgs {
 }
 
 async fn fastsink(args: FastsinkArgs) -> anyhow::Result<()> {
-    use sluice_bench::fastsink::{start_fast_sink, tls_server_config, FastSinkConfig};
+    use sluice_bench::sinks::fastsink::{start_fast_sink, tls_server_config, FastSinkConfig};
     let tls = tls_server_config(&args.cert, &args.key)?;
     let listener = tokio::net::TcpListener::bind(resolve(&args.listen).await?)
         .await
@@ -1257,7 +1259,7 @@ async fn fastsink(args: FastsinkArgs) -> anyhow::Result<()> {
 }
 
 async fn idle(args: IdleArgs) -> anyhow::Result<()> {
-    use sluice_bench::connections::{raise_fd_limit, run_idle_worker, IdleConfig};
+    use sluice_bench::scenarios::connections::{raise_fd_limit, run_idle_worker, IdleConfig};
     raise_fd_limit()?;
     let mut config = IdleConfig::new(resolve(&args.target).await?, args.connections);
     config.first_index = args.first_index;
@@ -1270,7 +1272,7 @@ async fn idle(args: IdleArgs) -> anyhow::Result<()> {
 }
 
 async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
-    use sluice_bench::throughput::{self as tput, Cloud, ThroughputScenario};
+    use sluice_bench::scenarios::throughput::{self as tput, Cloud, ThroughputScenario};
     let mut config = ThroughputScenario::new(args.sluice_bin);
     config.suts = args
         .sut
@@ -1325,7 +1327,7 @@ async fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
 }
 
 async fn connections(args: ConnectionsArgs) -> anyhow::Result<()> {
-    use sluice_bench::connections::{self as conns, ConnectionsScenario, EdgeSut};
+    use sluice_bench::scenarios::connections::{self as conns, ConnectionsScenario, EdgeSut};
     let bench_bin = std::env::current_exe().context("locating the sluice-bench binary")?;
     let mut config = ConnectionsScenario::new(args.sluice_bin, bench_bin);
     config.suts = args
@@ -1369,7 +1371,7 @@ async fn connections(args: ConnectionsArgs) -> anyhow::Result<()> {
 }
 
 async fn priority(args: PriorityArgs) -> anyhow::Result<()> {
-    use sluice_bench::priority::{self as prio, PriorityScenario};
+    use sluice_bench::scenarios::priority::{self as prio, PriorityScenario};
     let bench_bin = std::env::current_exe().context("locating the sluice-bench binary")?;
     let mut config = PriorityScenario::new(args.sluice_bin, bench_bin);
     config.devices = args.devices;
@@ -1461,7 +1463,7 @@ struct StorageArgs {
     batch: usize,
     /// The spool's max_batch_bytes: most bytes one commit job carries (a full batch makes the
     /// producer wait for the commit in flight).
-    #[arg(long, default_value = "16MiB", value_parser = sluice_bench::storage::parse_bytes)]
+    #[arg(long, default_value = "16MiB", value_parser = sluice_bench::scenarios::storage::parse_bytes)]
     spool_batch_bytes: u64,
     /// Skip a point whose predicted append+read time exceeds this; cut one that runs 3× over.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
@@ -1471,14 +1473,14 @@ struct StorageArgs {
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// Also write a spool of this size (e.g. 1GiB) and time its recovery (Spool::open).
-    #[arg(long, value_name = "SIZE", value_parser = sluice_bench::storage::parse_bytes)]
+    #[arg(long, value_name = "SIZE", value_parser = sluice_bench::scenarios::storage::parse_bytes)]
     recovery: Option<u64>,
     /// Skip the engine × N × T study (e.g. with --recovery).
     #[arg(long)]
     no_study: bool,
     /// Before the study, time plain 1 MiB writes of this much to a new file (no fsync, and
     /// with one fsync) on the same file system, for scale; 0 skips it.
-    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = sluice_bench::storage::parse_bytes)]
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = sluice_bench::scenarios::storage::parse_bytes)]
     baseline: u64,
     /// Write the JSON report here (e.g. docs/perf/storage.json).
     #[arg(long, value_name = "FILE")]
@@ -1493,7 +1495,7 @@ struct StorageArgs {
 }
 
 async fn storage(args: StorageArgs) -> anyhow::Result<()> {
-    use sluice_bench::storage::{self as st, Durability, Engine, StorageConfig};
+    use sluice_bench::scenarios::storage::{self as st, Durability, Engine, StorageConfig};
     let dir = args.dir.unwrap_or_else(st::default_dir);
     let mut config = StorageConfig::new(dir);
     config.records = if args.quick {

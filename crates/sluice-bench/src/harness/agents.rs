@@ -7,7 +7,7 @@
 //! 60 s, reconnected with back-off), and the table of QoS 1 messages forwarded but not yet
 //! acknowledged by the cloud. Does not own: the runtime (the `agent` subcommand runs this on a
 //! `current_thread` tokio runtime to keep each process to one thread), spawning agents or
-//! measuring them (see [`crate::seganet`]).
+//! measuring them (see [`crate::scenarios::seganet`]).
 //!
 //! Message path and the acknowledgement rule: the device's QoS 1 PUBLISH gets a fresh cloud
 //! packet id and is written to the cloud session; the device receives its PUBACK only when the

@@ -4,10 +4,10 @@
 //! Owns: a *pipelined* device fleet (few devices, each publishing as fast as its pacing and its
 //! inflight window allow, several PUBLISHes per write), the step controller, the per-step
 //! measurements and the report (JSON and Markdown). Does not own: the SUT processes (sluice via
-//! [`crate::scenario::SluiceChild`], the bridge via `sluice-testkit`), the cloud (a Mosquitto
-//! from `sluice-testkit`, or the in-process [`crate::fastsink`]).
+//! [`crate::harness::sut::SluiceChild`], the bridge via `sluice-testkit`), the cloud (a Mosquitto
+//! from `sluice-testkit`, or the in-process [`crate::sinks::fastsink`]).
 //!
-//! # Why a separate fleet from [`crate::devices`]
+//! # Why a separate fleet from [`crate::load::devices`]
 //! `devices` models many slow devices: one timer wake-up and one write per PUBLISH. At 100k+
 //! msg/s on a 2-core machine that costs more CPU than the SUT. This fleet models a few fast
 //! devices (default 128): each device is one task with a token bucket; when it wakes (at most
@@ -47,7 +47,7 @@
 //! # Clouds
 //! - `mosquitto`: a TLS 1.3 Mosquitto; a measuring subscriber ([`fastsink::subscribe_measuring`])
 //!   takes everything (`#`, QoS 1) and measures e2e latency. Mosquitto's own CPU is reported.
-//! - `fast-sink`: the in-process fast acknowledging sink ([`crate::fastsink`]) is the cloud; it
+//! - `fast-sink`: the in-process fast acknowledging sink ([`crate::sinks::fastsink`]) is the cloud; it
 //!   PUBACKs at once and measures e2e latency, so the broker does not set the limit.
 //!
 //! The sink (or subscriber) runs on its own single-worker tokio runtime whose thread is named
@@ -78,15 +78,16 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
 use crate::conn::handshake;
-use crate::devices::version_name;
-use crate::fastsink::{
+use crate::harness::machine::{loadavg, machine, Machine};
+use crate::harness::procfs::{self, round1, round3, CpuMeter, Pid};
+use crate::harness::sut::{SluiceChild, Sut};
+use crate::load::devices::version_name;
+use crate::payload::{unix_now_ns, PayloadHeader, HEADER_LEN};
+pub use crate::report::write_json;
+use crate::sinks::fastsink::{
     self, start_fast_sink, FastSink, FastSinkConfig, FastSinkReport, LatencyWindow,
     SubscriberConfig,
 };
-use crate::payload::{unix_now_ns, PayloadHeader, HEADER_LEN};
-use crate::procfs::{self, round1, round3, CpuMeter, Pid};
-pub use crate::scenario::write_json;
-use crate::scenario::{loadavg, machine, Machine, SluiceChild, Sut};
 use crate::stats::LatencySummary;
 
 /// Tokens above this much time's worth of messages are dropped (and counted).
@@ -225,10 +226,12 @@ impl Fleet {
         if config.window == 0 {
             bail!("the inflight window must be at least 1");
         }
-        if config.payload_size < HEADER_LEN || config.payload_size > crate::devices::MAX_PAYLOAD {
+        if config.payload_size < HEADER_LEN
+            || config.payload_size > crate::load::devices::MAX_PAYLOAD
+        {
             bail!(
                 "the payload size must be {HEADER_LEN}..={} bytes",
-                crate::devices::MAX_PAYLOAD
+                crate::load::devices::MAX_PAYLOAD
             );
         }
         let mut filler = vec![0u8; config.payload_size];
@@ -670,7 +673,7 @@ pub struct ThroughputScenario {
     /// `inflight` of sluice's uplink (None: sluice's default).
     pub sluice_uplink_inflight: Option<u16>,
     /// `[uplink.aggregate]` for sluice.
-    pub sluice_aggregate: crate::scenario::AggregateOpts,
+    pub sluice_aggregate: crate::harness::sut::AggregateOpts,
     /// Longest wait for the backlog to drain before a refinement step.
     pub cooldown_max: Duration,
     pub command_line: String,
@@ -701,7 +704,7 @@ impl ThroughputScenario {
             sluice_bin,
             sluice_shards: 0,
             sluice_uplink_inflight: None,
-            sluice_aggregate: crate::scenario::AggregateOpts::default(),
+            sluice_aggregate: crate::harness::sut::AggregateOpts::default(),
             cooldown_max: Duration::from_secs(20),
             command_line: String::new(),
             progress: true,
@@ -729,7 +732,7 @@ pub struct ThroughputParams {
     pub sluice_bin: String,
     pub sluice_shards: u32,
     pub sluice_uplink_inflight: Option<u16>,
-    pub sluice_aggregate: crate::scenario::AggregateOpts,
+    pub sluice_aggregate: crate::harness::sut::AggregateOpts,
 }
 
 /// One step of the load, measured over its window (the step minus its warm-up).

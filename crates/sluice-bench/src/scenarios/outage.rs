@@ -5,8 +5,8 @@
 //! run), a relay that is the gateway's link to the cloud and can be cut, a recording
 //! subscriber, sluice with a spool in a temporary directory on a real disk, the device fleet,
 //! the analysis of what arrived when, and the report (JSON and Markdown). Does not own the
-//! gateway, the broker, the devices ([`crate::devices`]) or sluice's process handling
-//! ([`crate::scenario::SluiceChild`]).
+//! gateway, the broker, the devices ([`crate::load::devices`]) or sluice's process handling
+//! ([`crate::harness::sut::SluiceChild`]).
 //!
 //! # Order of one run
 //! 1. Cloud Mosquitto; the recorder connects to it directly and subscribes to `#` (QoS 1)
@@ -73,12 +73,14 @@ use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use crate::conn;
-use crate::devices::{spawn_devices, DevicesConfig, DevicesReport, PayloadSize};
+use crate::harness::cloud::start_tls_cloud;
+use crate::harness::machine::{loadavg, machine, Machine};
+use crate::harness::procfs::round3;
+use crate::harness::sut::{AggregateOpts, SluiceChild};
+use crate::load::devices::{spawn_devices, DevicesConfig, DevicesReport, PayloadSize};
 use crate::payload::{unix_now_ns, PayloadHeader};
-use crate::procfs::round3;
-use crate::scenario::{loadavg, machine, start_tls_cloud, AggregateOpts, Machine, SluiceChild};
+use crate::scenarios::storage::{default_dir, file_system};
 use crate::stats::{latency_histogram, record_us, LatencySummary};
-use crate::storage::{default_dir, file_system};
 
 /// How often sluice's `/metrics` is read.
 const METRICS_EVERY: Duration = Duration::from_millis(500);

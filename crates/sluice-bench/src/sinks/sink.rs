@@ -46,8 +46,8 @@ use tokio::sync::watch;
 use tokio::time::{timeout, Instant};
 
 use crate::conn::{self, BrokerIo};
+use crate::harness::procfs::{round3, CpuMeter, CpuUsage, Pid};
 use crate::payload::{unix_now_ns, PayloadHeader};
-use crate::procfs::{round3, CpuMeter, CpuUsage, Pid};
 use crate::stats::{
     latency_histogram, record_us, LatencySummary, Observation, PerDeviceLatency, SequenceTracker,
 };

@@ -59,8 +59,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde::Serialize;
 
-pub use crate::scenario::write_json;
-use crate::scenario::{loadavg, machine, Machine};
+use crate::harness::machine::{loadavg, machine, Machine};
+pub use crate::report::write_json;
 
 /// A storage engine under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -3,11 +3,11 @@
 //! sweep it runs one *point*: devices → SUT → cloud Mosquitto over TLS 1.3, QoS 1, and records
 //! p99 latency, the SUT's CPU and memory, and whether the offered load was actually achieved.
 //!
-//! Owns: the sweep, starting the per-device agent fleet ([`crate::agents`] processes), the
+//! Owns: the sweep, starting the per-device agent fleet ([`crate::harness::agents`] processes), the
 //! admission check that refuses agent points the machine cannot hold, the optional CPU
 //! constraint (taskset + cgroup quota), sampling over *all* SUT processes, and the reports
-//! (JSON, Markdown, PNG charts via [`crate::charts`]). Does not own: the sluice and bridge
-//! start-up (reused from [`crate::scenario::start_sut`]), devices, sink, or `/proc` parsing.
+//! (JSON, Markdown, PNG charts via [`crate::report::charts`]). Does not own: the sluice and bridge
+//! start-up (reused from [`crate::harness::sut::start_sut`]), devices, sink, or `/proc` parsing.
 //!
 //! One point (each with a fresh PKI, cloud broker and sink, so points do not share state):
 //! 1. Cloud Mosquitto (TLS 1.3 listener only); sink subscribed to `#` (QoS 1) over TLS 1.3.
@@ -55,11 +55,13 @@ use sluice_testkit::{Mosquitto, TestPki};
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, Instant};
 
-use crate::charts::{self, Chart, ChartPoint, Series};
-use crate::devices::{spawn_devices, Arrivals, DevicesConfig, PayloadSize};
-use crate::procfs::{self, round1, round3, usage_between, CpuMeter, Pid};
-use crate::scenario::{self, start_tls_cloud, CoreScenario, Machine, Sut};
-use crate::sink::{start_sink, SinkConfig, SinkTls};
+use crate::harness::cloud::start_tls_cloud;
+use crate::harness::machine::{self, Machine};
+use crate::harness::procfs::{self, round1, round3, usage_between, CpuMeter, Pid};
+use crate::harness::sut::{self, AggregateOpts, Sut, SutSpec};
+use crate::load::devices::{spawn_devices, Arrivals, DevicesConfig, PayloadSize};
+use crate::report::charts::{self, Chart, ChartPoint, Series};
+use crate::sinks::sink::{start_sink, SinkConfig, SinkTls};
 use crate::stats::LatencySummary;
 
 /// Agents started to measure the per-agent footprint when no earlier point measured it.
@@ -117,7 +119,7 @@ pub struct SeganetScenario {
     /// `[gateway] shards` for sluice (0 = one per core).
     pub sluice_shards: u32,
     /// `[uplink.aggregate]` for sluice.
-    pub sluice_aggregate: scenario::AggregateOpts,
+    pub sluice_aggregate: AggregateOpts,
     /// The `sluice-bench` binary that has the `agent` subcommand.
     pub agent_bin: PathBuf,
     /// Agent points whose projected memory exceeds this share of MemAvailable are skipped.
@@ -160,7 +162,7 @@ pub struct SeganetParams {
     pub steady_window_s: f64,
     pub sluice_bin: String,
     pub sluice_shards: u32,
-    pub sluice_aggregate: scenario::AggregateOpts,
+    pub sluice_aggregate: AggregateOpts,
     pub agent_bin: String,
     pub memory_fraction: f64,
     pub drain_idle_s: f64,
@@ -284,7 +286,7 @@ pub struct SeganetReport {
 /// after every point when `config.out` is set.
 pub async fn run_seganet(config: &SeganetScenario) -> anyhow::Result<SeganetReport> {
     validate(config)?;
-    let machine = scenario::machine(&config.command_line);
+    let machine = machine::machine(&config.command_line);
     let constraint = config.constrained.map(|c| {
         let (mechanism, notes) = CpuCage::describe(c);
         ConstraintReport {
@@ -545,7 +547,7 @@ async fn measure_point(
     let tool_usage = tool_cpu.usage()?;
     let machine_busy = MachineCpu::read().busy_percent_since(&machine_start);
     let throttle_end = cage.as_ref().and_then(CpuCage::throttling);
-    let loadavg_at_window_end = scenario::loadavg();
+    let loadavg_at_window_end = machine::loadavg();
     let mem_window_end = Limits::read().mem_available_kib;
     let devices_report = devices.wait().await?;
 
@@ -722,7 +724,7 @@ struct StartedSut {
 }
 
 enum SutGuard {
-    Core(#[allow(dead_code)] scenario::RunningSut),
+    Core(#[allow(dead_code)] sut::RunningSut),
     Agents(#[allow(dead_code)] AgentFleet),
 }
 
@@ -747,27 +749,14 @@ async fn start(
             });
         }
     };
-    let core = CoreScenario {
-        devices: n,
-        rate_per_device: config.rate_per_device,
-        duration: config.duration,
-        ramp: config.ramp,
-        settle: config.settle,
-        payload: config.payload,
-        protocol: ProtocolVersion::V311,
-        qos: config.qos,
-        arrivals: Arrivals::Periodic,
-        suts: vec![core_sut],
+    let spec = SutSpec {
         sluice_bin: config.sluice_bin.clone(),
         floor_bin: config.agent_bin.clone(),
         sluice_shards: config.sluice_shards,
         sluice_aggregate: config.sluice_aggregate.clone(),
-        drain_idle: config.drain_idle,
-        drain_max: config.drain_max,
-        command_line: config.command_line.clone(),
-        progress_every: config.progress_every,
+        devices: n,
     };
-    let running = scenario::start_sut(core_sut, &core, pki, cloud).await?;
+    let running = sut::start_sut(core_sut, &spec, pki, cloud).await?;
     Ok(StartedSut {
         pids: vec![running.pid],
         targets: vec![running.device_addr],
@@ -989,7 +978,7 @@ impl Limits {
         };
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-        let loadavg = scenario::loadavg();
+        let loadavg = machine::loadavg();
         Limits {
             mem_available_kib: meminfo_kib(&meminfo, "MemAvailable:").unwrap_or(0),
             pid_max: read_u64("/proc/sys/kernel/pid_max").unwrap_or(32_768),

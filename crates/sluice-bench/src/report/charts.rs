@@ -2,7 +2,7 @@
 //!
 //! Owns: drawing one chart — one line with markers per system under test, the device count N
 //! on a log₂ x axis labelled with plain N values, a linear or logarithmic y axis, a legend —
-//! into a PNG file. Does not own: which figures are plotted (see [`crate::seganet`]).
+//! into a PNG file. Does not own: which figures are plotted (see [`crate::scenarios::seganet`]).
 //!
 //! Rendering: plotters' bitmap backend with text through `ab_glyph` and the DejaVu Sans font
 //! embedded from the `dejavu` crate, so no system font, fontconfig or freetype is needed.

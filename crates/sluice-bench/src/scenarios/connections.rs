@@ -5,7 +5,7 @@
 //! keep-alive, disconnect), the `idle` worker protocol for spreading connections over child
 //! processes, open-file limits (reading `/proc/<pid>/limits`, raising this process's soft
 //! limit), RSS sampling until stable, and the report. Does not own: the SUTs (sluice via
-//! [`crate::scenario::SluiceChild`], Mosquitto via `sluice-testkit`).
+//! [`crate::harness::sut::SluiceChild`], Mosquitto via `sluice-testkit`).
 //!
 //! # Limits on this kind of machine
 //! Every process has a hard RLIMIT_NOFILE (20,000 here) that an unprivileged process cannot
@@ -59,11 +59,12 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};
 
 use crate::conn::handshake;
-use crate::devices::version_name;
+use crate::harness::machine::{machine, Machine};
+use crate::harness::procfs::{self, round1, round3, Pid};
+use crate::harness::sut::SluiceChild;
+use crate::load::devices::version_name;
 use crate::payload::unix_now_ns;
-use crate::procfs::{self, round1, round3, Pid};
-pub use crate::scenario::write_json;
-use crate::scenario::{machine, Machine, SluiceChild};
+pub use crate::report::write_json;
 use crate::stats::{latency_histogram, record_us, LatencySummary};
 
 /// Files left unused below a SUT's limit when the target is "max" (accept slack, logs, the

@@ -8,8 +8,8 @@
 //! scenario installs it), the child processes of every mode (cloud Mosquitto, sluice, the
 //! `sluice-bench devices` and `sink` children), the per-mode measurements, the verdicts and the
 //! reports (JSON and Markdown). Does not own: sluice's own traffic control (`install_tc`, in
-//! `sluice::uplink::tc`), the device generator ([`crate::devices`]) or the sink
-//! ([`crate::sink`]), which run as children of this process inside the namespaces.
+//! `sluice::uplink::tc`), the device generator ([`crate::load::devices`]) or the sink
+//! ([`crate::sinks::sink`]), which run as children of this process inside the namespaces.
 //!
 //! # Topology (needs root: CAP_SYS_ADMIN for `ip netns add`, CAP_NET_ADMIN for links and tc)
 //! ```text
@@ -73,9 +73,9 @@ use anyhow::{anyhow, bail, Context as _};
 use serde::{Deserialize, Serialize};
 use sluice_testkit::TestPki;
 
-use crate::devices::PayloadSize;
-pub use crate::scenario::write_json;
-use crate::scenario::{machine, Machine};
+use crate::harness::machine::{machine, Machine};
+use crate::load::devices::PayloadSize;
+pub use crate::report::write_json;
 
 /// Address of `veth0` (gateway side) and of `veth1` (cloud side).
 const GW_ADDR: &str = "10.231.0.1";
@@ -650,7 +650,7 @@ impl Ctx<'_> {
         let high_session_seen = cloud.log().contains(&format!("{UPLINK_CLIENT_ID}-0-hi"));
 
         let mut sink = self.start_sink(&dir, devices)?;
-        let loadavg_start = crate::scenario::loadavg();
+        let loadavg_start = crate::harness::machine::loadavg();
         let measured_start = Instant::now();
         let devices_report = self.run_devices(
             &dir,
@@ -661,7 +661,7 @@ impl Ctx<'_> {
             &sluice,
         )?;
         let measured_s = measured_start.elapsed().as_secs_f64();
-        let loadavg_end = crate::scenario::loadavg();
+        let loadavg_end = crate::harness::machine::loadavg();
         let tc_stats = tc_stats(&self.net.gw);
         // The sink stops by itself once nothing arrived for drain_idle.
         let status = sink.wait(

@@ -58,8 +58,8 @@ use tokio::time::{timeout, Instant};
 use tokio_rustls::TlsAcceptor;
 
 use crate::conn;
+use crate::harness::procfs::{round1, round3};
 use crate::payload::{unix_now_ns, PayloadHeader};
-use crate::procfs::{round1, round3};
 use crate::stats::{latency_histogram, record_us, LatencySummary, Observation, SequenceTracker};
 
 /// Bytes read per `read` call at most (and the initial buffer size per connection).

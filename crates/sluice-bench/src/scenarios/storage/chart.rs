@@ -1,7 +1,7 @@
 //! PNG charts of the storage study: records/s (log scale) against producer threads (log₂
 //! scale), one line per engine and N — colour by engine, marker by N.
 //!
-//! Rendering as in [`crate::charts`]: plotters' bitmap backend, text through `ab_glyph` with
+//! Rendering as in [`crate::report::charts`]: plotters' bitmap backend, text through `ab_glyph` with
 //! the DejaVu Sans font embedded from the `dejavu` crate. Points that were not measured in
 //! full (skipped, failed, cut) are left out.
 

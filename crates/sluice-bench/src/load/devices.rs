@@ -61,8 +61,8 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
 use crate::conn::handshake;
+use crate::harness::procfs::{round1, round3, CpuMeter, CpuUsage, Pid};
 use crate::payload::{unix_now_ns, PayloadHeader, HEADER_LEN};
-use crate::procfs::{round1, round3, CpuMeter, CpuUsage, Pid};
 use crate::stats::{LatencySummary, ShardedHistogram};
 
 /// Largest payload the generator will build (the filler buffer is this large at most).

@@ -365,7 +365,9 @@ mod tests {
     #[test]
     fn shares_cover_the_total() {
         assert_eq!(
-            (0..3).map(|t| crate::storage::share(10, 3, t)).sum::<u64>(),
+            (0..3)
+                .map(|t| crate::scenarios::storage::share(10, 3, t))
+                .sum::<u64>(),
             10
         );
     }
