@@ -13,7 +13,7 @@ use sluice_bench::scenarios::priority::{markdown, run_priority, Mode, PrioritySc
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| sluice_bench::scenarios::priority::effective_uid(&s))
+        .and_then(|s| sluice_bench::harness::netns::effective_uid(&s))
         == Some(0)
 }
 
