@@ -9,11 +9,12 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use sluice_bench::conn::{handshake, read_packet, send};
 use sluice_bench::harness::agents::{run_agent, AgentConfig};
+use sluice_bench::harness::cgroup::parse_cgroup_mounts;
+use sluice_bench::harness::limits::{admit_agents, Limits};
 use sluice_bench::load::devices::PayloadSize;
 use sluice_bench::report::charts::{write_png, Chart, ChartPoint, Series, SIZE};
 use sluice_bench::scenarios::seganet::{
-    admit_agents, limited_by, parse_cgroup_mounts, run_seganet, Limits, PointStatus, ReportFiles,
-    SegaSut, SeganetScenario, Verdict,
+    limited_by, run_seganet, PointStatus, ReportFiles, SegaSut, SeganetScenario, Verdict,
 };
 use sluice_proto::mqtt::{
     ConnAck, Connect, Decoder, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS,

@@ -1,10 +1,21 @@
-//! The shared harness every scenario runs on: systems under test as processes ([`sut`]: sluice,
-//! the Mosquitto bridge, the floor; [`agents`]: one process per device), the cloud broker and
-//! its PKI ([`cloud`]), network namespaces, veth links and tc ([`netns`]), `/proc` sampling ([`procfs`]) and the machine and commit header
-//! ([`machine`]).
+//! The shared harness every scenario runs on:
+//! - systems under test as processes: [`sut`] (sluice with a generated config, the Mosquitto
+//!   bridge, the floor), [`agents`] (one agent process per device) started as a fleet by
+//!   [`agent_fleet`];
+//! - the cloud broker and its PKI ([`cloud`]);
+//! - network namespaces, a veth link and tc on it ([`netns`]);
+//! - what the machine can hold and admission checks ([`limits`]), a CPU cage for the SUT
+//!   ([`cgroup`]);
+//! - `/proc` sampling ([`procfs`]) and the machine and commit header of reports ([`machine`]).
+//!
+//! Invariant: every process, namespace and cgroup started here is a guard whose `Drop` stops or
+//! removes it, so a scenario that fails half-way leaves nothing behind.
 
+pub mod agent_fleet;
 pub mod agents;
+pub mod cgroup;
 pub mod cloud;
+pub mod limits;
 pub mod machine;
 pub mod netns;
 pub mod procfs;

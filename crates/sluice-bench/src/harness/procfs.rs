@@ -11,6 +11,7 @@
 //! (no libc call, so no `unsafe`), falling back to 100 Hz, the value on every mainstream Linux
 //! configuration. Resolution is one tick (10 ms): measure over tens of seconds.
 
+use crate::harness::limits::meminfo_kib;
 use std::fs;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -162,6 +163,87 @@ pub(crate) fn round1(x: f64) -> f64 {
 }
 pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+/// utime + stime summed over `pids` (processes that are gone count 0).
+pub(crate) fn cpu_sum(pids: &[u32]) -> Duration {
+    pids.iter()
+        .filter_map(|&p| cpu_time(Pid::Other(p)).ok())
+        .sum()
+}
+
+pub(crate) fn rss_sum(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|&p| rss_kib(Pid::Other(p)).ok())
+        .sum()
+}
+
+pub(crate) fn pss_kib(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    meminfo_kib(&text, "Pss:")
+}
+
+pub(crate) fn pss_sum(pids: &[u32]) -> u64 {
+    pids.iter().filter_map(|&p| pss_kib(p)).sum()
+}
+
+/// Mean PSS of up to 64 of `pids`, KiB.
+pub(crate) fn per_process_pss_kib(pids: &[u32]) -> Option<u64> {
+    let step = (pids.len() / 64).max(1);
+    let values: Vec<u64> = pids
+        .iter()
+        .step_by(step)
+        .filter_map(|&p| pss_kib(p))
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum::<u64>() / values.len() as u64)
+}
+
+/// Aggregate CPU counters of `/proc/stat` ("cpu" line), in clock ticks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MachineCpu {
+    busy: u64,
+    total: u64,
+}
+
+impl MachineCpu {
+    pub(crate) fn read() -> MachineCpu {
+        let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let fields: Vec<u64> = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let total: u64 = fields.iter().sum();
+        let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+        MachineCpu {
+            busy: total.saturating_sub(idle),
+            total,
+        }
+    }
+
+    pub(crate) fn busy_percent_since(&self, start: &MachineCpu) -> f64 {
+        let total = self.total.saturating_sub(start.total);
+        if total == 0 {
+            return 0.0;
+        }
+        100.0 * self.busy.saturating_sub(start.busy) as f64 / total as f64
+    }
+}
+
+/// `rchar` of /proc/PID/io: bytes the process read through read-like syscalls (0 if unknown).
+pub(crate) fn read_chars(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("rchar:").map(|v| v.trim().parse().ok()))
+                .flatten()
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
