@@ -246,6 +246,106 @@ pub(crate) fn read_chars(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time used so far by this process's threads whose name starts with `prefix`.
+pub(crate) fn threads_cpu(prefix: &str) -> Duration {
+    let Ok(entries) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let per_second = clock_ticks_per_second();
+    let mut ticks = 0u64;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let named = std::fs::read_to_string(dir.join("comm"))
+            .map(|c| c.trim().starts_with(prefix))
+            .unwrap_or(false);
+        if !named {
+            continue;
+        }
+        if let Ok(stat) = std::fs::read_to_string(dir.join("stat")) {
+            ticks += parse_stat_cpu_ticks(&stat).unwrap_or(0);
+        }
+    }
+    Duration::from_nanos(ticks.saturating_mul(1_000_000_000 / per_second))
+}
+
+/// CPU ticks so far of every process: pid → (command name, utime + stime).
+pub(crate) fn process_cpu_ticks() -> std::collections::HashMap<u32, (String, u64)> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let comm = stat
+            .find('(')
+            .zip(stat.rfind(')'))
+            .and_then(|(a, b)| stat.get(a + 1..b))
+            .unwrap_or("?")
+            .to_string();
+        if let Ok(ticks) = parse_stat_cpu_ticks(&stat) {
+            out.insert(pid, (comm, ticks));
+        }
+    }
+    out
+}
+
+/// Processes other than `ours` that used at least 2 % of one core between two snapshots,
+/// busiest first, at most five: "comm (pid) N %".
+pub(crate) fn busiest_others(
+    before: &std::collections::HashMap<u32, (String, u64)>,
+    after: &std::collections::HashMap<u32, (String, u64)>,
+    ours: &[u32],
+    wall: Duration,
+) -> Vec<String> {
+    let ticks_per_s = clock_ticks_per_second() as f64;
+    let secs = wall.as_secs_f64().max(1e-9);
+    let mut busy: Vec<(f64, String)> = after
+        .iter()
+        .filter(|(pid, _)| !ours.contains(pid))
+        .filter_map(|(pid, (comm, ticks))| {
+            let start = before.get(pid).map_or(0, |(_, t)| *t);
+            let percent = ticks.saturating_sub(start) as f64 / ticks_per_s / secs * 100.0;
+            (percent >= 2.0).then(|| (percent, format!("{comm} ({pid}) {percent:.0} %")))
+        })
+        .collect();
+    busy.sort_by(|a, b| b.0.total_cmp(&a.0));
+    busy.into_iter().take(5).map(|(_, s)| s).collect()
+}
+
+/// (busy, total) jiffies of all CPUs from the first line of /proc/stat.
+pub(crate) fn machine_cpu() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = text.lines().next() else {
+        return (0, 0);
+    };
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    // idle (4th) and iowait (5th) are not busy.
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (total.saturating_sub(idle), total)
+}
+
+pub(crate) fn machine_cpu_percent(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1);
+    if total == 0 {
+        return 0.0;
+    }
+    round1(after.0.saturating_sub(before.0) as f64 / total as f64 * 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
