@@ -3,10 +3,10 @@
 //!   bridge, the floor), [`agents`] (one agent process per device) started as a fleet by
 //!   [`agent_fleet`];
 //! - the cloud broker and its PKI ([`cloud`]);
-//! - network namespaces, a veth link and tc on it ([`netns`]);
+//! - network namespaces, a veth link and tc on it ([`netns`]); a cuttable TCP link ([`link`]);
 //! - what the machine can hold and admission checks ([`limits`]), a CPU cage for the SUT
 //!   ([`cgroup`]);
-//! - `/proc` sampling ([`procfs`]) and the machine and commit header of reports ([`machine`]).
+//! - `/proc` sampling ([`procfs`]), sluice's `/metrics` ([`metrics`]) and the machine and commit header of reports ([`machine`]).
 //!
 //! Invariant: every process, namespace and cgroup started here is a guard whose `Drop` stops or
 //! removes it, so a scenario that fails half-way leaves nothing behind.
@@ -16,7 +16,9 @@ pub mod agents;
 pub mod cgroup;
 pub mod cloud;
 pub mod limits;
+pub mod link;
 pub mod machine;
+pub mod metrics;
 pub mod netns;
 pub mod procfs;
 pub mod sut;
