@@ -372,7 +372,8 @@ pub(crate) async fn fastsink(args: FastsinkArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn idle(args: IdleArgs) -> anyhow::Result<()> {
-    use sluice_bench::scenarios::connections::{raise_fd_limit, run_idle_worker, IdleConfig};
+    use sluice_bench::harness::limits::raise_fd_limit;
+    use sluice_bench::load::idle::{run_idle_worker, IdleConfig};
     raise_fd_limit()?;
     let mut config = IdleConfig::new(resolve(&args.target).await?, args.connections);
     config.first_index = args.first_index;

@@ -1,6 +1,6 @@
 //! The cloud side: a PKI generated per run and a TLS 1.3-only cloud Mosquitto
 //! ([`start_tls_cloud`]), or a [`Cloud`] of choice with a measuring sink on its own runtime
-//! ([`start_cloud`]: the fast acknowledging sink, or Mosquitto with a measuring subscriber).
+//! (`start_cloud`: the fast acknowledging sink, or Mosquitto with a measuring subscriber).
 
 use anyhow::{anyhow, Context as _};
 use serde::Serialize;

@@ -1,11 +1,16 @@
-//! What the machine can hold: memory, process, thread and port limits, and the admission checks
+//! What the machine can hold: memory, process, thread, port and open-file limits (reading and
+//! raising RLIMIT_NOFILE), and the admission checks
 //! that refuse a point (N connections, N agent processes) that would exceed them.
 
 use crate::harness::agent_fleet::KERNEL_KIB_PER_AGENT;
 
-use serde::Serialize;
+use std::process::Stdio;
+
+use anyhow::{anyhow, Context as _};
+use serde::{Deserialize, Serialize};
 
 use crate::harness::machine::{self};
+use crate::harness::procfs::Pid;
 
 /// System limits that bound how many processes and connections a point may use.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -138,4 +143,122 @@ pub fn admit_agents(
         ));
     }
     Ok(())
+}
+
+/// Files left unused below a SUT's limit when the target is "max" (accept slack, logs, the
+/// odd file a SUT opens later).
+pub const FD_MARGIN: u64 = 16;
+
+/// RLIMIT_NOFILE of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FdLimit {
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// The "Max open files" line of `/proc/<pid>/limits` ("unlimited" reads as `u64::MAX`).
+pub fn fd_limit(pid: Pid) -> anyhow::Result<FdLimit> {
+    let path = match pid {
+        Pid::OwnProcess => "/proc/self/limits".to_string(),
+        Pid::Other(p) => format!("/proc/{p}/limits"),
+    };
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    parse_fd_limit(&text).with_context(|| format!("parsing {path}"))
+}
+
+/// Parse the "Max open files" line of a `/proc/<pid>/limits` text.
+pub fn parse_fd_limit(limits: &str) -> anyhow::Result<FdLimit> {
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .ok_or_else(|| anyhow!("no \"Max open files\" line"))?;
+    let mut values = line["Max open files".len()..].split_whitespace().map(|v| {
+        if v == "unlimited" {
+            Ok(u64::MAX)
+        } else {
+            v.parse::<u64>()
+                .with_context(|| format!("{v:?} is not a number"))
+        }
+    });
+    let soft = values.next().ok_or_else(|| anyhow!("no soft limit"))??;
+    let hard = values.next().ok_or_else(|| anyhow!("no hard limit"))??;
+    Ok(FdLimit { soft, hard })
+}
+
+/// Open files of a process right now (entries of `/proc/<pid>/fd`).
+pub fn open_fds(pid: Pid) -> anyhow::Result<u64> {
+    let path = match pid {
+        Pid::OwnProcess => "/proc/self/fd".to_string(),
+        Pid::Other(p) => format!("/proc/{p}/fd"),
+    };
+    Ok(std::fs::read_dir(&path)
+        .with_context(|| format!("listing {path}"))?
+        .count() as u64)
+}
+
+/// This process's limit before and after [`raise_fd_limit`].
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct FdLimitChange {
+    pub before: FdLimit,
+    pub after: FdLimit,
+}
+
+/// Raise this process's soft open-file limit to its hard limit with util-linux `prlimit
+/// --pid` (children spawned afterwards inherit it). Not raising it is not an error: the
+/// returned `after` says what the limit is.
+pub fn raise_fd_limit() -> anyhow::Result<FdLimitChange> {
+    let before = fd_limit(Pid::OwnProcess)?;
+    if before.soft < before.hard {
+        let hard = if before.hard == u64::MAX {
+            "unlimited".to_string()
+        } else {
+            before.hard.to_string()
+        };
+        let status = std::process::Command::new("prlimit")
+            .arg("--pid")
+            .arg(std::process::id().to_string())
+            .arg(format!("--nofile={hard}:{hard}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output();
+        match status {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => tracing::warn!(
+                stderr = %String::from_utf8_lossy(&out.stderr).trim(),
+                "prlimit could not raise the open-file limit"
+            ),
+            Err(error) => tracing::warn!(%error, "prlimit (util-linux) is not available"),
+        }
+    }
+    Ok(FdLimitChange {
+        before,
+        after: fd_limit(Pid::OwnProcess)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_limit_is_read_from_the_max_open_files_line() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max processes             95000                95000                processes \n\
+                    Max open files            1024                 20000                files     \n";
+        assert_eq!(
+            parse_fd_limit(text).expect("valid limits"),
+            FdLimit {
+                soft: 1024,
+                hard: 20000
+            }
+        );
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(
+            parse_fd_limit(unlimited).expect("valid limits").hard,
+            u64::MAX
+        );
+        assert!(parse_fd_limit("Max processes 1 2\n").is_err());
+    }
 }

@@ -1,9 +1,9 @@
 //! Network namespaces, a veth link between them, and tc on it: two namespaces (gateway and
 //! cloud) joined by a veth pair with fixed addresses, child processes started inside one
-//! ([`NsChild`], stopped and reaped on drop), the link's rate limit (a one-class htb) and its
+//! (`NsChild`, stopped and reaped on drop), the link's rate limit (a one-class htb) and its
 //! `tc -s` statistics, and the preflight check (root, `ip`, `tc`). Every namespace and child is
 //! a guard whose `Drop` removes it; namespaces left by a killed run (`slp-*-PID-*` whose PID is
-//! gone) are deleted by [`remove_stale_namespaces`].
+//! gone) are deleted by `remove_stale_namespaces`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

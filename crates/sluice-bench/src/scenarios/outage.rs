@@ -2,7 +2,7 @@
 //! `ack = "spool"`), then the drain of the backlog interleaved with live traffic.
 //!
 //! Owns: the outage scenario — its parameters, the run's timeline (cut, restore, drain), the
-//! analysis of what arrived when ([`analysis`]), the verdicts and the reports ([`report`]).
+//! analysis of what arrived when (`analysis`), the verdicts and the reports (`report`).
 //! Uses from the harness: the cloud Mosquitto and PKI ([`crate::harness::cloud`]), the cuttable
 //! relay that is the gateway's link to the cloud ([`crate::harness::link`]), sluice as a process
 //! ([`crate::harness::sut::SluiceChild`]) and its `/metrics` ([`crate::harness::metrics`]), the

@@ -4,7 +4,7 @@
 //! p99 latency, the SUT's CPU and memory, and whether the offered load was actually achieved.
 //!
 //! Owns: the sweep, the point's measurement (sampling over *all* SUT processes) and its verdict,
-//! and the reports ([`report`]: JSON, Markdown, PNG charts). Uses from the harness: the sluice and
+//! and the reports (`report`: JSON, Markdown, PNG charts). Uses from the harness: the sluice and
 //! bridge start-up ([`crate::harness::sut::start_sut`]), the per-device agent fleet
 //! ([`crate::harness::agent_fleet`]), the admission checks that refuse points the machine cannot
 //! hold ([`crate::harness::limits`]), the optional CPU constraint ([`crate::harness::cgroup`]:

@@ -30,7 +30,7 @@
 //! drops, SUT RSS, and — for a failing step — what limited it.
 //!
 //! # Clouds
-//! - `mosquitto`: a TLS 1.3 Mosquitto; a measuring subscriber ([`fastsink::subscribe_measuring`])
+//! - `mosquitto`: a TLS 1.3 Mosquitto; a measuring subscriber ([`crate::sinks::fastsink::subscribe_measuring`])
 //!   takes everything (`#`, QoS 1) and measures e2e latency. Mosquitto's own CPU is reported.
 //! - `fast-sink`: the in-process fast acknowledging sink ([`crate::sinks::fastsink`]) is the cloud; it
 //!   PUBACKs at once and measures e2e latency, so the broker does not set the limit.
