@@ -6,6 +6,7 @@
 //! - network namespaces, a veth link and tc on it ([`netns`]); a cuttable TCP link ([`link`]);
 //! - what the machine can hold and admission checks ([`limits`]), a CPU cage for the SUT
 //!   ([`cgroup`]);
+//! - the disk a scenario writes to ([`disk`]);
 //! - `/proc` sampling ([`procfs`]), sluice's `/metrics` ([`metrics`]) and the machine and commit header of reports ([`machine`]).
 //!
 //! Invariant: every process, namespace and cgroup started here is a guard whose `Drop` stops or
@@ -15,6 +16,7 @@ pub mod agent_fleet;
 pub mod agents;
 pub mod cgroup;
 pub mod cloud;
+pub mod disk;
 pub mod limits;
 pub mod link;
 pub mod machine;

@@ -62,6 +62,7 @@ use serde::Serialize;
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::harness::cloud::start_tls_cloud;
+use crate::harness::disk::{default_dir, file_system};
 use crate::harness::link::Link;
 use crate::harness::machine::{loadavg, machine, Machine};
 pub use crate::harness::metrics::metric_sum;
@@ -71,7 +72,6 @@ use crate::harness::procfs::round3;
 use crate::harness::sut::{AggregateOpts, SluiceChild};
 use crate::load::devices::{spawn_devices, DevicesConfig, DevicesReport, PayloadSize};
 use crate::payload::unix_now_ns;
-use crate::scenarios::storage::{default_dir, file_system};
 pub use crate::sinks::recorder::Arrival;
 use crate::sinks::recorder::Recorder;
 
