@@ -135,16 +135,7 @@ pub async fn start_sut(
             let child = SluiceChild::start(config, pki, cloud.tls_port())?;
             let device_addr = child.device_addr;
             child.wait_ready().await?;
-            cloud
-                .wait_for_log_async("as sluice-gw", Duration::from_secs(15))
-                .await
-                .with_context(|| {
-                    format!(
-                        "sluice's uplink never connected to the cloud; sluice stderr:\n{}",
-                        child.stderr_tail()
-                    )
-                })?;
-            sleep(Duration::from_secs(1)).await;
+            child.wait_uplink(cloud).await?;
             Ok(RunningSut {
                 pid: child.pid(),
                 device_addr,
@@ -153,14 +144,7 @@ pub async fn start_sut(
             })
         }
         Sut::MosquittoBridge => {
-            let lines = Mosquitto::bridge_config_lines(cloud.tls_port(), pki);
-            let config_text = lines.join("\n");
-            let edge = tokio::task::spawn_blocking(move || {
-                Mosquitto::builder().config_lines(lines).start()
-            })
-            .await
-            .context("edge start-up panicked")?
-            .context("starting the edge Mosquitto bridge")?;
+            let (edge, config_text) = start_bridge(cloud.tls_port(), pki).await?;
             cloud
                 .wait_for_log_async("sluice-edge-bridge", Duration::from_secs(15))
                 .await
@@ -193,6 +177,22 @@ pub async fn start_sut(
             })
         }
     }
+}
+
+/// An edge Mosquitto bridging `topic # out 1` to the cloud's TLS port (started on a blocking
+/// thread), and its config text.
+pub async fn start_bridge(
+    cloud_tls_port: u16,
+    pki: &TestPki,
+) -> anyhow::Result<(Mosquitto, String)> {
+    let lines = Mosquitto::bridge_config_lines(cloud_tls_port, pki);
+    let config_text = lines.join("\n");
+    let edge =
+        tokio::task::spawn_blocking(move || Mosquitto::builder().config_lines(lines).start())
+            .await
+            .context("edge start-up panicked")?
+            .context("starting the edge Mosquitto bridge")?;
+    Ok((edge, config_text))
 }
 
 /// `sluice-bench floor` as a child process on a free port; dropping it kills it.
@@ -302,6 +302,21 @@ impl SluiceChild {
         let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Wait until the cloud broker logs sluice's uplink client (`sluice-gw…`), then 1 s more.
+    pub async fn wait_uplink(&self, cloud: &Mosquitto) -> anyhow::Result<()> {
+        cloud
+            .wait_for_log_async("as sluice-gw", Duration::from_secs(15))
+            .await
+            .with_context(|| {
+                format!(
+                    "sluice's uplink never connected to the cloud; sluice stderr:\n{}",
+                    self.stderr_tail()
+                )
+            })?;
+        sleep(Duration::from_secs(1)).await;
+        Ok(())
     }
 
     /// Wait until the device port accepts connections, failing early if sluice exits.

@@ -1,4 +1,5 @@
-//! Writing reports: JSON files ([`write_json`]), charts ([`charts`]).
+//! Writing reports: JSON files ([`write_json`]), the Markdown pieces every report shares
+//! ([`markdown`]) and charts ([`charts`]).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -7,6 +8,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 pub mod charts;
+pub mod markdown;
 
 /// Write a report as pretty JSON to `path` (creating parent directories).
 pub fn write_json(report: &impl Serialize, path: &Path) -> anyhow::Result<()> {

@@ -54,6 +54,7 @@ use crate::harness::sut::SluiceChild;
 use crate::load::devices::version_name;
 pub use crate::load::idle::{FailureCount, IdleConfig, IdleReport};
 use crate::load::idle::{IdleFleet, Worker};
+use crate::report::markdown::{loadavg_item, machine_line};
 pub use crate::report::write_json;
 use crate::stats::{latency_histogram, record_us, LatencySummary};
 
@@ -570,18 +571,20 @@ pub fn markdown(report: &ConnectionsReport) -> String {
     );
     let _ = writeln!(
         out,
-        "commit `{}`{} · nproc {} · CPU {} · kernel {} · {} · loadavg at start {} · sluice-bench open-file limit {}/{} → {}/{} (soft/hard)\n",
-        m.commit,
-        if m.worktree_dirty { " (work tree dirty)" } else { "" },
-        m.nproc,
-        m.cpu_model,
-        m.kernel,
-        m.mosquitto_version,
-        m.loadavg_at_start,
-        report.tool_fd_limit.before.soft,
-        report.tool_fd_limit.before.hard,
-        report.tool_fd_limit.after.soft,
-        report.tool_fd_limit.after.hard,
+        "{}\n",
+        machine_line(
+            m,
+            &[
+                loadavg_item(m),
+                format!(
+                    "sluice-bench open-file limit {}/{} → {}/{} (soft/hard)",
+                    report.tool_fd_limit.before.soft,
+                    report.tool_fd_limit.before.hard,
+                    report.tool_fd_limit.after.soft,
+                    report.tool_fd_limit.after.hard
+                )
+            ]
+        )
     );
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let mut header = String::from("| metric |");

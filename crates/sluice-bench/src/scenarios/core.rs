@@ -47,6 +47,7 @@ use crate::harness::sut::{start_sut, AggregateOpts, Sut, SutSpec};
 use crate::load::devices::{
     spawn_devices, version_name, Arrivals, DevicesConfig, DevicesReport, PayloadSize,
 };
+use crate::report::markdown::{loadavg_item, machine_line};
 use crate::sinks::sink::{start_sink, SinkConfig, SinkReport, SinkTls};
 use crate::stats::LatencySummary;
 #[derive(Debug, Clone)]
@@ -502,21 +503,7 @@ pub fn markdown(report: &ScenarioReport) -> String {
         "### core path: {} devices × {} msg/s ({} msg/s offered), {}..{} B, QoS {}, MQTT {}, {} s ({} s ramp, steady-state window {} s)\n",
         p.devices, p.rate_per_device, p.offered_rate, p.payload_min, p.payload_max, p.qos, p.mqtt, p.duration_s, p.ramp_s, p.steady_window_s
     );
-    let _ = writeln!(
-        out,
-        "commit `{}`{} · nproc {} · CPU {} · kernel {} · {} · loadavg at start {}\n",
-        m.commit,
-        if m.worktree_dirty {
-            " (work tree dirty)"
-        } else {
-            ""
-        },
-        m.nproc,
-        m.cpu_model,
-        m.kernel,
-        m.mosquitto_version,
-        m.loadavg_at_start
-    );
+    let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(out, "sluice: {}\n", p.sluice_aggregate.describe());
     let both = report.comparison.is_some();

@@ -335,16 +335,7 @@ pub async fn run_outage(config: &OutageScenario) -> anyhow::Result<OutageReport>
     );
     let sluice = SluiceChild::spawn(&config.sluice_bin, mqtt_port, toml)?;
     sluice.wait_ready().await?;
-    cloud
-        .wait_for_log_async("as sluice-gw", Duration::from_secs(15))
-        .await
-        .with_context(|| {
-            format!(
-                "sluice's uplink never connected to the cloud; sluice stderr:\n{}",
-                sluice.stderr_tail()
-            )
-        })?;
-    sleep(Duration::from_secs(1)).await;
+    sluice.wait_uplink(&cloud).await?;
 
     let load = config.warmup + config.outage + config.after;
     let mut devices_config = DevicesConfig::new(sluice.device_addr());

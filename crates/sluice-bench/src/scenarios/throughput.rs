@@ -51,7 +51,7 @@ use tokio::time::{sleep, Instant};
 
 use crate::harness::machine::{loadavg, machine, Machine};
 use crate::harness::procfs::{self, round1, round3, CpuMeter, Pid};
-use crate::harness::sut::{SluiceChild, Sut};
+use crate::harness::sut::{start_bridge, SluiceChild, Sut};
 use crate::load::devices::version_name;
 pub use crate::report::write_json;
 use crate::sinks::fastsink::{FastSink, FastSinkReport};
@@ -394,14 +394,7 @@ async fn start_sut(
             }
         }
         Sut::MosquittoBridge => {
-            let lines = Mosquitto::bridge_config_lines(cloud.port, pki);
-            let config_text = lines.join("\n");
-            let edge = tokio::task::spawn_blocking(move || {
-                Mosquitto::builder().config_lines(lines).start()
-            })
-            .await
-            .context("edge start-up panicked")?
-            .context("starting the edge Mosquitto bridge")?;
+            let (edge, config_text) = start_bridge(cloud.port, pki).await?;
             SutSide {
                 pid: edge
                     .pid()

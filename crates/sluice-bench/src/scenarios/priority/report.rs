@@ -1,6 +1,7 @@
 //! The priority scenario's verdicts and Markdown report.
 
 use super::*;
+use crate::report::markdown::machine_line;
 
 /// The verdicts against the target, plus the SegaNet comparison.
 pub fn verdicts(modes: &[ModeRun]) -> Vec<Verdict> {
@@ -156,20 +157,7 @@ pub fn markdown(report: &PriorityReport) -> String {
         p.duration_s,
         p.warmup_s
     );
-    let _ = writeln!(
-        out,
-        "commit `{}`{} · nproc {} · CPU {} · kernel {} · {}\n",
-        m.commit,
-        if m.worktree_dirty {
-            " (work tree dirty)"
-        } else {
-            ""
-        },
-        m.nproc,
-        m.cpu_model,
-        m.kernel,
-        m.mosquitto_version
-    );
+    let _ = writeln!(out, "{}\n", machine_line(m, &[]));
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(
         out,

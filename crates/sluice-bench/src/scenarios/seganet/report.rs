@@ -2,6 +2,7 @@
 //! JSON/Markdown/PNG files.
 
 use super::*;
+use crate::report::markdown::{loadavg_item, machine_line};
 
 /// One line per point, for stderr.
 pub(super) fn point_line(p: &PointReport) -> String {
@@ -156,19 +157,8 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "commit `{}`{} · nproc {} · CPU {} · kernel {} · {} · loadavg at start {} · started {}\n",
-        m.commit,
-        if m.worktree_dirty {
-            " (work tree dirty)"
-        } else {
-            ""
-        },
-        m.nproc,
-        m.cpu_model,
-        m.kernel,
-        m.mosquitto_version,
-        m.loadavg_at_start,
-        m.started_at
+        "{}\n",
+        machine_line(m, &[loadavg_item(m), format!("started {}", m.started_at)])
     );
     let _ = writeln!(out, "```sh\n{}\n```\n", m.command_line);
     let _ = writeln!(

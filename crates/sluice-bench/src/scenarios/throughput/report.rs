@@ -1,6 +1,7 @@
 //! The throughput scenario's report: a line per step and the Markdown summary.
 
 use super::*;
+use crate::report::markdown::{loadavg_item, machine_line};
 
 pub(super) fn step_line(s: &StepResult) -> String {
     format!(
@@ -48,21 +49,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
         "### throughput: {} devices × window {}, {} B payloads, QoS 1, MQTT {}, TLS 1.3 uplink; steps of {} s ({} s warm-up) from {} msg/s ×{}, p99 bound {} ms, ≥ {:.0} % delivered\n",
         p.devices, p.window, p.payload_bytes, p.mqtt, p.step_s, p.warmup_s, p.start_rate, p.step_factor, p.p99_bound_ms, p.min_delivery * 100.0
     );
-    let _ = writeln!(
-        out,
-        "commit `{}`{} · nproc {} · CPU {} · kernel {} · {} · loadavg at start {}\n",
-        m.commit,
-        if m.worktree_dirty {
-            " (work tree dirty)"
-        } else {
-            ""
-        },
-        m.nproc,
-        m.cpu_model,
-        m.kernel,
-        m.mosquitto_version,
-        m.loadavg_at_start
-    );
+    let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(
         out,
