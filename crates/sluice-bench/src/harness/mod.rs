@@ -7,6 +7,7 @@
 //! - what the machine can hold and admission checks ([`limits`]), a CPU cage for the SUT
 //!   ([`cgroup`]);
 //! - the disk a scenario writes to ([`disk`]);
+//! - the run phases ramp → settle → steady → drain, the cloud sink and RSS sampling ([`phases`]);
 //! - `/proc` sampling ([`procfs`]), sluice's `/metrics` ([`metrics`]) and the machine and commit header of reports ([`machine`]).
 //!
 //! Invariant: every process, namespace and cgroup started here is a guard whose `Drop` stops or
@@ -22,5 +23,6 @@ pub mod link;
 pub mod machine;
 pub mod metrics;
 pub mod netns;
+pub mod phases;
 pub mod procfs;
 pub mod sut;

@@ -31,24 +31,23 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use serde::Serialize;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
-use tokio::sync::watch;
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::Instant;
 
 use crate::harness::cloud::start_tls_cloud;
 use crate::harness::machine::{loadavg, machine, Machine};
+use crate::harness::phases::{cloud_sink, Phases, RssSampler};
 use crate::harness::procfs::{self, round1, round3, CpuMeter, Pid};
 use crate::harness::sut::{start_sut, AggregateOpts, Sut, SutSpec};
 use crate::load::devices::{
     spawn_devices, version_name, Arrivals, DevicesConfig, DevicesReport, PayloadSize,
 };
 use crate::report::markdown::{loadavg_item, machine_line};
-use crate::sinks::sink::{start_sink, SinkConfig, SinkReport, SinkTls};
+use crate::sinks::sink::SinkReport;
 use crate::stats::LatencySummary;
 #[derive(Debug, Clone)]
 pub struct CoreScenario {
@@ -82,6 +81,17 @@ pub struct CoreScenario {
 }
 
 impl CoreScenario {
+    /// The run's timing.
+    pub fn phases(&self) -> Phases {
+        Phases {
+            duration: self.duration,
+            ramp: self.ramp,
+            settle: self.settle,
+            drain_idle: self.drain_idle,
+            drain_max: self.drain_max,
+        }
+    }
+
     /// What the systems under test are started with.
     pub fn sut_spec(&self) -> SutSpec {
         SutSpec {
@@ -278,72 +288,41 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
 }
 
 async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun> {
+    let phases = config.phases();
     let (pki, cloud) = start_tls_cloud().await?;
     let cloud_pid = cloud
         .pid()
         .ok_or_else(|| anyhow!("the cloud Mosquitto is not running"))?;
 
-    let mut sink_config = SinkConfig::new(cloud.tls_addr());
-    sink_config.tls = Some(SinkTls {
-        ca_file: pki.ca_path().to_path_buf(),
-        client_cert: None,
-        server_name: "127.0.0.1".to_string(),
-    });
-    sink_config.expect_devices = config.devices;
-    sink_config.progress_every = config.progress_every;
-    let sink = start_sink(sink_config).await?;
+    let sink = cloud_sink(&pki, &cloud, config.devices, config.progress_every).await?;
 
     let sut = start_sut(sut_kind, &config.sut_spec(), &pki, &cloud).await?;
     let sut_pid = Pid::Other(sut.pid);
 
     // Resource sampling.
     let rss_start = procfs::rss_kib(sut_pid)?;
-    let samples = Arc::new(Mutex::new(vec![rss_start]));
-    let (stop_sampling, mut sampling_stopped) = watch::channel(false);
-    let sampler = {
-        let samples = samples.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.tick().await;
-            loop {
-                tokio::select! {
-                    _ = sampling_stopped.changed() => return,
-                    _ = tick.tick() => {
-                        if let Ok(kib) = procfs::rss_kib(sut_pid) {
-                            samples.lock().unwrap_or_else(|p| p.into_inner()).push(kib);
-                        }
-                    }
-                }
-            }
-        })
-    };
+    let sampler = RssSampler::start(rss_start, move || procfs::rss_kib(sut_pid).ok());
 
     let mut devices_config = DevicesConfig::new(sut.device_addr);
     devices_config.devices = config.devices;
     devices_config.rate_per_device = config.rate_per_device;
-    devices_config.duration = config.duration;
-    devices_config.ramp = config.ramp;
-    devices_config.settle = config.settle;
+    phases.apply_to(&mut devices_config);
     devices_config.payload = config.payload;
     devices_config.protocol = config.protocol;
     devices_config.qos = config.qos;
     devices_config.arrivals = config.arrivals;
     devices_config.progress_every = config.progress_every;
-    // Devices wait for their outstanding PUBACKs as long as the drain may take: a device that
-    // closed its socket earlier would discard what the kernel still held for a back-pressuring
-    // SUT, and count it lost although the SUT never received it.
-    devices_config.drain_timeout = config.drain_max;
     let devices = spawn_devices(devices_config)?;
     let started = devices.started();
 
-    sleep_until(started + config.ramp + config.settle).await;
+    phases.until_steady(started).await;
     sink.set_steady_from(crate::payload::unix_now_ns());
     let sut_cpu = CpuMeter::start(sut_pid)?;
     let cloud_cpu = CpuMeter::start(Pid::Other(cloud_pid))?;
     let tool_cpu = CpuMeter::start(Pid::OwnProcess)?;
     let window_start = Instant::now();
     let before = devices.counters().snapshot();
-    sleep_until(started + config.duration).await;
+    phases.until_end(started).await;
     let after = devices.counters().snapshot();
     let window = window_start.elapsed();
     let sut_usage = sut_cpu.usage()?;
@@ -352,27 +331,20 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let loadavg_at_window_end = loadavg();
     let devices_report = devices.wait().await?;
 
-    let drain_start = Instant::now();
     // The floor forwards nothing: there is nothing to wait for.
-    if sut_kind != Sut::Floor {
-        while sink.unique() < devices_report.sent
-            && sink.idle_for() < config.drain_idle
-            && drain_start.elapsed() < config.drain_max
-        {
-            sleep(Duration::from_millis(100)).await;
-        }
-    }
-    let drain = drain_start.elapsed();
+    let drain = if sut_kind == Sut::Floor {
+        Duration::ZERO
+    } else {
+        phases.drain(&sink, devices_report.sent).await
+    };
     let rss_end = procfs::rss_kib(sut_pid)?;
-    let _ = stop_sampling.send(true);
-    let _ = sampler.await;
+    let mut samples = sampler.stop().await;
     let sink_report = sink.stop(Some(devices_report.sent)).await?;
     let sut_config = sut.config_text.clone();
     drop(sut);
     drop(cloud);
     drop(pki);
 
-    let mut samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
     samples.push(rss_end);
     let steady_messages = match config.qos {
         QoS::AtMostOnce => after.sent - before.sent,
@@ -419,7 +391,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     })
 }
 
-/// A started system under test; stopping it is dropping it.
+/// The sluice-vs-bridge comparison, when both ran.
 fn compare(runs: &[SutRun]) -> Option<Vec<ComparisonRow>> {
     let s = runs.iter().find(|r| r.sut == Sut::Sluice)?;
     let b = runs.iter().find(|r| r.sut == Sut::MosquittoBridge)?;

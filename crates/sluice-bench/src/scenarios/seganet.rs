@@ -45,15 +45,13 @@
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use serde::Serialize;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use sluice_testkit::{Mosquitto, TestPki};
-use tokio::sync::watch;
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::Instant;
 
 use crate::harness::agent_fleet::{probe_agent_footprint, AgentFleet};
 pub use crate::harness::agent_fleet::{KERNEL_KIB_PER_AGENT, PROBE_AGENTS};
@@ -62,6 +60,7 @@ pub use crate::harness::cgroup::{Constraint, Throttling};
 use crate::harness::cloud::start_tls_cloud;
 use crate::harness::limits::{admit_agents, admit_connections, Limits};
 use crate::harness::machine::{self, Machine};
+use crate::harness::phases::{cloud_sink, Phases, RssSampler};
 use crate::harness::procfs::{
     cpu_sum, per_process_pss_kib, pss_sum, read_chars, rss_sum, MachineCpu,
 };
@@ -69,7 +68,6 @@ use crate::harness::procfs::{round1, round3, usage_between, CpuMeter, Pid};
 use crate::harness::sut::{self, AggregateOpts, Sut, SutSpec};
 use crate::load::devices::{spawn_devices, Arrivals, DevicesConfig, PayloadSize};
 use crate::report::charts::{self, Chart, ChartPoint, Series};
-use crate::sinks::sink::{start_sink, SinkConfig, SinkTls};
 use crate::stats::LatencySummary;
 
 mod report;
@@ -424,6 +422,13 @@ async fn measure_point(
     agent_footprint_kib: &mut Option<u64>,
     limits: &Limits,
 ) -> Result<Measurement, PointEnd> {
+    let phases = Phases {
+        duration: config.duration,
+        ramp: config.ramp,
+        settle: config.settle,
+        drain_idle: config.drain_idle,
+        drain_max: config.drain_max,
+    };
     let (pki, cloud) = start_tls_cloud().await?;
     let cloud_pid = cloud
         .pid()
@@ -441,15 +446,7 @@ async fn measure_point(
         admit_agents(n, footprint, limits, config.memory_fraction).map_err(PointEnd::Skipped)?;
     }
 
-    let mut sink_config = SinkConfig::new(cloud.tls_addr());
-    sink_config.tls = Some(SinkTls {
-        ca_file: pki.ca_path().to_path_buf(),
-        client_cert: None,
-        server_name: "127.0.0.1".to_string(),
-    });
-    sink_config.expect_devices = n;
-    sink_config.progress_every = config.progress_every;
-    let sink = start_sink(sink_config).await?;
+    let sink = cloud_sink(&pki, &cloud, n, config.progress_every).await?;
 
     let cage = config.constrained.map(CpuCage::create);
     let mem_before = Limits::read().mem_available_kib;
@@ -476,26 +473,9 @@ async fn measure_point(
     let pids = sut.pids.clone();
 
     let rss_start = rss_sum(&pids);
-    let samples = Arc::new(Mutex::new(vec![rss_start]));
-    let (stop_sampling, mut sampling_stopped) = watch::channel(false);
     let sampler = {
-        let samples = samples.clone();
         let pids = pids.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.tick().await;
-            loop {
-                tokio::select! {
-                    _ = sampling_stopped.changed() => return,
-                    _ = tick.tick() => {
-                        let pids = pids.clone();
-                        if let Ok(kib) = tokio::task::spawn_blocking(move || rss_sum(&pids)).await {
-                            samples.lock().unwrap_or_else(|p| p.into_inner()).push(kib);
-                        }
-                    }
-                }
-            }
-        })
+        RssSampler::start(rss_start, move || Some(rss_sum(&pids)))
     };
 
     let mut devices_config = DevicesConfig::new(sut.targets[0]);
@@ -504,22 +484,16 @@ async fn measure_point(
     }
     devices_config.devices = n;
     devices_config.rate_per_device = config.rate_per_device;
-    devices_config.duration = config.duration;
-    devices_config.ramp = config.ramp;
-    devices_config.settle = config.settle;
+    phases.apply_to(&mut devices_config);
     devices_config.payload = config.payload;
     devices_config.protocol = ProtocolVersion::V311;
     devices_config.qos = config.qos;
     devices_config.arrivals = Arrivals::Periodic;
     devices_config.progress_every = config.progress_every;
-    // Devices wait for their outstanding PUBACKs as long as the drain may take: a device that
-    // closed its socket earlier would discard what the kernel still held for a back-pressuring
-    // SUT, and count it lost although the SUT never received it.
-    devices_config.drain_timeout = config.drain_max;
     let devices = spawn_devices(devices_config)?;
     let started = devices.started();
 
-    sleep_until(started + config.ramp + config.settle).await;
+    phases.until_steady(started).await;
     sink.set_steady_from(crate::payload::unix_now_ns());
     let sut_cpu_start = cpu_sum(&pids);
     let cloud_cpu = CpuMeter::start(Pid::Other(cloud_pid))?;
@@ -529,7 +503,7 @@ async fn measure_point(
     let window_start = Instant::now();
     let before = devices.counters().snapshot();
     let cloud_before = (sink.received(), sink.unique(), read_chars(cloud_pid));
-    sleep_until(started + config.duration).await;
+    phases.until_end(started).await;
     let after = devices.counters().snapshot();
     let cloud_after = (sink.received(), sink.unique(), read_chars(cloud_pid));
     let window = window_start.elapsed();
@@ -542,18 +516,10 @@ async fn measure_point(
     let mem_window_end = Limits::read().mem_available_kib;
     let devices_report = devices.wait().await?;
 
-    let drain_start = Instant::now();
-    while sink.unique() < devices_report.sent
-        && sink.idle_for() < config.drain_idle
-        && drain_start.elapsed() < config.drain_max
-    {
-        sleep(Duration::from_millis(100)).await;
-    }
-    let drain = drain_start.elapsed();
+    let drain = phases.drain(&sink, devices_report.sent).await;
     let rss_end = rss_sum(&pids);
     let pss_end = pss_sum(&pids);
-    let _ = stop_sampling.send(true);
-    let _ = sampler.await;
+    let samples = sampler.stop().await;
     let sink_report = sink.stop(Some(devices_report.sent)).await?;
     let sut_config = sut.config_text.clone();
     drop(sut);
@@ -562,8 +528,6 @@ async fn measure_point(
     drop(pki);
 
     let peak = samples
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
         .iter()
         .copied()
         .chain([rss_end])
