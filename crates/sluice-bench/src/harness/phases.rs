@@ -45,6 +45,11 @@ impl Phases {
         devices.drain_timeout = self.drain_max;
     }
 
+    /// How long the steady-state window lasts: `duration − (ramp + settle)`.
+    pub fn steady_window(&self) -> Duration {
+        self.duration.saturating_sub(self.ramp + self.settle)
+    }
+
     /// Sleep until the steady-state window opens (the devices started at `started`).
     pub async fn until_steady(&self, started: Instant) {
         sleep_until(started + self.ramp + self.settle).await;

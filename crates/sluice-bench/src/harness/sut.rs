@@ -179,6 +179,17 @@ pub async fn start_sut(
     }
 }
 
+/// Fail unless `sluice_bin` is a file, saying how to build it.
+pub fn require_sluice_bin(sluice_bin: &Path) -> anyhow::Result<()> {
+    if !sluice_bin.is_file() {
+        bail!(
+            "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
+            sluice_bin.display()
+        );
+    }
+    Ok(())
+}
+
 /// An edge Mosquitto bridging `topic # out 1` to the cloud's TLS port (started on a blocking
 /// thread), and its config text.
 pub async fn start_bridge(

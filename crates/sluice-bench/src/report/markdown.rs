@@ -1,6 +1,7 @@
 //! Pieces every Markdown report shares: the machine line under the title.
 
 use crate::harness::machine::Machine;
+use crate::harness::sut::AggregateOpts;
 
 /// The machine line of a report: `commit `abc1234`[ (work tree dirty)] · nproc N · CPU … ·
 /// kernel … · <mosquitto version>`, then ` · item` for each of `extra` (the load average, the
@@ -24,6 +25,11 @@ pub fn machine_line(m: &Machine, extra: &[String]) -> String {
         line.push_str(item);
     }
     line
+}
+
+/// The line saying how sluice aggregated: `sluice: <describe>`.
+pub fn sluice_line(aggregate: &AggregateOpts) -> String {
+    format!("sluice: {}", aggregate.describe())
 }
 
 /// `loadavg at start …`, the usual extra item of [`machine_line`].

@@ -50,7 +50,7 @@ use crate::harness::limits::{fd_limit, open_fds, raise_fd_limit, FD_MARGIN};
 pub use crate::harness::limits::{FdLimit, FdLimitChange};
 use crate::harness::machine::{machine, Machine};
 use crate::harness::procfs::{self, round1, round3, Pid};
-use crate::harness::sut::SluiceChild;
+use crate::harness::sut::{require_sluice_bin, SluiceChild};
 use crate::load::devices::version_name;
 pub use crate::load::idle::{FailureCount, IdleConfig, IdleReport};
 use crate::load::idle::{IdleFleet, Worker};
@@ -204,11 +204,8 @@ pub async fn run_connections(config: &ConnectionsScenario) -> anyhow::Result<Con
     if config.per_process == 0 {
         bail!("per-process connections must be at least 1");
     }
-    if config.suts.contains(&EdgeSut::Sluice) && !config.sluice_bin.is_file() {
-        bail!(
-            "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
-            config.sluice_bin.display()
-        );
+    if config.suts.contains(&EdgeSut::Sluice) {
+        require_sluice_bin(&config.sluice_bin)?;
     }
     let tool_fd_limit = raise_fd_limit()?;
     let machine = machine(&config.command_line);

@@ -42,11 +42,11 @@ use crate::harness::cloud::start_tls_cloud;
 use crate::harness::machine::{loadavg, machine, Machine};
 use crate::harness::phases::{cloud_sink, Phases, RssSampler};
 use crate::harness::procfs::{self, round1, round3, CpuMeter, Pid};
-use crate::harness::sut::{start_sut, AggregateOpts, Sut, SutSpec};
+use crate::harness::sut::{require_sluice_bin, start_sut, AggregateOpts, Sut, SutSpec};
 use crate::load::devices::{
     spawn_devices, version_name, Arrivals, DevicesConfig, DevicesReport, PayloadSize,
 };
-use crate::report::markdown::{loadavg_item, machine_line};
+use crate::report::markdown::{loadavg_item, machine_line, sluice_line};
 use crate::sinks::sink::SinkReport;
 use crate::stats::LatencySummary;
 #[derive(Debug, Clone)]
@@ -226,11 +226,8 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
     if config.suts.is_empty() {
         bail!("no system under test selected");
     }
-    if config.suts.contains(&Sut::Sluice) && !config.sluice_bin.is_file() {
-        bail!(
-            "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
-            config.sluice_bin.display()
-        );
+    if config.suts.contains(&Sut::Sluice) {
+        require_sluice_bin(&config.sluice_bin)?;
     }
     if config.suts.contains(&Sut::Floor) && !config.floor_bin.is_file() {
         bail!(
@@ -266,10 +263,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
             duration_s: config.duration.as_secs_f64(),
             ramp_s: config.ramp.as_secs_f64(),
             settle_s: config.settle.as_secs_f64(),
-            steady_window_s: config
-                .duration
-                .saturating_sub(config.ramp + config.settle)
-                .as_secs_f64(),
+            steady_window_s: config.phases().steady_window().as_secs_f64(),
             payload_min: config.payload.min,
             payload_max: config.payload.max,
             mqtt: version_name(config.protocol),
@@ -477,7 +471,7 @@ pub fn markdown(report: &ScenarioReport) -> String {
     );
     let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
     let _ = writeln!(out, "`{}`\n", m.command_line);
-    let _ = writeln!(out, "sluice: {}\n", p.sluice_aggregate.describe());
+    let _ = writeln!(out, "{}\n", sluice_line(&p.sluice_aggregate));
     let both = report.comparison.is_some();
     let mut header = String::from("| metric |");
     let mut rule = String::from("|---|");

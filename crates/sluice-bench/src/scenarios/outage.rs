@@ -69,7 +69,7 @@ pub use crate::harness::metrics::metric_sum;
 pub use crate::harness::metrics::MetricsSample;
 use crate::harness::metrics::{ns_to_s, MetricsPoller};
 use crate::harness::procfs::round3;
-use crate::harness::sut::{AggregateOpts, SluiceChild};
+use crate::harness::sut::{require_sluice_bin, AggregateOpts, SluiceChild};
 use crate::load::devices::{spawn_devices, DevicesConfig, DevicesReport, PayloadSize};
 use crate::payload::unix_now_ns;
 pub use crate::sinks::recorder::Arrival;
@@ -159,12 +159,7 @@ impl OutageScenario {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if !self.sluice_bin.is_file() {
-            bail!(
-                "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
-                self.sluice_bin.display()
-            );
-        }
+        require_sluice_bin(&self.sluice_bin)?;
         if self.ramp >= self.warmup {
             bail!("the ramp must be shorter than the warm-up (the cut comes after every device connected)");
         }

@@ -75,6 +75,7 @@ use sluice_testkit::TestPki;
 
 use crate::harness::machine::{machine, Machine};
 use crate::harness::netns::*;
+use crate::harness::sut::require_sluice_bin;
 use crate::load::devices::PayloadSize;
 pub use crate::report::write_json;
 
@@ -231,12 +232,7 @@ impl PriorityScenario {
         if self.duration.is_zero() {
             bail!("the duration must be more than 0");
         }
-        if !self.sluice_bin.is_file() {
-            bail!(
-                "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
-                self.sluice_bin.display()
-            );
-        }
+        require_sluice_bin(&self.sluice_bin)?;
         if !self.bench_bin.is_file() {
             bail!("sluice-bench binary {} not found", self.bench_bin.display());
         }

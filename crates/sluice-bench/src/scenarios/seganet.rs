@@ -65,7 +65,7 @@ use crate::harness::procfs::{
     cpu_sum, per_process_pss_kib, pss_sum, read_chars, rss_sum, MachineCpu,
 };
 use crate::harness::procfs::{round1, round3, usage_between, CpuMeter, Pid};
-use crate::harness::sut::{self, AggregateOpts, Sut, SutSpec};
+use crate::harness::sut::{self, require_sluice_bin, AggregateOpts, Sut, SutSpec};
 use crate::load::devices::{spawn_devices, Arrivals, DevicesConfig, PayloadSize};
 use crate::report::charts::{self, Chart, ChartPoint, Series};
 use crate::stats::LatencySummary;
@@ -130,6 +130,18 @@ pub struct SeganetScenario {
     pub out: Option<ReportFiles>,
 }
 
+impl SeganetScenario {
+    /// The timing of every point.
+    pub fn phases(&self) -> Phases {
+        Phases {
+            duration: self.duration,
+            ramp: self.ramp,
+            settle: self.settle,
+            drain_idle: self.drain_idle,
+            drain_max: self.drain_max,
+        }
+    }
+}
 /// Output directory and base name: `{dir}/{name}.json`, `.md`, `-p99.png`, `-cpu.png`, `-rss.png`.
 #[derive(Debug, Clone)]
 pub struct ReportFiles {
@@ -327,11 +339,8 @@ fn validate(config: &SeganetScenario) -> anyhow::Result<()> {
     if config.ramp + config.settle >= config.duration {
         bail!("ramp + settle must be shorter than the duration (the steady-state window lies between)");
     }
-    if config.suts.contains(&SegaSut::Sluice) && !config.sluice_bin.is_file() {
-        bail!(
-            "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
-            config.sluice_bin.display()
-        );
+    if config.suts.contains(&SegaSut::Sluice) {
+        require_sluice_bin(&config.sluice_bin)?;
     }
     if config.suts.contains(&SegaSut::Agents) && !config.agent_bin.is_file() {
         bail!("agent binary {} not found", config.agent_bin.display());
@@ -354,10 +363,7 @@ fn params(config: &SeganetScenario) -> SeganetParams {
         duration_s: config.duration.as_secs_f64(),
         ramp_s: config.ramp.as_secs_f64(),
         settle_s: config.settle.as_secs_f64(),
-        steady_window_s: config
-            .duration
-            .saturating_sub(config.ramp + config.settle)
-            .as_secs_f64(),
+        steady_window_s: config.phases().steady_window().as_secs_f64(),
         sluice_bin: config.sluice_bin.display().to_string(),
         sluice_shards: config.sluice_shards,
         sluice_aggregate: config.sluice_aggregate.clone(),
@@ -422,13 +428,7 @@ async fn measure_point(
     agent_footprint_kib: &mut Option<u64>,
     limits: &Limits,
 ) -> Result<Measurement, PointEnd> {
-    let phases = Phases {
-        duration: config.duration,
-        ramp: config.ramp,
-        settle: config.settle,
-        drain_idle: config.drain_idle,
-        drain_max: config.drain_max,
-    };
+    let phases = config.phases();
     let (pki, cloud) = start_tls_cloud().await?;
     let cloud_pid = cloud
         .pid()

@@ -2,7 +2,7 @@
 //! JSON/Markdown/PNG files.
 
 use super::*;
-use crate::report::markdown::{loadavg_item, machine_line};
+use crate::report::markdown::{loadavg_item, machine_line, sluice_line};
 
 /// One line per point, for stderr.
 pub(super) fn point_line(p: &PointReport) -> String {
@@ -161,11 +161,7 @@ pub fn markdown(report: &SeganetReport, name: &str) -> String {
         machine_line(m, &[loadavg_item(m), format!("started {}", m.started_at)])
     );
     let _ = writeln!(out, "```sh\n{}\n```\n", m.command_line);
-    let _ = writeln!(
-        out,
-        "sluice: {}\n",
-        report.params.sluice_aggregate.describe()
-    );
+    let _ = writeln!(out, "{}\n", sluice_line(&report.params.sluice_aggregate));
     let _ = writeln!(
         out,
         "Load: N devices × {} msg/s, payload {}..{} B, QoS {}, MQTT {}; uplink TLS 1.3, QoS 1. \

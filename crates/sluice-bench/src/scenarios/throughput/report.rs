@@ -1,7 +1,7 @@
 //! The throughput scenario's report: a line per step and the Markdown summary.
 
 use super::*;
-use crate::report::markdown::{loadavg_item, machine_line};
+use crate::report::markdown::{loadavg_item, machine_line, sluice_line};
 
 pub(super) fn step_line(s: &StepResult) -> String {
     format!(
@@ -51,11 +51,7 @@ pub fn markdown(report: &ThroughputReport) -> String {
     );
     let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
     let _ = writeln!(out, "`{}`\n", m.command_line);
-    let _ = writeln!(
-        out,
-        "sluice: {}\n",
-        report.params.sluice_aggregate.describe()
-    );
+    let _ = writeln!(out, "{}\n", sluice_line(&report.params.sluice_aggregate));
     let _ = writeln!(
         out,
         "| SUT | cloud | max sustained, msg/s | SUT CPU at max, µs/msg | SUT CPU at max, % of one core | machine CPU at max, % of all cores | what stopped the ramp | limited by |"
