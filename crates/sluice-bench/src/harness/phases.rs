@@ -34,6 +34,23 @@ pub struct Phases {
 }
 
 impl Phases {
+    /// Phases of these lengths.
+    pub fn new(
+        duration: Duration,
+        ramp: Duration,
+        settle: Duration,
+        drain_idle: Duration,
+        drain_max: Duration,
+    ) -> Phases {
+        Phases {
+            duration,
+            ramp,
+            settle,
+            drain_idle,
+            drain_max,
+        }
+    }
+
     /// Give the devices this timing. They also wait for their outstanding PUBACKs as long as
     /// the drain may take: a device that closed its socket earlier would discard what the
     /// kernel still held for a back-pressuring SUT, and count it lost although the SUT never

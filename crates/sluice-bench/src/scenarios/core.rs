@@ -83,13 +83,8 @@ pub struct CoreScenario {
 impl CoreScenario {
     /// The run's timing.
     pub fn phases(&self) -> Phases {
-        Phases {
-            duration: self.duration,
-            ramp: self.ramp,
-            settle: self.settle,
-            drain_idle: self.drain_idle,
-            drain_max: self.drain_max,
-        }
+        let s = self;
+        Phases::new(s.duration, s.ramp, s.settle, s.drain_idle, s.drain_max)
     }
 
     /// What the systems under test are started with.

@@ -133,13 +133,8 @@ pub struct SeganetScenario {
 impl SeganetScenario {
     /// The timing of every point.
     pub fn phases(&self) -> Phases {
-        Phases {
-            duration: self.duration,
-            ramp: self.ramp,
-            settle: self.settle,
-            drain_idle: self.drain_idle,
-            drain_max: self.drain_max,
-        }
+        let s = self;
+        Phases::new(s.duration, s.ramp, s.settle, s.drain_idle, s.drain_max)
     }
 }
 /// Output directory and base name: `{dir}/{name}.json`, `.md`, `-p99.png`, `-cpu.png`, `-rss.png`.
