@@ -1,14 +1,16 @@
 //! sluice-bench: the load generator and scenario runner of sluice, as a library so that tests
 //! call exactly the code the `sluice-bench` binary runs.
 //!
-//! Layout (each folder's `mod.rs` says what it owns):
+//! Layout (each folder's `mod.rs` says what it owns; the binary's flags live in `src/cli/`):
 //! - [`load`]: what plays the devices (MQTT device fleets; CoAP sensors and PHD agents go here);
 //! - [`sinks`]: what measures at the cloud end (subscribing sink, fast acknowledging sink, the
 //!   kernel floor);
-//! - [`harness`]: systems under test as processes, the cloud broker and PKI, `/proc` sampling,
-//!   the machine header;
+//! - [`harness`]: systems under test as processes (sluice, Mosquitto bridge, per-device agents,
+//!   the floor), the cloud broker and PKI, network namespaces and tc, machine limits, the run
+//!   phases (ramp → settle → steady → drain), `/proc` sampling, the machine header;
 //! - [`report`]: JSON, Markdown and charts;
-//! - [`scenarios`]: one module per scenario, holding only what is particular to it;
+//! - [`scenarios`]: one module per scenario, holding only what is particular to it (how to add
+//!   one: see [`scenarios`]; the index of scenarios, commands and reports: `docs/perf/README.md`);
 //! - shared primitives: the bench payload format ([`payload`]), the MQTT client handshake
 //!   ([`conn`]) and latency statistics ([`stats`]).
 //!
