@@ -1,6 +1,6 @@
 //! What the machine can hold: memory, process, thread, port and open-file limits (reading and
-//! raising RLIMIT_NOFILE), and the admission checks
-//! that refuse a point (N connections, N agent processes) that would exceed them.
+//! raising RLIMIT_NOFILE), and the admission checks that refuse a point (N connections, N agent
+//! processes) that would exceed them.
 
 use crate::harness::agent_fleet::KERNEL_KIB_PER_AGENT;
 

@@ -107,8 +107,7 @@ impl AggregateOpts {
     }
 }
 
-/// Resident memory of the SUT, KiB.
-
+/// A started system under test; stopping it is dropping it.
 pub struct RunningSut {
     pub pid: u32,
     pub device_addr: std::net::SocketAddr,

@@ -1,4 +1,5 @@
-//! Pieces every Markdown report shares: the machine line under the title.
+//! Pieces every Markdown report shares: the machine line under the title and the line saying
+//! how sluice aggregated.
 
 use crate::harness::machine::Machine;
 use crate::harness::sut::AggregateOpts;

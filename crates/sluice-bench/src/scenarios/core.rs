@@ -49,6 +49,8 @@ use crate::load::devices::{
 use crate::report::markdown::{loadavg_item, machine_line, sluice_line};
 use crate::sinks::sink::SinkReport;
 use crate::stats::LatencySummary;
+
+/// Parameters of the `core` scenario.
 #[derive(Debug, Clone)]
 pub struct CoreScenario {
     pub devices: u32,
