@@ -5,7 +5,7 @@ mod sluice_binary;
 
 use std::path::PathBuf;
 
-use sluice_bench::connections::{run_connections, ConnectionsScenario, EdgeSut};
+use sluice_bench::scenarios::connections::{run_connections, ConnectionsScenario, EdgeSut};
 
 fn scenario(per_process: u32) -> ConnectionsScenario {
     let mut config = ConnectionsScenario::new(
@@ -49,7 +49,7 @@ async fn fifty_idle_devices_all_connect_to_sluice_and_each_costs_some_rss() -> a
         (5, 0),
         "far below the limit: {probe:?}"
     );
-    let table = sluice_bench::connections::markdown(&report);
+    let table = sluice_bench::scenarios::connections::markdown(&report);
     assert!(table.contains("RSS per idle connection"), "{table}");
     Ok(())
 }

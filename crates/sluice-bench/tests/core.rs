@@ -7,8 +7,9 @@ mod sluice_binary;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sluice_bench::devices::{Arrivals, PayloadSize};
-use sluice_bench::scenario::{markdown, run_core, AggregateOpts, CoreScenario, Sut};
+use sluice_bench::harness::sut::{AggregateOpts, Sut};
+use sluice_bench::load::devices::{Arrivals, PayloadSize};
+use sluice_bench::scenarios::core::{markdown, run_core, CoreScenario};
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use sluice_bench::devices::{run_devices, DevicesConfig};
-use sluice_bench::sink::{start_sink, SinkConfig, SinkTls};
+use sluice_bench::load::devices::{run_devices, DevicesConfig};
+use sluice_bench::sinks::sink::{start_sink, SinkConfig, SinkTls};
 use sluice_testkit::{Mosquitto, TestPki};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ mod sluice_binary;
 
 use std::time::{Duration, Instant};
 
-use sluice_bench::outage::{markdown, run_outage, OutageReport, OutageScenario};
+use sluice_bench::scenarios::outage::{markdown, run_outage, OutageReport, OutageScenario};
 
 /// The scenarios measure the machine: never two at once.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

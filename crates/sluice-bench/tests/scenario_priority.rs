@@ -7,13 +7,13 @@ mod sluice_binary;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sluice_bench::devices::PayloadSize;
-use sluice_bench::priority::{markdown, run_priority, Mode, PriorityScenario};
+use sluice_bench::load::devices::PayloadSize;
+use sluice_bench::scenarios::priority::{markdown, run_priority, Mode, PriorityScenario};
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| sluice_bench::priority::effective_uid(&s))
+        .and_then(|s| sluice_bench::harness::netns::effective_uid(&s))
         == Some(0)
 }
 

@@ -7,13 +7,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use sluice_bench::agents::{run_agent, AgentConfig};
-use sluice_bench::charts::{write_png, Chart, ChartPoint, Series, SIZE};
 use sluice_bench::conn::{handshake, read_packet, send};
-use sluice_bench::devices::PayloadSize;
-use sluice_bench::seganet::{
-    admit_agents, limited_by, parse_cgroup_mounts, run_seganet, Limits, PointStatus, ReportFiles,
-    SegaSut, SeganetScenario, Verdict,
+use sluice_bench::harness::agents::{run_agent, AgentConfig};
+use sluice_bench::harness::cgroup::parse_cgroup_mounts;
+use sluice_bench::harness::limits::{admit_agents, Limits};
+use sluice_bench::load::devices::PayloadSize;
+use sluice_bench::report::charts::{write_png, Chart, ChartPoint, Series, SIZE};
+use sluice_bench::scenarios::seganet::{
+    limited_by, run_seganet, PointStatus, ReportFiles, SegaSut, SeganetScenario, Verdict,
 };
 use sluice_proto::mqtt::{
     ConnAck, Connect, Decoder, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS,
@@ -44,7 +45,7 @@ async fn a_tiny_sweep_delivers_everything_through_sluice_the_agents_and_the_brid
         sluice_bin: sluice_binary::debug_or_release(),
         sluice_shards: 1,
         // Aggregate even 4 devices, so the sink's SenML unpacking is on the path.
-        sluice_aggregate: sluice_bench::scenario::AggregateOpts {
+        sluice_aggregate: sluice_bench::harness::sut::AggregateOpts {
             min_devices: 0,
             max_delay: "200ms".to_string(),
             ..Default::default()

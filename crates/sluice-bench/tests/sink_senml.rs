@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sluice_bench::payload::{unix_now_ns, PayloadHeader};
-use sluice_bench::sink::{start_sink, SinkConfig, SinkTls};
+use sluice_bench::sinks::sink::{start_sink, SinkConfig, SinkTls};
 use sluice_proto::mqtt::QoS;
 use sluice_proto::senml::{Format, PackWriter, Record, Value};
 use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use sluice_bench::storage::{
+use sluice_bench::scenarios::storage::{
     run_storage, write_reports, Durability, Engine, PointStatus, ReportFiles, StorageConfig,
 };
 
@@ -150,6 +150,6 @@ fn recovery_of_a_small_spool_is_timed_and_reported() {
     assert!(markdown_has_recovery(&report));
 }
 
-fn markdown_has_recovery(report: &sluice_bench::storage::StorageReport) -> bool {
-    sluice_bench::storage::markdown(report).contains("## Recovery time of a")
+fn markdown_has_recovery(report: &sluice_bench::scenarios::storage::StorageReport) -> bool {
+    sluice_bench::scenarios::storage::markdown(report).contains("## Recovery time of a")
 }

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use sluice_bench::conn::{handshake, open, read_packet, tls_client_config};
-use sluice_bench::fastsink::{start_fast_sink, tls_server_config, FastSinkConfig, RECEIVE_MAXIMUM};
+use sluice_bench::harness::sut::Sut;
 use sluice_bench::payload::{unix_now_ns, PayloadHeader};
-use sluice_bench::scenario::Sut;
-use sluice_bench::throughput::{run_throughput, Cloud, ThroughputScenario};
+use sluice_bench::scenarios::throughput::{run_throughput, Cloud, ThroughputScenario};
+use sluice_bench::sinks::fastsink::{
+    start_fast_sink, tls_server_config, FastSinkConfig, RECEIVE_MAXIMUM,
+};
 use sluice_proto::mqtt::{
     encode, Connect, Decoder, Packet, Properties, ProtocolVersion, Publish, QoS,
 };
@@ -182,7 +184,7 @@ async fn a_tiny_step_load_finds_a_sustained_rate_through_sluice_and_the_bridge(
             "everything reached the fast sink"
         );
     }
-    let table = sluice_bench::throughput::markdown(&report);
+    let table = sluice_bench::scenarios::throughput::markdown(&report);
     assert!(table.contains("| sluice | fast-sink |"), "{table}");
     assert!(
         table.contains("| mosquitto-bridge | fast-sink |"),

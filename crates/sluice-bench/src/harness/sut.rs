@@ -1,0 +1,411 @@
+//! The systems under test as processes: sluice (generated config, child process), an edge
+//! Mosquitto bridging to the cloud, and the kernel floor; starting one waits until its uplink is
+//! connected, dropping it stops it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context as _};
+use serde::Serialize;
+use sluice_testkit::{Mosquitto, TestPki};
+use tokio::time::{sleep, Instant};
+
+/// What the systems under test are started with.
+#[derive(Debug, Clone)]
+pub struct SutSpec {
+    pub sluice_bin: PathBuf,
+    /// The `sluice-bench` executable that serves `floor`.
+    pub floor_bin: PathBuf,
+    /// `[gateway] shards` for sluice (0 = one per core).
+    pub sluice_shards: u32,
+    /// `[uplink.aggregate]` for sluice.
+    pub sluice_aggregate: AggregateOpts,
+    /// Devices expected (sizes sluice's `max_connections`).
+    pub devices: u32,
+}
+
+/// The systems that can be put under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sut {
+    /// The sluice gateway binary.
+    Sluice,
+    /// An edge Mosquitto bridging `topic # out 1` to the cloud over TLS 1.3.
+    MosquittoBridge,
+    /// `sluice-bench floor`: answers every PUBLISH at once and forwards nothing, so its CPU is
+    /// the kernel's cost of the device connections alone (see [`crate::sinks::floor`]).
+    Floor,
+}
+
+impl Sut {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sut::Sluice => "sluice",
+            Sut::MosquittoBridge => "mosquitto-bridge",
+            Sut::Floor => "floor",
+        }
+    }
+}
+
+/// sluice's SenML aggregation settings for a run (`[uplink.aggregate]`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AggregateOpts {
+    pub enabled: bool,
+    /// Aggregate while more than this many devices are connected.
+    pub min_devices: usize,
+    /// "json" or "cbor".
+    pub format: String,
+    /// A size with unit, e.g. "1KiB".
+    pub max_pack: String,
+    /// A duration with unit, e.g. "1s".
+    pub max_delay: String,
+}
+
+impl Default for AggregateOpts {
+    /// Aggregation on, with sluice's pack settings (50 devices, JSON, 1 KiB, 1 s). sluice
+    /// itself has aggregation off unless configured; the scenarios write the whole table into
+    /// their configs, so they run as they were measured (on unless `--aggregate off`).
+    fn default() -> Self {
+        AggregateOpts {
+            enabled: true,
+            min_devices: 50,
+            format: "json".to_string(),
+            max_pack: "1KiB".to_string(),
+            max_delay: "1s".to_string(),
+        }
+    }
+}
+
+impl AggregateOpts {
+    /// Aggregation off: every message on its own topic.
+    pub fn off() -> AggregateOpts {
+        AggregateOpts {
+            enabled: false,
+            ..AggregateOpts::default()
+        }
+    }
+
+    /// The `[uplink.aggregate]` table (must come after the uplink's plain keys).
+    pub fn toml(&self) -> String {
+        format!(
+            "\n[uplink.aggregate]\nenabled = {}\nmin_devices = {}\nformat = \"{}\"\nmax_pack = \"{}\"\nmax_delay = \"{}\"\n",
+            self.enabled, self.min_devices, self.format, self.max_pack, self.max_delay
+        )
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        if self.enabled {
+            format!(
+                "SenML aggregation on above {} devices ({}, packs up to {}, at most {} wait)",
+                self.min_devices, self.format, self.max_pack, self.max_delay
+            )
+        } else {
+            "aggregation off (one PUBLISH per message)".to_string()
+        }
+    }
+}
+
+/// A started system under test; stopping it is dropping it.
+pub struct RunningSut {
+    pub pid: u32,
+    pub device_addr: std::net::SocketAddr,
+    pub config_text: String,
+    _process: SutProcess,
+}
+
+/// Held only to be dropped: dropping stops the process.
+enum SutProcess {
+    Sluice { _child: SluiceChild },
+    Bridge { _edge: Mosquitto },
+    Floor { _child: FloorChild },
+}
+
+/// Start `kind` against `cloud` and wait until its uplink is connected (also used by `seganet`).
+pub async fn start_sut(
+    kind: Sut,
+    config: &SutSpec,
+    pki: &TestPki,
+    cloud: &Mosquitto,
+) -> anyhow::Result<RunningSut> {
+    match kind {
+        Sut::Sluice => {
+            let child = SluiceChild::start(config, pki, cloud.tls_port())?;
+            let device_addr = child.device_addr;
+            child.wait_ready().await?;
+            child.wait_uplink(cloud).await?;
+            Ok(RunningSut {
+                pid: child.pid(),
+                device_addr,
+                config_text: child.config_text.clone(),
+                _process: SutProcess::Sluice { _child: child },
+            })
+        }
+        Sut::MosquittoBridge => {
+            let (edge, config_text) = start_bridge(cloud.tls_port(), pki).await?;
+            cloud
+                .wait_for_log_async("sluice-edge-bridge", Duration::from_secs(15))
+                .await
+                .context("the edge bridge never connected to the cloud")?;
+            sleep(Duration::from_secs(1)).await;
+            let pid = edge
+                .pid()
+                .ok_or_else(|| anyhow!("the edge Mosquitto is not running"))?;
+            Ok(RunningSut {
+                pid,
+                device_addr: edge.plain_addr(),
+                config_text,
+                _process: SutProcess::Bridge { _edge: edge },
+            })
+        }
+        Sut::Floor => {
+            let bin = config.floor_bin.clone();
+            let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin))
+                .await
+                .context("floor start-up panicked")??;
+            Ok(RunningSut {
+                pid: child.child.id(),
+                device_addr: child.addr,
+                config_text: format!(
+                    "{} floor --listen {}",
+                    config.floor_bin.display(),
+                    child.addr
+                ),
+                _process: SutProcess::Floor { _child: child },
+            })
+        }
+    }
+}
+
+/// Fail unless `sluice_bin` is a file, saying how to build it.
+pub fn require_sluice_bin(sluice_bin: &Path) -> anyhow::Result<()> {
+    if !sluice_bin.is_file() {
+        bail!(
+            "sluice binary {} not found: build it with `cargo build --release -p sluice` or pass --sluice-bin",
+            sluice_bin.display()
+        );
+    }
+    Ok(())
+}
+
+/// An edge Mosquitto bridging `topic # out 1` to the cloud's TLS port (started on a blocking
+/// thread), and its config text.
+pub async fn start_bridge(
+    cloud_tls_port: u16,
+    pki: &TestPki,
+) -> anyhow::Result<(Mosquitto, String)> {
+    let lines = Mosquitto::bridge_config_lines(cloud_tls_port, pki);
+    let config_text = lines.join("\n");
+    let edge =
+        tokio::task::spawn_blocking(move || Mosquitto::builder().config_lines(lines).start())
+            .await
+            .context("edge start-up panicked")?
+            .context("starting the edge Mosquitto bridge")?;
+    Ok((edge, config_text))
+}
+
+/// `sluice-bench floor` as a child process on a free port; dropping it kills it.
+struct FloorChild {
+    child: Child,
+    addr: std::net::SocketAddr,
+}
+
+impl FloorChild {
+    fn start(bin: &Path) -> anyhow::Result<FloorChild> {
+        let mut child = Command::new(bin)
+            .args(["floor", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {} floor", bin.display()))?;
+        let stdout = child.stdout.take().context("floor stdout")?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .context("reading the floor's address")?;
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok());
+        match addr {
+            Some(addr) => Ok(FloorChild { child, addr }),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the floor did not start (it printed {line:?})")
+            }
+        }
+    }
+}
+
+impl Drop for FloorChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// sluice as a child process with a generated config in its own temporary directory. Dropping
+/// it sends SIGTERM, waits up to 5 s, then SIGKILLs.
+pub struct SluiceChild {
+    child: Child,
+    device_addr: std::net::SocketAddr,
+    config_text: String,
+    stderr_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SluiceChild {
+    fn start(config: &SutSpec, pki: &TestPki, cloud_tls_port: u16) -> anyhow::Result<SluiceChild> {
+        let mqtt_port = sluice_testkit::free_port()?;
+        let admin_port = sluice_testkit::free_port()?;
+        let toml = sluice_config(config, mqtt_port, admin_port, cloud_tls_port, pki.ca_path());
+        SluiceChild::spawn(&config.sluice_bin, mqtt_port, toml)
+    }
+
+    /// Start `sluice run -c <config>` with the given config text, whose device listener is
+    /// 127.0.0.1:`mqtt_port` (also used by the `throughput` and `connections` scenarios).
+    pub fn spawn(sluice_bin: &Path, mqtt_port: u16, toml: String) -> anyhow::Result<SluiceChild> {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-bench-")
+            .tempdir()
+            .context("creating a temporary directory")?;
+        let config_path = dir.path().join("sluice.toml");
+        std::fs::write(&config_path, &toml).context("writing the sluice config")?;
+        let stderr_path = dir.path().join("sluice.stderr");
+        let stderr =
+            std::fs::File::create(&stderr_path).context("creating sluice's stderr file")?;
+        let child = Command::new(sluice_bin)
+            .arg("run")
+            .arg("-c")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("spawning {}", sluice_bin.display()))?;
+        Ok(SluiceChild {
+            child,
+            device_addr: std::net::SocketAddr::from(([127, 0, 0, 1], mqtt_port)),
+            config_text: toml,
+            stderr_path,
+            _dir: dir,
+        })
+    }
+
+    /// The device listener.
+    pub fn device_addr(&self) -> std::net::SocketAddr {
+        self.device_addr
+    }
+
+    /// The config file it runs with.
+    pub fn config_text(&self) -> &str {
+        &self.config_text
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Wait until the cloud broker logs sluice's uplink client (`sluice-gw…`), then 1 s more.
+    pub async fn wait_uplink(&self, cloud: &Mosquitto) -> anyhow::Result<()> {
+        cloud
+            .wait_for_log_async("as sluice-gw", Duration::from_secs(15))
+            .await
+            .with_context(|| {
+                format!(
+                    "sluice's uplink never connected to the cloud; sluice stderr:\n{}",
+                    self.stderr_tail()
+                )
+            })?;
+        sleep(Duration::from_secs(1)).await;
+        Ok(())
+    }
+
+    /// Wait until the device port accepts connections, failing early if sluice exits.
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if tokio::net::TcpStream::connect(self.device_addr)
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if !Path::new(&format!("/proc/{}", self.pid())).exists() || is_zombie(self.pid()) {
+                bail!(
+                    "sluice exited during start-up; stderr:\n{}",
+                    self.stderr_tail()
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "sluice did not open {} within 15 s; stderr:\n{}",
+                    self.device_addr,
+                    self.stderr_tail()
+                );
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rfind(')')
+                .and_then(|i| s.get(i + 1..))
+                .map(|rest| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+impl Drop for SluiceChild {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The generated sluice configuration: device listener, admin endpoint, one TLS 1.3 uplink
+/// forwarding everything to the cloud broker.
+pub fn sluice_config(
+    config: &SutSpec,
+    mqtt_port: u16,
+    admin_port: u16,
+    cloud_tls_port: u16,
+    ca_file: &Path,
+) -> String {
+    let max_connections = (u64::from(config.devices) + 1024).max(10_000);
+    format!(
+        "# generated by sluice-bench scenario core\n\
+         [gateway]\nshards = {shards}\n\n\
+         [mqtt]\nlisten = \"127.0.0.1:{mqtt_port}\"\nmax_connections = {max_connections}\nmax_sessions = {max_connections}\n\n\
+         [admin]\nenabled = true\nlisten = \"127.0.0.1:{admin_port}\"\n\n\
+         [log]\nlevel = \"warn\"\n\n\
+         [[uplink]]\nname = \"cloud\"\nurl = \"mqtts://127.0.0.1:{cloud_tls_port}\"\nca_file = \"{ca}\"\n\
+         client_id = \"sluice-gw\"\nforward = [\"#\"]\n{aggregate}",
+        shards = config.sluice_shards,
+        ca = ca_file.display().to_string().replace('\\', "\\\\").replace('"', "\\\""),
+        aggregate = config.sluice_aggregate.toml(),
+    )
+}

@@ -1,0 +1,12 @@
+//! Load generators: what plays the devices.
+//! - [`devices`]: the MQTT device fleet (one connection per device, paced publishes, ack
+//!   latency, reconnects);
+//! - [`paced`]: the pipelined fleet of a few fast devices that the throughput scenario steps up
+//!   to 100k+ msg/s;
+//! - [`idle`]: idle connections and the `idle` worker processes (the connections scenario).
+//!
+//! CoAP sensors and PHD agents go beside them, one module each.
+
+pub mod devices;
+pub mod idle;
+pub mod paced;

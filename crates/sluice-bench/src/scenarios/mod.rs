@@ -1,0 +1,50 @@
+//! The scenarios, one module each, holding only what is particular to it: its parameters, its
+//! set-up, what it measures and its verdict. Everything else comes from [`crate::harness`]
+//! (systems under test, cloud, namespaces, limits, phases, `/proc`), [`crate::load`] (devices),
+//! [`crate::sinks`] (what measures at the cloud end) and [`crate::report`] (JSON, Markdown
+//! pieces, charts).
+//!
+//! | module | measures | report |
+//! |---|---|---|
+//! | [`core`] | devices → SUT → TLS cloud: delivery, e2e/ack latency, SUT CPU per message and RSS, against the kernel floor | `docs/perf/core-path.md` |
+//! | [`seganet`] | a sweep over N devices: sluice vs per-device agents vs a Mosquitto bridge; p99, CPU, memory, achieved load | `docs/perf/seganet.md` |
+//! | [`throughput`] | the maximum sustained rate under a step load, per SUT and cloud | `docs/perf/throughput.md` |
+//! | [`connections`] | idle connections a SUT holds, RSS per connection, connect rate | `docs/perf/connections.md` |
+//! | [`priority`] | priority lanes over a rate-limited veth uplink (root) | `docs/perf/priority.md` |
+//! | [`outage`] | a cloud outage under load with the durable spool: backlog, drain, order | `docs/perf/outage.md` |
+//! | [`storage`] | the spool vs SQLite vs PostgreSQL: append, read back, recovery | `docs/perf/storage.md` |
+//!
+//! # Adding a scenario
+//! A scenario is a plain async function over the harness, in one file `scenarios/<name>.rs`
+//! (a folder `scenarios/<name>/` beside it for its report or analysis when the file would pass
+//! 800 lines):
+//! 1. `pub struct <Name>Scenario` — the parameters, with a constructor giving the defaults.
+//! 2. `pub struct <Name>Report` (`Serialize`) — `scenario`, `machine`
+//!    ([`crate::harness::machine::machine`]), the parameters as run, then the figures and the
+//!    verdicts.
+//! 3. `pub async fn run_<name>(&<Name>Scenario) -> anyhow::Result<<Name>Report>` — build the run
+//!    from the harness: [`crate::harness::cloud::start_tls_cloud`] (PKI and cloud broker),
+//!    [`crate::harness::phases::cloud_sink`], [`crate::harness::sut::start_sut`] or
+//!    [`crate::harness::sut::SluiceChild`], the devices ([`crate::load::devices::spawn_devices`])
+//!    timed by [`crate::harness::phases::Phases`] (ramp → settle → steady window → drain), CPU
+//!    with [`crate::harness::procfs::CpuMeter`], memory with
+//!    [`crate::harness::phases::RssSampler`].
+//! 4. `pub fn markdown(&<Name>Report) -> String` — the title, then
+//!    [`crate::report::markdown::machine_line`] and the command line, then the tables and
+//!    verdicts.
+//! 5. The command: an `Args` struct and a function in the binary's `cli/scenarios.rs` that fill
+//!    the config and call `write_outputs` (JSON to `--out`, Markdown to `--markdown`), and one
+//!    variant in `main.rs`'s `ScenarioCommand`.
+//! 6. A test in `tests/<name>.rs` that runs it small (seconds, a few devices), and a line in
+//!    `docs/perf/README.md`.
+//!
+//! A new load (CoAP sensors, PHD agents) goes into [`crate::load`], a new system under test into
+//! [`crate::harness`], so the next scenario can use them too.
+
+pub mod connections;
+pub mod core;
+pub mod outage;
+pub mod priority;
+pub mod seganet;
+pub mod storage;
+pub mod throughput;

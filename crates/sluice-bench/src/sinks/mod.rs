@@ -1,0 +1,9 @@
+//! What stands at the cloud end and measures: [`sink`] (a subscriber on a real broker: e2e
+//! latency, duplicates, order), [`fastsink`] (an acknowledging MQTT-over-TLS server as a fast
+//! cloud) [`floor`] (the kernel floor: answers devices, forwards nothing) and
+//! [`recorder`] (a subscriber that records every arrival for a scenario's analysis).
+
+pub mod fastsink;
+pub mod floor;
+pub mod recorder;
+pub mod sink;
