@@ -657,7 +657,17 @@ async fn overlapping_subscriptions_deliver_once_per_session_at_the_highest_qos()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_keep_alive_caps_a_longer_or_absent_mqtt5_keep_alive_and_is_enforced() {
+    // By default there is no limit: every device keeps what it asked for.
     let gw = gateway(1, "");
+    for asked in [120u16, 0, 30, 65_535] {
+        let mut o = ConnectOpts::v5(format!("ka-default-{asked}"));
+        o.keep_alive = asked;
+        let (_c, ack) = TestClient::connect(gw.mqtt_addr, o).await.unwrap();
+        assert_eq!(ack.properties.server_keep_alive, None, "asked {asked} s");
+    }
+    tokio::task::block_in_place(|| gw.shutdown());
+
+    let gw = gateway_mqtt(1, "max_keep_alive = \"60s\"", "");
     for (asked, told) in [(120u16, Some(60u16)), (0, Some(60)), (30, None)] {
         let mut o = ConnectOpts::v5(format!("ka-{asked}"));
         o.keep_alive = asked;

@@ -293,8 +293,8 @@ pub struct MqttConfig {
 
     // --- MQTT 5 session options (device-facing MQTT session, shard/connection.rs) ---
     /// Longest keep-alive an MQTT 5 device may use; a device asking for more, or for none,
-    /// is told this as Server Keep Alive and held to it. Zero: no limit. 3.1.1 devices cannot
-    /// be told, and keep their own.
+    /// is told this as Server Keep Alive and held to it. Zero (the default): no limit. 3.1.1
+    /// devices cannot be told, and keep their own.
     #[serde(with = "units::duration")]
     pub max_keep_alive: Duration,
 }
@@ -336,7 +336,7 @@ impl Default for MqttConfig {
             max_retained_bytes: ByteSize::mib(64),
             max_subscriptions_per_session: 100,
             users: Vec::new(),
-            max_keep_alive: Duration::from_secs(60),
+            max_keep_alive: Duration::ZERO,
         }
     }
 }
