@@ -912,7 +912,7 @@ async fn a_shared_subscription_gives_each_message_to_one_member_across_shards() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cloud_message_reaches_a_shared_group_once_although_every_shard_receives_it() {
+async fn a_cloud_command_reaches_a_shared_group_with_members_on_two_shards_once() {
     let cloud = Cloud::start();
     let gw = gateway(
         2,
@@ -927,7 +927,7 @@ async fn a_cloud_message_reaches_a_shared_group_once_although_every_shard_receiv
             .unwrap();
         members.push(c);
     }
-    // Every shard's cloud session must have subscribed before the cloud publishes.
+    // The uplink sessions (shard 0's holds the downlink subscription) must be up first.
     assert!(
         eventually(Duration::from_secs(10), || gw.status_json()["shards"]
             .as_array()
