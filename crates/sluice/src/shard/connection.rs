@@ -4,9 +4,9 @@
 //! acknowledgement order, keep-alive with the MQTT 5 Server Keep Alive cap) and the will
 //! message until the connection ends (a delayed will then moves to the session). What must
 //! survive a reconnect — QoS 2 ids awaiting PUBREL, the outbox, messages in flight — is the
-//! session's. Reads are paused while the device has
-//! `receive_maximum` publishes awaiting acknowledgement (MQTT 5 devices are told the number
-//! and are disconnected with 0x93 if they exceed it; 3.1.1 devices are simply not read),
+//! session's. A device may have `receive_maximum` publishes awaiting acknowledgement: MQTT 5
+//! devices are told the number, stay read, and are disconnected with 0x93 if they exceed it;
+//! 3.1.1 devices, which cannot be told, are simply not read while they are at it,
 //! which, with the uplink's memory bound, is how devices are back-pressured when the cloud is
 //! slow or away. Acknowledgements to the device go out in the order its PUBLISHes came in.
 //! Keep-alive counts only the device's own silence: while the gateway is not reading it
@@ -356,7 +356,10 @@ impl Connection {
             if let Err(Close(reason, code)) = self.check_abandoned() {
                 return Box::pin(self.close_with(reason, code)).await;
             }
-            let paused = self.pending.len() >= receive_max;
+            // 3.1.1 devices are not told the limit: they are simply not read at it. MQTT 5
+            // devices are told it and stay read, so a PUBLISH beyond it is seen (0x93) and so
+            // are their PINGREQs.
+            let paused = self.version == ProtocolVersion::V311 && self.pending.len() >= receive_max;
             // Keep-alive measures the device's silence, not the gateway's: while its reads are
             // paused (and when they resume) the device counts as heard from now.
             if paused || was_paused {
