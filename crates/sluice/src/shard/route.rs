@@ -169,24 +169,30 @@ async fn deliver_other_shards(ctx: &Rc<ShardContext>, routed: &Routed) {
         .filter(|s| targets & (1 << s) != 0)
         .chain(extra);
     for shard in shards {
-        let Some(mailbox) = ctx.mailboxes.get(shard) else {
-            continue;
-        };
-        ctx.metrics.cross_shard_sent.inc();
-        match mailbox.try_send(ShardCmd::Deliver(routed.clone())) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) if routed.qos == QoS::AtMostOnce => {
-                ctx.metrics.count_drop(DropReason::MailboxFull);
+        send_to_shard(ctx, shard, routed.qos, ShardCmd::Deliver(routed.clone())).await;
+    }
+}
+
+/// Hand `cmd` (a message of QoS `qos`) to another shard's mailbox: QoS 0 is dropped and
+/// counted when the mailbox is full; QoS 1/2 waits for room (back-pressure).
+async fn send_to_shard(ctx: &ShardContext, shard: usize, qos: QoS, cmd: ShardCmd) {
+    let Some(mailbox) = ctx.mailboxes.get(shard) else {
+        return;
+    };
+    ctx.metrics.cross_shard_sent.inc();
+    match mailbox.try_send(cmd) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(_)) if qos == QoS::AtMostOnce => {
+            ctx.metrics.count_drop(DropReason::MailboxFull);
+        }
+        Err(mpsc::error::TrySendError::Full(cmd)) => {
+            // Boxed, as this is the rare case.
+            if Box::pin(mailbox.send(cmd)).await.is_err() {
+                tracing::debug!(shard, "shard mailbox closed");
             }
-            Err(mpsc::error::TrySendError::Full(cmd)) => {
-                // QoS 1/2 waits for room (back-pressure); boxed, as this is the rare case.
-                if Box::pin(mailbox.send(cmd)).await.is_err() {
-                    tracing::debug!(shard, "shard mailbox closed");
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                tracing::debug!(shard, "shard mailbox closed")
-            }
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => {
+            tracing::debug!(shard, "shard mailbox closed")
         }
     }
 }
@@ -217,24 +223,8 @@ async fn deliver_shared(ctx: &Rc<ShardContext>, routed: &Routed) {
             deliver_shared_member(ctx, routed, &key);
             continue;
         }
-        let Some(mailbox) = ctx.mailboxes.get(shard) else {
-            continue;
-        };
-        ctx.metrics.cross_shard_sent.inc();
-        match mailbox.try_send(ShardCmd::DeliverShared(routed.clone(), key)) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) if routed.qos == QoS::AtMostOnce => {
-                ctx.metrics.count_drop(DropReason::MailboxFull);
-            }
-            Err(mpsc::error::TrySendError::Full(cmd)) => {
-                if Box::pin(mailbox.send(cmd)).await.is_err() {
-                    tracing::debug!(shard, "shard mailbox closed");
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                tracing::debug!(shard, "shard mailbox closed")
-            }
-        }
+        let cmd = ShardCmd::DeliverShared(routed.clone(), key);
+        send_to_shard(ctx, shard, routed.qos, cmd).await;
     }
 }
 
