@@ -3,9 +3,10 @@
 //! runtime, one `LocalSet`, `spawn_local`. A `TestClient` subscribed on the cloud broker plays
 //! the cloud application; `DeviceAcks` plays the device connection waiting for its PUBACKs.
 
+mod common;
+
 use std::cell::RefCell;
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
+use common::{run_local, wait_until};
 use sluice::config::{MqttProtocol, UplinkConfig, UplinkUrl};
 use sluice::shard::ack::{AckToken, DeviceAcks};
 use sluice::telemetry::metrics::PromWriter;
@@ -24,14 +26,6 @@ use tokio::task::JoinHandle;
 
 const DEVICES: usize = 5;
 const PER_DEVICE: usize = 100;
-
-fn run_local<F: Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    tokio::task::LocalSet::new().block_on(&rt, f)
-}
 
 fn cloud_config(pki: &TestPki, broker: &Mosquitto, protocol: MqttProtocol) -> UplinkConfig {
     let url = UplinkUrl {
@@ -167,17 +161,6 @@ async fn collect(client: &mut TestClient, want: usize, idle: Duration) -> Vec<Ve
         got += 1;
     }
     per_device
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn drain_all(acks: &[Rc<DeviceAcks>], into: &mut [Vec<u16>]) {

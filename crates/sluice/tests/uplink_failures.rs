@@ -9,7 +9,6 @@
 mod common;
 
 use std::cell::RefCell;
-use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
@@ -17,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
+use common::{run_local, wait_until};
 use sluice::config::{ByteSize, MqttProtocol, UplinkConfig, UplinkUrl};
 use sluice::shard::ack::{AckToken, DeviceAcks};
 use sluice::telemetry::metrics::PromWriter;
@@ -29,14 +29,6 @@ use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-fn run_local<F: Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    tokio::task::LocalSet::new().block_on(&rt, f)
-}
 
 fn base_config(url: UplinkUrl) -> UplinkConfig {
     let mut cfg = UplinkConfig::new("cloud", url);
@@ -141,17 +133,6 @@ async fn cloud_subscriber(pki: &TestPki, broker: &Mosquitto, filter: &str) -> Te
         vec![1]
     );
     c
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Every value the cloud received, in arrival order: SenML records' `vs`/`vd` text from packs
