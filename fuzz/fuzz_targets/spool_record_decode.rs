@@ -1,4 +1,4 @@
-//! Fuzz target for the gateway's spool record body decoder (crates/sluice/src/spool/record.rs):
+//! Fuzz target for the gateway's spool record body decoder (crates/sluice/src/sink/spool/record.rs):
 //! the bytes a spool hands back after a restart.
 //!
 //! Checks, besides "no panic": a body that decodes re-encodes to exactly the same bytes (the
@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use sluice::spool::record::{decode, encode_into};
+use sluice::sink::spool::record::{decode, encode_into};
 
 fuzz_target!(|data: &[u8]| {
     let body = Bytes::copy_from_slice(data);

@@ -20,11 +20,11 @@ use crate::config::Config;
 use crate::control::admission::Admission;
 use crate::control::priority::PriorityTable;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
-use crate::listener::mqtt::MqttListener;
+use crate::edge::mqtt::listener::MqttListener;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::{self, ShardSeed};
 use crate::telemetry::metrics::{Gauge, PromWriter};
-use crate::uplink::LaneMetrics;
+use crate::sink::LaneMetrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -41,12 +41,12 @@ pub enum AppError {
     #[error("uplink {name:?}: {source}")]
     Uplink {
         name: String,
-        source: crate::uplink::UplinkError,
+        source: crate::sink::UplinkError,
     },
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error(transparent)]
-    Spool(#[from] crate::spool::SpoolStartError),
+    Spool(#[from] crate::sink::spool::SpoolStartError),
 }
 
 /// A configured gateway whose sockets are bound but whose threads are not started yet.
@@ -57,7 +57,7 @@ pub struct Gateway {
     admin: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
     /// Opened and recovered; empty without a spool.
-    spools: crate::spool::OpenedSpools,
+    spools: crate::sink::spool::OpenedSpools,
 }
 
 impl Gateway {
@@ -72,7 +72,7 @@ impl Gateway {
         for u in &config.uplink {
             let tls = if u.url.tls {
                 Some(
-                    crate::uplink::client_tls_config(u).map_err(|source| AppError::Uplink {
+                    crate::sink::client_tls_config(u).map_err(|source| AppError::Uplink {
                         name: u.name.clone(),
                         source,
                     })?,
@@ -91,7 +91,7 @@ impl Gateway {
             None
         };
         // Last, after everything cheap has been checked: recovery may read the whole spool.
-        let spools = crate::spool::open_all(&config, shards)?;
+        let spools = crate::sink::spool::open_all(&config, shards)?;
         Ok(Gateway {
             config: Arc::new(config),
             shards,
@@ -143,7 +143,7 @@ impl Gateway {
             .collect();
         let mut tc = Vec::new();
         let mut tc_status = Vec::new();
-        let uplink_ports: Vec<Option<crate::uplink::PortSink>> = config
+        let uplink_ports: Vec<Option<crate::sink::PortSink>> = config
             .uplink
             .iter()
             .map(|u| {
@@ -157,7 +157,7 @@ impl Gateway {
                         tc_status.push(serde_json::json!({ "installed": true, "interface": manager.interface() }));
                         let manager = Arc::new(manager);
                         tc.push(manager.clone());
-                        Some(crate::uplink::PortSink::new(manager))
+                        Some(crate::sink::PortSink::new(manager))
                     }
                     Err(error) => {
                         tracing::error!(uplink = %u.name, %error, "install_tc: traffic control NOT installed; the high lane keeps its own session and marked socket");
@@ -180,11 +180,11 @@ impl Gateway {
             Vec::new()
         };
         // `[shard][uplink]` metrics, and each shard's spools (one per uplink).
-        let crate::spool::OpenedSpools {
+        let crate::sink::spool::OpenedSpools {
             per_uplink: spools,
             former,
         } = spools;
-        let spool_metrics: Vec<Vec<Arc<crate::spool::SpoolMetrics>>> = (0..shards)
+        let spool_metrics: Vec<Vec<Arc<crate::sink::spool::SpoolMetrics>>> = (0..shards)
             .map(|s| {
                 spools
                     .iter()
@@ -192,7 +192,7 @@ impl Gateway {
                     .collect()
             })
             .collect();
-        let mut shard_spools: Vec<Vec<crate::spool::OpenedSpool>> =
+        let mut shard_spools: Vec<Vec<crate::sink::spool::OpenedSpool>> =
             (0..shards).map(|_| Vec::new()).collect();
         for per_shard in spools {
             for (s, opened) in per_shard.into_iter().enumerate() {
@@ -201,9 +201,9 @@ impl Gateway {
                 }
             }
         }
-        let former_metrics: Vec<Arc<crate::spool::SpoolMetrics>> =
+        let former_metrics: Vec<Arc<crate::sink::spool::SpoolMetrics>> =
             former.iter().map(|(_, _, o)| o.metrics.clone()).collect();
-        let mut shard_former: Vec<Vec<(usize, usize, crate::spool::OpenedSpool)>> =
+        let mut shard_former: Vec<Vec<(usize, usize, crate::sink::spool::OpenedSpool)>> =
             (0..shards).map(|_| Vec::new()).collect();
         for (uplink, index, opened) in former {
             if let Some(v) = shard_former.get_mut(index % shards) {
@@ -335,8 +335,8 @@ impl Gateway {
 
 /// Install `install_tc`'s htb tree on the uplink's interface (configured, or the one routing
 /// to the broker).
-fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::uplink::tc::TcManager, String> {
-    use crate::uplink::tc;
+fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::sink::tc::TcManager, String> {
+    use crate::sink::tc;
     let rate = u.tc_rate.clone().ok_or("tc_rate is not set")?;
     let interface = match &u.tc_interface {
         Some(i) => i.clone(),
@@ -382,7 +382,7 @@ pub struct RunningGateway {
     shutdown: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Traffic control installed for `install_tc`; removed when the last reference drops.
-    tc: Vec<Arc<crate::uplink::tc::TcManager>>,
+    tc: Vec<Arc<crate::sink::tc::TcManager>>,
     pub mqtt_addr: SocketAddr,
     pub admin_addr: Option<SocketAddr>,
     status: Arc<GatewayStatus>,
@@ -432,9 +432,9 @@ struct GatewayStatus {
     devices_per_shard: Arc<Vec<Gauge>>,
     control: Arc<ControlMetrics>,
     /// `[shard][uplink]`; empty rows without a spool.
-    spool_metrics: Vec<Vec<Arc<crate::spool::SpoolMetrics>>>,
+    spool_metrics: Vec<Vec<Arc<crate::sink::spool::SpoolMetrics>>>,
     /// Spools of former shard indexes being drained (counted in the `spool` totals only).
-    former_spool_metrics: Vec<Arc<crate::spool::SpoolMetrics>>,
+    former_spool_metrics: Vec<Arc<crate::sink::spool::SpoolMetrics>>,
     spool_dir: Option<std::path::PathBuf>,
     spool_ack: crate::config::SpoolAck,
 }

@@ -18,9 +18,9 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use common::{run_local, wait_until};
 use sluice::config::{ByteSize, MqttProtocol, UplinkConfig, UplinkUrl};
-use sluice::shard::ack::{AckToken, DeviceAcks};
+use sluice::edge::ack::{AckToken, DeviceAcks};
 use sluice::telemetry::metrics::PromWriter;
-use sluice::uplink::{self, DropReason, UplinkMessage, UplinkMetrics, UplinkQueue};
+use sluice::sink::{self as uplink, DropReason, UplinkMessage, UplinkMetrics, UplinkQueue};
 use sluice_proto::mqtt::{
     encode, ConnAck, Decoder, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS,
     SubAck,

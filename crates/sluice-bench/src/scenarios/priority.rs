@@ -8,7 +8,7 @@
 //! scenario installs it), the child processes of every mode (cloud Mosquitto, sluice, the
 //! `sluice-bench devices` and `sink` children), the per-mode measurements, the verdicts and the
 //! reports (JSON and Markdown). Does not own: sluice's own traffic control (`install_tc`, in
-//! `sluice::uplink::tc`), the device generator ([`crate::load::devices`]) or the sink
+//! `sluice::sink::tc`), the device generator ([`crate::load::devices`]) or the sink
 //! ([`crate::sinks::sink`]), which run as children of this process inside the namespaces.
 //!
 //! # Topology (needs root: CAP_SYS_ADMIN for `ip netns add`, CAP_NET_ADMIN for links and tc)

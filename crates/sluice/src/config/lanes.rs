@@ -2,7 +2,7 @@
 //! packed into SenML when many devices are active (SegaNet §4.2–4.3).
 //!
 //! Owns: the config types and their defaults. Does not own: evaluating them (that is
-//! `crate::priority` and `crate::uplink`) or checking them (`validate.rs`).
+//! `crate::priority` and `crate::sink`) or checking them (`validate.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

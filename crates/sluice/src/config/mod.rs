@@ -291,7 +291,7 @@ pub struct MqttConfig {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserConfig>,
 
-    // --- MQTT 5 session options (device-facing MQTT session, shard/connection.rs) ---
+    // --- MQTT 5 session options (device-facing MQTT session, edge/mqtt/connection.rs) ---
     /// Longest keep-alive an MQTT 5 device may use; a device asking for more, or for none,
     /// is told this as Server Keep Alive and held to it. Zero (the default): no limit. 3.1.1
     /// devices cannot be told, and keep their own.
@@ -382,7 +382,7 @@ impl Default for AdminConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// A level (`error`, `warn`, `info`, `debug`, `trace`) or an EnvFilter directive list
-    /// such as `"info,sluice::uplink=debug"`.
+    /// such as `"info,sluice::sink=debug"`.
     pub level: String,
 }
 

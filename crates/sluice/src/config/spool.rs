@@ -2,7 +2,7 @@
 //!
 //! Owns: the config types, their defaults, and the derived per-spool engine settings
 //! ([`SpoolConfig::engine_config`]). Does not own: checking them against the rest of the
-//! config (`validate.rs`) or running the spool (`crate::spool`).
+//! config (`validate.rs`) or running the spool (`crate::sink::spool`).
 //!
 //! Without `dir` there is no spool and the gateway behaves exactly as before: messages wait
 //! in memory (`gateway.max_buffered`) and devices are acknowledged after the cloud.
@@ -60,7 +60,7 @@ impl Default for SpoolConfig {
     }
 }
 
-/// Bytes a record body takes beyond topic + payload + device id (see `crate::spool::record`).
+/// Bytes a record body takes beyond topic + payload + device id (see `crate::sink::spool::record`).
 pub const RECORD_OVERHEAD_BYTES: u64 = 32;
 
 impl SpoolConfig {

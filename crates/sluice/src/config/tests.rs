@@ -70,7 +70,7 @@ fn everything_set() -> Config {
         enabled: false,
         listen: "0.0.0.0:9200".parse().unwrap(),
     };
-    c.log.level = "info,sluice::uplink=debug".into();
+    c.log.level = "info,sluice::sink=debug".into();
     let mut u = UplinkConfig::new("cloud-1", "mqtts://[2001:db8::1]:8884".parse().unwrap());
     u.ca_file = Some("certs/ca.pem".into());
     u.cert_file = Some("certs/gw.pem".into());

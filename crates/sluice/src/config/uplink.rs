@@ -1,7 +1,7 @@
 //! `[[uplink]]`: one cloud MQTT broker the gateway forwards to and receives from.
 //!
 //! Owns: the uplink config types, the broker URL type and the protocol-version enum, and
-//! reading the password file. Does not own: connecting (that is `crate::uplink`) or checks
+//! reading the password file. Does not own: connecting (that is `crate::sink`) or checks
 //! across fields (`validate.rs`).
 //!
 //! Invariants: the password never appears in `Debug` output; `UplinkUrl` always carries an

@@ -374,7 +374,7 @@ fn check_lanes(i: usize, u: &UplinkConfig, has_high: bool) -> Result<(), ConfigE
         }
     }
     if let Some(rate) = &u.tc_rate {
-        if !crate::uplink::tc::valid_rate(rate) {
+        if !crate::sink::tc::valid_rate(rate) {
             return invalid(
                 &key("tc_rate"),
                 &format!(

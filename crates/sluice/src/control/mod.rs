@@ -1,7 +1,7 @@
 //! The control plane: admission, the device table, subscription bookkeeping and the retained
 //! store, on a thread of its own.
 //!
-//! Owns: every decision that is not per-message. The listener (listener/mqtt.rs) runs here:
+//! Owns: every decision that is not per-message. The listener (edge/mqtt/listener.rs) runs here:
 //! it reads each new connection's CONNECT, asks [`admission`] whether the device may in
 //! (password hashes are checked on the blocking pool, so even expensive hashing stalls
 //! neither this thread's other work nor any shard), hashes the device to its shard and hands

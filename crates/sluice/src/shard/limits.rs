@@ -41,7 +41,7 @@ use std::sync::Arc;
 use sluice_proto::mqtt::{reason, topic, Properties, ProtocolVersion};
 
 use super::metrics::ShardMetrics;
-use super::session::OutMessage;
+use crate::edge::mqtt::session::OutMessage;
 use super::ShardContext;
 use crate::config::{Config, MqttConfig};
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
@@ -225,7 +225,7 @@ pub fn filter_allowed(ctx: &ShardContext, client_id: &str, filter: &str) -> bool
 /// A refusal is logged and counted; the caller answers 0x97 Quota exceeded (3.1.1: 0x80).
 pub fn subscription_allowed<'a>(
     ctx: &ShardContext,
-    session: &super::session::Session,
+    session: &crate::edge::mqtt::session::Session,
     filter: &str,
     accepted: impl Iterator<Item = &'a str> + Clone,
 ) -> bool {
@@ -543,7 +543,7 @@ async fn evict_idlest_offline(ctx: &Rc<ShardContext>, for_device: &str, keep_slo
         "mqtt.max_sessions reached; ending the offline session idle longest");
     ctx.metrics.bounds.sessions_evicted.inc();
     session.state.borrow_mut().timers.abort_all();
-    super::route::end_session(ctx, &session).await;
+    crate::shard::router::end_session(ctx, &session).await;
     if keep_slot {
         // No await since end_session lowered the count: the dip is one atomic step long.
         ctx.bounds.session_added();

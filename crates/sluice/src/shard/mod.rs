@@ -11,13 +11,10 @@
 //! traffic finding a mailbox full is dropped and counted, QoS 1/2 waits (back-pressure on the
 //! publishing device). Everything inside a shard is `Rc`/`RefCell` on one thread.
 
-pub mod ack;
-mod connection;
 pub mod hash;
 pub mod limits;
 pub mod metrics;
-mod route;
-pub mod session;
+pub(crate) mod router;
 pub mod trie;
 
 use std::cell::RefCell;
@@ -35,9 +32,9 @@ use tokio::sync::{mpsc, watch};
 use crate::config::{Config, UplinkConfig};
 use crate::control::priority::{Priority, PriorityTable};
 use crate::control::{ControlCmd, SharedSnapshot};
-use crate::uplink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
+use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 use metrics::ShardMetrics;
-use session::Session;
+use crate::edge::mqtt::session::Session;
 use trie::TopicTrie;
 
 pub type ShardId = usize;
@@ -103,7 +100,7 @@ pub struct ShardUplink {
     pub route: UplinkRoute,
     pub queue: Rc<UplinkQueue>,
     pub high: Option<Rc<UplinkQueue>>,
-    pub spool: Option<Rc<crate::spool::UplinkSpool>>,
+    pub spool: Option<Rc<crate::sink::spool::UplinkSpool>>,
 }
 
 impl ShardUplink {
@@ -139,7 +136,7 @@ pub struct ShardContext {
     pub shutting_down: std::cell::Cell<bool>,
     /// Input bounds: queued-bytes budget and the gateway-wide session count.
     pub bounds: limits::ShardBounds,
-    /// Counts local fan-outs; each stamps the sessions it reached (`route::deliver_local`).
+    /// Counts local fan-outs; each stamps the sessions it reached (`router::deliver_local`).
     pub delivery_seq: std::cell::Cell<u64>,
     /// Shared subscriptions with members on this shard, by `$share/{group}/{filter}`.
     pub shared: RefCell<HashMap<ByteString, SharedMembers>>,
@@ -160,16 +157,16 @@ pub struct ShardSeed {
     pub uplink_metrics: Vec<LaneMetrics>,
     pub uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
     /// Per uplink, told the high lane's source port on connect (`install_tc`).
-    pub uplink_ports: Vec<Option<crate::uplink::PortSink>>,
+    pub uplink_ports: Vec<Option<crate::sink::PortSink>>,
     pub live_connections: Arc<AtomicUsize>,
     pub online_devices: Arc<AtomicUsize>,
     pub shutdown: watch::Receiver<bool>,
     pub core: Option<core_affinity::CoreId>,
     /// Per uplink, this shard's spool (opened and recovered at start-up); empty without
     /// `[spool] dir`.
-    pub spools: Vec<crate::spool::OpenedSpool>,
+    pub spools: Vec<crate::sink::spool::OpenedSpool>,
     /// Spools of former shard indexes this shard drains: `(uplink index, former index, spool)`.
-    pub former_spools: Vec<(usize, usize, crate::spool::OpenedSpool)>,
+    pub former_spools: Vec<(usize, usize, crate::sink::spool::OpenedSpool)>,
     /// Input bounds: sessions on every shard (`mqtt.max_sessions`).
     pub sessions_total: Arc<AtomicUsize>,
 }
@@ -244,7 +241,7 @@ async fn run(seed: ShardSeed) {
                 uplink_metrics[i].normal.clone(),
             ));
             let spool = spools.next().map(|opened| {
-                crate::spool::UplinkSpool::new(id, &u.name, &config, opened, queue.clone())
+                crate::sink::spool::UplinkSpool::new(id, &u.name, &config, opened, queue.clone())
             });
             ShardUplink {
                 route: UplinkRoute::new(u),
@@ -290,7 +287,7 @@ async fn run(seed: ShardSeed) {
     for (uplink, index, opened) in former_spools {
         if let (Some(u), Some(ucfg)) = (ctx.uplinks.get(uplink), config.uplink.get(uplink)) {
             let spool =
-                crate::spool::UplinkSpool::new(index, &ucfg.name, &config, opened, u.queue.clone());
+                crate::sink::spool::UplinkSpool::new(index, &ucfg.name, &config, opened, u.queue.clone());
             spool.set_former();
             former.push((uplink, spool));
         }
@@ -321,7 +318,7 @@ async fn run(seed: ShardSeed) {
         let downlink_ctx = ctx.clone();
         // Only shard 0's normal session subscribes (uplink module docs); it delivers to every
         // shard and acknowledges the cloud once the future resolved.
-        let downlink: crate::uplink::Downlink = Rc::new(move |p: sluice_proto::mqtt::Publish| {
+        let downlink: crate::sink::Downlink = Rc::new(move |p: sluice_proto::mqtt::Publish| {
             let ctx = downlink_ctx.clone();
             Box::pin(async move {
                 let routed = Routed {
@@ -332,11 +329,11 @@ async fn run(seed: ShardSeed) {
                     retain: false,
                     properties: p.properties,
                 };
-                route::deliver_downlink(&ctx, routed).await;
-            }) as crate::uplink::DownlinkDelivery
+                router::deliver_downlink(&ctx, routed).await;
+            }) as crate::sink::DownlinkDelivery
         });
         let cfg = Rc::new(UplinkConfig::clone(ucfg));
-        uplink_tasks.push(crate::uplink::spawn(
+        uplink_tasks.push(crate::sink::spawn(
             SessionSeed {
                 shard: id,
                 lane: Lane::Normal,
@@ -362,7 +359,7 @@ async fn run(seed: ShardSeed) {
                     }
                 }) as Box<dyn Fn(Option<u16>)>
             });
-            uplink_tasks.push(crate::uplink::spawn(
+            uplink_tasks.push(crate::sink::spawn(
                 SessionSeed {
                     shard: id,
                     lane: Lane::High,
@@ -387,19 +384,19 @@ async fn run(seed: ShardSeed) {
                     let ctx = ctx.clone();
                     ctx.online_devices.fetch_add(1, Ordering::Relaxed);
                     tokio::task::spawn_local(async move {
-                        connection::run(ctx.clone(), adopted).await;
+                        crate::edge::mqtt::connection::run(ctx.clone(), adopted).await;
                         ctx.online_devices.fetch_sub(1, Ordering::Relaxed);
                         ctx.live_connections.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
                 Some(ShardCmd::Deliver(routed)) => {
                     ctx.metrics.cross_shard_received.inc();
-                    route::deliver_local(&ctx, &routed);
+                    router::deliver_local(&ctx, &routed);
                 }
                 Some(ShardCmd::EvictOffline(reply)) => limits::on_evict_request(&ctx, reply),
                 Some(ShardCmd::DeliverShared(routed, key)) => {
                     ctx.metrics.cross_shard_received.inc();
-                    route::deliver_shared_member(&ctx, &routed, &key);
+                    router::deliver_shared_member(&ctx, &routed, &key);
                 }
                 None => break,
             },

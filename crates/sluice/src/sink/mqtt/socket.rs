@@ -22,7 +22,7 @@ use std::os::fd::AsFd;
 use socket2::SockRef;
 use tokio::net::{TcpSocket, TcpStream};
 
-use super::Lane;
+use crate::sink::Lane;
 
 /// `SO_PRIORITY` of the high lane: the highest a process may set without CAP_NET_ADMIN, and
 /// the value pfifo_fast maps to its first band.

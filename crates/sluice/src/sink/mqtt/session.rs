@@ -56,9 +56,9 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, info, trace, warn};
 
-use super::pack::{Packer, SealedPack};
-use super::queue::Queued;
-use super::{
+use crate::sink::outbox::pack::{Packer, SealedPack};
+use crate::sink::outbox::queue::Queued;
+use crate::sink::{
     connack_reason, socket, DropReason, Lane, RejectReason, UplinkError, UplinkMessage,
     UplinkMetrics, UplinkQueue, UplinkRoute, UplinkState,
 };
@@ -90,13 +90,13 @@ pub struct SessionSeed {
     pub shard: usize,
     pub lane: Lane,
     pub cfg: Rc<UplinkConfig>,
-    /// Must be `Some` when `cfg.url.tls` (see [`super::client_tls_config`]).
+    /// Must be `Some` when `cfg.url.tls` (see [`crate::sink::client_tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub queue: Rc<UplinkQueue>,
     /// Called on the shard thread with every PUBLISH the cloud sends (topic unchanged); a
     /// QoS 1 one is acknowledged to the cloud once the returned future resolved. Only shard
     /// 0's normal lane subscribes to `receive` (see the module docs of `uplink`).
-    pub downlink: super::Downlink,
+    pub downlink: crate::sink::Downlink,
     pub metrics: Arc<UplinkMetrics>,
     /// Devices connected to the whole gateway (decides whether the normal lane aggregates).
     pub live_devices: Arc<AtomicUsize>,
@@ -242,7 +242,7 @@ struct Session {
     cfg: Rc<UplinkConfig>,
     tls: Option<TlsConnector>,
     queue: Rc<UplinkQueue>,
-    downlink: super::Downlink,
+    downlink: crate::sink::Downlink,
     /// Cloud PUBLISHes decoded and not yet delivered (at most what one read decodes: the
     /// broker sends no more than our Receive Maximum of QoS 1 ones unacknowledged).
     downlink_pending: VecDeque<Publish>,
@@ -744,7 +744,7 @@ impl Session {
             else {
                 break;
             };
-            let backlog = super::queue::is_backlog(&msg);
+            let backlog = msg.is_backlog();
             self.last_took_backlog = backlog;
             if aggregating {
                 self.pack_mix.0 += usize::from(backlog);
@@ -804,7 +804,7 @@ impl Session {
         unacked_in_write: &mut Vec<UplinkMessage>,
     ) -> (u64, u64) {
         let Queued { msg, resend } = q;
-        let backlog = super::queue::is_backlog(&msg);
+        let backlog = msg.is_backlog();
         let needs_ack = msg.needs_cloud_ack();
         let packet_id = needs_ack.then(|| self.alloc_packet_id());
         let publish = Packet::Publish(Publish {
@@ -946,7 +946,7 @@ impl Session {
         match packet_id {
             Some(id) => {
                 self.send_seq += 1;
-                let backlog = pack.msgs.first().is_some_and(super::queue::is_backlog);
+                let backlog = pack.msgs.first().is_some_and(UplinkMessage::is_backlog);
                 self.inflight_backlog += usize::from(backlog);
                 self.inflight.insert(
                     id,
@@ -1114,12 +1114,10 @@ impl Session {
     }
 
     /// [`Session::finish`] with a reason code for the device (0: success; see
-    /// [`crate::shard::ack::AckToken::complete_with`]).
+    /// [`crate::edge::ack::AckToken::complete_with`]).
     fn finish_with(&self, msg: UplinkMessage, code: u8) {
         self.queue.release_msg(&msg);
-        if let Some(token) = msg.ack {
-            token.complete_with(code);
-        }
+        msg.complete_with(code);
     }
 
     /// The message can never reach the cloud: count it and complete its token with `code`

@@ -14,7 +14,7 @@
 //! [`UplinkQueue::try_push`] refuses (a QoS 0 message cannot take the room a waiter needs).
 //! A push cancelled while it holds a ticket gives its ticket (and any granted bytes) back.
 //!
-//! Two streams (used with a spool, see `crate::spool`): *live* (everything pushed with
+//! Two streams (used with a spool, see `crate::sink::spool`): *live* (everything pushed with
 //! [`UplinkQueue::push`]/[`UplinkQueue::try_push`], and spool records appended since the
 //! uplink last connected) and *backlog* (spool records that piled up while it was down,
 //! pushed with [`UplinkQueue::push_backlog`]). Each is FIFO; the session picks between their
@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use super::{DropReason, UplinkMessage, UplinkMetrics};
+use crate::sink::{DropReason, UplinkMessage, UplinkMetrics};
 
 /// Bytes charged per message on top of topic and payload: the `UplinkMessage` itself (~130 B),
 /// its ack token, the allocator headers of its topic and payload, and its inflight entry.
@@ -84,7 +84,7 @@ struct State {
     reserved_bytes: usize,
     /// The backlog stream's part of `reserved_bytes`.
     backlog_bytes: usize,
-    /// Where depth, bytes and `uplink_queue_full` drops are reported (set by [`super::spawn`]).
+    /// Where depth, bytes and `uplink_queue_full` drops are reported (set by [`crate::sink::spawn`]).
     metrics: Option<Arc<UplinkMetrics>>,
     /// Blocked pushers in arrival order (see the module docs).
     waiters: VecDeque<Rc<Ticket>>,
@@ -127,7 +127,7 @@ impl Drop for TicketGuard<'_> {
 
 impl UplinkQueue {
     /// A queue holding at most `capacity_bytes` of waiting and inflight messages. Its metrics
-    /// are attached by [`super::spawn`] (the session's [`UplinkMetrics`]).
+    /// are attached by [`crate::sink::spawn`] (the session's [`UplinkMetrics`]).
     pub fn new(capacity_bytes: usize) -> UplinkQueue {
         UplinkQueue {
             capacity_bytes,
@@ -479,7 +479,7 @@ impl UplinkQueue {
 pub(crate) fn is_backlog(msg: &UplinkMessage) -> bool {
     msg.ack
         .as_ref()
-        .and_then(crate::shard::ack::AckToken::spool_backlog)
+        .and_then(crate::edge::ack::AckToken::spool_backlog)
         == Some(true)
 }
 

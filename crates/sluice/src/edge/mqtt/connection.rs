@@ -30,11 +30,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use super::ack::{AckToken, DeviceAcks};
-use super::metrics::{CloseReason, DropReason};
-use super::route;
-use super::session::{OutMessage, OutStage, PendingWill, Session};
-use super::{Adopted, ShardContext};
+use crate::edge::ack::{AckToken, DeviceAcks};
+use crate::shard::metrics::{CloseReason, DropReason};
+use crate::shard::router as route;
+use crate::edge::mqtt::session::{OutMessage, OutStage, PendingWill, Session};
+use crate::shard::{Adopted, ShardContext};
 use crate::control::priority::Priority;
 
 /// How long a write to a device may stall before the device counts as a slow consumer.
@@ -62,9 +62,9 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     let _ = stream.set_nodelay(true);
     // Input bounds: room in the session table (mqtt.max_sessions), or a refusing CONNACK.
     if let Err(code) =
-        super::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol).await
+        crate::shard::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol).await
     {
-        return super::limits::refuse_connect(stream, connect.protocol, code).await;
+        return crate::shard::limits::refuse_connect(stream, connect.protocol, code).await;
     }
     ctx.metrics.connections.add(1);
     let client_id = connect.client_id.clone();
@@ -568,7 +568,7 @@ impl Connection {
                 Some(reason::TOPIC_NAME_INVALID),
             ));
         }
-        if let Err(error) = super::limits::TopicLimits::new(&self.ctx.config.mqtt).check(&p.topic) {
+        if let Err(error) = crate::shard::limits::TopicLimits::new(&self.ctx.config.mqtt).check(&p.topic) {
             tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error, "device published to a topic beyond the gateway's limits; closing");
             return Err(Close(
                 CloseReason::TopicLimit,
@@ -716,18 +716,18 @@ impl Connection {
             } else {
                 topic::valid_topic_filter(&f.filter)
             };
-            if !valid || !super::limits::filter_allowed(&self.ctx, &self.client_id, &f.filter) {
+            if !valid || !crate::shard::limits::filter_allowed(&self.ctx, &self.client_id, &f.filter) {
                 codes.push(match self.version {
                     ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
                 });
-            } else if !super::limits::subscription_allowed(
+            } else if !crate::shard::limits::subscription_allowed(
                 &self.ctx,
                 &self.session,
                 &f.filter,
                 accepted.iter().map(|a: &(ByteString, _, _)| &*a.0),
             ) {
-                codes.push(super::limits::quota_exceeded_code(self.version));
+                codes.push(crate::shard::limits::quota_exceeded_code(self.version));
             } else {
                 codes.push(f.options.qos as u8);
                 accepted.push((f.filter.clone(), f.options, true));
@@ -1010,7 +1010,7 @@ impl Connection {
         let charge = if now {
             None
         } else {
-            super::limits::WillCharge::new(&self.ctx, &p)
+            crate::shard::limits::WillCharge::new(&self.ctx, &p)
         };
         if now || charge.is_none() {
             route::publish(&self.ctx, &origin, priority, &p, None, Instant::now()).await;

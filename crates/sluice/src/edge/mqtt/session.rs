@@ -25,7 +25,7 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, Publish, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
 
-use super::limits::{OutboxBudget, QueuedBytes, SessionTimers};
+use crate::shard::limits::{OutboxBudget, QueuedBytes, SessionTimers};
 
 /// A message on its way to a device.
 #[derive(Debug, Clone)]

@@ -5,11 +5,11 @@
 //! `DIR/{uplink}/shard-{n}/` — with its group-commit task, its feeder task (spool → uplink
 //! queue, live and backlog streams), device acknowledgements under `ack = "spool"`, cloud
 //! acknowledgements back into the spool, and the spool metrics. Does not own: the disk format
-//! or recovery (`sluice-spool`), the record body format (`record`), routing (`shard/route.rs`)
-//! or sending (`uplink/`).
+//! or recovery (`sluice-spool`), the record body format (`record`), routing (`shard/router.rs`)
+//! or sending (`sink/`).
 //!
 //! # Path of one message
-//! `shard/route.rs` encodes a normal-lane message once ([`record`]) and calls
+//! `shard/router.rs` encodes a normal-lane message once ([`record`]) and calls
 //! [`UplinkSpool::append`] for every uplink that forwards it (cheap: a copy into the open
 //! batch). The commit task takes the batch with `begin_commit`, runs the blocking
 //! `CommitJob` on tokio's blocking pool (`spawn_blocking`) and applies it; everything appended
@@ -108,8 +108,8 @@ use tokio::sync::{watch, Notify};
 use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, DrainOrder, SpoolAck};
-use crate::shard::ack::{AckToken, SpoolAcker};
-use crate::uplink::{UplinkMessage, UplinkQueue};
+use crate::edge::ack::{AckToken, SpoolAcker};
+use crate::sink::{UplinkMessage, UplinkQueue};
 
 /// Out-of-order acks the engine holds per spool (its `ack_window`); acks further ahead wait
 /// in [`AckRanges`].
@@ -1112,7 +1112,7 @@ fn current_range(backlog: &VecDeque<(u64, u64)>, newest_first: bool) -> Option<(
 /// How many records to read for `room` bytes of queue: each costs at least
 /// `MESSAGE_OVERHEAD_BYTES` there, whatever its body's size.
 fn records_for(room: usize) -> usize {
-    (room / crate::uplink::MESSAGE_OVERHEAD_BYTES).clamp(1, READ_BATCH)
+    (room / crate::sink::MESSAGE_OVERHEAD_BYTES).clamp(1, READ_BATCH)
 }
 
 /// Adds `[start, end)` to the backlog, merging with the newest range when adjacent.
@@ -1211,7 +1211,7 @@ pub fn encode_message(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::ack::DeviceAcks;
+    use crate::edge::ack::DeviceAcks;
     use bytes::Bytes;
 
     fn rt() -> (tokio::runtime::Runtime, tokio::task::LocalSet) {
@@ -1269,7 +1269,7 @@ mod tests {
             .map(|t| {
                 // As the session does once a message is finished.
                 q.release_msg(&t.msg);
-                let backlog = crate::uplink::queue_is_backlog(&t.msg);
+                let backlog = crate::sink::queue_is_backlog(&t.msg);
                 let payload = String::from_utf8(t.msg.payload.to_vec()).expect("utf-8");
                 (
                     payload,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
-use super::UplinkError;
+use crate::sink::UplinkError;
 use crate::config::UplinkConfig;
 
 const SYSTEM_BUNDLES: [&str; 4] = [

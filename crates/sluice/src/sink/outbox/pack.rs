@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use sluice_proto::senml::{self, Format, PackWriter, Record, Value};
 
-use super::UplinkMessage;
+use crate::sink::UplinkMessage;
 use crate::config::{AggregateConfig, PackFormat};
 
 /// Times below this are relative to "now" in SenML (RFC 8428 §4.5.3).

@@ -9,7 +9,7 @@
 //! ack.rs); local and cross-shard delivery do not delay it.
 //!
 //! With a spool (`[spool] dir`), a normal-lane message is instead appended to the uplink's
-//! spool on this shard (`crate::spool`), encoded once for all uplinks; the uplink's share of
+//! spool on this shard (`crate::sink::spool`), encoded once for all uplinks; the uplink's share of
 //! the device token then completes after the group commit (`ack = "spool"`) or after the
 //! cloud's PUBACK (`ack = "cloud"`). High-lane messages never go through the spool.
 
@@ -20,13 +20,13 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{topic, Properties, Publish, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, oneshot};
 
-use super::ack::AckToken;
+use crate::edge::ack::AckToken;
 use super::metrics::DropReason;
-use super::session::{OutMessage, QueueRefusal, Session};
+use crate::edge::mqtt::session::{OutMessage, QueueRefusal, Session};
 use super::{LocalSub, Routed, ShardCmd, ShardContext};
 use crate::control::priority::Priority;
 use crate::control::{ControlCmd, RetainedMessage};
-use crate::uplink::UplinkMessage;
+use crate::sink::UplinkMessage;
 
 /// Route a device's PUBLISH. Waits (back-pressure) only where a bound is reached for a QoS
 /// 1/2 message; QoS 0 messages are dropped and counted instead. `device` is the publishing
@@ -80,7 +80,7 @@ pub async fn publish(
                 QoS::AtLeastOnce
             };
             let body = spool_body.get_or_insert_with(|| {
-                crate::spool::encode_message(
+                crate::sink::spool::encode_message(
                     origin,
                     &p.topic,
                     &p.payload,
@@ -93,7 +93,7 @@ pub async fn publish(
             let share = ack.as_ref().map(AckToken::share);
             match body {
                 Some(body) => {
-                    if spool.append(body, qos, share).await == crate::spool::Appended::DroppedFull {
+                    if spool.append(body, qos, share).await == crate::sink::spool::Appended::DroppedFull {
                         ctx.metrics.count_drop(DropReason::SpoolFull);
                     }
                 }

@@ -18,7 +18,7 @@
 //! window has room, maps its topic, encodes it with others into one write → cloud PUBACK →
 //! `AckToken::complete` (the device gets its PUBACK once every uplink completed) → bytes released.
 //!
-//! With a spool (`crate::spool`), the normal lane's queue is filled by the spool's feeder
+//! With a spool (`crate::sink::spool`), the normal lane's queue is filled by the spool's feeder
 //! instead of the device connections: committed records, in two streams (live and backlog,
 //! see `UplinkQueue::take_next`), each carrying a spool ack token whose completion
 //! acknowledges the record in the spool. The session tells the spool when its connection
@@ -81,22 +81,19 @@
 //! sent (too large even alone, not encodable) completes with 0x83.
 
 mod metrics;
-mod pack;
-mod queue;
-mod route;
-mod session;
-pub mod socket;
-pub mod tc;
-mod tls;
+pub mod mqtt;
+pub mod outbox;
+pub mod spool;
 
 pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
-pub use pack::records_of;
+pub use outbox::pack::records_of;
 #[cfg(test)]
-pub(crate) use queue::is_backlog as queue_is_backlog;
-pub use queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
-pub use route::UplinkRoute;
-pub use session::{spawn, SessionSeed};
-pub use tls::client_tls_config;
+pub(crate) use outbox::queue::is_backlog as queue_is_backlog;
+pub use mqtt::route::UplinkRoute;
+pub use mqtt::session::{spawn, SessionSeed};
+pub use mqtt::tls::client_tls_config;
+pub use mqtt::{socket, tc};
+pub use outbox::queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -105,7 +102,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use sluice_proto::mqtt::QoS;
 
-use crate::shard::ack::AckToken;
+use crate::edge::ack::AckToken;
 
 /// A downlink delivery under way: resolves once the message was accepted locally (see
 /// [`Downlink`]).
@@ -200,6 +197,21 @@ impl UplinkMessage {
     /// Whether the cloud must acknowledge it (QoS ≥ 1 towards the cloud).
     pub fn needs_cloud_ack(&self) -> bool {
         self.qos != QoS::AtMostOnce
+    }
+
+    /// Whether it belongs to the backlog stream (a spool record from before the link's last
+    /// connect; see `outbox::queue`).
+    pub fn is_backlog(&self) -> bool {
+        outbox::queue::is_backlog(self)
+    }
+
+    /// The message is done, with `code` for the device (0: success; see
+    /// [`AckToken::complete_with`]). The one place a finished message's acknowledgement
+    /// starts; the caller has already released its queue bytes.
+    pub fn complete_with(self, code: u8) {
+        if let Some(token) = self.ack {
+            token.complete_with(code);
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! disconnected meanwhile, completing is a no-op: the message still reached the cloud and a
 //! device that reconnects resends it (duplicates, never loss).
 //!
-//! With a spool (`crate::spool`), a message the uplink reads from the spool carries a
+//! With a spool (`crate::sink::spool`), a message the uplink reads from the spool carries a
 //! *spool* token instead: completing it acknowledges the record in its spool (so it is
 //! trimmed), and then completes the device token it may wrap (`ack = "cloud"`). Dropping any
 //! token without completing it acknowledges nothing: a spooled record is then sent again

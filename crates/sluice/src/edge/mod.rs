@@ -1,0 +1,4 @@
+//! Device edges: one folder per device protocol.
+
+pub mod ack;
+pub mod mqtt;

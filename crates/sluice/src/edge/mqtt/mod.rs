@@ -1,0 +1,5 @@
+//! The MQTT 3.1.1/5 device edge.
+
+pub(crate) mod connection;
+pub mod listener;
+pub mod session;
