@@ -120,6 +120,7 @@ fn message(d: usize, i: usize, acks: &Rc<DeviceAcks>) -> UplinkMessage {
         received_at: Instant::now(),
         // Device packet ids 1..=PER_DEVICE.
         ack: Some(AckToken::new(acks, (i + 1) as u16)),
+        stored: None,
     }
 }
 

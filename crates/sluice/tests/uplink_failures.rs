@@ -117,6 +117,7 @@ fn message(topic: &str, payload: Bytes, acks: &Rc<DeviceAcks>, packet_id: u16) -
         retain: false,
         received_at: Instant::now(),
         ack: Some(AckToken::new(acks, packet_id)),
+        stored: None,
     }
 }
 

@@ -8,11 +8,11 @@
 //! disconnected meanwhile, completing is a no-op: the message still reached the cloud and a
 //! device that reconnects resends it (duplicates, never loss).
 //!
-//! With a spool (`crate::sink::spool`), a message the uplink reads from the spool carries a
-//! *spool* token instead: completing it acknowledges the record in its spool (so it is
-//! trimmed), and then completes the device token it may wrap (`ack = "cloud"`). Dropping any
-//! token without completing it acknowledges nothing: a spooled record is then sent again
-//! after a restart.
+//! Only device tokens live here: this is the edge's contract with everything downstream.
+//! Where a message is stored on its way (a spool record, see `crate::sink::spool`) is the
+//! sink's business: its outbox item (`crate::sink::UplinkMessage`) carries the record's
+//! location next to the device token and acknowledges the record before completing the
+//! token, so acknowledgements flow one way, transport → outbox → token → edge.
 //!
 //! A token may be completed with a failure reason code ([`AckToken::complete_with`]): an
 //! uplink's cloud refused the message for good (MQTT 5 PUBACK 0x87, …) or it can never be
@@ -124,94 +124,33 @@ impl Drop for Pending {
     }
 }
 
-/// Where a spool token's completion goes: the spool that holds the record.
-pub trait SpoolAcker: std::fmt::Debug {
-    /// The cloud acknowledged (or the uplink gave up on, counted) record `seq`.
-    fn cloud_acked(&self, seq: u64);
-}
-
-#[derive(Debug)]
-struct SpoolTarget {
-    spool: Rc<dyn SpoolAcker>,
-    seq: u64,
-    backlog: bool,
-    device: Option<AckToken>,
-}
-
-#[derive(Debug)]
-enum Target {
-    Device(Rc<Pending>),
-    Spool(Box<SpoolTarget>),
-}
-
 /// One outstanding acknowledgement. Clone it once per uplink that carries the message; call
 /// [`AckToken::complete`] when that uplink's cloud acknowledged it.
 #[derive(Debug)]
-pub struct AckToken(Target);
+pub struct AckToken(Rc<Pending>);
 
 impl AckToken {
     pub fn new(device: &Rc<DeviceAcks>, packet_id: u16) -> AckToken {
-        AckToken(Target::Device(Rc::new(Pending {
+        AckToken(Rc::new(Pending {
             remaining: Cell::new(1),
             device: Rc::downgrade(device),
             abandoned: device.abandoned.clone(),
             packet_id,
             reason: Cell::new(0),
-        })))
-    }
-
-    /// The token of spool record `seq`, read for the uplink; `backlog` says which drain
-    /// stream it travels in; `device` is completed after the spool (`ack = "cloud"`).
-    pub fn spooled(
-        spool: Rc<dyn SpoolAcker>,
-        seq: u64,
-        backlog: bool,
-        device: Option<AckToken>,
-    ) -> AckToken {
-        AckToken(Target::Spool(Box::new(SpoolTarget {
-            spool,
-            seq,
-            backlog,
-            device,
-        })))
+        }))
     }
 
     /// Whether the device this token acknowledges has had another message abandoned (its
     /// connection is closing; storing this one would let it overtake the resent one).
     pub fn device_abandoned(&self) -> bool {
-        match &self.0 {
-            Target::Device(p) => p.abandoned.get(),
-            Target::Spool(s) => s.device.as_ref().is_some_and(AckToken::device_abandoned),
-        }
-    }
-
-    /// `Some(is_backlog)` for a spool token, `None` for a device token.
-    pub fn spool_backlog(&self) -> Option<bool> {
-        match &self.0 {
-            Target::Device(_) => None,
-            Target::Spool(s) => Some(s.backlog),
-        }
+        self.0.abandoned.get()
     }
 
     /// Another holder (e.g. a second uplink) that must complete before the device is acked.
-    /// Spool tokens have one holder (their uplink); sharing one shares its device token.
     pub fn share(&self) -> AckToken {
-        match &self.0 {
-            Target::Device(p) => {
-                p.remaining.set(p.remaining.get() + 1);
-                AckToken(Target::Device(p.clone()))
-            }
-            Target::Spool(s) => match &s.device {
-                Some(d) => d.share(),
-                None => AckToken(Target::Device(Rc::new(Pending {
-                    remaining: Cell::new(1),
-                    device: Weak::new(),
-                    abandoned: Rc::default(),
-                    packet_id: 0,
-                    reason: Cell::new(0),
-                }))),
-            },
-        }
+        let p = &self.0;
+        p.remaining.set(p.remaining.get() + 1);
+        AckToken(p.clone())
     }
 
     pub fn complete(self) {
@@ -222,28 +161,16 @@ impl AckToken {
     /// message was refused for good; the device's PUBACK carries the first failure code of
     /// any holder (MQTT 5 devices only).
     pub fn complete_with(self, reason: u8) {
-        match self.0 {
-            Target::Device(p) => {
-                if reason >= 0x80 && p.reason.get() == 0 {
-                    p.reason.set(reason);
-                }
-                let left = p.remaining.get().saturating_sub(1);
-                p.remaining.set(left);
-                if left == 0 {
-                    if let Some(device) = p.device.upgrade() {
-                        device.set_reason(p.packet_id, p.reason.get());
-                        device.push(p.packet_id);
-                    }
-                }
-            }
-            Target::Spool(s) => {
-                let SpoolTarget {
-                    spool, seq, device, ..
-                } = *s;
-                spool.cloud_acked(seq);
-                if let Some(d) = device {
-                    d.complete_with(reason);
-                }
+        let p = self.0;
+        if reason >= 0x80 && p.reason.get() == 0 {
+            p.reason.set(reason);
+        }
+        let left = p.remaining.get().saturating_sub(1);
+        p.remaining.set(left);
+        if left == 0 {
+            if let Some(device) = p.device.upgrade() {
+                device.set_reason(p.packet_id, p.reason.get());
+                device.push(p.packet_id);
             }
         }
     }
@@ -279,23 +206,6 @@ mod tests {
         drop(b);
         assert!(dev.is_abandoned());
         assert!(dev.drain().is_empty());
-    }
-
-    #[test]
-    fn a_spool_token_dropped_uncompleted_abandons_the_device_token_it_wraps() {
-        #[derive(Debug)]
-        struct NoSpool;
-        impl SpoolAcker for NoSpool {
-            fn cloud_acked(&self, _seq: u64) {}
-        }
-        let dev = DeviceAcks::new();
-        let t = AckToken::spooled(Rc::new(NoSpool), 9, false, Some(AckToken::new(&dev, 3)));
-        drop(t);
-        assert!(dev.is_abandoned());
-        // A spool token without a device token abandons nobody.
-        let other = DeviceAcks::new();
-        drop(AckToken::spooled(Rc::new(NoSpool), 10, true, None).share());
-        assert!(!other.is_abandoned());
     }
 
     #[test]

@@ -118,6 +118,7 @@ pub async fn publish(
             retain: p.retain,
             received_at,
             ack: ack.as_ref().map(AckToken::share),
+            stored: None,
         };
         ctx.metrics.messages_forwarded.inc();
         if p.qos == QoS::AtMostOnce {

@@ -20,8 +20,10 @@
 //!
 //! With a spool (`crate::sink::spool`), the normal lane's queue is filled by the spool's feeder
 //! instead of the device connections: committed records, in two streams (live and backlog,
-//! see `UplinkQueue::take_next`), each carrying a spool ack token whose completion
-//! acknowledges the record in the spool. The session tells the spool when its connection
+//! see `UplinkQueue::take_next`), each carrying where it is stored ([`spool::Stored`]) and,
+//! under `ack = "cloud"`, its device's token. Finishing the message
+//! ([`UplinkMessage::complete_with`]) acknowledges the record in its spool and then completes
+//! the device token: one way, transport → outbox → token → edge. The session tells the spool when its connection
 //! comes up or ends (through the queue), and lets the backlog use at most the configured
 //! drain share of its inflight window while live messages wait.
 //!
@@ -87,8 +89,6 @@ pub mod spool;
 
 pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
 pub use outbox::pack::records_of;
-#[cfg(test)]
-pub(crate) use outbox::queue::is_backlog as queue_is_backlog;
 pub use mqtt::route::UplinkRoute;
 pub use mqtt::session::{spawn, SessionSeed};
 pub use mqtt::tls::client_tls_config;
@@ -184,8 +184,14 @@ pub struct UplinkMessage {
     pub retain: bool,
     /// When the gateway read it from the device (start of the ack-latency histogram).
     pub received_at: Instant,
-    /// `Some` for QoS ≥ 1: completed when the cloud PUBACKs (see the module invariants).
+    /// The device's token, completed when the message is finished (see the module
+    /// invariants): `Some` for QoS ≥ 1 from a device, or for a spool record under
+    /// `ack = "cloud"`; `None` otherwise.
     pub ack: Option<AckToken>,
+    /// `Some` for a record read from a spool: acknowledged there when the message is
+    /// finished, before `ack`. Dropping the message unfinished acknowledges nothing (the
+    /// record is sent again after a restart).
+    pub stored: Option<spool::Stored>,
 }
 
 impl UplinkMessage {
@@ -202,13 +208,17 @@ impl UplinkMessage {
     /// Whether it belongs to the backlog stream (a spool record from before the link's last
     /// connect; see `outbox::queue`).
     pub fn is_backlog(&self) -> bool {
-        outbox::queue::is_backlog(self)
+        self.stored.as_ref().is_some_and(spool::Stored::is_backlog)
     }
 
     /// The message is done, with `code` for the device (0: success; see
     /// [`AckToken::complete_with`]). The one place a finished message's acknowledgement
-    /// starts; the caller has already released its queue bytes.
+    /// starts: its spool record first (trimmed by a later commit), then the device token.
+    /// The caller has already released its queue bytes.
     pub fn complete_with(self, code: u8) {
+        if let Some(stored) = self.stored {
+            stored.acknowledge();
+        }
         if let Some(token) = self.ack {
             token.complete_with(code);
         }

@@ -477,10 +477,7 @@ impl UplinkQueue {
 
 /// Whether a message belongs to the backlog stream (a spool record read as backlog).
 pub(crate) fn is_backlog(msg: &UplinkMessage) -> bool {
-    msg.ack
-        .as_ref()
-        .and_then(crate::edge::ack::AckToken::spool_backlog)
-        == Some(true)
+    msg.is_backlog()
 }
 
 #[cfg(test)]
@@ -500,6 +497,7 @@ mod tests {
             retain: false,
             received_at: Instant::now(),
             ack: None,
+            stored: None,
         }
     }
 
