@@ -88,7 +88,6 @@
 //! from the current cursor. Damaged records are handled exactly as before: the read returns
 //! the records before the damage and fails next with the cursor on it, and the feeder skips
 //! that one seq.
-
 //!
 //! # Files
 //! - `mod.rs` (here): the types ([`UplinkSpool`], [`Stored`], [`Appended`]), construction
