@@ -32,6 +32,9 @@ use crate::config::SpoolAck;
 use crate::edge::ack::AckToken;
 
 impl UplinkSpool {
+    /// Appends one encoded record (`body`, see [`record`](super::record)). `ack` is this
+    /// uplink's share of the device's token (QoS 1/2). Waits while the spool is full under
+    /// `block` (QoS ≥ 1) or while a failed spool is being reopened.
     pub async fn append(&self, body: &[u8], qos: QoS, ack: Option<AckToken>) -> Appended {
         let mut counted_full = false;
         loop {
@@ -118,7 +121,9 @@ impl UplinkSpool {
         debug!(shard = self.shard, uplink = %self.uplink, first = d.first.0, last = d.last.0, records = d.records, "spool full: oldest records dropped");
     }
 
-
+    /// The commit task: commits whenever something was appended or acknowledged (at most
+    /// every `fsync_interval` under `interval`, ack-only commits at most every
+    /// `ACK_COMMIT_PERIOD`), and once more at shutdown.
     pub(super) async fn commit_loop(self: Rc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut last_commit = Instant::now();
         loop {
@@ -257,6 +262,8 @@ impl UplinkSpool {
         self.feed.notify_one();
     }
 
+    /// Records the cloud ack of `seq`: into the engine as far as its ack window reaches from
+    /// its cursor, the rest kept in `inner.acks` until the cursor comes close.
     fn apply_ack(&self, inner: &mut Inner, seq: u64) {
         let Some(spool) = inner.spool.as_mut() else {
             return;
@@ -282,7 +289,6 @@ impl UplinkSpool {
             inner.acks.remove_through(hi);
         }
     }
-
 
     /// The cloud acknowledged (or the uplink gave up on, counted) record `seq`: see
     /// [`Stored::acknowledge`](super::Stored::acknowledge).

@@ -25,8 +25,7 @@ use tokio::sync::watch;
 use tracing::{debug, error, warn};
 
 use super::{
-    record, shutdown_signal, Inner, Stored, UplinkSpool, MAX_BACKLOG_RANGES, READ_BATCH,
-    READ_BYTES,
+    record, shutdown_signal, Inner, Stored, UplinkSpool, MAX_BACKLOG_RANGES, READ_BATCH, READ_BYTES,
 };
 use crate::config::{DrainOrder, SpoolAck};
 use crate::edge::ack::AckToken;
@@ -74,6 +73,8 @@ impl UplinkSpool {
         self.feed.notify_one();
     }
 
+    /// The feeder task: fills the uplink queue, then waits until queue bytes are released
+    /// or something new is committed (or the link changes).
     pub(super) async fn feed_loop(self: Rc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
             let space = self.queue.space_released();

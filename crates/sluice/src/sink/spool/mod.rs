@@ -311,10 +311,7 @@ impl UplinkSpool {
         ]
     }
 
-    /// Appends one encoded record (`body`, see [`record`]). `ack` is this uplink's share of
-    /// the device's token (QoS 1/2). Waits while the spool is full under `block` (QoS ≥ 1)
-
-    /// Which stream a record token belongs to is decided when it is read; this only counts.
+    /// The spool's metrics (this shard's, this uplink's).
     pub fn metrics(&self) -> &Arc<SpoolMetrics> {
         &self.metrics
     }

@@ -154,7 +154,14 @@ fn former_shards(uplink_dir: &Path, shards: usize) -> Vec<usize> {
     v
 }
 
-pub(super) fn log_recovery(shard: usize, uplink: &str, dir: &Path, spool: &Spool, r: &RecoveryReport) {
+/// Logs one recovery report: INFO when clean, WARN naming what was skipped.
+pub(super) fn log_recovery(
+    shard: usize,
+    uplink: &str,
+    dir: &Path,
+    spool: &Spool,
+    r: &RecoveryReport,
+) {
     let unacked = spool.next_seq().0 - 1 - spool.ack_cursor().0.min(spool.next_seq().0 - 1);
     if r.is_clean() {
         info!(

@@ -3,10 +3,10 @@
 //! window, and a stalled disk that must not stall the shard thread.
 
 use super::*;
-use crate::sink::UplinkMessage;
-use std::path::Path;
 use crate::edge::ack::DeviceAcks;
+use crate::sink::UplinkMessage;
 use bytes::Bytes;
+use std::path::Path;
 
 fn rt() -> (tokio::runtime::Runtime, tokio::task::LocalSet) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -444,7 +444,10 @@ fn with_ack_cloud_a_finished_message_acknowledges_its_record_then_its_device_and
         let mut got = drain_queue(&q).into_iter();
         let (_, _, first) = got.next().expect("first record");
         let (_, _, second) = got.next().expect("second record");
-        assert!(first.ack.is_some(), "the device token travels with its record");
+        assert!(
+            first.ack.is_some(),
+            "the device token travels with its record"
+        );
         first.complete_with(0);
         assert_eq!(dev.drain(), vec![1]);
         assert!(!dev.is_abandoned());
