@@ -124,8 +124,8 @@ impl Drop for Pending {
     }
 }
 
-/// One outstanding acknowledgement. Clone it once per uplink that carries the message; call
-/// [`AckToken::complete`] when that uplink's cloud acknowledged it.
+/// One outstanding acknowledgement. Share it ([`AckToken::share`]) once per uplink that
+/// carries the message; call [`AckToken::complete`] when that uplink's cloud acknowledged it.
 #[derive(Debug)]
 pub struct AckToken(Rc<Pending>);
 
