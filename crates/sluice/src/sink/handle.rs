@@ -174,3 +174,103 @@ impl Sink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PriorityConfig;
+    use crate::edge::ack::DeviceAcks;
+    use std::cell::RefCell;
+    use std::time::Instant;
+
+    #[derive(Default)]
+    struct Counted {
+        forwarded: Cell<usize>,
+        dropped: RefCell<Vec<OfferDrop>>,
+    }
+
+    impl OfferCounters for Counted {
+        fn forwarded(&self) {
+            self.forwarded.set(self.forwarded.get() + 1);
+        }
+        fn dropped(&self, why: OfferDrop) {
+            self.dropped.borrow_mut().push(why);
+        }
+    }
+
+    fn message(topic: &str, qos: QoS, ack: Option<AckToken>) -> DeviceMessage {
+        DeviceMessage {
+            device: "dev-1".into(),
+            topic: topic.into(),
+            payload: bytes::Bytes::from_static(b"21.5"),
+            qos,
+            retain: false,
+            properties: None,
+            received_at: Instant::now(),
+            ack,
+        }
+    }
+
+    fn sink(forward: &str, capacity: usize, high_lane: bool) -> Sink {
+        Sink {
+            route: UplinkRoute::from_parts(vec![forward.into()], String::new(), None),
+            queue: Rc::new(UplinkQueue::new(capacity)),
+            high: high_lane.then(|| Rc::new(UplinkQueue::new(capacity))),
+            spool: None,
+        }
+    }
+
+    fn run(f: impl std::future::Future<Output = ()>) {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(f);
+    }
+
+    #[test]
+    fn a_sink_whose_filters_do_not_match_takes_nothing_and_counts_nothing() {
+        let table = PriorityTable::new(&PriorityConfig::default());
+        let counted = Counted::default();
+        let s = sink("cloud/#", 1 << 20, false);
+        let msg = message("local/temp", QoS::AtLeastOnce, None);
+        run(s.offer(&Offer::new(&msg, Priority::Normal, &table, &counted)));
+        assert!(s.queue.is_empty());
+        assert_eq!(counted.forwarded.get(), 0);
+    }
+
+    #[test]
+    fn a_qos0_message_finding_the_queue_full_is_dropped_and_counted() {
+        let table = PriorityTable::new(&PriorityConfig::default());
+        let counted = Counted::default();
+        // Capacity 1 byte: the first message is admitted alone, the next finds it full.
+        let s = sink("#", 1, false);
+        let first = message("a", QoS::AtMostOnce, None);
+        let second = message("b", QoS::AtMostOnce, None);
+        run(async {
+            s.offer(&Offer::new(&first, Priority::Normal, &table, &counted))
+                .await;
+            s.offer(&Offer::new(&second, Priority::Normal, &table, &counted))
+                .await;
+        });
+        assert_eq!(s.queue.len(), 1);
+        assert_eq!(counted.forwarded.get(), 2);
+        assert_eq!(*counted.dropped.borrow(), vec![OfferDrop::QueueFull]);
+    }
+
+    #[test]
+    fn a_high_priority_message_takes_the_high_lane_with_its_own_share_of_the_device_token() {
+        let table = PriorityTable::new(&PriorityConfig::default());
+        let counted = Counted::default();
+        let s = sink("#", 1 << 20, true);
+        let acks = DeviceAcks::new();
+        let mut msg = message("alarm", QoS::ExactlyOnce, Some(AckToken::new(&acks, 7)));
+        run(s.offer(&Offer::new(&msg, Priority::High, &table, &counted)));
+        assert!(s.queue.is_empty());
+        assert_eq!(s.high.as_ref().map(|q| q.len()), Some(1));
+        // The router's own share completing does not answer the device: the sink holds one.
+        if let Some(token) = msg.ack.take() {
+            token.complete();
+        }
+        assert!(acks.drain().is_empty());
+    }
+}

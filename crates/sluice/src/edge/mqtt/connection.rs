@@ -401,7 +401,7 @@ impl Connection {
         }
     }
 
-    /// A message of this connection will never be acknowledged (see `shard::ack`): stop
+    /// A message of this connection will never be acknowledged (see `crate::edge::ack`): stop
     /// reading — anything handled after it could reach the cloud before the device resends
     /// it — and close, so the device reconnects and resends in order.
     fn check_abandoned(&self) -> Result<(), Close> {

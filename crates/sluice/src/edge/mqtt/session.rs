@@ -25,6 +25,8 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
 
+use crate::control::priority::Priority;
+use crate::edge::DeviceMessage;
 use crate::shard::limits::{OutboxBudget, QueuedBytes, SessionTimers};
 
 /// A message on its way to a device.
@@ -99,18 +101,13 @@ pub struct SessionState {
 /// ack token: nobody is waiting for an acknowledgement) and its device's priority.
 #[derive(Debug)]
 pub struct PendingWill {
-    pub message: crate::edge::DeviceMessage,
-    pub priority: crate::control::priority::Priority,
+    pub message: DeviceMessage,
+    pub priority: Priority,
 }
 
 impl PendingWill {
     /// The will as the router takes it; a will counts as received when it is published.
-    pub fn into_message(
-        self,
-    ) -> (
-        crate::edge::DeviceMessage,
-        crate::control::priority::Priority,
-    ) {
+    pub fn into_message(self) -> (DeviceMessage, Priority) {
         let mut message = self.message;
         message.received_at = Instant::now();
         (message, self.priority)

@@ -92,10 +92,6 @@ impl Connection {
             crate::shard::limits::WillCharge::new(&self.ctx, &message)
         };
         if now || charge.is_none() {
-            let message = DeviceMessage {
-                received_at: Instant::now(),
-                ..message
-            };
             route::publish(&self.ctx, message, priority).await;
             return;
         }
