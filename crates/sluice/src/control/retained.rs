@@ -133,7 +133,10 @@ mod tests {
         assert_eq!(&got[0].payload[..], b"22");
         store.retain(msg("a", b""));
         assert!(store.matching(&["#".into()]).is_empty());
-        assert_eq!((metrics.retained.get(), metrics.retained_bytes.get()), (0, 0));
+        assert_eq!(
+            (metrics.retained.get(), metrics.retained_bytes.get()),
+            (0, 0)
+        );
     }
 
     #[test]

@@ -162,7 +162,12 @@ impl SubscriptionStore {
     /// `filter` has its first subscriber on `shard`.
     pub fn add(&mut self, shard: u16, filter: ByteString) {
         self.absorbed.push((filter.clone(), shard));
-        if self.filters.entry(filter.clone()).or_default().insert(shard) {
+        if self
+            .filters
+            .entry(filter.clone())
+            .or_default()
+            .insert(shard)
+        {
             self.touched.insert(filter);
         }
     }
@@ -216,10 +221,9 @@ impl SubscriptionStore {
     fn patched_back(&mut self) -> Tries {
         let mut next = std::mem::take(&mut self.back);
         let stale = std::mem::take(&mut self.back_stale);
-        if let (Some(trie), Some(shared)) = (
-            Arc::get_mut(&mut next.trie),
-            Arc::get_mut(&mut next.shared),
-        ) {
+        if let (Some(trie), Some(shared)) =
+            (Arc::get_mut(&mut next.trie), Arc::get_mut(&mut next.shared))
+        {
             for filter in stale.iter().chain(self.touched.difference(&stale)) {
                 sync_filter(&self.filters, trie, shared, filter);
             }
