@@ -323,8 +323,10 @@ fn spawn_control(
                 }
             }
             let plane_task = tokio::task::spawn_local(plane.run(inbox));
-            // Ends on `true` or when the sender is gone, which also means stop.
-            let _ = shutdown.wait_for(|stop| *stop).await;
+            if shutdown.wait_for(|stop| *stop).await.is_err() {
+                // The gateway was dropped without `shutdown`: keep serving, as the shards do.
+                std::future::pending::<()>().await;
+            }
             // The plane ends when every shard has dropped its sender.
             let _ = tokio::time::timeout(std::time::Duration::from_secs(3), plane_task).await;
         });

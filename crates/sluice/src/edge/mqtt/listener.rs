@@ -52,11 +52,18 @@ impl MqttListener {
     pub async fn serve(self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
         let this = Rc::new(self);
         let mut last_refusal_log: Option<Instant> = None;
+        // False once the gateway was dropped without `shutdown`: keep accepting, as the
+        // shards keep serving, without polling a closed channel in a loop.
+        let mut watching = true;
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
-                _ = shutdown.changed() => {
-                    if *shutdown.borrow() { return; }
+                changed = shutdown.changed(), if watching => {
+                    if changed.is_err() {
+                        watching = false;
+                    } else if *shutdown.borrow() {
+                        return;
+                    }
                     continue;
                 }
             };
