@@ -31,9 +31,8 @@ pub mod subscriptions;
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
-
 use bytestring::ByteString;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 use registry::DeviceRegistry;
