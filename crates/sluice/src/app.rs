@@ -3,9 +3,11 @@
 //! `Gateway::build` does everything that can fail on bad configuration — binding the device
 //! and admin listeners, loading uplink certificates — before any thread starts, so `sluice
 //! run` fails fast with a clear message. `Gateway::start` then starts, in order: the shard
-//! threads (each with its uplink sessions), and the control-plane thread (admission,
-//! listener, admin endpoint). `RunningGateway::shutdown` flips one watch channel that every
-//! task selects on, and joins the threads.
+//! threads (each with its uplink sessions), the control-plane thread (subscription snapshots,
+//! retained store, device registry, admin endpoint), and last the device listener's thread
+//! (accept, CONNECT read, admission, hand-over to a shard). `RunningGateway::shutdown` flips
+//! one watch channel that every task selects on, and joins the threads: the listener first,
+//! then the shards, then the control plane.
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
@@ -23,8 +25,8 @@ use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
 use crate::edge::mqtt::listener::MqttListener;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::{self, ShardSeed};
-use crate::telemetry::metrics::{Gauge, PromWriter};
 use crate::sink::LaneMetrics;
+use crate::telemetry::metrics::{Gauge, PromWriter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -273,54 +275,17 @@ impl Gateway {
             metrics: control_metrics,
         };
         drop(control_tx);
-        let control_shutdown = shutdown_rx.clone();
-        let admin_status = status.clone();
-        let control = std::thread::Builder::new()
-            .name("sluice-control".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(error) => {
-                        tracing::error!(%error, "cannot build the control-plane runtime");
-                        return;
-                    }
-                };
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&rt, async move {
-                    let mqtt = match tokio::net::TcpListener::from_std(mqtt) {
-                        Ok(l) => l,
-                        Err(error) => {
-                            tracing::error!(%error, "cannot register the device listener");
-                            return;
-                        }
-                    };
-                    if let Some(admin) = admin {
-                        match tokio::net::TcpListener::from_std(admin) {
-                            Ok(l) => {
-                                let source: Arc<dyn AdminSource> = admin_status;
-                                tokio::task::spawn_local(crate::admin::serve(
-                                    l,
-                                    source,
-                                    control_shutdown.clone(),
-                                ));
-                            }
-                            Err(error) => {
-                                tracing::error!(%error, "cannot register the admin listener")
-                            }
-                        }
-                    }
-                    let plane_task = tokio::task::spawn_local(plane.run(control_rx));
-                    listener.serve(mqtt, control_shutdown).await;
-                    // The plane ends when every shard has dropped its sender.
-                    let _ =
-                        tokio::time::timeout(std::time::Duration::from_secs(3), plane_task).await;
-                });
-            })
-            .map_err(AppError::Thread)?;
-        threads.push(control);
+        // The control plane and admin endpoint first, then the listener: a device admitted
+        // from the first accept on finds its shard and the control plane running.
+        threads.push(spawn_control(
+            plane,
+            control_rx,
+            admin,
+            status.clone(),
+            shutdown_rx.clone(),
+        )?);
+        // Joined first on shutdown: accepting stops before the shards drain.
+        threads.insert(0, spawn_listener(listener, mqtt, shutdown_rx)?);
         tracing::info!(%mqtt_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
             shutdown: shutdown_tx,
@@ -330,6 +295,88 @@ impl Gateway {
             admin_addr,
             status,
         })
+    }
+}
+
+/// The control-plane thread: the [`ControlPlane`] loop (subscription snapshots, retained
+/// store, device registry) and the admin endpoint, on one current-thread runtime. It runs
+/// until shutdown, then gives the plane up to 3 s to see every shard's sender go.
+fn spawn_control(
+    plane: ControlPlane,
+    inbox: mpsc::Receiver<crate::control::ControlCmd>,
+    admin: Option<std::net::TcpListener>,
+    status: Arc<GatewayStatus>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<std::thread::JoinHandle<()>, AppError> {
+    let thread = move || {
+        let Some(rt) = current_thread_runtime("control-plane") else {
+            return;
+        };
+        tokio::task::LocalSet::new().block_on(&rt, async move {
+            if let Some(admin) = admin {
+                match tokio::net::TcpListener::from_std(admin) {
+                    Ok(l) => {
+                        let source: Arc<dyn AdminSource> = status;
+                        tokio::task::spawn_local(crate::admin::serve(l, source, shutdown.clone()));
+                    }
+                    Err(error) => tracing::error!(%error, "cannot register the admin listener"),
+                }
+            }
+            let plane_task = tokio::task::spawn_local(plane.run(inbox));
+            if shutdown.wait_for(|stop| *stop).await.is_err() {
+                // The gateway was dropped without `shutdown`: keep serving, as the shards do.
+                std::future::pending::<()>().await;
+            }
+            // The plane ends when every shard has dropped its sender.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(3), plane_task).await;
+        });
+    };
+    std::thread::Builder::new()
+        .name("sluice-control".into())
+        .spawn(thread)
+        .map_err(AppError::Thread)
+}
+
+/// The device listener's thread: accept, CONNECT read, admission (password checks on this
+/// runtime's blocking pool) and hand-over to a shard, on a current-thread runtime of its own,
+/// so a reconnect storm costs this thread and never the control plane or the admin endpoint.
+fn spawn_listener(
+    listener: MqttListener,
+    mqtt: std::net::TcpListener,
+    shutdown: watch::Receiver<bool>,
+) -> Result<std::thread::JoinHandle<()>, AppError> {
+    let thread = move || {
+        let Some(rt) = current_thread_runtime("device listener") else {
+            return;
+        };
+        tokio::task::LocalSet::new().block_on(&rt, async move {
+            match tokio::net::TcpListener::from_std(mqtt) {
+                Ok(mqtt) => listener.serve(mqtt, shutdown).await,
+                Err(error) => tracing::error!(%error, "cannot register the device listener"),
+            }
+        });
+        // Handshakes still reading a CONNECT were dropped with the LocalSet; a password check
+        // still hashing on the blocking pool gets a moment to return its slot.
+        rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    };
+    std::thread::Builder::new()
+        .name("sluice-listener".into())
+        .spawn(thread)
+        .map_err(AppError::Thread)
+}
+
+/// A current-thread runtime for one of the gateway's own threads; logs and returns `None` if
+/// it cannot be built.
+fn current_thread_runtime(what: &'static str) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(error) => {
+            tracing::error!(%error, thread = what, "cannot build a runtime");
+            None
+        }
     }
 }
 

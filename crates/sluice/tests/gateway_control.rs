@@ -272,3 +272,109 @@ async fn admin_endpoint_serves_prometheus_metrics_and_json_status() {
     assert_eq!(json["shards"][0]["uplinks"][0]["state"], "connected");
     tokio::task::block_in_place(|| gw.shutdown());
 }
+
+/// A reconnect storm on the device listener — logins queued behind one slow password check,
+/// and every remaining connection slot held by a socket that never sends CONNECT — leaves the
+/// admin API answering and two connected devices subscribing and exchanging messages across
+/// shards (which needs the control plane to publish their subscriptions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_storm_stalls_neither_the_admin_api_nor_subscriptions() {
+    const MAX_CONNECTIONS: usize = 40;
+    const LOGINS: usize = 8;
+    let hash = expensive_hash(b"pw");
+    let gw = gateway_mqtt(
+        2,
+        &format!("allow_anonymous = true\nmax_connections = {MAX_CONNECTIONS}\nauth_concurrency = 1\nauth_queue = 16\nconnect_timeout = \"120s\"\n[[mqtt.users]]\nusername = \"slow\"\npassword_hash = \"{hash}\"\n"),
+        "",
+    );
+    let ids = ids_on_shards("calm", 2, 1);
+    let mut a = device(&gw, &ids[0][0], ProtocolVersion::V5).await;
+    let mut b = device(&gw, &ids[1][0], ProtocolVersion::V311).await;
+    let metric = |name: &str| metric_sum(&gw.metrics_text(), name);
+
+    // Logins that each need the one password-check slot.
+    let addr = gw.mqtt_addr;
+    let mut logins = Vec::new();
+    for i in 0..LOGINS {
+        logins.push(tokio::spawn(async move {
+            let mut opts = ConnectOpts::v311(format!("login-{i}"));
+            opts.username = Some("slow".into());
+            opts.password = Some(bytes::Bytes::from_static(b"pw"));
+            opts.timeout = Duration::from_secs(120);
+            TestClient::connect(addr, opts).await
+        }));
+    }
+    // Every login has reached admission: its check started or it waits for the slot.
+    wait_until(
+        "the logins reach admission",
+        Duration::from_secs(60),
+        || {
+            metric("sluice_control_auth_checks_total") + metric("sluice_control_auth_waiting")
+                >= LOGINS as f64
+        },
+    )
+    .await;
+    // Silent sockets take every slot left, and then some: the listener refuses the excess.
+    let mut silent = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    wait_until("max_connections reached", Duration::from_secs(60), || {
+        metric("sluice_control_refused_total") >= 1.0
+    })
+    .await;
+
+    // The admin API answers.
+    let admin = gw.admin_addr.expect("admin enabled");
+    let status = tokio::time::timeout(Duration::from_secs(30), http_get(admin, "/api/v1/status"))
+        .await
+        .expect("admin answers during the storm");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let body = &status[status.find("\r\n\r\n").expect("head") + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).expect("status is JSON");
+    assert!(json["devices"].as_i64().unwrap_or(0) >= 2, "{json}");
+
+    // Both devices subscribe and hear each other across the two shards.
+    let codes = a.subscribe(&[("storm/to-a", QoS::AtLeastOnce)]).await;
+    assert_eq!(codes.expect("SUBACK during the storm"), vec![1]);
+    let codes = b.subscribe(&[("storm/to-b", QoS::AtLeastOnce)]).await;
+    assert_eq!(codes.expect("SUBACK during the storm"), vec![1]);
+    b.publish("storm/to-a", "hello a", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    a.publish("storm/to-b", "hello b", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let got = a
+        .recv(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a hears b");
+    assert_eq!(&got.payload[..], b"hello a");
+    let got = b
+        .recv(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("b hears a");
+    assert_eq!(&got.payload[..], b"hello b");
+
+    // The storm passes: every queued login is admitted, and once the silent sockets go a new
+    // device gets in again.
+    let mut admitted = Vec::new();
+    for login in logins {
+        let (c, ack) = login.await.expect("login task").expect("login answered");
+        assert_eq!(ack.code, 0, "right password admitted");
+        admitted.push(c);
+    }
+    drop(silent);
+    let mut late = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while late.is_none() && Instant::now() < deadline {
+        match TestClient::connect(addr, ConnectOpts::v311("late")).await {
+            Ok((c, ack)) if ack.code == 0 => late = Some(c),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(late.is_some(), "a device connects after the storm");
+    tokio::task::block_in_place(|| gw.shutdown());
+}

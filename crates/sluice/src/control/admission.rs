@@ -1,10 +1,17 @@
 //! Connection admission: client-id rules and username/password checks.
 //!
+//! Owns: the identity decision on a CONNECT (client-id length and prefixes, an assigned id
+//! for an empty one, anonymous or named login, the will topic's bounds) and the bounded
+//! password-check pool. Does not own: reading the CONNECT or answering the device (the device
+//! listener, `edge/mqtt/listener.rs`, which calls [`Admission::admit`] on its own thread), nor
+//! sessions (the device's shard).
+//!
 //! Password hashes come from the config as PHC strings (argon2id recommended). Verification is
 //! deliberately expensive in CPU and memory (a `sluice passwd` hash takes 19 MiB per check),
 //! and anyone who can reach the listener can ask for one by naming a configured user, so:
 //!
-//! - checks run on the blocking pool, never on a shard or the control thread;
+//! - checks run on the device listener's blocking pool, never on a shard, the listener's
+//!   own thread or the control-plane thread;
 //! - at most `mqtt.auth_concurrency` run at once (a semaphore; each check holds its slot until
 //!   the hash returns, even if its connection is gone), so admission's memory is bounded by
 //!   `auth_concurrency` × the hash's memory cost and its CPU by `auth_concurrency` threads;

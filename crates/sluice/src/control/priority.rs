@@ -5,9 +5,10 @@
 //! priority (asked per message, cheap when there are no topic rules). Does not own: what a
 //! priority does (shards pick the uplink lane from it; the uplink keeps lanes apart).
 //!
-//! Today the table comes from the config file; when the device registry lands, the control
-//! plane will publish it as a snapshot like the subscription table. It is immutable once
-//! built and shared as `Arc`, so shards read it without locks.
+//! Invariants: the table comes from the config file and is immutable once built, shared as
+//! `Arc`, so shards read it without locks (should it ever change at run time, the control
+//! plane would publish it as a snapshot like the subscription table). A device's priority is
+//! never lowered by a topic rule.
 
 use std::collections::HashMap;
 

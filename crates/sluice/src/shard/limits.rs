@@ -320,7 +320,7 @@ pub struct WillCharge {
 impl WillCharge {
     /// Charge a will that is to wait; `None` if the shard's budget cannot hold it (the caller
     /// publishes it at once instead; counted as `limit="shard_budget"`).
-    pub fn new(ctx: &ShardContext, will: &sluice_proto::mqtt::Publish) -> Option<WillCharge> {
+    pub fn new(ctx: &ShardContext, will: &crate::edge::DeviceMessage) -> Option<WillCharge> {
         let budget = &ctx.bounds.outbox;
         let cost = will.topic.len()
             + will.payload.len()

@@ -30,7 +30,7 @@ use sluice_proto::mqtt::{Connect, Properties, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, UplinkConfig};
-use crate::control::priority::{Priority, PriorityTable};
+use crate::control::priority::PriorityTable;
 use crate::control::{ControlCmd, SharedSnapshot};
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 use metrics::ShardMetrics;
@@ -94,24 +94,9 @@ pub struct SharedMembers {
     pub next: usize,
 }
 
-/// One uplink as seen from a shard: its normal lane, its high lane when the priority table
-/// has any high entry, and its spool when `[spool] dir` is set (normal lane only).
-pub struct ShardUplink {
-    pub route: UplinkRoute,
-    pub queue: Rc<UplinkQueue>,
-    pub high: Option<Rc<UplinkQueue>>,
-    pub spool: Option<Rc<crate::sink::spool::UplinkSpool>>,
-}
-
-impl ShardUplink {
-    /// The queue a message of this priority goes to.
-    pub fn queue_for(&self, priority: Priority) -> &Rc<UplinkQueue> {
-        match (priority, &self.high) {
-            (Priority::High, Some(high)) => high,
-            _ => &self.queue,
-        }
-    }
-}
+/// One uplink as seen from a shard (now `crate::sink::Sink`, which the router offers each
+/// message to; the old name stays for the start-up code).
+pub type ShardUplink = crate::sink::Sink;
 
 /// What every task on a shard shares.
 pub struct ShardContext {

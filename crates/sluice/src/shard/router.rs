@@ -1,136 +1,91 @@
 //! Where a device's message goes: local subscribers, other shards' subscribers, the retained
-//! store and the uplinks — and the subscription bookkeeping that decides it.
+//! store and the sinks — and the subscription bookkeeping that decides it.
 //!
-//! A PUBLISH from a device is delivered to matching sessions on this shard, sent once to
-//! every other shard whose snapshot entry matches (that shard matches its own sessions), given
-//! to one member of each matching shared subscription (one shard picked round robin from the
-//! snapshot, then one member there), sent to the control plane if it is retained, and pushed to every uplink whose `forward` filters
-//! match. The device's acknowledgement waits for every uplink's cloud acknowledgement (see
-//! ack.rs); local and cross-shard delivery do not delay it.
+//! Owns: routing one [`DeviceMessage`] (whatever edge produced it; the router never sees a
+//! protocol packet) and the shard's subscription tables. Does not own: decoding or
+//! answering devices (`crate::edge`), or what a sink does with a message it takes (its lane
+//! queue, spool, overflow policy: `crate::sink::Sink::offer`).
 //!
-//! With a spool (`[spool] dir`), a normal-lane message is instead appended to the uplink's
-//! spool on this shard (`crate::sink::spool`), encoded once for all uplinks; the uplink's share of
-//! the device token then completes after the group commit (`ack = "spool"`) or after the
-//! cloud's PUBACK (`ack = "cloud"`). High-lane messages never go through the spool.
+//! A device's message is delivered to matching sessions on this shard, sent once to every
+//! other shard whose snapshot entry matches (that shard matches its own sessions), given to
+//! one member of each matching shared subscription (one shard picked round robin from the
+//! snapshot, then one member there), sent to the control plane if it is retained, and offered
+//! to every sink, which takes it if its `forward` filters match. Local and retained delivery
+//! carry the message's MQTT 5 properties. The device's acknowledgement waits for every sink
+//! that took the message (its cloud acknowledgement, or its spool's group commit with
+//! `ack = "spool"`; see `crate::edge::ack`); local and cross-shard delivery do not delay it.
+//! With a spool, a normal-lane message is appended to the sink's spool on this shard, its
+//! record encoded once for all sinks; high-lane messages never go through the spool.
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
-use sluice_proto::mqtt::{topic, Properties, Publish, QoS, SubscriptionOptions};
+use sluice_proto::mqtt::{topic, Properties, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::edge::ack::AckToken;
-use super::metrics::DropReason;
-use crate::edge::mqtt::session::{OutMessage, QueueRefusal, Session};
+use super::metrics::{DropReason, ShardMetrics};
 use super::{LocalSub, Routed, ShardCmd, ShardContext};
 use crate::control::priority::Priority;
 use crate::control::{ControlCmd, RetainedMessage};
-use crate::sink::UplinkMessage;
+use crate::edge::mqtt::session::{OutMessage, QueueRefusal, Session};
+use crate::edge::DeviceMessage;
+use crate::sink::{Offer, OfferCounters, OfferDrop};
 
-/// Route a device's PUBLISH. Waits (back-pressure) only where a bound is reached for a QoS
-/// 1/2 message; QoS 0 messages are dropped and counted instead. `device` is the publishing
-/// device's own priority; with the topic it picks each uplink's lane.
-pub async fn publish(
-    ctx: &Rc<ShardContext>,
-    origin: &ByteString,
-    device: Priority,
-    p: &Publish,
-    ack: Option<AckToken>,
-    received_at: std::time::Instant,
-) {
+/// Route a device's message: local subscribers, other shards, shared subscriptions, the
+/// retained store, then every sink (each takes it if its forward filters match). Waits
+/// (back-pressure) only where a bound is reached for a QoS 1/2 message; QoS 0 messages are
+/// dropped and counted instead. `device` is the publishing device's own priority; with the
+/// topic it picks each sink's lane. The router's own share of `msg.ack` completes after every
+/// sink was asked, so the device is answered once every sink is done with the message.
+pub async fn publish(ctx: &Rc<ShardContext>, msg: DeviceMessage, device: Priority) {
     let routed = Routed {
-        origin: origin.clone(),
-        topic: p.topic.clone(),
-        payload: p.payload.clone(),
-        qos: p.qos,
-        retain: p.retain,
-        properties: p.properties.clone(),
+        origin: msg.device.clone(),
+        topic: msg.topic.clone(),
+        payload: msg.payload.clone(),
+        qos: msg.qos,
+        retain: msg.retain,
+        properties: msg.properties.clone(),
     };
     deliver_local(ctx, &routed);
     deliver_other_shards(ctx, &routed).await;
     deliver_shared(ctx, &routed).await;
-    if p.retain {
-        let msg = RetainedMessage {
-            topic: p.topic.clone(),
-            payload: p.payload.clone(),
-            qos: p.qos,
-            properties: p.properties.clone(),
-            expires_at: expiry_of(p.properties.as_deref()),
+    if msg.retain {
+        let retained = RetainedMessage {
+            topic: msg.topic.clone(),
+            payload: msg.payload.clone(),
+            qos: msg.qos,
+            properties: msg.properties.clone(),
+            expires_at: expiry_of(msg.properties.as_deref()),
         };
-        if Box::pin(ctx.control.send(ControlCmd::Retain(msg)))
+        if Box::pin(ctx.control.send(ControlCmd::Retain(retained)))
             .await
             .is_err()
         {
             tracing::debug!("control plane gone; retained message not stored");
         }
     }
-    let mut priority = None;
-    let mut spool_body: Option<Option<Vec<u8>>> = None;
-    for uplink in &ctx.uplinks {
-        if !uplink.route.forwards(&p.topic) {
-            continue;
-        }
-        let priority = *priority.get_or_insert_with(|| ctx.priority.message(device, &p.topic));
-        let queue = uplink.queue_for(priority);
-        if let (Some(spool), true) = (&uplink.spool, Rc::ptr_eq(queue, &uplink.queue)) {
-            let qos = if p.qos == QoS::AtMostOnce {
-                QoS::AtMostOnce
-            } else {
-                QoS::AtLeastOnce
-            };
-            let body = spool_body.get_or_insert_with(|| {
-                crate::sink::spool::encode_message(
-                    origin,
-                    &p.topic,
-                    &p.payload,
-                    qos,
-                    p.retain,
-                    received_at,
-                )
-            });
-            ctx.metrics.messages_forwarded.inc();
-            let share = ack.as_ref().map(AckToken::share);
-            match body {
-                Some(body) => {
-                    if spool.append(body, qos, share).await == crate::sink::spool::Appended::DroppedFull {
-                        ctx.metrics.count_drop(DropReason::SpoolFull);
-                    }
-                }
-                // Not encodable (a device id or topic over 64 KiB): can never be sent.
-                None => {
-                    if let Some(t) = share {
-                        t.complete();
-                    }
-                }
-            }
-            continue;
-        }
-        let msg = UplinkMessage {
-            device: origin.clone(),
-            topic: p.topic.clone(),
-            payload: p.payload.clone(),
-            qos: if p.qos == QoS::AtMostOnce {
-                QoS::AtMostOnce
-            } else {
-                QoS::AtLeastOnce
-            },
-            retain: p.retain,
-            received_at,
-            ack: ack.as_ref().map(AckToken::share),
-            stored: None,
-        };
-        ctx.metrics.messages_forwarded.inc();
-        if p.qos == QoS::AtMostOnce {
-            if queue.try_push(msg).is_err() {
-                ctx.metrics.count_drop(DropReason::UplinkQueueFull);
-            }
-        } else {
-            queue.push(msg).await;
-        }
+    drop(routed);
+    let offer = Offer::new(&msg, device, &ctx.priority, &*ctx.metrics);
+    for sink in &ctx.uplinks {
+        sink.offer(&offer).await;
     }
-    if let Some(ack) = ack {
+    drop(offer);
+    if let Some(ack) = msg.ack {
         ack.complete();
+    }
+}
+
+/// Sinks count into the shard's metrics.
+impl OfferCounters for ShardMetrics {
+    fn forwarded(&self) {
+        self.messages_forwarded.inc();
+    }
+    fn dropped(&self, why: OfferDrop) {
+        self.count_drop(match why {
+            OfferDrop::QueueFull => DropReason::UplinkQueueFull,
+            OfferDrop::SpoolFull => DropReason::SpoolFull,
+        });
     }
 }
 
@@ -511,16 +466,8 @@ pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
         st.will.take()
     };
     if let Some(w) = will {
-        let origin = session.client_id.clone();
-        Box::pin(publish(
-            ctx,
-            &origin,
-            w.priority,
-            &w.publish,
-            None,
-            std::time::Instant::now(),
-        ))
-        .await;
+        let (msg, priority) = w.into_message();
+        Box::pin(publish(ctx, msg, priority)).await;
     }
     let filters: Vec<ByteString> = session
         .state

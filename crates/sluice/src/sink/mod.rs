@@ -82,11 +82,13 @@
 //! MQTT 5 device gets in its PUBACK (3.1.1: an ordinary PUBACK). A message that can never be
 //! sent (too large even alone, not encodable) completes with 0x83.
 
+mod handle;
 mod metrics;
 pub mod mqtt;
 pub mod outbox;
 pub mod spool;
 
+pub use handle::{Offer, OfferCounters, OfferDrop, Sink};
 pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
 pub use outbox::pack::records_of;
 pub use mqtt::route::UplinkRoute;

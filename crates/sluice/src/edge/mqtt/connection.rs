@@ -1,10 +1,13 @@
-//! One device connection on its shard: the MQTT server side of a session after CONNECT.
+//! One device connection on its shard: the MQTT server side of a session after CONNECT —
+//! the MQTT edge of the edge contract (`crate::edge`).
 //!
 //! Owns the socket, the per-connection protocol state (topic aliases both ways, QoS 1/2
 //! acknowledgement order, keep-alive with the MQTT 5 Server Keep Alive cap) and the will
 //! message until the connection ends (a delayed will then moves to the session). What must
 //! survive a reconnect — QoS 2 ids awaiting PUBREL, the outbox, messages in flight — is the
-//! session's. A device may have `receive_maximum` publishes awaiting acknowledgement: MQTT 5
+//! session's. Does not own: where a message goes (each PUBLISH becomes a
+//! [`crate::edge::DeviceMessage`] handed to the router) or subscription bookkeeping (the
+//! router's). A device may have `receive_maximum` publishes awaiting acknowledgement: MQTT 5
 //! devices are told the number, stay read, and are disconnected with 0x93 if they exceed it;
 //! 3.1.1 devices, which cannot be told, are simply not read while they are at it,
 //! which, with the uplink's memory bound, is how devices are back-pressured when the cloud is
@@ -15,6 +18,16 @@
 //!
 //! A protocol violation closes only this connection, with a log line naming the device and
 //! what it did wrong (and, for MQTT 5, a DISCONNECT carrying the reason code).
+//!
+//! This file: accepting the session (CONNECT → CONNACK), the read loop, packet dispatch and
+//! closing. By job, the rest: `inbound` (device PUBLISH → router, acknowledgements back),
+//! `subscribe` (SUBSCRIBE/UNSUBSCRIBE), `outbound` (the session's outbox to the device, topic
+//! aliases, writes), `will` (the end of a connection: will, session expiry timer).
+
+mod inbound;
+mod outbound;
+mod subscribe;
+mod will;
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -23,19 +36,19 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{
-    encode, reason, topic, ConnAck, Decoder, Disconnect, Packet, Properties, ProtocolVersion,
-    PubResponse, Publish, QoS, SubAck, Subscribe, UnsubAck, Unsubscribe, Will,
+    encode, reason, ConnAck, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse,
+    QoS, Will,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use crate::edge::ack::{AckToken, DeviceAcks};
-use crate::shard::metrics::{CloseReason, DropReason};
-use crate::shard::router as route;
-use crate::edge::mqtt::session::{OutMessage, OutStage, PendingWill, Session};
-use crate::shard::{Adopted, ShardContext};
 use crate::control::priority::Priority;
+use crate::edge::ack::DeviceAcks;
+use crate::edge::mqtt::session::{OutStage, Session};
+use crate::shard::metrics::CloseReason;
+use crate::shard::router as route;
+use crate::shard::{Adopted, ShardContext};
 
 /// How long a write to a device may stall before the device counts as a slow consumer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -62,7 +75,8 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     let _ = stream.set_nodelay(true);
     // Input bounds: room in the session table (mqtt.max_sessions), or a refusing CONNACK.
     if let Err(code) =
-        crate::shard::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol).await
+        crate::shard::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol)
+            .await
     {
         return crate::shard::limits::refuse_connect(stream, connect.protocol, code).await;
     }
@@ -300,27 +314,6 @@ impl Connection {
         }
     }
 
-    /// Resend QoS 1/2 messages the device had not acknowledged when it last disconnected.
-    fn resend_inflight(&mut self) {
-        let inflight: Vec<(u16, OutMessage, OutStage)> = self
-            .session
-            .state
-            .borrow()
-            .inflight
-            .iter()
-            .map(|(id, (m, s))| (*id, m.clone(), *s))
-            .collect();
-        for (id, msg, stage) in inflight {
-            match stage {
-                OutStage::AwaitingAck => {
-                    let p = publish_packet(&msg, Some(id), true);
-                    self.write(Packet::Publish(p));
-                }
-                OutStage::AwaitingComp => self.write(Packet::PubRel(resp(id))),
-            }
-        }
-    }
-
     async fn serve(&mut self) -> CloseReason {
         let receive_max = self.ctx.config.mqtt.receive_maximum as usize;
         // One timer for the connection's life, re-armed only when it fires: reads just move
@@ -408,7 +401,7 @@ impl Connection {
         }
     }
 
-    /// A message of this connection will never be acknowledged (see `shard::ack`): stop
+    /// A message of this connection will never be acknowledged (see `crate::edge::ack`): stop
     /// reading — anything handled after it could reach the cloud before the device resends
     /// it — and close, so the device reconnects and resends in order.
     fn check_abandoned(&self) -> Result<(), Close> {
@@ -518,407 +511,6 @@ impl Connection {
         }
     }
 
-    async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
-        let received_at = self.last_read;
-        // Topic aliases (MQTT 5): resolve, then strip — an alias is per connection.
-        if let Some(alias) = p.properties.as_ref().and_then(|pr| pr.topic_alias) {
-            if alias == 0 || alias > self.ctx.config.mqtt.topic_alias_maximum {
-                tracing::warn!(client_id = %self.client_id, alias, "device used a topic alias out of range; closing");
-                return Err(Close(
-                    CloseReason::ProtocolError,
-                    Some(reason::TOPIC_ALIAS_INVALID),
-                ));
-            }
-            if p.topic.is_empty() {
-                match self.aliases.get(&alias) {
-                    Some(t) => p.topic = t.clone(),
-                    None => {
-                        tracing::warn!(client_id = %self.client_id, alias, "device used an unknown topic alias; closing");
-                        return Err(Close(
-                            CloseReason::ProtocolError,
-                            Some(reason::PROTOCOL_ERROR),
-                        ));
-                    }
-                }
-            } else {
-                self.aliases.insert(alias, p.topic.clone());
-            }
-            if let Some(props) = p.properties.as_mut() {
-                props.topic_alias = None;
-                if props.is_empty() {
-                    p.properties = None;
-                }
-            }
-        }
-        // Subscription Identifiers are the server's to set, per subscriber (MQTT 5 §3.3.4).
-        if let Some(props) = p
-            .properties
-            .as_mut()
-            .filter(|pr| !pr.subscription_identifiers.is_empty())
-        {
-            props.subscription_identifiers.clear();
-            if props.is_empty() {
-                p.properties = None;
-            }
-        }
-        if !topic::valid_topic_name(&p.topic) {
-            tracing::warn!(client_id = %self.client_id, topic = %p.topic, "device published to an invalid topic name; closing");
-            return Err(Close(
-                CloseReason::ProtocolError,
-                Some(reason::TOPIC_NAME_INVALID),
-            ));
-        }
-        if let Err(error) = crate::shard::limits::TopicLimits::new(&self.ctx.config.mqtt).check(&p.topic) {
-            tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error, "device published to a topic beyond the gateway's limits; closing");
-            return Err(Close(
-                CloseReason::TopicLimit,
-                Some(reason::TOPIC_NAME_INVALID),
-            ));
-        }
-        self.ctx.metrics.messages_received.inc();
-        // Own the bytes: a zero-copy slice would pin its whole read buffer for as long as the
-        // message waits for the cloud, making real memory several times what the uplink's
-        // byte bound counts. A copy of at most one packet keeps memory equal to the bound.
-        p.topic = ByteString::from(&*p.topic);
-        p.payload = bytes::Bytes::copy_from_slice(&p.payload);
-        let ack = match (p.qos, p.packet_id) {
-            (QoS::AtMostOnce, _) => None,
-            (qos, Some(id)) => {
-                let awaiting_rel = {
-                    let st = self.session.state.borrow();
-                    if qos == QoS::ExactlyOnce && st.awaiting_rel.contains(id) {
-                        None
-                    } else {
-                        Some(st.awaiting_rel.len())
-                    }
-                };
-                let Some(awaiting_rel) = awaiting_rel else {
-                    // A resent QoS 2 message already PUBREC'd (on this connection or one
-                    // before it): acknowledge again, never forward twice.
-                    self.write(Packet::PubRec(resp(id)));
-                    return Ok(());
-                };
-                if qos == QoS::ExactlyOnce
-                    && self
-                        .pending
-                        .iter()
-                        .any(|a| a.packet_id == id && a.kind == AckKind::PubRec)
-                {
-                    // Resent before its PUBREC on this connection: the PUBREC is coming.
-                    return Ok(());
-                }
-                // MQTT 5 counts a QoS 2 message against the Receive Maximum until PUBCOMP.
-                if self.version == ProtocolVersion::V5
-                    && self.pending.len() + awaiting_rel
-                        >= self.ctx.config.mqtt.receive_maximum as usize
-                {
-                    tracing::warn!(client_id = %self.client_id, "device exceeded the receive maximum; closing");
-                    return Err(Close(
-                        CloseReason::ProtocolError,
-                        Some(reason::RECEIVE_MAXIMUM_EXCEEDED),
-                    ));
-                }
-                let kind = if qos == QoS::AtLeastOnce {
-                    AckKind::PubAck
-                } else {
-                    AckKind::PubRec
-                };
-                self.pending.push_back(PendingAck {
-                    packet_id: id,
-                    kind,
-                    done: false,
-                });
-                Some(AckToken::new(&self.acks, id))
-            }
-            (_, None) => {
-                return Err(Close(
-                    CloseReason::ProtocolError,
-                    Some(reason::PROTOCOL_ERROR),
-                ))
-            }
-        };
-        let ctx = self.ctx.clone();
-        let client_id = self.client_id.clone();
-        let publish = route::publish(&ctx, &client_id, self.priority, &p, ack, received_at);
-        tokio::pin!(publish);
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut publish => {
-                    // Reads stopped while this publish waited for room (a full queue or
-                    // spool): that silence was the gateway's, not the device's.
-                    self.last_read = Instant::now();
-                    return Ok(());
-                }
-                // While this publish waits for room (a full uplink queue or spool), earlier
-                // messages may complete (a spool commit, a cloud ack): acknowledge them now,
-                // so a waiting publish never holds back PUBACKs the device is owed. The main
-                // loop re-checks everything this wake-up may also have been for.
-                _ = self.acks.notify.notified() => {
-                    self.on_cloud_acks();
-                    if let Err(reason) = self.flush().await {
-                        return Err(Close(reason, None));
-                    }
-                }
-            }
-        }
-    }
-
-    /// The cloud acknowledged some of this device's messages: acknowledge them to the device,
-    /// in the order the device sent them.
-    fn on_cloud_acks(&mut self) {
-        let mut ready = std::mem::take(&mut self.ack_scratch);
-        self.acks.drain_into(&mut ready);
-        if ready.is_empty() {
-            self.ack_scratch = ready;
-            return;
-        }
-        for id in ready.drain(..) {
-            if let Some(a) = self
-                .pending
-                .iter_mut()
-                .find(|a| a.packet_id == id && !a.done)
-            {
-                a.done = true;
-            }
-        }
-        while self.pending.front().is_some_and(|a| a.done) {
-            let Some(a) = self.pending.pop_front() else {
-                break;
-            };
-            match a.kind {
-                AckKind::PubAck => self.write(Packet::PubAck(PubResponse {
-                    reason: self.acks.take_reason(a.packet_id, self.version),
-                    ..resp(a.packet_id)
-                })),
-                AckKind::PubRec => {
-                    let bound = self.ctx.config.mqtt.receive_maximum as usize;
-                    self.session
-                        .state
-                        .borrow_mut()
-                        .awaiting_rel
-                        .insert(a.packet_id, bound);
-                    self.write(Packet::PubRec(resp(a.packet_id)));
-                }
-            }
-        }
-        self.ack_scratch = ready;
-    }
-
-    async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
-        let mut codes = Vec::with_capacity(s.filters.len());
-        let mut accepted = Vec::new();
-        for f in &s.filters {
-            let shared = f.filter.starts_with("$share/");
-            // (No Local on a shared subscription is already refused by the decoder.)
-            let valid = if shared {
-                topic::valid_shared_subscription(&f.filter)
-            } else {
-                topic::valid_topic_filter(&f.filter)
-            };
-            if !valid || !crate::shard::limits::filter_allowed(&self.ctx, &self.client_id, &f.filter) {
-                codes.push(match self.version {
-                    ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
-                    ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
-                });
-            } else if !crate::shard::limits::subscription_allowed(
-                &self.ctx,
-                &self.session,
-                &f.filter,
-                accepted.iter().map(|a: &(ByteString, _, _)| &*a.0),
-            ) {
-                codes.push(crate::shard::limits::quota_exceeded_code(self.version));
-            } else {
-                codes.push(f.options.qos as u8);
-                accepted.push((f.filter.clone(), f.options, true));
-            }
-        }
-        let sub_id = s
-            .properties
-            .subscription_identifiers
-            .first()
-            .copied()
-            .unwrap_or(0);
-        let retained = route::subscribe(&self.ctx, &self.session, &accepted, sub_id).await;
-        self.write(Packet::SubAck(SubAck {
-            packet_id: s.packet_id,
-            codes,
-            properties: Properties::default(),
-        }));
-        for m in retained {
-            let granted = accepted
-                .iter()
-                .filter(|(f, _, _)| topic::matches(f, &m.topic))
-                .map(|(_, o, _)| o.qos)
-                .max()
-                .unwrap_or(QoS::AtMostOnce);
-            let properties = if sub_id == 0 {
-                m.properties
-            } else {
-                let mut p = m.properties.unwrap_or_default();
-                p.subscription_identifiers = vec![sub_id];
-                Some(p)
-            };
-            let msg = OutMessage {
-                topic: m.topic,
-                payload: m.payload,
-                qos: m.qos.min(granted),
-                retain: true,
-                properties,
-                expires_at: m.expires_at,
-            };
-            if self.session.enqueue(msg).is_err() {
-                self.ctx.metrics.count_drop(DropReason::SessionQueueFull);
-            }
-        }
-        Ok(())
-    }
-
-    async fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
-        let mut codes = Vec::with_capacity(u.filters.len());
-        for f in &u.filters {
-            let existed = route::unsubscribe(&self.ctx, &self.session, f).await;
-            codes.push(if existed {
-                reason::SUCCESS
-            } else {
-                reason::NO_SUBSCRIPTION_EXISTED
-            });
-        }
-        if self.version == ProtocolVersion::V311 {
-            codes.clear();
-        }
-        self.write(Packet::UnsubAck(UnsubAck {
-            packet_id: u.packet_id,
-            codes,
-            properties: Properties::default(),
-        }));
-        Ok(())
-    }
-
-    /// Move queued messages for the device into the write buffer, within its inflight window.
-    fn take_outbox(&mut self) {
-        if !self.is_current() {
-            return;
-        }
-        let window = (self
-            .ctx
-            .config
-            .mqtt
-            .max_inflight_out
-            .min(self.device_receive_max))
-        .max(1) as usize;
-        let now = Instant::now();
-        loop {
-            let (msg, id) = {
-                let mut st = self.session.state.borrow_mut();
-                let Some(front) = st.outbox.front() else {
-                    break;
-                };
-                if front.is_expired(now) {
-                    // Leaves the session: its queued bytes go back (input bounds).
-                    if let Some(expired) = st.pop_outbox() {
-                        if expired.qos != QoS::AtMostOnce {
-                            st.queued.release(&expired);
-                        }
-                    }
-                    self.ctx.metrics.count_drop(DropReason::Expired);
-                    continue;
-                }
-                if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
-                    break;
-                }
-                let Some(msg) = st.pop_outbox() else {
-                    break;
-                };
-                let id = if msg.qos == QoS::AtMostOnce {
-                    None
-                } else {
-                    let Some(id) = st.allocate_packet_id() else {
-                        st.outbox.push_front(msg);
-                        break;
-                    };
-                    st.inflight.insert(id, (msg.clone(), OutStage::AwaitingAck));
-                    Some(id)
-                };
-                (msg, id)
-            };
-            let mut packet = publish_packet(&msg, id, false);
-            let new_alias = self.apply_out_alias(&mut packet);
-            let before = self.wbuf.len();
-            self.write(Packet::Publish(packet));
-            let size = self.wbuf.len() - before;
-            if self
-                .device_max_packet
-                .is_some_and(|max| size > max as usize)
-            {
-                self.wbuf.truncate(before);
-                if let Some(alias) = new_alias {
-                    // Never sent, so the device never learned it.
-                    self.out_aliases.remove(&msg.topic);
-                    self.out_alias_next = alias;
-                }
-                if let Some(id) = id {
-                    self.session.state.borrow_mut().remove_inflight(id);
-                }
-                self.ctx.metrics.count_drop(DropReason::TooLargeForDevice);
-                continue;
-            }
-            self.ctx.metrics.messages_delivered.inc();
-        }
-    }
-
-    /// Server topic aliases (MQTT 5 §3.3.2.3.4): the first PUBLISH of a topic to the device
-    /// carries the topic and a new alias while aliases are left (the device's Topic Alias
-    /// Maximum, capped by our own `topic_alias_maximum`); later ones carry only the alias.
-    /// Aliases are never reassigned. Returns the alias this packet newly assigned.
-    fn apply_out_alias(&mut self, p: &mut Publish) -> Option<u16> {
-        if self.out_alias_max == 0 {
-            return None;
-        }
-        let (alias, new) = match self.out_aliases.get(&p.topic) {
-            Some(&a) => (a, false),
-            None if self.out_alias_next <= self.out_alias_max => {
-                let a = self.out_alias_next;
-                self.out_alias_next += 1;
-                self.out_aliases.insert(p.topic.clone(), a);
-                (a, true)
-            }
-            None => return None,
-        };
-        let mut props = p.properties.take().unwrap_or_default();
-        props.topic_alias = Some(alias);
-        p.properties = Some(props);
-        if !new {
-            p.topic = ByteString::from_static("");
-        }
-        new.then_some(alias)
-    }
-
-    async fn flush(&mut self) -> Result<(), CloseReason> {
-        if self.wbuf.is_empty() {
-            return Ok(());
-        }
-        let n = self.wbuf.len();
-        match tokio::time::timeout(WRITE_TIMEOUT, self.wr.write_all(&self.wbuf)).await {
-            Ok(Ok(())) => {
-                self.ctx.metrics.bytes_sent.add(n as u64);
-                self.wbuf.clear();
-                if self.wbuf.capacity() > 16 * 1024 {
-                    self.wbuf = BytesMut::new(); // a burst is over; don't keep its buffer
-                }
-                Ok(())
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(client_id = %self.client_id, %error, "device write failed");
-                Err(CloseReason::IoError)
-            }
-            Err(_) => {
-                tracing::warn!(client_id = %self.client_id, peer = %self.peer, "device stopped reading for 30s; closing (slow consumer)");
-                Err(CloseReason::SlowConsumer)
-            }
-        }
-    }
-
     async fn close_with(&mut self, reason: CloseReason, code: Option<u8>) -> CloseReason {
         if let (ProtocolVersion::V5, Some(code)) = (self.version, code) {
             self.write(Packet::Disconnect(Disconnect {
@@ -934,136 +526,6 @@ impl Connection {
         self.wbuf.clear();
         self.linger = true;
         reason
-    }
-
-    /// After the connection ended: publish the will if due, and keep or end the session.
-    async fn finish(&mut self, reason: CloseReason) {
-        if let Some(will) = self.will.take() {
-            if reason != CloseReason::ClientDisconnect {
-                self.on_will(will, reason).await;
-            }
-        }
-        if !self.is_current() {
-            return; // taken over: the session belongs to the new connection now
-        }
-        let _ = self
-            .ctx
-            .control
-            .try_send(crate::control::ControlCmd::DeviceDown {
-                client_id: self.client_id.clone(),
-                shard: self.ctx.id,
-            });
-        let expiry = {
-            let mut st = self.session.state.borrow_mut();
-            st.connected = false;
-            st.offline_since = Some(Instant::now());
-            st.expiry
-        };
-        if expiry.is_zero() || reason == CloseReason::Shutdown {
-            self.session.state.borrow_mut().timers.abort_all(); // input bounds
-            route::end_session(&self.ctx, &self.session).await;
-            return;
-        }
-        let ctx = self.ctx.clone();
-        let session = self.session.clone();
-        let generation = self.generation;
-        let timer = tokio::task::spawn_local(async move {
-            tokio::time::sleep(expiry).await;
-            if session.generation.get() == generation && !session.state.borrow().connected {
-                tracing::debug!(client_id = %session.client_id, "persistent session expired");
-                route::end_session(&ctx, &session).await;
-            }
-        });
-        // Input bounds: one expiry timer per session (an older one could not fire anyway).
-        self.session
-            .state
-            .borrow_mut()
-            .timers
-            .set_expiry(timer.abort_handle());
-    }
-
-    /// The connection ended without a normal DISCONNECT: publish the will now, or hold it in
-    /// the session for its delay. MQTT 5 §3.1.3.2.2: the will goes at the earlier of the Will
-    /// Delay Interval and the end of the session; a reconnect to the session within the delay
-    /// cancels it, a clean start (which ends the session) publishes it at once.
-    async fn on_will(&mut self, will: Will, reason: CloseReason) {
-        let delay = Duration::from_secs(will.properties.will_delay_interval.unwrap_or(0) as u64);
-        let p = will_publish(will);
-        let (ended, expiry) = {
-            let st = self.session.state.borrow();
-            (st.ended, st.expiry)
-        };
-        let now = if !self.is_current() {
-            // Taken over: a clean start ended the session (publish now); a connection that
-            // continues it arrived within the delay (no will), unless there was no delay.
-            if !ended && !delay.is_zero() {
-                return;
-            }
-            true
-        } else {
-            delay.is_zero() || expiry.is_zero() || reason == CloseReason::Shutdown
-        };
-        let origin = self.client_id.clone();
-        let priority = self.priority;
-        // Input bounds: a waiting will is charged to the shard's queued bytes; one that does
-        // not fit is published now.
-        let charge = if now {
-            None
-        } else {
-            crate::shard::limits::WillCharge::new(&self.ctx, &p)
-        };
-        if now || charge.is_none() {
-            route::publish(&self.ctx, &origin, priority, &p, None, Instant::now()).await;
-            return;
-        }
-        self.session.state.borrow_mut().will = Some(PendingWill {
-            publish: p,
-            priority,
-        });
-        let ctx = self.ctx.clone();
-        let session = self.session.clone();
-        let generation = self.generation;
-        let timer = tokio::task::spawn_local(async move {
-            let _charge = charge;
-            tokio::time::sleep(delay.min(expiry)).await;
-            if session.generation.get() != generation {
-                return; // reconnected (cancelled) or replaced (published by end_session)
-            }
-            let pending = session.state.borrow_mut().will.take();
-            if let Some(w) = pending {
-                route::publish(&ctx, &origin, w.priority, &w.publish, None, Instant::now()).await;
-            }
-        });
-        // Input bounds: one pending will per session (an older one could not fire anyway).
-        self.session
-            .state
-            .borrow_mut()
-            .timers
-            .set_will(timer.abort_handle());
-    }
-}
-
-/// The PUBLISH a will becomes (its will-only properties removed).
-fn will_publish(will: Will) -> Publish {
-    let props = if will.properties.is_empty() {
-        None
-    } else {
-        let mut p = will.properties;
-        p.will_delay_interval = None;
-        if p.is_empty() {
-            None
-        } else {
-            Some(Box::new(p))
-        }
-    };
-    Publish {
-        dup: false,
-        qos: will.qos,
-        retain: will.retain,
-        topic: will.topic,
-        packet_id: None,
-        properties: props,
-        payload: will.payload,
     }
 }
 
@@ -1102,17 +564,5 @@ fn resp(packet_id: u16) -> PubResponse {
         packet_id,
         reason: reason::SUCCESS,
         properties: None,
-    }
-}
-
-fn publish_packet(msg: &OutMessage, packet_id: Option<u16>, dup: bool) -> Publish {
-    Publish {
-        dup,
-        qos: msg.qos,
-        retain: msg.retain,
-        topic: msg.topic.clone(),
-        packet_id,
-        properties: msg.properties_now(Instant::now()),
-        payload: msg.payload.clone(),
     }
 }

@@ -1,12 +1,26 @@
 //! The MQTT device listener: accept, read CONNECT, admit, place on a shard.
 //!
-//! Runs on the control-plane thread. Each accepted socket gets `connect_timeout` to deliver a
-//! complete, valid CONNECT; a refused device gets a CONNACK with the reason and is closed.
-//! The number of open device connections is bounded by `max_connections`: beyond it, new
-//! sockets are closed at once (counted, logged at most once a second). A flood of
-//! connections, or of slow CONNECTs, costs this thread work but never a shard. Password
-//! checks are bounded by admission (`auth_concurrency` running, `auth_queue` waiting, each
-//! wait ending at the CONNECT deadline); logins beyond are refused as busy.
+//! Owns: the device listening socket, each new connection until its CONNECT is admitted or
+//! refused, the `max_connections` bound at accept, and the hand-over to the device's shard
+//! (`ShardCmd::Adopt`, the shard chosen by hashing the client id).
+//!
+//! Does not own: the admission rules and password checks (`control::admission`), the session
+//! and everything after CONNACK (`edge/mqtt/connection.rs` on the shard), subscription
+//! snapshots or the admin endpoint (the control-plane thread).
+//!
+//! Runs on a thread of its own (`sluice-listener`, a current-thread runtime started last and
+//! joined first by `app.rs`), so a reconnect storm — sockets that never send CONNECT, logins
+//! queueing for password checks — costs this thread and never the control plane's snapshot
+//! publication, the admin API or a shard. Each accepted socket gets `connect_timeout` to
+//! deliver a complete, valid CONNECT; a refused device gets a CONNACK with the reason and is
+//! closed.
+//!
+//! Invariants: the number of open device connections (here and on the shards) is bounded by
+//! `max_connections`: beyond it, new sockets are closed at once (counted, logged at most once
+//! a second); a connection's count is released here unless a shard took it over. Password
+//! checks are bounded by admission (`auth_concurrency` running on this runtime's blocking
+//! pool, `auth_queue` waiting, each wait ending at the CONNECT deadline); logins beyond are
+//! refused as busy.
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,11 +52,18 @@ impl MqttListener {
     pub async fn serve(self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
         let this = Rc::new(self);
         let mut last_refusal_log: Option<Instant> = None;
+        // False once the gateway was dropped without `shutdown`: keep accepting, as the
+        // shards keep serving, without polling a closed channel in a loop.
+        let mut watching = true;
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
-                _ = shutdown.changed() => {
-                    if *shutdown.borrow() { return; }
+                changed = shutdown.changed(), if watching => {
+                    if changed.is_err() {
+                        watching = false;
+                    } else if *shutdown.borrow() {
+                        return;
+                    }
                     continue;
                 }
             };

@@ -22,9 +22,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Properties, Publish, QoS, SubscriptionOptions};
+use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
 use tokio::sync::Notify;
 
+use crate::control::priority::Priority;
+use crate::edge::DeviceMessage;
 use crate::shard::limits::{OutboxBudget, QueuedBytes, SessionTimers};
 
 /// A message on its way to a device.
@@ -95,11 +97,21 @@ pub struct SessionState {
     pub ended: bool,
 }
 
-/// A delayed will held by a session whose connection is gone.
-#[derive(Debug, Clone)]
+/// A delayed will held by a session whose connection is gone: the message it becomes (no
+/// ack token: nobody is waiting for an acknowledgement) and its device's priority.
+#[derive(Debug)]
 pub struct PendingWill {
-    pub publish: Publish,
-    pub priority: crate::control::priority::Priority,
+    pub message: DeviceMessage,
+    pub priority: Priority,
+}
+
+impl PendingWill {
+    /// The will as the router takes it; a will counts as received when it is published.
+    pub fn into_message(self) -> (DeviceMessage, Priority) {
+        let mut message = self.message;
+        message.received_at = Instant::now();
+        (message, self.priority)
+    }
 }
 
 /// The QoS 2 packet ids PUBREC'd and awaiting PUBREL. Bounded by the caller: an MQTT 5 device

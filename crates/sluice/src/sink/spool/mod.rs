@@ -5,15 +5,16 @@
 //! `DIR/{uplink}/shard-{n}/` — with its group-commit task, its feeder task (spool → uplink
 //! queue, live and backlog streams), device acknowledgements under `ack = "spool"`, cloud
 //! acknowledgements back into the spool, and the spool metrics. Does not own: the disk format
-//! or recovery (`sluice-spool`), the record body format (`record`), routing (`shard/router.rs`)
-//! or sending (`sink/`).
+//! or recovery (`sluice-spool`), the record body format (`record`), routing (`shard/router.rs`,
+//! `sink/handle.rs`) or sending (`sink/`).
 //!
 //! # Path of one message
-//! `shard/router.rs` encodes a normal-lane message once ([`record`]) and calls
-//! [`UplinkSpool::append`] for every uplink that forwards it (cheap: a copy into the open
-//! batch). The commit task takes the batch with `begin_commit`, runs the blocking
-//! `CommitJob` on tokio's blocking pool (`spawn_blocking`) and applies it; everything appended
-//! meanwhile goes into the next batch (group commit). `fsync = "interval"` commits every
+//! The router offers a device message to every sink (`sink/handle.rs`, `Sink::offer`); the
+//! message is encoded once ([`record`]) and [`UplinkSpool::append`]ed for every uplink that
+//! forwards it on its normal lane (cheap: a copy into the open batch). The commit task takes
+//! the batch with `begin_commit`, runs the blocking `CommitJob` on tokio's blocking pool
+//! (`spawn_blocking`) and applies it; everything appended meanwhile goes into the next batch
+//! (group commit). `fsync = "interval"` commits every
 //! `fsync_interval`; `always` and `never` commit as soon as anything is appended (`never`
 //! writes without fsync). After a commit, under `ack = "spool"`, every device whose record is
 //! now durable gets its PUBACK (through its [`AckToken`]). The feeder reads committed records

@@ -1,0 +1,218 @@
+//! From the device to the router: a device's PUBLISH checked (topic aliases resolved,
+//! topic validity and limits), turned into a [`DeviceMessage`] with an ack token when the
+//! device expects an acknowledgement, and handed to the router with the device's priority;
+//! and the acknowledgements back to the device, in the order it sent its messages, as the
+//! tokens complete.
+//!
+//! Owns the receive side of QoS 1/2 (the pending acknowledgements, QoS 2 duplicates never
+//! forwarded twice, the Receive Maximum). Does not own routing (`crate::shard::router`).
+
+use bytestring::ByteString;
+use sluice_proto::mqtt::{reason, topic, Packet, ProtocolVersion, PubResponse, Publish, QoS};
+use std::time::Instant;
+
+use super::{resp, AckKind, Close, Connection, PendingAck};
+use crate::edge::ack::AckToken;
+use crate::edge::DeviceMessage;
+use crate::shard::metrics::CloseReason;
+use crate::shard::router as route;
+
+impl Connection {
+    pub(super) async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        let received_at = self.last_read;
+        // Topic aliases (MQTT 5): resolve, then strip — an alias is per connection.
+        if let Some(alias) = p.properties.as_ref().and_then(|pr| pr.topic_alias) {
+            if alias == 0 || alias > self.ctx.config.mqtt.topic_alias_maximum {
+                tracing::warn!(client_id = %self.client_id, alias, "device used a topic alias out of range; closing");
+                return Err(Close(
+                    CloseReason::ProtocolError,
+                    Some(reason::TOPIC_ALIAS_INVALID),
+                ));
+            }
+            if p.topic.is_empty() {
+                match self.aliases.get(&alias) {
+                    Some(t) => p.topic = t.clone(),
+                    None => {
+                        tracing::warn!(client_id = %self.client_id, alias, "device used an unknown topic alias; closing");
+                        return Err(Close(
+                            CloseReason::ProtocolError,
+                            Some(reason::PROTOCOL_ERROR),
+                        ));
+                    }
+                }
+            } else {
+                self.aliases.insert(alias, p.topic.clone());
+            }
+            if let Some(props) = p.properties.as_mut() {
+                props.topic_alias = None;
+                if props.is_empty() {
+                    p.properties = None;
+                }
+            }
+        }
+        // Subscription Identifiers are the server's to set, per subscriber (MQTT 5 §3.3.4).
+        if let Some(props) = p
+            .properties
+            .as_mut()
+            .filter(|pr| !pr.subscription_identifiers.is_empty())
+        {
+            props.subscription_identifiers.clear();
+            if props.is_empty() {
+                p.properties = None;
+            }
+        }
+        if !topic::valid_topic_name(&p.topic) {
+            tracing::warn!(client_id = %self.client_id, topic = %p.topic, "device published to an invalid topic name; closing");
+            return Err(Close(
+                CloseReason::ProtocolError,
+                Some(reason::TOPIC_NAME_INVALID),
+            ));
+        }
+        if let Err(error) =
+            crate::shard::limits::TopicLimits::new(&self.ctx.config.mqtt).check(&p.topic)
+        {
+            tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error, "device published to a topic beyond the gateway's limits; closing");
+            return Err(Close(
+                CloseReason::TopicLimit,
+                Some(reason::TOPIC_NAME_INVALID),
+            ));
+        }
+        self.ctx.metrics.messages_received.inc();
+        // Own the bytes: a zero-copy slice would pin its whole read buffer for as long as the
+        // message waits for the cloud, making real memory several times what the uplink's
+        // byte bound counts. A copy of at most one packet keeps memory equal to the bound.
+        p.topic = ByteString::from(&*p.topic);
+        p.payload = bytes::Bytes::copy_from_slice(&p.payload);
+        let ack = match (p.qos, p.packet_id) {
+            (QoS::AtMostOnce, _) => None,
+            (qos, Some(id)) => {
+                let awaiting_rel = {
+                    let st = self.session.state.borrow();
+                    if qos == QoS::ExactlyOnce && st.awaiting_rel.contains(id) {
+                        None
+                    } else {
+                        Some(st.awaiting_rel.len())
+                    }
+                };
+                let Some(awaiting_rel) = awaiting_rel else {
+                    // A resent QoS 2 message already PUBREC'd (on this connection or one
+                    // before it): acknowledge again, never forward twice.
+                    self.write(Packet::PubRec(resp(id)));
+                    return Ok(());
+                };
+                if qos == QoS::ExactlyOnce
+                    && self
+                        .pending
+                        .iter()
+                        .any(|a| a.packet_id == id && a.kind == AckKind::PubRec)
+                {
+                    // Resent before its PUBREC on this connection: the PUBREC is coming.
+                    return Ok(());
+                }
+                // MQTT 5 counts a QoS 2 message against the Receive Maximum until PUBCOMP.
+                if self.version == ProtocolVersion::V5
+                    && self.pending.len() + awaiting_rel
+                        >= self.ctx.config.mqtt.receive_maximum as usize
+                {
+                    tracing::warn!(client_id = %self.client_id, "device exceeded the receive maximum; closing");
+                    return Err(Close(
+                        CloseReason::ProtocolError,
+                        Some(reason::RECEIVE_MAXIMUM_EXCEEDED),
+                    ));
+                }
+                let kind = if qos == QoS::AtLeastOnce {
+                    AckKind::PubAck
+                } else {
+                    AckKind::PubRec
+                };
+                self.pending.push_back(PendingAck {
+                    packet_id: id,
+                    kind,
+                    done: false,
+                });
+                Some(AckToken::new(&self.acks, id))
+            }
+            (_, None) => {
+                return Err(Close(
+                    CloseReason::ProtocolError,
+                    Some(reason::PROTOCOL_ERROR),
+                ))
+            }
+        };
+        let msg = DeviceMessage {
+            device: self.client_id.clone(),
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            properties: p.properties,
+            received_at,
+            ack,
+        };
+        let ctx = self.ctx.clone();
+        let publish = route::publish(&ctx, msg, self.priority);
+        tokio::pin!(publish);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut publish => {
+                    // Reads stopped while this publish waited for room (a full queue or
+                    // spool): that silence was the gateway's, not the device's.
+                    self.last_read = Instant::now();
+                    return Ok(());
+                }
+                // While this publish waits for room (a full uplink queue or spool), earlier
+                // messages may complete (a spool commit, a cloud ack): acknowledge them now,
+                // so a waiting publish never holds back PUBACKs the device is owed. The main
+                // loop re-checks everything this wake-up may also have been for.
+                _ = self.acks.notify.notified() => {
+                    self.on_cloud_acks();
+                    if let Err(reason) = self.flush().await {
+                        return Err(Close(reason, None));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The cloud acknowledged some of this device's messages: acknowledge them to the device,
+    /// in the order the device sent them.
+    pub(super) fn on_cloud_acks(&mut self) {
+        let mut ready = std::mem::take(&mut self.ack_scratch);
+        self.acks.drain_into(&mut ready);
+        if ready.is_empty() {
+            self.ack_scratch = ready;
+            return;
+        }
+        for id in ready.drain(..) {
+            if let Some(a) = self
+                .pending
+                .iter_mut()
+                .find(|a| a.packet_id == id && !a.done)
+            {
+                a.done = true;
+            }
+        }
+        while self.pending.front().is_some_and(|a| a.done) {
+            let Some(a) = self.pending.pop_front() else {
+                break;
+            };
+            match a.kind {
+                AckKind::PubAck => self.write(Packet::PubAck(PubResponse {
+                    reason: self.acks.take_reason(a.packet_id, self.version),
+                    ..resp(a.packet_id)
+                })),
+                AckKind::PubRec => {
+                    let bound = self.ctx.config.mqtt.receive_maximum as usize;
+                    self.session
+                        .state
+                        .borrow_mut()
+                        .awaiting_rel
+                        .insert(a.packet_id, bound);
+                    self.write(Packet::PubRec(resp(a.packet_id)));
+                }
+            }
+        }
+        self.ack_scratch = ready;
+    }
+}

@@ -1,0 +1,178 @@
+//! From the gateway to the device: the session's outbox written out within the device's
+//! inflight window, server topic aliases, resending what was in flight at a reconnect, and
+//! writing the buffered bytes (a device that stops reading for [`WRITE_TIMEOUT`] is a slow
+//! consumer and is closed).
+//!
+//! Owns the write side of the connection. Does not own the outbox or the inflight table
+//! (the session's, so they survive a reconnect). Invariant: a message too large for the
+//! device's Maximum Packet Size is never written (dropped and counted), and an alias it
+//! would have introduced is given back.
+
+use bytes::BytesMut;
+use bytestring::ByteString;
+use sluice_proto::mqtt::{Packet, Publish, QoS};
+use std::time::Instant;
+use tokio::io::AsyncWriteExt;
+
+use super::{resp, Connection, WRITE_TIMEOUT};
+use crate::edge::mqtt::session::{OutMessage, OutStage};
+use crate::shard::metrics::{CloseReason, DropReason};
+
+impl Connection {
+    /// Resend QoS 1/2 messages the device had not acknowledged when it last disconnected.
+    pub(super) fn resend_inflight(&mut self) {
+        let inflight: Vec<(u16, OutMessage, OutStage)> = self
+            .session
+            .state
+            .borrow()
+            .inflight
+            .iter()
+            .map(|(id, (m, s))| (*id, m.clone(), *s))
+            .collect();
+        for (id, msg, stage) in inflight {
+            match stage {
+                OutStage::AwaitingAck => {
+                    let p = publish_packet(&msg, Some(id), true);
+                    self.write(Packet::Publish(p));
+                }
+                OutStage::AwaitingComp => self.write(Packet::PubRel(resp(id))),
+            }
+        }
+    }
+
+    /// Move queued messages for the device into the write buffer, within its inflight window.
+    pub(super) fn take_outbox(&mut self) {
+        if !self.is_current() {
+            return;
+        }
+        let window = (self
+            .ctx
+            .config
+            .mqtt
+            .max_inflight_out
+            .min(self.device_receive_max))
+        .max(1) as usize;
+        let now = Instant::now();
+        loop {
+            let (msg, id) = {
+                let mut st = self.session.state.borrow_mut();
+                let Some(front) = st.outbox.front() else {
+                    break;
+                };
+                if front.is_expired(now) {
+                    // Leaves the session: its queued bytes go back (input bounds).
+                    if let Some(expired) = st.pop_outbox() {
+                        if expired.qos != QoS::AtMostOnce {
+                            st.queued.release(&expired);
+                        }
+                    }
+                    self.ctx.metrics.count_drop(DropReason::Expired);
+                    continue;
+                }
+                if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
+                    break;
+                }
+                let Some(msg) = st.pop_outbox() else {
+                    break;
+                };
+                let id = if msg.qos == QoS::AtMostOnce {
+                    None
+                } else {
+                    let Some(id) = st.allocate_packet_id() else {
+                        st.outbox.push_front(msg);
+                        break;
+                    };
+                    st.inflight.insert(id, (msg.clone(), OutStage::AwaitingAck));
+                    Some(id)
+                };
+                (msg, id)
+            };
+            let mut packet = publish_packet(&msg, id, false);
+            let new_alias = self.apply_out_alias(&mut packet);
+            let before = self.wbuf.len();
+            self.write(Packet::Publish(packet));
+            let size = self.wbuf.len() - before;
+            if self
+                .device_max_packet
+                .is_some_and(|max| size > max as usize)
+            {
+                self.wbuf.truncate(before);
+                if let Some(alias) = new_alias {
+                    // Never sent, so the device never learned it.
+                    self.out_aliases.remove(&msg.topic);
+                    self.out_alias_next = alias;
+                }
+                if let Some(id) = id {
+                    self.session.state.borrow_mut().remove_inflight(id);
+                }
+                self.ctx.metrics.count_drop(DropReason::TooLargeForDevice);
+                continue;
+            }
+            self.ctx.metrics.messages_delivered.inc();
+        }
+    }
+
+    /// Server topic aliases (MQTT 5 §3.3.2.3.4): the first PUBLISH of a topic to the device
+    /// carries the topic and a new alias while aliases are left (the device's Topic Alias
+    /// Maximum, capped by our own `topic_alias_maximum`); later ones carry only the alias.
+    /// Aliases are never reassigned. Returns the alias this packet newly assigned.
+    fn apply_out_alias(&mut self, p: &mut Publish) -> Option<u16> {
+        if self.out_alias_max == 0 {
+            return None;
+        }
+        let (alias, new) = match self.out_aliases.get(&p.topic) {
+            Some(&a) => (a, false),
+            None if self.out_alias_next <= self.out_alias_max => {
+                let a = self.out_alias_next;
+                self.out_alias_next += 1;
+                self.out_aliases.insert(p.topic.clone(), a);
+                (a, true)
+            }
+            None => return None,
+        };
+        let mut props = p.properties.take().unwrap_or_default();
+        props.topic_alias = Some(alias);
+        p.properties = Some(props);
+        if !new {
+            p.topic = ByteString::from_static("");
+        }
+        new.then_some(alias)
+    }
+
+    pub(super) async fn flush(&mut self) -> Result<(), CloseReason> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        let n = self.wbuf.len();
+        match tokio::time::timeout(WRITE_TIMEOUT, self.wr.write_all(&self.wbuf)).await {
+            Ok(Ok(())) => {
+                self.ctx.metrics.bytes_sent.add(n as u64);
+                self.wbuf.clear();
+                if self.wbuf.capacity() > 16 * 1024 {
+                    self.wbuf = BytesMut::new(); // a burst is over; don't keep its buffer
+                }
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(client_id = %self.client_id, %error, "device write failed");
+                Err(CloseReason::IoError)
+            }
+            Err(_) => {
+                tracing::warn!(client_id = %self.client_id, peer = %self.peer, "device stopped reading for 30s; closing (slow consumer)");
+                Err(CloseReason::SlowConsumer)
+            }
+        }
+    }
+}
+
+fn publish_packet(msg: &OutMessage, packet_id: Option<u16>, dup: bool) -> Publish {
+    Publish {
+        dup,
+        qos: msg.qos,
+        retain: msg.retain,
+        topic: msg.topic.clone(),
+        packet_id,
+        properties: msg.properties_now(Instant::now()),
+        payload: msg.payload.clone(),
+    }
+}
