@@ -45,7 +45,7 @@
 //! publishes are not echoed back when `forward` and `receive` overlap; those other shards'
 //! sessions publish are (different client ids), so with several shards keep the two apart.
 //!
-//! Invariant: a packet id handed out as a [`SendId`] is not reused until its PUBACK came or
+//! Invariant: a packet id handed out as a [`crate::sink::transport::SendId`] is not reused until its PUBACK came or
 //! the connection ended.
 
 mod link;
@@ -118,11 +118,8 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         on_port,
         feeders,
     } = seed;
-    let transport = MqttTransport::new(shard, lane, cfg.clone(), tls, downlink, metrics.clone());
-    let transport = MqttTransport {
-        on_port,
-        ..transport
-    };
+    let transport = MqttTransport::new(shard, lane, cfg.clone(), tls, downlink, metrics.clone())
+        .with_port_observer(on_port);
     let outbox = Outbox::new(
         OutboxSeed {
             shard,
@@ -200,6 +197,13 @@ impl MqttTransport {
             pending_subscribe: None,
             downlink_pending: VecDeque::new(),
         }
+    }
+
+    /// Report the connection's local port to `on_port` (`Some(port)` on connect, `None` when
+    /// it ends): the high lane's source ports for `install_tc`.
+    pub fn with_port_observer(mut self, on_port: Option<Box<dyn Fn(Option<u16>)>>) -> Self {
+        self.on_port = on_port;
+        self
     }
 
     /// Whether this link holds the uplink's one downlink subscription: shard 0's normal

@@ -18,9 +18,9 @@
 //! [`UplinkQueue::push`]/[`UplinkQueue::try_push`], and spool records appended since the
 //! uplink last connected) and *backlog* (spool records that piled up while it was down,
 //! pushed with [`UplinkQueue::push_backlog`]). Each is FIFO; the outbox picks between their
-//! fronts with [`UplinkQueue::take_next`] (the drain share, see `outbox/drain.rs`). With a spool the feeder keeps
-//! each stream within half of the capacity ([`UplinkQueue::stream_room`]), so the backlog can
-//! never crowd out live messages. Without a spool the backlog stream stays empty and the queue
+//! fronts with `UplinkQueue::take_next` (the drain share, see `outbox/drain.rs`). With a
+//! spool the feeder keeps each stream within half of the capacity
+//! ([`UplinkQueue::stream_room`]), so the backlog can never crowd out live messages. Without a spool the backlog stream stays empty and the queue
 //! behaves as a single FIFO.
 //!
 //! Shared with `Rc` on one shard thread; every `RefCell` borrow is released before any await.
