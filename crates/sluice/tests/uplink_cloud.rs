@@ -17,8 +17,8 @@ use bytestring::ByteString;
 use common::{run_local, wait_until};
 use sluice::config::{MqttProtocol, UplinkConfig, UplinkUrl};
 use sluice::edge::ack::{AckToken, DeviceAcks};
-use sluice::telemetry::metrics::PromWriter;
 use sluice::sink::{self as uplink, UplinkError, UplinkMessage, UplinkMetrics, UplinkQueue};
+use sluice::telemetry::metrics::PromWriter;
 use sluice_proto::mqtt::{ProtocolVersion, Publish, QoS};
 use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
 use tokio::sync::watch;
@@ -77,6 +77,7 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
             // No devices connected: the normal lane never aggregates here.
             live_devices: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             on_port: None,
+            feeders: Default::default(),
         },
         rx,
     );

@@ -11,22 +11,19 @@ mod common;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use bytestring::ByteString;
+use common::fault_broker::{quota_broker, COMMAND_ID};
 use common::{run_local, wait_until};
 use sluice::config::{ByteSize, MqttProtocol, UplinkConfig, UplinkUrl};
 use sluice::edge::ack::{AckToken, DeviceAcks};
-use sluice::telemetry::metrics::PromWriter;
 use sluice::sink::{self as uplink, DropReason, UplinkMessage, UplinkMetrics, UplinkQueue};
-use sluice_proto::mqtt::{
-    encode, ConnAck, Decoder, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS,
-    SubAck,
-};
+use sluice::telemetry::metrics::PromWriter;
+use sluice_proto::mqtt::{ProtocolVersion, Publish, QoS};
 use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -81,6 +78,7 @@ fn start_uplink(cfg: UplinkConfig, devices: usize) -> Uplink {
             metrics: metrics.clone(),
             live_devices: Arc::new(AtomicUsize::new(devices)),
             on_port: None,
+            feeders: Default::default(),
         },
         rx,
     );
@@ -287,104 +285,6 @@ fn a_publish_refused_as_not_authorized_is_counted_by_reason_and_the_next_ones_fl
     });
 }
 
-/// What the fault-injecting broker saw: every PUBLISH payload, in arrival order, and the
-/// packet ids of the PUBACKs the gateway sent for its downlink command.
-#[derive(Default)]
-struct FakeLog {
-    publishes: Vec<Bytes>,
-    pubacks: Vec<u16>,
-}
-
-/// The command the fake broker sends (packet id 7) once the gateway subscribed.
-const COMMAND_ID: u16 = 7;
-
-/// A minimal MQTT 5 broker on plain TCP that answers the first `refuse` PUBLISHes with PUBACK
-/// 0x97 (Quota exceeded) and the rest with success, and answers a SUBSCRIBE with one QoS 1
-/// command. It exists only to inject faults Mosquitto cannot be made to produce, and to see
-/// exactly when the gateway's PUBACK comes.
-async fn quota_broker(refuse: usize) -> (std::net::SocketAddr, Arc<Mutex<FakeLog>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let log = Arc::new(Mutex::new(FakeLog::default()));
-    let seen = log.clone();
-    tokio::spawn(async move {
-        let mut refused = 0usize;
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let mut dec = Decoder::server(1 << 20);
-            let mut buf = BytesMut::new();
-            loop {
-                let packet = match dec.decode(&mut buf) {
-                    Ok(Some(p)) => p,
-                    Ok(None) => {
-                        if sock.read_buf(&mut buf).await.unwrap_or(0) == 0 {
-                            break;
-                        }
-                        continue;
-                    }
-                    Err(_) => break,
-                };
-                let replies: Vec<Packet> = match packet {
-                    Packet::Connect(_) => vec![Packet::ConnAck(ConnAck {
-                        session_present: false,
-                        code: 0,
-                        properties: Properties::default(),
-                    })],
-                    Packet::Publish(p) => {
-                        let reason = if refused < refuse {
-                            refused += 1;
-                            0x97
-                        } else {
-                            seen.lock().unwrap().publishes.push(p.payload.clone());
-                            0
-                        };
-                        p.packet_id
-                            .map(|packet_id| {
-                                Packet::PubAck(PubResponse {
-                                    packet_id,
-                                    reason,
-                                    properties: None,
-                                })
-                            })
-                            .into_iter()
-                            .collect()
-                    }
-                    Packet::PingReq => vec![Packet::PingResp],
-                    // Grant the downlink subscription, then send one QoS 1 command.
-                    Packet::Subscribe(sub) => vec![
-                        Packet::SubAck(SubAck {
-                            packet_id: sub.packet_id,
-                            codes: vec![1; sub.filters.len()],
-                            properties: Properties::default(),
-                        }),
-                        Packet::Publish(Publish {
-                            dup: false,
-                            qos: QoS::AtLeastOnce,
-                            retain: false,
-                            topic: ByteString::from_static("cmd/valve/open"),
-                            packet_id: Some(COMMAND_ID),
-                            properties: None,
-                            payload: Bytes::from_static(b"open"),
-                        }),
-                    ],
-                    Packet::PubAck(a) => {
-                        seen.lock().unwrap().pubacks.push(a.packet_id);
-                        Vec::new()
-                    }
-                    _ => Vec::new(),
-                };
-                let mut out = BytesMut::new();
-                for r in &replies {
-                    encode(r, ProtocolVersion::V5, &mut out).unwrap();
-                }
-                if !out.is_empty() && sock.write_all(&out).await.is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    (addr, log)
-}
-
 /// Before: a PUBACK 0x97 counted as done — the device got its PUBACK, the cloud never had the
 /// message. Now the refused messages are resent after a backoff, in their order, and each
 /// device is acknowledged only once the cloud accepted its message.
@@ -485,6 +385,7 @@ fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was
                 metrics: metrics.clone(),
                 live_devices: Arc::new(AtomicUsize::new(0)),
                 on_port: None,
+                feeders: Default::default(),
             },
             rx,
         );

@@ -283,11 +283,13 @@ async fn run(seed: ShardSeed) {
         .enumerate()
         .filter_map(|(i, u)| u.spool.clone().map(|s| (i, s)))
         .chain(former);
+    // Each uplink's normal-lane outbox hears of its feeders' link state (and drain share).
+    let mut feeders: Vec<crate::sink::outbox::Feeders> =
+        config.uplink.iter().map(|_| Default::default()).collect();
     for (i, spool) in all_spools {
-        let queue = &ctx.uplinks[i].queue;
-        // A weak reference: the queue must not keep its own feeder alive in a cycle.
+        // A weak reference: the outbox must not keep its own feeder alive in a cycle.
         let weak = Rc::downgrade(&spool);
-        queue.attach_spool(
+        feeders[i].attach(
             config.spool.drain_share,
             Box::new(move |up| {
                 if let Some(s) = weak.upgrade() {
@@ -329,6 +331,7 @@ async fn run(seed: ShardSeed) {
                 metrics: uplink_metrics[i].normal.clone(),
                 live_devices: online_devices.clone(),
                 on_port: None,
+                feeders: std::mem::take(&mut feeders[i]),
             },
             local_shutdown.clone(),
         ));
@@ -355,6 +358,7 @@ async fn run(seed: ShardSeed) {
                     metrics: metrics.clone(),
                     live_devices: online_devices.clone(),
                     on_port,
+                    feeders: Default::default(),
                 },
                 local_shutdown.clone(),
             ));

@@ -1,12 +1,18 @@
-//! Cloud uplink: one MQTT session per (shard, uplink) to a cloud broker, over TLS 1.3, QoS 1.
+//! Sinks: where device messages leave the gateway. A sink is a generic outbox
+//! ([`outbox::Outbox`]: bounded queue, spool or not, live/backlog policy, optional SenML
+//! aggregation, per-device order, inflight window, retry) in front of a
+//! [`transport::Transport`]; the MQTT uplink ([`mqtt`]: one MQTT client session per (shard,
+//! uplink, lane) to a cloud broker, over TLS 1.3, QoS 1) is the first transport.
 //!
-//! Owns: the per-uplink byte-bounded queue ([`UplinkQueue`]), the topic mapping ([`UplinkRoute`]),
-//! the TLS client configuration ([`client_tls_config`]), the session task ([`spawn`]) that
-//! connects, publishes, receives PUBACKs and downlink PUBLISHes, and the uplink metrics
-//! ([`UplinkMetrics`]). Does not own: deciding which uplinks a device message goes to (the shard
-//! calls [`UplinkRoute::forwards`] and pushes a clone per uplink, sharing the [`AckToken`]),
-//! acknowledging devices (the device connection drains its `DeviceAcks`), what is done with a
-//! downlink message (the `downlink` callback), or config parsing and validation (`config/`).
+//! Owns: the message on its way out ([`UplinkMessage`]), lanes, the uplink errors with who is
+//! to blame ([`UplinkError`]), the uplink metrics ([`UplinkMetrics`]), and the public entry
+//! point the shard uses ([`spawn`] with a [`SessionSeed`]). Does not own: deciding which
+//! uplinks a device message goes to (the shard calls [`UplinkRoute::forwards`] and pushes a
+//! clone per uplink, sharing the [`AckToken`]), acknowledging devices (the device connection
+//! drains its `DeviceAcks`), what is done with a downlink message (the `downlink`
+//! callback), or config parsing and validation (`config/`). The queueing, ordering, window
+//! and retry rules are documented in [`outbox`]; connecting, keep-alive and the downlink in
+//! [`mqtt`]; the contract between the two in [`transport`].
 //!
 //! Everything here runs on one shard thread inside a `LocalSet` (`Rc`, `RefCell`,
 //! `spawn_local`, no locks); shards share nothing, so every shard has its own cloud session
@@ -14,18 +20,20 @@
 //!
 //! # Path of one message
 //! device connection → `UplinkQueue::push` (reserves bytes; waits while the queue is full, which
-//! stops the device connection reading its socket) → session task takes it when the inflight
-//! window has room, maps its topic, encodes it with others into one write → cloud PUBACK →
-//! `AckToken::complete` (the device gets its PUBACK once every uplink completed) → bytes released.
+//! stops the device connection reading its socket) → the outbox takes it when the inflight
+//! window has room and has the transport encode it with others into one write → the far end's
+//! ack → bytes released → [`UplinkMessage::complete_with`] (the device gets its PUBACK once
+//! every uplink completed).
 //!
 //! With a spool (`crate::sink::spool`), the normal lane's queue is filled by the spool's feeder
 //! instead of the device connections: committed records, in two streams (live and backlog,
 //! see `UplinkQueue::take_next`), each carrying where it is stored ([`spool::Stored`]) and,
 //! under `ack = "cloud"`, its device's token. Finishing the message
 //! ([`UplinkMessage::complete_with`]) acknowledges the record in its spool and then completes
-//! the device token: one way, transport → outbox → token → edge. The session tells the spool when its connection
-//! comes up or ends (through the queue), and lets the backlog use at most the configured
-//! drain share of its inflight window while live messages wait.
+//! the device token: one way, transport → outbox → token → edge. The outbox is told its
+//! feeders when it is built ([`outbox::Feeders`]): it tells them when its connection comes up
+//! or ends, and lets the backlog use at most the configured drain share of its inflight
+//! window while live messages wait.
 //!
 //! # Invariants
 //! - **Bounded memory.** A message's bytes (topic + payload + [`MESSAGE_OVERHEAD_BYTES`]) are
@@ -35,64 +43,24 @@
 //!   ([`UplinkQueue::push`] waits); QoS 0 is dropped by the caller on [`UplinkQueue::try_push`]
 //!   failure (reason `uplink_queue_full`). One message larger than the capacity is admitted
 //!   when nothing else is held, so a big message can never wedge a device.
-//! - **Order.** The queue is FIFO and the session sends in queue order. When a connection ends,
-//!   every unacknowledged inflight message goes back to the *front* of the queue in its original
-//!   order and is resent first (with DUP set) on the next connection, so per-device order is kept
-//!   (modulo at-least-once duplicates).
-//! - **Ack after cloud ack.** An [`AckToken`] is completed only when the cloud broker PUBACKed the
-//!   message — with three documented exceptions where resending can never help and a device must
-//!   not be stuck forever, each counted in `sluice_uplink_dropped_total{reason}`:
-//!   `too_large_for_cloud` (bigger than the broker's Maximum Packet Size),
-//!   `invalid_for_cloud` (cannot be encoded, e.g. a templated topic over 65535 bytes) and
-//!   `cloud_rejected` (an MQTT 5 PUBACK with a permanent failure code such as Not
-//!   Authorized; temporary ones are resent, see below). A SenML pack is kept within the
-//!   broker's Maximum Packet Size, so a message too big for a pack travels alone and never
-//!   costs its pack-mates anything.
-//!   QoS 0 messages in a write that fails are lost (`connection_lost`), as QoS 0 allows.
+//! - **Ack after cloud ack**, with three counted exceptions where resending can never help:
+//!   `too_large_for_cloud`, `invalid_for_cloud` (completed with 0x83) and `cloud_rejected`
+//!   (completed with the cloud's code, which an MQTT 5 device gets in its PUBACK). QoS 0
+//!   messages in a write that fails are lost (`connection_lost`), as QoS 0 allows.
 //! - Network input never panics the process; a protocol error closes only this session.
-//!
-//! # Reconnect policy
-//! Any failure (cloud unreachable, TLS failure, CONNECT refused, protocol error, keep-alive
-//! timeout, EOF) logs one WARN line naming who is to blame and the retry delay, then waits a
-//! jittered exponential backoff: attempt *n* waits a random delay in `[d/2, d]` with
-//! `d = min(reconnect_max, reconnect_min · 2ⁿ)`. The attempt counter resets after a connection
-//! stayed up at least `max(reconnect_max, 10 s)`. The session never gives up; only shutdown ends
-//! it (sending DISCONNECT when connected). Each connection resends what was inflight.
-//!
-//! # Downlink
-//! One session per uplink subscribes to the `receive` filters: shard 0's normal lane. It is
-//! persistent — stable client id `"{client_id}-0"`, `clean_start = false` with a Session
-//! Expiry Interval of `downlink_session_expiry` (MQTT 5) or clean session = 0 (3.1.1) — so the
-//! broker keeps the subscription and the QoS 1 commands published while the gateway is away.
-//! It subscribes again whenever the CONNACK says the session was not present (MQTT 5 also
-//! re-subscribes with Retain Handling 1 when it was, so changed filters take effect). Every
-//! other session starts clean and subscribes to nothing, so each command crosses the WAN
-//! once. A QoS 1 command is acknowledged to the cloud only after the [`Downlink`] future
-//! resolved (the shard accepted it for every local subscriber, see `shard::route`);
-//! at-least-once: a command delivered just before a connection loss comes again.
-//!
-//! # Cloud refusals
-//! A PUBACK failure code is either temporary — 0x97 Quota exceeded, 0x91 Packet identifier in
-//! use, and 0x80/0x83 until they persisted for 8 refusal rounds — and then nothing new is sent
-//! and every unacknowledged message is resent in order after a jittered backoff
-//! (`refused_retry_min` doubling to `refused_retry_max`, reset by the next success); or
-//! permanent — 0x87, 0x90, 0x99 and the rest — and then the message is counted
-//! (`sluice_uplink_cloud_rejected_total{reason}` and `dropped_total{reason="cloud_rejected"}`),
-//! logged (one WARN per reason per minute) and its token completed with that code, which an
-//! MQTT 5 device gets in its PUBACK (3.1.1: an ordinary PUBACK). A message that can never be
-//! sent (too large even alone, not encodable) completes with 0x83.
 
 mod handle;
 mod metrics;
 pub mod mqtt;
 pub mod outbox;
 pub mod spool;
+pub mod transport;
 
 pub use handle::{Offer, OfferCounters, OfferDrop, Sink};
 pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
 pub use outbox::pack::records_of;
 pub use mqtt::route::UplinkRoute;
-pub use mqtt::session::{spawn, SessionSeed};
+pub use mqtt::{spawn, SessionSeed};
 pub use mqtt::tls::client_tls_config;
 pub use mqtt::{socket, tc};
 pub use outbox::queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};

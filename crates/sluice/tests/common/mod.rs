@@ -3,6 +3,8 @@
 //! gate-able TCP relay used only to inject a fault (hold the gateway off the cloud).
 #![allow(dead_code)]
 
+pub mod fault_broker;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

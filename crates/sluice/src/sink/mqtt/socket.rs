@@ -2,7 +2,7 @@
 //!
 //! Owns: resolving the broker, creating the socket, setting the lane's options *before*
 //! connecting (so even the SYN carries them) and reading them back for the status API and
-//! tests. Does not own: TLS or MQTT on top (session.rs), or traffic control on the interface
+//! tests. Does not own: TLS or MQTT on top (`link.rs`, `wire.rs`), or traffic control on the interface
 //! (tc.rs).
 //!
 //! - High lane: `SO_PRIORITY` 6 and DSCP EF (`IP_TOS` 0xB8, or `IPV6_TCLASS` for IPv6), so

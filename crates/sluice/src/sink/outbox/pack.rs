@@ -2,7 +2,7 @@
 //!
 //! Owns: turning a device message into SenML records ([`records_of`]) and the open pack of one
 //! session ([`Packer`]). Does not own: when to aggregate (the session asks the gateway-wide
-//! connected-device count), writing packs, or their acknowledgement (session.rs).
+//! connected-device count), writing packs, or their acknowledgement (the outbox, `outbox/fill.rs`).
 //!
 //! # One message → records
 //! - A payload that already is a SenML pack (JSON or CBOR, by its first byte) keeps its own

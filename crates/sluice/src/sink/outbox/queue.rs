@@ -1,7 +1,7 @@
-//! The per-uplink FIFO between a shard's device connections and its cloud session task.
+//! The per-uplink FIFO between a shard's device connections (or its spool feeder) and its outbox.
 //!
 //! Bound: bytes. A message costs [`UplinkMessage::cost`] (topic + payload +
-//! [`MESSAGE_OVERHEAD_BYTES`]); the cost is reserved at push and released by the session only
+//! [`MESSAGE_OVERHEAD_BYTES`]); the cost is reserved at push and released by the outbox only
 //! when the message is finished (PUBACK, QoS 0 written, or a counted drop), so the bound
 //! covers waiting and inflight messages alike. A message is admitted when it fits, or when
 //! nothing at all is reserved (so one message bigger than the whole capacity still passes,
@@ -17,10 +17,10 @@
 //! Two streams (used with a spool, see `crate::sink::spool`): *live* (everything pushed with
 //! [`UplinkQueue::push`]/[`UplinkQueue::try_push`], and spool records appended since the
 //! uplink last connected) and *backlog* (spool records that piled up while it was down,
-//! pushed with [`UplinkQueue::push_backlog`]). Each is FIFO; the session picks between their
-//! fronts with [`UplinkQueue::take_next`] (the drain share). With a spool the feeder keeps
-//! each stream within half of the capacity ([`UplinkQueue::stream_room`]), so the backlog can
-//! never crowd out live messages. Without a spool the backlog stream stays empty and the queue
+//! pushed with [`UplinkQueue::push_backlog`]). Each is FIFO; the outbox picks between their
+//! fronts with `UplinkQueue::take_next` (the drain share, see `outbox/drain.rs`). With a
+//! spool the feeder keeps each stream within half of the capacity
+//! ([`UplinkQueue::stream_room`]), so the backlog can never crowd out live messages. Without a spool the backlog stream stays empty and the queue
 //! behaves as a single FIFO.
 //!
 //! Shared with `Rc` on one shard thread; every `RefCell` borrow is released before any await.
@@ -53,25 +53,8 @@ pub struct UplinkQueue {
     /// Bytes were released: the spool feeder re-checks its stream's room. (Blocked pushers
     /// wait on their own tickets, see `State::waiters`.)
     space: Notify,
-    /// A message was queued: the session task re-checks (one stored permit at most).
+    /// A message was queued: the outbox re-checks (one stored permit at most).
     ready: Notify,
-    /// Set with a spool: the backlog's share of the window, and who hears the session's
-    /// connection state (the spool feeder).
-    spool_hooks: RefCell<Option<SpoolHooks>>,
-}
-
-/// How spools attach to the queue they feed (see [`UplinkQueue::attach_spool`]).
-struct SpoolHooks {
-    drain_share: crate::config::Share,
-    on_link: Vec<Box<dyn Fn(bool)>>,
-}
-
-impl std::fmt::Debug for SpoolHooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpoolHooks")
-            .field("drain_share", &self.drain_share)
-            .finish_non_exhaustive()
-    }
 }
 
 #[derive(Debug, Default)]
@@ -127,44 +110,13 @@ impl Drop for TicketGuard<'_> {
 
 impl UplinkQueue {
     /// A queue holding at most `capacity_bytes` of waiting and inflight messages. Its metrics
-    /// are attached by [`crate::sink::spawn`] (the session's [`UplinkMetrics`]).
+    /// are attached by [`crate::sink::spawn`] (the outbox's [`UplinkMetrics`]).
     pub fn new(capacity_bytes: usize) -> UplinkQueue {
         UplinkQueue {
             capacity_bytes,
             state: RefCell::new(State::default()),
             space: Notify::new(),
             ready: Notify::new(),
-            spool_hooks: RefCell::new(None),
-        }
-    }
-
-    /// A spool feeds this queue: the session lets the backlog stream use `drain_share` of its
-    /// window while live messages wait, and tells `on_link` when its connection comes up
-    /// (`true`) or ends (`false`). Several spools may feed one queue (a former shard's).
-    pub fn attach_spool(&self, drain_share: crate::config::Share, on_link: Box<dyn Fn(bool)>) {
-        let mut hooks = self.spool_hooks.borrow_mut();
-        match hooks.as_mut() {
-            Some(h) => h.on_link.push(on_link),
-            None => {
-                *hooks = Some(SpoolHooks {
-                    drain_share,
-                    on_link: vec![on_link],
-                })
-            }
-        }
-    }
-
-    /// The backlog's share of the window (`None`: no spool, so no backlog stream).
-    pub(crate) fn drain_share(&self) -> Option<crate::config::Share> {
-        self.spool_hooks.borrow().as_ref().map(|h| h.drain_share)
-    }
-
-    /// The session's connection came up or ended.
-    pub(crate) fn link_changed(&self, up: bool) {
-        if let Some(h) = self.spool_hooks.borrow().as_ref() {
-            for f in &h.on_link {
-                f(up);
-            }
         }
     }
 
@@ -369,7 +321,7 @@ impl UplinkQueue {
         }
     }
 
-    // ----- session side -----
+    // ----- outbox side -----
 
     /// Resolves after a message was queued since the last call (or immediately if a
     /// notification is stored). Spurious wake-ups are possible: re-check.
@@ -395,7 +347,7 @@ impl UplinkQueue {
     }
 
     /// Take the next message of one stream: the backlog's front when the live stream is
-    /// empty or it is the backlog's turn (`backlog_turn`, the session's drain share), else
+    /// empty or it is the backlog's turn (`backlog_turn`, the outbox's drain share), else
     /// the live front. A front that needs a cloud ack waits for `window_open`; then only the
     /// other stream's front may go, and only if it needs no ack (QoS 0). Order within a
     /// stream is never skipped.

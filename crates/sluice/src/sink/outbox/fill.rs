@@ -1,0 +1,227 @@
+//! Filling one batch: which units leave next and in what order.
+//!
+//! Owns: taking messages from the queue while the window and the batch bound allow, packing
+//! them while aggregating (sealing a pack before anything goes alone again), the `alone`
+//! line, the QoS 0 bypass of a closed window, and the bookkeeping of what each written unit
+//! carried. Does not own: encoding (the transport's [`Transport::encode`]), the drain share's
+//! arithmetic (`drain.rs`), acks and refusals (`refusal.rs`).
+//!
+//! Invariant: a message is either in the queue, the open or sealed pack, `alone`, the
+//! inflight map, the refused list, or the batch's no-ack list — never two, never none —
+//! until it is finished.
+
+use std::sync::atomic::Ordering;
+
+use tracing::{debug, trace};
+
+use super::pack::{Packer, SealedPack};
+use super::queue::Queued;
+use super::{Carried, Inflight, Outbox, MAX_BATCH_BYTES};
+use crate::sink::transport::{LinkLimits, Transport, Unit, Unsendable};
+use crate::sink::{DropReason, UplinkMessage};
+
+impl<T: Transport> Outbox<T> {
+    /// Whether records are being packed right now: aggregation is on for this outbox and
+    /// more devices are connected than `min_devices`.
+    pub(super) fn aggregating(&self) -> bool {
+        self.packer.is_some()
+            && self.live_devices.load(Ordering::Relaxed) > self.cfg.aggregate.min_devices
+    }
+
+    /// Seal the open pack, unless one is already waiting for the window.
+    pub(super) fn seal_pack(&mut self) {
+        if self.sealed.is_none() {
+            self.sealed = self.packer.as_mut().and_then(Packer::seal);
+            self.pack_mix = (0, 0);
+        }
+    }
+
+    /// Take queued messages while the window and the batch size allow, encoding them after
+    /// whatever the transport already has pending. Returns (units, of which resends). While
+    /// aggregating, messages go into the open pack instead, and a sealed pack is written as
+    /// one unit; order is kept across both paths because a pack is sealed (and written
+    /// first) before any message is sent on its own again. A message that would take the
+    /// pack past the link's `pack_limit` seals the pack and starts the next one; if even an
+    /// empty pack cannot hold it, it is sent alone (in its place). Nothing is taken while a
+    /// temporary refusal's backoff runs.
+    pub(super) fn fill_batch(
+        &mut self,
+        limits: &LinkLimits,
+        unacked_in_write: &mut Vec<UplinkMessage>,
+    ) -> (u64, u64) {
+        let (mut sent, mut resent) = (0, 0);
+        let window = limits.window.max(1);
+        while self.transport.pending_bytes() < MAX_BATCH_BYTES && self.paused_until.is_none() {
+            let window_open = self.inflight.len() < window;
+            if let Some(pack) = self.sealed.take() {
+                if pack.needs_ack() && !window_open {
+                    self.sealed = Some(pack);
+                    break;
+                }
+                sent += u64::from(self.write_pack(pack, unacked_in_write));
+                continue;
+            }
+            if let Some(front) = self.alone.front() {
+                if front.msg.needs_cloud_ack() && !window_open {
+                    break;
+                }
+                if let Some(q) = self.alone.pop_front() {
+                    let (s, r) = self.send_single(q, unacked_in_write);
+                    sent += s;
+                    resent += r;
+                }
+                continue;
+            }
+            let aggregating = self.aggregating();
+            if !aggregating && self.packer.as_ref().is_some_and(|p| !p.is_empty()) {
+                // Crossed below the threshold: what is packed goes before anything single.
+                self.seal_pack();
+                continue;
+            }
+            if self.packer.as_ref().is_some_and(Packer::is_full) {
+                // Filled by a message that started it while the previous pack was sealed.
+                self.seal_pack();
+                continue;
+            }
+            let backlog_turn = self.backlog_turn(window, aggregating);
+            let Some(Queued { msg, resend }) = self
+                .queue
+                .take_next(window_open || aggregating, backlog_turn)
+            else {
+                break;
+            };
+            let backlog = msg.is_backlog();
+            self.last_took_backlog = backlog;
+            if aggregating {
+                self.pack_mix.0 += usize::from(backlog);
+                self.pack_mix.1 += 1;
+                resent += u64::from(resend);
+                self.pack_or_hold(Queued { msg, resend }, limits.pack_limit);
+                continue;
+            }
+            let (s, r) = self.send_single(Queued { msg, resend }, unacked_in_write);
+            sent += s;
+            resent += r;
+        }
+        self.metrics.inflight.set(self.inflight.len() as i64);
+        (sent, resent)
+    }
+
+    /// Put a message into the open pack if it fits within `limit`; otherwise seal the pack
+    /// and try an empty one; a message even an empty pack cannot hold is held to go alone.
+    fn pack_or_hold(&mut self, q: Queued, limit: usize) {
+        let Queued { msg, resend } = q;
+        let Some(packer) = self.packer.as_mut() else {
+            self.alone.push_back(Queued { msg, resend });
+            return;
+        };
+        let msg = match packer.add(msg, limit) {
+            Ok(full) => {
+                if full {
+                    self.seal_pack();
+                }
+                return;
+            }
+            Err(msg) if packer.is_empty() => {
+                self.alone.push_back(Queued { msg, resend });
+                return;
+            }
+            Err(msg) => msg,
+        };
+        // The open pack is full for this message: seal it (it goes first), start a new one.
+        // `sealed` is empty here: fill_batch writes (or waits for) a sealed pack first.
+        self.seal_pack();
+        let Some(packer) = self.packer.as_mut() else {
+            return;
+        };
+        // If this fills the new pack at once, fill_batch seals it after the sealed one went.
+        if let Err(msg) = packer.add(msg, limit) {
+            self.alone.push_back(Queued { msg, resend });
+        }
+    }
+
+    /// Encode one message as its own unit (or finish it with a counted drop when the far
+    /// end can never take it). Returns (units, of which resends).
+    fn send_single(&mut self, q: Queued, unacked_in_write: &mut Vec<UplinkMessage>) -> (u64, u64) {
+        let Queued { msg, resend } = q;
+        let backlog = msg.is_backlog();
+        let id = match self.transport.encode(Unit::Message { msg: &msg, resend }) {
+            Ok(id) => id,
+            Err(e) => {
+                let reason = match e {
+                    Unsendable::TooLarge { .. } => DropReason::TooLargeForCloud,
+                    Unsendable::Invalid(_) => DropReason::InvalidForCloud,
+                };
+                debug!(shard = self.shard, uplink = %self.cfg.name, error = %e, "message can never be sent to the far end; dropped");
+                self.finish_dropped(msg, reason);
+                return (0, 0);
+            }
+        };
+        trace!(shard = self.shard, id = ?id, resend, "unit written");
+        match id {
+            Some(id) => self.track(id, Carried::One(msg), backlog),
+            None => unacked_in_write.push(msg),
+        }
+        (1, u64::from(resend))
+    }
+
+    /// Write a sealed pack as one unit; returns whether it was written. A pack the far end
+    /// cannot take (not expected: packs are kept within `pack_limit`) is not dropped: its
+    /// messages go one by one, before anything later.
+    fn write_pack(&mut self, pack: SealedPack, unacked_in_write: &mut Vec<UplinkMessage>) -> bool {
+        let format = match &self.packer {
+            Some(p) => p.format(),
+            None => sluice_proto::senml::Format::Json,
+        };
+        let unit = Unit::Pack {
+            payload: &pack.payload,
+            format,
+            needs_ack: pack.needs_ack(),
+        };
+        let id = match self.transport.encode(unit) {
+            Ok(id) => id,
+            Err(e) => {
+                debug!(
+                    shard = self.shard,
+                    uplink = %self.cfg.name,
+                    records = pack.records,
+                    bytes = pack.payload.len(),
+                    error = %e,
+                    "SenML pack cannot be sent to the far end; its messages go one by one"
+                );
+                for (i, msg) in pack.msgs.into_iter().enumerate() {
+                    self.alone.insert(i, Queued { msg, resend: false });
+                }
+                return false;
+            }
+        };
+        self.metrics.packs_sent.inc();
+        self.metrics.records_packed.add(pack.msgs.len() as u64);
+        self.metrics.pack_records.observe(pack.records as u64);
+        self.metrics.pack_bytes.observe(pack.payload.len() as u64);
+        trace!(shard = self.shard, id = ?id, records = pack.records, "pack written");
+        match id {
+            Some(id) => {
+                let backlog = pack.msgs.first().is_some_and(UplinkMessage::is_backlog);
+                self.track(id, Carried::Pack(pack.msgs), backlog);
+            }
+            None => unacked_in_write.extend(pack.msgs),
+        }
+        true
+    }
+
+    /// Remember a written unit until the far end answers for `id`.
+    fn track(&mut self, id: crate::sink::transport::SendId, carried: Carried, backlog: bool) {
+        self.send_seq += 1;
+        self.inflight_backlog += usize::from(backlog);
+        let seq = self.send_seq;
+        self.inflight.insert(
+            id,
+            Inflight {
+                seq,
+                carried,
+                backlog,
+            },
+        );
+    }
+}
