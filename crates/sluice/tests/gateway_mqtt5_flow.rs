@@ -7,37 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use common::packets::{opts_sub, publish};
 use common::*;
 use sluice_proto::mqtt::{
-    Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS, SubscribeFilter,
-    SubscriptionOptions,
+    Packet, Properties, ProtocolVersion, PubResponse, QoS,
 };
 use sluice_testkit::{ConnectOpts, TestClient};
-
-fn opts_sub(filter: &str, qos: QoS) -> SubscribeFilter {
-    SubscribeFilter {
-        filter: filter.into(),
-        options: SubscriptionOptions {
-            qos,
-            no_local: false,
-            retain_as_published: false,
-            retain_handling: 0,
-        },
-    }
-}
-
-fn publish(topic: &str, payload: &str, qos: QoS, id: Option<u16>, props: Properties) -> Packet {
-    Packet::Publish(Publish {
-        dup: false,
-        qos,
-        retain: false,
-        topic: topic.into(),
-        packet_id: id,
-        properties: (!props.is_empty()).then(|| Box::new(props)),
-        payload: Bytes::copy_from_slice(payload.as_bytes()),
-    })
-}
 
 // ---------------------------------------------------------------------------------------------
 // MQTT 5: Server Keep Alive, flow control, server topic aliases.

@@ -4,11 +4,13 @@
 //! [`transport::Transport`]; the MQTT uplink ([`mqtt`]: one MQTT client session per (shard,
 //! uplink, lane) to a cloud broker, over TLS 1.3, QoS 1) is the first transport.
 //!
-//! Owns: the message on its way out ([`UplinkMessage`]), lanes, the uplink errors with who is
-//! to blame ([`UplinkError`]), the uplink metrics ([`UplinkMetrics`]), and the public entry
-//! point the shard uses ([`spawn`] with a [`SessionSeed`]). Does not own: deciding which
-//! uplinks a device message goes to (the shard calls [`UplinkRoute::forwards`] and pushes a
-//! clone per uplink, sharing the [`AckToken`]), acknowledging devices (the device connection
+//! Owns: a sink as the router sees it ([`Sink`]: its `forward` filters, its lanes, its
+//! spool; [`Sink::offer`] takes a device message when the filters match and pushes an
+//! [`UplinkMessage`] holding a share of the device's [`AckToken`]), the message on its way
+//! out ([`UplinkMessage`]), lanes, the uplink errors with who is to blame ([`UplinkError`]),
+//! the uplink metrics ([`UplinkMetrics`]), and the public entry point the shard uses
+//! ([`spawn`] with a [`SessionSeed`]). Does not own: the router, which asks every sink
+//! (`crate::shard::router`), acknowledging devices (the device connection
 //! drains its `DeviceAcks`), what is done with a downlink message (the `downlink`
 //! callback), or config parsing and validation (`config/`). The queueing, ordering, window
 //! and retry rules are documented in [`outbox`]; connecting, keep-alive and the downlink in
@@ -19,7 +21,7 @@
 //! with client id `"{client_id}-{shard}"`.
 //!
 //! # Path of one message
-//! device connection → `UplinkQueue::push` (reserves bytes; waits while the queue is full, which
+//! router → [`Sink::offer`] → `UplinkQueue::push` (reserves bytes; waits while the queue is full, which
 //! stops the device connection reading its socket) → the outbox takes it when the inflight
 //! window has room and has the transport encode it with others into one write → the far end's
 //! ack → bytes released → [`UplinkMessage::complete_with`] (the device gets its PUBACK once

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fault_broker;
+pub mod packets;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
