@@ -19,7 +19,7 @@ use sluice::config::{MqttProtocol, UplinkConfig, UplinkUrl};
 use sluice::edge::ack::{AckToken, DeviceAcks};
 use sluice::sink::{self as uplink, UplinkError, UplinkMessage, UplinkMetrics, UplinkQueue};
 use sluice::telemetry::metrics::PromWriter;
-use sluice_proto::mqtt::{ProtocolVersion, Publish, QoS};
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -50,7 +50,7 @@ fn cloud_config(pki: &TestPki, broker: &Mosquitto, protocol: MqttProtocol) -> Up
 struct Uplink {
     queue: Rc<UplinkQueue>,
     metrics: Arc<UplinkMetrics>,
-    downlink: Rc<RefCell<Vec<Publish>>>,
+    downlink: Rc<RefCell<Vec<uplink::CloudMessage>>>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -69,7 +69,7 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
             cfg: Rc::new(cfg),
             tls: Some(tls),
             queue: queue.clone(),
-            downlink: Rc::new(move |p: Publish| -> uplink::DownlinkDelivery {
+            downlink: Rc::new(move |p: uplink::CloudMessage| -> uplink::DownlinkDelivery {
                 sink.borrow_mut().push(p);
                 Box::pin(async {})
             }),

@@ -74,7 +74,7 @@ fn start_uplink(cfg: UplinkConfig, devices: usize) -> Uplink {
             cfg: Rc::new(cfg),
             tls,
             queue: queue.clone(),
-            downlink: Rc::new(|_p: Publish| -> uplink::DownlinkDelivery { Box::pin(async {}) }),
+            downlink: Rc::new(|_p: uplink::CloudMessage| -> uplink::DownlinkDelivery { Box::pin(async {}) }),
             metrics: metrics.clone(),
             live_devices: Arc::new(AtomicUsize::new(devices)),
             on_port: None,
@@ -365,7 +365,7 @@ fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was
         let tls = None;
         let queue = Rc::new(UplinkQueue::new(64 * 1024));
         let metrics = Arc::new(UplinkMetrics::new());
-        let delivered: Rc<RefCell<Vec<Publish>>> = Rc::default();
+        let delivered: Rc<RefCell<Vec<uplink::CloudMessage>>> = Rc::default();
         let accept = Rc::new(tokio::sync::Notify::new());
         let (sink, gate) = (delivered.clone(), accept.clone());
         let (shutdown, rx) = watch::channel(false);
@@ -376,7 +376,7 @@ fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was
                 cfg: Rc::new(cfg),
                 tls,
                 queue,
-                downlink: Rc::new(move |p: Publish| -> uplink::DownlinkDelivery {
+                downlink: Rc::new(move |p: uplink::CloudMessage| -> uplink::DownlinkDelivery {
                     sink.borrow_mut().push(p);
                     let gate = gate.clone();
                     // Delivery is accepted only when the test says so.

@@ -305,7 +305,7 @@ async fn run(seed: ShardSeed) {
         let downlink_ctx = ctx.clone();
         // Only shard 0's normal session subscribes (uplink module docs); it delivers to every
         // shard and acknowledges the cloud once the future resolved.
-        let downlink: crate::sink::Downlink = Rc::new(move |p: sluice_proto::mqtt::Publish| {
+        let downlink: crate::sink::Downlink = Rc::new(move |p: crate::sink::CloudMessage| {
             let ctx = downlink_ctx.clone();
             Box::pin(async move {
                 let routed = Routed {

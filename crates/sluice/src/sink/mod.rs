@@ -80,10 +80,23 @@ use crate::edge::ack::AckToken;
 /// [`Downlink`]).
 pub type DownlinkDelivery = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
-/// What the downlink session does with each PUBLISH from the cloud (topic unchanged): deliver
-/// it to the local subscribers. The session acknowledges a QoS 1 message to the cloud only
-/// after the returned future resolved.
-pub type Downlink = std::rc::Rc<dyn Fn(sluice_proto::mqtt::Publish) -> DownlinkDelivery>;
+/// One message from a far end for the local subscribers (the cloud's command), in no
+/// transport's shape: what a transport hands the shard's router.
+#[derive(Debug, Clone)]
+pub struct CloudMessage {
+    /// The topic as the far end sent it (unchanged).
+    pub topic: ByteString,
+    pub payload: Bytes,
+    /// The guarantee it came with (local subscribers get at most this).
+    pub qos: QoS,
+    /// MQTT 5 application properties it carried, if any.
+    pub properties: Option<Box<sluice_proto::mqtt::Properties>>,
+}
+
+/// What a transport does with each message from the far end: deliver it to the local
+/// subscribers. The transport acknowledges it to the far end (MQTT: PUBACK) only after the
+/// returned future resolved.
+pub type Downlink = std::rc::Rc<dyn Fn(CloudMessage) -> DownlinkDelivery>;
 
 /// Which of a shard's two sessions to an uplink carries a message (SegaNet §4.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

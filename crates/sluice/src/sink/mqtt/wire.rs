@@ -294,7 +294,13 @@ impl MqttTransport {
                 _ => None,
             };
             let downlink = self.downlink.clone();
-            downlink(p).await;
+            downlink(crate::sink::CloudMessage {
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                properties: p.properties,
+            })
+            .await;
             if let Some(reply) = reply {
                 encode(&reply, self.version, &mut self.out)?;
                 self.metrics.downlink_acked.inc();
