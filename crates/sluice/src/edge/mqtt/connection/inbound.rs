@@ -150,7 +150,7 @@ impl Connection {
             ack,
         };
         let ctx = self.ctx.clone();
-        let publish = route::publish(&ctx, msg, self.priority);
+        let publish = route::publish(&ctx, Box::new(msg), self.priority);
         tokio::pin!(publish);
         loop {
             tokio::select! {

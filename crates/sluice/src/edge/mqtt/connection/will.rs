@@ -92,7 +92,7 @@ impl Connection {
             crate::shard::limits::WillCharge::new(&self.ctx, &message)
         };
         if now || charge.is_none() {
-            route::publish(&self.ctx, message, priority).await;
+            route::publish(&self.ctx, Box::new(message), priority).await;
             return;
         }
         self.session.state.borrow_mut().will = Some(PendingWill { message, priority });
@@ -108,7 +108,7 @@ impl Connection {
             let pending = session.state.borrow_mut().will.take();
             if let Some(w) = pending {
                 let (message, priority) = w.into_message();
-                route::publish(&ctx, message, priority).await;
+                route::publish(&ctx, Box::new(message), priority).await;
             }
         });
         // Input bounds: one pending will per session (an older one could not fire anyway).
