@@ -14,8 +14,8 @@ use bytestring::ByteString;
 use common::packets::{opts_sub, publish};
 use common::*;
 use sluice_proto::mqtt::{
-    Packet, Properties, ProtocolVersion, PubResponse, QoS, SubscribeFilter,
-    SubscriptionOptions, Will,
+    Packet, Properties, ProtocolVersion, PubResponse, QoS, SubscribeFilter, SubscriptionOptions,
+    Will,
 };
 use sluice_testkit::{ConnectOpts, TestClient};
 

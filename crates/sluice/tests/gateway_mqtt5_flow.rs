@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use common::packets::{opts_sub, publish};
 use common::*;
-use sluice_proto::mqtt::{
-    Packet, Properties, ProtocolVersion, PubResponse, QoS,
-};
+use sluice_proto::mqtt::{Packet, Properties, ProtocolVersion, PubResponse, QoS};
 use sluice_testkit::{ConnectOpts, TestClient};
 
 // ---------------------------------------------------------------------------------------------

@@ -74,7 +74,9 @@ fn start_uplink(cfg: UplinkConfig, devices: usize) -> Uplink {
             cfg: Rc::new(cfg),
             tls,
             queue: queue.clone(),
-            downlink: Rc::new(|_p: uplink::CloudMessage| -> uplink::DownlinkDelivery { Box::pin(async {}) }),
+            downlink: Rc::new(|_p: uplink::CloudMessage| -> uplink::DownlinkDelivery {
+                Box::pin(async {})
+            }),
             metrics: metrics.clone(),
             live_devices: Arc::new(AtomicUsize::new(devices)),
             on_port: None,

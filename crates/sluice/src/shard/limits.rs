@@ -41,9 +41,9 @@ use std::sync::Arc;
 use sluice_proto::mqtt::{reason, topic, Properties, ProtocolVersion};
 
 use super::metrics::ShardMetrics;
-use crate::edge::mqtt::session::OutMessage;
 use super::ShardContext;
 use crate::config::{Config, MqttConfig};
+use crate::edge::mqtt::session::OutMessage;
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
 /// Bytes charged for a queued message besides its topic, payload and properties: the

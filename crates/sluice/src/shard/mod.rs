@@ -32,9 +32,9 @@ use tokio::sync::{mpsc, watch};
 use crate::config::{Config, UplinkConfig};
 use crate::control::priority::PriorityTable;
 use crate::control::{ControlCmd, SharedSnapshot};
+use crate::edge::mqtt::session::Session;
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 use metrics::ShardMetrics;
-use crate::edge::mqtt::session::Session;
 use trie::TopicTrie;
 
 pub type ShardId = usize;
@@ -271,8 +271,13 @@ async fn run(seed: ShardSeed) {
     let mut former = Vec::new();
     for (uplink, index, opened) in former_spools {
         if let (Some(u), Some(ucfg)) = (ctx.uplinks.get(uplink), config.uplink.get(uplink)) {
-            let spool =
-                crate::sink::spool::UplinkSpool::new(index, &ucfg.name, &config, opened, u.queue.clone());
+            let spool = crate::sink::spool::UplinkSpool::new(
+                index,
+                &ucfg.name,
+                &config,
+                opened,
+                u.queue.clone(),
+            );
             spool.set_former();
             former.push((uplink, spool));
         }

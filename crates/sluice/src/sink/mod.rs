@@ -60,11 +60,11 @@ pub mod transport;
 
 pub use handle::{Offer, OfferCounters, OfferDrop, Sink};
 pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
-pub use outbox::pack::records_of;
 pub use mqtt::route::UplinkRoute;
-pub use mqtt::{spawn, SessionSeed};
 pub use mqtt::tls::client_tls_config;
 pub use mqtt::{socket, tc};
+pub use mqtt::{spawn, SessionSeed};
+pub use outbox::pack::records_of;
 pub use outbox::queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
 
 use std::path::PathBuf;

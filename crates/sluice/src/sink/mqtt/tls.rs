@@ -14,8 +14,8 @@ use std::sync::Arc;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
-use crate::sink::UplinkError;
 use crate::config::UplinkConfig;
+use crate::sink::UplinkError;
 
 const SYSTEM_BUNDLES: [&str; 4] = [
     "/etc/ssl/certs/ca-certificates.crt",

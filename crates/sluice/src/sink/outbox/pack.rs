@@ -31,8 +31,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use sluice_proto::senml::{self, Format, PackWriter, Record, Value};
 
-use crate::sink::UplinkMessage;
 use crate::config::{AggregateConfig, PackFormat};
+use crate::sink::UplinkMessage;
 
 /// Times below this are relative to "now" in SenML (RFC 8428 §4.5.3).
 const SENML_RELATIVE_LIMIT: f64 = (1u64 << 28) as f64;
