@@ -136,15 +136,20 @@
 //! per-segment checkpoint table, no format change.
 #![forbid(unsafe_code)]
 
+mod commit;
+mod config;
 mod cursor;
+mod error;
 pub mod fault;
 mod frame;
 mod fs;
 mod inspect;
+mod read;
 mod recovery;
 mod scan;
 mod spool;
 
+pub use commit::{CommitJob, CommitOutcome};
 pub use cursor::{CursorError, CURSOR_FILE};
 pub use frame::{FRAME_HEADER_LEN, SEGMENT_HEADER_LEN, SEGMENT_MAGIC};
 pub use fs::{parse_segment_name, segment_path, RealFs, SpoolFile, SpoolFs};
@@ -152,10 +157,10 @@ pub use inspect::{
     dump, dump_with_fs, stat, stat_with_fs, verify, verify_with_fs, InspectError, SpoolStat,
     VerifyReport,
 };
+pub use read::{ReadDone, ReadJob, ReadOutcome};
 pub use recovery::{CursorRecovery, RecoveryReport, SeqGap, SkippedRange, QUARANTINE_DIR};
 pub use scan::{BadRange, Run};
 pub use spool::{
-    Appended, CommitJob, CommitOutcome, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor,
-    ReadDone, ReadJob, ReadOutcome, Spool, SpoolConfig, SpoolCounters, SpoolError, SpoolRecord,
-    SpoolSeq,
+    Appended, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor, Spool, SpoolConfig,
+    SpoolCounters, SpoolError, SpoolRecord, SpoolSeq,
 };
