@@ -3,6 +3,8 @@
 
 #[path = "mqtt/arbitrary_bytes.rs"]
 mod arbitrary_bytes;
+#[path = "mqtt/encoder.rs"]
+mod encoder;
 #[path = "mqtt/golden.rs"]
 mod golden;
 #[path = "mqtt/malformed.rs"]
