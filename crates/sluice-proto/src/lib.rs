@@ -9,5 +9,6 @@
 //! and CBOR: decoding with base-field resolution, and an incremental pack writer).
 #![forbid(unsafe_code)]
 
+pub mod coap;
 pub mod mqtt;
 pub mod senml;

@@ -17,6 +17,7 @@
 //!
 //! The file format is documented option by option in `config/sluice.example.toml`.
 
+mod coap;
 mod lanes;
 mod spool;
 mod units;
@@ -33,6 +34,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use coap::{CoapConfig, CoapProxyConfig};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
@@ -133,13 +135,14 @@ fn location_suffix(line: Option<usize>, column: Option<usize>) -> String {
     }
 }
 
-/// The whole file: `[gateway]`, `[mqtt]`, `[admin]`, `[log]`, `[priority]`, `[spool]` and any
+/// The whole file: `[gateway]`, `[mqtt]`, `[coap]`, `[admin]`, `[log]`, `[priority]`, `[spool]` and any
 /// number of `[[uplink]]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub gateway: GatewayConfig,
     pub mqtt: MqttConfig,
+    pub coap: CoapConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub priority: PriorityConfig,
@@ -175,6 +178,11 @@ impl Config {
             resolve(&mut u.cert_file);
             resolve(&mut u.key_file);
             resolve(&mut u.password_file);
+        }
+        for p in &mut self.coap.proxy {
+            resolve(&mut p.ca_file);
+            resolve(&mut p.cert_file);
+            resolve(&mut p.key_file);
         }
     }
 }

@@ -30,6 +30,7 @@
 //! [`Priority`]: crate::control::priority::Priority
 
 pub mod ack;
+pub mod coap;
 pub mod mqtt;
 
 use std::time::Instant;

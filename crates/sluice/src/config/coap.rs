@@ -1,0 +1,154 @@
+//! `[coap]` and `[[coap.proxy]]`: the device-facing CoAP/UDP listener, its pub/sub resource,
+//! and the upstream CoAP servers (CoAP over TCP or TLS, RFC 8323) it proxies to.
+//!
+//! Owns: the config types and their defaults. Does not own: acting on them (`crate::edge::coap`
+//! for the listener, `crate::proxy` for the upstreams) or checks across sections
+//! (`validate.rs`).
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::units::{self, ByteSize};
+
+/// `[coap]`: CoAP over UDP (RFC 7252) for devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoapConfig {
+    /// Listen for CoAP devices at all.
+    pub enabled: bool,
+    #[serde(with = "units::socket_addr")]
+    pub listen: SocketAddr,
+    /// First Uri-Path segment of the pub/sub resource: `coap://gw/{pubsub_path}/{topic}`.
+    pub pubsub_path: String,
+    /// Largest datagram read from or written to a device (RFC 7252 §4.6 suggests 1152).
+    pub max_message_size: ByteSize,
+    /// Block size sluice asks for and answers with (Block1/Block2, RFC 7959): 16 B .. 1 KiB,
+    /// a power of two.
+    pub block_size: ByteSize,
+    /// Largest request body reassembled from Block1 blocks (a publish's payload); larger gets
+    /// 4.13 Request Entity Too Large with Size1.
+    pub max_body_size: ByteSize,
+    /// Block-wise transfers in progress at once, whole gateway (each holds its body so far);
+    /// beyond, a new one gets 5.03.
+    pub max_block_transfers: usize,
+    /// Message ids remembered for de-duplication, whole gateway (RFC 7252 §4.5); the oldest
+    /// is evicted, counted, when full.
+    pub max_exchanges: usize,
+    /// How long a CON's message id is remembered (EXCHANGE_LIFETIME).
+    #[serde(with = "units::duration")]
+    pub exchange_lifetime: Duration,
+    /// How long a NON's message id is remembered (NON_LIFETIME).
+    #[serde(with = "units::duration")]
+    pub non_lifetime: Duration,
+    /// First retransmission timeout of a CON sluice sends (ACK_TIMEOUT; ×1–1.5 at random,
+    /// doubled per retransmission).
+    #[serde(with = "units::duration")]
+    pub ack_timeout: Duration,
+    /// Retransmissions of a CON before the peer is given up (MAX_RETRANSMIT).
+    pub max_retransmit: u8,
+    /// A CON request whose answer is not ready after this gets an empty ACK now and its
+    /// response later as a separate CON (must stay below `ack_timeout`).
+    #[serde(with = "units::duration")]
+    pub separate_after: Duration,
+    /// Publishes waiting for a bound in the gateway (back-pressure), whole gateway; beyond,
+    /// a device gets 5.03 Service Unavailable with Max-Age = `retry_after`.
+    pub max_pending: usize,
+    /// Max-Age of a 5.03 answer: when the device should try again.
+    #[serde(with = "units::duration")]
+    pub retry_after: Duration,
+    /// Observe registrations (subscriptions) held at once, whole gateway.
+    pub max_observers: usize,
+    /// Notifications queued per observer while earlier ones are unacknowledged; beyond,
+    /// the oldest is dropped (counted): an observer wants the latest state.
+    pub max_queued_notifications: usize,
+    /// Upstream CoAP servers reached over TCP/TLS (reverse or forward proxy).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub proxy: Vec<CoapProxyConfig>,
+}
+
+impl Default for CoapConfig {
+    fn default() -> Self {
+        CoapConfig {
+            enabled: true,
+            listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 5683)),
+            pubsub_path: "ps".to_string(),
+            max_message_size: ByteSize(1152),
+            block_size: ByteSize::kib(1),
+            max_body_size: ByteSize::kib(64),
+            max_block_transfers: 1024,
+            max_exchanges: 65_536,
+            exchange_lifetime: Duration::from_secs(247),
+            non_lifetime: Duration::from_secs(145),
+            ack_timeout: Duration::from_secs(2),
+            max_retransmit: 4,
+            separate_after: Duration::from_millis(1000),
+            max_pending: 8192,
+            retry_after: Duration::from_secs(2),
+            max_observers: 10_000,
+            max_queued_notifications: 16,
+            proxy: Vec::new(),
+        }
+    }
+}
+
+/// `[[coap.proxy]]`: one upstream CoAP server over TCP or TLS (RFC 8323). Each shard keeps
+/// one connection to it, shared by every device on the shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoapProxyConfig {
+    /// Unique among proxies, `[a-zA-Z0-9_-]+`; a metric label.
+    pub name: String,
+    /// `coap+tcp://host[:port]` (default port 5683) or `coaps+tcp://host[:port]` (5684).
+    pub url: String,
+    /// Reverse proxy: requests to `coap://gw/{prefix}/rest…` go to `{url}/rest…`. Absent:
+    /// only forward proxying (Proxy-Uri / Proxy-Scheme naming this upstream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Forward proxy (RFC 7252 §5.7.2): accept Proxy-Uri/Proxy-Scheme requests whose scheme,
+    /// host and port name this upstream. sluice never proxies to a server not configured.
+    #[serde(default)]
+    pub forward: bool,
+    /// PEM CAs trusted for a `coaps+tcp://` server's certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// TLS SNI and verification name; default: the url host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// Requests outstanding on one shard's connection; more wait (back-pressure).
+    #[serde(default = "default_max_outstanding")]
+    pub max_outstanding: usize,
+    /// Requests that may wait for an outstanding slot per shard; beyond, 5.03.
+    #[serde(default = "default_max_waiting")]
+    pub max_waiting: usize,
+    /// A request with no response after this is answered 5.04 Gateway Timeout.
+    #[serde(default = "default_request_timeout", with = "units::duration")]
+    pub request_timeout: Duration,
+    /// Ping (7.02) an idle connection this often; no Pong within it closes the connection.
+    #[serde(default = "default_ping_interval", with = "units::duration")]
+    pub ping_interval: Duration,
+    #[serde(default = "default_connect_timeout", with = "units::duration")]
+    pub connect_timeout: Duration,
+}
+
+fn default_max_outstanding() -> usize {
+    256
+}
+fn default_max_waiting() -> usize {
+    4096
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_ping_interval() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
