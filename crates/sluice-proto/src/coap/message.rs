@@ -151,7 +151,8 @@ impl Message {
         if b.len() < end {
             return Err(with(DecodeErrorKind::TruncatedToken));
         }
-        let token = Token::from_slice(&b[4..end]).ok_or(with(DecodeErrorKind::TokenTooLong(tkl)))?;
+        let token =
+            Token::from_slice(&b[4..end]).ok_or(with(DecodeErrorKind::TokenTooLong(tkl)))?;
         let (options, payload) = decode_options(datagram, end).map_err(with)?;
         Ok(Message {
             mtype: header.mtype,

@@ -249,7 +249,14 @@ mod tests {
     #[test]
     fn block_values_round_trip() {
         let b = Block::from_uint(0x12).unwrap(); // NUM=1 M=0 SZX=2
-        assert_eq!(b, Block { num: 1, more: false, szx: 2 });
+        assert_eq!(
+            b,
+            Block {
+                num: 1,
+                more: false,
+                szx: 2
+            }
+        );
         assert_eq!(b.size(), 64);
         assert_eq!(b.offset(), 64);
         assert_eq!(b.to_uint(), 0x12);

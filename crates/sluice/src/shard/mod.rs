@@ -127,6 +127,8 @@ pub struct ShardContext {
     pub shared: RefCell<HashMap<ByteString, SharedMembers>>,
     /// Round-robin counter for picking a shard of a shared subscription.
     pub share_turn: std::cell::Cell<usize>,
+    /// The CoAP proxy's upstream connections of this shard (`[[coap.proxy]]`).
+    pub proxies: crate::proxy::ShardProxies,
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -261,6 +263,7 @@ async fn run(seed: ShardSeed) {
         delivery_seq: std::cell::Cell::new(0),
         shared: RefCell::new(HashMap::new()),
         share_turn: std::cell::Cell::new(0),
+        proxies: crate::proxy::ShardProxies::default(),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
