@@ -26,7 +26,7 @@ use crate::edge::DeviceMessage;
 use crate::shard::limits::ShardBounds;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::trie::TopicTrie;
-use crate::shard::Routed;
+use crate::shard::{Routed, ShardCmd};
 
 /// Records what the observers send; CONs wait for the test to answer them.
 #[derive(Default)]
@@ -85,36 +85,46 @@ fn run<F: Future>(f: F) -> F::Output {
 
 /// A one-shard context with a running control plane.
 fn shard(config: Config) -> Rc<ShardContext> {
+    let (mut shards, _inboxes) = shards(config, 1);
+    shards.remove(0)
+}
+
+/// `n` shard contexts sharing a running control plane and snapshot, and their inboxes.
+fn shards(config: Config, n: usize) -> (Vec<Rc<ShardContext>>, Vec<mpsc::Receiver<ShardCmd>>) {
     let config = Arc::new(config);
     let snapshot = Arc::new(ArcSwap::from_pointee(SubscriptionSnapshot::default()));
     let (control, inbox) = mpsc::channel(64);
     let metrics: Arc<ControlMetrics> = Arc::default();
-    let plane = ControlPlane::new(1, 100, snapshot.clone(), metrics);
+    let plane = ControlPlane::new(n, 100, snapshot.clone(), metrics);
     tokio::task::spawn_local(plane.run(inbox));
-    // This shard's own mailbox: never sent to (a shard delivers to itself directly).
-    let (mailbox, _) = mpsc::channel(1);
-    let metrics = Arc::new(ShardMetrics::default());
-    Rc::new(ShardContext {
-        id: 0,
-        config: config.clone(),
-        mailboxes: vec![mailbox],
-        control,
-        snapshot,
-        subs: RefCell::new(TopicTrie::new()),
-        filter_refs: RefCell::new(HashMap::new()),
-        sessions: RefCell::new(HashMap::new()),
-        uplinks: Vec::new(),
-        priority: Arc::new(PriorityTable::new(&config.priority)),
-        metrics: metrics.clone(),
-        live_connections: Arc::default(),
-        online_devices: Arc::default(),
-        shutting_down: Cell::new(false),
-        bounds: ShardBounds::new(&config, 1, metrics, Arc::default()),
-        delivery_seq: Cell::new(0),
-        shared: RefCell::new(HashMap::new()),
-        share_turn: Cell::new(0),
-        proxies: crate::proxy::ShardProxies::default(),
-    })
+    let (mailboxes, inboxes): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel(64)).unzip();
+    let ctxs = (0..n)
+        .map(|id| {
+            let metrics = Arc::new(ShardMetrics::default());
+            Rc::new(ShardContext {
+                id,
+                config: config.clone(),
+                mailboxes: mailboxes.clone(),
+                control: control.clone(),
+                snapshot: snapshot.clone(),
+                subs: RefCell::new(TopicTrie::new()),
+                filter_refs: RefCell::new(HashMap::new()),
+                sessions: RefCell::new(HashMap::new()),
+                uplinks: Vec::new(),
+                priority: Arc::new(PriorityTable::new(&config.priority)),
+                metrics: metrics.clone(),
+                live_connections: Arc::default(),
+                online_devices: Arc::default(),
+                shutting_down: Cell::new(false),
+                bounds: ShardBounds::new(&config, n, metrics, Arc::default()),
+                delivery_seq: Cell::new(0),
+                shared: RefCell::new(HashMap::new()),
+                share_turn: Cell::new(0),
+                proxies: crate::proxy::ShardProxies::default(),
+            })
+        })
+        .collect();
+    (ctxs, inboxes)
 }
 
 fn setup(config: Config) -> (Rc<ShardContext>, Rc<TestOut>, Rc<Observers>) {
@@ -520,5 +530,46 @@ fn expired_and_oversized_messages_are_not_notified() {
             "{text}"
         );
         assert!(text.contains("sluice_coap_notifications_total{shard=\"0\",type=\"non\"} 1"));
+    });
+}
+
+#[test]
+fn a_message_published_on_another_shard_reaches_the_observer_through_its_mailbox() {
+    run(async {
+        let mut config = Config::default();
+        config.coap.max_observers = 4;
+        let (ctxs, mut inboxes) = shards(config, 2);
+        let (publisher, observer) = (ctxs[0].clone(), ctxs[1].clone());
+        // Shard 1's command loop, as `shard::run` does it for deliveries.
+        let mut inbox = inboxes.remove(1);
+        let loop_ctx = observer.clone();
+        tokio::task::spawn_local(async move {
+            while let Some(cmd) = inbox.recv().await {
+                if let ShardCmd::Deliver(routed) = cmd {
+                    router::deliver_local(&loop_ctx, &routed);
+                }
+            }
+        });
+        let out = Rc::new(TestOut::default());
+        let obs = Observers::new(observer.clone(), out.clone());
+        assert_eq!(obs.limit(), 2, "max_observers is split over the shards");
+        observe(&obs, 5011, 8, "far/+").await;
+        publish(&publisher, "far/away", "crossed", None).await;
+        settle().await;
+        assert_eq!(out.count(), 1);
+        assert_eq!(&out.last().payload[..], b"crossed");
+        assert_eq!(publisher.metrics.cross_shard_sent.get(), 1);
+
+        let dev = ByteString::from("sensor-1");
+        obs.on_get(peer(5011), &dev, &get(8, Some(1)), "far/+")
+            .await;
+        settle().await;
+        assert!(
+            observer.snapshot.load().trie.is_empty(),
+            "the filter left the snapshot"
+        );
+        publish(&publisher, "far/away", "not any more", None).await;
+        settle().await;
+        assert_eq!(out.count(), 1);
     });
 }
