@@ -156,12 +156,20 @@ impl Observers {
     /// An RST from `peer` for message id `mid` that matched no CON sluice is retransmitting
     /// (a NON notification the device no longer wants).
     pub fn on_reset(&self, peer: SocketAddr, mid: u16) {
+        self.reset_matched(peer, mid);
+    }
+
+    /// [`Observers::on_reset`], telling whether the RST was for a recent notification (and
+    /// deregistered its observer); the edge counts the others as unmatched.
+    pub fn reset_matched(&self, peer: SocketAddr, mid: u16) -> bool {
         let token = self.by_mid.borrow().get(&(peer, mid)).copied();
         let reg = token.and_then(|t| self.regs.borrow().get(&(peer, t)).cloned());
-        if let Some(reg) = reg {
-            if reg.recent_mids.borrow().contains(&mid) {
+        match reg {
+            Some(reg) if reg.recent_mids.borrow().contains(&mid) => {
                 self.remove(&reg, Deregistration::Reset);
+                true
             }
+            _ => false,
         }
     }
 

@@ -366,8 +366,9 @@ fn rst_of_a_non_notification_deregisters_and_frees_the_subscription() {
         assert_eq!(obs.len(), 1, "an RST from another peer does not match");
         obs.on_reset(peer(5005), mid.wrapping_add(100));
         assert_eq!(obs.len(), 1, "an RST for another message id does not match");
-        obs.on_reset(peer(5005), mid);
+        assert!(obs.reset_matched(peer(5005), mid));
         assert_eq!(obs.len(), 0);
+        assert!(!obs.reset_matched(peer(5005), mid), "only once");
         settle().await;
         assert_eq!(
             subscribers(&ctx, "rst/t"),
