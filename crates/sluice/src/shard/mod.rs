@@ -263,7 +263,10 @@ async fn run(seed: ShardSeed) {
         delivery_seq: std::cell::Cell::new(0),
         shared: RefCell::new(HashMap::new()),
         share_turn: std::cell::Cell::new(0),
-        proxies: crate::proxy::ShardProxies::default(),
+        proxies: crate::proxy::ShardProxies::new(
+            &config,
+            Arc::new(crate::proxy::ProxyMetrics::new(&config)),
+        ),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
