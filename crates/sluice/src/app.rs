@@ -133,6 +133,9 @@ impl Gateway {
         let shard_metrics: Vec<Arc<ShardMetrics>> = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
+        let proxy_metrics: Vec<Arc<crate::proxy::ProxyMetrics>> = (0..shards)
+            .map(|_| Arc::new(crate::proxy::ProxyMetrics::new(&config)))
+            .collect();
         let priority = Arc::new(PriorityTable::new(&config.priority));
         let uplink_metrics: Vec<Vec<LaneMetrics>> = (0..shards)
             .map(|_| {
@@ -241,6 +244,7 @@ impl Gateway {
                 spools: shard_spools.next().unwrap_or_default(),
                 former_spools: shard_former.next().unwrap_or_default(),
                 sessions_total: sessions_total.clone(),
+                proxy_metrics: proxy_metrics[id].clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -264,6 +268,7 @@ impl Gateway {
             former_spool_metrics: former_metrics,
             spool_dir: config.spool.dir.clone(),
             spool_ack: config.spool.ack,
+            proxy_metrics,
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -484,6 +489,8 @@ struct GatewayStatus {
     former_spool_metrics: Vec<Arc<crate::sink::spool::SpoolMetrics>>,
     spool_dir: Option<std::path::PathBuf>,
     spool_ack: crate::config::SpoolAck,
+    /// Per shard: the CoAP proxy's upstream connections.
+    proxy_metrics: Vec<Arc<crate::proxy::ProxyMetrics>>,
 }
 
 impl GatewayStatus {
@@ -542,6 +549,7 @@ impl AdminSource for GatewayStatus {
                 m.render(w, &i.to_string(), name);
             }
         }
+        crate::admin::coap_proxy::render_proxy_metrics(w, &self.proxy_metrics);
     }
 
     fn status(&self) -> serde_json::Value {
@@ -603,6 +611,7 @@ impl AdminSource for GatewayStatus {
             "devices": self.control.devices_connected.get(),
             "spool": self.spool_summary(),
             "shards": shards,
+            "coap_proxy": crate::admin::coap_proxy::proxy_status(&self.proxy_metrics),
             "traffic_control": self
                 .uplink_names
                 .iter()

@@ -156,6 +156,8 @@ pub struct ShardSeed {
     pub former_spools: Vec<(usize, usize, crate::sink::spool::OpenedSpool)>,
     /// Input bounds: sessions on every shard (`mqtt.max_sessions`).
     pub sessions_total: Arc<AtomicUsize>,
+    /// This shard's CoAP proxy counters (`[[coap.proxy]]` upstreams), shown by the admin.
+    pub proxy_metrics: Arc<crate::proxy::ProxyMetrics>,
 }
 
 /// Start a shard thread.
@@ -206,6 +208,7 @@ async fn run(seed: ShardSeed) {
         spools,
         former_spools,
         sessions_total,
+        proxy_metrics,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -263,10 +266,7 @@ async fn run(seed: ShardSeed) {
         delivery_seq: std::cell::Cell::new(0),
         shared: RefCell::new(HashMap::new()),
         share_turn: std::cell::Cell::new(0),
-        proxies: crate::proxy::ShardProxies::new(
-            &config,
-            Arc::new(crate::proxy::ProxyMetrics::new(&config)),
-        ),
+        proxies: crate::proxy::ShardProxies::new(&config, proxy_metrics),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
