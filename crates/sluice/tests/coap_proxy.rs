@@ -468,10 +468,10 @@ async fn the_upstream_killed_and_restarted_mid_stream_loses_no_request() {
         let _server = restarted.unwrap().await.unwrap();
         assert_eq!(answered.len(), 120, "every request is answered");
         for (round, code, res) in &answered {
-            match code {
+            match *code {
                 // Idempotent: the server's own answer, retried on the new connection if need be.
-                &Code::GET => assert_eq!(*res, Code::CONTENT, "round {round}"),
-                &Code::PUT => assert_eq!(*res, Code::CHANGED, "round {round}"),
+                Code::GET => assert_eq!(*res, Code::CONTENT, "round {round}"),
+                Code::PUT => assert_eq!(*res, Code::CHANGED, "round {round}"),
                 // POST: the server's 4.05, or 5.02 when the connection died under it.
                 _ => assert!(
                     *res == Code::METHOD_NOT_ALLOWED || *res == Code::BAD_GATEWAY,
@@ -486,4 +486,27 @@ async fn the_upstream_killed_and_restarted_mid_stream_loses_no_request() {
     assert_eq!(m.timeouts.get(), 0);
     // Round 15's GET and PUT were retried on the new connection, its POST answered 5.02.
     assert_eq!((m.retries.get(), m.bad_gateway.get()), (2, 1));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_over_the_servers_max_message_size_is_4_13_with_size1() {
+    run_local(async {
+        // The fake server's CSM says 1152 bytes.
+        let port = fake_upstream(|_, mut s, mut buf| async move {
+            while let Some(req) = read_msg(&mut s, &mut buf).await {
+                write_msg(&mut s, &answer(&req, Code::CHANGED, b"")).await;
+            }
+        })
+        .await;
+        let cfg = config(&format!(
+            "[[coap.proxy]]\nname = \"f\"\nurl = \"coap+tcp://127.0.0.1:{port}\"\nprefix = \"f\"\n"
+        ));
+        let (p, _) = proxies(&cfg);
+        let res = call(&p, request(Code::PUT, &["f", "r"], &[7u8; 2000])).await;
+        assert_eq!(res.code, Code::REQUEST_ENTITY_TOO_LARGE);
+        assert_eq!(res.uint_option(opt::SIZE1), Some(1152));
+        let res = call(&p, request(Code::PUT, &["f", "r"], &[7u8; 1000])).await;
+        assert_eq!(res.code, Code::CHANGED, "the connection is still good");
+    })
+    .await;
 }

@@ -427,10 +427,15 @@ impl Upstream {
             encode_tcp(&p.req, wbuf);
             if wbuf.len() - before > caps.max_message_size {
                 wbuf.truncate(before);
-                let _ = p.reply.send(made_up(
+                let mut res = made_up(
                     Code::REQUEST_ENTITY_TOO_LARGE,
                     "over the upstream's Max-Message-Size",
-                ));
+                );
+                res.add_uint_option(
+                    opt::SIZE1,
+                    caps.max_message_size.min(u32::MAX as usize) as u32,
+                );
+                let _ = p.reply.send(res);
                 continue;
             }
             p.written_at = Instant::now();
