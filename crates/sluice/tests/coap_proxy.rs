@@ -510,3 +510,33 @@ async fn a_request_over_the_servers_max_message_size_is_4_13_with_size1() {
     })
     .await;
 }
+
+/// A running gateway shows every shard's upstream in /api/v1/status and /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_reports_each_shards_upstream_connection() {
+    let text = "[gateway]\npin_threads = false\nshards = 2\n[mqtt]\nlisten = \"127.0.0.1:0\"\n\
+        [admin]\nlisten = \"127.0.0.1:0\"\n[coap]\nlisten = \"127.0.0.1:0\"\n\
+        [[coap.proxy]]\nname = \"cloud\"\nurl = \"coap+tcp://127.0.0.1:9\"\nprefix = \"cloud\"\n";
+    let config = sluice::config::parse(text).unwrap();
+    let gw = sluice::app::Gateway::build(config)
+        .unwrap()
+        .start()
+        .unwrap();
+    let status = gw.status_json();
+    let ups = status["coap_proxy"].as_array().unwrap().clone();
+    assert_eq!(ups.len(), 2, "{status}");
+    for (i, u) in ups.iter().enumerate() {
+        assert_eq!(u["shard"], i);
+        assert_eq!(u["upstream"], "cloud");
+        assert_eq!(
+            u["state"], "disconnected",
+            "nothing connects before a request"
+        );
+    }
+    let metrics = gw.metrics_text();
+    assert!(
+        metrics.contains("sluice_coap_proxy_state{shard=\"1\",upstream=\"cloud\"} 0"),
+        "{metrics}"
+    );
+    gw.shutdown();
+}
