@@ -143,15 +143,15 @@ impl Upstream {
 
     /// Send `req` (already rewritten for the upstream) and resolve with the response; the
     /// response's token and type are the request's.
-    pub async fn forward(self: Rc<Self>, mut req: Message) -> Message {
+    pub async fn forward(self: Rc<Self>, req: Message) -> Message {
         let (device_token, mtype) = (req.token, req.mtype);
-        let mut res = self.exchange(&mut req).await;
+        let mut res = self.exchange(req).await;
         res.token = device_token;
         res.mtype = mtype;
         res
     }
 
-    async fn exchange(self: &Rc<Self>, req: &mut Message) -> Message {
+    async fn exchange(self: &Rc<Self>, mut req: Message) -> Message {
         let seq = self.next_token.get();
         self.next_token.set(seq + 1);
         let token = Token::from_slice(&sluice_proto::coap::message::encode_uint(seq as u32))
@@ -168,15 +168,11 @@ impl Upstream {
                 res.add_uint_option(opt::MAX_AGE, self.retry_after.as_secs().max(1) as u32);
                 return res;
             }
-            let mut up = std::mem::replace(
-                req,
-                Message::new(MsgType::Con, Code::EMPTY, 0, Token::EMPTY),
-            );
-            up.token = token;
+            req.token = token;
             q.waiting.push_back((
                 token,
                 Pending {
-                    req: up,
+                    req,
                     reply: tx,
                     retried: false,
                     written_at: Instant::now(),
