@@ -2,9 +2,15 @@
 //! block-wise values (RFC 7959). Bytes in, messages out; no sockets, no clocks.
 //!
 //! Modules: [`message`] (the message and its UDP encoding; the option/payload encoding
-//! shared with TCP), [`tcp`] (RFC 8323 framing and signalling messages).
+//! shared with TCP), [`tcp`] (RFC 8323 framing and signalling messages), [`dedup`]
+//! (message-id de-duplication), [`reliability`] (CON retransmission schedule), [`block`]
+//! (Block1 reassembly, Block2 slices), [`link`] (RFC 6690 link-format writer).
 
+pub mod block;
+pub mod dedup;
+pub mod link;
 pub mod message;
+pub mod reliability;
 pub mod tcp;
 
 use std::fmt;
