@@ -20,7 +20,7 @@ use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use sluice_proto::coap::{Code, Message};
+use sluice_proto::coap::{opt, Block, Code, Message};
 
 use crate::config::Config;
 pub use metrics::{ProxyMetrics, UpstreamMetrics};
@@ -45,6 +45,10 @@ pub struct ShardProxies {
     entries: Vec<route::RouteEntry>,
     upstreams: Vec<Rc<conn::Upstream>>,
     metrics: Arc<ProxyMetrics>,
+    /// SZX of `coap.block_size`: a GET or FETCH without Block2 asks the upstream for its
+    /// first block of this size (RFC 7959 §2.4 early negotiation), so a large resource comes
+    /// back block by block in datagrams the device can take.
+    block_szx: u8,
 }
 
 impl std::fmt::Debug for ShardProxies {
@@ -84,6 +88,7 @@ impl ShardProxies {
                 })
                 .collect(),
             metrics,
+            block_szx: Block::szx_for(config.coap.block_size.0 as usize),
         }
     }
 
@@ -107,9 +112,23 @@ impl ShardProxies {
     /// timeout).
     pub fn forward(&self, route: Route, req: Message) -> impl Future<Output = Message> + 'static {
         let upstream = self.upstreams.get(route.upstream).cloned();
+        let szx = self.block_szx;
         async move {
             match upstream {
-                Some(up) => up.forward(route::rewrite(req, route.rewrite)).await,
+                Some(up) => {
+                    let mut up_req = route::rewrite(req, route.rewrite);
+                    if matches!(up_req.code, Code::GET | Code::FETCH)
+                        && up_req.option(opt::BLOCK2).is_none()
+                    {
+                        let first = Block {
+                            num: 0,
+                            more: false,
+                            szx,
+                        };
+                        up_req.add_uint_option(opt::BLOCK2, first.to_uint());
+                    }
+                    up.forward(up_req).await
+                }
                 None => {
                     let mut res = conn::made_up(Code::PROXYING_NOT_SUPPORTED, "no such upstream");
                     res.token = req.token;
