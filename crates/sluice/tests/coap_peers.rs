@@ -395,6 +395,39 @@ async fn bad_input_is_counted_and_answered_while_a_healthy_device_is_undisturbed
     let gw = CoapGateway::start(&cloud, 2, "max_body_size = \"2KiB\"");
     let dir = tempfile::tempdir().expect("tempdir");
 
+    let bad_before = coap_metric(
+        &gw.metrics(),
+        &["bad", "malformed", "format", "invalid", "error"],
+    );
+    let in_before = coap_metric(&gw.metrics(), &["datagrams_in", "received"]);
+
+    // A flood from one source, from before the healthy device starts until it is done:
+    // garbage, bad options in NONs, truncated headers.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let (stop, coap) = (stop.clone(), gw.coap);
+        tokio::spawn(async move {
+            let flood = RawDevice::new(coap).await;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+            let mut sent = 0usize;
+            while sent < FLOOD || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let d: Vec<u8> = match sent % 3 {
+                    0 => (0..rng.gen_range(0..40)).map(|_| rng.gen()).collect(),
+                    1 => vec![0x50, 0x02, (sent >> 8) as u8, sent as u8, 0xf1],
+                    _ => vec![0x40, 0x02],
+                };
+                flood.send(&d).await;
+                sent += 1;
+                if sent % 50 == 0 {
+                    // Paced, not throttled: ~25k datagrams/s at most, so the kernel's socket
+                    // buffer is not what drops them.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            sent
+        })
+    };
+
     // The healthy device: aiocoap, CON publishes one after another, all through the attack.
     let (python, script) = aiocoap_device(dir.path());
     let healthy = Peer::spawn(
@@ -409,11 +442,6 @@ async fn bad_input_is_counted_and_answered_while_a_healthy_device_is_undisturbed
     );
 
     let raw = RawDevice::new(gw.coap).await;
-    let bad_before = coap_metric(
-        &gw.metrics(),
-        &["bad", "malformed", "format", "invalid", "error"],
-    );
-    let in_before = coap_metric(&gw.metrics(), &["datagrams_in", "received"]);
 
     // Truncated headers: not even a message id to answer; ignored (RFC 7252 §4.2).
     for d in [&[0x40u8][..], &[0x40, 0x02], &[0x40, 0x02, 0x00]] {
@@ -487,23 +515,6 @@ async fn bad_input_is_counted_and_answered_while_a_healthy_device_is_undisturbed
         answers.len() - 1
     );
 
-    // A flood from one source: garbage and bad options as fast as the socket goes.
-    let flood = RawDevice::new(gw.coap).await;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    for i in 0..FLOOD {
-        let d: Vec<u8> = match i % 3 {
-            0 => (0..rng.gen_range(0..40)).map(|_| rng.gen()).collect(),
-            1 => vec![0x50, 0x02, (i >> 8) as u8, i as u8, 0xf1],
-            _ => vec![0x40, 0x02],
-        };
-        flood.send(&d).await;
-        if i % 50 == 49 {
-            // Paced, not throttled: ~25k datagrams/s, so the kernel's socket buffer (not the
-            // gateway) is not what drops them.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
     // The healthy device: every publish answered 2.04, every message at the cloud, in order.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while healthy.stdout_text().lines().count() < HEALTHY {
@@ -515,6 +526,8 @@ async fn bad_input_is_counted_and_answered_while_a_healthy_device_is_undisturbed
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flooded = flood.await.expect("flood task");
     for (i, l) in healthy.stdout_text().lines().enumerate() {
         let v: serde_json::Value = serde_json::from_str(l).expect("json line");
         assert_eq!(
@@ -532,10 +545,15 @@ async fn bad_input_is_counted_and_answered_while_a_healthy_device_is_undisturbed
 
     let m = gw.metrics();
     let bad = coap_metric(&m, &["bad", "malformed", "format", "invalid", "error"]) - bad_before;
-    assert!(bad >= 6.0, "format errors not counted ({bad}):\n{m}");
+    // Two thirds of the flood and the 6 probes above are format errors; allow for some
+    // datagrams the kernel dropped.
+    assert!(
+        bad >= (flooded / 4) as f64 + 6.0,
+        "format errors not counted ({bad} of {flooded} flooded):\n{m}"
+    );
     let received = coap_metric(&m, &["datagrams_in", "received"]) - in_before;
     assert!(
-        received >= (FLOOD / 2) as f64,
+        received >= (flooded / 2) as f64,
         "flood not counted ({received}):\n{m}"
     );
     drop(healthy);
