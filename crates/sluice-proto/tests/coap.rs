@@ -1,9 +1,12 @@
 //! Tests of the CoAP/UDP codec (RFC 7252) through its public API: the fact sheet's golden
 //! vectors (shared/specs/senml-and-coap.md §2.5, copied into tests/vectors/), round trips of
-//! random messages, option order and repeats, truncations, and arbitrary bytes.
+//! random messages, option order and repeats, block values, truncations, and arbitrary
+//! bytes.
 
 #[path = "coap/arbitrary_bytes.rs"]
 mod arbitrary_bytes;
+#[path = "coap/blocks.rs"]
+mod blocks;
 #[path = "coap/golden.rs"]
 mod golden;
 #[path = "coap/malformed.rs"]

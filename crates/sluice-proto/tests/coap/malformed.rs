@@ -36,7 +36,10 @@ fn token_lengths_nine_to_fifteen() {
         let e = decode(&wire).expect_err("token too long");
         assert_eq!(e.kind, DecodeErrorKind::TokenTooLong(tkl));
         let h = e.header.expect("header");
-        assert_eq!((h.mtype, h.code, h.message_id), (MsgType::Con, Code::POST, 0xbeef));
+        assert_eq!(
+            (h.mtype, h.code, h.message_id),
+            (MsgType::Con, Code::POST, 0xbeef)
+        );
     }
     assert_eq!(kind("44 01 00 01 aa bb"), DecodeErrorKind::TruncatedToken);
 }
@@ -46,14 +49,19 @@ fn reserved_nibbles() {
     // Delta nibble 15 with any length nibble except the 0xFF marker, and length nibble 15.
     for first in 0xf0u8..=0xfe {
         assert_eq!(
-            decode(&[0x40, 0x01, 0, 1, first, 0, 0, 0]).expect_err("reserved").kind,
+            decode(&[0x40, 0x01, 0, 1, first, 0, 0, 0])
+                .expect_err("reserved")
+                .kind,
             DecodeErrorKind::ReservedNibble,
             "{first:#x}"
         );
     }
     assert_eq!(kind("40 01 00 01 bf 00"), DecodeErrorKind::ReservedNibble);
     // After a valid option too.
-    assert_eq!(kind("40 01 00 01 b1 61 0f"), DecodeErrorKind::ReservedNibble);
+    assert_eq!(
+        kind("40 01 00 01 b1 61 0f"),
+        DecodeErrorKind::ReservedNibble
+    );
 }
 
 #[test]

@@ -94,7 +94,12 @@ fn uint_options_set_and_remove() {
     // A uint longer than 4 bytes is not a uint.
     let mut m = post();
     m.add_option(opt::SIZE1, &[1u8, 2, 3, 4, 5][..]);
-    assert_eq!(decode(&m.to_udp()).expect("decodes").uint_option(opt::SIZE1), None);
+    assert_eq!(
+        decode(&m.to_udp())
+            .expect("decodes")
+            .uint_option(opt::SIZE1),
+        None
+    );
 }
 
 /// Re-add the options of `m` in the order `keys` gives, keeping the relative order of

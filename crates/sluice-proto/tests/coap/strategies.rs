@@ -35,7 +35,10 @@ pub fn boundary_number(max: u32) -> impl Strategy<Value = u32> {
 /// Options as (delta from the previous option, value length, fill byte); numbers stay within
 /// u16 because the sum of deltas is capped when the message is built.
 pub fn option_specs() -> impl Strategy<Value = Vec<(u32, u32, u8)>> {
-    vec((boundary_number(2000), boundary_number(600), any::<u8>()), 0..8)
+    vec(
+        (boundary_number(2000), boundary_number(600), any::<u8>()),
+        0..8,
+    )
 }
 
 pub fn payload() -> impl Strategy<Value = Bytes> {
