@@ -72,7 +72,10 @@ pub enum ShardCmd {
     DeliverShared(Routed, ByteString),
     /// A CoAP datagram another shard's socket read for a device of this shard (steering,
     /// `crate::edge::coap::server`); answered from this shard's own socket.
-    CoapDatagram { peer: SocketAddr, bytes: Bytes },
+    CoapDatagram {
+        peer: SocketAddr,
+        bytes: Bytes,
+    },
 }
 
 /// A subscription of a local session.

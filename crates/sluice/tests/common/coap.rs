@@ -67,7 +67,10 @@ impl CoapDevice {
             .await
             .ok()?
             .expect("recv");
-        Some(Message::decode_udp(&Bytes::copy_from_slice(&buf[..n])).expect("gateway sent a valid message"))
+        Some(
+            Message::decode_udp(&Bytes::copy_from_slice(&buf[..n]))
+                .expect("gateway sent a valid message"),
+        )
     }
 
     /// Send `m` (stamped) and return its response: piggybacked, or — after an empty ACK —
@@ -75,7 +78,9 @@ impl CoapDevice {
     pub async fn exchange(&mut self, mut m: Message, timeout: Duration) -> Message {
         self.stamp(&mut m);
         self.send(&m).await;
-        self.response_to(&m, timeout).await.expect("a response in time")
+        self.response_to(&m, timeout)
+            .await
+            .expect("a response in time")
     }
 
     /// The response to `req` (already sent); `None` after `timeout`.

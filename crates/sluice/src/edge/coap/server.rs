@@ -96,6 +96,13 @@ pub fn start(
     metrics: Arc<CoapMetrics>,
     shutdown: watch::Receiver<bool>,
 ) -> Option<Rc<CoapShard>> {
+    let sender = match socket.try_clone() {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::error!(shard = ctx.id, %error, "cannot duplicate the coap socket");
+            return None;
+        }
+    };
     let socket = match UdpSocket::from_std(socket) {
         Ok(s) => Rc::new(s),
         Err(error) => {
@@ -106,7 +113,7 @@ pub fn start(
     let cfg = &ctx.config.coap;
     let shards = ctx.mailboxes.len().max(1);
     let ep = Endpoint::new(
-        socket.clone(),
+        sender,
         ctx.id,
         shards,
         cfg.ack_timeout,
@@ -230,7 +237,8 @@ impl CoapShard {
 
     fn reset_if_con(&self, peer: SocketAddr, e: &DecodeError) {
         if let Some(h) = e.header.filter(|h| h.mtype == MsgType::Con) {
-            self.ep.send(peer, &Message::empty(MsgType::Rst, h.message_id));
+            self.ep
+                .send(peer, &Message::empty(MsgType::Rst, h.message_id));
         }
     }
 
@@ -263,14 +271,16 @@ impl CoapShard {
                 if m.code.is_empty() {
                     // CoAP ping (RFC 7252 §4.3): answered with RST.
                     if m.mtype == MsgType::Con {
-                        self.ep.send(peer, &Message::empty(MsgType::Rst, m.message_id));
+                        self.ep
+                            .send(peer, &Message::empty(MsgType::Rst, m.message_id));
                     }
                     return;
                 }
                 if !m.code.is_request() {
                     self.metrics.format_error(FormatError::Unexpected);
                     if m.mtype == MsgType::Con {
-                        self.ep.send(peer, &Message::empty(MsgType::Rst, m.message_id));
+                        self.ep
+                            .send(peer, &Message::empty(MsgType::Rst, m.message_id));
                     }
                     return;
                 }
