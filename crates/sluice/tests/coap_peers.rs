@@ -67,8 +67,8 @@ async fn libcoap_and_aiocoap_con_and_non_publishes_reach_the_cloud_byte_for_byte
         &gw.uri("peers/libcoap/con?c=libcoap-1"),
     ])
     .await;
-    assert!(out.success, "coap-client failed: {}", out.stderr);
-    assert_eq!(out.libcoap_codes(), vec!["2.04"], "{}", out.stderr);
+    assert!(out.success, "coap-client failed: {}", out.text());
+    assert_eq!(out.libcoap_codes(), vec!["2.04"], "{}", out.text());
     let (topic, payload) = cloud_next(&mut sub, "libcoap's CON publish").await;
     assert_eq!(topic, "peers/libcoap/con");
     assert_eq!(&payload[..], &body[..]);
@@ -88,7 +88,7 @@ async fn libcoap_and_aiocoap_con_and_non_publishes_reach_the_cloud_byte_for_byte
         &gw.uri("peers/libcoap/non?c=libcoap-2"),
     ])
     .await;
-    assert!(out.success, "coap-client failed: {}", out.stderr);
+    assert!(out.success, "coap-client failed: {}", out.text());
     let (topic, payload) = cloud_next(&mut sub, "libcoap's NON publish").await;
     assert_eq!(topic, "peers/libcoap/non");
     assert_eq!(&payload[..], &body[..]);
@@ -143,7 +143,7 @@ async fn a_4_kib_payload_by_block1_reaches_the_cloud_whole() {
         &gw.uri("blocks/libcoap?c=libcoap-blocks"),
     ])
     .await;
-    assert!(out.success, "coap-client failed: {}", out.stderr);
+    assert!(out.success, "coap-client failed: {}", out.text());
     let codes = out.libcoap_codes();
     assert_eq!(codes.last().map(String::as_str), Some("2.04"), "{codes:?}");
     assert_eq!(

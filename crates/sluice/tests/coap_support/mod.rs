@@ -33,16 +33,15 @@ pub struct CoapGateway {
 
 impl CoapGateway {
     pub fn start(cloud: &Cloud, shards: usize, coap_extra: &str) -> CoapGateway {
-        let port = free_udp_port();
         let extra = format!(
-            "[coap]\nlisten = \"127.0.0.1:{port}\"\n{coap_extra}\n{}",
+            "[coap]\nlisten = \"127.0.0.1:0\"\n{coap_extra}\n{}",
             cloud.uplink_toml(None, "[uplink.aggregate]\nenabled = false")
         );
         let gw = gateway_sections(&format!("shards = {shards}"), "", &extra);
-        CoapGateway {
-            gw,
-            coap: SocketAddr::from(([127, 0, 0, 1], port)),
-        }
+        let coap = gw
+            .coap_addr
+            .expect("[coap] is enabled: the gateway has a CoAP address");
+        CoapGateway { gw, coap }
     }
 
     /// `coap://127.0.0.1:PORT/ps/{path}` (path may carry `?query`).
@@ -53,12 +52,6 @@ impl CoapGateway {
     pub fn metrics(&self) -> String {
         self.gw.metrics_text()
     }
-}
-
-/// A UDP port on 127.0.0.1 that was free a moment ago.
-fn free_udp_port() -> u16 {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a probe UDP socket");
-    s.local_addr().expect("probe address").port()
 }
 
 /// Sum of the `sluice_coap_*` samples whose metric name contains one of `words`.
@@ -119,15 +112,21 @@ pub struct Output {
 
 impl Output {
     /// Response codes (`2.04`, `2.31`, `4.13`…) in libcoap's `-v 7` message dumps
-    /// (`v:1 t:ACK c:2.04 i:…`), in order.
+    /// (`v:1 t:ACK c:2.04 i:…`), in order. libcoap writes debug output to stdout and
+    /// errors to stderr.
     pub fn libcoap_codes(&self) -> Vec<String> {
-        self.stderr
-            .lines()
+        let text = format!("{}\n{}", String::from_utf8_lossy(&self.stdout), self.stderr);
+        text.lines()
             .filter_map(|l| l.strip_prefix("v:1 "))
             .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("c:")))
             .filter(|c| c.as_bytes().first().is_some_and(|b| b.is_ascii_digit()))
             .map(str::to_string)
             .collect()
+    }
+
+    /// stdout and stderr, for failure messages.
+    pub fn text(&self) -> String {
+        format!("{}\n{}", String::from_utf8_lossy(&self.stdout), self.stderr)
     }
 
     /// stdout as JSON lines (the aiocoap device).
