@@ -80,6 +80,8 @@ pub struct ShardMetrics {
     pub cross_shard_received: Counter,
     pub dropped: [Counter; DROP_REASONS.len()],
     pub closed: [Counter; CLOSE_REASONS.len()],
+    /// CoAP Observe registrations and notifications on this shard (`edge::coap::observe`).
+    pub coap_observe: crate::edge::coap::observe::ObserveMetrics,
     /// Input bounds (`shard::limits`).
     pub bounds: crate::shard::limits::BoundsMetrics,
 }
@@ -163,6 +165,7 @@ impl ShardMetrics {
             );
         }
         crate::shard::limits::render(self, w, shard);
+        self.coap_observe.render(w, shard);
         for (reason, name) in CLOSE_REASONS {
             w.counter(
                 "sluice_mqtt_connections_closed_total",

@@ -1,0 +1,115 @@
+//! Counters of the observers on one shard (`sluice_coap_observe_*`), kept on the shard's
+//! `ShardMetrics` so /metrics renders them with the shard's other counters.
+//!
+//! Owns: the counters and their rendering. Does not own: the observers (`super::Observers`).
+
+use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
+
+/// Why an observer was deregistered. A fixed set, so the label's cardinality is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deregistration {
+    /// A GET without Observe, or with Observe = 1 (RFC 7641 §3.6).
+    Get = 0,
+    /// The device answered a notification with RST.
+    Reset = 1,
+    /// A CON notification was never acknowledged (MAX_RETRANSMIT spent): the device is gone.
+    Silence = 2,
+    /// A new registration with the same endpoint and token replaced it.
+    Replaced = 3,
+}
+
+pub const DEREGISTRATIONS: [(Deregistration, &str); 4] = [
+    (Deregistration::Get, "get"),
+    (Deregistration::Reset, "reset"),
+    (Deregistration::Silence, "silence"),
+    (Deregistration::Replaced, "replaced"),
+];
+
+/// Why a notification was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotificationDrop {
+    /// More than `max_queued_notifications` waited behind an unacknowledged CON: the oldest
+    /// went.
+    QueueFull = 0,
+    /// Its MQTT 5 Message Expiry Interval passed while it waited.
+    Expired = 1,
+    /// Larger than `coap.max_message_size` (notifications are not sent block-wise).
+    TooLarge = 2,
+}
+
+pub const NOTIFICATION_DROPS: [(NotificationDrop, &str); 3] = [
+    (NotificationDrop::QueueFull, "queue_full"),
+    (NotificationDrop::Expired, "expired"),
+    (NotificationDrop::TooLarge, "too_large"),
+];
+
+#[derive(Debug, Default)]
+pub struct ObserveMetrics {
+    /// Observers registered now.
+    pub observers: Gauge,
+    pub registrations: Counter,
+    /// Registrations refused at the shard's share of `coap.max_observers` (answered 5.03).
+    pub refused: Counter,
+    pub deregistrations: [Counter; DEREGISTRATIONS.len()],
+    pub notifications_non: Counter,
+    pub notifications_con: Counter,
+    pub dropped: [Counter; NOTIFICATION_DROPS.len()],
+}
+
+impl ObserveMetrics {
+    pub fn deregistered(&self, why: Deregistration) {
+        self.deregistrations[why as usize].inc();
+    }
+    pub fn drop(&self, why: NotificationDrop) {
+        self.dropped[why as usize].inc();
+    }
+
+    pub fn render(&self, w: &mut PromWriter, shard: &str) {
+        let l = [("shard", shard)];
+        w.gauge(
+            "sluice_coap_observers",
+            "CoAP Observe registrations held",
+            &l,
+            self.observers.get(),
+        );
+        w.counter(
+            "sluice_coap_observe_registrations_total",
+            "CoAP Observe registrations accepted (new or replacing)",
+            &l,
+            self.registrations.get(),
+        );
+        w.counter(
+            "sluice_coap_observe_refused_total",
+            "CoAP Observe registrations refused at coap.max_observers (5.03)",
+            &l,
+            self.refused.get(),
+        );
+        for (why, name) in DEREGISTRATIONS {
+            w.counter(
+                "sluice_coap_observe_deregistrations_total",
+                "CoAP Observe registrations ended, by reason",
+                &[("shard", shard), ("reason", name)],
+                self.deregistrations[why as usize].get(),
+            );
+        }
+        for (ty, value) in [
+            ("non", self.notifications_non.get()),
+            ("con", self.notifications_con.get()),
+        ] {
+            w.counter(
+                "sluice_coap_notifications_total",
+                "CoAP Observe notifications sent, by message type",
+                &[("shard", shard), ("type", ty)],
+                value,
+            );
+        }
+        for (why, name) in NOTIFICATION_DROPS {
+            w.counter(
+                "sluice_coap_notifications_dropped_total",
+                "CoAP Observe notifications not sent, by reason",
+                &[("shard", shard), ("reason", name)],
+                self.dropped[why as usize].get(),
+            );
+        }
+    }
+}

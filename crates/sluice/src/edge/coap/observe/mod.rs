@@ -1,0 +1,395 @@
+//! Observe (RFC 7641) subscriptions on the pub/sub resource: `GET {pubsub_path}/{filter}`
+//! with Observe=0 registers, every routed message matching `filter` becomes a notification.
+//!
+//! Owns: the registrations of one shard, keyed by (peer, token); the notification task of
+//! each; which recent NON notification went to whom (so an RST for one deregisters).
+//! Does not own: the socket, retransmission of CONs and de-duplication (the edge's
+//! [`CoapOut`]), routing (`shard::router`), the retained store (control plane).
+//!
+//! How messages reach an observer: each registration gets its own [`Session`] (client id
+//! `coap/{device}/{token hex}`), subscribed to its filter with `router::subscribe` at QoS 0,
+//! exactly as an MQTT device's session is; the router's local fan-out queues matching
+//! messages in the session's outbox (charged to the shard's queued-bytes budget), other
+//! shards reach it through the snapshot and this shard's mailbox, the cloud's `receive`
+//! through `deliver_downlink`. The session is *not* in `ShardContext::sessions`: nothing
+//! looks it up by client id (no takeover, no eviction, not counted in `mqtt.max_sessions`),
+//! so its id cannot collide with an MQTT device's. A local task per registration
+//! (`notify::run`) drains the outbox into notifications through [`CoapOut`].
+//!
+//! Invariants: at most `coap.max_observers / shards` registrations (beyond: 5.03 with
+//! Max-Age); a registration leaves the map, its task is stopped, its subscription removed
+//! and its queued messages released together (`remove`); Observe values of one
+//! (peer, token) only increase (a re-registration continues the sequence), modulo 2^24.
+
+mod format;
+mod metrics;
+mod notify;
+#[cfg(test)]
+mod tests;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use bytestring::ByteString;
+use sluice_proto::coap::{opt, Code, Message, MsgType, Token};
+use sluice_proto::mqtt::{topic, QoS, SubscriptionOptions};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::CoapOut;
+use crate::control::{ControlCmd, RetainedMessage};
+use crate::edge::mqtt::session::Session;
+use crate::shard::{router, ShardContext};
+
+pub use format::{content_format_of, content_type_of};
+pub use metrics::{Deregistration, NotificationDrop, ObserveMetrics};
+
+/// Observe values are 24 bits (RFC 7641 §3.4).
+const SEQ_MASK: u32 = 0x00FF_FFFF;
+/// NON notifications remembered per registration, so an RST for one finds its observer.
+const RECENT_MIDS: usize = 8;
+
+type Key = (SocketAddr, Token);
+
+/// One observer: a (peer, token) subscribed to `filter`.
+struct Registration {
+    /// Unique on the shard: tells a registration from the one that replaced it.
+    id: u64,
+    peer: SocketAddr,
+    token: Token,
+    filter: ByteString,
+    session: Rc<Session>,
+    /// The last Observe value sent (response or notification).
+    seq: Cell<u32>,
+    /// NON notifications sent since the last CON one.
+    since_con: Cell<u32>,
+    /// Message ids of the latest NON notifications, oldest first.
+    recent_mids: RefCell<VecDeque<u16>>,
+    task: RefCell<Option<JoinHandle<()>>>,
+    closed: Cell<bool>,
+}
+
+impl Registration {
+    fn next_seq(&self) -> u32 {
+        let s = (self.seq.get() + 1) & SEQ_MASK;
+        self.seq.set(s);
+        s
+    }
+}
+
+/// The observers of one shard.
+pub struct Observers {
+    ctx: Rc<ShardContext>,
+    out: Rc<dyn CoapOut>,
+    regs: RefCell<HashMap<Key, Rc<Registration>>>,
+    /// (peer, message id) of a recent NON notification → its registration's token.
+    by_mid: RefCell<HashMap<(SocketAddr, u16), Token>>,
+    /// This shard's share of `coap.max_observers`.
+    limit: usize,
+    next_id: Cell<u64>,
+    /// Start of the clock new sequences start from (so a deregistered and re-registered
+    /// token likely continues above its old values).
+    epoch: Instant,
+}
+
+impl Observers {
+    pub fn new(ctx: Rc<ShardContext>, out: Rc<dyn CoapOut>) -> Rc<Observers> {
+        let shards = ctx.mailboxes.len().max(1);
+        let limit = (ctx.config.coap.max_observers / shards).max(1);
+        Rc::new(Observers {
+            ctx,
+            out,
+            regs: RefCell::new(HashMap::new()),
+            by_mid: RefCell::new(HashMap::new()),
+            limit,
+            next_id: Cell::new(0),
+            epoch: Instant::now(),
+        })
+    }
+
+    /// A GET on the pub/sub resource from `device` at `peer`; `filter` is the Uri-Path after
+    /// `pubsub_path`, joined by `/`. Returns the response (code, options, payload; the caller
+    /// sets type, message id and token and sends it).
+    pub async fn on_get(
+        self: &Rc<Self>,
+        peer: SocketAddr,
+        device: &ByteString,
+        req: &Message,
+        filter: &str,
+    ) -> Message {
+        if filter.is_empty()
+            || !topic::valid_topic_filter(filter)
+            || topic::shared_subscription(filter).is_some()
+        {
+            return diagnostic(req, Code::BAD_REQUEST, "invalid topic filter");
+        }
+        let plain = topic::valid_topic_name(filter);
+        let key = (peer, req.token);
+        if req.uint_option(opt::OBSERVE) == Some(0) {
+            return self.register(key, device, req, filter, plain).await;
+        }
+        // No Observe, Observe = 1, or a value RFC 7641 does not define: a plain GET, which
+        // also ends a registration of this endpoint and token (§3.6, §4.1).
+        let had = self.deregister(peer, req.token, Deregistration::Get).await;
+        let retained = if plain {
+            retained_of(&self.ctx, filter).await
+        } else {
+            None
+        };
+        match retained {
+            Some(r) => content(req, None, &r.payload, r.properties.as_deref()),
+            None if had => content(req, None, &Bytes::new(), None),
+            None if plain => diagnostic(req, Code::NOT_FOUND, "no retained message"),
+            None => diagnostic(
+                req,
+                Code::BAD_REQUEST,
+                "a filter has no single retained message",
+            ),
+        }
+    }
+
+    /// An RST from `peer` for message id `mid` that matched no CON sluice is retransmitting
+    /// (a NON notification the device no longer wants).
+    pub fn on_reset(&self, peer: SocketAddr, mid: u16) {
+        self.reset_matched(peer, mid);
+    }
+
+    /// [`Observers::on_reset`], telling whether the RST was for a recent notification (and
+    /// deregistered its observer); the edge counts the others as unmatched.
+    pub fn reset_matched(&self, peer: SocketAddr, mid: u16) -> bool {
+        let token = self.by_mid.borrow().get(&(peer, mid)).copied();
+        let reg = token.and_then(|t| self.regs.borrow().get(&(peer, t)).cloned());
+        match reg {
+            Some(reg) if reg.recent_mids.borrow().contains(&mid) => {
+                self.remove(&reg, Deregistration::Reset);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Observers registered on this shard.
+    pub fn len(&self) -> usize {
+        self.regs.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether (`peer`, `token`) observes, and its filter.
+    pub fn filter_of(&self, peer: SocketAddr, token: Token) -> Option<ByteString> {
+        self.regs
+            .borrow()
+            .get(&(peer, token))
+            .map(|r| r.filter.clone())
+    }
+
+    /// This shard's share of `coap.max_observers`.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    async fn register(
+        self: &Rc<Self>,
+        key: Key,
+        device: &ByteString,
+        req: &Message,
+        filter: &str,
+        plain: bool,
+    ) -> Message {
+        let metrics = &self.ctx.metrics.coap_observe;
+        let old = self.regs.borrow().get(&key).cloned();
+        let start = match &old {
+            Some(old) => {
+                let last = old.seq.get();
+                self.remove(old, Deregistration::Replaced);
+                last
+            }
+            None if self.len() >= self.limit => {
+                metrics.refused.inc();
+                let mut m = diagnostic(req, Code::SERVICE_UNAVAILABLE, "too many observers");
+                let secs = self.ctx.config.coap.retry_after.as_secs().max(1);
+                m.add_uint_option(opt::MAX_AGE, secs.min(u32::MAX as u64) as u32);
+                return m;
+            }
+            None => (self.epoch.elapsed().as_millis() / 8) as u32 & SEQ_MASK,
+        };
+        let id = self.next_id.get() + 1;
+        self.next_id.set(id);
+        let mut client_id = format!("coap/{device}/");
+        for b in key.1.as_slice() {
+            let _ = write!(client_id, "{b:02x}");
+        }
+        let q = self.ctx.config.coap.max_queued_notifications.max(1);
+        let session = Session::with_budget(
+            ByteString::from(client_id),
+            q.saturating_mul(4).max(64),
+            self.ctx.bounds.outbox.clone(),
+        );
+        session.state.borrow_mut().connected = true;
+        let reg = Rc::new(Registration {
+            id,
+            peer: key.0,
+            token: key.1,
+            filter: ByteString::from(filter),
+            session: session.clone(),
+            seq: Cell::new(start),
+            since_con: Cell::new(0),
+            recent_mids: RefCell::new(VecDeque::new()),
+            task: RefCell::new(None),
+            closed: Cell::new(false),
+        });
+        // In the map before the first await: a second GET or an RST meanwhile sees it.
+        self.regs.borrow_mut().insert(key, reg.clone());
+        metrics.registrations.inc();
+        metrics.observers.add(1);
+        let options = SubscriptionOptions {
+            qos: QoS::AtMostOnce,
+            no_local: false,
+            retain_as_published: false,
+            retain_handling: 0,
+        };
+        let retained = router::subscribe(
+            &self.ctx,
+            &session,
+            &[(reg.filter.clone(), options, plain)],
+            0,
+        )
+        .await;
+        if reg.closed.get() {
+            // Deregistered while subscribing (an RST, a plain GET): `remove` cleaned up.
+            return content(req, None, &Bytes::new(), None);
+        }
+        let task = tokio::task::spawn_local(notify::run(reg.clone(), Rc::downgrade(self)));
+        *reg.task.borrow_mut() = Some(task);
+        let seq = reg.next_seq();
+        match retained.first() {
+            Some(r) => content(req, Some(seq), &r.payload, r.properties.as_deref()),
+            None => content(req, Some(seq), &Bytes::new(), None),
+        }
+    }
+
+    /// End the registration of (`peer`, `token`), if any; returns whether there was one.
+    /// Waits until its subscription is gone from the shard's trie and the control plane.
+    async fn deregister(&self, peer: SocketAddr, token: Token, why: Deregistration) -> bool {
+        let reg = self.regs.borrow().get(&(peer, token)).cloned();
+        match reg {
+            Some(reg) => {
+                if let Some(cleanup) = self.remove(&reg, why) {
+                    let _ = cleanup.await;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Take `reg` out (if it is still registered): stop its task, forget its message ids,
+    /// and remove its subscription and queued messages in a task of their own (returned), so
+    /// this works from inside `reg`'s own task and from synchronous callers.
+    fn remove(&self, reg: &Rc<Registration>, why: Deregistration) -> Option<JoinHandle<()>> {
+        if reg.closed.replace(true) {
+            return None;
+        }
+        {
+            let mut regs = self.regs.borrow_mut();
+            if regs
+                .get(&(reg.peer, reg.token))
+                .is_some_and(|r| r.id == reg.id)
+            {
+                regs.remove(&(reg.peer, reg.token));
+            }
+        }
+        {
+            let mut by_mid = self.by_mid.borrow_mut();
+            for mid in reg.recent_mids.borrow_mut().drain(..) {
+                if by_mid.get(&(reg.peer, mid)) == Some(&reg.token) {
+                    by_mid.remove(&(reg.peer, mid));
+                }
+            }
+        }
+        let metrics = &self.ctx.metrics.coap_observe;
+        metrics.deregistered(why);
+        metrics.observers.sub(1);
+        tracing::debug!(peer = %reg.peer, filter = %reg.filter, ?why, "coap observer deregistered");
+        // Aborting the running task from inside itself only takes effect at its next await,
+        // which it never reaches: it returns right after calling this.
+        if let Some(task) = reg.task.borrow_mut().take() {
+            task.abort();
+        }
+        let ctx = self.ctx.clone();
+        let session = reg.session.clone();
+        let filter = reg.filter.clone();
+        Some(tokio::task::spawn_local(async move {
+            router::unsubscribe(&ctx, &session, &filter).await;
+            session.state.borrow_mut().drop_queued();
+        }))
+    }
+
+    /// Remember that NON notification `mid` went to `reg` (for `on_reset`).
+    fn sent_non(&self, reg: &Registration, mid: u16) {
+        let mut by_mid = self.by_mid.borrow_mut();
+        let mut recent = reg.recent_mids.borrow_mut();
+        if recent.len() >= RECENT_MIDS {
+            if let Some(old) = recent.pop_front() {
+                if by_mid.get(&(reg.peer, old)) == Some(&reg.token) {
+                    by_mid.remove(&(reg.peer, old));
+                }
+            }
+        }
+        recent.push_back(mid);
+        by_mid.insert((reg.peer, mid), reg.token);
+    }
+}
+
+/// The retained message of topic `name`, asked of the control plane without subscribing.
+async fn retained_of(ctx: &ShardContext, name: &str) -> Option<RetainedMessage> {
+    let (reply, rx) = oneshot::channel();
+    let cmd = ControlCmd::Subscribe {
+        shard: ctx.id,
+        add: Vec::new(),
+        retained_for: vec![ByteString::from(name)],
+        reply,
+    };
+    ctx.control.send(cmd).await.ok()?;
+    let now = Instant::now();
+    rx.await
+        .ok()?
+        .into_iter()
+        .find(|r| r.topic == name && !matches!(r.expires_at, Some(at) if at <= now))
+}
+
+/// A 2.05 Content response: Observe `seq` when given, Content-Format from the message's
+/// MQTT 5 content type when it has a CoAP one, `payload`.
+fn content(
+    req: &Message,
+    seq: Option<u32>,
+    payload: &Bytes,
+    properties: Option<&sluice_proto::mqtt::Properties>,
+) -> Message {
+    let mut m = Message::new(MsgType::Ack, Code::CONTENT, 0, req.token);
+    if let Some(seq) = seq {
+        m.add_uint_option(opt::OBSERVE, seq);
+    }
+    if let Some(f) = properties
+        .and_then(|p| p.content_type.as_deref())
+        .and_then(content_format_of)
+    {
+        m.add_uint_option(opt::CONTENT_FORMAT, f as u32);
+    }
+    m.payload = payload.clone();
+    m
+}
+
+/// An error response with a diagnostic payload (RFC 7252 §5.5.2).
+fn diagnostic(req: &Message, code: Code, text: &'static str) -> Message {
+    let mut m = Message::new(MsgType::Ack, code, 0, req.token);
+    m.payload = Bytes::from_static(text.as_bytes());
+    m
+}

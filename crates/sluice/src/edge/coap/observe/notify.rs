@@ -1,0 +1,131 @@
+//! The notification task of one registration: drains its session's outbox into 2.05
+//! notifications through [`CoapOut`](super::CoapOut).
+//!
+//! Owns: the NON/CON choice (RFC 7641 §4.5: CON at least every [`CON_EVERY`]th notification)
+//! and the queue while a CON is unacknowledged (at most `coap.max_queued_notifications`, the
+//! oldest dropped and counted: an observer wants the latest state). Does not own:
+//! retransmitting the CON (the edge) or the registration's lifetime (`super::Observers`,
+//! which this task asks to deregister on RST or silence).
+
+use std::rc::{Rc, Weak};
+use std::time::Instant;
+
+use sluice_proto::coap::{opt, Code, Message, MsgType};
+
+use super::metrics::{Deregistration, NotificationDrop, ObserveMetrics};
+use super::{content_format_of, Observers, Registration};
+use crate::edge::coap::ConOutcome;
+use crate::edge::mqtt::session::OutMessage;
+
+/// At least every this many notifications, one is sent CON (RFC 7641 §4.5).
+pub(super) const CON_EVERY: u32 = 24;
+
+/// Run until the registration ends (then `Observers::remove` aborts it, or it returns after
+/// asking for its own removal) or the observers are gone.
+pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
+    loop {
+        let next = reg.session.state.borrow_mut().pop_outbox();
+        let Some(msg) = next else {
+            reg.session.notify.notified().await;
+            continue;
+        };
+        let Some(obs) = observers.upgrade() else {
+            return;
+        };
+        if reg.closed.get() {
+            return;
+        }
+        let Some(mut n) = obs.notification(&reg, &msg) else {
+            continue;
+        };
+        let metrics = &obs.ctx.metrics.coap_observe;
+        if reg.since_con.get() + 1 < CON_EVERY {
+            reg.since_con.set(reg.since_con.get() + 1);
+            n.mtype = MsgType::Non;
+            n.message_id = obs.out.next_message_id();
+            obs.out.send(reg.peer, &n);
+            obs.sent_non(&reg, n.message_id);
+            metrics.notifications_non.inc();
+            continue;
+        }
+        reg.since_con.set(0);
+        n.mtype = MsgType::Con;
+        metrics.notifications_con.inc();
+        let mut outcome = obs.out.send_con(reg.peer, n);
+        let max = obs.ctx.config.coap.max_queued_notifications.max(1);
+        drop(obs);
+        // Until the CON is answered, what arrives queues in the session's outbox.
+        let result = loop {
+            tokio::select! {
+                r = &mut outcome => break r,
+                _ = reg.session.notify.notified() => {
+                    if let Some(obs) = observers.upgrade() {
+                        trim(&reg, max, &obs.ctx.metrics.coap_observe);
+                    }
+                }
+            }
+        };
+        let Some(obs) = observers.upgrade() else {
+            return;
+        };
+        match result {
+            Ok(ConOutcome::Acked) => trim(&reg, max, &obs.ctx.metrics.coap_observe),
+            Ok(ConOutcome::Reset) => {
+                obs.remove(&reg, Deregistration::Reset);
+                return;
+            }
+            // The edge gave up on the CON (or went away without answering): silence.
+            Ok(ConOutcome::TimedOut) | Err(_) => {
+                obs.remove(&reg, Deregistration::Silence);
+                return;
+            }
+        }
+    }
+}
+
+/// Keep at most `max` messages waiting; the oldest go, counted.
+fn trim(reg: &Registration, max: usize, metrics: &ObserveMetrics) {
+    let mut st = reg.session.state.borrow_mut();
+    while st.outbox.len() > max {
+        if st.pop_outbox().is_none() {
+            break;
+        }
+        metrics.drop(NotificationDrop::QueueFull);
+    }
+}
+
+impl Observers {
+    /// The notification for `msg` (type and message id still to set), with the next Observe
+    /// value; `None` (counted) when it expired or would not fit one datagram (an Observe
+    /// value skipped is harmless: only the order matters).
+    fn notification(&self, reg: &Registration, msg: &OutMessage) -> Option<Message> {
+        let metrics = &self.ctx.metrics.coap_observe;
+        let now = Instant::now();
+        if msg.is_expired(now) {
+            metrics.drop(NotificationDrop::Expired);
+            return None;
+        }
+        let mut n = Message::new(MsgType::Non, Code::CONTENT, 0, reg.token);
+        n.add_uint_option(opt::OBSERVE, reg.next_seq());
+        if let Some(f) = msg
+            .properties
+            .as_deref()
+            .and_then(|p| p.content_type.as_deref())
+            .and_then(content_format_of)
+        {
+            n.add_uint_option(opt::CONTENT_FORMAT, f as u32);
+        }
+        if let Some(at) = msg.expires_at {
+            // Max-Age: how long the value stays fresh (its MQTT 5 expiry, rounded up).
+            let left = at.saturating_duration_since(now).as_millis().div_ceil(1000);
+            n.add_uint_option(opt::MAX_AGE, left.min(u32::MAX as u128) as u32);
+        }
+        n.payload = msg.payload.clone();
+        let size = 4 + reg.token.len() + n.options_len();
+        if size > self.ctx.config.coap.max_message_size.as_usize() {
+            metrics.drop(NotificationDrop::TooLarge);
+            return None;
+        }
+        Some(n)
+    }
+}
