@@ -415,7 +415,7 @@ async fn bad_input_is_counted_and_answered_while_a_healthy_device_is_undisturbed
                 };
                 flood.send(&d).await;
                 sent += 1;
-                if sent % 50 == 0 {
+                if sent.is_multiple_of(50) {
                     // Paced, not throttled: ~25k datagrams/s at most, so the kernel's socket
                     // buffer is not what drops them.
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -511,6 +511,28 @@ async fn bad_input_is_counted_and_answered_while_a_healthy_device_is_undisturbed
         "4.13 at block {}: {answers:?}",
         answers.len() - 1
     );
+
+    // libcoap sends a 4 KiB body in 1 KiB blocks: refused with 4.13 once past 2 KiB, never
+    // published (the cloud check below sees only the healthy device's messages).
+    let big = dir.path().join("big.bin");
+    std::fs::write(&big, random_bytes(7, 4096)).expect("write payload");
+    let out = coap_client(&[
+        "-b",
+        "1024",
+        "-m",
+        "post",
+        "-f",
+        big.to_str().expect("utf-8 path"),
+        &gw.uri("healthy/too-big-libcoap?c=libcoap-big"),
+    ])
+    .await;
+    let codes = out.libcoap_codes();
+    assert!(
+        codes.contains(&"4.13".to_string()),
+        "{codes:?}\n{}",
+        out.text()
+    );
+    assert!(!codes.contains(&"2.04".to_string()), "{codes:?}");
 
     // The healthy device: every publish answered 2.04, every message at the cloud, in order.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
