@@ -93,6 +93,23 @@ async fn libcoap_and_aiocoap_con_and_non_publishes_reach_the_cloud_byte_for_byte
     assert_eq!(topic, "peers/libcoap/non");
     assert_eq!(&payload[..], &body[..]);
 
+    // libcoap, PUT: publishes like POST.
+    let out = coap_client(&[
+        "-m",
+        "put",
+        "-e",
+        "put-body",
+        &gw.uri("peers/libcoap/put?c=libcoap-3"),
+    ])
+    .await;
+    assert!(out.success, "coap-client failed: {}", out.text());
+    assert_eq!(out.libcoap_codes(), vec!["2.04"], "{}", out.text());
+    let (topic, payload) = cloud_next(&mut sub, "libcoap's PUT publish").await;
+    assert_eq!(
+        (topic.as_str(), &payload[..]),
+        ("peers/libcoap/put", &b"put-body"[..])
+    );
+
     // aiocoap, CON and NON.
     let (python, script) = aiocoap_device(dir.path());
     for (kind, seed) in [("con", 3u64), ("non", 4)] {
@@ -119,6 +136,28 @@ async fn libcoap_and_aiocoap_con_and_non_publishes_reach_the_cloud_byte_for_byte
         assert_eq!(&payload[..], &body[..]);
     }
     cloud_quiet(&mut sub, Duration::from_millis(500)).await;
+    gw.gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libcoap_discovers_the_pubsub_resource_in_well_known_core() {
+    let cloud = Cloud::start();
+    let gw = CoapGateway::start(&cloud, 2, "");
+    let out = coap_client(&["-m", "get", &format!("coap://{}/.well-known/core", gw.coap)]).await;
+    assert!(out.success, "coap-client failed: {}", out.text());
+    assert_eq!(
+        out.libcoap_codes().last().map(String::as_str),
+        Some("2.05"),
+        "{}",
+        out.text()
+    );
+    // RFC 6690 link format, Content-Format 40, naming the pub/sub resource.
+    let text = out.text();
+    assert!(
+        text.contains("Content-Format:application/link-format"),
+        "{text}"
+    );
+    assert!(text.contains("</ps"), "{text}");
     gw.gw.shutdown();
 }
 
