@@ -324,6 +324,12 @@ async fn bad_datagrams_are_answered_per_rfc_and_counted_while_a_healthy_device_g
         (MsgType::Ack, Code::BAD_OPTION, 0x1237)
     );
     assert!(!r.payload.is_empty());
+    // Larger than max_message_size (1152 B): RST, not read further.
+    let mut huge = publish(MsgType::Con, "ok/x", &["c=bad"], &[0; 1200]);
+    huge.message_id = 0x1239;
+    bad.send(&huge).await;
+    let r = bad.recv(T).await.expect("RST");
+    assert_eq!((r.mtype, r.message_id), (MsgType::Rst, 0x1239));
     // A topic with a wildcard: 4.00.
     let mut wild = publish(MsgType::Con, "ok/+", &["c=bad"], b"x");
     wild.message_id = 0x1238;
@@ -356,6 +362,7 @@ async fn bad_datagrams_are_answered_per_rfc_and_counted_while_a_healthy_device_g
     assert_eq!(count("token_too_long"), 1.0);
     assert_eq!(count("unknown_critical_option"), 1.0);
     assert_eq!(count("bad_request"), 1.0);
+    assert_eq!(count("too_large"), 1.0);
     assert!(metric_sum(&text, "sluice_coap_rst_sent_total") >= 3.0);
     assert!(
         metric_sum(&text, "sluice_coap_throttled_total") > 0.0,

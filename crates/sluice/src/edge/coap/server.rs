@@ -189,14 +189,17 @@ async fn receive(shard: Rc<CoapShard>, socket: Rc<UdpSocket>, mut shutdown: watc
             shard.metrics.throttled.inc();
             continue;
         }
-        let bytes = Bytes::copy_from_slice(&buf[..n]);
         if n > max {
+            // Over `max_message_size`: not read further. A CON gets RST (its header is all
+            // that is needed for one), anything else is dropped.
             shard.metrics.format_error(FormatError::TooLarge);
-            if let Err(e) = Message::decode_udp(&bytes.slice(..4.min(n))) {
-                shard.reset_if_con(peer, &e);
+            if buf[0] >> 6 == 1 && (buf[0] >> 4) & 3 == 0 {
+                let mid = u16::from_be_bytes([buf[2], buf[3]]);
+                shard.ep.send(peer, &Message::empty(MsgType::Rst, mid));
             }
             continue;
         }
+        let bytes = Bytes::copy_from_slice(&buf[..n]);
         shard.steer(peer, bytes);
     }
     tracing::debug!(shard = shard.ctx.id, "coap receive loop stopped");
