@@ -418,7 +418,7 @@ async fn every_device_is_served_by_the_shard_its_id_hashes_to_whichever_socket_r
     let addr = gw.coap_addr().expect("coap");
     let ids = ids_on_shards("steer", 2, 10);
     let mut tasks = Vec::new();
-    for id in ids.iter().flatten().cloned() {
+    for id in ids.into_iter().flatten() {
         tasks.push(tokio::spawn(async move {
             let mut dev = CoapDevice::new(addr).await;
             for seq in 0..5u8 {

@@ -220,10 +220,16 @@ impl CoapShard {
             return;
         }
         let cmd = ShardCmd::CoapDatagram { peer, bytes };
-        match self.ctx.mailboxes.get(owner).map(|m| m.try_send(cmd)) {
-            Some(Ok(())) => self.metrics.steered_out.inc(),
+        let sent = self
+            .ctx
+            .mailboxes
+            .get(owner)
+            .is_some_and(|m| m.try_send(cmd).is_ok());
+        if sent {
+            self.metrics.steered_out.inc();
+        } else {
             // Full: dropped like any UDP datagram; a CON is retransmitted.
-            _ => self.metrics.steer_dropped.inc(),
+            self.metrics.steer_dropped.inc();
         }
     }
 
