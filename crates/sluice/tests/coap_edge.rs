@@ -324,6 +324,12 @@ async fn bad_datagrams_are_answered_per_rfc_and_counted_while_a_healthy_device_g
         (MsgType::Ack, Code::BAD_OPTION, 0x1237)
     );
     assert!(!r.payload.is_empty());
+    // Larger than max_message_size (1152 B): RST, not read further.
+    let mut huge = publish(MsgType::Con, "ok/x", &["c=bad"], &[0; 1200]);
+    huge.message_id = 0x1239;
+    bad.send(&huge).await;
+    let r = bad.recv(T).await.expect("RST");
+    assert_eq!((r.mtype, r.message_id), (MsgType::Rst, 0x1239));
     // A topic with a wildcard: 4.00.
     let mut wild = publish(MsgType::Con, "ok/+", &["c=bad"], b"x");
     wild.message_id = 0x1238;
@@ -356,6 +362,7 @@ async fn bad_datagrams_are_answered_per_rfc_and_counted_while_a_healthy_device_g
     assert_eq!(count("token_too_long"), 1.0);
     assert_eq!(count("unknown_critical_option"), 1.0);
     assert_eq!(count("bad_request"), 1.0);
+    assert_eq!(count("too_large"), 1.0);
     assert!(metric_sum(&text, "sluice_coap_rst_sent_total") >= 3.0);
     assert!(
         metric_sum(&text, "sluice_coap_throttled_total") > 0.0,
@@ -411,7 +418,7 @@ async fn every_device_is_served_by_the_shard_its_id_hashes_to_whichever_socket_r
     let addr = gw.coap_addr().expect("coap");
     let ids = ids_on_shards("steer", 2, 10);
     let mut tasks = Vec::new();
-    for id in ids.iter().flatten().cloned() {
+    for id in ids.into_iter().flatten() {
         tasks.push(tokio::spawn(async move {
             let mut dev = CoapDevice::new(addr).await;
             for seq in 0..5u8 {
@@ -448,5 +455,79 @@ async fn every_device_is_served_by_the_shard_its_id_hashes_to_whichever_socket_r
     let out = metric_sum(&text, "sluice_coap_steered_out_total");
     assert_eq!(out, metric_sum(&text, "sluice_coap_steered_in_total"));
     assert_eq!(metric_sum(&text, "sluice_coap_steer_dropped_total"), 0.0);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ack_spool_a_con_publish_is_answered_once_committed_while_the_cloud_is_down() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "sp/#").await;
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("spool dir");
+    let gw = gateway(
+        1,
+        &format!(
+            "[coap]\nlisten = \"127.0.0.1:0\"\n[spool]\ndir = \"{}\"\nfsync = \"never\"\nack = \"spool\"\n{}",
+            dir.path().display(),
+            cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
+        ),
+    );
+    let mut dev = CoapDevice::new(gw.coap_addr().expect("coap")).await;
+    for i in 0..5u8 {
+        let r = dev
+            .exchange(publish(MsgType::Con, "sp/x", &["c=sp"], &[i]), T)
+            .await;
+        assert_eq!(r.code, Code::CHANGED, "the spool acknowledged it");
+    }
+    assert!(sub
+        .recv(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
+    gate.set_open(true);
+    for i in 0..5u8 {
+        let got = sub
+            .recv(T)
+            .await
+            .unwrap()
+            .expect("delivered from the spool");
+        assert_eq!(&got.payload[..], &[i]);
+    }
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_response_suppresses_the_answers_a_device_does_not_want() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "nr/#").await;
+    let gw = coap_gateway(1, &cloud, "");
+    let mut dev = CoapDevice::new(gw.coap_addr().expect("coap")).await;
+    // NON, no 2.xx wanted: published, not answered.
+    let mut quiet = publish(MsgType::Non, "nr/a", &["c=nr"], b"quiet");
+    quiet.add_uint_option(opt::NO_RESPONSE, 2);
+    dev.stamp(&mut quiet);
+    dev.send(&quiet).await;
+    assert_eq!(
+        &sub.recv(T).await.unwrap().expect("published").payload[..],
+        b"quiet"
+    );
+    assert!(dev.recv(Duration::from_millis(300)).await.is_none());
+    // CON, no 2.xx wanted: an empty ACK only.
+    let mut con = publish(MsgType::Con, "nr/b", &["c=nr"], b"con");
+    con.add_uint_option(opt::NO_RESPONSE, 2);
+    dev.stamp(&mut con);
+    dev.send(&con).await;
+    let ack = dev.recv(T).await.expect("empty ACK");
+    assert_eq!(
+        (ack.mtype, ack.code, ack.message_id),
+        (MsgType::Ack, Code::EMPTY, con.message_id)
+    );
+    // No 4.xx wanted, but a 2.xx is: a bad request is not answered.
+    let mut bad = publish(MsgType::Non, "nr/+", &["c=nr"], b"x");
+    bad.add_uint_option(opt::NO_RESPONSE, 8);
+    dev.stamp(&mut bad);
+    dev.send(&bad).await;
+    assert!(dev.recv(Duration::from_millis(300)).await.is_none());
     gw.shutdown();
 }

@@ -157,7 +157,7 @@ impl CoapOut for Endpoint {
                         let _ = tx.send(ConOutcome::TimedOut);
                         return;
                     }
-                    Err(_) if schedule.next() => me.metrics.retransmissions.inc(),
+                    Err(_) if schedule.retransmit() => me.metrics.retransmissions.inc(),
                     Err(_) => {
                         me.in_flight.borrow_mut().remove(&key);
                         me.metrics.con_timeouts.inc();
