@@ -35,7 +35,7 @@ impl Retransmit {
 
     /// After a timeout: `true` (and the doubled timeout) when another retransmission is due,
     /// `false` when MAX_RETRANSMIT is spent and the peer is given up.
-    pub fn next(&mut self) -> bool {
+    pub fn retransmit(&mut self) -> bool {
         if self.left == 0 {
             return false;
         }
@@ -61,7 +61,7 @@ mod tests {
     fn the_timeout_doubles_and_stops_after_max_retransmit() {
         let mut r = Retransmit::new(Duration::from_secs(2), 4, 0.0);
         let mut waits = vec![r.timeout()];
-        while r.next() {
+        while r.retransmit() {
             waits.push(r.timeout());
         }
         let secs: Vec<u64> = waits.iter().map(|d| d.as_secs()).collect();

@@ -33,6 +33,7 @@ const MIN_PACKET_LIMIT: u64 = 128;
 pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     check_gateway(config)?;
     check_mqtt(config)?;
+    check_coap(config)?;
     check_admin(config)?;
     if config.log.level.trim().is_empty() {
         return invalid(
@@ -253,6 +254,68 @@ fn check_password_hash(hash: &str) -> Result<(), String> {
     }
     if parsed.hash.is_none() || parsed.salt.is_none() {
         return Err(format!("the hash or salt is missing; {ADVICE}"));
+    }
+    Ok(())
+}
+
+/// `[coap]`: sizes CoAP can express, timers in the order RFC 7252 needs them, bounds ≥ 1.
+fn check_coap(config: &Config) -> Result<(), ConfigError> {
+    let c = &config.coap;
+    let block = c.block_size.as_u64();
+    if !(16..=1024).contains(&block) || !block.is_power_of_two() {
+        return invalid(
+            "coap.block_size",
+            &format!("{} is not a power of two from 16B to 1KiB", c.block_size),
+        );
+    }
+    let msg = c.max_message_size.as_u64();
+    if msg < block + 64 || msg > 65_507 {
+        return invalid(
+            "coap.max_message_size",
+            &format!("{} must hold a block_size block plus 64 bytes of header and options, and fit a UDP datagram (65507B)", c.max_message_size),
+        );
+    }
+    if c.max_body_size.as_u64() > u32::MAX as u64 {
+        return invalid("coap.max_body_size", "must fit Size1 (at most 4GiB - 1)");
+    }
+    let p = &c.pubsub_path;
+    if p.is_empty() || p.contains('/') || p == ".well-known" {
+        return invalid(
+            "coap.pubsub_path",
+            "must be one non-empty Uri-Path segment (no '/'), not .well-known",
+        );
+    }
+    for (key, v) in [
+        ("coap.max_block_transfers", c.max_block_transfers),
+        ("coap.max_exchanges", c.max_exchanges),
+        ("coap.max_pending", c.max_pending),
+        ("coap.max_observers", c.max_observers),
+        ("coap.max_queued_notifications", c.max_queued_notifications),
+    ] {
+        if v == 0 {
+            return invalid(key, "must be at least 1");
+        }
+    }
+    if c.ack_timeout.is_zero() {
+        return invalid("coap.ack_timeout", "must be more than 0s");
+    }
+    if c.separate_after >= c.ack_timeout {
+        return invalid(
+            "coap.separate_after",
+            "must be less than coap.ack_timeout, or the device retransmits before its empty ACK",
+        );
+    }
+    if c.exchange_lifetime < c.ack_timeout || c.non_lifetime.is_zero() {
+        return invalid(
+            "coap.exchange_lifetime",
+            "must be at least coap.ack_timeout (and non_lifetime more than 0s)",
+        );
+    }
+    if c.retry_after.is_zero() || c.retry_after.as_secs() > u32::MAX as u64 {
+        return invalid(
+            "coap.retry_after",
+            "must be from 1s to 2^32 - 1 s (a Max-Age)",
+        );
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! gate-able TCP relay used only to inject a fault (hold the gateway off the cloud).
 #![allow(dead_code)]
 
+pub mod coap;
 pub mod fault_broker;
 pub mod packets;
 

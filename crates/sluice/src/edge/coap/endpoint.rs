@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use sluice_proto::coap::reliability::Retransmit;
 use sluice_proto::coap::{Message, MsgType};
-use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
 
 use super::metrics::CoapMetrics;
@@ -26,7 +25,9 @@ use super::{CoapOut, ConOutcome};
 /// The sending half of a shard's CoAP socket.
 pub struct Endpoint {
     me: Weak<Endpoint>,
-    socket: Rc<UdpSocket>,
+    /// A duplicate of the shard's socket, written to directly: a non-blocking send that
+    /// does not depend on the reactor having seen the socket writable yet.
+    socket: std::net::UdpSocket,
     shard: u32,
     shards: u32,
     /// Message ids of this shard: `shard + k * shards` for `k` in `0..mid_slots`.
@@ -42,7 +43,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     pub fn new(
-        socket: Rc<UdpSocket>,
+        socket: std::net::UdpSocket,
         shard: usize,
         shards: usize,
         ack_timeout: Duration,
@@ -76,7 +77,7 @@ impl Endpoint {
 
     /// Send raw bytes; a full socket buffer drops them (counted): UDP, a CON is resent.
     pub fn send_bytes(&self, peer: SocketAddr, bytes: &[u8]) {
-        match self.socket.try_send_to(bytes, peer) {
+        match self.socket.send_to(bytes, peer) {
             Ok(_) => self.metrics.datagrams_out.inc(),
             Err(error) => {
                 self.metrics.send_dropped.inc();
@@ -156,7 +157,7 @@ impl CoapOut for Endpoint {
                         let _ = tx.send(ConOutcome::TimedOut);
                         return;
                     }
-                    Err(_) if schedule.next() => me.metrics.retransmissions.inc(),
+                    Err(_) if schedule.retransmit() => me.metrics.retransmissions.inc(),
                     Err(_) => {
                         me.in_flight.borrow_mut().remove(&key);
                         me.metrics.con_timeouts.inc();
@@ -251,10 +252,10 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let socket = Rc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             for (shard, shards) in [(0, 1), (2, 3), (6, 7), (0, 4)] {
                 let ep = Endpoint::new(
-                    socket.clone(),
+                    socket.try_clone().unwrap(),
                     shard,
                     shards,
                     Duration::from_secs(2),

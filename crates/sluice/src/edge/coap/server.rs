@@ -96,6 +96,13 @@ pub fn start(
     metrics: Arc<CoapMetrics>,
     shutdown: watch::Receiver<bool>,
 ) -> Option<Rc<CoapShard>> {
+    let sender = match socket.try_clone() {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::error!(shard = ctx.id, %error, "cannot duplicate the coap socket");
+            return None;
+        }
+    };
     let socket = match UdpSocket::from_std(socket) {
         Ok(s) => Rc::new(s),
         Err(error) => {
@@ -106,7 +113,7 @@ pub fn start(
     let cfg = &ctx.config.coap;
     let shards = ctx.mailboxes.len().max(1);
     let ep = Endpoint::new(
-        socket.clone(),
+        sender,
         ctx.id,
         shards,
         cfg.ack_timeout,
@@ -182,14 +189,17 @@ async fn receive(shard: Rc<CoapShard>, socket: Rc<UdpSocket>, mut shutdown: watc
             shard.metrics.throttled.inc();
             continue;
         }
-        let bytes = Bytes::copy_from_slice(&buf[..n]);
         if n > max {
+            // Over `max_message_size`: not read further. A CON gets RST (its header is all
+            // that is needed for one), anything else is dropped.
             shard.metrics.format_error(FormatError::TooLarge);
-            if let Err(e) = Message::decode_udp(&bytes.slice(..4.min(n))) {
-                shard.reset_if_con(peer, &e);
+            if buf[0] >> 6 == 1 && (buf[0] >> 4) & 3 == 0 {
+                let mid = u16::from_be_bytes([buf[2], buf[3]]);
+                shard.ep.send(peer, &Message::empty(MsgType::Rst, mid));
             }
             continue;
         }
+        let bytes = Bytes::copy_from_slice(&buf[..n]);
         shard.steer(peer, bytes);
     }
     tracing::debug!(shard = shard.ctx.id, "coap receive loop stopped");
@@ -210,10 +220,16 @@ impl CoapShard {
             return;
         }
         let cmd = ShardCmd::CoapDatagram { peer, bytes };
-        match self.ctx.mailboxes.get(owner).map(|m| m.try_send(cmd)) {
-            Some(Ok(())) => self.metrics.steered_out.inc(),
+        let sent = self
+            .ctx
+            .mailboxes
+            .get(owner)
+            .is_some_and(|m| m.try_send(cmd).is_ok());
+        if sent {
+            self.metrics.steered_out.inc();
+        } else {
             // Full: dropped like any UDP datagram; a CON is retransmitted.
-            _ => self.metrics.steer_dropped.inc(),
+            self.metrics.steer_dropped.inc();
         }
     }
 
