@@ -269,6 +269,9 @@ async fn well_known_core_lists_the_pubsub_resource_in_block2_blocks() {
         String::from_utf8(doc).unwrap(),
         "</ps>;rt=\"core.ps\";ct=40"
     );
+    let mut json = request(MsgType::Con, Code::GET, ".well-known/core", &[], b"");
+    json.add_uint_option(opt::ACCEPT, 50);
+    assert_eq!(dev.exchange(json, T).await.code, Code::NOT_ACCEPTABLE);
     // Other paths and methods.
     let nf = dev
         .exchange(
