@@ -1,7 +1,7 @@
 //! Start-up and shutdown order.
 //!
 //! `Gateway::build` does everything that can fail on bad configuration — binding the device
-//! and admin listeners, loading uplink certificates — before any thread starts, so `sluice
+//! and admin listeners (and the CoAP sockets, one per shard, `edge::coap::socket`), loading uplink certificates — before any thread starts, so `sluice
 //! run` fails fast with a clear message. `Gateway::start` then starts, in order: the shard
 //! threads (each with its uplink sessions), the control-plane thread (subscription snapshots,
 //! retained store, device registry, admin endpoint), and last the device listener's thread

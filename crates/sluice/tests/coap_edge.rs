@@ -63,10 +63,12 @@ async fn a_con_publish_is_answered_only_after_the_cloud_took_it_separately_when_
     let mut sub = cloud.subscriber("cloud-sub", "late/#").await;
     let gate = Gate::start(cloud.broker.tls_addr()).await;
     gate.set_open(false);
+    // Two shards: the device's ACK of the separate response has no Uri-Query and must reach
+    // the shard that sent it by its message id, or the response is retransmitted.
     let gw = gateway(
-        1,
+        2,
         &format!(
-            "[coap]\nlisten = \"127.0.0.1:0\"\nseparate_after = \"200ms\"\n{}",
+            "[coap]\nlisten = \"127.0.0.1:0\"\nseparate_after = \"200ms\"\nack_timeout = \"500ms\"\n{}",
             cloud.uplink_toml(Some(gate.addr), "[uplink.aggregate]\nenabled = false")
         ),
     );
@@ -94,6 +96,12 @@ async fn a_con_publish_is_answered_only_after_the_cloud_took_it_separately_when_
     assert_eq!(resp.token, req.token);
     let got = sub.recv(T).await.unwrap().expect("cloud got it");
     assert_eq!(&got.payload[..], b"held");
+    assert!(
+        dev.recv(Duration::from_secs(1)).await.is_none(),
+        "ACKed: not retransmitted"
+    );
+    let text = gw.metrics_text();
+    assert_eq!(metric_sum(&text, "sluice_coap_retransmissions_total"), 0.0);
     gw.shutdown();
 }
 
@@ -261,6 +269,9 @@ async fn well_known_core_lists_the_pubsub_resource_in_block2_blocks() {
         String::from_utf8(doc).unwrap(),
         "</ps>;rt=\"core.ps\";ct=40"
     );
+    let mut json = request(MsgType::Con, Code::GET, ".well-known/core", &[], b"");
+    json.add_uint_option(opt::ACCEPT, 50);
+    assert_eq!(dev.exchange(json, T).await.code, Code::NOT_ACCEPTABLE);
     // Other paths and methods.
     let nf = dev
         .exchange(

@@ -124,6 +124,12 @@ pub(super) fn dispatch(
 
 /// `GET /.well-known/core`: the pub/sub resource and each reverse-proxy prefix.
 fn well_known(shard: &CoapShard, req: &Message) -> Message {
+    if req
+        .uint_option(opt::ACCEPT)
+        .is_some_and(|a| a != format::LINK_FORMAT as u32)
+    {
+        return error(Code::NOT_ACCEPTABLE, "only application/link-format (40)");
+    }
     let cfg = &shard.ctx.config.coap;
     let mut w = LinkWriter::new();
     w.link(

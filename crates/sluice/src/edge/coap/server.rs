@@ -357,7 +357,10 @@ impl CoapShard {
                             resp = &mut fut => return this.answer(peer, asked, resp, &x),
                             () = tokio::time::sleep(separate_after) => {}
                         }
-                        this.ack_empty(peer, asked.mid, &x);
+                        // A duplicate may have been ACKed empty already.
+                        if !x.separated.get() {
+                            this.ack_empty(peer, asked.mid, &x);
+                        }
                     }
                     let resp = fut.await;
                     this.answer(peer, asked, resp, &x);
