@@ -68,6 +68,15 @@ pub(super) fn dispatch(
     req: &Message,
     device: &ByteString,
 ) -> Reply {
+    // A proxied request goes first: a proxy forwards the safe-to-forward options it does not
+    // know, critical or not, and leaves them to the server (RFC 7252 §5.7.1); `route` refuses
+    // unknown unsafe ones itself (4.02).
+    if let Some(route) = shard.ctx.proxies.route(req) {
+        return match route {
+            Ok(route) => Reply::Later(Box::pin(shard.ctx.proxies.forward(route, req.clone()))),
+            Err(code) => Reply::Now(error(code, "cannot proxy this request")),
+        };
+    }
     if let Some(o) = req
         .options
         .iter()
@@ -80,12 +89,6 @@ pub(super) fn dispatch(
             Code::BAD_OPTION,
             format!("unknown critical option {}", o.number),
         ));
-    }
-    if let Some(route) = shard.ctx.proxies.route(req) {
-        return match route {
-            Ok(route) => Reply::Later(Box::pin(shard.ctx.proxies.forward(route, req.clone()))),
-            Err(code) => Reply::Now(error(code, "cannot proxy this request")),
-        };
     }
     if req.option(opt::PROXY_URI).is_some() || req.option(opt::PROXY_SCHEME).is_some() {
         return Reply::Now(error(
