@@ -648,6 +648,7 @@ impl AdminSource for GatewayStatus {
                     "connections": m.connections.get(),
                     "sessions": m.sessions.get(),
                     "coap_devices": self.coap_metrics.get(i).map(|c| c.devices.get()).unwrap_or(0),
+                    "coap_observers": m.coap_observe.observers.get(),
                     "uplinks": uplinks,
                     "spools": spools,
                 })
@@ -663,6 +664,7 @@ impl AdminSource for GatewayStatus {
                 Some(addr) => serde_json::json!({
                     "listen": addr.to_string(),
                     "devices": self.coap_metrics.iter().map(|c| c.devices.get()).sum::<i64>(),
+                    "observers": self.shard_metrics.iter().map(|m| m.coap_observe.observers.get()).sum::<i64>(),
                 }),
             },
             "shards": shards,
