@@ -482,23 +482,25 @@ fn check_lanes(i: usize, u: &UplinkConfig, has_high: bool) -> Result<(), ConfigE
     Ok(())
 }
 
-fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigError> {
-    let key = |field: &str| format!("uplink[{i}].{field}");
-
-    if u.name.is_empty()
-        || !u
-            .name
+/// A name that is also a metric label: non-empty, `[a-zA-Z0-9_-]+`.
+pub(super) fn check_label(key: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty()
+        || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     {
         return invalid(
-            &key("name"),
-            &format!(
-                "{:?} must be non-empty and use only a-z, A-Z, 0-9, '_' and '-'",
-                u.name
-            ),
+            key,
+            &format!("{name:?} must be non-empty and use only a-z, A-Z, 0-9, '_' and '-'"),
         );
     }
+    Ok(())
+}
+
+fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigError> {
+    let key = |field: &str| format!("uplink[{i}].{field}");
+
+    check_label(&key("name"), &u.name)?;
 
     // Transport and TLS.
     if u.url.tls {

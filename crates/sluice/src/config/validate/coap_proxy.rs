@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::{check_pem, invalid, Files, Pem};
+use super::{check_label, check_pem, invalid, Files, Pem};
 use crate::config::{Config, ConfigError};
 
 /// Every `[[coap.proxy]]`: url `coap+tcp://` or `coaps+tcp://` (ports 5683/5684 by
@@ -18,20 +18,7 @@ pub(in crate::config) fn check_coap_proxy(
     let mut prefixes = HashSet::new();
     for (i, p) in config.coap.proxy.iter().enumerate() {
         let key = |field: &str| format!("coap.proxy[{i}].{field}");
-        if p.name.is_empty()
-            || !p
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return invalid(
-                &key("name"),
-                &format!(
-                    "{:?} must be non-empty and use only a-z, A-Z, 0-9, '_' and '-'",
-                    p.name
-                ),
-            );
-        }
+        check_label(&key("name"), &p.name)?;
         if !names.insert(p.name.as_str()) {
             return invalid(
                 &key("name"),
