@@ -542,3 +542,43 @@ async fn no_response_suppresses_the_answers_a_device_does_not_want() {
     assert!(dev.recv(Duration::from_millis(300)).await.is_none());
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coap_device_listed_in_priority_takes_the_high_lane_as_an_mqtt_device_would() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "vital/#").await;
+    let gw = gateway(
+        1,
+        &format!(
+            "[priority]\ndevices = {{ \"ecg-*\" = 1 }}\n[coap]\nlisten = \"127.0.0.1:0\"\n{}",
+            cloud.uplink_toml(None, "[uplink.aggregate]\nenabled = false")
+        ),
+    );
+    let mut dev = CoapDevice::new(gw.coap_addr().expect("coap")).await;
+    for (device, topic) in [("ecg-7", "vital/ecg-7"), ("thermo-1", "vital/thermo-1")] {
+        let req = publish(MsgType::Con, topic, &[&format!("c={device}")], b"x");
+        assert_eq!(dev.exchange(req, T).await.code, Code::CHANGED);
+        let got = sub.recv(T).await.unwrap().expect("cloud got it");
+        assert_eq!(&*got.topic, topic);
+    }
+    let lane = |lane: &str| {
+        metric_sum(
+            &gw.metrics_text(),
+            &format!(
+                "sluice_uplink_messages_acked_total{{shard=\"0\",uplink=\"cloud\",lane=\"{lane}\"}}"
+            ),
+        )
+    };
+    // 2.04 follows the cloud's PUBACK, which the uplink counts before completing the token.
+    assert_eq!(
+        lane("high"),
+        1.0,
+        "the ecg device's message took the high lane"
+    );
+    assert_eq!(
+        lane("normal"),
+        1.0,
+        "the thermometer's took the normal lane"
+    );
+    gw.shutdown();
+}
