@@ -1,0 +1,40 @@
+//! `scenario coap` at tiny scale without sluice: the generator's floor against the in-process
+//! responder and libcoap's proxy to a CoAP-over-TCP libcoap server (separate responses) both
+//! close the loop with no timeouts, and the report holds a row and a floor verdict.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_bench::scenarios::coap::{markdown, run_coap, CoapMode, CoapScenario};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floor_and_libcoap_proxy_close_the_loop() -> anyhow::Result<()> {
+    let mut config = CoapScenario::new(PathBuf::from("unused"));
+    config.sensors = vec![20];
+    config.modes = vec![CoapMode::Floor, CoapMode::ProxyLibcoap];
+    config.duration = Duration::from_secs(2);
+    config.ramp = Duration::from_millis(200);
+    config.warmup = Duration::from_millis(500);
+    config.command_line = "test".to_string();
+    let report = run_coap(&config).await?;
+    assert_eq!(report.points.len(), 2);
+    for p in &report.points {
+        let t = p.load.totals;
+        assert!(p.window.success > 0, "{:?}", p.mode);
+        assert_eq!(t.timeouts, 0, "{:?}", p.mode);
+        assert_eq!(t.responses, t.requests, "{:?}", p.mode);
+        assert_eq!(p.load.unfinished, 0);
+        assert!(p.latency.count > 0);
+    }
+    let proxy = &report.points[1];
+    // libcoap's proxy answers with an empty ACK, then the upstream's response as a CON.
+    assert!(proxy.load.totals.empty_acks > 0);
+    assert!(proxy.cpu.cpu_seconds > 0.0 && proxy.upstream_cpu_percent.is_some());
+    assert!(report
+        .verdicts
+        .iter()
+        .any(|v| v.target.starts_with("floor")));
+    let table = markdown(&report);
+    assert!(table.contains("| proxy-libcoap | 20 |"), "{table}");
+    Ok(())
+}
