@@ -35,6 +35,11 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen for CoAP devices on udp {addr}: {source}")]
+    BindCoap {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot listen for the admin endpoint on {addr}: {source}")]
     BindAdmin {
         addr: SocketAddr,
@@ -56,6 +61,8 @@ pub struct Gateway {
     config: Arc<Config>,
     shards: usize,
     mqtt: std::net::TcpListener,
+    /// One per shard, bound with SO_REUSEPORT; empty when `[coap] enabled = false`.
+    coap: Vec<std::net::UdpSocket>,
     admin: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
     /// Opened and recovered; empty without a spool.
@@ -86,6 +93,13 @@ impl Gateway {
         }
         let addr = config.mqtt.listen;
         let mqtt = bind(addr).map_err(|source| AppError::BindDevices { addr, source })?;
+        let coap = if config.coap.enabled {
+            let addr = config.coap.listen;
+            crate::edge::coap::socket::bind(addr, shards)
+                .map_err(|source| AppError::BindCoap { addr, source })?
+        } else {
+            Vec::new()
+        };
         let admin = if config.admin.enabled {
             let addr = config.admin.listen;
             Some(bind(addr).map_err(|source| AppError::BindAdmin { addr, source })?)
@@ -98,10 +112,16 @@ impl Gateway {
             config: Arc::new(config),
             shards,
             mqtt,
+            coap,
             admin,
             uplink_tls,
             spools,
         })
+    }
+
+    /// The CoAP listener's address (`None` when `[coap] enabled = false`).
+    pub fn coap_addr(&self) -> Option<SocketAddr> {
+        self.coap.first().and_then(|s| s.local_addr().ok())
     }
 
     pub fn mqtt_addr(&self) -> SocketAddr {
@@ -117,10 +137,15 @@ impl Gateway {
             config,
             shards,
             mqtt,
+            coap,
             admin,
             uplink_tls,
             spools,
         } = self;
+        let coap_addr = coap.first().and_then(|s| s.local_addr().ok());
+        let mut coap = coap.into_iter();
+        let coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>> =
+            (0..shards).map(|_| Arc::default()).collect();
         let mqtt_addr = mqtt.local_addr().unwrap_or(config.mqtt.listen);
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -241,6 +266,8 @@ impl Gateway {
                 spools: shard_spools.next().unwrap_or_default(),
                 former_spools: shard_former.next().unwrap_or_default(),
                 sessions_total: sessions_total.clone(),
+                coap: coap.next(),
+                coap_metrics: coap_metrics[id].clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -264,6 +291,8 @@ impl Gateway {
             former_spool_metrics: former_metrics,
             spool_dir: config.spool.dir.clone(),
             spool_ack: config.spool.ack,
+            coap_addr,
+            coap_metrics,
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -286,12 +315,13 @@ impl Gateway {
         )?);
         // Joined first on shutdown: accepting stops before the shards drain.
         threads.insert(0, spawn_listener(listener, mqtt, shutdown_rx)?);
-        tracing::info!(%mqtt_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
+        tracing::info!(%mqtt_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
             shutdown: shutdown_tx,
             threads,
             tc,
             mqtt_addr,
+            coap_addr,
             admin_addr,
             status,
         })
@@ -431,8 +461,17 @@ pub struct RunningGateway {
     /// Traffic control installed for `install_tc`; removed when the last reference drops.
     tc: Vec<Arc<crate::sink::tc::TcManager>>,
     pub mqtt_addr: SocketAddr,
+    /// The CoAP listener (`None` when `[coap] enabled = false`).
+    pub coap_addr: Option<SocketAddr>,
     pub admin_addr: Option<SocketAddr>,
     status: Arc<GatewayStatus>,
+}
+
+impl RunningGateway {
+    /// The CoAP listener's address (`None` when `[coap] enabled = false`).
+    pub fn coap_addr(&self) -> Option<SocketAddr> {
+        self.coap_addr
+    }
 }
 
 impl RunningGateway {
@@ -484,6 +523,9 @@ struct GatewayStatus {
     former_spool_metrics: Vec<Arc<crate::sink::spool::SpoolMetrics>>,
     spool_dir: Option<std::path::PathBuf>,
     spool_ack: crate::config::SpoolAck,
+    coap_addr: Option<SocketAddr>,
+    /// Per shard.
+    coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>>,
 }
 
 impl GatewayStatus {
@@ -542,6 +584,11 @@ impl AdminSource for GatewayStatus {
                 m.render(w, &i.to_string(), name);
             }
         }
+        if self.coap_addr.is_some() {
+            for (i, m) in self.coap_metrics.iter().enumerate() {
+                m.render(w, &i.to_string());
+            }
+        }
     }
 
     fn status(&self) -> serde_json::Value {
@@ -592,6 +639,7 @@ impl AdminSource for GatewayStatus {
                     "devices": self.devices_per_shard.get(i).map(|g| g.get()).unwrap_or(0),
                     "connections": m.connections.get(),
                     "sessions": m.sessions.get(),
+                    "coap_devices": self.coap_metrics.get(i).map(|c| c.devices.get()).unwrap_or(0),
                     "uplinks": uplinks,
                     "spools": spools,
                 })
@@ -602,6 +650,13 @@ impl AdminSource for GatewayStatus {
             "uptime_seconds": self.started.elapsed().as_secs(),
             "devices": self.control.devices_connected.get(),
             "spool": self.spool_summary(),
+            "coap": match self.coap_addr {
+                None => serde_json::Value::Null,
+                Some(addr) => serde_json::json!({
+                    "listen": addr.to_string(),
+                    "devices": self.coap_metrics.iter().map(|c| c.devices.get()).sum::<i64>(),
+                }),
+            },
             "shards": shards,
             "traffic_control": self
                 .uplink_names

@@ -18,7 +18,7 @@ async fn malformed_oversized_silent_and_flooding_clients_do_not_disturb_a_health
     // connect anonymously.
     let hash = argon2_hash(b"right", 4);
     let text = format!(
-        "[gateway]\nshards = 2\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"4KiB\"\nconnect_timeout = \"1s\"\nallow_anonymous = true\n[[mqtt.users]]\nusername = \"meter\"\npassword_hash = \"{hash}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        "[gateway]\nshards = 2\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"4KiB\"\nconnect_timeout = \"1s\"\nallow_anonymous = true\n[[mqtt.users]]\nusername = \"meter\"\npassword_hash = \"{hash}\"\n[coap]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
         cloud.uplink_toml(None, "")
     );
     let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap())
@@ -231,7 +231,7 @@ async fn a_flood_of_wrong_passwords_is_bounded_and_a_publishing_device_keeps_its
     let cloud = Cloud::start();
     let mut sub = cloud.subscriber("cloud-sub", "steady/#").await;
     let text = format!(
-        "[gateway]\nshards = 1\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nconnect_timeout = \"4s\"\nallow_anonymous = true\n[[mqtt.users]]\nusername = \"meter\"\npassword_hash = \"{hash}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        "[gateway]\nshards = 1\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nconnect_timeout = \"4s\"\nallow_anonymous = true\n[[mqtt.users]]\nusername = \"meter\"\npassword_hash = \"{hash}\"\n[coap]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
         cloud.uplink_toml(None, "")
     );
     let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap())
@@ -330,7 +330,7 @@ async fn mqtt5_device_exceeding_receive_maximum_is_disconnected_with_0x93() {
     let gate = Gate::start(cloud.broker.tls_addr()).await;
     gate.set_open(false); // cloud unreachable: nothing gets acknowledged
     let text = format!(
-        "[gateway]\nshards = 1\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nreceive_maximum = 4\n[admin]\nenabled = false\n{}",
+        "[gateway]\nshards = 1\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nreceive_maximum = 4\n[coap]\nlisten = \"127.0.0.1:0\"\n[admin]\nenabled = false\n{}",
         cloud.uplink_toml(Some(gate.addr), "")
     );
     let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap())

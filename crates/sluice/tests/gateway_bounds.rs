@@ -558,6 +558,7 @@ impl GatewayProcess {
             format!(
                 "[gateway]\nshards = 2\npin_threads = false\n\n\
                  [mqtt]\nlisten = \"127.0.0.1:{mqtt_port}\"\n{mqtt_extra}\n\
+                 [coap]\nlisten = \"127.0.0.1:0\"\n\n\
                  [admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\n\
                  [log]\nlevel = \"info\"\n"
             ),

@@ -144,7 +144,7 @@ async fn with_the_cloud_away_memory_stays_bounded_qos0_drops_are_counted_and_qos
     let gate = Gate::start(cloud.broker.tls_addr()).await;
     gate.set_open(false);
     let text = format!(
-        "[gateway]\nshards = 1\npin_threads = false\nmax_buffered = \"128KiB\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"64KiB\"\n[admin]\nenabled = false\n{}",
+        "[gateway]\nshards = 1\npin_threads = false\nmax_buffered = \"128KiB\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"64KiB\"\n[coap]\nlisten = \"127.0.0.1:0\"\n[admin]\nenabled = false\n{}",
         cloud.uplink_toml(Some(gate.addr), "")
     );
     let gw = sluice::app::Gateway::build(sluice::config::parse(&text).unwrap())

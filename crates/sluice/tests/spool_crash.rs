@@ -186,6 +186,7 @@ fn config_toml(mqtt_port: u16, cloud_tls_port: u16, ca: &Path, spool_dir: &Path)
     format!(
         "[gateway]\nshards = 2\npin_threads = false\n\n\
          [mqtt]\nlisten = \"127.0.0.1:{mqtt_port}\"\n\n\
+         [coap]\nlisten = \"127.0.0.1:0\"\n\n\
          [admin]\nlisten = \"127.0.0.1:0\"\n\n\
          [log]\nlevel = \"warn\"\n\n\
          [spool]\ndir = \"{spool}\"\nack = \"spool\"\nfsync = \"interval\"\nfsync_interval = \"10ms\"\n\n\

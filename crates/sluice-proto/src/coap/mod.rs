@@ -2,9 +2,15 @@
 //! block-wise values (RFC 7959). Bytes in, messages out; no sockets, no clocks.
 //!
 //! Modules: [`message`] (the message and its UDP encoding; the option/payload encoding
-//! shared with TCP).
+//! shared with TCP), [`dedup`] (message-id de-duplication), [`reliability`] (CON
+//! retransmission schedule), [`block`] (Block1 reassembly, Block2 slices), [`link`] (RFC 6690
+//! link-format writer).
 
+pub mod block;
+pub mod dedup;
+pub mod link;
 pub mod message;
+pub mod reliability;
 
 use std::fmt;
 

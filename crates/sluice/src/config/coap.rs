@@ -64,6 +64,12 @@ pub struct CoapConfig {
     /// Notifications queued per observer while earlier ones are unacknowledged; beyond,
     /// the oldest is dropped (counted): an observer wants the latest state.
     pub max_queued_notifications: usize,
+    /// Datagrams per second one source address (ip:port) may send; beyond, its datagrams
+    /// are dropped (counted) so a flood from one source cannot starve other devices. 0: no
+    /// limit.
+    pub source_rate: u32,
+    /// Datagrams a source may send in a burst above `source_rate`.
+    pub source_burst: u32,
     /// Upstream CoAP servers reached over TCP/TLS (reverse or forward proxy).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub proxy: Vec<CoapProxyConfig>,
@@ -89,6 +95,8 @@ impl Default for CoapConfig {
             retry_after: Duration::from_secs(2),
             max_observers: 10_000,
             max_queued_notifications: 16,
+            source_rate: 2000,
+            source_burst: 500,
             proxy: Vec::new(),
         }
     }

@@ -70,6 +70,9 @@ pub enum ShardCmd {
     EvictOffline(tokio::sync::oneshot::Sender<bool>),
     /// Deliver to one local member of the shared subscription `key` (`$share/{group}/{filter}`).
     DeliverShared(Routed, ByteString),
+    /// A CoAP datagram another shard's socket read for a device of this shard (steering,
+    /// `crate::edge::coap::server`); answered from this shard's own socket.
+    CoapDatagram { peer: SocketAddr, bytes: Bytes },
 }
 
 /// A subscription of a local session.
@@ -156,6 +159,9 @@ pub struct ShardSeed {
     pub former_spools: Vec<(usize, usize, crate::sink::spool::OpenedSpool)>,
     /// Input bounds: sessions on every shard (`mqtt.max_sessions`).
     pub sessions_total: Arc<AtomicUsize>,
+    /// This shard's CoAP socket (`[coap] enabled`), bound with SO_REUSEPORT.
+    pub coap: Option<std::net::UdpSocket>,
+    pub coap_metrics: Arc<crate::edge::coap::CoapMetrics>,
 }
 
 /// Start a shard thread.
@@ -206,6 +212,8 @@ async fn run(seed: ShardSeed) {
         spools,
         former_spools,
         sessions_total,
+        coap,
+        coap_metrics,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -372,6 +380,9 @@ async fn run(seed: ShardSeed) {
             ));
         }
     }
+    let coap = coap.and_then(|socket| {
+        crate::edge::coap::start(ctx.clone(), socket, coap_metrics, local_shutdown.clone())
+    });
     tracing::debug!(shard = id, uplinks = uplink_tasks.len(), "shard started");
 
     loop {
@@ -394,6 +405,11 @@ async fn run(seed: ShardSeed) {
                 Some(ShardCmd::DeliverShared(routed, key)) => {
                     ctx.metrics.cross_shard_received.inc();
                     router::deliver_shared_member(&ctx, &routed, &key);
+                }
+                Some(ShardCmd::CoapDatagram { peer, bytes }) => {
+                    if let Some(coap) = &coap {
+                        coap.on_steered(peer, bytes);
+                    }
                 }
                 None => break,
             },

@@ -3,6 +3,7 @@
 //! gate-able TCP relay used only to inject a fault (hold the gateway off the cloud).
 #![allow(dead_code)]
 
+pub mod coap;
 pub mod fault_broker;
 pub mod packets;
 
@@ -72,10 +73,17 @@ pub fn gateway_mqtt(shards: usize, mqtt: &str, extra: &str) -> RunningGateway {
 }
 
 /// A gateway on free loopback ports with `gateway` lines in `[gateway]` (which must set
-/// `shards`; threads are never pinned), `mqtt` lines in `[mqtt]` and extra TOML after.
+/// `shards`; threads are never pinned), `mqtt` lines in `[mqtt]` and extra TOML after. The
+/// CoAP listener is on a free port too, unless `extra` has a `[coap]` section of its own
+/// (which must then set `listen`).
 pub fn gateway_sections(gateway: &str, mqtt: &str, extra: &str) -> RunningGateway {
+    let coap = if extra.contains("[coap]") {
+        ""
+    } else {
+        "[coap]\nlisten = \"127.0.0.1:0\"\n"
+    };
     let text = format!(
-        "[gateway]\npin_threads = false\n{gateway}\n[mqtt]\nlisten = \"127.0.0.1:0\"\n{mqtt}\n[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
+        "[gateway]\npin_threads = false\n{gateway}\n[mqtt]\nlisten = \"127.0.0.1:0\"\n{mqtt}\n{coap}[admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n"
     );
     let config =
         sluice::config::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));

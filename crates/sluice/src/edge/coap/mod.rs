@@ -6,8 +6,23 @@
 //! de-duplication, CON retransmission of what sluice sends, block-wise transfers, and the
 //! observers on each shard. Does not own: routing (`crate::shard::router`), the upstream
 //! connections (`crate::proxy`), or the codec (`sluice_proto::coap`).
+//!
+//! Modules: `socket` (binding one SO_REUSEPORT socket per shard), `server` (the receive
+//! loop, steering, de-duplication, answering), `endpoint` (sending, CON retransmission,
+//! message ids, the per-source budget), `resources` (dispatch by path, /.well-known/core),
+//! `publish` (the pub/sub resource's POST/PUT, Block1), `observe` (GET + Observe),
+//! `metrics`.
 
+pub mod endpoint;
+pub mod metrics;
 pub mod observe;
+mod publish;
+mod resources;
+pub mod server;
+pub mod socket;
+
+pub use metrics::CoapMetrics;
+pub use server::{start, CoapShard};
 
 use std::net::SocketAddr;
 

@@ -1,0 +1,216 @@
+//! Message-id de-duplication (RFC 7252 §4.5): a bounded table of recently seen
+//! `(peer, message id)` keys, each remembered for its lifetime (EXCHANGE_LIFETIME for a CON,
+//! NON_LIFETIME for a NON), holding what the exchange produced so a duplicate gets the same
+//! answer.
+//!
+//! Owns: the table, its expiry and its bound. Does not own: clocks (the caller passes `now`)
+//! or what a duplicate is answered with (the value `V` the caller stored).
+//!
+//! Invariants: at most `capacity` entries; when full, the oldest inserted entry is evicted
+//! (counted in [`DedupTable::evictions`] when it had not expired yet); an expired entry is
+//! never reported as a duplicate.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+/// What the table knows about a key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seen<'a, V> {
+    /// Not seen within its lifetime: a new exchange.
+    New,
+    /// Seen, and its answer is not known yet.
+    InProgress,
+    /// Seen and answered with this.
+    Done(&'a V),
+}
+
+#[derive(Debug)]
+struct Entry<V> {
+    expires: Instant,
+    seq: u64,
+    value: Option<V>,
+}
+
+/// A bounded de-duplication table.
+#[derive(Debug)]
+pub struct DedupTable<K, V> {
+    map: HashMap<K, Entry<V>>,
+    /// Insertion order: `(key, seq)`; a stale seq (the key was re-inserted) is skipped.
+    order: VecDeque<(K, u64)>,
+    capacity: usize,
+    seq: u64,
+    evictions: u64,
+}
+
+impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
+    pub fn new(capacity: usize) -> Self {
+        DedupTable {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: capacity.max(1),
+            seq: 0,
+            evictions: 0,
+        }
+    }
+
+    /// Look `key` up at `now`.
+    pub fn check(&self, key: &K, now: Instant) -> Seen<'_, V> {
+        match self.map.get(key) {
+            Some(e) if e.expires > now => match &e.value {
+                Some(v) => Seen::Done(v),
+                None => Seen::InProgress,
+            },
+            _ => Seen::New,
+        }
+    }
+
+    /// Remember `key` as in progress for `lifetime` from `now` (replacing an expired entry).
+    pub fn insert(&mut self, key: K, lifetime: Duration, now: Instant) {
+        self.expire(now);
+        if self.map.len() >= self.capacity {
+            // Expired entries behind a live one in the insertion order: sweep them first, so
+            // only a live entry is ever evicted (and counted).
+            self.map.retain(|_, e| e.expires > now);
+        }
+        while self.map.len() >= self.capacity {
+            if !self.pop_oldest(now) {
+                break;
+            }
+        }
+        self.seq += 1;
+        self.map.insert(
+            key,
+            Entry {
+                expires: now + lifetime,
+                seq: self.seq,
+                value: None,
+            },
+        );
+        self.order.push_back((key, self.seq));
+    }
+
+    /// Store the answer of `key` (ignored when it was evicted meanwhile).
+    pub fn complete(&mut self, key: &K, value: V) {
+        if let Some(e) = self.map.get_mut(key) {
+            e.value = Some(value);
+        }
+    }
+
+    /// Forget `key` (an exchange that must be answered afresh if it comes again).
+    pub fn remove(&mut self, key: &K) {
+        self.map.remove(key);
+    }
+
+    /// Drop expired entries from the front of the insertion order.
+    pub fn expire(&mut self, now: Instant) {
+        while let Some(&(key, seq)) = self.order.front() {
+            match self.map.get(&key) {
+                Some(e) if e.seq == seq && e.expires > now => break,
+                Some(e) if e.seq == seq => {
+                    self.map.remove(&key);
+                }
+                _ => {}
+            }
+            self.order.pop_front();
+        }
+        // A table of short-lived keys behind a long-lived one: keep `order` bounded too.
+        if self.order.len() > self.capacity.saturating_mul(2) {
+            let map = &self.map;
+            self.order
+                .retain(|(k, seq)| map.get(k).is_some_and(|e| e.seq == *seq));
+        }
+    }
+
+    /// Evict the oldest live entry; false when there is none.
+    fn pop_oldest(&mut self, now: Instant) -> bool {
+        while let Some((key, seq)) = self.order.pop_front() {
+            if let Some(e) = self.map.get(&key) {
+                if e.seq == seq {
+                    if e.expires > now {
+                        self.evictions += 1;
+                    }
+                    self.map.remove(&key);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Entries evicted before their lifetime ended (the table was full).
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_key_is_new_then_in_progress_then_done_until_it_expires() {
+        let t0 = Instant::now();
+        let mut t: DedupTable<(u8, u16), &str> = DedupTable::new(8);
+        assert_eq!(t.check(&(1, 7), t0), Seen::New);
+        t.insert((1, 7), 10 * S, t0);
+        assert_eq!(t.check(&(1, 7), t0 + S), Seen::InProgress);
+        t.complete(&(1, 7), "ack");
+        assert_eq!(t.check(&(1, 7), t0 + 9 * S), Seen::Done(&"ack"));
+        assert_eq!(t.check(&(1, 7), t0 + 10 * S), Seen::New);
+        assert_eq!(t.check(&(2, 7), t0), Seen::New, "another peer");
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_oldest_and_counts_it() {
+        let t0 = Instant::now();
+        let mut t: DedupTable<u16, ()> = DedupTable::new(3);
+        for mid in 0..5 {
+            t.insert(mid, 100 * S, t0);
+        }
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.evictions(), 2);
+        assert_eq!(t.check(&0, t0), Seen::New);
+        assert_eq!(t.check(&4, t0), Seen::InProgress);
+        // Expired entries make room without counting as evictions.
+        t.insert(9, 100 * S, t0 + 200 * S);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.evictions(), 2);
+    }
+
+    #[test]
+    fn a_reinserted_key_is_not_removed_by_its_stale_order_entry() {
+        let t0 = Instant::now();
+        let mut t: DedupTable<u16, ()> = DedupTable::new(4);
+        t.insert(1, S, t0);
+        t.insert(2, 100 * S, t0);
+        // Key 1 expired and is inserted again with a long lifetime.
+        t.insert(1, 100 * S, t0 + 2 * S);
+        t.expire(t0 + 3 * S);
+        assert_eq!(t.check(&1, t0 + 3 * S), Seen::InProgress);
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn short_lived_keys_behind_a_long_lived_one_keep_the_order_bounded() {
+        let t0 = Instant::now();
+        let mut t: DedupTable<u16, ()> = DedupTable::new(4);
+        t.insert(0, 1000 * S, t0);
+        for i in 1..1000u16 {
+            let now = t0 + S * i as u32;
+            t.insert(i, S / 2, now);
+        }
+        assert!(t.order.len() <= 2 * 4 + 1, "{}", t.order.len());
+        assert_eq!(t.evictions(), 0);
+    }
+}

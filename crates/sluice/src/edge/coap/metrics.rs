@@ -1,0 +1,179 @@
+//! Counters of one shard's CoAP edge (atomics, read by the admin endpoint on another thread).
+//!
+//! Owns: the counters and their Prometheus names. Does not own: the observers' or the
+//! proxy's counters (their own modules).
+
+use sluice_proto::coap::{Code, DecodeErrorKind};
+
+use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
+
+/// Why a datagram was not a message sluice could serve. A fixed set (bounded labels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatError {
+    TooShort = 0,
+    BadVersion = 1,
+    TokenTooLong = 2,
+    Truncated = 3,
+    BadOption = 4,
+    EmptyPayload = 5,
+    NonEmptyEmpty = 6,
+    /// Larger than `coap.max_message_size`.
+    TooLarge = 7,
+    /// A request with an unknown critical option (answered 4.02).
+    UnknownCriticalOption = 8,
+    /// A request with a bad value: topic, query, Uri-Path not UTF-8 (answered 4.00).
+    BadRequest = 9,
+    /// A message sluice does not expect from a device (a response, a non-empty ACK/RST).
+    Unexpected = 10,
+}
+
+pub const FORMAT_ERRORS: [(FormatError, &str); 11] = [
+    (FormatError::TooShort, "too_short"),
+    (FormatError::BadVersion, "bad_version"),
+    (FormatError::TokenTooLong, "token_too_long"),
+    (FormatError::Truncated, "truncated"),
+    (FormatError::BadOption, "bad_option"),
+    (FormatError::EmptyPayload, "empty_payload"),
+    (FormatError::NonEmptyEmpty, "non_empty_empty"),
+    (FormatError::TooLarge, "too_large"),
+    (FormatError::UnknownCriticalOption, "unknown_critical_option"),
+    (FormatError::BadRequest, "bad_request"),
+    (FormatError::Unexpected, "unexpected"),
+];
+
+impl From<DecodeErrorKind> for FormatError {
+    fn from(kind: DecodeErrorKind) -> FormatError {
+        match kind {
+            DecodeErrorKind::TooShort => FormatError::TooShort,
+            DecodeErrorKind::BadVersion(_) => FormatError::BadVersion,
+            DecodeErrorKind::TokenTooLong(_) => FormatError::TokenTooLong,
+            DecodeErrorKind::TruncatedToken | DecodeErrorKind::TruncatedOption => {
+                FormatError::Truncated
+            }
+            DecodeErrorKind::ReservedNibble | DecodeErrorKind::OptionNumberOverflow => {
+                FormatError::BadOption
+            }
+            DecodeErrorKind::EmptyPayload => FormatError::EmptyPayload,
+            DecodeErrorKind::NonEmptyEmpty => FormatError::NonEmptyEmpty,
+            DecodeErrorKind::TooLarge(_) => FormatError::TooLarge,
+        }
+    }
+}
+
+const METHODS: [&str; 6] = ["GET", "POST", "PUT", "DELETE", "FETCH", "other"];
+const CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
+
+/// The CoAP edge's counters on one shard.
+#[derive(Debug, Default)]
+pub struct CoapMetrics {
+    pub datagrams_in: Counter,
+    pub datagrams_out: Counter,
+    /// Datagrams the socket could not take (send buffer full): UDP, so dropped.
+    pub send_dropped: Counter,
+    requests: [Counter; 6],
+    responses: [Counter; 4],
+    /// Duplicate CONs answered from the de-duplication table.
+    pub duplicates_con: Counter,
+    /// Duplicate NONs dropped.
+    pub duplicates_non: Counter,
+    pub rst_sent: Counter,
+    pub rst_received: Counter,
+    format_errors: [Counter; FORMAT_ERRORS.len()],
+    /// Exchanges evicted from the de-duplication table before their lifetime ended.
+    pub dedup_evictions: Counter,
+    pub block_transfers_started: Counter,
+    pub block_transfers_completed: Counter,
+    /// 4.08, 4.13 or expiry.
+    pub block_transfers_failed: Counter,
+    /// 5.03 Service Unavailable answers (back-pressure, too many transfers, abandoned).
+    pub unavailable: Counter,
+    /// Messages handed to the router (CoAP publishes).
+    pub publishes: Counter,
+    /// Datagrams received here for a device of another shard and passed to its mailbox.
+    pub steered_out: Counter,
+    /// Datagrams received from another shard's socket.
+    pub steered_in: Counter,
+    /// Datagrams for another shard whose mailbox was full (dropped; a CON is resent).
+    pub steer_dropped: Counter,
+    /// Datagrams dropped by the per-source budget (`coap.source_rate`).
+    pub throttled: Counter,
+    /// Retransmissions of CONs sluice sent; and CONs given up (no ACK).
+    pub retransmissions: Counter,
+    pub con_timeouts: Counter,
+    /// CoAP devices seen on this shard within EXCHANGE_LIFETIME.
+    pub devices: Gauge,
+    /// Exchanges held in the de-duplication table.
+    pub exchanges: Gauge,
+}
+
+impl CoapMetrics {
+    pub fn request(&self, code: Code) {
+        let i = match code {
+            Code::GET => 0,
+            Code::POST => 1,
+            Code::PUT => 2,
+            Code::DELETE => 3,
+            Code::FETCH => 4,
+            _ => 5,
+        };
+        self.requests[i].inc();
+    }
+
+    pub fn response(&self, code: Code) {
+        let i = match code.class() {
+            2 => 0,
+            4 => 1,
+            5 => 2,
+            _ => 3,
+        };
+        self.responses[i].inc();
+        if code == Code::SERVICE_UNAVAILABLE {
+            self.unavailable.inc();
+        }
+    }
+
+    pub fn format_error(&self, reason: FormatError) {
+        self.format_errors[reason as usize].inc();
+    }
+
+    pub fn format_errors(&self, reason: FormatError) -> u64 {
+        self.format_errors[reason as usize].get()
+    }
+
+    pub fn render(&self, w: &mut PromWriter, shard: &str) {
+        let l = [("shard", shard)];
+        let c = |w: &mut PromWriter, name: &str, help: &str, v: &Counter| {
+            w.counter(name, help, &l, v.get())
+        };
+        c(w, "sluice_coap_datagrams_received_total", "CoAP datagrams read from devices", &self.datagrams_in);
+        c(w, "sluice_coap_datagrams_sent_total", "CoAP datagrams written to devices", &self.datagrams_out);
+        c(w, "sluice_coap_send_dropped_total", "CoAP datagrams the socket could not take", &self.send_dropped);
+        for (i, m) in METHODS.iter().enumerate() {
+            w.counter("sluice_coap_requests_total", "CoAP requests from devices, by method", &[("shard", shard), ("method", m)], self.requests[i].get());
+        }
+        for (i, class) in CLASSES.iter().enumerate() {
+            w.counter("sluice_coap_responses_total", "CoAP responses to devices, by code class", &[("shard", shard), ("class", class)], self.responses[i].get());
+        }
+        w.counter("sluice_coap_duplicates_total", "Duplicate CoAP messages (same peer and message id)", &[("shard", shard), ("type", "con")], self.duplicates_con.get());
+        w.counter("sluice_coap_duplicates_total", "Duplicate CoAP messages (same peer and message id)", &[("shard", shard), ("type", "non")], self.duplicates_non.get());
+        c(w, "sluice_coap_rst_sent_total", "CoAP RSTs sent", &self.rst_sent);
+        c(w, "sluice_coap_rst_received_total", "CoAP RSTs received", &self.rst_received);
+        for (reason, name) in FORMAT_ERRORS {
+            w.counter("sluice_coap_format_errors_total", "CoAP datagrams or requests refused, by reason", &[("shard", shard), ("reason", name)], self.format_errors[reason as usize].get());
+        }
+        c(w, "sluice_coap_dedup_evictions_total", "Exchanges evicted from the de-duplication table before their lifetime", &self.dedup_evictions);
+        c(w, "sluice_coap_block_transfers_started_total", "Block1 transfers started", &self.block_transfers_started);
+        c(w, "sluice_coap_block_transfers_completed_total", "Block1 transfers completed", &self.block_transfers_completed);
+        c(w, "sluice_coap_block_transfers_failed_total", "Block1 transfers refused or expired", &self.block_transfers_failed);
+        c(w, "sluice_coap_unavailable_total", "5.03 Service Unavailable answers", &self.unavailable);
+        c(w, "sluice_coap_publishes_total", "CoAP publishes handed to the router", &self.publishes);
+        c(w, "sluice_coap_steered_out_total", "Datagrams passed to the owning shard", &self.steered_out);
+        c(w, "sluice_coap_steered_in_total", "Datagrams received from another shard's socket", &self.steered_in);
+        c(w, "sluice_coap_steer_dropped_total", "Datagrams dropped: the owning shard's mailbox was full", &self.steer_dropped);
+        c(w, "sluice_coap_throttled_total", "Datagrams dropped by the per-source budget", &self.throttled);
+        c(w, "sluice_coap_retransmissions_total", "Retransmissions of CONs sent to devices", &self.retransmissions);
+        c(w, "sluice_coap_con_timeouts_total", "CONs sent to devices never acknowledged", &self.con_timeouts);
+        w.gauge("sluice_coap_devices", "CoAP devices seen within EXCHANGE_LIFETIME", &l, self.devices.get());
+        w.gauge("sluice_coap_exchanges", "Exchanges in the de-duplication table", &l, self.exchanges.get());
+    }
+}

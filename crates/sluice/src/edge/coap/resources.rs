@@ -1,0 +1,165 @@
+//! What a device's request is for: `/.well-known/core` (RFC 6690), the pub/sub resource
+//! (`{pubsub_path}/{topic}`: POST/PUT publish, GET observe), a `[[coap.proxy]]` upstream, or
+//! nothing (4.04).
+//!
+//! Owns: the dispatch by path and method, the option checks every request passes (unknown
+//! critical options: 4.02), the link-format document and Block2 slicing of local responses.
+//! Does not own: publishing (`publish`), observing (`observe`), proxying (`crate::proxy`).
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use bytestring::ByteString;
+use sluice_proto::coap::link::{Attr, LinkWriter};
+use sluice_proto::coap::{block, format, opt, Block, Code, Message, MsgType, Token};
+
+use super::metrics::FormatError;
+use super::server::{CoapShard, Reply};
+
+/// Critical options sluice understands (RFC 7252 §5.4.1: any other critical option in a
+/// request gets 4.02 Bad Option).
+const KNOWN_CRITICAL: [u16; 11] = [
+    opt::IF_MATCH,
+    opt::URI_HOST,
+    opt::IF_NONE_MATCH,
+    opt::URI_PORT,
+    opt::URI_PATH,
+    opt::URI_QUERY,
+    opt::ACCEPT,
+    opt::BLOCK2,
+    opt::BLOCK1,
+    opt::PROXY_URI,
+    opt::PROXY_SCHEME,
+];
+
+/// A response with `code` and a diagnostic payload (RFC 7252 §5.5.2).
+pub(super) fn error(code: Code, diagnostic: impl Into<Bytes>) -> Message {
+    let mut m = Message::new(MsgType::Ack, code, 0, Token::EMPTY);
+    m.payload = diagnostic.into();
+    m
+}
+
+/// 5.03 Service Unavailable with Max-Age = `retry_after`.
+pub(super) fn unavailable(shard: &CoapShard, why: &'static str) -> Message {
+    let mut m = error(Code::SERVICE_UNAVAILABLE, Bytes::from_static(why.as_bytes()));
+    let secs = shard.ctx.config.coap.retry_after.as_secs().clamp(1, u32::MAX as u64);
+    m.add_uint_option(opt::MAX_AGE, secs as u32);
+    m
+}
+
+pub(super) fn bad_request(shard: &CoapShard, diagnostic: String) -> Reply {
+    shard.metrics.format_error(FormatError::BadRequest);
+    Reply::Now(error(Code::BAD_REQUEST, diagnostic))
+}
+
+pub(super) fn dispatch(
+    shard: &Rc<CoapShard>,
+    peer: SocketAddr,
+    req: &Message,
+    device: &ByteString,
+) -> Reply {
+    if let Some(o) = req
+        .options
+        .iter()
+        .find(|o| opt::is_critical(o.number) && !KNOWN_CRITICAL.contains(&o.number))
+    {
+        shard.metrics.format_error(FormatError::UnknownCriticalOption);
+        return Reply::Now(error(
+            Code::BAD_OPTION,
+            format!("unknown critical option {}", o.number),
+        ));
+    }
+    if let Some(route) = shard.ctx.proxies.route(req) {
+        return match route {
+            Ok(route) => Reply::Later(Box::pin(shard.ctx.proxies.forward(route, req.clone()))),
+            Err(code) => Reply::Now(error(code, "cannot proxy this request")),
+        };
+    }
+    if req.option(opt::PROXY_URI).is_some() || req.option(opt::PROXY_SCHEME).is_some() {
+        return Reply::Now(error(
+            Code::PROXYING_NOT_SUPPORTED,
+            "no configured upstream for this Proxy-Uri",
+        ));
+    }
+    let mut path = Vec::new();
+    for seg in req.uri_path() {
+        match std::str::from_utf8(seg) {
+            Ok(s) => path.push(s),
+            Err(_) => return bad_request(shard, "Uri-Path is not UTF-8".into()),
+        }
+    }
+    let ps = shard.ctx.config.coap.pubsub_path.as_str();
+    match path.as_slice() {
+        [".well-known", "core"] => match req.code {
+            Code::GET => Reply::Now(well_known(shard, req)),
+            _ => Reply::Now(error(Code::METHOD_NOT_ALLOWED, "GET only")),
+        },
+        [first, rest @ ..] if *first == ps => match req.code {
+            Code::POST | Code::PUT => super::publish::publish(shard, peer, req, device, rest),
+            Code::GET => {
+                let observers = shard.observers.clone();
+                let filter = rest.join("/");
+                let (device, req) = (device.clone(), req.clone());
+                Reply::Later(Box::pin(async move {
+                    observers.on_get(peer, &device, &req, &filter).await
+                }))
+            }
+            _ => Reply::Now(error(Code::METHOD_NOT_ALLOWED, "POST, PUT or GET")),
+        },
+        _ => Reply::Now(error(Code::NOT_FOUND, "no such resource")),
+    }
+}
+
+/// `GET /.well-known/core`: the pub/sub resource and each reverse-proxy prefix.
+fn well_known(shard: &CoapShard, req: &Message) -> Message {
+    let cfg = &shard.ctx.config.coap;
+    let mut w = LinkWriter::new();
+    w.link(
+        &[cfg.pubsub_path.as_str()],
+        &[("rt", Attr::Quoted("core.ps")), ("ct", Attr::Uint(40))],
+    );
+    for p in &cfg.proxy {
+        if let Some(prefix) = &p.prefix {
+            let segs: Vec<&str> = prefix.split('/').filter(|s| !s.is_empty()).collect();
+            w.link(&segs, &[("title", Attr::Quoted(&p.name))]);
+        }
+    }
+    let body = Bytes::from(w.finish());
+    let mut resp = Message::new(MsgType::Ack, Code::CONTENT, 0, Token::EMPTY);
+    resp.add_uint_option(opt::CONTENT_FORMAT, format::LINK_FORMAT as u32);
+    with_block2(shard, req, resp, body)
+}
+
+/// Put `body` into `resp`, as the Block2 block the request asks for (or block 0) when it is
+/// larger than `block_size` or the request asked for blocks.
+pub(super) fn with_block2(shard: &CoapShard, req: &Message, mut resp: Message, body: Bytes) -> Message {
+    let ours = Block::szx_for(shard.ctx.config.coap.block_size.as_usize());
+    let asked = req.uint_option(opt::BLOCK2).and_then(Block::from_uint);
+    if asked.is_none() && body.len() <= 1 << (ours + 4) {
+        resp.payload = body;
+        return resp;
+    }
+    let (num, szx) = match asked {
+        Some(b) if b.szx <= 6 => (b.num, b.szx.min(ours)),
+        // A client asking with a larger size continues at ours (RFC 7959 §2.4).
+        Some(b) => (b.num, ours),
+        None => (0, ours),
+    };
+    // A smaller size than asked: the asked block's offset in our blocks.
+    let num = match asked {
+        Some(b) if b.szx.min(6) > szx => ((b.offset()) >> (szx + 4)) as u32,
+        _ => num,
+    };
+    match block::slice(&body, num, szx) {
+        Some((part, b)) => {
+            resp.add_uint_option(opt::BLOCK2, b.to_uint());
+            if num == 0 {
+                resp.add_uint_option(opt::SIZE2, body.len() as u32);
+            }
+            resp.payload = part;
+            resp
+        }
+        None => error(Code::BAD_OPTION, "Block2 past the end of the resource"),
+    }
+}
