@@ -158,6 +158,9 @@ impl Gateway {
         let shard_metrics: Vec<Arc<ShardMetrics>> = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
+        let proxy_metrics: Vec<Arc<crate::proxy::ProxyMetrics>> = (0..shards)
+            .map(|_| Arc::new(crate::proxy::ProxyMetrics::new(&config)))
+            .collect();
         let priority = Arc::new(PriorityTable::new(&config.priority));
         let uplink_metrics: Vec<Vec<LaneMetrics>> = (0..shards)
             .map(|_| {
@@ -266,6 +269,7 @@ impl Gateway {
                 spools: shard_spools.next().unwrap_or_default(),
                 former_spools: shard_former.next().unwrap_or_default(),
                 sessions_total: sessions_total.clone(),
+                proxy_metrics: proxy_metrics[id].clone(),
                 coap: coap.next(),
                 coap_metrics: coap_metrics[id].clone(),
             };
@@ -291,6 +295,7 @@ impl Gateway {
             former_spool_metrics: former_metrics,
             spool_dir: config.spool.dir.clone(),
             spool_ack: config.spool.ack,
+            proxy_metrics,
             coap_addr,
             coap_metrics,
         });
@@ -523,6 +528,8 @@ struct GatewayStatus {
     former_spool_metrics: Vec<Arc<crate::sink::spool::SpoolMetrics>>,
     spool_dir: Option<std::path::PathBuf>,
     spool_ack: crate::config::SpoolAck,
+    /// Per shard: the CoAP proxy's upstream connections.
+    proxy_metrics: Vec<Arc<crate::proxy::ProxyMetrics>>,
     coap_addr: Option<SocketAddr>,
     /// Per shard.
     coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>>,
@@ -584,6 +591,7 @@ impl AdminSource for GatewayStatus {
                 m.render(w, &i.to_string(), name);
             }
         }
+        crate::admin::coap_proxy::render_proxy_metrics(w, &self.proxy_metrics);
         if self.coap_addr.is_some() {
             for (i, m) in self.coap_metrics.iter().enumerate() {
                 m.render(w, &i.to_string());
@@ -658,6 +666,7 @@ impl AdminSource for GatewayStatus {
                 }),
             },
             "shards": shards,
+            "coap_proxy": crate::admin::coap_proxy::proxy_status(&self.proxy_metrics),
             "traffic_control": self
                 .uplink_names
                 .iter()

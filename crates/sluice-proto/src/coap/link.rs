@@ -78,9 +78,12 @@ mod tests {
     #[test]
     fn links_are_comma_separated_with_their_attributes() {
         let mut w = LinkWriter::new();
-        w.link(&["ps"], &[("rt", Attr::Quoted("core.ps")), ("ct", Attr::Uint(40))])
-            .link(&["cloud"], &[("title", Attr::Quoted("a \"proxy\""))])
-            .link(&["odd>seg"], &[("if", Attr::Token("core.b"))]);
+        w.link(
+            &["ps"],
+            &[("rt", Attr::Quoted("core.ps")), ("ct", Attr::Uint(40))],
+        )
+        .link(&["cloud"], &[("title", Attr::Quoted("a \"proxy\""))])
+        .link(&["odd>seg"], &[("if", Attr::Token("core.b"))]);
         assert_eq!(
             w.finish(),
             "</ps>;rt=\"core.ps\";ct=40,</cloud>;title=\"a \\\"proxy\\\"\",</odd%3Eseg>;if=core.b"

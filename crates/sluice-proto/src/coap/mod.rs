@@ -2,19 +2,21 @@
 //! block-wise values (RFC 7959). Bytes in, messages out; no sockets, no clocks.
 //!
 //! Modules: [`message`] (the message and its UDP encoding; the option/payload encoding
-//! shared with TCP), [`dedup`] (message-id de-duplication), [`reliability`] (CON
-//! retransmission schedule), [`block`] (Block1 reassembly, Block2 slices), [`link`] (RFC 6690
-//! link-format writer).
+//! shared with TCP), [`tcp`] (RFC 8323 framing and signalling messages), [`dedup`]
+//! (message-id de-duplication), [`reliability`] (CON retransmission schedule), [`block`]
+//! (Block1 reassembly, Block2 slices), [`link`] (RFC 6690 link-format writer).
 
 pub mod block;
 pub mod dedup;
 pub mod link;
 pub mod message;
 pub mod reliability;
+pub mod tcp;
 
 use std::fmt;
 
 pub use message::{CoapOption, DecodeError, DecodeErrorKind, Header, Message, MsgType};
+pub use tcp::{decode_tcp, encode_tcp};
 
 /// Option numbers (RFC 7252 §5.10, RFC 7641, RFC 7959, RFC 7967).
 pub mod opt {

@@ -20,6 +20,8 @@
 //! accepting, asks open connections to finish their current response and close, and waits up to
 //! [`DRAIN_TIMEOUT`] for them before returning.
 
+pub mod coap_proxy;
+
 use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;

@@ -160,3 +160,81 @@ fn default_ping_interval() -> Duration {
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }
+
+/// Where a `[[coap.proxy]]` url points: scheme, host, port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyTarget {
+    /// `coaps+tcp://` (TLS) rather than `coap+tcp://`.
+    pub tls: bool,
+    /// As written (an IPv6 literal without its brackets), lower-cased.
+    pub host: String,
+    pub port: u16,
+}
+
+impl ProxyTarget {
+    /// The url's scheme as written in a Proxy-Uri or Proxy-Scheme.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls {
+            "coaps+tcp"
+        } else {
+            "coap+tcp"
+        }
+    }
+}
+
+impl CoapProxyConfig {
+    /// Parse `url`: `coap+tcp://host[:port]` or `coaps+tcp://host[:port]`, no path, query or
+    /// user info. The error says what is wrong, for `config.coap.proxy[i].url`.
+    pub fn target(&self) -> Result<ProxyTarget, String> {
+        let (tls, rest) = if let Some(r) = self.url.strip_prefix("coap+tcp://") {
+            (false, r)
+        } else if let Some(r) = self.url.strip_prefix("coaps+tcp://") {
+            (true, r)
+        } else {
+            return Err(format!(
+                "{:?} must start with coap+tcp:// or coaps+tcp://",
+                self.url
+            ));
+        };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains(['/', '?', '#', '@']) {
+            return Err(format!(
+                "{:?} must be scheme://host[:port] with no path, query or user",
+                self.url
+            ));
+        }
+        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or_else(|| format!("{:?} has a '[' without ']'", self.url))?;
+            (h, after.strip_prefix(':'))
+        } else {
+            match rest.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (rest, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("{:?} has no host", self.url));
+        }
+        let port = match port {
+            None => {
+                if tls {
+                    5684
+                } else {
+                    5683
+                }
+            }
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("{:?} has a bad port {p:?}", self.url))?,
+        };
+        Ok(ProxyTarget {
+            tls,
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+}

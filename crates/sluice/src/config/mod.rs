@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use coap::{CoapConfig, CoapProxyConfig};
+pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,

@@ -16,6 +16,8 @@ use sluice_proto::mqtt::topic::valid_topic_filter;
 
 use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
 
+mod coap_proxy;
+
 /// Whether `check` opens the files the config refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Files {
@@ -55,6 +57,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
             );
         }
     }
+    coap_proxy::check_coap_proxy(config, files)?;
     Ok(())
 }
 

@@ -6,28 +6,99 @@
 //! prefix, forward proxy by Proxy-Uri / Proxy-Scheme). Does not own: the device side (the
 //! CoAP edge, `crate::edge::coap`, answers the device with what [`ShardProxies::forward`]
 //! returns) or routing of published messages (a proxied request is not a publish).
+//!
+//! Modules: `route` (matching and rewriting), `conn` (the connection task, bounds, retries),
+//! `tls` (rustls client config), `metrics` (counters and status). Lives on one shard thread:
+//! `forward` must be polled inside the shard's `LocalSet` (it spawns the connection task there).
+
+mod conn;
+pub mod metrics;
+mod route;
+mod tls;
 
 use std::future::Future;
+use std::rc::Rc;
+use std::sync::Arc;
 
 use sluice_proto::coap::{Code, Message};
+
+use crate::config::Config;
+pub use metrics::{ProxyMetrics, UpstreamMetrics};
+pub use route::Rewrite;
+
+/// Largest frame sluice reads from an upstream, at least: the CSM it announces is this or
+/// `coap.max_body_size` + 1 KiB, whichever is larger.
+const MIN_UPSTREAM_MESSAGE: usize = 64 * 1024;
 
 /// Which upstream a request goes to, and the request as the upstream must see it.
 #[derive(Debug)]
 pub struct Route {
     /// Index into `config.coap.proxy`.
     pub upstream: usize,
+    /// How the request is rewritten for the upstream.
+    pub rewrite: Rewrite,
 }
 
 /// The upstreams of one shard.
-#[derive(Debug, Default)]
-pub struct ShardProxies {}
+#[derive(Default)]
+pub struct ShardProxies {
+    entries: Vec<route::RouteEntry>,
+    upstreams: Vec<Rc<conn::Upstream>>,
+    metrics: Arc<ProxyMetrics>,
+}
+
+impl std::fmt::Debug for ShardProxies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardProxies")
+            .field("entries", &self.entries)
+            .finish_non_exhaustive()
+    }
+}
 
 impl ShardProxies {
+    /// The upstreams of `config.coap.proxy`, counting into `metrics` (made by
+    /// [`ProxyMetrics::new`] from the same config). Nothing connects until a request comes.
+    pub fn new(config: &Config, metrics: Arc<ProxyMetrics>) -> ShardProxies {
+        let max_message_size =
+            MIN_UPSTREAM_MESSAGE.max(config.coap.max_body_size.0 as usize + 1024);
+        ShardProxies {
+            entries: config
+                .coap
+                .proxy
+                .iter()
+                .map(route::RouteEntry::new)
+                .collect(),
+            upstreams: config
+                .coap
+                .proxy
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    Rc::new(conn::Upstream::new(
+                        p,
+                        config.coap.retry_after,
+                        max_message_size,
+                        metrics.clone(),
+                        i,
+                    ))
+                })
+                .collect(),
+            metrics,
+        }
+    }
+
+    /// This shard's proxy counters.
+    pub fn metrics(&self) -> &Arc<ProxyMetrics> {
+        &self.metrics
+    }
+
     /// Whether `req` (a device's request) is for an upstream: `None` when not (the edge
     /// serves it), `Some(Err(code))` when it asks for proxying that cannot be done (e.g. a
-    /// Proxy-Uri naming a server that is not configured: 5.05 Proxying Not Supported).
-    pub fn route(&self, _req: &Message) -> Option<Result<Route, Code>> {
-        None
+    /// Proxy-Uri naming a server that is not configured: 5.05 Proxying Not Supported; an
+    /// unsafe option the proxy does not know: 4.02 Bad Option).
+    pub fn route(&self, req: &Message) -> Option<Result<Route, Code>> {
+        route::route(&self.entries, req)
+            .map(|r| r.map(|(upstream, rewrite)| Route { upstream, rewrite }))
     }
 
     /// Forward `req` and resolve with the upstream's response (code, options, payload; the
@@ -35,9 +106,17 @@ impl ShardProxies {
     /// connection died under a non-idempotent request, 5.03 when too many wait, 5.04 on
     /// timeout).
     pub fn forward(&self, route: Route, req: Message) -> impl Future<Output = Message> + 'static {
-        let _ = route;
-        let mut res = Message::new(req.mtype, Code::PROXYING_NOT_SUPPORTED, 0, req.token);
-        res.payload = bytes::Bytes::from_static(b"no upstream configured");
-        async move { res }
+        let upstream = self.upstreams.get(route.upstream).cloned();
+        async move {
+            match upstream {
+                Some(up) => up.forward(route::rewrite(req, route.rewrite)).await,
+                None => {
+                    let mut res = conn::made_up(Code::PROXYING_NOT_SUPPORTED, "no such upstream");
+                    res.token = req.token;
+                    res.mtype = req.mtype;
+                    res
+                }
+            }
+        }
     }
 }

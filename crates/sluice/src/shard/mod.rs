@@ -72,7 +72,10 @@ pub enum ShardCmd {
     DeliverShared(Routed, ByteString),
     /// A CoAP datagram another shard's socket read for a device of this shard (steering,
     /// `crate::edge::coap::server`); answered from this shard's own socket.
-    CoapDatagram { peer: SocketAddr, bytes: Bytes },
+    CoapDatagram {
+        peer: SocketAddr,
+        bytes: Bytes,
+    },
 }
 
 /// A subscription of a local session.
@@ -159,6 +162,8 @@ pub struct ShardSeed {
     pub former_spools: Vec<(usize, usize, crate::sink::spool::OpenedSpool)>,
     /// Input bounds: sessions on every shard (`mqtt.max_sessions`).
     pub sessions_total: Arc<AtomicUsize>,
+    /// This shard's CoAP proxy counters (`[[coap.proxy]]` upstreams), shown by the admin.
+    pub proxy_metrics: Arc<crate::proxy::ProxyMetrics>,
     /// This shard's CoAP socket (`[coap] enabled`), bound with SO_REUSEPORT.
     pub coap: Option<std::net::UdpSocket>,
     pub coap_metrics: Arc<crate::edge::coap::CoapMetrics>,
@@ -212,6 +217,7 @@ async fn run(seed: ShardSeed) {
         spools,
         former_spools,
         sessions_total,
+        proxy_metrics,
         coap,
         coap_metrics,
         ..
@@ -271,7 +277,7 @@ async fn run(seed: ShardSeed) {
         delivery_seq: std::cell::Cell::new(0),
         shared: RefCell::new(HashMap::new()),
         share_turn: std::cell::Cell::new(0),
-        proxies: crate::proxy::ShardProxies::default(),
+        proxies: crate::proxy::ShardProxies::new(&config, proxy_metrics),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.

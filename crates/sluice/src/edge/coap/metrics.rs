@@ -36,7 +36,10 @@ pub const FORMAT_ERRORS: [(FormatError, &str); 11] = [
     (FormatError::EmptyPayload, "empty_payload"),
     (FormatError::NonEmptyEmpty, "non_empty_empty"),
     (FormatError::TooLarge, "too_large"),
-    (FormatError::UnknownCriticalOption, "unknown_critical_option"),
+    (
+        FormatError::UnknownCriticalOption,
+        "unknown_critical_option",
+    ),
     (FormatError::BadRequest, "bad_request"),
     (FormatError::Unexpected, "unexpected"),
 ];
@@ -145,35 +148,155 @@ impl CoapMetrics {
         let c = |w: &mut PromWriter, name: &str, help: &str, v: &Counter| {
             w.counter(name, help, &l, v.get())
         };
-        c(w, "sluice_coap_datagrams_received_total", "CoAP datagrams read from devices", &self.datagrams_in);
-        c(w, "sluice_coap_datagrams_sent_total", "CoAP datagrams written to devices", &self.datagrams_out);
-        c(w, "sluice_coap_send_dropped_total", "CoAP datagrams the socket could not take", &self.send_dropped);
+        c(
+            w,
+            "sluice_coap_datagrams_received_total",
+            "CoAP datagrams read from devices",
+            &self.datagrams_in,
+        );
+        c(
+            w,
+            "sluice_coap_datagrams_sent_total",
+            "CoAP datagrams written to devices",
+            &self.datagrams_out,
+        );
+        c(
+            w,
+            "sluice_coap_send_dropped_total",
+            "CoAP datagrams the socket could not take",
+            &self.send_dropped,
+        );
         for (i, m) in METHODS.iter().enumerate() {
-            w.counter("sluice_coap_requests_total", "CoAP requests from devices, by method", &[("shard", shard), ("method", m)], self.requests[i].get());
+            w.counter(
+                "sluice_coap_requests_total",
+                "CoAP requests from devices, by method",
+                &[("shard", shard), ("method", m)],
+                self.requests[i].get(),
+            );
         }
         for (i, class) in CLASSES.iter().enumerate() {
-            w.counter("sluice_coap_responses_total", "CoAP responses to devices, by code class", &[("shard", shard), ("class", class)], self.responses[i].get());
+            w.counter(
+                "sluice_coap_responses_total",
+                "CoAP responses to devices, by code class",
+                &[("shard", shard), ("class", class)],
+                self.responses[i].get(),
+            );
         }
-        w.counter("sluice_coap_duplicates_total", "Duplicate CoAP messages (same peer and message id)", &[("shard", shard), ("type", "con")], self.duplicates_con.get());
-        w.counter("sluice_coap_duplicates_total", "Duplicate CoAP messages (same peer and message id)", &[("shard", shard), ("type", "non")], self.duplicates_non.get());
-        c(w, "sluice_coap_rst_sent_total", "CoAP RSTs sent", &self.rst_sent);
-        c(w, "sluice_coap_rst_received_total", "CoAP RSTs received", &self.rst_received);
+        w.counter(
+            "sluice_coap_duplicates_total",
+            "Duplicate CoAP messages (same peer and message id)",
+            &[("shard", shard), ("type", "con")],
+            self.duplicates_con.get(),
+        );
+        w.counter(
+            "sluice_coap_duplicates_total",
+            "Duplicate CoAP messages (same peer and message id)",
+            &[("shard", shard), ("type", "non")],
+            self.duplicates_non.get(),
+        );
+        c(
+            w,
+            "sluice_coap_rst_sent_total",
+            "CoAP RSTs sent",
+            &self.rst_sent,
+        );
+        c(
+            w,
+            "sluice_coap_rst_received_total",
+            "CoAP RSTs received",
+            &self.rst_received,
+        );
         for (reason, name) in FORMAT_ERRORS {
-            w.counter("sluice_coap_format_errors_total", "CoAP datagrams or requests refused, by reason", &[("shard", shard), ("reason", name)], self.format_errors[reason as usize].get());
+            w.counter(
+                "sluice_coap_format_errors_total",
+                "CoAP datagrams or requests refused, by reason",
+                &[("shard", shard), ("reason", name)],
+                self.format_errors[reason as usize].get(),
+            );
         }
-        c(w, "sluice_coap_dedup_evictions_total", "Exchanges evicted from the de-duplication table before their lifetime", &self.dedup_evictions);
-        c(w, "sluice_coap_block_transfers_started_total", "Block1 transfers started", &self.block_transfers_started);
-        c(w, "sluice_coap_block_transfers_completed_total", "Block1 transfers completed", &self.block_transfers_completed);
-        c(w, "sluice_coap_block_transfers_failed_total", "Block1 transfers refused or expired", &self.block_transfers_failed);
-        c(w, "sluice_coap_unavailable_total", "5.03 Service Unavailable answers", &self.unavailable);
-        c(w, "sluice_coap_publishes_total", "CoAP publishes handed to the router", &self.publishes);
-        c(w, "sluice_coap_steered_out_total", "Datagrams passed to the owning shard", &self.steered_out);
-        c(w, "sluice_coap_steered_in_total", "Datagrams received from another shard's socket", &self.steered_in);
-        c(w, "sluice_coap_steer_dropped_total", "Datagrams dropped: the owning shard's mailbox was full", &self.steer_dropped);
-        c(w, "sluice_coap_throttled_total", "Datagrams dropped by the per-source budget", &self.throttled);
-        c(w, "sluice_coap_retransmissions_total", "Retransmissions of CONs sent to devices", &self.retransmissions);
-        c(w, "sluice_coap_con_timeouts_total", "CONs sent to devices never acknowledged", &self.con_timeouts);
-        w.gauge("sluice_coap_devices", "CoAP devices seen within EXCHANGE_LIFETIME", &l, self.devices.get());
-        w.gauge("sluice_coap_exchanges", "Exchanges in the de-duplication table", &l, self.exchanges.get());
+        c(
+            w,
+            "sluice_coap_dedup_evictions_total",
+            "Exchanges evicted from the de-duplication table before their lifetime",
+            &self.dedup_evictions,
+        );
+        c(
+            w,
+            "sluice_coap_block_transfers_started_total",
+            "Block1 transfers started",
+            &self.block_transfers_started,
+        );
+        c(
+            w,
+            "sluice_coap_block_transfers_completed_total",
+            "Block1 transfers completed",
+            &self.block_transfers_completed,
+        );
+        c(
+            w,
+            "sluice_coap_block_transfers_failed_total",
+            "Block1 transfers refused or expired",
+            &self.block_transfers_failed,
+        );
+        c(
+            w,
+            "sluice_coap_unavailable_total",
+            "5.03 Service Unavailable answers",
+            &self.unavailable,
+        );
+        c(
+            w,
+            "sluice_coap_publishes_total",
+            "CoAP publishes handed to the router",
+            &self.publishes,
+        );
+        c(
+            w,
+            "sluice_coap_steered_out_total",
+            "Datagrams passed to the owning shard",
+            &self.steered_out,
+        );
+        c(
+            w,
+            "sluice_coap_steered_in_total",
+            "Datagrams received from another shard's socket",
+            &self.steered_in,
+        );
+        c(
+            w,
+            "sluice_coap_steer_dropped_total",
+            "Datagrams dropped: the owning shard's mailbox was full",
+            &self.steer_dropped,
+        );
+        c(
+            w,
+            "sluice_coap_throttled_total",
+            "Datagrams dropped by the per-source budget",
+            &self.throttled,
+        );
+        c(
+            w,
+            "sluice_coap_retransmissions_total",
+            "Retransmissions of CONs sent to devices",
+            &self.retransmissions,
+        );
+        c(
+            w,
+            "sluice_coap_con_timeouts_total",
+            "CONs sent to devices never acknowledged",
+            &self.con_timeouts,
+        );
+        w.gauge(
+            "sluice_coap_devices",
+            "CoAP devices seen within EXCHANGE_LIFETIME",
+            &l,
+            self.devices.get(),
+        );
+        w.gauge(
+            "sluice_coap_exchanges",
+            "Exchanges in the de-duplication table",
+            &l,
+            self.exchanges.get(),
+        );
     }
 }

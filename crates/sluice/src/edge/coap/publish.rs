@@ -239,7 +239,10 @@ fn block1(
                 BlockError::TooLarge { .. } => Err(too_large(shard)),
                 BlockError::OutOfOrder { .. } => {
                     shard.metrics.block_transfers_failed.inc();
-                    Err(Reply::Now(error(Code::REQUEST_ENTITY_INCOMPLETE, e.to_string())))
+                    Err(Reply::Now(error(
+                        Code::REQUEST_ENTITY_INCOMPLETE,
+                        e.to_string(),
+                    )))
                 }
                 BlockError::BadSize => {
                     shard.metrics.block_transfers_failed.inc();

@@ -42,8 +42,17 @@ pub(super) fn error(code: Code, diagnostic: impl Into<Bytes>) -> Message {
 
 /// 5.03 Service Unavailable with Max-Age = `retry_after`.
 pub(super) fn unavailable(shard: &CoapShard, why: &'static str) -> Message {
-    let mut m = error(Code::SERVICE_UNAVAILABLE, Bytes::from_static(why.as_bytes()));
-    let secs = shard.ctx.config.coap.retry_after.as_secs().clamp(1, u32::MAX as u64);
+    let mut m = error(
+        Code::SERVICE_UNAVAILABLE,
+        Bytes::from_static(why.as_bytes()),
+    );
+    let secs = shard
+        .ctx
+        .config
+        .coap
+        .retry_after
+        .as_secs()
+        .clamp(1, u32::MAX as u64);
     m.add_uint_option(opt::MAX_AGE, secs as u32);
     m
 }
@@ -64,7 +73,9 @@ pub(super) fn dispatch(
         .iter()
         .find(|o| opt::is_critical(o.number) && !KNOWN_CRITICAL.contains(&o.number))
     {
-        shard.metrics.format_error(FormatError::UnknownCriticalOption);
+        shard
+            .metrics
+            .format_error(FormatError::UnknownCriticalOption);
         return Reply::Now(error(
             Code::BAD_OPTION,
             format!("unknown critical option {}", o.number),
@@ -133,7 +144,12 @@ fn well_known(shard: &CoapShard, req: &Message) -> Message {
 
 /// Put `body` into `resp`, as the Block2 block the request asks for (or block 0) when it is
 /// larger than `block_size` or the request asked for blocks.
-pub(super) fn with_block2(shard: &CoapShard, req: &Message, mut resp: Message, body: Bytes) -> Message {
+pub(super) fn with_block2(
+    shard: &CoapShard,
+    req: &Message,
+    mut resp: Message,
+    body: Bytes,
+) -> Message {
     let ours = Block::szx_for(shard.ctx.config.coap.block_size.as_usize());
     let asked = req.uint_option(opt::BLOCK2).and_then(Block::from_uint);
     if asked.is_none() && body.len() <= 1 << (ours + 4) {

@@ -230,7 +230,8 @@ impl CoapShard {
 
     fn reset_if_con(&self, peer: SocketAddr, e: &DecodeError) {
         if let Some(h) = e.header.filter(|h| h.mtype == MsgType::Con) {
-            self.ep.send(peer, &Message::empty(MsgType::Rst, h.message_id));
+            self.ep
+                .send(peer, &Message::empty(MsgType::Rst, h.message_id));
         }
     }
 
@@ -263,14 +264,16 @@ impl CoapShard {
                 if m.code.is_empty() {
                     // CoAP ping (RFC 7252 §4.3): answered with RST.
                     if m.mtype == MsgType::Con {
-                        self.ep.send(peer, &Message::empty(MsgType::Rst, m.message_id));
+                        self.ep
+                            .send(peer, &Message::empty(MsgType::Rst, m.message_id));
                     }
                     return;
                 }
                 if !m.code.is_request() {
                     self.metrics.format_error(FormatError::Unexpected);
                     if m.mtype == MsgType::Con {
-                        self.ep.send(peer, &Message::empty(MsgType::Rst, m.message_id));
+                        self.ep
+                            .send(peer, &Message::empty(MsgType::Rst, m.message_id));
                     }
                     return;
                 }

@@ -59,6 +59,9 @@ mod tests {
         assert_ne!(port, 0);
         assert!(socks.iter().all(|s| s.local_addr().unwrap().port() == port));
         let again = bind(SocketAddr::from(([127, 0, 0, 1], port)), 1);
-        assert!(again.is_err(), "a second gateway on the same port is refused");
+        assert!(
+            again.is_err(),
+            "a second gateway on the same port is refused"
+        );
     }
 }
