@@ -1,5 +1,5 @@
 //! `scenario coap` at tiny scale without sluice: the generator's floor against the in-process
-//! responder and libcoap's proxy to a CoAP-over-TCP libcoap server (separate responses) both
+//! responder and libcoap's proxy to the in-process CoAP-over-TCP upstream (separate responses) both
 //! close the loop with no timeouts, and the report holds a row and a floor verdict.
 
 use std::path::PathBuf;
@@ -29,7 +29,7 @@ async fn floor_and_libcoap_proxy_close_the_loop() -> anyhow::Result<()> {
     let proxy = &report.points[1];
     // libcoap's proxy answers with an empty ACK, then the upstream's response as a CON.
     assert!(proxy.load.totals.empty_acks > 0);
-    assert!(proxy.cpu.cpu_seconds > 0.0 && proxy.upstream_cpu_percent.is_some());
+    assert!(proxy.cpu.cpu_seconds > 0.0);
     assert!(report
         .verdicts
         .iter()

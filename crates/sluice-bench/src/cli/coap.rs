@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use sluice_bench::scenarios::coap::{markdown, run_coap, CoapMode, CoapScenario};
+use sluice_bench::scenarios::coap::{markdown, run_coap, CoapMode, CoapScenario, Upstream};
 
 use super::{command_line, write_outputs};
 
@@ -24,6 +24,14 @@ pub(crate) enum ModeChoice {
 pub(crate) enum ProxyMethod {
     Get,
     Put,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum UpstreamChoice {
+    /// The in-process CoAP-over-TCP responder (answers at once; its CPU is this tool's).
+    Responder,
+    /// libcoap's coap-server-notls (4.3.1 loses pipelined requests over TCP).
+    Libcoap,
 }
 
 #[derive(Args)]
@@ -57,6 +65,9 @@ pub(crate) struct CoapArgs {
     /// Method of the proxy modes' request to /example_data.
     #[arg(long, value_enum, default_value = "put")]
     proxy_method: ProxyMethod,
+    /// The CoAP-over-TCP server behind both proxies.
+    #[arg(long, value_enum, default_value = "responder")]
+    upstream: UpstreamChoice,
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
@@ -92,6 +103,10 @@ pub(crate) async fn coap(args: CoapArgs) -> anyhow::Result<()> {
     config.proxy_method = match args.proxy_method {
         ProxyMethod::Get => "get",
         ProxyMethod::Put => "put",
+    };
+    config.upstream = match args.upstream {
+        UpstreamChoice::Responder => Upstream::Responder,
+        UpstreamChoice::Libcoap => Upstream::Libcoap,
     };
     config.sluice_shards = args.sluice_shards;
     config.command_line = command_line();

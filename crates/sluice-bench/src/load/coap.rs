@@ -5,7 +5,7 @@
 //! reaches), their CON exchanges (RFC 7252 §4.2 retransmission, empty-ACK-then-separate-response
 //! §5.2.2, ACKing a CON response), and the figures: requests, responses by code, timeouts,
 //! request→response latency. Does not own: what answers (sluice, libcoap, the in-process
-//! [`responder`]) or the CPU accounting of the process under test (the scenario does that).
+//! [`responder`], or behind a proxy the CoAP-over-TCP [`tcp_upstream`]) or the CPU accounting of the process under test (the scenario does that).
 //!
 //! Behaviour:
 //! - Each sensor sends one CON request, waits for its response, records the latency from the
@@ -27,6 +27,7 @@
 //! datagram that does not decode is counted and dropped; nothing from the peer panics.
 
 pub mod responder;
+pub mod tcp_upstream;
 #[cfg(test)]
 mod tests;
 

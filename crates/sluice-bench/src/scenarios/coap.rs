@@ -54,6 +54,7 @@ use crate::harness::phases::cloud_sink;
 use crate::harness::procfs::{round3, CpuMeter, CpuUsage, Pid};
 use crate::harness::sut::{require_sluice_bin, SluiceChild};
 use crate::load::coap::responder::{self, Responder};
+use crate::load::coap::tcp_upstream::TcpUpstream;
 use crate::load::coap::{
     spawn_coap_load, CoapLoadConfig, CoapLoadReport, CoapWindow, RequestShape,
 };
@@ -88,6 +89,17 @@ impl CoapMode {
     }
 }
 
+/// The CoAP-over-TCP server behind the proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Upstream {
+    /// The in-process trivial server ([`crate::load::coap::tcp_upstream`]); its CPU is this
+    /// tool's.
+    Responder,
+    /// libcoap's `coap-server-notls` (loses pipelined requests: see `tcp_upstream`).
+    Libcoap,
+}
+
 /// Parameters of the `coap` scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct CoapScenario {
@@ -101,6 +113,8 @@ pub struct CoapScenario {
     pub threads: usize,
     /// The proxy modes' method: GET or PUT.
     pub proxy_method: &'static str,
+    /// The server behind both proxies.
+    pub upstream: Upstream,
     pub sluice_bin: PathBuf,
     /// `[gateway] shards` (0 = one per core).
     pub sluice_shards: u32,
@@ -128,6 +142,7 @@ impl CoapScenario {
             payload: 16,
             threads: 2,
             proxy_method: "put",
+            upstream: Upstream::Responder,
             sluice_bin,
             sluice_shards: 0,
             drain_idle: Duration::from_secs(3),
@@ -242,6 +257,31 @@ struct Setup {
     _sluice: Option<SluiceChild>,
     _libcoap: Vec<LibcoapServer>,
     _responder: Option<Responder>,
+    _tcp_upstream: Option<TcpUpstream>,
+}
+
+impl Setup {
+    /// Start the upstream of `config`; its address.
+    async fn upstream(&mut self, config: &CoapScenario) -> anyhow::Result<std::net::SocketAddr> {
+        match config.upstream {
+            Upstream::Responder => {
+                let up = TcpUpstream::start().context("starting the CoAP-over-TCP upstream")?;
+                let addr = up.addr();
+                self.process_config =
+                    format!("upstream: in-process CoAP-over-TCP responder on {addr}\n");
+                self._tcp_upstream = Some(up);
+                Ok(addr)
+            }
+            Upstream::Libcoap => {
+                let up = blocking(|| LibcoapServer::server(free_udp_tcp_port()?)).await?;
+                let addr = up.addr;
+                self.upstream_pid = Some(up.pid());
+                self.process_config = format!("upstream: {}\n", up.command_line);
+                self._libcoap.push(up);
+                Ok(addr)
+            }
+        }
+    }
 }
 
 async fn set_up(config: &CoapScenario, mode: CoapMode) -> anyhow::Result<Setup> {
@@ -256,6 +296,7 @@ async fn set_up(config: &CoapScenario, mode: CoapMode) -> anyhow::Result<Setup> 
         _sluice: None,
         _libcoap: Vec::new(),
         _responder: None,
+        _tcp_upstream: None,
     };
     match mode {
         CoapMode::Floor => {
@@ -265,44 +306,34 @@ async fn set_up(config: &CoapScenario, mode: CoapMode) -> anyhow::Result<Setup> 
             setup._responder = Some(r);
         }
         CoapMode::ProxyLibcoap => {
-            let up = blocking(|| LibcoapServer::server(free_udp_tcp_port()?)).await?;
+            let up = setup.upstream(config).await?;
             let proxy = blocking(|| LibcoapServer::proxy(free_udp_tcp_port()?)).await?;
             setup.target = proxy.addr;
             setup.request =
-                RequestShape::forward(config.method(), &format!("coap+tcp://{}{path}", up.addr));
+                RequestShape::forward(config.method(), &format!("coap+tcp://{up}{path}"));
             setup.measured = Some(("coap-server-notls (proxy)".to_string(), proxy.pid()));
-            setup.upstream_pid = Some(up.pid());
-            setup.process_config = format!(
-                "proxy: {}\nupstream: {}",
-                proxy.command_line, up.command_line
-            );
-            setup._libcoap = vec![proxy, up];
+            setup.process_config =
+                format!("proxy: {}\n{}", proxy.command_line, setup.process_config);
+            setup._libcoap.push(proxy);
         }
         CoapMode::Publish | CoapMode::ProxySluice => {
             let (pki, cloud) = start_tls_cloud().await?;
             let upstream = if mode == CoapMode::ProxySluice {
-                let up = blocking(|| LibcoapServer::server(free_udp_tcp_port()?)).await?;
-                setup.upstream_pid = Some(up.pid());
-                let port = up.addr.port();
-                setup.process_config = format!("upstream: {}\n", up.command_line);
-                setup._libcoap = vec![up];
-                Some(port)
+                Some(setup.upstream(config).await?.port())
             } else {
                 None
             };
             let coap_port = free_udp_tcp_port()?;
+            let mqtt_port = sluice_testkit::free_port()?;
             let toml = sluice_coap_config(
                 config.sluice_shards,
+                mqtt_port,
                 coap_port,
                 cloud.tls_port(),
                 &pki,
                 upstream,
             )?;
-            let sluice = SluiceChild::spawn(
-                &config.sluice_bin,
-                sluice_testkit::free_port()?,
-                toml.clone(),
-            )?;
+            let sluice = SluiceChild::spawn(&config.sluice_bin, mqtt_port, toml.clone())?;
             sluice.wait_ready().await?;
             sluice.wait_uplink(&cloud).await?;
             setup.target = std::net::SocketAddr::from(([127, 0, 0, 1], coap_port));
@@ -419,16 +450,16 @@ async fn run_point(config: &CoapScenario, mode: CoapMode, n: u32) -> anyhow::Res
     })
 }
 
-/// sluice with the CoAP listener on `coap_port`, one TLS uplink to the cloud (aggregation off),
+/// sluice with MQTT on `mqtt_port` and the CoAP listener on `coap_port`, one TLS uplink to the cloud (aggregation off),
 /// and with `proxy_upstream` a `[[coap.proxy]]` "cloud" to `coap+tcp://127.0.0.1:PORT`.
 pub fn sluice_coap_config(
     shards: u32,
+    mqtt_port: u16,
     coap_port: u16,
     cloud_tls_port: u16,
     pki: &TestPki,
     proxy_upstream: Option<u16>,
 ) -> anyhow::Result<String> {
-    let mqtt_port = sluice_testkit::free_port()?;
     let admin_port = sluice_testkit::free_port()?;
     let ca = pki
         .ca_path()
@@ -466,13 +497,14 @@ fn summary_line(p: &CoapPoint) -> String {
         })
         .unwrap_or_default();
     format!(
-        "{} N={}: {:.0} req/s, p50/p99 {:.2}/{:.2} ms, timeouts {}, {} CPU {:.1}% ({:.2} µs/req), tool CPU {:.1}%{delivery}",
+        "{} N={}: {:.0} req/s, p50/p99 {:.2}/{:.2} ms, timeouts {}, unfinished {}, {} CPU {:.1}% ({:.2} µs/req), tool CPU {:.1}%{delivery}",
         p.mode.name(),
         p.sensors,
         p.window.success_rate,
         p.latency.p50_ms,
         p.latency.p99_ms,
         p.load.totals.timeouts,
+        p.load.unfinished,
         p.process,
         p.cpu.percent_of_one_core,
         p.cpu_us_per_request,
@@ -556,18 +588,19 @@ pub fn markdown(report: &CoapReport) -> String {
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(
         out,
-        "| mode | N | req/s | p50 / p99 ms | timeouts | process | CPU % | CPU µs/req | upstream CPU % | generator CPU % | delivery (cloud ÷ 2.04) |\n|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+        "| mode | N | req/s | p50 / p99 ms | timeouts / unfinished | process | CPU % | CPU µs/req | upstream CPU % | generator CPU % | delivery (cloud ÷ 2.04) |\n|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
     );
     for q in &report.points {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {:.2} / {:.2} | {} | {} | {:.1} | {:.2} | {} | {:.1} | {} |",
+            "| {} | {} | {:.0} | {:.2} / {:.2} | {} / {} | {} | {:.1} | {:.2} | {} | {:.1} | {} |",
             q.mode.name(),
             q.sensors,
             q.window.success_rate,
             q.latency.p50_ms,
             q.latency.p99_ms,
             q.load.totals.timeouts,
+            q.load.unfinished,
             q.process,
             q.cpu.percent_of_one_core,
             q.cpu_us_per_request,
