@@ -1,6 +1,9 @@
-//! `scenario coap` at tiny scale without sluice: the generator's floor against the in-process
-//! responder and libcoap's proxy to the in-process CoAP-over-TCP upstream (separate responses) both
-//! close the loop with no timeouts, and the report holds a row and a floor verdict.
+//! `scenario coap` at tiny scale: the generator's floor against the in-process responder and
+//! libcoap's proxy to the in-process CoAP-over-TCP upstream (separate responses) close the loop
+//! with no timeouts; through sluice, every 2.04 has its PUBLISH at the cloud and the reverse
+//! proxy answers every request.
+
+mod sluice_binary;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -36,5 +39,33 @@ async fn floor_and_libcoap_proxy_close_the_loop() -> anyhow::Result<()> {
         .any(|v| v.target.starts_with("floor")));
     let table = markdown(&report);
     assert!(table.contains("| proxy-libcoap | 20 |"), "{table}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_proxy_through_sluice() -> anyhow::Result<()> {
+    let mut config = CoapScenario::new(sluice_binary::built_now());
+    config.sensors = vec![20];
+    config.modes = vec![CoapMode::Publish, CoapMode::ProxySluice];
+    config.duration = Duration::from_secs(2);
+    config.ramp = Duration::from_millis(200);
+    config.warmup = Duration::from_millis(500);
+    config.sluice_shards = 2;
+    config.command_line = "test".to_string();
+    let report = run_coap(&config).await?;
+    let publish = &report.points[0];
+    let t = publish.load.totals;
+    assert!(t.success > 0 && t.timeouts == 0, "{t:?}");
+    let d = publish.delivery.expect("publish measures delivery");
+    assert_eq!(d.changed, t.success);
+    assert!(d.at_cloud >= d.changed && d.ratio >= 1.0, "{d:?}");
+    let proxy = &report.points[1];
+    assert_eq!(proxy.mode, CoapMode::ProxySluice);
+    assert!(proxy.load.totals.success > 0);
+    assert_eq!(proxy.load.totals.responses, proxy.load.totals.requests);
+    assert_eq!(
+        proxy.load.codes.get("2.04"),
+        Some(&proxy.load.totals.success)
+    );
     Ok(())
 }

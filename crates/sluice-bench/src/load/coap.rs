@@ -9,8 +9,10 @@
 //!
 //! Behaviour:
 //! - Each sensor sends one CON request, waits for its response, records the latency from the
-//!   first transmission to the response, and sends the next at once (closed loop). Sensors
-//!   start spread evenly over `ramp`.
+//!   first transmission to the response, and sends the next at once (closed loop), or with an
+//!   `interval` no earlier than that long after the previous one started (a sensor's rate cap).
+//!   Sensors start spread evenly over `ramp`. In the pure closed loop, Little's law ties the
+//!   figures: mean latency = sensors ÷ rate.
 //! - No ACK after `ack_timeout` × (1..1.5): the same datagram again, the timeout doubled, up to
 //!   `max_retransmit` times (RFC 7252 §4.2); then the request counts as a timeout and the sensor
 //!   moves on. An empty ACK stops retransmission; the separate response must come within
@@ -171,6 +173,9 @@ pub struct CoapLoadConfig {
     pub max_retransmit: u32,
     /// After an empty ACK, how long the separate response may take.
     pub response_timeout: Duration,
+    /// A sensor's next request starts no earlier than this after its previous one started
+    /// (zero: at once, CoAPBench's closed loop; else each sensor sends at most 1/interval req/s).
+    pub interval: Duration,
     /// After `duration`, how long outstanding requests may still finish.
     pub drain: Duration,
 }
@@ -190,6 +195,7 @@ impl CoapLoadConfig {
             ack_timeout: Duration::from_secs(2),
             max_retransmit: 4,
             response_timeout: Duration::from_secs(10),
+            interval: Duration::ZERO,
             drain: Duration::from_secs(5),
         }
     }
@@ -246,6 +252,7 @@ pub struct CoapLoadReport {
     pub sensors: u32,
     pub threads: usize,
     pub payload: usize,
+    pub interval_ms: f64,
     /// Sensor 0's request.
     pub request: String,
     pub duration_s: f64,
@@ -337,6 +344,7 @@ impl CoapLoad {
             sensors: c.sensors,
             threads: c.threads,
             payload: c.payload,
+            interval_ms: c.interval.as_secs_f64() * 1e3,
             request: c.request.describe(0),
             duration_s,
             totals,
@@ -451,6 +459,7 @@ struct Worker {
     ack_timeout: Duration,
     max_retransmit: u32,
     response_timeout: Duration,
+    interval: Duration,
     payload: usize,
     counters: Arc<CoapCounters>,
     stats: ThreadStats,
@@ -516,6 +525,7 @@ impl Worker {
             ack_timeout: c.ack_timeout,
             max_retransmit: c.max_retransmit,
             response_timeout: c.response_timeout,
+            interval: c.interval,
             payload: c.payload,
             counters,
             stats: ThreadStats::new(),
@@ -608,11 +618,21 @@ impl Worker {
     fn finish(&mut self, k: usize, now: Instant) -> bool {
         if self.stopping || now >= self.stop_at {
             self.sensors[k].state = State::Done;
-            true
-        } else {
-            self.send_next(k, now);
-            false
+            return true;
         }
+        let first_sent = match self.sensors[k].state {
+            State::AwaitAck { first_sent, .. } | State::AwaitResponse { first_sent, .. } => {
+                Some(first_sent)
+            }
+            _ => None,
+        };
+        match first_sent.map(|t| t + self.interval) {
+            Some(start_at) if start_at > now => {
+                self.sensors[k].state = State::Waiting { start_at };
+            }
+            _ => self.send_next(k, now),
+        }
+        false
     }
 
     /// Start sensor `k`'s next exchange: new message id, token and sequence number.

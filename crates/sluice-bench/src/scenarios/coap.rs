@@ -111,6 +111,8 @@ pub struct CoapScenario {
     pub payload: usize,
     /// Generator threads.
     pub threads: usize,
+    /// Per-sensor minimum interval between request starts (zero: pure closed loop).
+    pub interval: Duration,
     /// The proxy modes' method: GET or PUT.
     pub proxy_method: &'static str,
     /// The server behind both proxies.
@@ -141,6 +143,7 @@ impl CoapScenario {
             warmup: Duration::from_secs(3),
             payload: 16,
             threads: 2,
+            interval: Duration::ZERO,
             proxy_method: "put",
             upstream: Upstream::Responder,
             sluice_bin,
@@ -378,6 +381,7 @@ async fn run_point(config: &CoapScenario, mode: CoapMode, n: u32) -> anyhow::Res
     load_config.ramp = config.ramp;
     load_config.warmup = config.warmup;
     load_config.payload = config.payload;
+    load_config.interval = config.interval;
     load_config.request = setup.request.clone();
     let load = spawn_coap_load(load_config)?;
     let started = Instant::from_std(load.started());
@@ -516,6 +520,23 @@ fn find(points: &[CoapPoint], mode: CoapMode, n: u32) -> Option<&CoapPoint> {
     points.iter().find(|p| p.mode == mode && p.sensors == n)
 }
 
+/// In the pure closed loop the mean latency is N ÷ rate (Little's law): say what the p99
+/// target then demands.
+fn littles_law(p: &CoapPoint) -> String {
+    if p.load.interval_ms > 0.0 {
+        return String::new();
+    }
+    let n = f64::from(p.sensors);
+    format!(
+        " (closed loop without think time: mean latency = N ÷ rate = {:.1} ms; a mean ≤ {TARGET_P99_MS} ms at N = {} needs ≥ {:.0} req/s; `--interval {:.0}ms` caps each sensor at the target's share, {:.0} req/s)",
+        n / p.window.success_rate.max(1e-9) * 1e3,
+        p.sensors,
+        n / (TARGET_P99_MS / 1e3),
+        n / TARGET_RATE * 1e3,
+        TARGET_RATE / n
+    )
+}
+
 /// The targets, against what was measured.
 fn verdicts(points: &[CoapPoint]) -> Vec<Verdict> {
     let mut out = Vec::new();
@@ -536,8 +557,12 @@ fn verdicts(points: &[CoapPoint]) -> Vec<Verdict> {
                 "publish at N = {max_n}: ≥ {TARGET_RATE:.0} req/s, p99 ≤ {TARGET_P99_MS} ms, 100 % delivered"
             ),
             measured: format!(
-                "{:.0} req/s, p99 {:.2} ms, delivery {:.6}, timeouts {}",
-                p.window.success_rate, p.latency.p99_ms, d, p.load.totals.timeouts
+                "{:.0} req/s, p99 {:.2} ms, delivery {:.6}, timeouts {}{}",
+                p.window.success_rate,
+                p.latency.p99_ms,
+                d,
+                p.load.totals.timeouts,
+                littles_law(p)
             ),
             met: p.window.success_rate >= TARGET_RATE
                 && p.latency.p99_ms <= TARGET_P99_MS
@@ -577,11 +602,17 @@ pub fn markdown(report: &CoapReport) -> String {
     let p = &report.params;
     let _ = writeln!(
         out,
-        "### CoAP: closed-loop CON sensors, {} B payloads, {} s per point ({} s warm-up), proxy {}\n",
+        "### CoAP: closed-loop CON sensors{}, {} B payloads, {} s per point ({} s warm-up), proxy {} to {:?} upstream\n",
+        if p.interval.is_zero() {
+            String::new()
+        } else {
+            format!(" (each at most one request per {:?})", p.interval)
+        },
         p.payload,
         p.duration.as_secs_f64(),
         p.warmup.as_secs_f64(),
-        p.proxy_method.to_uppercase()
+        p.proxy_method.to_uppercase(),
+        p.upstream
     );
     let m = &report.machine;
     let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
