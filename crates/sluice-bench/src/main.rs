@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use cli::coap::CoapArgs;
 use cli::scenarios::{
     ConnectionsArgs, CoreArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
 };
@@ -145,6 +146,15 @@ enum ScenarioCommand {
     /// the backlog and within the live stream, with verdicts. --quick: 16 devices, 5 s outage.
     /// Prints the Markdown report; writes JSON to --out and Markdown to --markdown.
     Outage(OutageArgs),
+    /// CoAP sensors (closed loop, CoAPBench-like: each sends its next CON request when the
+    /// previous response arrives) at N = 250..2000: through sluice's publish path to a TLS 1.3
+    /// cloud Mosquitto, through libcoap's proxy and sluice's proxy to a CoAP-over-TCP
+    /// coap-server-notls, and against a trivial in-process responder (the generator's floor).
+    ///
+    /// Reports per mode and N: requests/s, p50/p99, CPU µs/request of the process under test,
+    /// timeouts and (publish) delivery at the cloud ÷ 2.04s; verdicts against issue 16's
+    /// targets. Prints the Markdown report; writes JSON to --out and Markdown to --markdown.
+    Coap(CoapArgs),
 }
 
 fn main() -> ExitCode {
@@ -197,6 +207,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Scenario(ScenarioCommand::Priority(args)) => cli::scenarios::priority(args).await,
         Command::Scenario(ScenarioCommand::Outage(args)) => cli::scenarios::outage(args).await,
+        Command::Scenario(ScenarioCommand::Coap(args)) => cli::coap::coap(args).await,
         Command::Storage(args) => cli::storage::storage(args).await,
         Command::Floor(_) => unreachable!("served in main without a runtime"),
     }

@@ -5,6 +5,7 @@
 //! scenarios and [`storage`] the storage study: each an `Args` struct and the function that
 //! turns it into the library's config and prints the report.
 
+pub(crate) mod coap;
 pub(crate) mod scenarios;
 pub(crate) mod storage;
 pub(crate) mod tools;

@@ -2,7 +2,8 @@
 //! - systems under test as processes: [`sut`] (sluice with a generated config, the Mosquitto
 //!   bridge, the floor), [`agents`] (one agent process per device) started as a fleet by
 //!   [`agent_fleet`];
-//! - the cloud broker and its PKI ([`cloud`]);
+//! - the cloud broker and its PKI ([`cloud`]); libcoap's `coap-server-notls` as an upstream
+//!   CoAP server or a forward proxy ([`libcoap`]);
 //! - network namespaces, a veth link and tc on it ([`netns`]); a cuttable TCP link ([`link`]);
 //! - what the machine can hold and admission checks ([`limits`]), a CPU cage for the SUT
 //!   ([`cgroup`]);
@@ -18,6 +19,7 @@ pub mod agents;
 pub mod cgroup;
 pub mod cloud;
 pub mod disk;
+pub mod libcoap;
 pub mod limits;
 pub mod link;
 pub mod machine;

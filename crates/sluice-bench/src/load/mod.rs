@@ -3,10 +3,12 @@
 //!   latency, reconnects);
 //! - [`paced`]: the pipelined fleet of a few fast devices that the throughput scenario steps up
 //!   to 100k+ msg/s;
-//! - [`idle`]: idle connections and the `idle` worker processes (the connections scenario).
+//! - [`idle`]: idle connections and the `idle` worker processes (the connections scenario);
+//! - [`coap`]: CoAP sensors in a closed loop (CoAPBench-like), and a trivial CoAP responder.
 //!
-//! CoAP sensors and PHD agents go beside them, one module each.
+//! PHD agents go beside them, one module each.
 
+pub mod coap;
 pub mod devices;
 pub mod idle;
 pub mod paced;
