@@ -41,7 +41,12 @@ pub struct DedupTable<K, V> {
     capacity: usize,
     seq: u64,
     evictions: u64,
+    /// When a full table was last swept of expired entries.
+    swept_at: Option<Instant>,
 }
+
+/// A full table sweeps out expired entries at most this often.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
     pub fn new(capacity: usize) -> Self {
@@ -51,6 +56,7 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
             capacity: capacity.max(1),
             seq: 0,
             evictions: 0,
+            swept_at: None,
         }
     }
 
@@ -68,10 +74,12 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
     /// Remember `key` as in progress for `lifetime` from `now` (replacing an expired entry).
     pub fn insert(&mut self, key: K, lifetime: Duration, now: Instant) {
         self.expire(now);
-        if self.map.len() >= self.capacity {
+        if self.map.len() >= self.capacity && self.swept_at.is_none_or(|t| now >= t + SWEEP_EVERY) {
             // Expired entries behind a live one in the insertion order: sweep them first, so
-            // only a live entry is ever evicted (and counted).
+            // a live entry is evicted (and counted) only when nothing had expired. At most
+            // once per SWEEP_EVERY: a full table under load must not cost a scan per insert.
             self.map.retain(|_, e| e.expires > now);
+            self.swept_at = Some(now);
         }
         while self.map.len() >= self.capacity {
             if !self.pop_oldest(now) {

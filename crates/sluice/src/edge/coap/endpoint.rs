@@ -185,6 +185,7 @@ pub struct SourceBudget {
     burst: f64,
     cap: usize,
     buckets: HashMap<SocketAddr, (f64, Instant)>,
+    swept_at: Option<Instant>,
 }
 
 impl SourceBudget {
@@ -197,6 +198,7 @@ impl SourceBudget {
             burst: burst.max(1) as f64,
             cap: cap.max(16),
             buckets: HashMap::new(),
+            swept_at: None,
         }
     }
 
@@ -207,10 +209,17 @@ impl SourceBudget {
         }
         let (rate, burst) = (self.rate, self.burst);
         if !self.buckets.contains_key(&peer) && self.buckets.len() >= self.cap {
-            // A bucket that refilled is the same as no bucket.
-            self.buckets.retain(|_, (tokens, at)| {
-                *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
-            });
+            // A bucket that refilled is the same as no bucket. Swept at most once a second,
+            // so a flood of new sources costs no scan per datagram.
+            if self
+                .swept_at
+                .is_none_or(|t| now >= t + Duration::from_secs(1))
+            {
+                self.buckets.retain(|_, (tokens, at)| {
+                    *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
+                });
+                self.swept_at = Some(now);
+            }
             if self.buckets.len() >= self.cap {
                 return true;
             }
