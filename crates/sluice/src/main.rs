@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// sluice — an IoT edge gateway: MQTT devices in, a cloud MQTT broker over TLS 1.3 out.
+/// sluice — an IoT edge gateway: MQTT and CoAP devices in, a cloud MQTT broker over TLS 1.3
+/// out (and a CoAP-over-TCP/TLS proxy to cloud CoAP servers).
 #[derive(Parser)]
 #[command(name = "sluice", version, about, long_about = None)]
 struct Cli {
@@ -15,8 +16,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the gateway. Without -c, embedded defaults: devices on 127.0.0.1:1883, admin on
-    /// 127.0.0.1:9100, no uplink until one is configured.
+    /// Run the gateway. Without -c, embedded defaults: MQTT devices on 127.0.0.1:1883, CoAP
+    /// devices on udp 127.0.0.1:5683, admin on 127.0.0.1:9100, no uplink until one is
+    /// configured.
     Run {
         /// Config file (TOML); see config/sluice.example.toml for every option.
         #[arg(short, long, value_name = "FILE")]
