@@ -41,12 +41,30 @@ pub struct DedupTable<K, V> {
     capacity: usize,
     seq: u64,
     evictions: u64,
-    /// When a full table was last swept of expired entries.
-    swept_at: Option<Instant>,
+    /// Paces sweeps of a full table for expired entries.
+    sweeps: SweepPace,
 }
 
-/// A full table sweeps out expired entries at most this often.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Paces the sweeps of a full bounded table (this one, and the edge's device and per-source
+/// tables): a sweep scans the whole table, so under load it may run at most once a second,
+/// never once per insert.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SweepPace {
+    last: Option<Instant>,
+}
+
+impl SweepPace {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    /// Whether a sweep may run at `now`; if so, it counts as run.
+    pub fn due(&mut self, now: Instant) -> bool {
+        if self.last.is_some_and(|t| now < t + Self::EVERY) {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
 
 impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
     pub fn new(capacity: usize) -> Self {
@@ -56,7 +74,7 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
             capacity: capacity.max(1),
             seq: 0,
             evictions: 0,
-            swept_at: None,
+            sweeps: SweepPace::default(),
         }
     }
 
@@ -74,12 +92,11 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
     /// Remember `key` as in progress for `lifetime` from `now` (replacing an expired entry).
     pub fn insert(&mut self, key: K, lifetime: Duration, now: Instant) {
         self.expire(now);
-        if self.map.len() >= self.capacity && self.swept_at.is_none_or(|t| now >= t + SWEEP_EVERY) {
+        if self.map.len() >= self.capacity && self.sweeps.due(now) {
             // Expired entries behind a live one in the insertion order: sweep them first, so
-            // a live entry is evicted (and counted) only when nothing had expired. At most
-            // once per SWEEP_EVERY: a full table under load must not cost a scan per insert.
+            // a live entry is evicted (and counted) only when nothing had expired. Paced: a
+            // full table under load must not cost a scan per insert.
             self.map.retain(|_, e| e.expires > now);
-            self.swept_at = Some(now);
         }
         while self.map.len() >= self.capacity {
             if !self.pop_oldest(now) {
@@ -165,6 +182,15 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn sweeps_are_paced_to_one_a_second() {
+        let t0 = Instant::now();
+        let mut pace = SweepPace::default();
+        assert!(pace.due(t0));
+        assert!(!pace.due(t0 + Duration::from_millis(999)));
+        assert!(pace.due(t0 + Duration::from_secs(1)));
+    }
 
     #[test]
     fn a_key_is_new_then_in_progress_then_done_until_it_expires() {

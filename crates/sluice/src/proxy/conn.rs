@@ -112,7 +112,13 @@ impl Upstream {
     ) -> Upstream {
         let target = cfg.target().ok();
         let tls = target.as_ref().filter(|t| t.tls).map(|_| {
-            super::tls::client_config(cfg).map_err(|e| {
+            crate::sink::mqtt::tls::client_config(
+                cfg.ca_file.as_deref(),
+                cfg.cert_file.as_deref(),
+                cfg.key_file.as_deref(),
+                rustls::DEFAULT_VERSIONS,
+            )
+            .map_err(|e| {
                 tracing::error!(upstream = %cfg.name, error = %e, "cannot build the upstream's TLS configuration");
                 e.to_string()
             })

@@ -14,7 +14,6 @@
 mod conn;
 pub mod metrics;
 mod route;
-mod tls;
 
 use std::future::Future;
 use std::rc::Rc;

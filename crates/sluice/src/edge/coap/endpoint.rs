@@ -15,6 +15,7 @@ use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_proto::coap::dedup::SweepPace;
 use sluice_proto::coap::reliability::Retransmit;
 use sluice_proto::coap::{Message, MsgType};
 use tokio::sync::oneshot;
@@ -185,7 +186,7 @@ pub struct SourceBudget {
     burst: f64,
     cap: usize,
     buckets: HashMap<SocketAddr, (f64, Instant)>,
-    swept_at: Option<Instant>,
+    sweeps: SweepPace,
 }
 
 impl SourceBudget {
@@ -198,7 +199,7 @@ impl SourceBudget {
             burst: burst.max(1) as f64,
             cap: cap.max(16),
             buckets: HashMap::new(),
-            swept_at: None,
+            sweeps: SweepPace::default(),
         }
     }
 
@@ -211,14 +212,10 @@ impl SourceBudget {
         if !self.buckets.contains_key(&peer) && self.buckets.len() >= self.cap {
             // A bucket that refilled is the same as no bucket. Swept at most once a second,
             // so a flood of new sources costs no scan per datagram.
-            if self
-                .swept_at
-                .is_none_or(|t| now >= t + Duration::from_secs(1))
-            {
+            if self.sweeps.due(now) {
                 self.buckets.retain(|_, (tokens, at)| {
                     *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
                 });
-                self.swept_at = Some(now);
             }
             if self.buckets.len() >= self.cap {
                 return true;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use bytestring::ByteString;
 use sluice_proto::coap::block::Assembly;
-use sluice_proto::coap::dedup::{DedupTable, Seen};
+use sluice_proto::coap::dedup::{DedupTable, Seen, SweepPace};
 use sluice_proto::coap::{opt, DecodeError, Message, MsgType, Token};
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
@@ -79,8 +79,8 @@ pub struct CoapShard {
     /// Publishes handed to the router that it has not taken yet (back-pressure).
     pub(super) pending_publishes: Cell<usize>,
     devices: RefCell<HashMap<ByteString, Instant>>,
-    /// When a full device table was last swept.
-    devices_swept: Cell<Option<Instant>>,
+    /// Paces sweeps of a full device table.
+    devices_swept: RefCell<SweepPace>,
     pub(super) limits: Limits,
 }
 
@@ -136,7 +136,7 @@ pub fn start(
         transfers: RefCell::new(HashMap::new()),
         pending_publishes: Cell::new(0),
         devices: RefCell::new(HashMap::new()),
-        devices_swept: Cell::new(None),
+        devices_swept: RefCell::new(SweepPace::default()),
         limits: Limits {
             max_pending: per_shard(cfg.max_pending),
             max_transfers: per_shard(cfg.max_block_transfers),
@@ -423,16 +423,9 @@ impl CoapShard {
             *at = now;
             return;
         }
-        if devices.len() >= self.limits.max_devices
-            && self
-                .devices_swept
-                .get()
-                .is_none_or(|t| now >= t + Duration::from_secs(1))
-        {
-            // At most once a second: a full table must not cost a scan per datagram.
+        if devices.len() >= self.limits.max_devices && self.devices_swept.borrow_mut().due(now) {
             let lifetime = self.ctx.config.coap.exchange_lifetime;
             devices.retain(|_, at| now.duration_since(*at) < lifetime);
-            self.devices_swept.set(Some(now));
         }
         if devices.len() < self.limits.max_devices {
             devices.insert(device.clone(), now);

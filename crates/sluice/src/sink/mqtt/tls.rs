@@ -29,13 +29,30 @@ const SYSTEM_BUNDLES_TEXT: &str =
 /// The TLS client configuration for `cfg`'s cloud connection (whether or not its url uses TLS:
 /// the caller decides to call this only for `url.tls`).
 pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, UplinkError> {
+    client_config(
+        cfg.ca_file.as_deref(),
+        cfg.cert_file.as_deref(),
+        cfg.key_file.as_deref(),
+        &[&rustls::version::TLS13],
+    )
+}
+
+/// A TLS client configuration from PEM files: roots from `ca_file` (else the system bundle),
+/// an optional client identity, the given protocol versions. The uplink's (TLS 1.3 only) and
+/// the CoAP proxy's `coaps+tcp://` upstreams (TLS 1.2 and 1.3, as RFC 8323 allows) use it.
+pub fn client_config(
+    ca_file: Option<&Path>,
+    cert_file: Option<&Path>,
+    key_file: Option<&Path>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Result<Arc<ClientConfig>, UplinkError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
+        .with_protocol_versions(versions)
         .map_err(|e| UplinkError::TlsConfig(Box::new(e)))?;
 
-    let ca_path = match &cfg.ca_file {
-        Some(p) => p.clone(),
+    let ca_path = match ca_file {
+        Some(p) => p.to_path_buf(),
         None => system_bundle()?,
     };
     let mut roots = RootCertStore::empty();
@@ -49,7 +66,7 @@ pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, Uplink
     }
     let builder = builder.with_root_certificates(roots);
 
-    let config = match (&cfg.cert_file, &cfg.key_file) {
+    let config = match (cert_file, key_file) {
         (None, None) => builder.with_no_client_auth(),
         (Some(_), None) => return Err(UplinkError::HalfClientIdentity { given: "cert_file" }),
         (None, Some(_)) => return Err(UplinkError::HalfClientIdentity { given: "key_file" }),
@@ -59,8 +76,8 @@ pub fn client_tls_config(cfg: &UplinkConfig) -> Result<Arc<ClientConfig>, Uplink
             builder
                 .with_client_auth_cert(chain, key_der)
                 .map_err(|source| UplinkError::BadClientIdentity {
-                    cert: cert.clone(),
-                    key: key.clone(),
+                    cert: cert.to_path_buf(),
+                    key: key.to_path_buf(),
                     source: Box::new(source),
                 })?
         }
