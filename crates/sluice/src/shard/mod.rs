@@ -72,10 +72,8 @@ pub enum ShardCmd {
     DeliverShared(Routed, ByteString),
     /// A CoAP datagram another shard's socket read for a device of this shard (steering,
     /// `crate::edge::coap::server`); answered from this shard's own socket.
-    CoapDatagram {
-        peer: SocketAddr,
-        bytes: Bytes,
-    },
+    /// Decoded once, where it was read; boxed to keep the command small.
+    CoapDatagram(Box<crate::edge::coap::server::Steered>),
 }
 
 /// A subscription of a local session.
@@ -412,9 +410,9 @@ async fn run(seed: ShardSeed) {
                     ctx.metrics.cross_shard_received.inc();
                     router::deliver_shared_member(&ctx, &routed, &key);
                 }
-                Some(ShardCmd::CoapDatagram { peer, bytes }) => {
+                Some(ShardCmd::CoapDatagram(steered)) => {
                     if let Some(coap) = &coap {
-                        coap.on_steered(peer, bytes);
+                        coap.on_steered(steered);
                     }
                 }
                 None => break,

@@ -158,13 +158,28 @@ pub(super) fn device_id(msg: &Message, peer: SocketAddr) -> ByteString {
     }
 }
 
-/// The shard that owns `msg`: an ACK/RST by its message id (sluice's CONs of shard `s`
-/// carry ids `≡ s`), anything else by its device id's hash, as MQTT devices are placed.
-fn owner_of(msg: &Message, peer: SocketAddr, shards: usize) -> usize {
+/// A datagram decoded where it was read, passed to the shard that owns it with the device id
+/// it was steered by (`ShardCmd::CoapDatagram`), so neither is worked out twice.
+#[derive(Debug)]
+pub struct Steered {
+    pub peer: SocketAddr,
+    pub message: Message,
+    /// The request's device id; `None` for an ACK/RST.
+    pub device: Option<ByteString>,
+}
+
+/// The shard that owns `msg`, and for a request its device id: an ACK/RST by its message id
+/// (sluice's CONs of shard `s` carry ids `≡ s`), a request by its device id's hash, as MQTT
+/// devices are placed.
+fn owner_of(msg: &Message, peer: SocketAddr, shards: usize) -> (usize, Option<ByteString>) {
     match msg.mtype {
-        MsgType::Ack | MsgType::Rst => msg.message_id as usize % shards,
+        MsgType::Ack | MsgType::Rst => (msg.message_id as usize % shards, None),
         MsgType::Con | MsgType::Non => {
-            hash::shard_for(device_id(msg, peer).as_bytes(), None, shards)
+            let device = device_id(msg, peer);
+            (
+                hash::shard_for(device.as_bytes(), None, shards),
+                Some(device),
+            )
         }
     }
 }
@@ -211,18 +226,22 @@ async fn receive(shard: Rc<CoapShard>, socket: Rc<UdpSocket>, mut shutdown: watc
 impl CoapShard {
     /// A datagram read from this shard's socket: served here, or passed to its owner.
     fn steer(self: &Rc<Self>, peer: SocketAddr, bytes: Bytes) {
-        let decoded = Message::decode_udp(&bytes);
         let shards = self.ctx.mailboxes.len().max(1);
-        let owner = match &decoded {
-            Ok(m) => owner_of(m, peer, shards),
+        let message = match Message::decode_udp(&bytes) {
+            Ok(m) => m,
             // Answered (RST) or dropped where it was read.
-            Err(_) => self.ctx.id,
+            Err(e) => return self.on_message(peer, Err(e), None),
         };
+        let (owner, device) = owner_of(&message, peer, shards);
         if owner == self.ctx.id {
-            self.on_message(peer, decoded);
+            self.on_message(peer, Ok(message), device);
             return;
         }
-        let cmd = ShardCmd::CoapDatagram { peer, bytes };
+        let cmd = ShardCmd::CoapDatagram(Box::new(Steered {
+            peer,
+            message,
+            device,
+        }));
         let sent = self
             .ctx
             .mailboxes
@@ -237,9 +256,14 @@ impl CoapShard {
     }
 
     /// A datagram another shard read for a device of this one.
-    pub fn on_steered(self: &Rc<Self>, peer: SocketAddr, bytes: Bytes) {
+    pub fn on_steered(self: &Rc<Self>, steered: Box<Steered>) {
         self.metrics.steered_in.inc();
-        self.on_message(peer, Message::decode_udp(&bytes));
+        let Steered {
+            peer,
+            message,
+            device,
+        } = *steered;
+        self.on_message(peer, Ok(message), device);
     }
 
     /// CoAP devices seen on this shard within EXCHANGE_LIFETIME.
@@ -254,7 +278,12 @@ impl CoapShard {
         }
     }
 
-    fn on_message(self: &Rc<Self>, peer: SocketAddr, decoded: Result<Message, DecodeError>) {
+    fn on_message(
+        self: &Rc<Self>,
+        peer: SocketAddr,
+        decoded: Result<Message, DecodeError>,
+        device: Option<ByteString>,
+    ) {
         let m = match decoded {
             Ok(m) => m,
             Err(e) => {
@@ -296,12 +325,13 @@ impl CoapShard {
                     }
                     return;
                 }
-                self.on_request(peer, m);
+                let device = device.unwrap_or_else(|| device_id(&m, peer));
+                self.on_request(peer, m, device);
             }
         }
     }
 
-    fn on_request(self: &Rc<Self>, peer: SocketAddr, m: Message) {
+    fn on_request(self: &Rc<Self>, peer: SocketAddr, m: Message, device: ByteString) {
         let now = Instant::now();
         let key = (peer, m.message_id);
         let seen = match self.exchanges.borrow().check(&key, now) {
@@ -339,7 +369,6 @@ impl CoapShard {
             self.metrics.exchanges.set(table.len() as i64);
         }
         self.metrics.request(m.code);
-        let device = device_id(&m, peer);
         self.seen_device(&device, now);
         let asked = Asked {
             mtype: m.mtype,
