@@ -171,6 +171,8 @@ impl Gateway {
                     .collect()
             })
             .collect();
+        // The link watcher (`[multipath]`, paths' interfaces): started by issue 17's link work.
+        let links: Option<crate::net::links::LinkWatch> = None;
         let mut tc = Vec::new();
         let mut tc_status = Vec::new();
         let uplink_ports: Vec<Option<crate::sink::PortSink>> = config
@@ -272,6 +274,7 @@ impl Gateway {
                 proxy_metrics: proxy_metrics[id].clone(),
                 coap: coap.next(),
                 coap_metrics: coap_metrics[id].clone(),
+                links: links.clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }

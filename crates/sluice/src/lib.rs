@@ -6,6 +6,7 @@ pub mod app;
 pub mod config;
 pub mod control;
 pub mod edge;
+pub mod net;
 pub mod proxy;
 pub mod shard;
 pub mod sink;

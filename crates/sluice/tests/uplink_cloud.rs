@@ -78,6 +78,7 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
             live_devices: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             on_port: None,
             feeders: Default::default(),
+            links: None,
         },
         rx,
     );

@@ -81,6 +81,7 @@ fn start_uplink(cfg: UplinkConfig, devices: usize) -> Uplink {
             live_devices: Arc::new(AtomicUsize::new(devices)),
             on_port: None,
             feeders: Default::default(),
+            links: None,
         },
         rx,
     );
@@ -388,6 +389,7 @@ fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was
                 live_devices: Arc::new(AtomicUsize::new(0)),
                 on_port: None,
                 feeders: Default::default(),
+                links: None,
             },
             rx,
         );

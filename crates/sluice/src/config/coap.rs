@@ -143,6 +143,10 @@ pub struct CoapProxyConfig {
     pub ping_interval: Duration,
     #[serde(default = "default_connect_timeout", with = "units::duration")]
     pub connect_timeout: Duration,
+    /// Open the upstream connections with IPPROTO_MPTCP (falls back to TCP, logged once
+    /// and shown in status, when the kernel or the server lacks it).
+    #[serde(default)]
+    pub mptcp: bool,
 }
 
 fn default_max_outstanding() -> usize {

@@ -19,6 +19,7 @@
 
 mod coap;
 mod lanes;
+mod multipath;
 mod spool;
 mod units;
 mod uplink;
@@ -38,11 +39,14 @@ use serde::{Deserialize, Serialize};
 
 pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
+pub use multipath::MultipathConfig;
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
 };
 pub use units::{ByteSize, ParseByteSizeError};
-pub use uplink::{MqttProtocol, ParseUplinkUrlError, Password, UplinkConfig, UplinkUrl};
+pub use uplink::{
+    MqttProtocol, ParseUplinkUrlError, Password, PathConfig, UplinkConfig, UplinkUrl,
+};
 
 /// Loads the config file at `path`, or the built-in defaults when `path` is `None`.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -149,6 +153,7 @@ pub struct Config {
     pub log: LogConfig,
     pub priority: PriorityConfig,
     pub spool: SpoolConfig,
+    pub multipath: MultipathConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uplink: Vec<UplinkConfig>,
 }
@@ -298,6 +303,8 @@ pub struct MqttConfig {
     /// Subscriptions one session may hold.
     pub max_subscriptions_per_session: usize,
     // --- end of input bounds ---
+    /// Accept devices over MPTCP (IPPROTO_MPTCP listener; plain TCP devices still connect).
+    pub mptcp: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserConfig>,
 
@@ -345,6 +352,7 @@ impl Default for MqttConfig {
             max_queued_bytes: ByteSize::mib(4),
             max_retained_bytes: ByteSize::mib(64),
             max_subscriptions_per_session: 100,
+            mptcp: false,
             users: Vec::new(),
             max_keep_alive: Duration::ZERO,
         }

@@ -102,9 +102,78 @@ pub struct UplinkConfig {
     /// The link rate for `install_tc`, in tc's units (`"2mbit"`, `"100mbit"`, `"1gbit"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tc_rate: Option<String>,
+    // --- multipath (issue 17: `sink/multipath/`, `net/`) ---
+    /// Open the sessions' sockets with IPPROTO_MPTCP (RFC 8684); subflows come from the
+    /// kernel's path manager (`ip mptcp endpoint`). Falls back to plain TCP, logged once and
+    /// shown in status, when the kernel or the broker lacks MPTCP.
+    #[serde(default)]
+    pub mptcp: bool,
+    /// With `paths`: pin the high lane to the path of this name (it still fails over to
+    /// another path when that one is down). Absent: the high lane uses every path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane_path: Option<String>,
+    /// With `paths`: a path with unacknowledged messages (or an unanswered keep-alive) that
+    /// heard nothing from the broker for this long is declared dead; its messages are resent
+    /// on another path.
+    #[serde(default = "default_path_timeout", with = "units::duration")]
+    pub path_timeout: Duration,
+    /// With `paths`: each path's keep-alive probe interval while it is idle.
+    #[serde(default = "default_path_keep_alive", with = "units::duration")]
+    pub path_keep_alive: Duration,
+    /// With `paths`: longest wait between reconnect attempts of one path (from
+    /// `reconnect_min`, doubling); a link-up event on the path's interface retries at once.
+    #[serde(default = "default_path_reconnect_max", with = "units::duration")]
+    pub path_reconnect_max: Duration,
+    /// Per-path sessions: one MQTT session per path (client id suffixed with the path's
+    /// name), messages spread over the live paths. Empty: one session per lane, routed by
+    /// the kernel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathConfig>,
+    // --- end multipath ---
     /// SenML aggregation of normal-priority records (a table, so it comes last).
     #[serde(default)]
     pub aggregate: AggregateConfig,
+}
+
+/// One path of a multipath uplink: where its session's socket is bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathConfig {
+    /// `[a-zA-Z0-9_-]+`, unique within the uplink; the client id suffix and metric label.
+    /// Default: `p{index}` (`p0`, `p1`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Local (source) address the path's socket binds to; with policy routing per source
+    /// address this picks the link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bind: Option<std::net::IpAddr>,
+    /// Network interface the socket is bound to (SO_BINDTODEVICE, needs CAP_NET_RAW); its
+    /// link state is watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    /// Relative share of new devices when several paths are equally good (1..=100).
+    #[serde(default = "default_path_weight")]
+    pub weight: u32,
+}
+
+impl PathConfig {
+    /// The path's name: `name`, else `p{index}`.
+    pub fn label(&self, index: usize) -> String {
+        self.name.clone().unwrap_or_else(|| format!("p{index}"))
+    }
+}
+
+fn default_path_weight() -> u32 {
+    1
+}
+fn default_path_timeout() -> Duration {
+    Duration::from_secs(3)
+}
+fn default_path_keep_alive() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_path_reconnect_max() -> Duration {
+    Duration::from_secs(1)
 }
 
 fn default_client_id() -> String {
@@ -172,6 +241,12 @@ impl UplinkConfig {
             install_tc: false,
             tc_interface: None,
             tc_rate: None,
+            mptcp: false,
+            lane_path: None,
+            path_timeout: default_path_timeout(),
+            path_keep_alive: default_path_keep_alive(),
+            path_reconnect_max: default_path_reconnect_max(),
+            paths: Vec::new(),
             aggregate: AggregateConfig::default(),
         }
     }
@@ -189,6 +264,21 @@ impl UplinkConfig {
     /// The MQTT client id of this uplink's high-lane session on `shard`.
     pub fn high_session_client_id(&self, shard: usize) -> String {
         format!("{}-{shard}-hi", self.client_id)
+    }
+
+    /// The client id of one path's session: the lane's client id, `-`, the path's name
+    /// (`sluice-0-p1`, `sluice-0-hi-p1`).
+    pub fn path_client_id(&self, shard: usize, high: bool, path: usize) -> String {
+        let lane = if high {
+            self.high_session_client_id(shard)
+        } else {
+            self.session_client_id(shard)
+        };
+        let label = self
+            .paths
+            .get(path)
+            .map_or_else(|| format!("p{path}"), |p| p.label(path));
+        format!("{lane}-{label}")
     }
 
     /// Reads `password_file`, if set. One trailing `\n` or `\r\n` is removed.

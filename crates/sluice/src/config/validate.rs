@@ -17,6 +17,7 @@ use sluice_proto::mqtt::topic::valid_topic_filter;
 use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
 
 mod coap_proxy;
+mod multipath;
 
 /// Whether `check` opens the files the config refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
         }
     }
     coap_proxy::check_coap_proxy(config, files)?;
+    multipath::check_multipath(config)?;
     Ok(())
 }
 

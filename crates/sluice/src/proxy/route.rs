@@ -267,6 +267,7 @@ mod tests {
             request_timeout: std::time::Duration::from_secs(1),
             ping_interval: std::time::Duration::from_secs(1),
             connect_timeout: std::time::Duration::from_secs(1),
+            mptcp: false,
         };
         vec![
             RouteEntry::new(&cfg("a", "coap+tcp://cloud.example", Some("cloud"), false)),

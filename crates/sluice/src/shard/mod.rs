@@ -165,6 +165,8 @@ pub struct ShardSeed {
     /// This shard's CoAP socket (`[coap] enabled`), bound with SO_REUSEPORT.
     pub coap: Option<std::net::UdpSocket>,
     pub coap_metrics: Arc<crate::edge::coap::CoapMetrics>,
+    /// Link state of the watched interfaces, for per-path sessions (`None`: no watcher).
+    pub links: Option<crate::net::links::LinkWatch>,
 }
 
 /// Start a shard thread.
@@ -218,6 +220,7 @@ async fn run(seed: ShardSeed) {
         proxy_metrics,
         coap,
         coap_metrics,
+        links,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -352,6 +355,7 @@ async fn run(seed: ShardSeed) {
                 live_devices: online_devices.clone(),
                 on_port: None,
                 feeders: std::mem::take(&mut feeders[i]),
+                links: links.clone(),
             },
             local_shutdown.clone(),
         ));
@@ -379,6 +383,7 @@ async fn run(seed: ShardSeed) {
                     live_devices: online_devices.clone(),
                     on_port,
                     feeders: Default::default(),
+                    links: links.clone(),
                 },
                 local_shutdown.clone(),
             ));

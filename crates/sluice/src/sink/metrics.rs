@@ -114,6 +114,12 @@ pub struct UplinkMetrics {
     pub messages_sent: Counter,
     /// PUBLISH packets written again after a reconnect (DUP set).
     pub messages_resent: Counter,
+    /// Messages given back by a dead or stalled path of several, to be resent on another.
+    pub messages_returned: Counter,
+    /// MPTCP state of the session's connection (`mptcp = true`).
+    pub mptcp: crate::net::mptcp::MptcpMetrics,
+    /// Per-path health of a multipath session (`paths`); empty otherwise.
+    pub paths: crate::sink::multipath::PathsMetrics,
     /// QoS 1 messages the cloud acknowledged with success.
     pub messages_acked: Counter,
     /// Bytes handed to the (TLS) stream.
@@ -159,6 +165,9 @@ impl Default for UplinkMetrics {
             connect_failures: Counter::default(),
             messages_sent: Counter::default(),
             messages_resent: Counter::default(),
+            messages_returned: Counter::default(),
+            mptcp: Default::default(),
+            paths: Default::default(),
             messages_acked: Counter::default(),
             bytes_written: Counter::default(),
             writes: Counter::default(),
@@ -286,6 +295,14 @@ impl UplinkMetrics {
             l,
             self.messages_resent.get(),
         );
+        w.counter(
+            "sluice_uplink_messages_returned_total",
+            "Messages a dead or stalled path gave back, resent on another path.",
+            l,
+            self.messages_returned.get(),
+        );
+        self.mptcp.render(w, l);
+        self.paths.render(w, l);
         w.counter(
             "sluice_uplink_messages_acked_total",
             "QoS 1 messages the cloud broker acknowledged.",

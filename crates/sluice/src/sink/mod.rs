@@ -54,6 +54,7 @@
 mod handle;
 mod metrics;
 pub mod mqtt;
+pub mod multipath;
 pub mod outbox;
 pub mod spool;
 pub mod transport;
@@ -62,10 +63,23 @@ pub use handle::{Offer, OfferCounters, OfferDrop, Sink};
 pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
 pub use mqtt::route::UplinkRoute;
 pub use mqtt::tls::client_tls_config;
+pub use mqtt::SessionSeed;
 pub use mqtt::{socket, tc};
-pub use mqtt::{spawn, SessionSeed};
 pub use outbox::pack::records_of;
 pub use outbox::queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
+
+/// Start the outbox of one uplink lane on this shard: over one MQTT session, or with
+/// `paths` over one session per path (`multipath`). Must be called inside a `LocalSet`.
+pub fn spawn(
+    seed: SessionSeed,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    if seed.cfg.paths.is_empty() {
+        mqtt::spawn(seed, shutdown)
+    } else {
+        multipath::spawn(seed, shutdown)
+    }
+}
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -183,6 +197,14 @@ impl UplinkMessage {
     /// Bytes this message holds in an [`UplinkQueue`] from push until it is finished.
     pub fn cost(&self) -> usize {
         self.topic.len() + self.payload.len() + MESSAGE_OVERHEAD_BYTES
+    }
+
+    /// The flow whose order this message keeps: its device.
+    pub fn flow(&self) -> transport::Flow {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.device.as_bytes().hash(&mut h);
+        transport::Flow::Device(h.finish())
     }
 
     /// Whether the cloud must acknowledge it (QoS ≥ 1 towards the cloud).

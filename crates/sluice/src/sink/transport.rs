@@ -90,10 +90,25 @@ pub enum RefusalClass {
     Permanent(RejectReason),
 }
 
+/// Whose order a unit must keep: a transport that spreads units over several links
+/// (`sink::multipath`) keeps each flow on one link while it has units unacknowledged there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Flow {
+    /// One device's messages (a hash of its id; a collision only merges two flows).
+    Device(u64),
+    /// SenML packs: one flow, since a pack mixes devices.
+    Packs,
+}
+
 /// What the far end said about a unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Feedback {
     Acked(SendId),
+    /// The unit was not acknowledged and never will be on the link it went out on (that link
+    /// of several died or stalled, the connection as a whole lives on): the outbox puts it
+    /// back at the queue's front, in send order, to be sent again. At-least-once: the far
+    /// end may have it already.
+    Returned(SendId),
     /// `code`: the far end's code, handed to the device when the refusal is permanent.
     Refused {
         id: SendId,
@@ -107,6 +122,19 @@ pub enum Feedback {
 pub trait Transport {
     /// Establish a connection (TCP, TLS, handshake …), replacing any earlier one.
     async fn connect(&mut self) -> Result<LinkLimits, UplinkError>;
+
+    /// The window now, when it changes while connected (several links coming and going);
+    /// `None`: the [`LinkLimits::window`] of [`Transport::connect`] holds. Default `None`.
+    fn window(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether a unit of `flow` must wait now (its link has no room and the flow may not
+    /// move while units of it are unacknowledged there). The outbox keeps such units, and
+    /// the flow's later ones, in order, and sends other flows meanwhile. Default: never.
+    fn holds(&self, _flow: Flow) -> bool {
+        false
+    }
 
     /// Encode `unit` into the pending batch. `Ok(Some(id))`: the far end will acknowledge it
     /// by `id`; `Ok(None)`: it is done once the batch is written; `Err`: it can never be sent

@@ -96,12 +96,16 @@ impl MqttTransport {
         };
 
         let lowat = u32::try_from(cfg.notsent_lowat.as_u64()).unwrap_or(u32::MAX);
-        let tcp: TcpStream = socket::connect(host, port, self.lane, lowat)
-            .await
-            .map_err(|source| UplinkError::CloudUnreachable {
-                addr: format!("{host}:{port}"),
-                source,
-            })?;
+        let (tcp, mptcp_socket): (TcpStream, bool) =
+            socket::connect(host, port, self.lane, lowat, &self.dial)
+                .await
+                .map_err(|source| UplinkError::CloudUnreachable {
+                    addr: format!("{host}:{port}"),
+                    source,
+                })?;
+        self.metrics
+            .mptcp
+            .on_connect(&tcp, self.dial.mptcp, mptcp_socket);
         let local_port = match socket::marks(&tcp) {
             Ok(marks) => {
                 self.metrics.set_socket_marks(&marks);

@@ -99,6 +99,9 @@ pub struct SessionSeed {
     pub on_port: Option<Box<dyn Fn(Option<u16>)>>,
     /// Spools feeding `queue` (drain share, link-state hooks); empty without a spool.
     pub feeders: Feeders,
+    /// Link state of the watched interfaces (`[multipath]`, paths' interfaces); `None`
+    /// when no watcher runs.
+    pub links: Option<crate::net::links::LinkWatch>,
 }
 
 /// Start the outbox of one uplink lane on this shard, with an MQTT transport. Must be called
@@ -117,6 +120,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         live_devices,
         on_port,
         feeders,
+        links: _,
     } = seed;
     let transport = MqttTransport::new(shard, lane, cfg.clone(), tls, downlink, metrics.clone())
         .with_port_observer(on_port);
@@ -158,6 +162,10 @@ pub struct MqttTransport {
     /// Cloud PUBLISHes decoded and not yet delivered (at most what one read decodes: the
     /// broker sends no more than our Receive Maximum of QoS 1 ones unacknowledged).
     downlink_pending: VecDeque<Publish>,
+    /// How the socket is opened (MPTCP, source address, interface).
+    dial: crate::net::dial::Dial,
+    /// This session never subscribes to the downlink (a path other than the first).
+    no_downlink: bool,
 }
 
 impl MqttTransport {
@@ -179,6 +187,7 @@ impl MqttTransport {
             Lane::Normal => cfg.session_client_id(shard),
             Lane::High => cfg.high_session_client_id(shard),
         };
+        let cfg_mptcp = cfg.mptcp;
         MqttTransport {
             shard,
             lane,
@@ -196,7 +205,43 @@ impl MqttTransport {
             next_packet_id: 1,
             pending_subscribe: None,
             downlink_pending: VecDeque::new(),
+            dial: crate::net::dial::Dial {
+                mptcp: cfg_mptcp,
+                ..Default::default()
+            },
+            no_downlink: false,
         }
+    }
+
+    /// Make this transport one path of a multipath uplink: its own client id, its socket
+    /// dialled as `dial`, and the downlink subscription only when `downlink` (one path of
+    /// shard 0's normal lane holds it).
+    pub fn for_path(
+        mut self,
+        client_id: String,
+        dial: crate::net::dial::Dial,
+        downlink: bool,
+    ) -> Self {
+        self.client_id = ByteString::from(client_id);
+        self.dial = dial;
+        self.no_downlink = !downlink;
+        self
+    }
+
+    /// When the current connection last read anything from the broker (`None`: not
+    /// connected).
+    pub fn last_heard(&self) -> Option<std::time::Instant> {
+        self.conn.as_ref().map(|c| c.last_read)
+    }
+
+    /// Whether a PINGREQ is unanswered on the current connection.
+    pub fn ping_outstanding(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.ping_outstanding)
+    }
+
+    /// Whether a connection is established.
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some()
     }
 
     /// Report the connection's local port to `on_port` (`Some(port)` on connect, `None` when
@@ -209,7 +254,10 @@ impl MqttTransport {
     /// Whether this link holds the uplink's one downlink subscription: shard 0's normal
     /// lane, when `receive` has filters.
     fn subscribes_downlink(&self) -> bool {
-        self.shard == 0 && self.lane == Lane::Normal && !self.cfg.receive.is_empty()
+        self.shard == 0
+            && self.lane == Lane::Normal
+            && !self.cfg.receive.is_empty()
+            && !self.no_downlink
     }
 
     /// A packet id not in use. Terminates: the outbox keeps at most the window (≤ 65534)
@@ -261,6 +309,7 @@ impl Transport for MqttTransport {
 
     fn abort(&mut self) {
         if self.conn.take().is_some() {
+            self.metrics.mptcp.on_close();
             if let Some(f) = &self.on_port {
                 f(None);
             }

@@ -20,7 +20,9 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 
 use socket2::SockRef;
-use tokio::net::{TcpSocket, TcpStream};
+#[cfg(test)]
+use tokio::net::TcpSocket;
+use tokio::net::TcpStream;
 
 use crate::sink::Lane;
 
@@ -43,24 +45,33 @@ pub struct SocketMarks {
     pub local_port: u16,
 }
 
-/// Connect to `host:port` with the lane's marks, trying each resolved address in turn.
+/// Connect to `host:port` with the lane's marks, dialled as `dial` says (source address,
+/// interface, MPTCP), trying each resolved address in turn. Returns the stream and whether
+/// its socket is an MPTCP one (see [`crate::net::dial`] for the fallback).
 pub async fn connect(
     host: &str,
     port: u16,
     lane: Lane,
     notsent_lowat: u32,
-) -> io::Result<TcpStream> {
+    dial: &crate::net::dial::Dial,
+) -> io::Result<(TcpStream, bool)> {
     let mut last_error = None;
     for addr in tokio::net::lookup_host((host, port)).await? {
-        let socket = match addr {
-            SocketAddr::V4(_) => TcpSocket::new_v4()?,
-            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        if dial.bind.is_some_and(|ip| ip.is_ipv4() != addr.is_ipv4()) {
+            continue;
+        }
+        let (socket, mptcp) = match crate::net::dial::socket_for(addr, dial) {
+            Ok(s) => s,
+            Err(e) => {
+                last_error = Some(e);
+                continue;
+            }
         };
         if let Err(error) = mark(&socket, addr, lane, notsent_lowat) {
             tracing::warn!(lane = lane.as_str(), %error, "cannot mark the uplink socket; connecting unmarked");
         }
         match socket.connect(addr).await.and_then(refuse_self_connect) {
-            Ok(stream) => return Ok(stream),
+            Ok(stream) => return Ok((stream, mptcp)),
             Err(e) => last_error = Some(e),
         }
     }
@@ -146,7 +157,9 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let accept = tokio::spawn(async move { listener.accept().await.unwrap().0 });
-        let stream = connect("127.0.0.1", port, lane, lowat).await.unwrap();
+        let (stream, _) = connect("127.0.0.1", port, lane, lowat, &Default::default())
+            .await
+            .unwrap();
         let marks = marks(&stream).unwrap();
         let _server = accept.await.unwrap();
         assert_eq!(marks.local_port, stream.local_addr().unwrap().port());
@@ -193,8 +206,14 @@ mod tests {
 
     #[tokio::test]
     async fn unresolvable_host_is_an_error_not_a_panic() {
-        assert!(connect("no-such-host.invalid", 1, Lane::High, 0)
-            .await
-            .is_err());
+        assert!(connect(
+            "no-such-host.invalid",
+            1,
+            Lane::High,
+            0,
+            &Default::default()
+        )
+        .await
+        .is_err());
     }
 }

@@ -16,7 +16,7 @@ use tracing::{debug, trace};
 
 use super::pack::{Packer, SealedPack};
 use super::queue::Queued;
-use super::{Carried, Inflight, Outbox, MAX_BATCH_BYTES};
+use super::{Carried, Inflight, Outbox, MAX_BATCH_BYTES, MAX_HELD};
 use crate::sink::transport::{LinkLimits, Transport, Unit, Unsendable};
 use crate::sink::{DropReason, UplinkMessage};
 
@@ -50,11 +50,14 @@ impl<T: Transport> Outbox<T> {
         unacked_in_write: &mut Vec<UplinkMessage>,
     ) -> (u64, u64) {
         let (mut sent, mut resent) = (0, 0);
-        let window = limits.window.max(1);
+        let window = self.window(limits);
+        let mut held_tried = false;
         while self.transport.pending_bytes() < MAX_BATCH_BYTES && self.paused_until.is_none() {
             let window_open = self.inflight.len() < window;
             if let Some(pack) = self.sealed.take() {
-                if pack.needs_ack() && !window_open {
+                if (pack.needs_ack() && !window_open)
+                    || self.transport.holds(crate::sink::transport::Flow::Packs)
+                {
                     self.sealed = Some(pack);
                     break;
                 }
@@ -62,7 +65,9 @@ impl<T: Transport> Outbox<T> {
                 continue;
             }
             if let Some(front) = self.alone.front() {
-                if front.msg.needs_cloud_ack() && !window_open {
+                if (front.msg.needs_cloud_ack() && !window_open)
+                    || self.transport.holds(front.msg.flow())
+                {
                     break;
                 }
                 if let Some(q) = self.alone.pop_front() {
@@ -73,6 +78,19 @@ impl<T: Transport> Outbox<T> {
                 continue;
             }
             let aggregating = self.aggregating();
+            if !self.held.is_empty() {
+                if !held_tried {
+                    held_tried = true;
+                    let (s, r) = self.send_held(window, unacked_in_write);
+                    sent += s;
+                    resent += r;
+                    continue;
+                }
+                // Packs mix devices: none starts before every held message went.
+                if aggregating || self.held.len() >= MAX_HELD {
+                    break;
+                }
+            }
             if !aggregating && self.packer.as_ref().is_some_and(|p| !p.is_empty()) {
                 // Crossed below the threshold: what is packed goes before anything single.
                 self.seal_pack();
@@ -99,11 +117,44 @@ impl<T: Transport> Outbox<T> {
                 self.pack_or_hold(Queued { msg, resend }, limits.pack_limit);
                 continue;
             }
+            let flow = msg.flow();
+            if self.held_flows.contains(&flow) || self.transport.holds(flow) {
+                self.held_flows.insert(flow);
+                self.held.push_back(Queued { msg, resend });
+                continue;
+            }
             let (s, r) = self.send_single(Queued { msg, resend }, unacked_in_write);
             sent += s;
             resent += r;
         }
         self.metrics.inflight.set(self.inflight.len() as i64);
+        (sent, resent)
+    }
+
+    /// Send the held messages whose flow the transport takes again, in order; a flow with
+    /// one message still held keeps all its later ones. Returns (units, of which resends).
+    fn send_held(
+        &mut self,
+        window: usize,
+        unacked_in_write: &mut Vec<UplinkMessage>,
+    ) -> (u64, u64) {
+        let (mut sent, mut resent) = (0, 0);
+        let mut still = std::collections::VecDeque::with_capacity(self.held.len());
+        self.held_flows.clear();
+        while let Some(q) = self.held.pop_front() {
+            let flow = q.msg.flow();
+            let room = self.transport.pending_bytes() < MAX_BATCH_BYTES
+                && (!q.msg.needs_cloud_ack() || self.inflight.len() < window);
+            if !room || self.held_flows.contains(&flow) || self.transport.holds(flow) {
+                self.held_flows.insert(flow);
+                still.push_back(q);
+                continue;
+            }
+            let (s, r) = self.send_single(q, unacked_in_write);
+            sent += s;
+            resent += r;
+        }
+        self.held = still;
         (sent, resent)
     }
 

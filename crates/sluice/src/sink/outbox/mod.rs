@@ -37,7 +37,7 @@ pub mod pack;
 pub mod queue;
 mod refusal;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -48,7 +48,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::{Share, UplinkConfig};
-use crate::sink::transport::{Feedback, SendId, Transport};
+use crate::sink::transport::{Feedback, Flow, SendId, Transport};
 use crate::sink::{Lane, RejectReason, UplinkMessage, UplinkMetrics, UplinkQueue, UplinkState};
 use pack::{Packer, SealedPack};
 use queue::Queued;
@@ -57,6 +57,9 @@ pub use refusal::PERSISTENT_ERROR_ROUNDS;
 
 /// Most encoded bytes put into one batch (one write; TLS splits it into 16 KiB records).
 pub const MAX_BATCH_BYTES: usize = 64 * 1024;
+/// Most messages held for a flow whose link has no room (see [`Transport::holds`]); at this
+/// many, nothing more is taken from the queue until some are sent.
+pub const MAX_HELD: usize = 4096;
 /// A connection that stayed up this long (or `reconnect_max`, if longer) resets the backoff.
 const STABLE_CONNECTION: Duration = Duration::from_secs(10);
 
@@ -157,6 +160,14 @@ pub struct Outbox<T: Transport> {
     pack_mix: (usize, usize),
     /// Units refused for now (with their send order), resent when the pause ends.
     refused: Vec<(u64, Carried)>,
+    /// Messages taken from the queue whose flow the transport holds for now
+    /// ([`Transport::holds`]), in the order taken; sent before anything newer of their flow.
+    held: VecDeque<Queued>,
+    /// The flows of `held`.
+    held_flows: HashSet<Flow>,
+    /// Units the transport gave back ([`Feedback::Returned`]) during the current poll, with
+    /// their send order; requeued once the poll's feedback is applied.
+    returned: Vec<(u64, Carried)>,
     /// While set, nothing is sent: a temporary refusal's backoff runs until then (and until
     /// nothing is inflight), then everything unacknowledged is requeued in order.
     paused_until: Option<Instant>,
@@ -203,6 +214,9 @@ impl<T: Transport> Outbox<T> {
             last_took_backlog: false,
             pack_mix: (0, 0),
             refused: Vec::new(),
+            held: VecDeque::new(),
+            held_flows: HashSet::new(),
+            returned: Vec::new(),
             paused_until: None,
             refusal_backoff: refusal::backoff(&cfg),
             refusal_rounds: 0,
@@ -307,7 +321,6 @@ impl<T: Transport> Outbox<T> {
         limits: crate::sink::transport::LinkLimits,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), crate::sink::UplinkError> {
-        let window = limits.window.max(1);
         // Messages in the pending batch that need no ack: finished once it is written.
         let mut unacked_in_write: Vec<UplinkMessage> = Vec::new();
         let mut feedback: Vec<Feedback> = Vec::new();
@@ -332,6 +345,7 @@ impl<T: Transport> Outbox<T> {
                 }
             }
 
+            let window = self.window(&limits);
             let window_open = self.inflight.len() < window;
             let held = self.sealed.is_some() || !self.alone.is_empty();
             let can_take = self.paused_until.is_none()
@@ -364,6 +378,7 @@ impl<T: Transport> Outbox<T> {
                     for f in feedback.drain(..) {
                         self.on_feedback(f);
                     }
+                    self.requeue_returned();
                     r?;
                     self.transport.settle().await?;
                     self.maybe_resume();
@@ -373,6 +388,11 @@ impl<T: Transport> Outbox<T> {
                 Event::RetryDue => self.maybe_resume(),
             }
         }
+    }
+
+    /// The inflight window now: the transport's current one, else the connection's.
+    pub(super) fn window(&self, limits: &crate::sink::transport::LinkLimits) -> usize {
+        self.transport.window().unwrap_or(limits.window).max(1)
     }
 
     /// The message is done: release its queue bytes, then complete it with `code` for the

@@ -64,6 +64,15 @@ impl<T: Transport> Outbox<T> {
         let (id, refusal) = match feedback {
             Feedback::Acked(id) => (id, None),
             Feedback::Refused { id, code, class } => (id, Some((code, class))),
+            Feedback::Returned(id) => {
+                if let Some(f) = self.inflight.remove(&id) {
+                    self.inflight_backlog =
+                        self.inflight_backlog.saturating_sub(usize::from(f.backlog));
+                    self.metrics.inflight.set(self.inflight.len() as i64);
+                    self.returned.push((f.seq, f.carried));
+                }
+                return;
+            }
         };
         let Some(Inflight {
             seq,
@@ -161,6 +170,40 @@ impl<T: Transport> Outbox<T> {
         self.finish(msg, code);
     }
 
+    /// Put the units the transport gave back ([`Feedback::Returned`]) at the front of the
+    /// queue in send order, followed by everything taken after them and not yet written (a
+    /// sealed pack's, those held to go alone, the open pack's, the held flows'), so every
+    /// device's order holds. Units still inflight elsewhere stay inflight: they belong to
+    /// other flows (the transport keeps a flow on one link while it has units there).
+    pub(super) fn requeue_returned(&mut self) {
+        if self.returned.is_empty() {
+            return;
+        }
+        let mut pending = std::mem::take(&mut self.returned);
+        pending.sort_unstable_by_key(|(seq, _)| *seq);
+        let mut msgs: Vec<UplinkMessage> = pending
+            .into_iter()
+            .flat_map(|(_, carried)| carried.into_messages())
+            .collect();
+        self.metrics.messages_returned.add(msgs.len() as u64);
+        self.take_unwritten(&mut msgs);
+        self.queue.requeue_front(msgs);
+    }
+
+    /// Append what was taken from the queue and not written yet, in the order taken.
+    fn take_unwritten(&mut self, msgs: &mut Vec<UplinkMessage>) {
+        if let Some(sealed) = self.sealed.take() {
+            msgs.extend(sealed.msgs);
+        }
+        msgs.extend(self.alone.drain(..).map(|q| q.msg));
+        if let Some(packer) = &mut self.packer {
+            msgs.extend(packer.take_messages());
+        }
+        msgs.extend(self.held.drain(..).map(|q| q.msg));
+        self.held_flows.clear();
+        self.pack_mix = (0, 0);
+    }
+
     /// Put every unacknowledged message back at the front of the queue in send order: the
     /// inflight and refused ones (by send order), then a sealed pack's, then those held to go
     /// alone, then the open pack's. Ends a refusal pause.
@@ -170,22 +213,16 @@ impl<T: Transport> Outbox<T> {
             .drain()
             .map(|(_, f)| (f.seq, f.carried))
             .chain(self.refused.drain(..))
+            .chain(self.returned.drain(..))
             .collect();
         pending.sort_unstable_by_key(|(seq, _)| *seq);
         let mut msgs: Vec<UplinkMessage> = pending
             .into_iter()
             .flat_map(|(_, carried)| carried.into_messages())
             .collect();
-        if let Some(sealed) = self.sealed.take() {
-            msgs.extend(sealed.msgs);
-        }
-        msgs.extend(self.alone.drain(..).map(|q| q.msg));
-        if let Some(packer) = &mut self.packer {
-            msgs.extend(packer.take_messages());
-        }
+        self.take_unwritten(&mut msgs);
         self.queue.requeue_front(msgs);
         self.inflight_backlog = 0;
-        self.pack_mix = (0, 0);
         self.paused_until = None;
         self.metrics.inflight.set(0);
     }
