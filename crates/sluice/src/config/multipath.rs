@@ -1,7 +1,7 @@
 //! `[multipath]`: the links sluice watches for its multipath uplinks.
 //!
 //! Owns: the config type. Does not own: watching the links (`crate::net::links`), the
-//! per-path sessions (`crate::sink::multipath`) or the checks across sections
+//! per-path sessions (`crate::sink::paths`) or the checks across sections
 //! (`validate.rs`).
 
 use serde::{Deserialize, Serialize};

@@ -102,7 +102,7 @@ pub struct UplinkConfig {
     /// The link rate for `install_tc`, in tc's units (`"2mbit"`, `"100mbit"`, `"1gbit"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tc_rate: Option<String>,
-    // --- multipath (issue 17: `sink/multipath/`, `net/`) ---
+    // --- multipath (issue 17: `sink/paths/`, `net/`) ---
     /// Open the sessions' sockets with IPPROTO_MPTCP (RFC 8684); subflows come from the
     /// kernel's path manager (`ip mptcp endpoint`). Falls back to plain TCP, logged once and
     /// shown in status, when the kernel or the broker lacks MPTCP.

@@ -119,7 +119,7 @@ pub struct UplinkMetrics {
     /// MPTCP state of the session's connection (`mptcp = true`).
     pub mptcp: crate::net::mptcp::MptcpMetrics,
     /// Per-path health of a multipath session (`paths`); empty otherwise.
-    pub paths: crate::sink::multipath::PathsMetrics,
+    pub paths: crate::sink::paths::PathsMetrics,
     /// QoS 1 messages the cloud acknowledged with success.
     pub messages_acked: Counter,
     /// Bytes handed to the (TLS) stream.

@@ -54,7 +54,7 @@
 mod handle;
 mod metrics;
 pub mod mqtt;
-pub mod multipath;
+pub mod paths;
 pub mod outbox;
 pub mod spool;
 pub mod transport;
@@ -69,7 +69,7 @@ pub use outbox::pack::records_of;
 pub use outbox::queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
 
 /// Start the outbox of one uplink lane on this shard: over one MQTT session, or with
-/// `paths` over one session per path (`multipath`). Must be called inside a `LocalSet`.
+/// `paths` over one session per path (`paths`). Must be called inside a `LocalSet`.
 pub fn spawn(
     seed: SessionSeed,
     shutdown: tokio::sync::watch::Receiver<bool>,
@@ -77,7 +77,7 @@ pub fn spawn(
     if seed.cfg.paths.is_empty() {
         mqtt::spawn(seed, shutdown)
     } else {
-        multipath::spawn(seed, shutdown)
+        paths::spawn(seed, shutdown)
     }
 }
 

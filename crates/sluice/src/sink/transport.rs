@@ -91,7 +91,7 @@ pub enum RefusalClass {
 }
 
 /// Whose order a unit must keep: a transport that spreads units over several links
-/// (`sink::multipath`) keeps each flow on one link while it has units unacknowledged there.
+/// (`sink::paths`) keeps each flow on one link while it has units unacknowledged there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Flow {
     /// One device's messages (a hash of its id; a collision only merges two flows).
