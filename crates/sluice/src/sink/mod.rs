@@ -54,8 +54,8 @@
 mod handle;
 mod metrics;
 pub mod mqtt;
-pub mod paths;
 pub mod outbox;
+pub mod paths;
 pub mod spool;
 pub mod transport;
 

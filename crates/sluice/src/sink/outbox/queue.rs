@@ -386,19 +386,30 @@ impl UplinkQueue {
 
     /// Put messages that were sent but not acknowledged back at the front, in the given
     /// (original) order, marked for resend. Their bytes are still reserved.
+    #[cfg(test)]
     pub(crate) fn requeue_front(&self, msgs: Vec<UplinkMessage>) {
-        if msgs.is_empty() {
+        self.requeue_front_queued(
+            msgs.into_iter()
+                .map(|msg| Queued { msg, resend: true })
+                .collect(),
+        );
+    }
+
+    /// Put messages taken earlier back at the front, in the given order, each keeping its
+    /// resend mark (one never written is not a resend). Their bytes are still reserved.
+    pub(crate) fn requeue_front_queued(&self, items: Vec<Queued>) {
+        if items.is_empty() {
             return;
         }
         {
             let mut st = self.state.borrow_mut();
-            for msg in msgs.into_iter().rev() {
-                let q = if is_backlog(&msg) {
+            for item in items.into_iter().rev() {
+                let q = if is_backlog(&item.msg) {
                     &mut st.backlog
                 } else {
                     &mut st.waiting
                 };
-                q.push_front(Queued { msg, resend: true });
+                q.push_front(item);
             }
             Self::update_gauges(&st);
         }

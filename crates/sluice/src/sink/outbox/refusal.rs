@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use super::queue::Queued;
 use super::{Backoff, Carried, Inflight, Outbox};
 use crate::config::UplinkConfig;
 use crate::sink::transport::{Feedback, RefusalClass, Transport};
@@ -181,25 +182,28 @@ impl<T: Transport> Outbox<T> {
         }
         let mut pending = std::mem::take(&mut self.returned);
         pending.sort_unstable_by_key(|(seq, _)| *seq);
-        let mut msgs: Vec<UplinkMessage> = pending
+        let mut items: Vec<Queued> = pending
             .into_iter()
             .flat_map(|(_, carried)| carried.into_messages())
+            .map(|msg| Queued { msg, resend: true })
             .collect();
-        self.metrics.messages_returned.add(msgs.len() as u64);
-        self.take_unwritten(&mut msgs);
-        self.queue.requeue_front(msgs);
+        self.metrics.messages_returned.add(items.len() as u64);
+        self.take_unwritten(&mut items);
+        self.queue.requeue_front_queued(items);
     }
 
-    /// Append what was taken from the queue and not written yet, in the order taken.
-    fn take_unwritten(&mut self, msgs: &mut Vec<UplinkMessage>) {
+    /// Append what was taken from the queue and not written yet, in the order taken. A
+    /// held message keeps its resend mark; the others are marked (as they always were).
+    fn take_unwritten(&mut self, items: &mut Vec<Queued>) {
+        let resend = |msg| Queued { msg, resend: true };
         if let Some(sealed) = self.sealed.take() {
-            msgs.extend(sealed.msgs);
+            items.extend(sealed.msgs.into_iter().map(resend));
         }
-        msgs.extend(self.alone.drain(..).map(|q| q.msg));
+        items.extend(self.alone.drain(..).map(|q| resend(q.msg)));
         if let Some(packer) = &mut self.packer {
-            msgs.extend(packer.take_messages());
+            items.extend(packer.take_messages().into_iter().map(resend));
         }
-        msgs.extend(self.held.drain(..).map(|q| q.msg));
+        items.extend(self.held.drain(..));
         self.held_flows.clear();
         self.pack_mix = (0, 0);
     }
@@ -216,12 +220,13 @@ impl<T: Transport> Outbox<T> {
             .chain(self.returned.drain(..))
             .collect();
         pending.sort_unstable_by_key(|(seq, _)| *seq);
-        let mut msgs: Vec<UplinkMessage> = pending
+        let mut items: Vec<Queued> = pending
             .into_iter()
             .flat_map(|(_, carried)| carried.into_messages())
+            .map(|msg| Queued { msg, resend: true })
             .collect();
-        self.take_unwritten(&mut msgs);
-        self.queue.requeue_front(msgs);
+        self.take_unwritten(&mut items);
+        self.queue.requeue_front_queued(items);
         self.inflight_backlog = 0;
         self.paused_until = None;
         self.metrics.inflight.set(0);
