@@ -624,6 +624,9 @@ impl AdminSource for GatewayStatus {
                                         "inflight": m.inflight.get(),
                                         "packs_sent": m.packs_sent.get(),
                                         "socket": m.socket_marks(),
+                                        "mptcp": m.mptcp.status(),
+                                        "paths": m.paths.status(),
+                                        "returned": m.messages_returned.get(),
                                     }),
                                 )
                             })

@@ -328,6 +328,8 @@ pub enum UplinkError {
     KeepAliveTimeout(Duration),
     #[error("write to the cloud broker stalled for {0:?}")]
     WriteTimeout(Duration),
+    #[error("every path to the cloud broker is down (last error: {0})")]
+    AllPathsDown(String),
 }
 
 impl UplinkError {
@@ -361,7 +363,8 @@ impl UplinkError {
             | ClosedByCloud
             | DisconnectedByCloud(_)
             | KeepAliveTimeout(_)
-            | WriteTimeout(_) => Blame::Cloud,
+            | WriteTimeout(_)
+            | AllPathsDown(_) => Blame::Cloud,
         }
     }
 }

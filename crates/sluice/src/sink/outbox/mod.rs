@@ -426,14 +426,14 @@ pub(crate) async fn shutdown_signal(rx: &mut watch::Receiver<bool>) {
 /// Jittered exponential backoff: attempt n waits uniformly in
 /// `[max(min, d/2), d]` with `d = clamp(min · 2ⁿ, min, max)`.
 #[derive(Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     min: Duration,
     max: Duration,
     attempt: u32,
 }
 
 impl Backoff {
-    pub(crate) fn new(min: Duration, max: Duration) -> Backoff {
+    pub fn new(min: Duration, max: Duration) -> Backoff {
         Backoff {
             min,
             max: max.max(min),
@@ -441,11 +441,11 @@ impl Backoff {
         }
     }
 
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.attempt = 0;
     }
 
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let d = self
             .min
             .saturating_mul(1u32 << self.attempt.min(30))
