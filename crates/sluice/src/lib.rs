@@ -1,5 +1,5 @@
 //! sluice: an IoT edge gateway. See docs/ARCHITECTURE.md for the path of one message.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod app;

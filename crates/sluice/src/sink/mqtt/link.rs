@@ -103,7 +103,8 @@ impl MqttTransport {
                     addr: format!("{host}:{port}"),
                     source,
                 })?;
-        self.metrics
+        self.mptcp_key = self
+            .metrics
             .mptcp
             .on_connect(&tcp, self.dial.mptcp, mptcp_socket);
         let local_port = match socket::marks(&tcp) {

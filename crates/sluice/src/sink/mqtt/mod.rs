@@ -166,6 +166,8 @@ pub struct MqttTransport {
     dial: crate::net::dial::Dial,
     /// This session never subscribes to the downlink (a path other than the first).
     no_downlink: bool,
+    /// The current connection's key in `metrics.mptcp` (0: none kept).
+    mptcp_key: u64,
 }
 
 impl MqttTransport {
@@ -210,6 +212,7 @@ impl MqttTransport {
                 ..Default::default()
             },
             no_downlink: false,
+            mptcp_key: 0,
         }
     }
 
@@ -308,8 +311,10 @@ impl Transport for MqttTransport {
     }
 
     fn abort(&mut self) {
+        self.metrics
+            .mptcp
+            .on_close(std::mem::take(&mut self.mptcp_key));
         if self.conn.take().is_some() {
-            self.metrics.mptcp.on_close();
             if let Some(f) = &self.on_port {
                 f(None);
             }
