@@ -61,6 +61,8 @@ pub struct Gateway {
     config: Arc<Config>,
     shards: usize,
     mqtt: std::net::TcpListener,
+    /// Whether the device listener is MPTCP (`None`: `[mqtt] mptcp` not asked).
+    mqtt_mptcp: Option<bool>,
     /// One per shard, bound with SO_REUSEPORT; empty when `[coap] enabled = false`.
     coap: Vec<std::net::UdpSocket>,
     admin: Option<std::net::TcpListener>,
@@ -92,7 +94,8 @@ impl Gateway {
             uplink_tls.push(tls);
         }
         let addr = config.mqtt.listen;
-        let mqtt = bind(addr).map_err(|source| AppError::BindDevices { addr, source })?;
+        let (mqtt, mqtt_mptcp) = bind_devices(addr, config.mqtt.mptcp)
+            .map_err(|source| AppError::BindDevices { addr, source })?;
         let coap = if config.coap.enabled {
             let addr = config.coap.listen;
             crate::edge::coap::socket::bind(addr, shards)
@@ -112,6 +115,7 @@ impl Gateway {
             config: Arc::new(config),
             shards,
             mqtt,
+            mqtt_mptcp,
             coap,
             admin,
             uplink_tls,
@@ -137,6 +141,7 @@ impl Gateway {
             config,
             shards,
             mqtt,
+            mqtt_mptcp,
             coap,
             admin,
             uplink_tls,
@@ -301,6 +306,7 @@ impl Gateway {
             proxy_metrics,
             coap_addr,
             coap_metrics,
+            mqtt_mptcp,
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -452,9 +458,35 @@ const LISTEN_BACKLOG: i32 = 4096;
 
 /// A non-blocking listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as the
 /// standard library sets it, so a restart does not wait out TIME_WAIT).
+/// The device listener: an MPTCP one when `[mqtt] mptcp` asks and the kernel has MPTCP (plain
+/// TCP clients still connect to it), else TCP. Returns whether it is MPTCP (`None`: not asked).
+fn bind_devices(
+    addr: SocketAddr,
+    mptcp: bool,
+) -> std::io::Result<(std::net::TcpListener, Option<bool>)> {
+    if !mptcp {
+        return Ok((bind(addr)?, None));
+    }
+    match bind_with(addr, socket2::Protocol::MPTCP) {
+        Ok(l) => Ok((l, Some(true))),
+        Err(e) if crate::net::dial::kernel_lacks_mptcp(&e) => {
+            tracing::warn!(blame = "local", error = %e, "[mqtt] mptcp = true, but this kernel refused an MPTCP listener (is net.mptcp.enabled = 1?); devices connect over plain TCP");
+            Ok((bind(addr)?, Some(false)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    bind_with(addr, socket2::Protocol::TCP)
+}
+
+fn bind_with(
+    addr: SocketAddr,
+    protocol: socket2::Protocol,
+) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(protocol))?;
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
@@ -536,6 +568,8 @@ struct GatewayStatus {
     coap_addr: Option<SocketAddr>,
     /// Per shard.
     coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>>,
+    /// `[mqtt] mptcp`: whether the device listener is an MPTCP one (`None`: not asked).
+    mqtt_mptcp: Option<bool>,
 }
 
 impl GatewayStatus {
@@ -665,6 +699,7 @@ impl AdminSource for GatewayStatus {
             "uptime_seconds": self.started.elapsed().as_secs(),
             "devices": self.control.devices_connected.get(),
             "spool": self.spool_summary(),
+            "mqtt": { "mptcp": self.mqtt_mptcp },
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,
                 Some(addr) => serde_json::json!({

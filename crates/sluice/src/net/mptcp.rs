@@ -351,19 +351,21 @@ impl MptcpMetrics {
         })
     }
 
-    pub fn render(&self, w: &mut PromWriter, labels: &[(&str, &str)]) {
+    /// Render `{prefix}_mptcp_active`, `_subflows` and `_fallbacks_total` (prefix
+    /// `sluice_uplink` for uplink sessions, `sluice_coap_proxy` for proxy upstreams).
+    pub fn render(&self, w: &mut PromWriter, prefix: &str, labels: &[(&str, &str)]) {
         if !self.asked.load(Ordering::Relaxed) {
             return;
         }
         let infos = self.infos();
         w.gauge(
-            "sluice_uplink_mptcp_active",
+            &format!("{prefix}_mptcp_active"),
             "Connections of the session using MPTCP (not fallen back).",
             labels,
             infos.iter().filter(|i| i.active).count() as i64,
         );
         w.gauge(
-            "sluice_uplink_mptcp_subflows",
+            &format!("{prefix}_mptcp_subflows"),
             "MPTCP subflows of the session's connections, as the kernel reports them.",
             labels,
             infos.iter().map(|i| i.subflows.len()).sum::<usize>() as i64,
@@ -372,7 +374,7 @@ impl MptcpMetrics {
             let mut l = labels.to_vec();
             l.push(("reason", f.as_str()));
             w.counter(
-                "sluice_uplink_mptcp_fallbacks_total",
+                &format!("{prefix}_mptcp_fallbacks_total"),
                 "Connections that asked for MPTCP and use plain TCP (kernel: no MPTCP socket here; peer: it did not answer with MPTCP).",
                 &l,
                 self.fallbacks(f),

@@ -89,6 +89,8 @@ pub struct Upstream {
     notify: Notify,
     next_token: Cell<u64>,
     task_running: Cell<bool>,
+    /// The connection's key in the metrics' MPTCP state (0: none kept).
+    mptcp_key: Cell<u64>,
 }
 
 /// A response the proxy makes up.
@@ -135,6 +137,7 @@ impl Upstream {
             notify: Notify::new(),
             next_token: Cell::new(1),
             task_running: Cell::new(false),
+            mptcp_key: Cell::new(0),
         }
     }
 
@@ -253,9 +256,36 @@ impl Upstream {
         }
     }
 
+    /// TCP (or MPTCP with `mptcp = true`) to the upstream, trying each resolved address; the
+    /// connection's MPTCP state is kept for status until `connection_lost`.
+    async fn dial(&self, target: &ProxyTarget) -> std::io::Result<TcpStream> {
+        let dial = crate::net::dial::Dial {
+            mptcp: self.cfg.mptcp,
+            ..Default::default()
+        };
+        let mut last = None;
+        for addr in tokio::net::lookup_host((target.host.as_str(), target.port)).await? {
+            let (socket, mptcp_socket) = crate::net::dial::socket_for(addr, &dial)?;
+            match socket.connect(addr).await {
+                Ok(tcp) => {
+                    let key = self.m().mptcp.on_connect(&tcp, dial.mptcp, mptcp_socket);
+                    self.m().mptcp.on_close(self.mptcp_key.replace(key));
+                    return Ok(tcp);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{} resolved to no address", target.host),
+            )
+        }))
+    }
+
     async fn connect(&self) -> Result<(Box<dyn Io>, BytesMut, Capabilities), ConnError> {
         let target = self.target.as_ref().ok_or(ConnError::BadUrl)?;
-        let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
+        let tcp = self.dial(target).await?;
         tcp.set_nodelay(true)?;
         let mut io: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
@@ -449,6 +479,7 @@ impl Upstream {
     /// The connection is gone: idempotent requests written once go first in line again,
     /// others are answered 5.02.
     fn connection_lost(&self) {
+        self.m().mptcp.on_close(self.mptcp_key.take());
         let mut q = self.queues.borrow_mut();
         let mut lost: Vec<(Token, Pending)> = q.outstanding.drain().collect();
         lost.sort_by_key(|(_, p)| p.seq);

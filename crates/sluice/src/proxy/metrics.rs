@@ -37,6 +37,8 @@ pub struct UpstreamMetrics {
     pub outstanding: Gauge,
     /// Requests waiting for an outstanding slot.
     pub waiting: Gauge,
+    /// MPTCP state of the connection (`mptcp = true`).
+    pub mptcp: crate::net::mptcp::MptcpMetrics,
 }
 
 impl UpstreamMetrics {
@@ -119,6 +121,7 @@ impl UpstreamMetrics {
             l,
             self.waiting.get(),
         );
+        self.mptcp.render(w, "sluice_coap_proxy", l);
     }
 
     /// The status entry of this upstream on one shard.
@@ -131,6 +134,7 @@ impl UpstreamMetrics {
             "waiting": self.waiting.get(),
             "connects": self.connects.get(),
             "retries": self.retries.get(),
+            "mptcp": self.mptcp.status(),
         })
     }
 }

@@ -301,7 +301,7 @@ impl UplinkMetrics {
             l,
             self.messages_returned.get(),
         );
-        self.mptcp.render(w, l);
+        self.mptcp.render(w, "sluice_uplink", l);
         self.paths.render(w, l);
         w.counter(
             "sluice_uplink_messages_acked_total",
