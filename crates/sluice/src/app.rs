@@ -176,8 +176,8 @@ impl Gateway {
                     .collect()
             })
             .collect();
-        // The link watcher (`[multipath]`, paths' interfaces): started by issue 17's link work.
-        let links: Option<crate::net::links::LinkWatch> = None;
+        let link_watcher = start_link_watcher(&config);
+        let links: Option<crate::net::links::LinkWatch> = link_watcher.as_ref().map(|w| w.watch());
         let mut tc = Vec::new();
         let mut tc_status = Vec::new();
         let uplink_ports: Vec<Option<crate::sink::PortSink>> = config
@@ -307,6 +307,7 @@ impl Gateway {
             coap_addr,
             coap_metrics,
             mqtt_mptcp,
+            links: link_watcher.as_ref().map(|w| w.metrics.clone()),
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -334,6 +335,7 @@ impl Gateway {
             shutdown: shutdown_tx,
             threads,
             tc,
+            link_watcher,
             mqtt_addr,
             coap_addr,
             admin_addr,
@@ -458,6 +460,33 @@ const LISTEN_BACKLOG: i32 = 4096;
 
 /// A non-blocking listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as the
 /// standard library sets it, so a restart does not wait out TIME_WAIT).
+/// Start the link watcher when `[multipath] interfaces` are set or an uplink has paths. A
+/// failure (no `ip` command) is logged; paths then rely on their own timeouts.
+fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher> {
+    let paths = config.uplink.iter().flat_map(|u| &u.paths);
+    let spec = crate::net::links::WatchSpec {
+        interfaces: config
+            .multipath
+            .interfaces
+            .iter()
+            .cloned()
+            .chain(paths.clone().filter_map(|p| p.interface.clone()))
+            .collect(),
+        addrs: paths.filter_map(|p| p.bind).collect(),
+        refresh_endpoints: config.multipath.refresh_endpoints,
+    };
+    if spec.interfaces.is_empty() && spec.addrs.is_empty() {
+        return None;
+    }
+    match crate::net::links::LinkWatcher::start(spec) {
+        Ok(w) => Some(w),
+        Err(error) => {
+            tracing::error!(%error, "cannot watch the links (is iproute2's `ip` installed?); paths notice dead links by their own timeouts only");
+            None
+        }
+    }
+}
+
 /// The device listener: an MPTCP one when `[mqtt] mptcp` asks and the kernel has MPTCP (plain
 /// TCP clients still connect to it), else TCP. Returns whether it is MPTCP (`None`: not asked).
 fn bind_devices(
@@ -500,6 +529,8 @@ pub struct RunningGateway {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Traffic control installed for `install_tc`; removed when the last reference drops.
     tc: Vec<Arc<crate::sink::tc::TcManager>>,
+    /// The `sluice-links` thread (`[multipath]`, uplink paths); stopped after the shards.
+    link_watcher: Option<crate::net::links::LinkWatcher>,
     pub mqtt_addr: SocketAddr,
     /// The CoAP listener (`None` when `[coap] enabled = false`).
     pub coap_addr: Option<SocketAddr>,
@@ -531,6 +562,9 @@ impl RunningGateway {
         let _ = self.shutdown.send(true);
         for t in self.threads {
             let _ = t.join();
+        }
+        if let Some(w) = self.link_watcher {
+            w.stop();
         }
         for manager in self.tc {
             // Shards are gone, so this is the last reference: remove the qdisc now.
@@ -570,6 +604,8 @@ struct GatewayStatus {
     coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>>,
     /// `[mqtt] mptcp`: whether the device listener is an MPTCP one (`None`: not asked).
     mqtt_mptcp: Option<bool>,
+    /// The watched links (`None`: no watcher).
+    links: Option<Arc<crate::net::links::LinkMetrics>>,
 }
 
 impl GatewayStatus {
@@ -629,6 +665,9 @@ impl AdminSource for GatewayStatus {
             }
         }
         crate::admin::coap_proxy::render_proxy_metrics(w, &self.proxy_metrics);
+        if let Some(links) = &self.links {
+            links.render(w);
+        }
         if self.coap_addr.is_some() {
             for (i, m) in self.coap_metrics.iter().enumerate() {
                 m.render(w, &i.to_string());
@@ -700,6 +739,7 @@ impl AdminSource for GatewayStatus {
             "devices": self.control.devices_connected.get(),
             "spool": self.spool_summary(),
             "mqtt": { "mptcp": self.mqtt_mptcp },
+            "links": self.links.as_ref().map(|l| l.status()),
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,
                 Some(addr) => serde_json::json!({

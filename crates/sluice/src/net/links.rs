@@ -1,10 +1,29 @@
-//! Link state of network interfaces (netlink RTMGRP_LINK / IPv4 and IPv6 addresses), shared
-//! with the per-path sessions, and the MPTCP endpoint refresh on link up. SKELETON: filled in
-//! by issue 17's link work.
+//! Link state of the host's interfaces for multipath uplinks, and the MPTCP endpoint refresh.
+//!
+//! Owns: the `sluice-links` thread, which follows the kernel's link and address events
+//! (netlink RTMGRP_LINK / IFADDR, read through iproute2's `ip -o monitor link address`, the
+//! same tool `install_tc` uses for tc) and after each event re-reads every interface's flags
+//! and addresses (`ip -j addr show`); the [`LinkTable`] it publishes through a
+//! `tokio::sync::watch` channel (per-path sessions read it: a path whose link went down is
+//! declared dead at once, one whose link came back is retried at once); and, when a watched
+//! link comes back up, deleting and re-adding its MPTCP endpoints (`ip mptcp endpoint`), so
+//! the kernel's path manager re-creates the subflow within a second instead of many seconds
+//! later. Does not own: deciding what a path does (`sink::paths`), MPTCP itself (the kernel).
+//!
+//! A link is *up* when its flags carry both `UP` and `LOWER_UP` (administratively up and a
+//! carrier: a modem that lost its signal, or a veth whose peer is down, is not).
+//!
+//! Bounds: the table holds the host's interfaces (what the kernel lists); one `ip addr`
+//! read per event. If `ip` is missing or fails, the watcher logs one ERROR and ends: per-path
+//! sessions still notice dead paths by their own timeouts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
 /// One interface as last reported by the kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -17,7 +36,7 @@ pub struct LinkState {
     pub addrs: Vec<IpAddr>,
 }
 
-/// Every watched interface, by name.
+/// Every interface, by name.
 #[derive(Debug, Clone, Default)]
 pub struct LinkTable {
     /// Bumped at every change.
@@ -41,3 +60,446 @@ impl LinkTable {
 
 /// What a per-path session watches: the table, replaced at every change.
 pub type LinkWatch = tokio::sync::watch::Receiver<Arc<LinkTable>>;
+
+/// Counters of one watched interface.
+#[derive(Debug, Default)]
+struct Watched {
+    up: Gauge,
+    changes: Counter,
+    refreshed: Counter,
+    refresh_failed: Counter,
+}
+
+/// The watched interfaces' counters, for status and `/metrics`.
+#[derive(Debug, Default)]
+pub struct LinkMetrics {
+    watched: Mutex<BTreeMap<String, Arc<Watched>>>,
+    addrs: Mutex<BTreeMap<String, Vec<IpAddr>>>,
+}
+
+impl LinkMetrics {
+    fn get(&self, name: &str) -> Arc<Watched> {
+        self.watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// `[{name, up, addrs, changes, endpoint_refreshes}]` for `/api/v1/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let addrs = self.addrs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        serde_json::Value::Array(
+            watched
+                .iter()
+                .map(|(name, w)| {
+                    serde_json::json!({
+                        "name": name,
+                        "up": w.up.get() == 1,
+                        "addrs": addrs.get(name).cloned().unwrap_or_default(),
+                        "changes": w.changes.get(),
+                        "endpoint_refreshes": w.refreshed.get(),
+                        "endpoint_refresh_failures": w.refresh_failed.get(),
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    pub fn render(&self, w: &mut PromWriter) {
+        let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, m) in watched.iter() {
+            let l: &[(&str, &str)] = &[("interface", name)];
+            w.gauge(
+                "sluice_link_up",
+                "Watched link state: 1 up (UP and LOWER_UP), 0 down.",
+                l,
+                m.up.get(),
+            );
+            w.counter(
+                "sluice_link_changes_total",
+                "Up/down changes of the watched link.",
+                l,
+                m.changes.get(),
+            );
+            for (outcome, c) in [("ok", &m.refreshed), ("failed", &m.refresh_failed)] {
+                w.counter(
+                    "sluice_mptcp_endpoint_refreshes_total",
+                    "MPTCP endpoints of the link deleted and re-added after it came back up.",
+                    &[("interface", name), ("outcome", outcome)],
+                    c.get(),
+                );
+            }
+        }
+    }
+}
+
+/// What the watcher follows.
+#[derive(Debug, Clone, Default)]
+pub struct WatchSpec {
+    /// Interfaces by name (`[multipath] interfaces`, the paths' `interface`).
+    pub interfaces: Vec<String>,
+    /// Addresses whose interface is watched too (the paths' `bind`).
+    pub addrs: Vec<IpAddr>,
+    /// `[multipath] refresh_endpoints`.
+    pub refresh_endpoints: bool,
+}
+
+/// The running watcher; stopping it (or dropping it) ends `ip monitor` and the thread.
+pub struct LinkWatcher {
+    rx: LinkWatch,
+    child: Arc<Mutex<Option<Child>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub metrics: Arc<LinkMetrics>,
+}
+
+impl LinkWatcher {
+    /// Read the links once and start following them. Fails when `ip` cannot be run.
+    pub fn start(spec: WatchSpec) -> std::io::Result<LinkWatcher> {
+        let metrics = Arc::new(LinkMetrics::default());
+        let mut table = LinkTable::default();
+        apply(&mut table, read_links()?, &spec, &metrics, false);
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(table.clone()));
+        let mut child = Command::new("ip")
+            .args(["-o", "monitor", "link", "address"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("ip monitor has no stdout"))?;
+        let child = Arc::new(Mutex::new(Some(child)));
+        let m = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("sluice-links".into())
+            .spawn(move || {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Some(Ok(_event)) = lines.next() {
+                    // Several lines come per change; the table is re-read at each and only a
+                    // real difference is published.
+                    match read_links() {
+                        Ok(now) => {
+                            if apply(&mut table, now, &spec, &m, true) {
+                                tx.send_replace(Arc::new(table.clone()));
+                            }
+                        }
+                        Err(error) => {
+                            tracing::error!(%error, "link watcher: cannot read the links; paths fall back to their own timeouts");
+                            return;
+                        }
+                    }
+                }
+            })?;
+        Ok(LinkWatcher {
+            rx,
+            child,
+            thread: Some(thread),
+            metrics,
+        })
+    }
+
+    pub fn watch(&self) -> LinkWatch {
+        self.rx.clone()
+    }
+
+    /// End `ip monitor` and join the thread.
+    pub fn stop(mut self) {
+        self.kill();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn kill(&self) {
+        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for LinkWatcher {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One interface as `ip -j addr show` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Listed {
+    name: String,
+    up: bool,
+    addrs: Vec<IpAddr>,
+}
+
+fn read_links() -> std::io::Result<Vec<Listed>> {
+    let out = Command::new("ip").args(["-j", "addr", "show"]).output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "`ip -j addr show` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(parse_links(&out.stdout))
+}
+
+/// Parse `ip -j addr show`; anything unexpected is skipped.
+fn parse_links(json: &[u8]) -> Vec<Listed> {
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_slice::<serde_json::Value>(json)
+    else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|i| {
+            let name = i.get("ifname")?.as_str()?.to_string();
+            let flags: Vec<&str> = i
+                .get("flags")?
+                .as_array()?
+                .iter()
+                .filter_map(|f| f.as_str())
+                .collect();
+            let addrs = i
+                .get("addr_info")
+                .and_then(|a| a.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.get("local")?.as_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(Listed {
+                up: flags.contains(&"UP") && flags.contains(&"LOWER_UP"),
+                name,
+                addrs,
+            })
+        })
+        .collect()
+}
+
+/// Bring `table` up to date with `now`; returns whether anything changed. Watched links
+/// that came back up get their MPTCP endpoints refreshed (when `act`).
+fn apply(
+    table: &mut LinkTable,
+    now: Vec<Listed>,
+    spec: &WatchSpec,
+    m: &LinkMetrics,
+    act: bool,
+) -> bool {
+    let mut changed = false;
+    let generation = table.generation + 1;
+    let names: Vec<String> = now.iter().map(|l| l.name.clone()).collect();
+    for l in now {
+        let watched =
+            spec.interfaces.contains(&l.name) || l.addrs.iter().any(|a| spec.addrs.contains(a));
+        let prev = table.links.get(&l.name).cloned();
+        let came_up = prev.as_ref().is_some_and(|p| !p.up) && l.up;
+        let flipped = prev.as_ref().is_none_or(|p| p.up != l.up);
+        if prev
+            .as_ref()
+            .is_none_or(|p| p.up != l.up || p.addrs != l.addrs)
+        {
+            changed = true;
+        }
+        if watched {
+            let w = m.get(&l.name);
+            w.up.set(i64::from(l.up));
+            if flipped && prev.is_some() {
+                w.changes.inc();
+                tracing::info!(interface = %l.name, up = l.up, "watched link changed");
+            }
+            m.addrs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(l.name.clone(), l.addrs.clone());
+            if came_up && act && spec.refresh_endpoints {
+                match refresh_endpoints(&l.name, &l.addrs) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        w.refreshed.add(n);
+                        tracing::info!(interface = %l.name, endpoints = n, "MPTCP endpoints re-added after the link came back");
+                    }
+                    Err(error) => {
+                        w.refresh_failed.inc();
+                        tracing::warn!(interface = %l.name, %error, blame = "local", "cannot refresh the link's MPTCP endpoints (needs CAP_NET_ADMIN); the kernel re-creates its subflows late");
+                    }
+                }
+            }
+        }
+        let e = table.links.entry(l.name).or_default();
+        if flipped {
+            e.changed = generation;
+        }
+        e.up = l.up;
+        e.addrs = l.addrs;
+    }
+    let before = table.links.len();
+    table.links.retain(|k, _| names.contains(k));
+    changed |= table.links.len() != before;
+    if changed {
+        table.generation = generation;
+    }
+    changed
+}
+
+/// Delete and re-add (same id, address, device, flags) every MPTCP endpoint on interface
+/// `name` (by `dev`, or by an address it holds). Returns how many.
+fn refresh_endpoints(name: &str, addrs: &[IpAddr]) -> std::io::Result<u64> {
+    let out = Command::new("ip")
+        .args(["-j", "mptcp", "endpoint", "show"])
+        .output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    let mut n = 0;
+    for e in parse_endpoints(&out.stdout) {
+        let on_link = e.dev.as_deref() == Some(name) || addrs.contains(&e.address);
+        if !on_link {
+            continue;
+        }
+        run_ip(&["mptcp", "endpoint", "delete", "id", &e.id.to_string()])?;
+        let mut args = vec![
+            "mptcp".to_string(),
+            "endpoint".into(),
+            "add".into(),
+            e.address.to_string(),
+            "id".into(),
+            e.id.to_string(),
+        ];
+        if let Some(dev) = &e.dev {
+            args.extend(["dev".into(), dev.clone()]);
+        }
+        if let Some(port) = e.port {
+            args.extend(["port".into(), port.to_string()]);
+        }
+        args.extend(e.flags.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_ip(&args)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+fn run_ip(args: &[&str]) -> std::io::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// One MPTCP endpoint as `ip -j mptcp endpoint show` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Endpoint {
+    id: u32,
+    address: IpAddr,
+    dev: Option<String>,
+    port: Option<u16>,
+    /// `subflow`, `signal`, `backup`, `fullmesh` (each a `true` key in the JSON).
+    flags: Vec<String>,
+}
+
+fn parse_endpoints(json: &[u8]) -> Vec<Endpoint> {
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_slice::<serde_json::Value>(json)
+    else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|i| {
+            Some(Endpoint {
+                id: u32::try_from(i.get("id")?.as_u64()?).ok()?,
+                address: i.get("address")?.as_str()?.parse().ok()?,
+                dev: i.get("dev").and_then(|d| d.as_str()).map(str::to_string),
+                port: i
+                    .get("port")
+                    .and_then(|p| p.as_u64())
+                    .and_then(|p| u16::try_from(p).ok()),
+                flags: ["subflow", "signal", "backup", "fullmesh"]
+                    .iter()
+                    .filter(|f| i.get(**f).and_then(|v| v.as_bool()) == Some(true))
+                    .map(|f| f.to_string())
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_parse_from_ip_json_and_up_needs_a_carrier() {
+        let json = br#"[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"],"addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8}]},
+            {"ifindex":5,"ifname":"wwan0","flags":["NO-CARRIER","BROADCAST","UP"],"addr_info":[{"family":"inet","local":"10.0.1.2"}]},
+            {"bogus":true}]"#;
+        let l = parse_links(json);
+        assert_eq!(l.len(), 2);
+        assert!(l[0].up);
+        assert!(!l[1].up, "UP without LOWER_UP is down (no carrier)");
+        assert_eq!(l[1].addrs, vec!["10.0.1.2".parse::<IpAddr>().unwrap()]);
+        assert!(parse_links(b"not json").is_empty());
+    }
+
+    #[test]
+    fn endpoints_parse_with_their_flags() {
+        let json = br#"[{"address":"10.0.2.2","id":2,"subflow":true,"backup":true,"dev":"veth1"},{"address":"x","id":3}]"#;
+        let e = parse_endpoints(json);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].id, 2);
+        assert_eq!(e[0].dev.as_deref(), Some("veth1"));
+        assert_eq!(
+            e[0].flags,
+            vec!["subflow".to_string(), "backup".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_flap_is_published_and_counted_for_watched_links_only() {
+        let spec = WatchSpec {
+            interfaces: vec!["wwan0".into()],
+            addrs: vec![],
+            refresh_endpoints: false,
+        };
+        let m = LinkMetrics::default();
+        let mut t = LinkTable::default();
+        let l = |up| {
+            vec![
+                Listed {
+                    name: "wwan0".into(),
+                    up,
+                    addrs: vec![],
+                },
+                Listed {
+                    name: "eth9".into(),
+                    up,
+                    addrs: vec![],
+                },
+            ]
+        };
+        assert!(apply(&mut t, l(true), &spec, &m, true));
+        assert!(
+            !apply(&mut t, l(true), &spec, &m, true),
+            "no change, nothing published"
+        );
+        assert!(apply(&mut t, l(false), &spec, &m, true));
+        assert!(!t.find(Some("wwan0"), None).unwrap().1.up);
+        assert!(apply(&mut t, l(true), &spec, &m, true));
+        let st = m.status();
+        assert_eq!(st.as_array().unwrap().len(), 1, "{st}");
+        assert_eq!(st[0]["changes"], 2);
+        assert_eq!(st[0]["up"], true);
+    }
+}
