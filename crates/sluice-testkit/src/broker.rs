@@ -64,6 +64,8 @@ pub struct MosquittoBuilder {
     max_queued_messages: u32,
     log_all: bool,
     extra_lines: Vec<String>,
+    bind: std::net::IpAddr,
+    launcher: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -82,11 +84,25 @@ impl Default for MosquittoBuilder {
             max_queued_messages: 1_000_000,
             log_all: false,
             extra_lines: Vec::new(),
+            bind: std::net::IpAddr::from([127, 0, 0, 1]),
+            launcher: Vec::new(),
         }
     }
 }
 
 impl MosquittoBuilder {
+    /// Listen on `addr` instead of 127.0.0.1 (e.g. a test namespace's service address).
+    pub fn bind_address(mut self, addr: std::net::IpAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
+    /// Start the broker through a launcher, e.g. `["mptcpize", "run"]` (MPTCP sockets).
+    pub fn launcher<I: IntoIterator<Item = S>, S: Into<String>>(mut self, argv: I) -> Self {
+        self.launcher = argv.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Add a TLS 1.3-only listener using the PKI's CA, server certificate and key. The files
     /// are copied when the broker starts, so `pki` may be dropped afterwards.
     pub fn tls(mut self, pki: &TestPki) -> Self {
@@ -150,6 +166,8 @@ impl MosquittoBuilder {
         };
         let mut broker = Mosquitto {
             binary,
+            bind: self.bind,
+            launcher: self.launcher.clone(),
             conf_path: dir.path().join("mosquitto.conf"),
             log_path: dir.path().join("mosquitto.log"),
             stderr_path: dir.path().join("mosquitto.stderr"),
@@ -207,10 +225,10 @@ impl MosquittoBuilder {
             let _ = writeln!(conf, "user root");
         }
         if let Some(port) = broker.plain_port {
-            let _ = writeln!(conf, "\nlistener {port} 127.0.0.1");
+            let _ = writeln!(conf, "\nlistener {port} {}", self.bind);
         }
         if let (Some(port), Some(files)) = (broker.tls_port, tls_files) {
-            let _ = writeln!(conf, "\nlistener {port} 127.0.0.1");
+            let _ = writeln!(conf, "\nlistener {port} {}", self.bind);
             let _ = writeln!(conf, "cafile {}", files.ca.display());
             let _ = writeln!(conf, "certfile {}", files.cert.display());
             let _ = writeln!(conf, "keyfile {}", files.key.display());
@@ -231,6 +249,8 @@ impl MosquittoBuilder {
 #[derive(Debug)]
 pub struct Mosquitto {
     binary: PathBuf,
+    bind: std::net::IpAddr,
+    launcher: Vec<String>,
     conf_path: PathBuf,
     log_path: PathBuf,
     stderr_path: PathBuf,
@@ -300,11 +320,11 @@ impl Mosquitto {
     }
     /// `127.0.0.1:<tls_port>`; panics like [`Mosquitto::tls_port`].
     pub fn tls_addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.tls_port()))
+        SocketAddr::new(self.bind, self.tls_port())
     }
     /// `127.0.0.1:<plain_port>`; panics like [`Mosquitto::plain_port`].
     pub fn plain_addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.plain_port()))
+        SocketAddr::new(self.bind, self.plain_port())
     }
     /// Process id while running, `None` after [`Mosquitto::kill`].
     pub fn pid(&self) -> Option<u32> {
@@ -418,7 +438,15 @@ impl Mosquitto {
             .with_context(|| format!("opening {}", self.stderr_path.display()))
             .map_err(LaunchError::Other)?;
         let log_len_before = fs::metadata(&self.log_path).map(|m| m.len()).unwrap_or(0);
-        let child = Command::new(&self.binary)
+        let mut cmd = match self.launcher.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&self.binary);
+                c
+            }
+            None => Command::new(&self.binary),
+        };
+        let child = cmd
             .arg("-c")
             .arg(&self.conf_path)
             .stdin(Stdio::null())
@@ -433,7 +461,7 @@ impl Mosquitto {
         let mut pending = self.ports();
         loop {
             pending.retain(|&port| {
-                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                let addr = SocketAddr::new(self.bind, port);
                 std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err()
             });
             if pending.is_empty() {

@@ -1,0 +1,395 @@
+//! Multipath uplinks over real links: a gateway namespace and a cloud namespace joined by k
+//! veth pairs (`sluice_testkit::netns`), a real TLS Mosquitto in the cloud namespace (under
+//! `mptcpize run` for the MPTCP case), the gateway started in-process from a thread inside the
+//! gateway namespace (so all its threads and sockets live there), devices and the admin client
+//! on threads inside the gateway namespace, the cloud subscriber inside the cloud namespace.
+//!
+//! Needs root (network namespaces); without it each test prints why it is skipped and passes.
+//!
+//! Asserted as a device and the cloud see it: every message a device saw acknowledged arrives,
+//! each device's messages in order (duplicates of messages in flight at a failure allowed).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::app::{Gateway, RunningGateway};
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_testkit::netns::{self, BedOptions, TestBed};
+use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
+
+fn bed_or_skip(opts: BedOptions) -> Option<TestBed> {
+    if let Err(why) = netns::available() {
+        println!("skipped: {why}");
+        return None;
+    }
+    Some(TestBed::new(opts).expect("build the test bed"))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A TLS Mosquitto on the cloud's service address, started inside the cloud namespace.
+fn cloud_broker(bed: &TestBed, pki: &TestPki, mptcp: bool) -> Mosquitto {
+    let mut b = Mosquitto::builder()
+        .tls(pki)
+        .plain_listener(false)
+        .bind_address(IpAddr::V4(bed.cloud_addr()));
+    if mptcp {
+        b = b.launcher(["mptcpize", "run"]);
+    }
+    bed.cloud
+        .run(move || b.start())
+        .expect("start the cloud broker")
+}
+
+/// Start a one-shard gateway inside the gateway namespace with this uplink section body.
+fn gateway_in(bed: &TestBed, broker: SocketAddr, pki: &TestPki, uplink: &str) -> RunningGateway {
+    let text = format!(
+        "[gateway]\npin_threads = false\nshards = 1\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[coap]\nenabled = false\n[admin]\nlisten = \"127.0.0.1:0\"\n[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://{broker}\"\nca_file = \"{}\"\nserver_name = \"localhost\"\nclient_id = \"gw\"\nreconnect_min = \"50ms\"\nreconnect_max = \"500ms\"\nkeep_alive = \"5s\"\n{uplink}\n",
+        pki.ca_path().display()
+    );
+    let config = sluice::config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    bed.gw.run(move || {
+        Gateway::build(config)
+            .expect("build")
+            .start()
+            .expect("start")
+    })
+}
+
+/// GET from the admin endpoint, from inside the gateway namespace.
+fn admin_get(bed: &TestBed, admin: SocketAddr, path: &str) -> String {
+    let path = path.to_string();
+    bed.gw.run(move || {
+        let mut s = std::net::TcpStream::connect(admin).expect("admin connect");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string()
+    })
+}
+
+fn status(bed: &TestBed, admin: SocketAddr) -> serde_json::Value {
+    serde_json::from_str(&admin_get(bed, admin, "/api/v1/status")).expect("status json")
+}
+
+fn metric(bed: &TestBed, admin: SocketAddr, prefix: &str) -> f64 {
+    admin_get(bed, admin, "/metrics")
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `devices` devices each publish `each` numbered QoS 1 messages every `pace`, inside the
+/// gateway namespace. Returns how many each saw acknowledged (in order, as they publish one
+/// at a time).
+fn run_devices(
+    bed: &TestBed,
+    mqtt: SocketAddr,
+    devices: usize,
+    each: usize,
+    pace: Duration,
+) -> std::thread::JoinHandle<Vec<usize>> {
+    bed.gw.spawn(move || {
+        runtime().block_on(async move {
+            let mut tasks = Vec::new();
+            for d in 0..devices {
+                let (mut c, ack) = TestClient::connect(
+                    mqtt,
+                    ConnectOpts::new(ProtocolVersion::V5, format!("dev{d}")),
+                )
+                .await
+                .expect("device connects");
+                assert_eq!(ack.code, 0);
+                c.set_ack_timeout(Duration::from_secs(30));
+                tasks.push(tokio::spawn(async move {
+                    let mut acked = 0;
+                    for n in 0..each {
+                        match c
+                            .publish(&format!("m/dev{d}"), n.to_string(), QoS::AtLeastOnce, false)
+                            .await
+                        {
+                            Ok(0) => acked += 1,
+                            other => panic!("dev{d} message {n}: {other:?}"),
+                        }
+                        tokio::time::sleep(pace).await;
+                    }
+                    acked
+                }));
+            }
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        })
+    })
+}
+
+/// A cloud subscriber inside the cloud namespace; stops when `stop` is set and nothing more
+/// came for 2 s. Returns (topic, number) in arrival order.
+fn subscribe(
+    bed: &TestBed,
+    broker: SocketAddr,
+    pki: &TestPki,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(String, usize)>> {
+    let tls = pki.rustls_client_config(false);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let h = bed.cloud.spawn(move || {
+        runtime().block_on(async move {
+            let opts = ConnectOpts::v311("sub").with_tls(tls, "localhost");
+            let (mut c, _) = TestClient::connect(broker, opts)
+                .await
+                .expect("subscriber connects");
+            c.subscribe(&[("m/#", QoS::AtLeastOnce)])
+                .await
+                .expect("subscribe");
+            ready_tx.send(()).unwrap();
+            let mut got = Vec::new();
+            let mut quiet_since = Instant::now();
+            loop {
+                match c.recv(Duration::from_millis(200)).await.expect("recv") {
+                    Some(p) => {
+                        quiet_since = Instant::now();
+                        let n = String::from_utf8_lossy(&p.payload).parse().unwrap();
+                        got.push((p.topic.to_string(), n));
+                    }
+                    None if stop.load(Ordering::Relaxed)
+                        && quiet_since.elapsed() > Duration::from_secs(2) =>
+                    {
+                        return got;
+                    }
+                    None => {}
+                }
+            }
+        })
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("subscriber ready");
+    h
+}
+
+/// Every acknowledged message arrived, each device's in order (a repeat of an earlier one is
+/// allowed: at-least-once). Returns the number of duplicates.
+fn check(got: &[(String, usize)], acked: &[usize]) -> usize {
+    let mut max: HashMap<&str, i64> = HashMap::new();
+    let mut dups = 0;
+    for (topic, n) in got {
+        let m = max.entry(topic.as_str()).or_insert(-1);
+        assert!(
+            *n as i64 <= *m + 1,
+            "{topic}: {n} arrived after {m}: order broken"
+        );
+        if (*n as i64) <= *m {
+            dups += 1;
+        }
+        *m = (*m).max(*n as i64);
+    }
+    for (d, a) in acked.iter().enumerate() {
+        let seen = max.get(format!("m/dev{d}").as_str()).copied().unwrap_or(-1);
+        assert!(
+            seen + 1 >= *a as i64,
+            "dev{d}: {a} acknowledged, only up to {seen} arrived"
+        );
+    }
+    dups
+}
+
+#[test]
+fn an_mptcp_uplink_uses_two_subflows_and_survives_a_link_going_down_without_reconnecting() {
+    let Some(bed) = bed_or_skip(BedOptions {
+        links: 2,
+        rate: Some("20mbit".into()),
+        mptcp_endpoints: true,
+    }) else {
+        return;
+    };
+    let pki = TestPki::generate();
+    let broker = cloud_broker(&bed, &pki, true);
+    let gw = gateway_in(&bed, broker.tls_addr(), &pki, "mptcp = true");
+    let admin = gw.admin_addr.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sub = subscribe(&bed, broker.tls_addr(), &pki, stop.clone());
+    let devices = run_devices(&bed, gw.mqtt_addr, 8, 150, Duration::from_millis(20));
+
+    // Subflows come from the kernel's path manager: wait for the second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let subflows = loop {
+        let st = status(&bed, admin);
+        let m = &st["shards"][0]["uplinks"][0]["lanes"]["normal"]["mptcp"];
+        let n = m["subflows"].as_array().map_or(0, Vec::len);
+        if m["active"] == true && n >= 2 {
+            break m["subflows"].clone();
+        }
+        assert!(Instant::now() < deadline, "no second subflow: {m}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!("subflows before the cut: {subflows}");
+    bed.cut(0).unwrap();
+    println!("link 0 (the first subflow's) cut");
+    let acked = devices.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let got = sub.join().unwrap();
+    let dups = check(&got, &acked);
+    println!(
+        "{} messages acknowledged, {} arrived, {dups} duplicates",
+        acked.iter().sum::<usize>(),
+        got.len()
+    );
+    assert_eq!(acked.iter().sum::<usize>(), 8 * 150);
+    let connects = metric(&bed, admin, "sluice_uplink_connects_total");
+    assert_eq!(connects, 1.0, "the MPTCP session never reconnected");
+    let st = status(&bed, admin);
+    println!(
+        "after: {}",
+        st["shards"][0]["uplinks"][0]["lanes"]["normal"]["mptcp"]
+    );
+    gw.shutdown();
+}
+
+fn paths_toml(bed: &TestBed, extra: &str) -> String {
+    let paths: Vec<String> = bed
+        .links
+        .iter()
+        .map(|l| format!("{{ bind = \"{}\" }}", l.gw_addr))
+        .collect();
+    format!(
+        "paths = [{}]\ninflight = 4\npath_timeout = \"1s\"\npath_keep_alive = \"500ms\"\npath_reconnect_max = \"500ms\"\n{extra}",
+        paths.join(", ")
+    )
+}
+
+/// Per shard 0 normal lane paths: name → the path's status object.
+fn paths_of(st: &serde_json::Value) -> HashMap<String, serde_json::Value> {
+    st["shards"][0]["uplinks"][0]["lanes"]["normal"]["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap().to_string(), p.clone()))
+        .collect()
+}
+
+#[test]
+fn per_path_sessions_lose_nothing_when_a_link_is_cut_and_use_it_again_when_it_returns() {
+    let Some(bed) = bed_or_skip(BedOptions {
+        links: 3,
+        rate: Some("20mbit".into()),
+        mptcp_endpoints: false,
+    }) else {
+        return;
+    };
+    let pki = TestPki::generate();
+    let broker = cloud_broker(&bed, &pki, false);
+    let gw = gateway_in(&bed, broker.tls_addr(), &pki, &paths_toml(&bed, ""));
+    let admin = gw.admin_addr.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sub = subscribe(&bed, broker.tls_addr(), &pki, stop.clone());
+    let devices = run_devices(&bed, gw.mqtt_addr, 12, 200, Duration::from_millis(15));
+    std::thread::sleep(Duration::from_millis(800));
+    let before = paths_of(&status(&bed, admin));
+    for p in ["p0", "p1", "p2"] {
+        assert_eq!(before[p]["state"], "up", "{before:?}");
+    }
+    bed.cut(1).unwrap();
+    let cut = Instant::now();
+    let down_after = loop {
+        let ps = paths_of(&status(&bed, admin));
+        if ps["p1"]["state"] != "up" {
+            break cut.elapsed();
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(5),
+            "the cut path stayed up: {ps:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!("path p1 down {down_after:?} after its link was cut");
+    std::thread::sleep(Duration::from_millis(700));
+    let acked_before = paths_of(&status(&bed, admin))["p1"]["messages_acked"]
+        .as_u64()
+        .unwrap();
+    bed.restore(1).unwrap();
+    let restored = Instant::now();
+    let back_after = loop {
+        let ps = paths_of(&status(&bed, admin));
+        if ps["p1"]["messages_acked"].as_u64().unwrap() > acked_before {
+            break restored.elapsed();
+        }
+        assert!(
+            restored.elapsed() < Duration::from_secs(5),
+            "no traffic on the restored path: {ps:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!("traffic on p1 again {back_after:?} after its link returned");
+    assert!(back_after <= Duration::from_secs(2), "{back_after:?}");
+    let acked = devices.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let got = sub.join().unwrap();
+    let dups = check(&got, &acked);
+    println!(
+        "{} acknowledged, {} arrived, {dups} duplicates; paths: {:?}",
+        acked.iter().sum::<usize>(),
+        got.len(),
+        paths_of(&status(&bed, admin))
+    );
+    assert_eq!(acked.iter().sum::<usize>(), 12 * 200);
+    gw.shutdown();
+}
+
+#[test]
+fn a_path_whose_link_blackholes_is_declared_dead_within_path_timeout() {
+    let Some(bed) = bed_or_skip(BedOptions {
+        links: 2,
+        rate: None,
+        mptcp_endpoints: false,
+    }) else {
+        return;
+    };
+    let pki = TestPki::generate();
+    let broker = cloud_broker(&bed, &pki, false);
+    let gw = gateway_in(&bed, broker.tls_addr(), &pki, &paths_toml(&bed, ""));
+    let admin = gw.admin_addr.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sub = subscribe(&bed, broker.tls_addr(), &pki, stop.clone());
+    let devices = run_devices(&bed, gw.mqtt_addr, 8, 150, Duration::from_millis(15));
+    std::thread::sleep(Duration::from_millis(600));
+    bed.blackhole(0).unwrap();
+    let holed = Instant::now();
+    let dead_after = loop {
+        let ps = paths_of(&status(&bed, admin));
+        let f = &ps["p0"]["failovers"];
+        if f["stalled"].as_u64().unwrap() + f["dead"].as_u64().unwrap() > 0 {
+            break holed.elapsed();
+        }
+        assert!(
+            holed.elapsed() < Duration::from_secs(5),
+            "the blackholed path stayed up: {ps:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!("blackholed path p0 declared dead after {dead_after:?} (path_timeout 1s)");
+    // path_timeout, or for an idle path 1.5 x its 1 s keep-alive; plus polling slack.
+    assert!(dead_after <= Duration::from_millis(1800), "{dead_after:?}");
+    let acked = devices.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let got = sub.join().unwrap();
+    check(&got, &acked);
+    assert_eq!(acked.iter().sum::<usize>(), 8 * 150);
+    gw.shutdown();
+}
