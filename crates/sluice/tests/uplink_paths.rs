@@ -323,3 +323,36 @@ async fn a_blackholed_path_is_declared_dead_within_path_timeout_and_its_messages
     check_arrivals(&mut sub, 12, 100).await;
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spooled_backlog_drains_over_every_live_path() {
+    let cloud = Cloud::start();
+    let relay = PathRelay::start(cloud.broker.tls_addr()).await;
+    for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+        relay.set(ip, Mode::Cut);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "{}\n[spool]\ndir = \"{}\"\nack = \"spool\"\n",
+        cloud.uplink_toml(Some(relay.addr), &paths_toml("inflight = 4")),
+        dir.path().display()
+    );
+    let gw = gateway(1, &extra);
+    let admin = gw.admin_addr.unwrap();
+    // Every path is down: devices are acknowledged by the spool and the records wait on disk.
+    let tasks = publish_all(&gw, 12, 50, Duration::ZERO).await;
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut sub = cloud.subscriber("sub", "m/#").await;
+    for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+        relay.set(ip, Mode::Pass);
+    }
+    check_arrivals(&mut sub, 12, 50).await;
+    let st = paths_status(admin).await;
+    println!("backlog drained: {st:?}");
+    for p in ["p0", "p1", "p2"] {
+        assert!(acked(&st, p) > 0, "the backlog drained over path {p} too: {st:?}");
+    }
+    gw.shutdown();
+}
