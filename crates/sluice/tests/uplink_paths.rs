@@ -352,7 +352,10 @@ async fn a_spooled_backlog_drains_over_every_live_path() {
     let st = paths_status(admin).await;
     println!("backlog drained: {st:?}");
     for p in ["p0", "p1", "p2"] {
-        assert!(acked(&st, p) > 0, "the backlog drained over path {p} too: {st:?}");
+        assert!(
+            acked(&st, p) > 0,
+            "the backlog drained over path {p} too: {st:?}"
+        );
     }
     gw.shutdown();
 }

@@ -45,6 +45,7 @@
 pub mod coap;
 pub mod connections;
 pub mod core;
+pub mod multipath;
 pub mod outage;
 pub mod priority;
 pub mod seganet;

@@ -36,7 +36,23 @@ pub struct TcpUpstream {
 
 impl TcpUpstream {
     pub fn start() -> io::Result<TcpUpstream> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), false)
+    }
+
+    /// Listen on `addr`, with IPPROTO_MPTCP when `mptcp` (the multipath scenario's cloud
+    /// server: the kernel accepts the gateway's extra subflows).
+    pub fn start_on(addr: SocketAddr, mptcp: bool) -> io::Result<TcpUpstream> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let protocol = if mptcp {
+            Protocol::MPTCP
+        } else {
+            Protocol::TCP
+        };
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(protocol))?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        let listener: TcpListener = socket.into();
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));

@@ -1,0 +1,72 @@
+//! `scenario multipath`: its flags and the translation into [`MultipathScenario`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use sluice_bench::scenarios::multipath::{markdown, run_multipath, MultipathScenario};
+
+use super::{command_line, write_outputs};
+
+#[derive(Args)]
+pub(crate) struct MultipathArgs {
+    /// Link counts k, comma-separated; each point builds fresh namespaces with k links.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    links: Vec<usize>,
+    /// Sensor counts N, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "250,2000")]
+    sensors: Vec<u32>,
+    /// Rate of every link, both directions, in tc units (tbf): the link, not the CPU, should
+    /// be the bottleneck of one path.
+    #[arg(long, default_value = "1mbit")]
+    rate: String,
+    /// Payload bytes per request (CoAPBench: 4, 16, 64).
+    #[arg(long, default_value_t = 16)]
+    payload: usize,
+    /// Length of each point.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Rates, CPU and latency are measured from this long after the start.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Sensors start spread over this.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    ramp: Duration,
+    /// Generator threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Cut link 0 (the first subflow's) this long after the start of each point, and report
+    /// failed requests and the longest stall.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    kill_link_at: Option<Duration>,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown report here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+pub(crate) async fn multipath(args: MultipathArgs) -> anyhow::Result<()> {
+    let mut config = MultipathScenario::new(args.sluice_bin);
+    config.links = args.links;
+    config.sensors = args.sensors;
+    config.rate = args.rate;
+    config.payload = args.payload;
+    config.duration = args.duration;
+    config.warmup = args.warmup;
+    config.ramp = args.ramp;
+    config.threads = args.threads;
+    config.kill_link_at = args.kill_link_at;
+    config.command_line = command_line();
+    let report = tokio::task::spawn_blocking(move || run_multipath(&config)).await??;
+    write_outputs(
+        &report,
+        &markdown(&report),
+        args.out.as_ref(),
+        args.markdown.as_ref(),
+    )
+}

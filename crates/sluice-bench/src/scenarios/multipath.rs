@@ -1,0 +1,428 @@
+//! `scenario multipath`: the multipath-proxy paper's experiment on this machine.
+//!
+//! k = 1, 2, 3 veth links between a gateway and a cloud network namespace
+//! (`sluice_testkit::netns::TestBed`), each limited to the same rate with tbf on both ends;
+//! CoAP sensors (the closed-loop generator of `scenario coap`) in the gateway namespace send
+//! CON requests to sluice (a child process in the gateway namespace), whose `[[coap.proxy]]`
+//! forwards them over an MPTCP `coap+tcp://` connection per shard to a CoAP-over-TCP server
+//! listening with IPPROTO_MPTCP in the cloud namespace; the kernel's path manager adds one
+//! subflow per extra link (`ip mptcp endpoint … subflow`). Per (k, N): successful requests/s
+//! over the steady window, request latency p50/p99, sluice's CPU, the subflows sluice reports.
+//! With `--kill-link-at`, link 0 (the connections' first subflow) loses its carrier at that
+//! moment: the requests that failed (non-2.xx answers, timeouts, unfinished) and the longest
+//! stall of throughput (consecutive 100 ms buckets under a tenth of the rate before the cut).
+//!
+//! Owns: the set-up, the sampling and the report of this scenario. Does not own: the
+//! generator (`load::coap`), the server (`load::coap::tcp_upstream`), the namespaces (testkit).
+
+use std::fmt::Write as _;
+use std::io::{Read as _, Write as _};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Serialize;
+use sluice_testkit::netns::{self, BedOptions, TestBed};
+
+use crate::harness::libcoap::probe_coap;
+use crate::harness::machine::{machine, Machine};
+use crate::harness::procfs::{round3, CpuMeter, CpuUsage, Pid};
+use crate::harness::sut::require_sluice_bin;
+use crate::load::coap::tcp_upstream::TcpUpstream;
+use crate::load::coap::{spawn_coap_load, CoapLoadConfig, CoapLoadReport, RequestShape};
+use crate::report::markdown::{loadavg_item, machine_line};
+use crate::stats::LatencySummary;
+
+/// The paper's CoAP throughput over 1, 2 and 3 LTE paths (req/s), for the shape beside ours.
+pub const PAPER_RATES: [(usize, &str); 3] = [(1, "1,600"), (2, "4,000–4,500"), (3, "5,900")];
+const COAP_PORT: u16 = 5683;
+const ADMIN_PORT: u16 = 9100;
+const BUCKET: Duration = Duration::from_millis(100);
+
+/// The scenario's parameters.
+#[derive(Debug, Clone, Serialize)]
+pub struct MultipathScenario {
+    pub sluice_bin: PathBuf,
+    pub links: Vec<usize>,
+    pub sensors: Vec<u32>,
+    /// tbf rate of every link, both directions (tc units).
+    pub rate: String,
+    pub payload: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub ramp: Duration,
+    pub threads: usize,
+    /// Cut link 0 this long after the start (`None`: no cut).
+    pub kill_link_at: Option<Duration>,
+    pub command_line: String,
+}
+
+impl MultipathScenario {
+    pub fn new(sluice_bin: PathBuf) -> MultipathScenario {
+        MultipathScenario {
+            sluice_bin,
+            links: vec![1, 2, 3],
+            sensors: vec![250, 2000],
+            rate: "1mbit".into(),
+            payload: 16,
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(3),
+            ramp: Duration::from_secs(1),
+            threads: 2,
+            kill_link_at: None,
+            command_line: String::new(),
+        }
+    }
+}
+
+/// One (k, N) point.
+#[derive(Debug, Clone, Serialize)]
+pub struct MultipathPoint {
+    pub links: usize,
+    pub sensors: u32,
+    /// Successful requests per second over the steady window.
+    pub rate: f64,
+    pub latency: LatencySummary,
+    pub sluice_cpu: CpuUsage,
+    /// Subflows of sluice's upstream connections at the end (from /api/v1/status).
+    pub subflows: usize,
+    /// Whether every upstream connection used MPTCP.
+    pub mptcp_active: bool,
+    /// Requests that did not succeed: non-2.xx answers, timeouts and unfinished ones.
+    pub failed: u64,
+    /// With a cut: the longest run of 100 ms buckets under 10 % of the rate before it.
+    pub stall_ms: Option<u64>,
+    /// Successful requests per 100 ms bucket from the start.
+    pub buckets: Vec<u64>,
+    pub load: CoapLoadReport,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MultipathReport {
+    pub scenario: &'static str,
+    pub machine: Machine,
+    pub params: MultipathScenario,
+    pub points: Vec<MultipathPoint>,
+    pub verdicts: Vec<Verdict>,
+}
+
+/// Run every (k, N) point (blocking; needs root).
+pub fn run_multipath(config: &MultipathScenario) -> anyhow::Result<MultipathReport> {
+    netns::available()
+        .map_err(|why| anyhow::anyhow!("scenario multipath needs network namespaces: {why}"))?;
+    require_sluice_bin(&config.sluice_bin)?;
+    anyhow::ensure!(
+        config.warmup < config.duration,
+        "the warm-up must be shorter than the duration"
+    );
+    let machine = machine(&config.command_line);
+    let mut points = Vec::new();
+    for &n in &config.sensors {
+        for &k in &config.links {
+            eprintln!(
+                "=== scenario multipath: {k} link(s) at {}, {n} sensors ===",
+                config.rate
+            );
+            let p = run_point(config, k, n).with_context(|| format!("{k} links, {n} sensors"))?;
+            eprintln!(
+                "k={k} N={n}: {:.0} req/s, p50/p99 {:.2}/{:.2} ms, subflows {}, mptcp {}, failed {}, stall {:?} ms, sluice CPU {:.1}%",
+                p.rate, p.latency.p50_ms, p.latency.p99_ms, p.subflows, p.mptcp_active, p.failed, p.stall_ms, p.sluice_cpu.percent_of_one_core
+            );
+            points.push(p);
+        }
+    }
+    let verdicts = verdicts(config, &points);
+    Ok(MultipathReport {
+        scenario: "multipath",
+        machine,
+        params: config.clone(),
+        points,
+        verdicts,
+    })
+}
+
+fn sluice_config(bed: &TestBed) -> String {
+    format!(
+        "# generated by sluice-bench scenario multipath\n\
+         [gateway]\nshards = 0\n\n\
+         [mqtt]\nlisten = \"127.0.0.1:1883\"\n\n\
+         [coap]\nenabled = true\nlisten = \"127.0.0.1:{COAP_PORT}\"\n\n\
+         [[coap.proxy]]\nname = \"cloud\"\nurl = \"coap+tcp://{}:{COAP_PORT}\"\nprefix = \"cloud\"\nmptcp = true\n\
+         max_outstanding = 1024\nmax_waiting = 8192\nrequest_timeout = \"30s\"\n\n\
+         [admin]\nenabled = true\nlisten = \"127.0.0.1:{ADMIN_PORT}\"\n\n\
+         [log]\nlevel = \"warn\"\n",
+        bed.cloud_addr()
+    )
+}
+
+fn admin_status(bed: &TestBed) -> anyhow::Result<serde_json::Value> {
+    bed.gw.run(|| -> anyhow::Result<serde_json::Value> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", ADMIN_PORT))?;
+        write!(
+            s,
+            "GET /api/v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
+        Ok(serde_json::from_str(body)?)
+    })
+}
+
+fn run_point(config: &MultipathScenario, k: usize, n: u32) -> anyhow::Result<MultipathPoint> {
+    let bed = TestBed::new(BedOptions {
+        links: k,
+        rate: Some(config.rate.clone()),
+        mptcp_endpoints: true,
+    })
+    .map_err(anyhow::Error::msg)?;
+    let up_addr = SocketAddr::from((bed.cloud_addr(), COAP_PORT));
+    let _upstream = bed
+        .cloud
+        .run(move || TcpUpstream::start_on(up_addr, true))
+        .context("starting the MPTCP CoAP-over-TCP server in the cloud namespace")?;
+    let dir = tempfile::tempdir()?;
+    let conf = dir.path().join("sluice.toml");
+    std::fs::write(&conf, sluice_config(&bed))?;
+    let stderr = std::fs::File::create(dir.path().join("sluice.stderr"))?;
+    let mut sluice = bed
+        .gw
+        .command(&config.sluice_bin.display().to_string())
+        .args(["run", "-c"])
+        .arg(&conf)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .context("starting sluice in the gateway namespace")?;
+    let result = measure(config, &bed, sluice.id(), k, n);
+    let _ = sluice.kill();
+    let _ = sluice.wait();
+    result.with_context(|| {
+        format!(
+            "sluice stderr:\n{}",
+            std::fs::read_to_string(dir.path().join("sluice.stderr")).unwrap_or_default()
+        )
+    })
+}
+
+fn measure(
+    config: &MultipathScenario,
+    bed: &TestBed,
+    pid: u32,
+    k: usize,
+    n: u32,
+) -> anyhow::Result<MultipathPoint> {
+    let target = SocketAddr::from(([127, 0, 0, 1], COAP_PORT));
+    bed.gw
+        .run(move || probe_coap(target, Duration::from_secs(10)))?;
+    let mut load_config = CoapLoadConfig::new(target);
+    load_config.sensors = n;
+    load_config.threads = config.threads;
+    load_config.duration = config.duration;
+    load_config.ramp = config.ramp;
+    load_config.warmup = config.warmup;
+    load_config.payload = config.payload;
+    load_config.request = RequestShape::fixed(sluice_proto::coap::Code::PUT, "/cloud/example_data");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let load = bed.gw.spawn(move || -> anyhow::Result<CoapLoadReport> {
+        let load = spawn_coap_load(load_config)?;
+        let _ = tx.send((load.counters().clone(), load.started()));
+        load.wait()
+    });
+    let (counters, started) = rx.recv().context("the generator did not start")?;
+    let mut buckets = Vec::new();
+    let mut last = 0;
+    let mut cpu = None;
+    let mut window = (0u64, 0u64);
+    let mut cut_bucket = None;
+    let mut t = started;
+    while t < started + config.duration {
+        t += BUCKET;
+        if let Some(d) = t.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        let now = counters.snapshot().success;
+        buckets.push(now - last);
+        last = now;
+        let elapsed = t - started;
+        if cpu.is_none() && elapsed >= config.warmup {
+            cpu = Some(CpuMeter::start(Pid::Other(pid))?);
+            window.0 = now;
+        }
+        if let Some(at) = config.kill_link_at {
+            if cut_bucket.is_none() && elapsed >= at {
+                bed.cut(0).map_err(anyhow::Error::msg)?;
+                cut_bucket = Some(buckets.len());
+                eprintln!("link 0 cut at {elapsed:?}");
+            }
+        }
+    }
+    window.1 = counters.snapshot().success;
+    let sluice_cpu = cpu.context("the run ended before the warm-up")?.usage()?;
+    let status = admin_status(bed).unwrap_or_default();
+    let load = load
+        .join()
+        .map_err(|_| anyhow::anyhow!("the generator thread panicked"))??;
+    let conns: Vec<&serde_json::Value> = status["coap_proxy"]
+        .as_array()
+        .map(|a| a.iter().filter(|u| !u["mptcp"].is_null()).collect())
+        .unwrap_or_default();
+    let subflows = conns
+        .iter()
+        .map(|u| u["mptcp"]["subflows"].as_array().map_or(0, Vec::len))
+        .sum();
+    let mptcp_active = !conns.is_empty() && conns.iter().all(|u| u["mptcp"]["active"] == true);
+    let steady_s = (config.duration - config.warmup).as_secs_f64();
+    let failed = load.totals.requests.saturating_sub(load.totals.success);
+    let stall_ms = cut_bucket.map(|at| {
+        let before = &buckets[(config.warmup.as_millis() / BUCKET.as_millis()) as usize..at];
+        let base = before.iter().sum::<u64>() as f64 / before.len().max(1) as f64;
+        let mut longest = 0;
+        let mut run = 0;
+        for b in &buckets[at..] {
+            if (*b as f64) < base / 10.0 {
+                run += 1;
+                longest = longest.max(run);
+            } else {
+                run = 0;
+            }
+        }
+        longest * BUCKET.as_millis() as u64
+    });
+    Ok(MultipathPoint {
+        links: k,
+        sensors: n,
+        rate: round3((window.1 - window.0) as f64 / steady_s),
+        latency: load.latency.clone(),
+        sluice_cpu,
+        subflows,
+        mptcp_active,
+        failed,
+        stall_ms,
+        buckets,
+        load,
+    })
+}
+
+fn verdicts(config: &MultipathScenario, points: &[MultipathPoint]) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    let find = |k: usize, n: u32| points.iter().find(|p| p.links == k && p.sensors == n);
+    for &n in &config.sensors {
+        let Some(one) = find(1, n) else { continue };
+        for &k in config.links.iter().filter(|k| **k > 1) {
+            let Some(p) = find(k, n) else { continue };
+            let ratio = p.rate / (k as f64 * one.rate).max(1e-9);
+            out.push(Verdict {
+                target: format!("N = {n}: {k} paths ≥ 0.9 × {k} × one path's req/s"),
+                measured: format!("{:.0} vs {k} × {:.0} req/s: {ratio:.3}", p.rate, one.rate),
+                met: ratio >= 0.9,
+            });
+        }
+        if let Some(three) = find(3, n) {
+            if n == 2000 {
+                let ratio = three.latency.p50_ms / one.latency.p50_ms.max(1e-9);
+                out.push(Verdict {
+                    target: "N = 2000: p50 latency with 3 paths ≤ 1/3 of one path's".into(),
+                    measured: format!(
+                        "{:.2} vs {:.2} ms: {ratio:.3}",
+                        three.latency.p50_ms, one.latency.p50_ms
+                    ),
+                    met: ratio <= 1.0 / 3.0,
+                });
+            }
+        }
+    }
+    if config.kill_link_at.is_some() {
+        for p in points {
+            out.push(Verdict {
+                target: format!(
+                    "k = {}, N = {}: a link cut costs 0 requests and ≤ 2 s of stalled throughput",
+                    p.links, p.sensors
+                ),
+                measured: format!(
+                    "{} failed, longest stall {} ms",
+                    p.failed,
+                    p.stall_ms.unwrap_or(0)
+                ),
+                met: p.failed == 0 && p.stall_ms.unwrap_or(0) <= 2000,
+            });
+        }
+    }
+    out
+}
+
+/// The Markdown report.
+pub fn markdown(report: &MultipathReport) -> String {
+    let mut out = String::new();
+    let p = &report.params;
+    let _ = writeln!(
+        out,
+        "### Multipath: CoAP sensors → sluice's CoAP proxy → MPTCP `coap+tcp://` over k links of {} each (tbf, both directions), {} B payloads, {} s per point ({} s warm-up){}\n",
+        p.rate,
+        p.payload,
+        p.duration.as_secs_f64(),
+        p.warmup.as_secs_f64(),
+        p.kill_link_at.map(|d| format!(", link 0 cut at {d:?}")).unwrap_or_default()
+    );
+    let m = &report.machine;
+    let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
+    let _ = writeln!(out, "`{}`\n", m.command_line);
+    let _ = writeln!(
+        out,
+        "| links k | N | req/s | ÷ (k × one link) | p50 / p99 ms | subflows (MPTCP) | failed | stall ms | sluice CPU % | paper req/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for q in &report.points {
+        let one = report
+            .points
+            .iter()
+            .find(|o| o.links == 1 && o.sensors == q.sensors)
+            .map(|o| o.rate);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {} | {:.2} / {:.2} | {} ({}) | {} | {} | {:.1} | {} |",
+            q.links,
+            q.sensors,
+            q.rate,
+            one.map(|o| format!("{:.3}", q.rate / (o * q.links as f64).max(1e-9)))
+                .unwrap_or_else(|| "–".into()),
+            q.latency.p50_ms,
+            q.latency.p99_ms,
+            q.subflows,
+            if q.mptcp_active {
+                "active"
+            } else {
+                "not active"
+            },
+            q.failed,
+            q.stall_ms
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "–".into()),
+            q.sluice_cpu.percent_of_one_core,
+            PAPER_RATES
+                .iter()
+                .find(|(k, _)| *k == q.links)
+                .map(|(_, r)| *r)
+                .unwrap_or("–"),
+        );
+    }
+    let _ = writeln!(out, "\n**Verdicts**\n");
+    for v in &report.verdicts {
+        let _ = writeln!(
+            out,
+            "- {} {} — measured {}",
+            if v.met { "MET" } else { "NOT MET" },
+            v.target,
+            v.measured
+        );
+    }
+    out
+}
