@@ -3,17 +3,38 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Args;
-use sluice_bench::scenarios::multipath::{markdown, run_multipath, MultipathScenario};
+use clap::{Args, ValueEnum};
+use sluice_bench::scenarios::multipath::{
+    markdown, run_multipath, MultipathMode, MultipathScenario,
+};
 
 use super::{command_line, write_outputs};
 
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum ModeChoice {
+    /// CoAP sensors through sluice's CoAP proxy over an MPTCP coap+tcp:// upstream.
+    CoapMptcp,
+    /// MQTT devices through sluice's per-path sessions (one per link) to Mosquitto.
+    MqttPaths,
+}
+
 #[derive(Args)]
 pub(crate) struct MultipathArgs {
+    /// Modes, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "coap-mptcp,mqtt-paths"
+    )]
+    modes: Vec<ModeChoice>,
+    /// Messages per second per MQTT device (mqtt-paths).
+    #[arg(long, default_value_t = 20.0)]
+    mqtt_rate: f64,
     /// Link counts k, comma-separated; each point builds fresh namespaces with k links.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     links: Vec<usize>,
-    /// Sensor counts N, comma-separated.
+    /// Sensor (CoAP) or device (MQTT) counts N, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "250,2000")]
     sensors: Vec<u32>,
     /// Rate of every link, both directions, in tc units (tbf): the link, not the CPU, should
@@ -52,6 +73,15 @@ pub(crate) struct MultipathArgs {
 
 pub(crate) async fn multipath(args: MultipathArgs) -> anyhow::Result<()> {
     let mut config = MultipathScenario::new(args.sluice_bin);
+    config.modes = args
+        .modes
+        .iter()
+        .map(|m| match m {
+            ModeChoice::CoapMptcp => MultipathMode::CoapMptcp,
+            ModeChoice::MqttPaths => MultipathMode::MqttPaths,
+        })
+        .collect();
+    config.mqtt_rate = args.mqtt_rate;
     config.links = args.links;
     config.sensors = args.sensors;
     config.rate = args.rate;

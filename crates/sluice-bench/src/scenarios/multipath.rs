@@ -12,6 +12,13 @@
 //! moment: the requests that failed (non-2.xx answers, timeouts, unfinished) and the longest
 //! stall of throughput (consecutive 100 ms buckets under a tenth of the rate before the cut).
 //!
+//! Mode `mqtt-paths`: MQTT devices (the `devices` generator, QoS 1, open loop at
+//! `--mqtt-rate` each) in the gateway namespace publish to sluice, whose `[[uplink]]` has one
+//! path per link (`paths`, each bound to its link's gateway address) to a plain-TCP Mosquitto in
+//! the cloud namespace (no MPTCP there: per-path sessions are for brokers without it). Rate =
+//! messages acknowledged to devices per second (after the cloud's PUBACK), latency = device
+//! PUBLISH → PUBACK; with a cut, failed = messages sent and never acknowledged.
+//!
 //! Owns: the set-up, the sampling and the report of this scenario. Does not own: the
 //! generator (`load::coap`), the server (`load::coap::tcp_upstream`), the namespaces (testkit).
 
@@ -40,10 +47,32 @@ const COAP_PORT: u16 = 5683;
 const ADMIN_PORT: u16 = 9100;
 const BUCKET: Duration = Duration::from_millis(100);
 
+/// What carries the traffic over the links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MultipathMode {
+    /// CoAP sensors → sluice's CoAP proxy → MPTCP `coap+tcp://`.
+    CoapMptcp,
+    /// MQTT devices → sluice's per-path sessions → Mosquitto.
+    MqttPaths,
+}
+
+impl MultipathMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            MultipathMode::CoapMptcp => "coap-mptcp",
+            MultipathMode::MqttPaths => "mqtt-paths",
+        }
+    }
+}
+
 /// The scenario's parameters.
 #[derive(Debug, Clone, Serialize)]
 pub struct MultipathScenario {
     pub sluice_bin: PathBuf,
+    pub modes: Vec<MultipathMode>,
+    /// Messages per second per MQTT device (mode `mqtt-paths`).
+    pub mqtt_rate: f64,
     pub links: Vec<usize>,
     pub sensors: Vec<u32>,
     /// tbf rate of every link, both directions (tc units).
@@ -62,6 +91,8 @@ impl MultipathScenario {
     pub fn new(sluice_bin: PathBuf) -> MultipathScenario {
         MultipathScenario {
             sluice_bin,
+            modes: vec![MultipathMode::CoapMptcp, MultipathMode::MqttPaths],
+            mqtt_rate: 20.0,
             links: vec![1, 2, 3],
             sensors: vec![250, 2000],
             rate: "1mbit".into(),
@@ -79,6 +110,7 @@ impl MultipathScenario {
 /// One (k, N) point.
 #[derive(Debug, Clone, Serialize)]
 pub struct MultipathPoint {
+    pub mode: MultipathMode,
     pub links: usize,
     pub sensors: u32,
     /// Successful requests per second over the steady window.
@@ -95,7 +127,8 @@ pub struct MultipathPoint {
     pub stall_ms: Option<u64>,
     /// Successful requests per 100 ms bucket from the start.
     pub buckets: Vec<u64>,
-    pub load: CoapLoadReport,
+    /// The generator's report.
+    pub load: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -125,18 +158,22 @@ pub fn run_multipath(config: &MultipathScenario) -> anyhow::Result<MultipathRepo
     );
     let machine = machine(&config.command_line);
     let mut points = Vec::new();
-    for &n in &config.sensors {
-        for &k in &config.links {
-            eprintln!(
-                "=== scenario multipath: {k} link(s) at {}, {n} sensors ===",
-                config.rate
-            );
-            let p = run_point(config, k, n).with_context(|| format!("{k} links, {n} sensors"))?;
-            eprintln!(
-                "k={k} N={n}: {:.0} req/s, p50/p99 {:.2}/{:.2} ms, subflows {}, mptcp {}, failed {}, stall {:?} ms, sluice CPU {:.1}%",
-                p.rate, p.latency.p50_ms, p.latency.p99_ms, p.subflows, p.mptcp_active, p.failed, p.stall_ms, p.sluice_cpu.percent_of_one_core
-            );
-            points.push(p);
+    for &mode in &config.modes {
+        for &n in &config.sensors {
+            for &k in &config.links {
+                eprintln!(
+                    "=== scenario multipath {}: {k} link(s) at {}, N = {n} ===",
+                    mode.name(),
+                    config.rate
+                );
+                let p = run_point(config, mode, k, n)
+                    .with_context(|| format!("{}: {k} links, N = {n}", mode.name()))?;
+                eprintln!(
+                    "{} k={k} N={n}: {:.0} /s, p50/p99 {:.2}/{:.2} ms, subflows/paths {}, mptcp/all up {}, failed {}, stall {:?} ms, sluice CPU {:.1}%",
+                    mode.name(), p.rate, p.latency.p50_ms, p.latency.p99_ms, p.subflows, p.mptcp_active, p.failed, p.stall_ms, p.sluice_cpu.percent_of_one_core
+                );
+                points.push(p);
+            }
         }
     }
     let verdicts = verdicts(config, &points);
@@ -149,7 +186,27 @@ pub fn run_multipath(config: &MultipathScenario) -> anyhow::Result<MultipathRepo
     })
 }
 
-fn sluice_config(bed: &TestBed) -> String {
+fn sluice_config(bed: &TestBed, mode: MultipathMode, broker_port: u16) -> String {
+    if mode == MultipathMode::MqttPaths {
+        let paths: Vec<String> = bed
+            .links
+            .iter()
+            .map(|l| format!("{{ bind = \"{}\" }}", l.gw_addr))
+            .collect();
+        return format!(
+            "# generated by sluice-bench scenario multipath (mqtt-paths)\n\
+             [gateway]\nshards = 0\n\n\
+             [mqtt]\nlisten = \"127.0.0.1:1883\"\nmax_connections = 20000\n\n\
+             [coap]\nenabled = false\n\n\
+             [admin]\nenabled = true\nlisten = \"127.0.0.1:{ADMIN_PORT}\"\n\n\
+             [log]\nlevel = \"warn\"\n\n\
+             [[uplink]]\nname = \"cloud\"\nurl = \"mqtt://{}:{broker_port}\"\nallow_plaintext = true\n\
+             client_id = \"sluice-gw\"\nforward = [\"#\"]\npaths = [{}]\n\n\
+             [uplink.aggregate]\nenabled = false\n",
+            bed.cloud_addr(),
+            paths.join(", ")
+        );
+    }
     format!(
         "# generated by sluice-bench scenario multipath\n\
          [gateway]\nshards = 0\n\n\
@@ -177,21 +234,44 @@ fn admin_status(bed: &TestBed) -> anyhow::Result<serde_json::Value> {
     })
 }
 
-fn run_point(config: &MultipathScenario, k: usize, n: u32) -> anyhow::Result<MultipathPoint> {
+fn run_point(
+    config: &MultipathScenario,
+    mode: MultipathMode,
+    k: usize,
+    n: u32,
+) -> anyhow::Result<MultipathPoint> {
     let bed = TestBed::new(BedOptions {
         links: k,
         rate: Some(config.rate.clone()),
-        mptcp_endpoints: true,
+        mptcp_endpoints: mode == MultipathMode::CoapMptcp,
     })
     .map_err(anyhow::Error::msg)?;
-    let up_addr = SocketAddr::from((bed.cloud_addr(), COAP_PORT));
-    let _upstream = bed
-        .cloud
-        .run(move || TcpUpstream::start_on(up_addr, true))
-        .context("starting the MPTCP CoAP-over-TCP server in the cloud namespace")?;
+    let mut _upstream = None;
+    let mut _broker = None;
+    let mut broker_port = 0;
+    match mode {
+        MultipathMode::CoapMptcp => {
+            let up_addr = SocketAddr::from((bed.cloud_addr(), COAP_PORT));
+            _upstream = Some(
+                bed.cloud
+                    .run(move || TcpUpstream::start_on(up_addr, true))
+                    .context("starting the MPTCP CoAP-over-TCP server in the cloud namespace")?,
+            );
+        }
+        MultipathMode::MqttPaths => {
+            let b = sluice_testkit::Mosquitto::builder()
+                .bind_address(std::net::IpAddr::V4(bed.cloud_addr()));
+            let broker = bed
+                .cloud
+                .run(move || b.start())
+                .context("starting Mosquitto in the cloud namespace")?;
+            broker_port = broker.plain_port();
+            _broker = Some(broker);
+        }
+    }
     let dir = tempfile::tempdir()?;
     let conf = dir.path().join("sluice.toml");
-    std::fs::write(&conf, sluice_config(&bed))?;
+    std::fs::write(&conf, sluice_config(&bed, mode, broker_port))?;
     let stderr = std::fs::File::create(dir.path().join("sluice.stderr"))?;
     let mut sluice = bed
         .gw
@@ -203,7 +283,10 @@ fn run_point(config: &MultipathScenario, k: usize, n: u32) -> anyhow::Result<Mul
         .stderr(stderr)
         .spawn()
         .context("starting sluice in the gateway namespace")?;
-    let result = measure(config, &bed, sluice.id(), k, n);
+    let result = match mode {
+        MultipathMode::CoapMptcp => measure(config, &bed, sluice.id(), k, n),
+        MultipathMode::MqttPaths => measure_mqtt(config, &bed, sluice.id(), k, n),
+    };
     let _ = sluice.kill();
     let _ = sluice.wait();
     result.with_context(|| {
@@ -283,22 +366,9 @@ fn measure(
     let mptcp_active = !conns.is_empty() && conns.iter().all(|u| u["mptcp"]["active"] == true);
     let steady_s = (config.duration - config.warmup).as_secs_f64();
     let failed = load.totals.requests.saturating_sub(load.totals.success);
-    let stall_ms = cut_bucket.map(|at| {
-        let before = &buckets[(config.warmup.as_millis() / BUCKET.as_millis()) as usize..at];
-        let base = before.iter().sum::<u64>() as f64 / before.len().max(1) as f64;
-        let mut longest = 0;
-        let mut run = 0;
-        for b in &buckets[at..] {
-            if (*b as f64) < base / 10.0 {
-                run += 1;
-                longest = longest.max(run);
-            } else {
-                run = 0;
-            }
-        }
-        longest * BUCKET.as_millis() as u64
-    });
+    let stall_ms = cut_bucket.map(|at| longest_stall(&buckets, config.warmup, at));
     Ok(MultipathPoint {
+        mode: MultipathMode::CoapMptcp,
         links: k,
         sensors: n,
         rate: round3((window.1 - window.0) as f64 / steady_s),
@@ -309,35 +379,170 @@ fn measure(
         failed,
         stall_ms,
         buckets,
-        load,
+        load: serde_json::to_value(&load)?,
+    })
+}
+
+/// The longest run of buckets after `at` under a tenth of the mean rate between the warm-up
+/// and `at`, in ms.
+fn longest_stall(buckets: &[u64], warmup: Duration, at: usize) -> u64 {
+    let from = ((warmup.as_millis() / BUCKET.as_millis()) as usize).min(at);
+    let before = &buckets[from..at];
+    let base = before.iter().sum::<u64>() as f64 / before.len().max(1) as f64;
+    let (mut longest, mut run) = (0u64, 0u64);
+    for b in &buckets[at..] {
+        if (*b as f64) < base / 10.0 {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    longest * BUCKET.as_millis() as u64
+}
+
+fn measure_mqtt(
+    config: &MultipathScenario,
+    bed: &TestBed,
+    pid: u32,
+    k: usize,
+    n: u32,
+) -> anyhow::Result<MultipathPoint> {
+    use crate::load::devices::{spawn_devices, DevicesConfig, DevicesReport, PayloadSize};
+    // sluice's admin answering means it is up; its paths connect within a second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admin_status(bed).is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "sluice did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let mut dc = DevicesConfig::new(SocketAddr::from(([127, 0, 0, 1], 1883)));
+    dc.devices = n;
+    dc.rate_per_device = config.mqtt_rate;
+    dc.payload = PayloadSize {
+        min: config.payload.max(32),
+        max: config.payload.max(32),
+    };
+    dc.protocol = sluice_proto::mqtt::ProtocolVersion::V5;
+    dc.duration = config.duration;
+    dc.ramp = config.ramp;
+    dc.settle = config.warmup.saturating_sub(config.ramp);
+    dc.progress_every = None;
+    dc.drain_timeout = Duration::from_secs(10);
+    let threads = config.threads.max(1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run = bed.gw.spawn(move || -> anyhow::Result<DevicesReport> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let run = spawn_devices(dc)?;
+            let _ = tx.send((run.counters().clone(), run.started().into_std()));
+            run.wait().await
+        })
+    });
+    let (counters, started) = rx.recv().context("the devices did not start")?;
+    let mut buckets = Vec::new();
+    let (mut last, mut window, mut cpu, mut cut_bucket) = (0, (0u64, 0u64), None, None);
+    let mut t = started;
+    while t < started + config.duration {
+        t += BUCKET;
+        if let Some(d) = t.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        let now = counters.snapshot().acknowledged;
+        buckets.push(now - last);
+        last = now;
+        let elapsed = t - started;
+        if cpu.is_none() && elapsed >= config.warmup {
+            cpu = Some(CpuMeter::start(Pid::Other(pid))?);
+            window.0 = now;
+        }
+        if let Some(at) = config.kill_link_at {
+            if cut_bucket.is_none() && elapsed >= at {
+                bed.cut(0).map_err(anyhow::Error::msg)?;
+                cut_bucket = Some(buckets.len());
+                eprintln!("link 0 cut at {elapsed:?}");
+            }
+        }
+    }
+    window.1 = counters.snapshot().acknowledged;
+    let sluice_cpu = cpu.context("the run ended before the warm-up")?.usage()?;
+    let report = run
+        .join()
+        .map_err(|_| anyhow::anyhow!("the device thread panicked"))??;
+    let status = admin_status(bed).unwrap_or_default();
+    let paths: Vec<&serde_json::Value> = status["shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| {
+            s["uplinks"][0]["lanes"]["normal"]["paths"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .collect();
+    let used: std::collections::BTreeSet<&str> = paths
+        .iter()
+        .filter(|p| p["messages_acked"].as_u64().unwrap_or(0) > 0)
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    let steady_s = (config.duration - config.warmup).as_secs_f64();
+    Ok(MultipathPoint {
+        mode: MultipathMode::MqttPaths,
+        links: k,
+        sensors: n,
+        rate: round3((window.1 - window.0) as f64 / steady_s),
+        latency: report.ack_latency_steady.clone(),
+        sluice_cpu,
+        subflows: used.len(),
+        mptcp_active: !paths.is_empty() && paths.iter().all(|p| p["state"] == "up"),
+        failed: report.unacknowledged + report.rejected,
+        stall_ms: cut_bucket.map(|at| longest_stall(&buckets, config.warmup, at)),
+        buckets,
+        load: serde_json::to_value(&report)?,
     })
 }
 
 fn verdicts(config: &MultipathScenario, points: &[MultipathPoint]) -> Vec<Verdict> {
     let mut out = Vec::new();
-    let find = |k: usize, n: u32| points.iter().find(|p| p.links == k && p.sensors == n);
-    for &n in &config.sensors {
-        let Some(one) = find(1, n) else { continue };
-        for &k in config.links.iter().filter(|k| **k > 1) {
-            let Some(p) = find(k, n) else { continue };
-            let ratio = p.rate / (k as f64 * one.rate).max(1e-9);
-            out.push(Verdict {
-                target: format!("N = {n}: {k} paths ≥ 0.9 × {k} × one path's req/s"),
-                measured: format!("{:.0} vs {k} × {:.0} req/s: {ratio:.3}", p.rate, one.rate),
-                met: ratio >= 0.9,
-            });
-        }
-        if let Some(three) = find(3, n) {
-            if n == 2000 {
-                let ratio = three.latency.p50_ms / one.latency.p50_ms.max(1e-9);
+    for &mode in &config.modes {
+        let find = |k: usize, n: u32| {
+            points
+                .iter()
+                .find(|p| p.mode == mode && p.links == k && p.sensors == n)
+        };
+        for &n in &config.sensors {
+            let Some(one) = find(1, n) else { continue };
+            for &k in config.links.iter().filter(|k| **k > 1) {
+                let Some(p) = find(k, n) else { continue };
+                let ratio = p.rate / (k as f64 * one.rate).max(1e-9);
                 out.push(Verdict {
-                    target: "N = 2000: p50 latency with 3 paths ≤ 1/3 of one path's".into(),
-                    measured: format!(
-                        "{:.2} vs {:.2} ms: {ratio:.3}",
-                        three.latency.p50_ms, one.latency.p50_ms
+                    target: format!(
+                        "{}, N = {n}: {k} paths ≥ 0.9 × {k} × one path's rate",
+                        mode.name()
                     ),
-                    met: ratio <= 1.0 / 3.0,
+                    measured: format!("{:.0} vs {k} × {:.0} req/s: {ratio:.3}", p.rate, one.rate),
+                    met: ratio >= 0.9,
                 });
+            }
+            if let Some(three) = find(3, n) {
+                if n == 2000 {
+                    let ratio = three.latency.p50_ms / one.latency.p50_ms.max(1e-9);
+                    out.push(Verdict {
+                        target: format!(
+                            "{}, N = 2000: p50 latency with 3 paths ≤ 1/3 of one path's",
+                            mode.name()
+                        ),
+                        measured: format!(
+                            "{:.2} vs {:.2} ms: {ratio:.3}",
+                            three.latency.p50_ms, one.latency.p50_ms
+                        ),
+                        met: ratio <= 1.0 / 3.0,
+                    });
+                }
             }
         }
     }
@@ -345,8 +550,8 @@ fn verdicts(config: &MultipathScenario, points: &[MultipathPoint]) -> Vec<Verdic
         for p in points {
             out.push(Verdict {
                 target: format!(
-                    "k = {}, N = {}: a link cut costs 0 requests and ≤ 2 s of stalled throughput",
-                    p.links, p.sensors
+                    "{}, k = {}, N = {}: a link cut costs 0 acknowledged messages and ≤ 2 s of stalled throughput",
+                    p.mode.name(), p.links, p.sensors
                 ),
                 measured: format!(
                     "{} failed, longest stall {} ms",
@@ -366,8 +571,9 @@ pub fn markdown(report: &MultipathReport) -> String {
     let p = &report.params;
     let _ = writeln!(
         out,
-        "### Multipath: CoAP sensors → sluice's CoAP proxy → MPTCP `coap+tcp://` over k links of {} each (tbf, both directions), {} B payloads, {} s per point ({} s warm-up){}\n",
+        "### Multipath over k links of {} each (tbf, both directions): coap-mptcp = closed-loop CoAP sensors → sluice's CoAP proxy → MPTCP `coap+tcp://`; mqtt-paths = MQTT 5 devices at {} msg/s each → sluice's per-path sessions → Mosquitto; {} B payloads, {} s per point ({} s warm-up){}\n",
         p.rate,
+        p.mqtt_rate,
         p.payload,
         p.duration.as_secs_f64(),
         p.warmup.as_secs_f64(),
@@ -378,17 +584,18 @@ pub fn markdown(report: &MultipathReport) -> String {
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(
         out,
-        "| links k | N | req/s | ÷ (k × one link) | p50 / p99 ms | subflows (MPTCP) | failed | stall ms | sluice CPU % | paper req/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| mode | links k | N | req/s or msg/s | ÷ (k × one link) | p50 / p99 ms | subflows (MPTCP) / paths used (all up) | failed | stall ms | sluice CPU % | paper req/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for q in &report.points {
         let one = report
             .points
             .iter()
-            .find(|o| o.links == 1 && o.sensors == q.sensors)
+            .find(|o| o.mode == q.mode && o.links == 1 && o.sensors == q.sensors)
             .map(|o| o.rate);
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {} | {:.2} / {:.2} | {} ({}) | {} | {} | {:.1} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {:.2} / {:.2} | {} ({}) | {} | {} | {:.1} | {} |",
+            q.mode.name(),
             q.links,
             q.sensors,
             q.rate,
@@ -397,10 +604,11 @@ pub fn markdown(report: &MultipathReport) -> String {
             q.latency.p50_ms,
             q.latency.p99_ms,
             q.subflows,
-            if q.mptcp_active {
-                "active"
-            } else {
-                "not active"
+            match (q.mode, q.mptcp_active) {
+                (MultipathMode::CoapMptcp, true) => "active",
+                (MultipathMode::CoapMptcp, false) => "not active",
+                (MultipathMode::MqttPaths, true) => "all up",
+                (MultipathMode::MqttPaths, false) => "not all up",
             },
             q.failed,
             q.stall_ms
