@@ -393,3 +393,81 @@ fn a_path_whose_link_blackholes_is_declared_dead_within_path_timeout() {
     assert_eq!(acked.iter().sum::<usize>(), 8 * 150);
     gw.shutdown();
 }
+
+#[test]
+fn a_returning_link_carries_an_mptcp_subflow_again_within_two_seconds() {
+    let Some(bed) = bed_or_skip(BedOptions {
+        links: 2,
+        rate: None,
+        mptcp_endpoints: true,
+    }) else {
+        return;
+    };
+    let pki = TestPki::generate();
+    let broker = cloud_broker(&bed, &pki, true);
+    let gw = gateway_in(
+        &bed,
+        broker.tls_addr(),
+        &pki,
+        "mptcp = true\n[multipath]\ninterfaces = [\"g1\"]",
+    );
+    let admin = gw.admin_addr.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sub = subscribe(&bed, broker.tls_addr(), &pki, stop.clone());
+    let devices = run_devices(&bed, gw.mqtt_addr, 4, 250, Duration::from_millis(20));
+    let link1 = bed.links[1].gw_addr.to_string();
+    // An established subflow leaving from link 1's address.
+    let on_link1 = |st: &serde_json::Value| {
+        st["shards"][0]["uplinks"][0]["lanes"]["normal"]["mptcp"]["subflows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|f| {
+                f["state"] == "established"
+                    && f["local"]
+                        .as_str()
+                        .is_some_and(|l| l.starts_with(&format!("{link1}:")))
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !on_link1(&status(&bed, admin)) {
+        assert!(
+            Instant::now() < deadline,
+            "no subflow on link 1 at the start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bed.cut(1).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    bed.restore(1).unwrap();
+    let restored = Instant::now();
+    let tx_at_restore = bed.tx_bytes(1);
+    // Traffic on the returned link: an established subflow from its address, and its bytes
+    // growing by more than retransmitted leftovers would.
+    while !(on_link1(&status(&bed, admin)) && bed.tx_bytes(1) > tx_at_restore + 4096) {
+        assert!(
+            restored.elapsed() < Duration::from_secs(5),
+            "no subflow on the returned link: {}",
+            status(&bed, admin)["links"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let back = restored.elapsed();
+    let st = status(&bed, admin);
+    println!(
+        "subflow on link 1 again {back:?} after it returned; links: {}",
+        st["links"]
+    );
+    assert!(back <= Duration::from_secs(2), "{back:?}");
+    assert!(
+        st["links"][0]["endpoint_refreshes"].as_u64().unwrap() >= 1,
+        "{}",
+        st["links"]
+    );
+    let acked = devices.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let got = sub.join().unwrap();
+    check(&got, &acked);
+    assert_eq!(metric(&bed, admin, "sluice_uplink_connects_total"), 1.0);
+    gw.shutdown();
+}
