@@ -63,9 +63,16 @@ struct TwoLinks {
 }
 
 impl TwoLinks {
+    /// The link where `flow` has units written or encoded and not yet answered.
     fn sticky(&self, flow: Flow) -> Option<usize> {
         let far = self.far.0.borrow();
-        (0..2).find(|&l| far.unanswered[l].iter().any(|(_, f)| *f == flow))
+        (0..2).find(|&l| {
+            far.unanswered[l].iter().any(|(_, f)| *f == flow)
+                || self
+                    .pending
+                    .iter()
+                    .any(|p| p.0 == l && p.1.is_some() && p.2 == flow)
+        })
     }
 
     fn inflight(&self, link: usize) -> usize {

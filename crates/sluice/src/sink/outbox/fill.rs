@@ -78,7 +78,7 @@ impl<T: Transport> Outbox<T> {
                 continue;
             }
             let aggregating = self.aggregating();
-            if !self.held.is_empty() {
+            if self.held_len > 0 {
                 if !held_tried {
                     held_tried = true;
                     let (s, r) = self.send_held(window, unacked_in_write);
@@ -87,7 +87,7 @@ impl<T: Transport> Outbox<T> {
                     continue;
                 }
                 // Packs mix devices: none starts before every held message went.
-                if aggregating || self.held.len() >= MAX_HELD {
+                if aggregating || self.held_len >= MAX_HELD {
                     break;
                 }
             }
@@ -118,9 +118,14 @@ impl<T: Transport> Outbox<T> {
                 continue;
             }
             let flow = msg.flow();
-            if self.held_flows.contains(&flow) || self.transport.holds(flow) {
-                self.held_flows.insert(flow);
-                self.held.push_back(Queued { msg, resend });
+            if self.held.contains_key(&flow) || self.transport.holds(flow) {
+                self.held_seq += 1;
+                let seq = self.held_seq;
+                self.held
+                    .entry(flow)
+                    .or_default()
+                    .push_back((seq, Queued { msg, resend }));
+                self.held_len += 1;
                 continue;
             }
             let (s, r) = self.send_single(Queued { msg, resend }, unacked_in_write);
@@ -131,30 +136,47 @@ impl<T: Transport> Outbox<T> {
         (sent, resent)
     }
 
-    /// Send the held messages whose flow the transport takes again, in order; a flow with
-    /// one message still held keeps all its later ones. Returns (units, of which resends).
+    /// Send the held messages whose flow the transport takes again, each flow in its order,
+    /// while there is room. Costs O(held flows), not O(held messages). Returns (units, of
+    /// which resends).
     fn send_held(
         &mut self,
         window: usize,
         unacked_in_write: &mut Vec<UplinkMessage>,
     ) -> (u64, u64) {
         let (mut sent, mut resent) = (0, 0);
-        let mut still = std::collections::VecDeque::with_capacity(self.held.len());
-        self.held_flows.clear();
-        while let Some(q) = self.held.pop_front() {
-            let flow = q.msg.flow();
-            let room = self.transport.pending_bytes() < MAX_BATCH_BYTES
-                && (!q.msg.needs_cloud_ack() || self.inflight.len() < window);
-            if !room || self.held_flows.contains(&flow) || self.transport.holds(flow) {
-                self.held_flows.insert(flow);
-                still.push_back(q);
-                continue;
+        let flows: Vec<crate::sink::transport::Flow> = self.held.keys().copied().collect();
+        for flow in flows {
+            loop {
+                if self.transport.pending_bytes() >= MAX_BATCH_BYTES || self.transport.holds(flow) {
+                    break;
+                }
+                let Some(queue) = self.held.get_mut(&flow) else {
+                    break;
+                };
+                let Some((_, front)) = queue.front() else {
+                    self.held.remove(&flow);
+                    break;
+                };
+                if front.msg.needs_cloud_ack() && self.inflight.len() >= window {
+                    break;
+                }
+                let Some((_, q)) = queue.pop_front() else {
+                    break;
+                };
+                if queue.is_empty() {
+                    self.held.remove(&flow);
+                }
+                self.held_len -= 1;
+                let (s, r) = self.send_single(q, unacked_in_write);
+                sent += s;
+                resent += r;
             }
-            let (s, r) = self.send_single(q, unacked_in_write);
-            sent += s;
-            resent += r;
+            if self.inflight.len() >= window {
+                // The window is full: held QoS 0 messages wait for the next fill too.
+                break;
+            }
         }
-        self.held = still;
         (sent, resent)
     }
 

@@ -37,7 +37,7 @@ pub mod pack;
 pub mod queue;
 mod refusal;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -162,9 +162,12 @@ pub struct Outbox<T: Transport> {
     refused: Vec<(u64, Carried)>,
     /// Messages taken from the queue whose flow the transport holds for now
     /// ([`Transport::holds`]), in the order taken; sent before anything newer of their flow.
-    held: VecDeque<Queued>,
-    /// The flows of `held`.
-    held_flows: HashSet<Flow>,
+    /// By flow, each with the order it was taken in (to requeue everything in that order).
+    held: HashMap<Flow, VecDeque<(u64, Queued)>>,
+    /// Messages in `held`.
+    held_len: usize,
+    /// Take order of held messages.
+    held_seq: u64,
     /// Units the transport gave back ([`Feedback::Returned`]) during the current poll, with
     /// their send order; requeued once the poll's feedback is applied.
     returned: Vec<(u64, Carried)>,
@@ -214,8 +217,9 @@ impl<T: Transport> Outbox<T> {
             last_took_backlog: false,
             pack_mix: (0, 0),
             refused: Vec::new(),
-            held: VecDeque::new(),
-            held_flows: HashSet::new(),
+            held: HashMap::new(),
+            held_len: 0,
+            held_seq: 0,
             returned: Vec::new(),
             paused_until: None,
             refusal_backoff: refusal::backoff(&cfg),

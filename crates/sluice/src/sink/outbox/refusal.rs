@@ -203,8 +203,10 @@ impl<T: Transport> Outbox<T> {
         if let Some(packer) = &mut self.packer {
             items.extend(packer.take_messages().into_iter().map(resend));
         }
-        items.extend(self.held.drain(..));
-        self.held_flows.clear();
+        let mut held: Vec<(u64, Queued)> = self.held.drain().flat_map(|(_, q)| q).collect();
+        held.sort_unstable_by_key(|(seq, _)| *seq);
+        items.extend(held.into_iter().map(|(_, q)| q));
+        self.held_len = 0;
         self.pack_mix = (0, 0);
     }
 

@@ -159,6 +159,9 @@ struct Path {
     slot: Slot,
     /// Inner id (the path session's packet id) → the unit.
     inflight: HashMap<SendId, Unacked>,
+    /// (inner, outer, sent at) in send order; entries no longer inflight are dropped from the
+    /// front after each batch of answers, so the front is the oldest unit unacknowledged.
+    order: std::collections::VecDeque<(SendId, SendId, Instant)>,
     /// Units of device flows in `inflight` (for the pack rule).
     device_units: usize,
     /// Units encoded into the path's pending batch and not yet written.
@@ -174,6 +177,21 @@ struct Path {
 }
 
 impl Path {
+    /// When the oldest unit unacknowledged here was sent.
+    fn oldest(&self) -> Option<Instant> {
+        self.order.front().map(|(_, _, at)| *at)
+    }
+
+    /// Drop answered units from the front of `order`.
+    fn trim_order(&mut self) {
+        while let Some((inner, outer, _)) = self.order.front() {
+            if self.inflight.get(inner).is_some_and(|u| u.outer == *outer) {
+                break;
+            }
+            self.order.pop_front();
+        }
+    }
+
     fn is_up(&self) -> bool {
         matches!(self.slot, Slot::Up { .. })
     }
@@ -244,6 +262,7 @@ impl PathsTransport {
                     retry_at: Instant::now(),
                 },
                 inflight: HashMap::new(),
+                order: std::collections::VecDeque::new(),
                 device_units: 0,
                 pending_units: 0,
                 srtt: None,
@@ -402,6 +421,7 @@ impl PathsTransport {
             p.pending_units = 0;
             delay
         };
+        self.paths[i].order.clear();
         let gone: Vec<Unacked> = self.paths[i].inflight.drain().map(|(_, u)| u).collect();
         self.paths[i].device_units = 0;
         for u in &gone {
@@ -481,6 +501,7 @@ impl PathsTransport {
                 Feedback::Returned(_) => out.push(Feedback::Returned(u.outer)),
             }
         }
+        self.paths[i].trim_order();
     }
 
     /// React to the link table: a path whose link went down is dead now; one whose link
@@ -520,7 +541,7 @@ impl PathsTransport {
             match &p.slot {
                 Slot::Up { t, .. } if !p.inflight.is_empty() => {
                     if let Some(heard) = t.last_heard() {
-                        let oldest = p.inflight.values().map(|u| u.sent_at).min().unwrap_or(now);
+                        let oldest = p.oldest().unwrap_or(now);
                         at = at.min(heard.max(oldest) + self.cfg.path_timeout);
                     }
                 }
@@ -545,7 +566,7 @@ impl PathsTransport {
             let Some(heard) = t.last_heard() else {
                 continue;
             };
-            let oldest = p.inflight.values().map(|u| u.sent_at).min().unwrap_or(now);
+            let oldest = p.oldest().unwrap_or(now);
             let quiet = now.saturating_duration_since(heard.max(oldest));
             if quiet >= self.cfg.path_timeout {
                 let msg = format!(
@@ -677,14 +698,16 @@ impl Transport for PathsTransport {
         };
         self.next_id += 1;
         let outer = SendId(self.next_id);
+        let now = Instant::now();
         p.inflight.insert(
             inner,
             Unacked {
                 outer,
                 flow,
-                sent_at: Instant::now(),
+                sent_at: now,
             },
         );
+        p.order.push_back((inner, outer, now));
         p.metrics.inflight.set(p.inflight.len() as i64);
         self.outer.insert(outer, (i, inner));
         self.flow_add(flow, i);
@@ -801,6 +824,7 @@ impl Transport for PathsTransport {
                 p.metrics.set_state(PathState::Down);
             }
             p.inflight.clear();
+            p.order.clear();
             p.device_units = 0;
             p.pending_units = 0;
             p.needs_settle = false;
