@@ -359,3 +359,96 @@ async fn a_spooled_backlog_drains_over_every_live_path() {
     }
     gw.shutdown();
 }
+
+/// The high lane's paths on every shard, summed by name.
+async fn high_paths(admin: SocketAddr) -> HashMap<String, u64> {
+    let body = http_get(admin, "/api/v1/status").await;
+    let json: serde_json::Value =
+        serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap_or("")).expect("status json");
+    let mut out = HashMap::new();
+    for shard in json["shards"].as_array().unwrap() {
+        for p in shard["uplinks"][0]["lanes"]["high"]["paths"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            *out.entry(p["name"].as_str().unwrap().to_string())
+                .or_default() += p["messages_acked"].as_u64().unwrap();
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_high_lane_pinned_to_a_path_uses_it_and_fails_over_when_it_is_down() {
+    let cloud = Cloud::start();
+    let relay = PathRelay::start(cloud.broker.tls_addr()).await;
+    let extra = format!(
+        "[priority]\ndevices = {{ \"urgent*\" = 1 }}\n{}",
+        cloud.uplink_toml(
+            Some(relay.addr),
+            &paths_toml("paths = [{ name = \"lte\", bind = \"127.0.0.2\" }, { name = \"dsl\", bind = \"127.0.0.3\" }]\nlane_path = \"dsl\"")
+                .replacen("paths = [{ bind = \"127.0.0.2\" }, { bind = \"127.0.0.3\" }, { bind = \"127.0.0.4\" }]\n", "", 1)
+        )
+    );
+    let gw = gateway(1, &extra);
+    let admin = gw.admin_addr.unwrap();
+    let mut sub = cloud.subscriber("sub", "u/#").await;
+    let mut urgent = device(&gw, "urgent-1", ProtocolVersion::V5).await;
+    // Both high-lane paths up first (until then the lane uses whichever path is).
+    let up = common::eventually(Duration::from_secs(5), || {
+        let body = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut c = std::net::TcpStream::connect(admin).unwrap();
+                std::io::Write::write_all(
+                    &mut c,
+                    b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                )
+                .unwrap();
+                let mut out = String::new();
+                std::io::Read::read_to_string(&mut c, &mut out).unwrap();
+                out
+            })
+            .join()
+            .unwrap()
+        });
+        body.matches("\"state\":\"up\"").count() >= 4
+    })
+    .await;
+    assert!(up, "every path of both lanes connected");
+    for n in 0..20 {
+        urgent
+            .publish("u/1", n.to_string(), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+    }
+    let pinned = high_paths(admin).await;
+    println!("high lane with dsl up: {pinned:?}");
+    assert_eq!(pinned["dsl"], 20, "{pinned:?}");
+    assert_eq!(pinned["lte"], 0, "{pinned:?}");
+    relay.set("127.0.0.3", Mode::Cut);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for n in 20..30 {
+        urgent
+            .publish("u/1", n.to_string(), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+    }
+    let failed_over = high_paths(admin).await;
+    println!("high lane with dsl cut: {failed_over:?}");
+    assert!(failed_over["lte"] >= 10, "{failed_over:?}");
+    let mut seen = 0;
+    while seen < 30 {
+        let p = sub
+            .recv(Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("all 30 arrive");
+        let n: usize = String::from_utf8_lossy(&p.payload).parse().unwrap();
+        assert!(n <= seen, "in order: {n} after {seen}");
+        if n == seen {
+            seen += 1;
+        }
+    }
+    gw.shutdown();
+}
