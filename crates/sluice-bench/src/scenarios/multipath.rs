@@ -325,35 +325,7 @@ fn measure(
         load.wait()
     });
     let (counters, started) = rx.recv().context("the generator did not start")?;
-    let mut buckets = Vec::new();
-    let mut last = 0;
-    let mut cpu = None;
-    let mut window = (0u64, 0u64);
-    let mut cut_bucket = None;
-    let mut t = started;
-    while t < started + config.duration {
-        t += BUCKET;
-        if let Some(d) = t.checked_duration_since(Instant::now()) {
-            std::thread::sleep(d);
-        }
-        let now = counters.snapshot().success;
-        buckets.push(now - last);
-        last = now;
-        let elapsed = t - started;
-        if cpu.is_none() && elapsed >= config.warmup {
-            cpu = Some(CpuMeter::start(Pid::Other(pid))?);
-            window.0 = now;
-        }
-        if let Some(at) = config.kill_link_at {
-            if cut_bucket.is_none() && elapsed >= at {
-                bed.cut(0).map_err(anyhow::Error::msg)?;
-                cut_bucket = Some(buckets.len());
-                eprintln!("link 0 cut at {elapsed:?}");
-            }
-        }
-    }
-    window.1 = counters.snapshot().success;
-    let sluice_cpu = cpu.context("the run ended before the warm-up")?.usage()?;
+    let sampled = sample(config, bed, pid, started, || counters.snapshot().success)?;
     let status = admin_status(bed).unwrap_or_default();
     let load = load
         .join()
@@ -369,20 +341,75 @@ fn measure(
     let mptcp_active = !conns.is_empty() && conns.iter().all(|u| u["mptcp"]["active"] == true);
     let steady_s = (config.duration - config.warmup).as_secs_f64();
     let failed = load.totals.requests.saturating_sub(load.totals.success);
-    let stall_ms = cut_bucket.map(|at| longest_stall(&buckets, config.warmup, at));
     Ok(MultipathPoint {
         mode: MultipathMode::CoapMptcp,
         links: k,
         sensors: n,
-        rate: round3((window.1 - window.0) as f64 / steady_s),
+        rate: round3(sampled.window as f64 / steady_s),
         latency: load.latency.clone(),
-        sluice_cpu,
+        sluice_cpu: sampled.cpu,
         subflows,
         mptcp_active,
         failed,
-        stall_ms,
-        buckets,
+        stall_ms: sampled.stall_ms,
+        buckets: sampled.buckets,
         load: serde_json::to_value(&load)?,
+    })
+}
+
+/// What [`sample`] saw.
+struct Sampled {
+    /// Successes per 100 ms bucket from the start.
+    buckets: Vec<u64>,
+    /// Successes between the warm-up and the end.
+    window: u64,
+    /// sluice's CPU over the same window.
+    cpu: CpuUsage,
+    /// With `kill_link_at`: the longest stall after the cut.
+    stall_ms: Option<u64>,
+}
+
+/// Sample `successes` (a running count) every 100 ms from `started` to the end of the run,
+/// measure sluice's CPU from the warm-up on, and cut link 0 at `kill_link_at`.
+fn sample(
+    config: &MultipathScenario,
+    bed: &TestBed,
+    pid: u32,
+    started: Instant,
+    successes: impl Fn() -> u64,
+) -> anyhow::Result<Sampled> {
+    let (mut buckets, mut last, mut cpu, mut cut_bucket) = (Vec::new(), 0, None, None);
+    let mut window_start = 0;
+    let mut t = started;
+    while t < started + config.duration {
+        t += BUCKET;
+        if let Some(d) = t.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        let now = successes();
+        buckets.push(now - last);
+        last = now;
+        let elapsed = t - started;
+        if cpu.is_none() && elapsed >= config.warmup {
+            cpu = Some(CpuMeter::start(Pid::Other(pid))?);
+            window_start = now;
+        }
+        if let Some(at) = config.kill_link_at {
+            if cut_bucket.is_none() && elapsed >= at {
+                bed.cut(0).map_err(anyhow::Error::msg)?;
+                cut_bucket = Some(buckets.len());
+                eprintln!("link 0 cut at {elapsed:?}");
+            }
+        }
+    }
+    let window = successes() - window_start;
+    let cpu = cpu.context("the run ended before the warm-up")?.usage()?;
+    let stall_ms = cut_bucket.map(|at| longest_stall(&buckets, config.warmup, at));
+    Ok(Sampled {
+        buckets,
+        window,
+        cpu,
+        stall_ms,
     })
 }
 
@@ -446,32 +473,9 @@ fn measure_mqtt(
         })
     });
     let (counters, started) = rx.recv().context("the devices did not start")?;
-    let mut buckets = Vec::new();
-    let (mut last, mut window, mut cpu, mut cut_bucket) = (0, (0u64, 0u64), None, None);
-    let mut t = started;
-    while t < started + config.duration {
-        t += BUCKET;
-        if let Some(d) = t.checked_duration_since(Instant::now()) {
-            std::thread::sleep(d);
-        }
-        let now = counters.snapshot().acknowledged;
-        buckets.push(now - last);
-        last = now;
-        let elapsed = t - started;
-        if cpu.is_none() && elapsed >= config.warmup {
-            cpu = Some(CpuMeter::start(Pid::Other(pid))?);
-            window.0 = now;
-        }
-        if let Some(at) = config.kill_link_at {
-            if cut_bucket.is_none() && elapsed >= at {
-                bed.cut(0).map_err(anyhow::Error::msg)?;
-                cut_bucket = Some(buckets.len());
-                eprintln!("link 0 cut at {elapsed:?}");
-            }
-        }
-    }
-    window.1 = counters.snapshot().acknowledged;
-    let sluice_cpu = cpu.context("the run ended before the warm-up")?.usage()?;
+    let sampled = sample(config, bed, pid, started, || {
+        counters.snapshot().acknowledged
+    })?;
     let report = run
         .join()
         .map_err(|_| anyhow::anyhow!("the device thread panicked"))??;
@@ -497,14 +501,14 @@ fn measure_mqtt(
         mode: MultipathMode::MqttPaths,
         links: k,
         sensors: n,
-        rate: round3((window.1 - window.0) as f64 / steady_s),
+        rate: round3(sampled.window as f64 / steady_s),
         latency: report.ack_latency_steady.clone(),
-        sluice_cpu,
+        sluice_cpu: sampled.cpu,
         subflows: used.len(),
         mptcp_active: !paths.is_empty() && paths.iter().all(|p| p["state"] == "up"),
         failed: report.unacknowledged + report.rejected,
-        stall_ms: cut_bucket.map(|at| longest_stall(&buckets, config.warmup, at)),
-        buckets,
+        stall_ms: sampled.stall_ms,
+        buckets: sampled.buckets,
         load: serde_json::to_value(&report)?,
     })
 }

@@ -51,6 +51,16 @@ pub(crate) fn refusal_policy(class: RefusalClass, rounds: u32) -> Refusal {
     }
 }
 
+/// Units' messages in send order, each marked as a resend.
+fn resends_in_order(mut units: Vec<(u64, Carried)>) -> Vec<Queued> {
+    units.sort_unstable_by_key(|(seq, _)| *seq);
+    units
+        .into_iter()
+        .flat_map(|(_, carried)| carried.into_messages())
+        .map(|msg| Queued { msg, resend: true })
+        .collect()
+}
+
 /// The refusal backoff of an uplink's config.
 pub(super) fn backoff(cfg: &UplinkConfig) -> Backoff {
     Backoff::new(
@@ -180,13 +190,7 @@ impl<T: Transport> Outbox<T> {
         if self.returned.is_empty() {
             return;
         }
-        let mut pending = std::mem::take(&mut self.returned);
-        pending.sort_unstable_by_key(|(seq, _)| *seq);
-        let mut items: Vec<Queued> = pending
-            .into_iter()
-            .flat_map(|(_, carried)| carried.into_messages())
-            .map(|msg| Queued { msg, resend: true })
-            .collect();
+        let mut items = resends_in_order(std::mem::take(&mut self.returned));
         self.metrics.messages_returned.add(items.len() as u64);
         self.take_unwritten(&mut items);
         self.queue.requeue_front_queued(items);
@@ -214,19 +218,14 @@ impl<T: Transport> Outbox<T> {
     /// inflight and refused ones (by send order), then a sealed pack's, then those held to go
     /// alone, then the open pack's. Ends a refusal pause.
     pub(super) fn requeue_unacked(&mut self) {
-        let mut pending: Vec<(u64, Carried)> = self
+        let pending: Vec<(u64, Carried)> = self
             .inflight
             .drain()
             .map(|(_, f)| (f.seq, f.carried))
             .chain(self.refused.drain(..))
             .chain(self.returned.drain(..))
             .collect();
-        pending.sort_unstable_by_key(|(seq, _)| *seq);
-        let mut items: Vec<Queued> = pending
-            .into_iter()
-            .flat_map(|(_, carried)| carried.into_messages())
-            .map(|msg| Queued { msg, resend: true })
-            .collect();
+        let mut items = resends_in_order(pending);
         self.take_unwritten(&mut items);
         self.queue.requeue_front_queued(items);
         self.inflight_backlog = 0;
