@@ -144,7 +144,7 @@ impl PathsMetrics {
             let mut l: Vec<(&str, &str)> = labels.to_vec();
             l.push(("path", &p.name));
             w.gauge(
-                "sluice_uplink_path_up",
+                "sluice_uplink_path_state",
                 "Path state of a per-path session: 0 down, 1 connecting, 2 up.",
                 &l,
                 p.state.get(),
