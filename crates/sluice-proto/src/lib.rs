@@ -5,10 +5,11 @@
 //! runtime — callers hand in bytes and get packets back, so everything here is deterministic,
 //! property-tested and fuzzed. Invariant: no input bytes can make any function here panic.
 //!
-//! Modules: [`mqtt`] (MQTT 3.1.1 and 5.0 packets), [`senml`] (SenML packs, RFC 8428, in JSON
+//! Modules: [`mqtt`] (MQTT 3.1.1 and 5.0 packets), [`phd`] (IEEE 11073-20601 APDUs), [`senml`] (SenML packs, RFC 8428, in JSON
 //! and CBOR: decoding with base-field resolution, and an incremental pack writer).
 #![forbid(unsafe_code)]
 
 pub mod coap;
 pub mod mqtt;
+pub mod phd;
 pub mod senml;
