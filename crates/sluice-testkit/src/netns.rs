@@ -349,8 +349,7 @@ impl TestBed {
 
     /// Link i drops every packet both ways, silently; its carrier stays up.
     pub fn blackhole(&self, i: usize) -> Result<(), String> {
-        let l = &self.links[i];
-        for (ns, dev) in [(&self.gw.name, &l.gw_if), (&self.cloud.name, &l.cloud_if)] {
+        for (ns, dev) in self.ends(i) {
             self.tc(
                 ns,
                 &[
@@ -366,8 +365,7 @@ impl TestBed {
         match self.rate.clone() {
             Some(rate) => self.set_rate(i, &rate),
             None => {
-                let l = &self.links[i];
-                for (ns, dev) in [(&self.gw.name, &l.gw_if), (&self.cloud.name, &l.cloud_if)] {
+                for (ns, dev) in self.ends(i) {
                     self.tc(ns, &["qdisc", "del", "dev", dev, "root"])?;
                 }
                 Ok(())
@@ -377,8 +375,7 @@ impl TestBed {
 
     /// Limit link i to `rate` (tc units, e.g. `"4mbit"`) on both ends with tbf.
     pub fn set_rate(&self, i: usize, rate: &str) -> Result<(), String> {
-        let l = &self.links[i];
-        for (ns, dev) in [(&self.gw.name, &l.gw_if), (&self.cloud.name, &l.cloud_if)] {
+        for (ns, dev) in self.ends(i) {
             self.tc(
                 ns,
                 &[
@@ -400,6 +397,12 @@ impl TestBed {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Link i's two veth ends: (namespace, interface), gateway side first.
+    fn ends(&self, i: usize) -> [(&str, &str); 2] {
+        let l = &self.links[i];
+        [(&self.gw.name, &l.gw_if), (&self.cloud.name, &l.cloud_if)]
     }
 
     fn tc(&self, ns: &str, args: &[&str]) -> Result<(), String> {
