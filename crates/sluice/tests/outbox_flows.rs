@@ -95,6 +95,8 @@ impl TwoLinks {
 }
 
 impl Transport for TwoLinks {
+    const MAY_HOLD: bool = true;
+
     async fn connect(&mut self) -> Result<LinkLimits, UplinkError> {
         Ok(LinkLimits {
             window: 2 * LINK_WINDOW,

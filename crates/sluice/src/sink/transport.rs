@@ -129,6 +129,10 @@ pub trait Transport {
         None
     }
 
+    /// Whether [`Transport::holds`] can ever say yes (a transport over several links). When
+    /// false, the outbox does not compute flows at all. Default false.
+    const MAY_HOLD: bool = false;
+
     /// Whether a unit of `flow` must wait now (its link has no room and the flow may not
     /// move while units of it are unacknowledged there). The outbox keeps such units, and
     /// the flow's later ones, in order, and sends other flows meanwhile. Default: never.

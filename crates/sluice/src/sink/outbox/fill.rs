@@ -66,7 +66,7 @@ impl<T: Transport> Outbox<T> {
             }
             if let Some(front) = self.alone.front() {
                 if (front.msg.needs_cloud_ack() && !window_open)
-                    || self.transport.holds(front.msg.flow())
+                    || (T::MAY_HOLD && self.transport.holds(front.msg.flow()))
                 {
                     break;
                 }
@@ -117,8 +117,11 @@ impl<T: Transport> Outbox<T> {
                 self.pack_or_hold(Queued { msg, resend }, limits.pack_limit);
                 continue;
             }
-            let flow = msg.flow();
-            if self.held.contains_key(&flow) || self.transport.holds(flow) {
+            // Only a transport over several links holds flows: the others pay no hash here.
+            let flow = if T::MAY_HOLD { Some(msg.flow()) } else { None };
+            if let Some(flow) =
+                flow.filter(|f| self.held.contains_key(f) || self.transport.holds(*f))
+            {
                 self.held_seq += 1;
                 let seq = self.held_seq;
                 self.held

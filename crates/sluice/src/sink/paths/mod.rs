@@ -417,6 +417,8 @@ impl PathsTransport {
 }
 
 impl Transport for PathsTransport {
+    const MAY_HOLD: bool = true;
+
     async fn connect(&mut self) -> Result<LinkLimits, UplinkError> {
         if self.links.is_some() {
             self.on_links();
