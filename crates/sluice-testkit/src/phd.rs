@@ -382,7 +382,9 @@ impl Reading {
         };
         for (name, value) in sfloats {
             if !sfloat_fits(*value) {
-                bail!("{name} {value:?} does not fit an SFLOAT (mantissa −2048…2047, exponent −8…7)");
+                bail!(
+                    "{name} {value:?} does not fit an SFLOAT (mantissa −2048…2047, exponent −8…7)"
+                );
             }
         }
         Ok(())
@@ -425,7 +427,15 @@ impl ReportHeader {
 
 /// AbsoluteTime from decimal fields (each written as two BCD digits; `year` is 4 digits).
 /// Fields out of range (month 13 …) are encoded anyway, so tests can send bad clocks.
-pub fn bcd_time(year: u16, month: u8, day: u8, hour: u8, minute: u8, second: u8, hundredths: u8) -> [u8; 8] {
+pub fn bcd_time(
+    year: u16,
+    month: u8,
+    day: u8,
+    hour: u8,
+    minute: u8,
+    second: u8,
+    hundredths: u8,
+) -> [u8; 8] {
     let bcd = |v: u8| ((v / 10 % 10) << 4) | (v % 10);
     // Both halves are < 100 after the modulo, so the casts cannot truncate.
     let century = (year / 100 % 100) as u8;
@@ -570,7 +580,9 @@ impl PhdAgent {
             .await
             .context("sending AARQ")?;
         let aare = self
-            .wait_for("AARE", deadline, false, |apdu| tag(apdu) == Some(apdu::AARE))
+            .wait_for("AARE", deadline, false, |apdu| {
+                tag(apdu) == Some(apdu::AARE)
+            })
             .await?;
         let aare_result =
             u16_at(&aare, 4).ok_or_else(|| anyhow!("manager sent an AARE without a result"))?;
@@ -590,7 +602,8 @@ impl PhdAgent {
                 answers(apdu, invoke_id)
             })
             .await?;
-        let data = parse_data(&rsp).ok_or_else(|| anyhow!("malformed answer to the config report"))?;
+        let data =
+            parse_data(&rsp).ok_or_else(|| anyhow!("malformed answer to the config report"))?;
         check_not_error(&data, "the config report")?;
         if data.choice != data_choice::RORS_CONFIRMED_EVENT_REPORT {
             bail!(
@@ -622,7 +635,8 @@ impl PhdAgent {
         time: [u8; 8],
         timeout: Duration,
     ) -> anyhow::Result<Option<Duration>> {
-        self.send_report(ScanForm::Fixed, reading, time, timeout).await
+        self.send_report(ScanForm::Fixed, reading, time, timeout)
+            .await
     }
 
     /// Variable-format report (MDC_NOTI_SCAN_REPORT_VAR) of the same reading; as
@@ -633,7 +647,8 @@ impl PhdAgent {
         time: [u8; 8],
         timeout: Duration,
     ) -> anyhow::Result<Option<Duration>> {
-        self.send_report(ScanForm::Var, reading, time, timeout).await
+        self.send_report(ScanForm::Var, reading, time, timeout)
+            .await
     }
 
     /// Multi-person fixed report (MDC_NOTI_SCAN_REPORT_MP_FIXED) for `person_id`; as
@@ -665,7 +680,8 @@ impl PhdAgent {
             );
         }
         reading.check()?;
-        let invoke_id = if self.spec.antidote_quirks && self.spec.device == PhdDevice::PulseOximeter {
+        let invoke_id = if self.spec.antidote_quirks && self.spec.device == PhdDevice::PulseOximeter
+        {
             ANTIDOTE_OXIMETER_INVOKE_ID
         } else {
             self.allocate_invoke_id()
@@ -680,7 +696,9 @@ impl PhdAgent {
             time,
         );
         let started = Instant::now();
-        self.send_raw(&bytes).await.context("sending a scan report")?;
+        self.send_raw(&bytes)
+            .await
+            .context("sending a scan report")?;
         self.reports_sent += 1;
         if !self.spec.sends_confirmed() {
             return Ok(None);
@@ -691,9 +709,12 @@ impl PhdAgent {
             timeout
         };
         let waited = self
-            .wait_for("scan report confirmation", started + timeout, false, |apdu| {
-                answers(apdu, invoke_id)
-            })
+            .wait_for(
+                "scan report confirmation",
+                started + timeout,
+                false,
+                |apdu| answers(apdu, invoke_id),
+            )
             .await;
         let answer = match waited {
             Ok(answer) => answer,
@@ -710,7 +731,8 @@ impl PhdAgent {
             Err(e) => return Err(e),
         };
         let elapsed = started.elapsed();
-        let data = parse_data(&answer).ok_or_else(|| anyhow!("malformed answer to a scan report"))?;
+        let data =
+            parse_data(&answer).ok_or_else(|| anyhow!("malformed answer to a scan report"))?;
         check_not_error(&data, "a scan report")?;
         if data.choice != data_choice::RORS_CONFIRMED_EVENT_REPORT {
             bail!(
@@ -874,7 +896,8 @@ impl PhdAgent {
     async fn read_next(&mut self, deadline: Instant) -> anyhow::Result<Incoming> {
         loop {
             if self.read_buf.len() >= 4 {
-                let total = usize::from(u16::from_be_bytes([self.read_buf[2], self.read_buf[3]])) + 4;
+                let total =
+                    usize::from(u16::from_be_bytes([self.read_buf[2], self.read_buf[3]])) + 4;
                 if self.read_buf.len() >= total {
                     let rest = self.read_buf.split_off(total);
                     let apdu = std::mem::replace(&mut self.read_buf, rest);
@@ -951,10 +974,8 @@ fn parse_data(apdu: &[u8]) -> Option<DataApdu<'_>> {
 
 /// Whether `apdu` is a response (rors, roer, rorj) to invoke `invoke_id`.
 fn answers(apdu: &[u8], invoke_id: u16) -> bool {
-    parse_data(apdu).is_some_and(|data| {
-        data.invoke_id == invoke_id
-            && matches!(data.choice >> 8, 0x02..=0x04)
-    })
+    parse_data(apdu)
+        .is_some_and(|data| data.invoke_id == invoke_id && matches!(data.choice >> 8, 0x02..=0x04))
 }
 
 fn check_not_error(data: &DataApdu<'_>, what: &str) -> anyhow::Result<()> {
@@ -1047,16 +1068,40 @@ pub fn config_report(spec: &AgentSpec, invoke_id: u16) -> Vec<u8> {
 ///
 /// # Panics
 /// If a value of `reading` does not fit its field ([`Reading::check`]).
-pub fn scan_report_fixed(spec: &AgentSpec, invoke_id: u16, report_no: u16, reading: &Reading, time: [u8; 8]) -> Vec<u8> {
-    scan_report(spec, ScanForm::Fixed, &ReportHeader::new(invoke_id, report_no), reading, time)
+pub fn scan_report_fixed(
+    spec: &AgentSpec,
+    invoke_id: u16,
+    report_no: u16,
+    reading: &Reading,
+    time: [u8; 8],
+) -> Vec<u8> {
+    scan_report(
+        spec,
+        ScanForm::Fixed,
+        &ReportHeader::new(invoke_id, report_no),
+        reading,
+        time,
+    )
 }
 
 /// [`scan_report_fixed`] in the variable format.
 ///
 /// # Panics
 /// If a value of `reading` does not fit its field ([`Reading::check`]).
-pub fn scan_report_var(spec: &AgentSpec, invoke_id: u16, report_no: u16, reading: &Reading, time: [u8; 8]) -> Vec<u8> {
-    scan_report(spec, ScanForm::Var, &ReportHeader::new(invoke_id, report_no), reading, time)
+pub fn scan_report_var(
+    spec: &AgentSpec,
+    invoke_id: u16,
+    report_no: u16,
+    reading: &Reading,
+    time: [u8; 8],
+) -> Vec<u8> {
+    scan_report(
+        spec,
+        ScanForm::Var,
+        &ReportHeader::new(invoke_id, report_no),
+        reading,
+        time,
+    )
 }
 
 /// [`scan_report_fixed`] in the multi-person fixed format, for `person_id`.
@@ -1086,7 +1131,13 @@ pub fn scan_report_mp_fixed(
 ///
 /// # Panics
 /// If a value of `reading` does not fit its field ([`Reading::check`]).
-pub fn scan_report(spec: &AgentSpec, form: ScanForm, header: &ReportHeader, reading: &Reading, time: [u8; 8]) -> Vec<u8> {
+pub fn scan_report(
+    spec: &AgentSpec,
+    form: ScanForm,
+    header: &ReportHeader,
+    reading: &Reading,
+    time: [u8; 8],
+) -> Vec<u8> {
     if let Err(e) = reading.check() {
         panic!("scan_report: {e}");
     }
@@ -1149,7 +1200,12 @@ pub fn mds_get_response(spec: &AgentSpec, invoke_id: u16, clock: [u8; 8]) -> Vec
 }
 
 /// [`mds_get_response`] limited to the attribute ids in `ids` (empty = all).
-pub fn mds_get_response_filtered(spec: &AgentSpec, invoke_id: u16, ids: &[u16], clock: [u8; 8]) -> Vec<u8> {
+pub fn mds_get_response_filtered(
+    spec: &AgentSpec,
+    invoke_id: u16,
+    ids: &[u16],
+    clock: [u8; 8],
+) -> Vec<u8> {
     let attributes: Vec<(u16, Vec<u8>)> = mds_attributes(spec, clock)
         .into_iter()
         .filter(|(id, _)| ids.is_empty() || ids.contains(id))
@@ -1239,7 +1295,13 @@ fn seq_value(count: usize, items: &[u16]) -> Vec<u8> {
 }
 
 /// Metric-Spec-Small of the oximeter (`0x4040`) and of the other devices (`0xF040`).
-fn numeric(handle: u16, code: u16, spec_small: u16, unit: u16, value_map: &[(u16, u16)]) -> ConfigObject {
+fn numeric(
+    handle: u16,
+    code: u16,
+    spec_small: u16,
+    unit: u16,
+    value_map: &[(u16, u16)],
+) -> ConfigObject {
     let map: Vec<u16> = value_map.iter().flat_map(|(id, len)| [*id, *len]).collect();
     ConfigObject {
         handle,
@@ -1270,10 +1332,19 @@ fn object_table(spec: &AgentSpec) -> Vec<ConfigObject> {
             ]
         }
         PhdDevice::BloodPressure => {
-            let mut nibp = numeric(1, 0x4A04, 0xF040, 0x0F20, &[(ATTR_NU_CMPD_VAL_OBS_BASIC, 10), TIME]);
-            nibp.attributes.insert(2, (ATTR_METRIC_STRUCT_SMALL, be(&[0x0303])));
+            let mut nibp = numeric(
+                1,
+                0x4A04,
+                0xF040,
+                0x0F20,
+                &[(ATTR_NU_CMPD_VAL_OBS_BASIC, 10), TIME],
+            );
             nibp.attributes
-                .insert(3, (ATTR_ID_PHYSIO_LIST, seq_value(3, &[0x4A05, 0x4A06, 0x4A07])));
+                .insert(2, (ATTR_METRIC_STRUCT_SMALL, be(&[0x0303])));
+            nibp.attributes.insert(
+                3,
+                (ATTR_ID_PHYSIO_LIST, seq_value(3, &[0x4A05, 0x4A06, 0x4A07])),
+            );
             vec![nibp, numeric(2, 0x482A, 0xF040, 0x0AA0, &[SFLOAT, TIME])]
         }
         PhdDevice::WeighingScale => vec![
@@ -1351,7 +1422,10 @@ fn mds_attributes(spec: &AgentSpec, clock: [u8; 8]) -> Vec<(u16, Vec<u8>)> {
         w.octets(b"DE124567");
     });
     vec![
-        (ATTR_SYS_TYPE_SPEC_LIST, seq_value(1, &[spec.device.spec_profile(), 1])),
+        (
+            ATTR_SYS_TYPE_SPEC_LIST,
+            seq_value(1, &[spec.device.spec_profile(), 1]),
+        ),
         (ATTR_ID_MODEL, model.finish()),
         (ATTR_SYS_ID, system_id.finish()),
         (ATTR_DEV_CONFIG_ID, be(&[spec.effective_config_id()])),
