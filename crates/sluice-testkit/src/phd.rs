@@ -48,6 +48,24 @@
 //! APDUs. Invariant: nothing the manager sends can panic the agent — short or malformed APDUs
 //! become errors or are kept for `read_apdu`. The pure encoders panic only on values the caller
 //! chose out of range (see [`Reading::check`]).
+//!
+//! ```no_run
+//! # async fn example(gateway: std::net::SocketAddr) -> anyhow::Result<()> {
+//! use std::time::Duration;
+//! use sluice_testkit::phd::bcd_time;
+//! use sluice_testkit::{AgentSpec, PhdAgent, PhdDevice, Reading};
+//!
+//! let spec = AgentSpec { config_id: 0x4000, ..AgentSpec::new(PhdDevice::PulseOximeter) };
+//! let mut agent = PhdAgent::connect(gateway, spec).await?;
+//! let association = agent.associate().await?; // AARQ, config report if asked for
+//! assert_eq!((association.aare_result, association.config_result), (3, Some(0)));
+//! let reading = Reading::Oximeter { spo2: (98, 0), pulse: (72, 0) };
+//! let time = bcd_time(2007, 12, 6, 12, 10, 0, 0);
+//! let took = agent.report(&reading, time, Duration::from_secs(5)).await?;
+//! assert!(took.is_some(), "confirmed");
+//! assert_eq!(agent.release().await?, 0);
+//! # Ok(()) }
+//! ```
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -415,6 +433,7 @@ pub struct ReportHeader {
 }
 
 impl ReportHeader {
+    /// Event-time `0xFFFFFFFF` (not used), data-req-id `0xF000` (agent-initiated).
     pub fn new(invoke_id: u16, report_no: u16) -> ReportHeader {
         ReportHeader {
             invoke_id,
