@@ -409,7 +409,8 @@ fn c5_with_config(config_id: u16) -> Vec<u8> {
 
 /// Session B of the fact sheet, byte for byte in both directions: AARQ → accepted-unknown-config
 /// (sent in two pieces) → config report → accepted → scan report → a GET from the manager,
-/// answered while the agent waits for the confirmation → confirmation → RLRQ → RLRE.
+/// answered while the agent waits for the confirmation, and the confirmation (both in one
+/// write) → RLRQ → RLRE.
 #[tokio::test]
 async fn session_b_over_tcp_matches_the_vectors_and_answers_a_get() {
     let (listener, addr) = manager().await;
@@ -432,13 +433,11 @@ async fn session_b_over_tcp_matches_the_vectors_and_answers_a_get() {
             read_apdu(&mut s).await,
             vector("phd_po_B5_scan_fixed_ext4000")
         );
-        s.write_all(&vector("phd_po_C4_get_mds_request"))
-            .await
-            .unwrap();
+        // GET and confirmation in one write: the agent answers the first, then takes the second.
+        let mut both = vector("phd_po_C4_get_mds_request");
+        both.extend_from_slice(&vector("phd_po_B6_scan_fixed_confirm"));
+        s.write_all(&both).await.unwrap();
         assert_eq!(read_apdu(&mut s).await, c5_with_config(0x4000));
-        s.write_all(&vector("phd_po_B6_scan_fixed_confirm"))
-            .await
-            .unwrap();
         assert_eq!(read_apdu(&mut s).await, vector("phd_po_B7_rlrq_normal"));
         s.write_all(&vector("phd_po_B8_rlre_normal")).await.unwrap();
         let mut rest = Vec::new();
@@ -665,4 +664,74 @@ async fn manager_abort_and_release_end_the_wait() {
         "{err:#}"
     );
     manager.await.expect("manager got its RLRE");
+}
+
+/// A GET with an attribute-id list gets just those MDS attributes; a GET on another handle gets
+/// ROER no-such-object-instance (not counted as answered); both are consumed by `read_apdu`,
+/// which returns the manager's RLRQ unanswered.
+#[tokio::test]
+async fn gets_are_answered_by_attribute_list_and_handle() {
+    let (listener, addr) = manager().await;
+    let manager = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        read_apdu(&mut s).await;
+        s.write_all(&vector("phd_po_A2_aare_accepted"))
+            .await
+            .unwrap();
+        s.write_all(&hex(
+            "e7 00 00 12 00 10 00 07 01 03 00 0a 00 00 00 02 00 04 09 84 0a 44",
+        ))
+        .await
+        .unwrap();
+        let system_id_and_config = hex("e7 00 00 22 00 20 00 07 02 03 00 1a 00 00 00 02 00 14
+             09 84 00 0a 00 08 11 22 33 44 55 66 77 04 0a 44 00 02 01 90");
+        assert_eq!(read_apdu(&mut s).await, system_id_and_config);
+        s.write_all(&hex(
+            "e7 00 00 0e 00 0c 00 08 01 03 00 06 00 05 00 00 00 00",
+        ))
+        .await
+        .unwrap();
+        let roer = hex("e7 00 00 0c 00 0a 00 08 03 00 00 04 00 01 00 00");
+        assert_eq!(read_apdu(&mut s).await, roer);
+        s.write_all(&vector("phd_po_A5_rlrq_normal")).await.unwrap();
+        assert_eq!(read_apdu(&mut s).await, vector("phd_po_A6_rlre_normal"));
+    });
+    let mut agent = PhdAgent::connect(addr, oximeter(0x0190))
+        .await
+        .expect("connect");
+    agent.associate().await.expect("associate");
+    assert_eq!(
+        agent.read_apdu(WAIT).await.expect("RLRQ"),
+        Some(vector("phd_po_A5_rlrq_normal"))
+    );
+    assert_eq!(agent.gets_answered(), 1);
+    agent.send_raw(&rlre(0)).await.expect("RLRE");
+    manager.await.expect("manager saw both answers");
+}
+
+/// Malformed APDUs from the manager never panic the agent: a PRST too short for a Data APDU is
+/// kept for `read_apdu`, an AARE without a result fails `associate`, and EOF inside an APDU
+/// is an error.
+#[tokio::test]
+async fn malformed_manager_apdus_become_errors() {
+    let (listener, addr) = manager().await;
+    let manager = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        read_apdu(&mut s).await;
+        s.write_all(&hex("e7 00 00 03 00 01 12  e3 00 00 01 00  e6 00 00 04 00"))
+            .await
+            .unwrap();
+    });
+    let mut agent = PhdAgent::connect(addr, oximeter(0x0190))
+        .await
+        .expect("connect");
+    let err = agent.associate().await.expect_err("AARE without a result");
+    assert!(format!("{err:#}").contains("without a result"), "{err:#}");
+    assert_eq!(
+        agent.read_apdu(WAIT).await.expect("short PRST"),
+        Some(hex("e7 00 00 03 00 01 12"))
+    );
+    manager.await.expect("manager wrote");
+    let err = agent.read_apdu(WAIT).await.expect_err("EOF inside an APDU");
+    assert!(format!("{err:#}").contains("inside an APDU"), "{err:#}");
 }
