@@ -2,7 +2,8 @@
 //!
 //! Owns: a throw-away PKI generated at test time ([`certs`]), a real Mosquitto broker as a
 //! child process ([`broker`]), an MQTT test client on sluice-proto's codec ([`client`]),
-//! free-port helpers ([`ports`]). Does not own: any production code path — nothing here is
+//! free-port helpers ([`ports`]), an IEEE 11073-20601 (PHD) test agent over TCP with its pure
+//! APDU encoders ([`phd`]). Does not own: any production code path — nothing here is
 //! linked into the `sluice` binary.
 //!
 //! Invariants: hermetic (temp dirs, loopback ports, no system trust store); every resource a
@@ -31,9 +32,11 @@ pub mod broker;
 pub mod certs;
 pub mod client;
 pub mod netns;
+pub mod phd;
 pub mod ports;
 
 pub use broker::{Mosquitto, MosquittoBuilder};
 pub use certs::TestPki;
 pub use client::{ConnectOpts, TestClient};
+pub use phd::{AgentSpec, Association, PhdAgent, PhdDevice, Reading};
 pub use ports::{free_port, wait_for_port, wait_for_port_blocking};
