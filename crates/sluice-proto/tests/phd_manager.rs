@@ -331,8 +331,21 @@ fn an_unknown_handle_is_skipped_not_guessed() {
     let now = Instant::now();
     let mut m = manager(false, now);
     feed(&mut m, "phd_po_A1_aarq_std0190", &StandardOnly, now);
-    // B5's 10-byte observations do not match 0x0190's SFLOAT-only map (fact sheet §14).
+    // B5's 10-byte observations under 0x0190's SFLOAT-only map: Antidote's agent does this
+    // (fact sheet §15.1); the trailing 8 bytes are a valid time stamp, so they are read.
     let out = feed(&mut m, "phd_po_B5_scan_fixed_ext4000", &StandardOnly, now);
+    let (_, _, _, _, r) = report(&out);
+    assert_eq!(r.observations.len(), 2);
+    assert!(r.observations[0].time.is_some());
+    // A 10-byte observation whose extra bytes are not a time, and an unknown handle: skipped.
+    let mut bad = vector("phd_po_B5_scan_fixed_ext4000");
+    bad[36] = 0xAB; // the first time stamp's century: not BCD
+    bad[44] = 0; // second observation's handle 10 → 7 (not in the table)
+    bad[45] = 7;
+    let mut buf = BytesMut::from(&bad[..]);
+    let a = decode_apdu(&mut buf, 65_539).unwrap().unwrap();
+    let mut out = Vec::new();
+    m.on_apdu(a, now, &StandardOnly, &mut out);
     let (_, _, _, _, r) = report(&out);
     assert!(r.observations.is_empty());
     assert_eq!(r.skipped.len(), 2);

@@ -45,6 +45,11 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen for health devices (PHD) on {addr}: {source}")]
+    BindPhd {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("uplink {name:?}: {source}")]
     Uplink {
         name: String,
@@ -66,6 +71,8 @@ pub struct Gateway {
     /// One per shard, bound with SO_REUSEPORT; empty when `[coap] enabled = false`.
     coap: Vec<std::net::UdpSocket>,
     admin: Option<std::net::TcpListener>,
+    /// `[phd] listen`.
+    phd: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
     /// Opened and recovered; empty without a spool.
     spools: crate::sink::spool::OpenedSpools,
@@ -94,7 +101,7 @@ impl Gateway {
             uplink_tls.push(tls);
         }
         let addr = config.mqtt.listen;
-        let (mqtt, mqtt_mptcp) = bind_devices(addr, config.mqtt.mptcp)
+        let (mqtt, mqtt_mptcp) = crate::net::listen::bind_devices(addr, config.mqtt.mptcp)
             .map_err(|source| AppError::BindDevices { addr, source })?;
         let coap = if config.coap.enabled {
             let addr = config.coap.listen;
@@ -105,9 +112,13 @@ impl Gateway {
         };
         let admin = if config.admin.enabled {
             let addr = config.admin.listen;
-            Some(bind(addr).map_err(|source| AppError::BindAdmin { addr, source })?)
+            Some(crate::net::listen::bind(addr).map_err(|source| AppError::BindAdmin { addr, source })?)
         } else {
             None
+        };
+        let phd = match config.phd.listen {
+            Some(addr) => Some(crate::net::listen::bind(addr).map_err(|source| AppError::BindPhd { addr, source })?),
+            None => None,
         };
         // Last, after everything cheap has been checked: recovery may read the whole spool.
         let spools = crate::sink::spool::open_all(&config, shards)?;
@@ -118,6 +129,7 @@ impl Gateway {
             mqtt_mptcp,
             coap,
             admin,
+            phd,
             uplink_tls,
             spools,
         })
@@ -144,6 +156,7 @@ impl Gateway {
             mqtt_mptcp,
             coap,
             admin,
+            phd,
             uplink_tls,
             spools,
         } = self;
@@ -247,6 +260,8 @@ impl Gateway {
                 v.push((uplink, index, opened));
             }
         }
+        let phd_addr = phd.as_ref().and_then(|l| l.local_addr().ok());
+        let phd = phd.map(|l| crate::edge::phd::PhdStart::new(&config, l, txs.clone()));
         let mut shard_spools = shard_spools.into_iter();
         let mut shard_former = shard_former.into_iter();
         let mut threads = Vec::new();
@@ -280,6 +295,7 @@ impl Gateway {
                 coap: coap.next(),
                 coap_metrics: coap_metrics[id].clone(),
                 links: links.clone(),
+                phd: phd.as_ref().map(|p| p.shared.clone()),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -308,6 +324,7 @@ impl Gateway {
             coap_metrics,
             mqtt_mptcp,
             links: link_watcher.as_ref().map(|w| w.metrics.clone()),
+            phd: phd.as_ref().map(|p| p.shared.room.clone()),
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -328,6 +345,9 @@ impl Gateway {
             status.clone(),
             shutdown_rx.clone(),
         )?);
+        if let Some(phd) = phd {
+            threads.insert(0, phd.spawn(shutdown_rx.clone()).map_err(AppError::Thread)?);
+        }
         // Joined first on shutdown: accepting stops before the shards drain.
         threads.insert(0, spawn_listener(listener, mqtt, shutdown_rx)?);
         tracing::info!(%mqtt_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
@@ -339,6 +359,7 @@ impl Gateway {
             mqtt_addr,
             coap_addr,
             admin_addr,
+            phd_addr,
             status,
         })
     }
@@ -452,11 +473,6 @@ fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::sink::tc::TcManage
     tc::TcManager::start(None, interface, rate).map_err(|e| e.to_string())
 }
 
-/// Connections the kernel completes and queues for `accept` per listener (capped by
-/// `net.core.somaxconn`, 4096 by default since Linux 5.4). The standard library's 128 drops
-/// the SYNs of a reconnect storm beyond it, and each dropped device waits out a 1 s, then 3 s
-/// SYN retransmission before it gets in.
-const LISTEN_BACKLOG: i32 = 4096;
 
 /// A non-blocking listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as the
 /// standard library sets it, so a restart does not wait out TIME_WAIT).
@@ -487,42 +503,6 @@ fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher>
     }
 }
 
-/// The device listener: an MPTCP one when `[mqtt] mptcp` asks and the kernel has MPTCP (plain
-/// TCP clients still connect to it), else TCP. Returns whether it is MPTCP (`None`: not asked).
-fn bind_devices(
-    addr: SocketAddr,
-    mptcp: bool,
-) -> std::io::Result<(std::net::TcpListener, Option<bool>)> {
-    if !mptcp {
-        return Ok((bind(addr)?, None));
-    }
-    match bind_with(addr, socket2::Protocol::MPTCP) {
-        Ok(l) => Ok((l, Some(true))),
-        Err(e) if crate::net::dial::kernel_lacks_mptcp(&e) => {
-            tracing::warn!(blame = "local", error = %e, "[mqtt] mptcp = true, but this kernel refused an MPTCP listener (is net.mptcp.enabled = 1?); devices connect over plain TCP");
-            Ok((bind(addr)?, Some(false)))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    bind_with(addr, socket2::Protocol::TCP)
-}
-
-fn bind_with(
-    addr: SocketAddr,
-    protocol: socket2::Protocol,
-) -> std::io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(protocol))?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
-    socket.set_nonblocking(true)?;
-    Ok(socket.into())
-}
-
 /// A started gateway. Dropping it without `shutdown` leaves the threads running.
 pub struct RunningGateway {
     shutdown: watch::Sender<bool>,
@@ -535,6 +515,8 @@ pub struct RunningGateway {
     /// The CoAP listener (`None` when `[coap] enabled = false`).
     pub coap_addr: Option<SocketAddr>,
     pub admin_addr: Option<SocketAddr>,
+    /// The PHD listener (`None` without `[phd] listen`).
+    pub phd_addr: Option<SocketAddr>,
     status: Arc<GatewayStatus>,
 }
 
@@ -606,6 +588,8 @@ struct GatewayStatus {
     mqtt_mptcp: Option<bool>,
     /// The watched links (`None`: no watcher).
     links: Option<Arc<crate::net::links::LinkMetrics>>,
+    /// The PHD agent table (`None` without `[phd] listen`).
+    phd: Option<Arc<crate::control::phd::PhdRoom>>,
 }
 
 impl GatewayStatus {
@@ -667,6 +651,9 @@ impl AdminSource for GatewayStatus {
         crate::admin::coap_proxy::render_proxy_metrics(w, &self.proxy_metrics);
         if let Some(links) = &self.links {
             links.render(w);
+        }
+        if let Some(phd) = &self.phd {
+            phd.metrics.render(w);
         }
         if self.coap_addr.is_some() {
             for (i, m) in self.coap_metrics.iter().enumerate() {
@@ -740,6 +727,7 @@ impl AdminSource for GatewayStatus {
             "spool": self.spool_summary(),
             "mqtt": { "mptcp": self.mqtt_mptcp },
             "links": self.links.as_ref().map(|l| l.status()),
+            "phd": self.phd.as_ref().map(|p| p.status(1000)),
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,
                 Some(addr) => serde_json::json!({
@@ -757,36 +745,5 @@ impl AdminSource for GatewayStatus {
                 .map(|(name, tc)| serde_json::json!({ "uplink": name, "tc": tc }))
                 .collect::<Vec<_>>(),
         })
-    }
-}
-
-#[cfg(test)]
-mod bind_tests {
-    use super::*;
-    use std::time::Duration;
-
-    /// Far more connections than the standard library's backlog of 128 complete their
-    /// handshake while nobody accepts.
-    #[test]
-    fn the_listener_queues_a_connection_storm_beyond_128() {
-        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
-        if somaxconn <= 200 {
-            eprintln!("net.core.somaxconn is {somaxconn}: the kernel caps the backlog; skipped");
-            return;
-        }
-        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let storm = somaxconn.min(1000);
-        let mut held = Vec::with_capacity(storm);
-        for i in 0..storm {
-            // A SYN beyond the accept queue is dropped: connect would wait for a retransmission.
-            let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
-                .unwrap_or_else(|e| panic!("connection {i} of {storm} not queued: {e}"));
-            held.push(stream);
-        }
-        assert_eq!(held.len(), storm);
     }
 }

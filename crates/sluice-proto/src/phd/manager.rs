@@ -180,6 +180,33 @@ pub fn confirmation(invoke_id: u16, obj_handle: u16, event_type: u16) -> Apdu {
     DataApdu::confirm(invoke_id, obj_handle, event_type)
 }
 
+/// An AARE with `result` and the manager's association information (any result: Antidote
+/// keeps the full information in rejections too, vector C3).
+pub fn rejection(config: &ManagerConfig, result: u16) -> Apdu {
+    let info = PhdAssociationInformation {
+        protocol_version: PROTOCOL_VERSION_1,
+        encoding_rules: MDER,
+        nomenclature_version: 0x8000_0000,
+        functional_units: 0,
+        system_type: 0x8000_0000,
+        system_id: Bytes::copy_from_slice(&config.system_id),
+        dev_config_id: 0,
+        data_req_mode_flags: 0,
+        data_req_init_agent_count: 0,
+        data_req_init_manager_count: 0,
+        option_list: Bytes::from_static(&[0, 0, 0, 0]),
+    };
+    let mut b = BytesMut::with_capacity(38);
+    info.encode(&mut b);
+    Apdu::Aare(Aare {
+        result,
+        proto: DataProto {
+            id: DATA_PROTO_20601,
+            info: b.freeze(),
+        },
+    })
+}
+
 /// One agent connection's manager.
 #[derive(Debug, Clone)]
 pub struct Manager {
@@ -342,28 +369,7 @@ impl Manager {
     }
 
     fn aare(&self, result: u16) -> Apdu {
-        let info = PhdAssociationInformation {
-            protocol_version: PROTOCOL_VERSION_1,
-            encoding_rules: MDER,
-            nomenclature_version: 0x8000_0000,
-            functional_units: 0,
-            system_type: 0x8000_0000,
-            system_id: Bytes::copy_from_slice(&self.config.system_id),
-            dev_config_id: 0,
-            data_req_mode_flags: 0,
-            data_req_init_agent_count: 0,
-            data_req_init_manager_count: 0,
-            option_list: Bytes::from_static(&[0, 0, 0, 0]),
-        };
-        let mut b = BytesMut::with_capacity(38);
-        info.encode(&mut b);
-        Apdu::Aare(Aare {
-            result,
-            proto: DataProto {
-                id: DATA_PROTO_20601,
-                info: b.freeze(),
-            },
-        })
+        rejection(&self.config, result)
     }
 
     fn reject(&mut self, result: u16, out: &mut Vec<Output>) {

@@ -10,8 +10,10 @@
 //! A structure whose counts and lengths do not add up is a [`DecodeError`] (the report as a
 //! whole is bad). An observation that is well framed but cannot be read — its handle is not
 //! in the table, the table has no value map for it, or its bytes do not match the map — is
-//! left out and listed in [`ScanReport::skipped`], never guessed. Bytes after the report
-//! inside the event-info are ignored (Antidote's glucometer sends two).
+//! left out and listed in [`ScanReport::skipped`], never guessed — with one documented
+//! exception: an observation exactly 8 bytes longer than a map without a time stamp whose
+//! last 8 bytes are a valid AbsoluteTime (Antidote's oximeter under 0x0190). Bytes after the
+//! report inside the event-info are ignored (Antidote's glucometer sends two).
 
 use bytes::Bytes;
 
@@ -147,7 +149,15 @@ fn fixed_list(
             continue;
         }
         let total: usize = object.value_map.iter().map(|&(_, l)| usize::from(l)).sum();
-        if total != data.len() {
+        let has_time = object
+            .value_map
+            .iter()
+            .any(|&(a, _)| a == attr::TIME_STAMP_ABS || a == attr::TIME_ABS);
+        // Antidote's own oximeter agent appends an Absolute-Time-Stamp to every observation
+        // under 0x0190, whose table has none (fact sheet §15.1): taken only when the extra
+        // 8 bytes are a valid BCD time, else the observation is skipped as any mismatch.
+        let trailing_time = !has_time && data.len() == total + 8;
+        if total != data.len() && !trailing_time {
             report.skipped.push((handle, Skip::LengthMismatch));
             continue;
         }
@@ -157,6 +167,13 @@ fn fixed_list(
         for &(id, len) in &object.value_map {
             let v = d.bytes("observed attribute", usize::from(len))?;
             ok &= obs.read(id, v);
+        }
+        if trailing_time {
+            let v = d.bytes("trailing time stamp", 8)?;
+            if !obs.read(attr::TIME_STAMP_ABS, v) {
+                report.skipped.push((handle, Skip::LengthMismatch));
+                continue;
+            }
         }
         match obs.into_observation(handle, person) {
             Some(o) if ok => report.observations.push(o),

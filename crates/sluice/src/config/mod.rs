@@ -20,6 +20,7 @@
 mod coap;
 mod lanes;
 mod multipath;
+mod phd;
 mod spool;
 mod units;
 mod uplink;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use multipath::MultipathConfig;
+pub use phd::PhdConfig;
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
 };
@@ -141,7 +143,8 @@ fn location_suffix(line: Option<usize>, column: Option<usize>) -> String {
     }
 }
 
-/// The whole file: `[gateway]`, `[mqtt]`, `[coap]`, `[admin]`, `[log]`, `[priority]`, `[spool]` and any
+/// The whole file: `[gateway]`, `[mqtt]`, `[coap]`, `[admin]`, `[log]`, `[priority]`, `[spool]`,
+/// `[multipath]`, `[phd]` and any
 /// number of `[[uplink]]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -154,6 +157,7 @@ pub struct Config {
     pub priority: PriorityConfig,
     pub spool: SpoolConfig,
     pub multipath: MultipathConfig,
+    pub phd: PhdConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uplink: Vec<UplinkConfig>,
 }

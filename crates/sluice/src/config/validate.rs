@@ -18,6 +18,7 @@ use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
 
 mod coap_proxy;
 mod multipath;
+mod phd;
 
 /// Whether `check` opens the files the config refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     }
     coap_proxy::check_coap_proxy(config, files)?;
     multipath::check_multipath(config)?;
+    phd::check_phd(config)?;
     Ok(())
 }
 

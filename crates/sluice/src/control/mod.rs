@@ -9,7 +9,9 @@
 //!   read-mostly [`SubscriptionSnapshot`] through `arc-swap`, which shards read without locks
 //!   to route messages to each other (shared subscriptions kept apart, each group once);
 //! - [`retained`] — the bounded retained store and its replay to new subscribers;
-//! - [`priority`] — the immutable priority table.
+//! - [`priority`] — the immutable priority table;
+//! - [`phd`] — IEEE 11073 agents and their learnt configurations (the association room; its
+//!   tasks run on the `sluice-phd` thread, `crate::edge::phd::assoc`).
 //!
 //! This file owns the wiring: [`ControlCmd`], the [`ControlPlane`] loop that applies commands
 //! to the rooms in batches, and [`ControlMetrics`].
@@ -24,6 +26,7 @@
 //! only after a snapshot containing it is published.
 
 pub mod admission;
+pub mod phd;
 pub mod priority;
 pub mod registry;
 pub mod retained;

@@ -32,6 +32,7 @@
 pub mod ack;
 pub mod coap;
 pub mod mqtt;
+pub mod phd;
 
 use std::time::Instant;
 

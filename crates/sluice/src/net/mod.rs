@@ -9,4 +9,5 @@
 
 pub mod dial;
 pub mod links;
+pub mod listen;
 pub mod mptcp;

@@ -74,6 +74,8 @@ pub enum ShardCmd {
     /// `crate::edge::coap::server`); answered from this shard's own socket.
     /// Decoded once, where it was read; boxed to keep the command small.
     CoapDatagram(Box<crate::edge::coap::server::Steered>),
+    /// An operating IEEE 11073 agent whose data this shard handles (`crate::edge::phd`).
+    PhdAdopt(Box<crate::edge::phd::Handover>),
 }
 
 /// A subscription of a local session.
@@ -167,6 +169,8 @@ pub struct ShardSeed {
     pub coap_metrics: Arc<crate::edge::coap::CoapMetrics>,
     /// Link state of the watched interfaces, for per-path sessions (`None`: no watcher).
     pub links: Option<crate::net::links::LinkWatch>,
+    /// The PHD edge (`[phd] listen`), for agents handed to this shard.
+    pub phd: Option<Arc<crate::edge::phd::PhdShared>>,
 }
 
 /// Start a shard thread.
@@ -221,6 +225,7 @@ async fn run(seed: ShardSeed) {
         coap,
         coap_metrics,
         links,
+        phd,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -418,6 +423,11 @@ async fn run(seed: ShardSeed) {
                 Some(ShardCmd::CoapDatagram(steered)) => {
                     if let Some(coap) = &coap {
                         coap.on_steered(steered);
+                    }
+                }
+                Some(ShardCmd::PhdAdopt(handover)) => {
+                    if let Some(phd) = &phd {
+                        tokio::task::spawn_local(crate::edge::phd::data::run(ctx.clone(), phd.clone(), handover));
                     }
                 }
                 None => break,

@@ -1,0 +1,278 @@
+//! PHD measurements on the agent's shard: scan reports → SenML messages through the router,
+//! confirmations once delivered (see the module docs of [`super`]).
+//!
+//! Owns: the shard's task for an operating agent — decoding reports with the manager's table
+//! (no call into the control plane), one `DeviceMessage` per observation on `[phd] topic`,
+//! the confirmation of a confirmed report when every sink is done with all its messages
+//! (`AckToken` shared over them, keyed by invoke-id), and giving the connection back to the
+//! control plane at the first signalling APDU (after its confirmations are written, for at
+//! most the response timeout). Does not own: association (`assoc.rs`; run here only in the
+//! single-plane experiment).
+//!
+//! Delivery: a confirmed report's messages are QoS 1 with a token (the agent's confirmation
+//! is the acknowledgement); an unconfirmed report's messages are QoS 1 without one (the
+//! agent expects no answer; the sinks still treat them as reliable).
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytestring::ByteString;
+use sluice_proto::mqtt::{Properties, QoS};
+use sluice_proto::phd::manager::confirmation;
+use sluice_proto::phd::measure::{measurements, senml_json};
+use sluice_proto::phd::{Apdu, Manager, Output};
+
+use super::assoc::{forget, sleep_until, signal, sync_agent, Step};
+use super::conn::{Conn, Read};
+use super::{topic, Handover, PhdShared};
+use crate::control::phd::hex;
+use crate::edge::ack::{AckToken, DeviceAcks};
+use crate::edge::DeviceMessage;
+use crate::shard::{router, ShardContext};
+
+/// A confirmed report waiting for its messages' delivery.
+struct Waiting {
+    invoke_id: u16,
+    obj_handle: u16,
+    event_type: u16,
+}
+
+/// The shard's task for one agent connection, until it closes or goes back.
+pub async fn run(ctx: Rc<ShardContext>, shared: Arc<PhdShared>, h: Box<Handover>) {
+    let Handover {
+        stream,
+        buffered,
+        manager,
+        first,
+    } = *h;
+    let agent = manager.agent().map(|a| a.system_id);
+    let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
+        forget(&shared, agent);
+        return shared.closed();
+    };
+    let conn = Conn::new(stream, buffered, shared.max_apdu);
+    Task {
+        ctx,
+        shared,
+        conn,
+        m: manager,
+        acks: DeviceAcks::new(),
+        waiting: VecDeque::new(),
+        agent,
+    }
+    .run(first)
+    .await;
+}
+
+struct Task {
+    ctx: Rc<ShardContext>,
+    shared: Arc<PhdShared>,
+    conn: Conn,
+    m: Manager,
+    acks: Rc<DeviceAcks>,
+    waiting: VecDeque<Waiting>,
+    agent: Option<[u8; 8]>,
+}
+
+enum End {
+    Closed,
+    Back(Option<Apdu>),
+}
+
+impl Task {
+    async fn run(mut self, mut first: Option<Apdu>) {
+        let end = loop {
+            if self.acks.is_abandoned() {
+                // A message was lost before any sink took it: close, the agent resends.
+                break End::Closed;
+            }
+            let input = match first.take() {
+                Some(a) => Read::Apdu(a),
+                None => {
+                    let deadline = self.m.deadline();
+                    let notify = self.acks.notify.clone();
+                    tokio::select! {
+                        biased;
+                        () = notify.notified() => {
+                            if self.confirm_delivered().await.is_err() { break End::Closed; }
+                            continue;
+                        }
+                        r = self.conn.next() => r,
+                        () = sleep_until(deadline) => {
+                            let step = signal(&self.shared, &mut self.conn, &mut self.m, None, Some(self.ctx.id)).await;
+                            sync_agent(&self.shared, &self.m, &mut self.agent);
+                            if step == Step::Close { break End::Closed; }
+                            continue;
+                        }
+                    }
+                }
+            };
+            match input {
+                Read::Apdu(a) if self.m.is_data(&a) => {
+                    if self.report(a).await == Step::Close {
+                        break End::Closed;
+                    }
+                }
+                Read::Apdu(a) if self.shared.single_plane => {
+                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Ok(a)), Some(self.ctx.id)).await;
+                    sync_agent(&self.shared, &self.m, &mut self.agent);
+                    if step == Step::Close {
+                        break End::Closed;
+                    }
+                }
+                Read::Apdu(a) => break End::Back(Some(a)),
+                Read::Bad(e) if self.shared.single_plane => {
+                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id)).await;
+                    sync_agent(&self.shared, &self.m, &mut self.agent);
+                    if step == Step::Close {
+                        break End::Closed;
+                    }
+                }
+                Read::Bad(e) => {
+                    // Abort here (the bytes cannot go back), then the control plane keeps the
+                    // unassociated connection.
+                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id)).await;
+                    sync_agent(&self.shared, &self.m, &mut self.agent);
+                    if step == Step::Close {
+                        break End::Closed;
+                    }
+                    break End::Back(None);
+                }
+                Read::Closed => break End::Closed,
+            }
+        };
+        match end {
+            End::Closed => {
+                forget(&self.shared, self.agent);
+                self.shared.closed();
+            }
+            End::Back(first) => self.give_back(first).await,
+        }
+    }
+
+    /// Finish the confirmations (bounded by the response timeout), then hand the
+    /// connection to the control plane with `first`.
+    async fn give_back(mut self, first: Option<Apdu>) {
+        let until = Instant::now() + self.shared.manager.response_timeout;
+        while !self.waiting.is_empty() && !self.acks.is_abandoned() {
+            let notify = self.acks.notify.clone();
+            tokio::select! {
+                () = notify.notified() => {
+                    if self.confirm_delivered().await.is_err() { break; }
+                }
+                () = tokio::time::sleep_until(until.into()) => break,
+            }
+        }
+        let Task { shared, conn, m, agent, .. } = self;
+        let Ok((stream, buffered)) = conn.into_parts() else {
+            forget(&shared, agent);
+            return shared.closed();
+        };
+        let h = Box::new(Handover {
+            stream,
+            buffered,
+            manager: m,
+            first,
+        });
+        if shared.back.send(h).await.is_err() {
+            forget(&shared, agent);
+            shared.closed();
+        }
+    }
+
+    /// Write the confirmations of reports whose messages are all delivered.
+    async fn confirm_delivered(&mut self) -> std::io::Result<()> {
+        let done = self.acks.drain();
+        let mut out = Vec::with_capacity(done.len());
+        for id in done {
+            if let Some(i) = self.waiting.iter().position(|w| w.invoke_id == id) {
+                if let Some(w) = self.waiting.remove(i) {
+                    out.push(confirmation(w.invoke_id, w.obj_handle, w.event_type));
+                }
+            }
+        }
+        self.conn.send(&out).await
+    }
+
+    /// One scan report: decode, publish its measurements, and arrange its confirmation.
+    async fn report(&mut self, apdu: Apdu) -> Step {
+        let mut out = Vec::new();
+        let snapshot = self.shared.room.snapshot();
+        self.m.on_apdu(apdu, Instant::now(), &*snapshot, &mut out);
+        let metrics = self.shared.room.metrics.clone();
+        let mut sends = Vec::new();
+        let mut step = Step::Go;
+        for o in out {
+            match o {
+                Output::Report {
+                    invoke_id,
+                    confirmed,
+                    obj_handle,
+                    event_type,
+                    report,
+                } => {
+                    metrics.reports.inc();
+                    metrics.observations.add(report.observations.len() as u64);
+                    metrics.observations_skipped.add(report.skipped.len() as u64);
+                    let (Some(agent), Some(table)) = (self.m.agent(), self.m.table()) else {
+                        continue;
+                    };
+                    let received = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0);
+                    let (ms, none) = measurements(&agent.system_id, table, &report, received, self.shared.utc_offset_secs);
+                    metrics.observations_skipped.add(none as u64);
+                    metrics.measurements.add(ms.len() as u64);
+                    let device = ByteString::from(hex(&agent.system_id));
+                    let token = confirmed.then(|| AckToken::new(&self.acks, invoke_id));
+                    if confirmed {
+                        self.waiting.push_back(Waiting {
+                            invoke_id,
+                            obj_handle,
+                            event_type,
+                        });
+                    }
+                    let priority = self.ctx.priority.device(&device);
+                    for mm in ms {
+                        let msg = Box::new(DeviceMessage {
+                            device: device.clone(),
+                            topic: ByteString::from(topic(&self.shared.topic, &device, &mm.metric)),
+                            payload: senml_json(&mm.records),
+                            qos: QoS::AtLeastOnce,
+                            retain: false,
+                            properties: Some(Box::new(Properties {
+                                content_type: Some(ByteString::from_static("application/senml+json")),
+                                ..Properties::default()
+                            })),
+                            received_at: Instant::now(),
+                            ack: token.as_ref().map(AckToken::share),
+                        });
+                        self.ctx.metrics.messages_received.inc();
+                        router::publish(&self.ctx, msg, priority).await;
+                    }
+                    // The report's own hold: released now, so the confirmation waits only
+                    // for the messages' holders (none: confirmed at once).
+                    if let Some(t) = token {
+                        t.complete();
+                    }
+                }
+                Output::Send(a) => sends.push(a),
+                Output::Close => step = Step::Close,
+                Output::Violation(v) => {
+                    metrics.violations.inc();
+                    tracing::debug!(violation = ?v, "PHD report not fully read");
+                }
+                Output::Aborted { .. } => {}
+                _ => {}
+            }
+        }
+        if self.conn.send(&sends).await.is_err() {
+            return Step::Close;
+        }
+        sync_agent(&self.shared, &self.m, &mut self.agent);
+        step
+    }
+}
