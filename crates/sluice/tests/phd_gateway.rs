@@ -1,0 +1,262 @@
+//! IEEE 11073-20601 agents end to end: the testkit's PHD agent (built from the fact sheet's
+//! vectors) associates with the gateway over TCP — standard configurations, an extended one
+//! learnt from its config report and remembered across a restart, Antidote's quirks — sends
+//! scan reports, releases; the SenML records arrive at a real cloud Mosquitto over TLS 1.3
+//! with the right topics, names, units, values and times. Bad agents are aborted and counted
+//! while a good one goes on.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{gateway_sections, metric_sum, wait_until, Cloud};
+use sluice::app::RunningGateway;
+use sluice_testkit::phd::{bcd_time, AgentSpec, PhdAgent, PhdDevice, Reading};
+use sluice_testkit::TestClient;
+
+const T: Duration = Duration::from_secs(10);
+
+fn start(cloud: &Cloud, shards: usize, extra: &str) -> RunningGateway {
+    let uplink = cloud.uplink_toml(None, "forward = [\"phd/#\"]");
+    gateway_sections(
+        &format!("shards = {shards}"),
+        "",
+        &format!("[phd]\nlisten = \"127.0.0.1:0\"\nresponse_timeout = \"2s\"\n{extra}\n{uplink}"),
+    )
+}
+
+fn phd_addr(gw: &RunningGateway) -> SocketAddr {
+    gw.phd_addr.expect("phd listener")
+}
+
+/// The next message at the cloud: (topic, SenML records as JSON).
+async fn next(sub: &mut TestClient) -> (String, Vec<serde_json::Value>) {
+    let p = sub.recv(T).await.expect("cloud read").expect("a measurement at the cloud");
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&p.payload).expect("SenML JSON");
+    (p.topic.to_string(), records)
+}
+
+fn spec(device: PhdDevice, id: u8, config_id: u16, confirmed: bool) -> AgentSpec {
+    AgentSpec {
+        system_id: [0x00, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f, 0x60, id],
+        device,
+        config_id,
+        confirmed,
+        antidote_quirks: false,
+    }
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_and_extended_agents_reach_the_cloud_as_senml() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 2, "");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2024, 1, 2, 3, 4, 5, 50);
+    let at_unix = 1_704_164_645.5; // 2024-01-02T03:04:05.50Z
+
+    // A pulse oximeter with the standard configuration 0x0190 (SFLOAT only: no time stamp).
+    let mut ox = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 1, 0x0190, true)).await.unwrap();
+    let a = ox.associate().await.unwrap();
+    assert_eq!((a.aare_result, a.config_result), (0, None), "0x0190 is known");
+    let before = now_unix();
+    let took = ox
+        .report(&Reading::Oximeter { spo2: (98, 0), pulse: (72, 0) }, at, T)
+        .await
+        .unwrap();
+    assert!(took.is_some(), "a confirmed report is confirmed");
+    let (topic, r) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6001/spo2");
+    assert_eq!(r[0]["n"], "urn:dev:mac:001b2c3d4e5f6001:spo2");
+    assert_eq!((r[0]["u"].as_str(), r[0]["v"].as_f64()), (Some("/"), Some(0.98)));
+    let t = r[0]["t"].as_f64().unwrap();
+    assert!(t >= before - 1.0 && t <= now_unix() + 1.0, "no time stamp: the gateway's time ({t})");
+    let (topic, r) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6001/pulse");
+    assert_eq!((r[0]["u"].as_str(), r[0]["v"].as_f64()), (Some("beat/min"), Some(72.0)));
+
+    // The same oximeter model with an extended configuration: learnt from its config report.
+    let ext = spec(PhdDevice::PulseOximeter, 2, 0x4000, true);
+    let mut ox2 = PhdAgent::connect(phd_addr(&gw), ext.clone()).await.unwrap();
+    let a = ox2.associate().await.unwrap();
+    assert_eq!((a.aare_result, a.config_result), (3, Some(0)), "configured, accepted");
+    ox2.report(&Reading::Oximeter { spo2: (975, -1), pulse: (60, 0) }, at, T).await.unwrap();
+    let (topic, r) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6002/spo2");
+    assert_eq!(r[0]["v"].as_f64(), Some(0.975));
+    assert_eq!(r[0]["t"].as_f64(), Some(at_unix), "the agent's time stamp");
+    next(&mut sub).await;
+
+    // The agent table lists both, operating.
+    let status = gw.status_json();
+    let list = status["phd"]["list"].as_array().unwrap().clone();
+    assert_eq!(list.len(), 2, "{status}");
+    assert!(list.iter().all(|a| a["state"] == "operating" && a["specialization"] == "pulse-oximeter"), "{list:?}");
+    assert_eq!(ox2.release().await.unwrap(), 0);
+    // Returning with the same extended configuration: known, no configuration exchange.
+    drop(ox2);
+    let mut ox2 = PhdAgent::connect(phd_addr(&gw), ext).await.unwrap();
+    let a = ox2.associate().await.unwrap();
+    assert_eq!((a.aare_result, a.config_result), (0, None), "remembered");
+
+    // Blood pressure (compound, in pascal) and its pulse.
+    let mut bp = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::BloodPressure, 3, 0x02BC, true)).await.unwrap();
+    assert_eq!(bp.associate().await.unwrap().aare_result, 0);
+    bp.report(
+        &Reading::BloodPressure { systolic: (120, 0), diastolic: (80, 0), mean: (95, 0), pulse: (600, -1) },
+        at,
+        T,
+    )
+    .await
+    .unwrap();
+    let (topic, r) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6003/bp");
+    let values: Vec<_> = r.iter().map(|x| (x["n"].as_str().unwrap().rsplit(':').next().unwrap().to_owned(), x["v"].as_f64().unwrap(), x["u"].as_str().unwrap().to_owned())).collect();
+    assert_eq!(
+        values,
+        [("sys".into(), 15999.0, "Pa".into()), ("dia".into(), 10666.0, "Pa".into()), ("mean".into(), 12666.0, "Pa".into())],
+        "the fact sheet's example 3"
+    );
+    let (topic, r) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6003/pulse");
+    assert_eq!(r[0]["v"].as_f64(), Some(60.0));
+
+    // Unconfirmed reports work too (no confirmation expected).
+    let mut ox3 = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 4, 0x0190, false)).await.unwrap();
+    ox3.associate().await.unwrap();
+    assert_eq!(ox3.report(&Reading::Oximeter { spo2: (99, 0), pulse: (61, 0) }, at, T).await.unwrap(), None);
+    let (topic, _) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6004/spo2");
+    next(&mut sub).await;
+
+    for agent in [&mut ox, &mut bp, &mut ox3, &mut ox2] {
+        assert_eq!(agent.release().await.unwrap(), 0, "RLRE normal");
+    }
+    let metrics = gw.metrics_text();
+    assert_eq!(metric_sum(&metrics, "sluice_phd_configs_learnt_total"), 1.0);
+    assert!(metric_sum(&metrics, "sluice_phd_control_messages_total{type=\"aarq\"") >= 5.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, "sluice_phd_measurements_total"), 8.0, "2 each from 4 reports");
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn antidote_agents_are_taken_with_their_quirks() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 1, "");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2025, 6, 30, 23, 59, 58, 0);
+
+    // Oximeter: unconfirmed reports, all with invoke-id 0x1111, 10-byte observations.
+    let mut ox = PhdAgent::connect(phd_addr(&gw), AgentSpec::antidote(PhdDevice::PulseOximeter)).await.unwrap();
+    ox.associate().await.unwrap();
+    for spo2 in [97, 96] {
+        ox.report(&Reading::Oximeter { spo2: (spo2, 0), pulse: (70, 0) }, at, T).await.unwrap();
+        let (topic, r) = next(&mut sub).await;
+        assert!(topic.ends_with("/spo2"), "{topic}");
+        assert_eq!(r[0]["v"].as_f64(), Some(f64::from(spo2) / 100.0));
+        assert_eq!(r[0]["t"].as_f64(), Some(1_751_327_998.0), "its time stamp was read");
+        next(&mut sub).await;
+    }
+    // Scale: weight and BMI twice in one confirmed report.
+    let mut scale = PhdAgent::connect(phd_addr(&gw), AgentSpec {
+        system_id: [9; 8],
+        ..AgentSpec::antidote(PhdDevice::WeighingScale)
+    })
+    .await
+    .unwrap();
+    scale.associate().await.unwrap();
+    let took = scale.report(&Reading::Scale { mass_kg: (762, -1), bmi: (243, -1) }, at, T).await.unwrap();
+    assert!(took.unwrap() < Duration::from_secs(3), "confirmed within Antidote's 3 s");
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let (topic, r) = next(&mut sub).await;
+        got.push((topic.rsplit('/').next().unwrap().to_owned(), r[0]["v"].as_f64().unwrap(), r[0]["u"].as_str().unwrap().to_owned()));
+    }
+    let mass = ("mass".to_owned(), 76.2, "kg".to_owned());
+    let bmi = ("bmi".to_owned(), 24.3, "kg/m2".to_owned());
+    assert_eq!(got, [mass.clone(), bmi.clone(), mass, bmi]);
+    // Glucometer: two trailing bytes after its report.
+    let mut glu = PhdAgent::connect(phd_addr(&gw), AgentSpec {
+        system_id: [7; 8],
+        ..AgentSpec::antidote(PhdDevice::Glucometer)
+    })
+    .await
+    .unwrap();
+    glu.associate().await.unwrap();
+    glu.report(&Reading::Glucose { mg_dl: (105, 0) }, at, T).await.unwrap().expect("confirmed");
+    let (topic, r) = next(&mut sub).await;
+    assert_eq!(topic, "phd/0707070707070707/glucose");
+    assert_eq!((r[0]["v"].as_f64(), r[0]["u"].as_str()), (Some(105.0), Some("mg/dL")));
+    for a in [&mut ox, &mut scale, &mut glu] {
+        assert_eq!(a.release().await.unwrap(), 0);
+    }
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_agents_are_aborted_and_counted_while_a_good_one_goes_on() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 2, "max_apdu = \"1KiB\"\nassociation_timeout = \"1s\"");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2024, 1, 1, 0, 0, 0, 0);
+    let mut good = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 1, 0x0190, true)).await.unwrap();
+    good.associate().await.unwrap();
+
+    // A report before association: ABRT, connection closed.
+    let mut early = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 2, 0x0190, true)).await.unwrap();
+    early
+        .send_raw(&sluice_testkit::phd::scan_report_fixed(&spec(PhdDevice::PulseOximeter, 2, 0x0190, true), 1, 0, &Reading::Oximeter { spo2: (1, 0), pulse: (1, 0) }, at))
+        .await
+        .unwrap();
+    let abrt = early.read_apdu(T).await.unwrap().expect("ABRT");
+    assert_eq!(abrt, [0xE6, 0x00, 0x00, 0x02, 0x00, 0x00], "ABRT undefined");
+    assert_eq!(early.read_apdu(T).await.unwrap(), None, "then closed");
+
+    // An APDU larger than max_apdu: ABRT buffer-overflow.
+    let mut big = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 3, 0x0190, true)).await.unwrap();
+    big.send_raw(&[0xE2, 0x00, 0x10, 0x00]).await.unwrap();
+    assert_eq!(big.read_apdu(T).await.unwrap().expect("ABRT"), [0xE6, 0x00, 0x00, 0x02, 0x00, 0x01]);
+
+    // An unknown APDU choice: ABRT undefined.
+    let mut odd = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 4, 0x0190, true)).await.unwrap();
+    odd.send_raw(&[0xAB, 0xCD, 0x00, 0x00]).await.unwrap();
+    assert_eq!(odd.read_apdu(T).await.unwrap().expect("ABRT"), [0xE6, 0x00, 0x00, 0x02, 0x00, 0x00]);
+
+    // A silent connection is closed after the association timeout.
+    let mut silent = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 5, 0x0190, true)).await.unwrap();
+    assert_eq!(silent.read_apdu(Duration::from_secs(5)).await.unwrap(), None);
+
+    // The good agent goes on, and a second AARQ from it while operating is a violation.
+    good.report(&Reading::Oximeter { spo2: (95, 0), pulse: (80, 0) }, at, T).await.unwrap().expect("confirmed");
+    let (topic, _) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6001/spo2");
+    let metrics = gw.metrics_text();
+    assert!(metric_sum(&metrics, "sluice_phd_violations_total") >= 3.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, "sluice_phd_reports_unassociated_total"), 0.0, "ABRT before association is a violation, not a report");
+    wait_until("closed connections leave the gauge", T, || metric_sum(&gw.metrics_text(), "sluice_phd_connections") == 1.0).await;
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learnt_configurations_survive_a_restart_with_a_spool_dir() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().unwrap();
+    let spool = format!("[spool]\ndir = \"{}\"\n", dir.path().display());
+    let ext = spec(PhdDevice::WeighingScale, 8, 0x4123, true);
+    {
+        let gw = start(&cloud, 1, &spool.replace("[spool]", "\n[spool]"));
+        let mut agent = PhdAgent::connect(phd_addr(&gw), ext.clone()).await.unwrap();
+        assert_eq!(agent.associate().await.unwrap().aare_result, 3);
+        agent.release().await.unwrap();
+        gw.shutdown();
+    }
+    let gw = start(&cloud, 1, &spool.replace("[spool]", "\n[spool]"));
+    let mut agent = PhdAgent::connect(phd_addr(&gw), ext).await.unwrap();
+    assert_eq!(agent.associate().await.unwrap().aare_result, 0, "known after the restart");
+    agent.release().await.unwrap();
+    gw.shutdown();
+}
