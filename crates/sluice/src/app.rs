@@ -344,12 +344,13 @@ impl Gateway {
             admin,
             status.clone(),
             shutdown_rx.clone(),
+            config.gateway.control_core,
         )?);
         if let Some(phd) = phd {
-            threads.insert(0, phd.spawn(shutdown_rx.clone()).map_err(AppError::Thread)?);
+            threads.insert(0, phd.spawn(shutdown_rx.clone(), config.gateway.control_core).map_err(AppError::Thread)?);
         }
         // Joined first on shutdown: accepting stops before the shards drain.
-        threads.insert(0, spawn_listener(listener, mqtt, shutdown_rx)?);
+        threads.insert(0, spawn_listener(listener, mqtt, shutdown_rx, config.gateway.control_core)?);
         tracing::info!(%mqtt_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
             shutdown: shutdown_tx,
@@ -374,8 +375,10 @@ fn spawn_control(
     admin: Option<std::net::TcpListener>,
     status: Arc<GatewayStatus>,
     mut shutdown: watch::Receiver<bool>,
+    core: Option<usize>,
 ) -> Result<std::thread::JoinHandle<()>, AppError> {
     let thread = move || {
+        pin_control_thread(core, "sluice-control");
         let Some(rt) = current_thread_runtime("control-plane") else {
             return;
         };
@@ -411,8 +414,10 @@ fn spawn_listener(
     listener: MqttListener,
     mqtt: std::net::TcpListener,
     shutdown: watch::Receiver<bool>,
+    core: Option<usize>,
 ) -> Result<std::thread::JoinHandle<()>, AppError> {
     let thread = move || {
+        pin_control_thread(core, "sluice-listener");
         let Some(rt) = current_thread_runtime("device listener") else {
             return;
         };
@@ -745,5 +750,15 @@ impl AdminSource for GatewayStatus {
                 .map(|(name, tc)| serde_json::json!({ "uplink": name, "tc": tc }))
                 .collect::<Vec<_>>(),
         })
+    }
+}
+
+/// Pin the calling control-plane thread to `[gateway] control_core`, if set.
+pub(crate) fn pin_control_thread(core: Option<usize>, thread: &'static str) {
+    let Some(core) = core else { return };
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    match ids.into_iter().find(|c| c.id == core) {
+        Some(id) if core_affinity::set_for_current(id) => {}
+        _ => tracing::warn!(core, thread, "could not pin the control-plane thread to gateway.control_core"),
     }
 }

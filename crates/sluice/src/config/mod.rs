@@ -214,6 +214,10 @@ pub struct GatewayConfig {
     /// Bound on the bytes queued for devices (outboxes and inflight windows of all sessions),
     /// whole gateway, split evenly over shards.
     pub max_outbox_memory: ByteSize,
+    /// Pin the control-plane threads (`sluice-control`, `sluice-listener`, `sluice-phd`) to
+    /// this core (0-based), e.g. to keep them off the shards' cores. Absent: not pinned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control_core: Option<usize>,
 }
 
 impl Default for GatewayConfig {
@@ -225,6 +229,7 @@ impl Default for GatewayConfig {
             max_buffered: ByteSize::mib(64),
             // Input bounds.
             max_outbox_memory: ByteSize::mib(256),
+            control_core: None,
         }
     }
 }

@@ -36,8 +36,24 @@ fn everything_set() -> Config {
             max_buffered: ByteSize(1_000_000_000),
             // Input bounds.
             max_outbox_memory: ByteSize(2_000_000_000),
+            control_core: Some(1),
         },
         ..Config::default()
+    };
+    c.phd = crate::config::PhdConfig {
+        listen: Some("127.0.0.1:6024".parse().unwrap()),
+        topic: "health/{metric}/{system_id}".into(),
+        system_id: "0011223344556677".into(),
+        max_apdu: ByteSize::kib(8),
+        max_connections: 5,
+        association_timeout: std::time::Duration::from_secs(4),
+        configuration_timeout: std::time::Duration::from_secs(5),
+        response_timeout: std::time::Duration::from_secs(2),
+        get_mds: false,
+        max_configs: 7,
+        max_agents: 9,
+        agent_utc_offset: "-05:30".into(),
+        single_plane: true,
     };
     c.mqtt.listen = "[::]:11883".parse().unwrap();
     c.mqtt.max_connections = 5;

@@ -271,8 +271,10 @@ pub fn spawn(
     listener: StdListener,
     back: mpsc::Receiver<Box<Handover>>,
     mut shutdown: watch::Receiver<bool>,
+    core: Option<usize>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let thread = move || {
+        crate::app::pin_control_thread(core, "sluice-phd");
         let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(rt) => rt,
             Err(error) => {

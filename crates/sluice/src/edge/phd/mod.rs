@@ -147,7 +147,8 @@ impl PhdStart {
     pub fn spawn(
         self,
         shutdown: tokio::sync::watch::Receiver<bool>,
+        core: Option<usize>,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
-        assoc::spawn(self.shared, self.listener, self.back, shutdown)
+        assoc::spawn(self.shared, self.listener, self.back, shutdown, core)
     }
 }
