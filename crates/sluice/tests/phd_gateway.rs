@@ -260,3 +260,73 @@ async fn learnt_configurations_survive_a_restart_with_a_spool_dir() {
     agent.release().await.unwrap();
     gw.shutdown();
 }
+
+fn vector(name: &str) -> Vec<u8> {
+    let path = format!("{}/../sluice-proto/tests/vectors/{name}.hex", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    digits
+        .chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
+        .collect()
+}
+
+/// Send an agent vector, expect the manager vectors (in order) as the gateway's answers.
+async fn replay(agent: &mut PhdAgent, send: &str, expect: &[&str]) {
+    agent.send_raw(&vector(send)).await.unwrap();
+    for name in expect {
+        let got = agent.read_apdu(T).await.unwrap().unwrap_or_else(|| panic!("{send}: closed before {name}"));
+        assert_eq!(got, vector(name), "{send} → {name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_the_fact_sheet_sessions_over_tcp_gets_the_specified_bytes() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 2, "get_mds = false");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let raw = |id: u8| spec(PhdDevice::PulseOximeter, id, 0x0190, true);
+    // Session A: standard 0x0190.
+    let mut a = PhdAgent::connect(phd_addr(&gw), raw(1)).await.unwrap();
+    replay(&mut a, "phd_po_A1_aarq_std0190", &["phd_po_A2_aare_accepted"]).await;
+    replay(&mut a, "phd_po_A3_scan_fixed_std0190", &["phd_po_A4_scan_fixed_confirm"]).await;
+    let (topic, _) = next(&mut sub).await;
+    assert_eq!(topic, "phd/1122334455667704/spo2", "A1's system id");
+    next(&mut sub).await;
+    replay(&mut a, "phd_po_A5_rlrq_normal", &["phd_po_A6_rlre_normal"]).await;
+    // Session B: extended 0x4000, then C1 on the same connection is not needed; B3..B8.
+    let mut b = PhdAgent::connect(phd_addr(&gw), raw(2)).await.unwrap();
+    replay(&mut b, "phd_po_B1_aarq_ext4000", &["phd_po_B2_aare_accepted_unknown_config"]).await;
+    replay(&mut b, "phd_po_B3_config_report_ext4000", &["phd_po_B4_config_response_accepted"]).await;
+    replay(&mut b, "phd_po_B5_scan_fixed_ext4000", &["phd_po_B6_scan_fixed_confirm"]).await;
+    replay(&mut b, "phd_po_B7_rlrq_normal", &["phd_po_B8_rlre_normal"]).await;
+    // The scale: D1 after accepted-unknown-config (A1's AARQ names 0x0190, D1 reports 0x05DC:
+    // accepted under the report's id), then D2 → D3.
+    let mut d = PhdAgent::connect(phd_addr(&gw), raw(3)).await.unwrap();
+    let mut aarq = vector("phd_po_B1_aarq_ext4000");
+    aarq[43] = 0x01; // system id's last byte: another agent than B's (its 0x4000 is known now)
+    d.send_raw(&aarq).await.unwrap();
+    assert_eq!(d.read_apdu(T).await.unwrap().unwrap(), vector("phd_po_B2_aare_accepted_unknown_config"));
+    replay(&mut d, "phd_ws_D1_config_report_std05dc", &[]).await;
+    let rsp = d.read_apdu(T).await.unwrap().unwrap();
+    assert_eq!(&rsp[rsp.len() - 4..], [0x05, 0xDC, 0x00, 0x00], "accepted-config for 0x05DC");
+    replay(&mut d, "phd_ws_D2_scan_fixed_std05dc", &["phd_ws_D3_scan_fixed_confirm"]).await;
+    // A GET of the MDS attributes when get_mds is on: A1 → A2 + C4; C5 is read silently.
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mds_get_is_the_fact_sheets_c4_and_its_answer_is_taken() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 1, "");
+    let mut a = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, 1, 0x0190, true)).await.unwrap();
+    a.set_answer_gets(false);
+    replay(&mut a, "phd_po_A1_aarq_std0190", &["phd_po_A2_aare_accepted", "phd_po_C4_get_mds_request"]).await;
+    a.send_raw(&vector("phd_po_C5_get_mds_response")).await.unwrap();
+    wait_until("the model is in the agent table", T, || {
+        gw.status_json()["phd"]["list"][0]["model"].as_str().is_some_and(|m| !m.is_empty())
+    })
+    .await;
+    replay(&mut a, "phd_po_A5_rlrq_normal", &["phd_po_A6_rlre_normal"]).await;
+    gw.shutdown();
+}
