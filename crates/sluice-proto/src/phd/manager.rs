@@ -275,7 +275,13 @@ impl Manager {
             _ => abort::UNDEFINED,
         };
         out.push(Output::Violation(Violation::Malformed));
+        let was = self.state;
         self.abort(reason, now, out);
+        if reason == abort::BUFFER_OVERFLOW && was != State::Unassociated {
+            // The oversize APDU's bytes are still on the stream: no way to resynchronise.
+            self.deadline = None;
+            out.push(Output::Close);
+        }
     }
 
     /// One APDU from the agent.
