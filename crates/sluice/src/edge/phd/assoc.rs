@@ -94,6 +94,10 @@ pub async fn signal(
     match input {
         Some(Ok(apdu)) => {
             count_in(shared, &apdu);
+            if m.state() == State::Unassociated && matches!(&apdu, Apdu::Prst(_)) {
+                shared.room.metrics.reports_unassociated.inc();
+                tracing::debug!("PHD data before association: ABRT");
+            }
             if let Some(id) = aarq_system_id(&apdu) {
                 if m.state() == State::Unassociated && !shared.room.has_room(&id) {
                     // The agent table is full: try later.
@@ -163,7 +167,7 @@ async fn apply(
             Output::Violation(v) => {
                 metrics.violations.inc();
                 if v == Violation::ReportNotOperating {
-                    metrics.reports_unassociated.inc();
+                    metrics.reports_unassociated.inc(); // configuring: not yet operating
                 }
                 tracing::debug!(violation = ?v, "PHD agent broke the protocol");
             }
