@@ -330,3 +330,25 @@ async fn the_mds_get_is_the_fact_sheets_c4_and_its_answer_is_taken() {
     replay(&mut a, "phd_po_A5_rlrq_normal", &["phd_po_A6_rlre_normal"]).await;
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_single_plane_experiment_associates_on_the_shard_and_delivers_the_same() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 2, "single_plane = true");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2024, 1, 2, 3, 4, 5, 0);
+    for id in 1..=3u8 {
+        let mut agent = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::PulseOximeter, id, 0x4000 + u16::from(id), true)).await.unwrap();
+        assert_eq!(agent.associate().await.unwrap().config_result, Some(0));
+        agent.report(&Reading::Oximeter { spo2: (90 + i32::from(id), 0), pulse: (60, 0) }, at, T).await.unwrap().expect("confirmed");
+        let (topic, r) = next(&mut sub).await;
+        assert_eq!(topic, format!("phd/001b2c3d4e5f60{id:02x}/spo2"));
+        assert_eq!(r[0]["v"].as_f64(), Some(f64::from(90 + u32::from(id)) / 100.0));
+        next(&mut sub).await;
+        assert_eq!(agent.release().await.unwrap(), 0);
+    }
+    let metrics = gw.metrics_text();
+    assert_eq!(metric_sum(&metrics, "sluice_phd_handovers_total"), 0.0, "nothing moved between planes");
+    assert_eq!(metric_sum(&metrics, "sluice_phd_configs_learnt_total"), 3.0);
+    gw.shutdown();
+}
