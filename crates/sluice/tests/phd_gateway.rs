@@ -138,6 +138,11 @@ async fn standard_and_extended_agents_reach_the_cloud_as_senml() {
     }
     let metrics = gw.metrics_text();
     assert_eq!(metric_sum(&metrics, "sluice_phd_configs_learnt_total"), 1.0);
+    assert_eq!(
+        metric_sum(&metrics, "sluice_phd_handovers_total"),
+        4.0,
+        "one per agent that reported: the MDS GET's answer after a report stays on the shard"
+    );
     assert!(metric_sum(&metrics, "sluice_phd_control_messages_total{type=\"aarq\"") >= 5.0, "{metrics}");
     assert_eq!(metric_sum(&metrics, "sluice_phd_measurements_total"), 8.0, "2 each from 4 reports");
     gw.shutdown();

@@ -253,8 +253,10 @@ impl Manager {
         self.deadline
     }
 
-    /// Whether `apdu` is measurement data for an operating association (what the data plane
-    /// handles; everything else is signalling).
+    /// Whether `apdu` is for the data plane of an operating association: a measurement
+    /// report, or the answer to the manager's MDS GET (agents often send it after their
+    /// first report, so it need not move the connection back). Everything else is
+    /// signalling.
     pub fn is_data(&self, apdu: &Apdu) -> bool {
         if self.state != State::Operating {
             return false;
@@ -264,6 +266,10 @@ impl Manager {
                 message: DataMessage::EventReport { event_type, .. },
                 ..
             }) => scan::layout(*event_type).is_some(),
+            Apdu::Prst(DataApdu {
+                invoke_id,
+                message: DataMessage::GetResult { .. } | DataMessage::Error { .. } | DataMessage::Reject { .. },
+            }) => self.pending_get == Some(*invoke_id),
             _ => false,
         }
     }

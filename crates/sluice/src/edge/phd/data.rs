@@ -196,7 +196,8 @@ impl Task {
         self.conn.send(&out).await
     }
 
-    /// One scan report: decode, publish its measurements, and arrange its confirmation.
+    /// One scan report (or the MDS GET's answer): decode, publish its measurements, and
+    /// arrange its confirmation.
     async fn report(&mut self, apdu: Apdu) -> Step {
         let mut out = Vec::new();
         let snapshot = self.shared.room.snapshot();
@@ -265,7 +266,13 @@ impl Task {
                     metrics.violations.inc();
                     tracing::debug!(violation = ?v, "PHD report not fully read");
                 }
-                Output::Aborted { .. } => {}
+                Output::MdsAttributes(attrs) => {
+                    // Once per association: the agent's model for the agent table.
+                    if let Some(agent) = self.m.agent() {
+                        let (model, _clock) = sluice_proto::phd::manager::mds_summary(&attrs);
+                        self.shared.room.update(&agent.system_id, |e| e.model = model);
+                    }
+                }
                 _ => {}
             }
         }
