@@ -70,6 +70,9 @@ pub struct AgentEntry {
     /// The shard its data goes to, once operating.
     pub shard: Option<usize>,
     pub since: Instant,
+    /// The connection that holds the agent (an agent reconnecting before its old connection
+    /// was seen to close must not be removed by that close).
+    pub conn: u64,
 }
 
 /// Control messages by type (what a storm is made of).
@@ -257,9 +260,12 @@ impl PhdRoom {
         }
     }
 
-    pub fn agent_down(&self, system_id: &[u8; 8]) {
+    /// Connection `conn` no longer holds `system_id`.
+    pub fn agent_down(&self, system_id: &[u8; 8], conn: u64) {
         let mut agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
-        agents.remove(system_id);
+        if agents.get(system_id).is_some_and(|a| a.conn == conn) {
+            agents.remove(system_id);
+        }
         self.metrics.agents.set(agents.len() as i64);
     }
 
@@ -405,11 +411,14 @@ mod tests {
             model: None,
             shard: None,
             since: Instant::now(),
+            conn: 1,
         };
         assert!(room.agent_up([1; 8], entry.clone()));
         assert!(!room.agent_up([2; 8], entry.clone()));
-        assert!(room.agent_up([1; 8], entry), "the same agent again");
-        room.agent_down(&[1; 8]);
+        assert!(room.agent_up([1; 8], AgentEntry { conn: 2, ..entry }), "the same agent again");
+        room.agent_down(&[1; 8], 1);
+        assert_eq!(room.metrics.agents.get(), 1, "the old connection's close leaves the new one");
+        room.agent_down(&[1; 8], 2);
         assert_eq!(room.metrics.agents.get(), 0);
     }
 }

@@ -88,6 +88,7 @@ pub async fn signal(
     m: &mut Manager,
     input: Option<Result<Apdu, sluice_proto::phd::DecodeError>>,
     shard: Option<usize>,
+    conn_id: u64,
 ) -> Step {
     let now = Instant::now();
     let mut out = Vec::new();
@@ -104,7 +105,7 @@ pub async fn signal(
                     let aare = sluice_proto::phd::manager::rejection(&shared.manager, result::REJECTED_TRANSIENT);
                     out.push(Output::Send(aare));
                     out.push(Output::Rejected { result: result::REJECTED_TRANSIENT });
-                    return apply(shared, conn, m, out, shard).await;
+                    return apply(shared, conn, m, out, shard, conn_id).await;
                 }
             }
             let snapshot = shared.room.snapshot();
@@ -116,7 +117,7 @@ pub async fn signal(
             m.on_timeout(now, &mut out);
         }
     }
-    apply(shared, conn, m, out, shard).await
+    apply(shared, conn, m, out, shard, conn_id).await
 }
 
 async fn apply(
@@ -125,6 +126,7 @@ async fn apply(
     m: &Manager,
     out: Vec<Output>,
     shard: Option<usize>,
+    conn_id: u64,
 ) -> Step {
     let room = &shared.room;
     let metrics = &room.metrics;
@@ -139,10 +141,10 @@ async fn apply(
             Output::Associated { agent } => {
                 metrics.associations.inc();
                 let spec = m.table().map(|t| specialization(t)).unwrap_or("unknown");
-                room.agent_up(agent.system_id, entry(spec, agent.config_id, "operating", shard));
+                room.agent_up(agent.system_id, entry(spec, agent.config_id, "operating", shard, conn_id));
             }
             Output::Configuring { agent } => {
-                room.agent_up(agent.system_id, entry("unknown", agent.config_id, "configuring", shard));
+                room.agent_up(agent.system_id, entry("unknown", agent.config_id, "configuring", shard, conn_id));
             }
             Output::ConfigAccepted { agent, table } => {
                 metrics.configs_learnt.inc();
@@ -181,7 +183,7 @@ async fn apply(
     step
 }
 
-fn entry(spec: &'static str, config_id: u16, state: &'static str, shard: Option<usize>) -> AgentEntry {
+fn entry(spec: &'static str, config_id: u16, state: &'static str, shard: Option<usize>, conn: u64) -> AgentEntry {
     AgentEntry {
         specialization: spec,
         config_id,
@@ -189,18 +191,19 @@ fn entry(spec: &'static str, config_id: u16, state: &'static str, shard: Option<
         model: None,
         shard,
         since: Instant::now(),
+        conn,
     }
 }
 
 /// Forget the agent of a connection that ended (or was released/aborted).
-pub fn forget(shared: &PhdShared, last: Option<[u8; 8]>) {
+pub fn forget(shared: &PhdShared, conn: u64, last: Option<[u8; 8]>) {
     if let Some(id) = last {
-        shared.room.agent_down(&id);
+        shared.room.agent_down(&id, conn);
     }
 }
 
 /// One connection on the control plane, until it closes or goes to its shard.
-async fn control_conn(shared: Arc<PhdShared>, mut conn: Conn, mut m: Manager, mut first: Option<Apdu>) {
+async fn control_conn(shared: Arc<PhdShared>, id: u64, mut conn: Conn, mut m: Manager, mut first: Option<Apdu>) {
     let mut agent = m.agent().map(|a| a.system_id);
     loop {
         let input = match first.take() {
@@ -210,8 +213,8 @@ async fn control_conn(shared: Arc<PhdShared>, mut conn: Conn, mut m: Manager, mu
                 tokio::select! {
                     r = conn.next() => r,
                     () = sleep_until(deadline) => {
-                        if signal(&shared, &mut conn, &mut m, None, None).await == Step::Close { break; }
-                        sync_agent(&shared, &m, &mut agent);
+                        if signal(&shared, &mut conn, &mut m, None, None, id).await == Step::Close { break; }
+                        sync_agent(&shared, id, &m, &mut agent);
                         continue;
                     }
                 }
@@ -219,42 +222,42 @@ async fn control_conn(shared: Arc<PhdShared>, mut conn: Conn, mut m: Manager, mu
         };
         let step = match input {
             Read::Apdu(a) if m.is_data(&a) => {
-                let Some(id) = m.agent().map(|a| a.system_id) else { break };
-                let device = hex(&id);
+                let Some(system_id) = m.agent().map(|a| a.system_id) else { break };
+                let device = hex(&system_id);
                 let shard = shared.shard_of(&device);
-                shared.room.update(&id, |e| e.shard = Some(shard));
+                shared.room.update(&system_id, |e| e.shard = Some(shard));
                 let Ok((stream, buffered)) = conn.into_parts() else {
-                    forget(&shared, agent);
+                    forget(&shared, id, agent);
                     shared.closed();
                     return;
                 };
                 shared.room.metrics.handovers.inc();
-                let h = Box::new(Handover { stream, buffered, manager: m, first: Some(a) });
+                let h = Box::new(Handover { conn: id, stream, buffered, manager: m, first: Some(a) });
                 if shared.shards[shard].send(ShardCmd::PhdAdopt(h)).await.is_err() {
-                    forget(&shared, agent);
+                    forget(&shared, id, agent);
                     shared.closed();
                 }
                 return;
             }
-            Read::Apdu(a) => signal(&shared, &mut conn, &mut m, Some(Ok(a)), None).await,
-            Read::Bad(e) => signal(&shared, &mut conn, &mut m, Some(Err(e)), None).await,
+            Read::Apdu(a) => signal(&shared, &mut conn, &mut m, Some(Ok(a)), None, id).await,
+            Read::Bad(e) => signal(&shared, &mut conn, &mut m, Some(Err(e)), None, id).await,
             Read::Closed => Step::Close,
         };
-        sync_agent(&shared, &m, &mut agent);
+        sync_agent(&shared, id, &m, &mut agent);
         if step == Step::Close {
             break;
         }
     }
-    forget(&shared, agent);
+    forget(&shared, id, agent);
     shared.closed();
 }
 
 /// After a release or abort the manager has no agent: drop it from the table.
-pub fn sync_agent(shared: &PhdShared, m: &Manager, agent: &mut Option<[u8; 8]>) {
+pub fn sync_agent(shared: &PhdShared, conn: u64, m: &Manager, agent: &mut Option<[u8; 8]>) {
     let now = m.agent().map(|a| a.system_id);
     if *agent != now {
         if let Some(old) = agent.take() {
-            shared.room.agent_down(&old);
+            shared.room.agent_down(&old, conn);
         }
         *agent = now;
     }
@@ -319,34 +322,35 @@ async fn accept(shared: &Arc<PhdShared>, stream: tokio::net::TcpStream, peer: st
     shared.room.metrics.connections.set(open as i64);
     let _ = stream.set_nodelay(true);
     let manager = Manager::new(shared.manager.clone(), Instant::now());
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     if shared.single_plane {
         // The experiment: the shard does everything, chosen by the peer (no system id yet).
         let shard = shared.shard_of(&peer.to_string());
         let Ok(stream) = stream.into_std() else {
             return shared.closed();
         };
-        let h = Box::new(Handover { stream, buffered: BytesMut::new(), manager, first: None });
+        let h = Box::new(Handover { conn: id, stream, buffered: BytesMut::new(), manager, first: None });
         if shared.shards[shard].send(ShardCmd::PhdAdopt(h)).await.is_err() {
             shared.closed();
         }
         return;
     }
     let conn = Conn::new(stream, BytesMut::new(), shared.max_apdu);
-    tokio::task::spawn_local(control_conn(shared.clone(), conn, manager, None));
+    tokio::task::spawn_local(control_conn(shared.clone(), id, conn, manager, None));
 }
 
 /// Connections the shards give back (signalling seen), resumed here.
 async fn take_back(shared: Arc<PhdShared>, mut back: mpsc::Receiver<Box<Handover>>) {
     while let Some(h) = back.recv().await {
-        let Handover { stream, buffered, manager, first } = *h;
+        let Handover { conn: id, stream, buffered, manager, first } = *h;
         let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
             if let Some(a) = manager.agent() {
-                shared.room.agent_down(&a.system_id);
+                shared.room.agent_down(&a.system_id, id);
             }
             shared.closed();
             continue;
         };
         let conn = Conn::new(stream, buffered, shared.max_apdu);
-        tokio::task::spawn_local(control_conn(shared.clone(), conn, manager, first));
+        tokio::task::spawn_local(control_conn(shared.clone(), id, conn, manager, first));
     }
 }

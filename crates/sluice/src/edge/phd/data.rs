@@ -42,6 +42,7 @@ struct Waiting {
 /// The shard's task for one agent connection, until it closes or goes back.
 pub async fn run(ctx: Rc<ShardContext>, shared: Arc<PhdShared>, h: Box<Handover>) {
     let Handover {
+        conn: id,
         stream,
         buffered,
         manager,
@@ -49,11 +50,12 @@ pub async fn run(ctx: Rc<ShardContext>, shared: Arc<PhdShared>, h: Box<Handover>
     } = *h;
     let agent = manager.agent().map(|a| a.system_id);
     let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
-        forget(&shared, agent);
+        forget(&shared, id, agent);
         return shared.closed();
     };
     let conn = Conn::new(stream, buffered, shared.max_apdu);
     Task {
+        id,
         ctx,
         shared,
         conn,
@@ -67,6 +69,8 @@ pub async fn run(ctx: Rc<ShardContext>, shared: Arc<PhdShared>, h: Box<Handover>
 }
 
 struct Task {
+    /// The connection's number.
+    id: u64,
     ctx: Rc<ShardContext>,
     shared: Arc<PhdShared>,
     conn: Conn,
@@ -101,8 +105,8 @@ impl Task {
                         }
                         r = self.conn.next() => r,
                         () = sleep_until(deadline) => {
-                            let step = signal(&self.shared, &mut self.conn, &mut self.m, None, Some(self.ctx.id)).await;
-                            sync_agent(&self.shared, &self.m, &mut self.agent);
+                            let step = signal(&self.shared, &mut self.conn, &mut self.m, None, Some(self.ctx.id), self.id).await;
+                            sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
                             if step == Step::Close { break End::Closed; }
                             continue;
                         }
@@ -116,16 +120,16 @@ impl Task {
                     }
                 }
                 Read::Apdu(a) if self.shared.single_plane => {
-                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Ok(a)), Some(self.ctx.id)).await;
-                    sync_agent(&self.shared, &self.m, &mut self.agent);
+                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Ok(a)), Some(self.ctx.id), self.id).await;
+                    sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
                     if step == Step::Close {
                         break End::Closed;
                     }
                 }
                 Read::Apdu(a) => break End::Back(Some(a)),
                 Read::Bad(e) if self.shared.single_plane => {
-                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id)).await;
-                    sync_agent(&self.shared, &self.m, &mut self.agent);
+                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id), self.id).await;
+                    sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
                     if step == Step::Close {
                         break End::Closed;
                     }
@@ -133,8 +137,8 @@ impl Task {
                 Read::Bad(e) => {
                     // Abort here (the bytes cannot go back), then the control plane keeps the
                     // unassociated connection.
-                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id)).await;
-                    sync_agent(&self.shared, &self.m, &mut self.agent);
+                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id), self.id).await;
+                    sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
                     if step == Step::Close {
                         break End::Closed;
                     }
@@ -145,7 +149,7 @@ impl Task {
         };
         match end {
             End::Closed => {
-                forget(&self.shared, self.agent);
+                forget(&self.shared, self.id, self.agent);
                 self.shared.closed();
             }
             End::Back(first) => self.give_back(first).await,
@@ -165,19 +169,20 @@ impl Task {
                 () = tokio::time::sleep_until(until.into()) => break,
             }
         }
-        let Task { shared, conn, m, agent, .. } = self;
+        let Task { id, shared, conn, m, agent, .. } = self;
         let Ok((stream, buffered)) = conn.into_parts() else {
-            forget(&shared, agent);
+            forget(&shared, id, agent);
             return shared.closed();
         };
         let h = Box::new(Handover {
+            conn: id,
             stream,
             buffered,
             manager: m,
             first,
         });
         if shared.back.send(h).await.is_err() {
-            forget(&shared, agent);
+            forget(&shared, id, agent);
             shared.closed();
         }
     }
@@ -279,7 +284,7 @@ impl Task {
         if self.conn.send(&sends).await.is_err() {
             return Step::Close;
         }
-        sync_agent(&self.shared, &self.m, &mut self.agent);
+        sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
         step
     }
 }

@@ -45,6 +45,8 @@ use crate::shard::ShardCmd;
 /// A connection moving between the planes.
 #[derive(Debug)]
 pub struct Handover {
+    /// The connection's number (unique per gateway run).
+    pub conn: u64,
     pub stream: std::net::TcpStream,
     /// Bytes read and not yet decoded.
     pub buffered: BytesMut,
@@ -63,6 +65,8 @@ pub struct PhdShared {
     pub single_plane: bool,
     pub max_connections: usize,
     pub connections: AtomicUsize,
+    /// The next connection's number.
+    pub next_conn: std::sync::atomic::AtomicU64,
     /// The shards' mailboxes (hand-over to the data plane).
     pub shards: Vec<mpsc::Sender<ShardCmd>>,
     /// Back to the control plane (a shard saw signalling).
@@ -94,6 +98,7 @@ impl PhdShared {
             single_plane: config.single_plane,
             max_connections: config.max_connections,
             connections: AtomicUsize::new(0),
+            next_conn: std::sync::atomic::AtomicU64::new(1),
             shards,
             back,
         }
