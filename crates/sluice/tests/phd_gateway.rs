@@ -138,6 +138,10 @@ async fn standard_and_extended_agents_reach_the_cloud_as_senml() {
     }
     let metrics = gw.metrics_text();
     assert_eq!(metric_sum(&metrics, "sluice_phd_configs_learnt_total"), 1.0);
+    assert!(
+        metric_sum(&metrics, "sluice_phd_control_messages_total{type=\"get_result\"") >= 4.0,
+        "MDS GET answers taken on the shards are counted too: {metrics}"
+    );
     assert_eq!(
         metric_sum(&metrics, "sluice_phd_handovers_total"),
         4.0,

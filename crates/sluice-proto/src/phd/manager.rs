@@ -660,7 +660,9 @@ pub fn mds_summary(attributes: &Bytes) -> (Option<String>, Option<super::values:
                         .to_owned()
                 };
                 if let (Ok(m), Ok(d)) = (r.octets("manufacturer"), r.octets("model")) {
-                    model = Some(format!("{} {}", text(m), text(d)));
+                    let both = format!("{} {}", text(m), text(d));
+                    // Antidote's sample agent reports empty strings: no model then.
+                    model = Some(both.trim().to_owned()).filter(|s| !s.is_empty());
                 }
             }
             attr::TIME_ABS if v.len() == 8 => {

@@ -33,7 +33,7 @@ pub enum Step {
 }
 
 /// Count an APDU from the agent by type.
-fn count_in(shared: &PhdShared, apdu: &Apdu) {
+pub(super) fn count_in(shared: &PhdShared, apdu: &Apdu) {
     let c = &shared.room.metrics.control;
     match apdu {
         Apdu::Aarq(_) => c.aarq.inc(),
@@ -140,14 +140,17 @@ async fn apply(
             }
             Output::Associated { agent } => {
                 metrics.associations.inc();
+                tracing::debug!(system_id = %hex(&agent.system_id), config_id = agent.config_id, "PHD agent associated (known configuration)");
                 let spec = m.table().map(|t| specialization(t)).unwrap_or("unknown");
                 room.agent_up(agent.system_id, entry(spec, agent.config_id, "operating", shard, conn_id));
             }
             Output::Configuring { agent } => {
+                tracing::debug!(system_id = %hex(&agent.system_id), config_id = agent.config_id, "PHD agent associated; configuration unknown, waiting for its report");
                 room.agent_up(agent.system_id, entry("unknown", agent.config_id, "configuring", shard, conn_id));
             }
             Output::ConfigAccepted { agent, table } => {
                 metrics.configs_learnt.inc();
+                tracing::debug!(system_id = %hex(&agent.system_id), config_id = agent.config_id, objects = table.objects.len(), "PHD configuration accepted and stored");
                 metrics.associations.inc();
                 let spec = specialization(&table);
                 room.learn(agent.system_id, table);
@@ -157,15 +160,24 @@ async fn apply(
                     e.config_id = agent.config_id;
                 });
             }
-            Output::ConfigRefused { .. } => metrics.configs_refused.inc(),
-            Output::Rejected { .. } => metrics.rejected.inc(),
+            Output::ConfigRefused { config_id, result } => {
+                metrics.configs_refused.inc();
+                tracing::debug!(config_id, result, "PHD configuration refused");
+            }
+            Output::Rejected { result } => {
+                metrics.rejected.inc();
+                tracing::debug!(result, "PHD association rejected");
+            }
             Output::MdsAttributes(attrs) => {
                 if let Some(agent) = m.agent() {
                     let (model, _clock) = sluice_proto::phd::manager::mds_summary(&attrs);
                     room.update(&agent.system_id, |e| e.model = model);
                 }
             }
-            Output::Released | Output::Aborted { .. } => {}
+            Output::Released => tracing::debug!("PHD association released"),
+            Output::Aborted { by_agent, reason } => {
+                tracing::debug!(by_agent, reason, "PHD association aborted")
+            }
             Output::Violation(v) => {
                 metrics.violations.inc();
                 if v == Violation::ReportNotOperating {

@@ -6,7 +6,7 @@
 //! the confirmation of a confirmed report when every sink is done with all its messages
 //! (`AckToken` shared over them, keyed by invoke-id), and giving the connection back to the
 //! control plane at the first signalling APDU (after its confirmations are written, for at
-//! most the response timeout). Does not own: association (`assoc.rs`; run here only in the
+//! most a third of the response timeout). Does not own: association (`assoc.rs`; run here only in the
 //! single-plane experiment).
 //!
 //! Delivery: a confirmed report's messages are QoS 1 with a token (the agent's confirmation
@@ -22,7 +22,7 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, QoS};
 use sluice_proto::phd::manager::confirmation;
 use sluice_proto::phd::measure::{measurements, senml_json};
-use sluice_proto::phd::{Apdu, Manager, Output};
+use sluice_proto::phd::{Apdu, DataApdu, DataMessage, Manager, Output};
 
 use super::assoc::{forget, sleep_until, signal, sync_agent, Step};
 use super::conn::{Conn, Read};
@@ -156,10 +156,13 @@ impl Task {
         }
     }
 
-    /// Finish the confirmations (bounded by the response timeout), then hand the
-    /// connection to the control plane with `first`.
+    /// Finish the confirmations, then hand the connection to the control plane with
+    /// `first`. The wait is bounded by a third of the response timeout: an agent waits for
+    /// its RLRE no longer than for a confirmation (Antidote: 3 s), so the release must be
+    /// answered well within it even when the cloud is away (the unconfirmed reports are
+    /// still delivered; the agent may send them again: at-least-once).
     async fn give_back(mut self, first: Option<Apdu>) {
-        let until = Instant::now() + self.shared.manager.response_timeout;
+        let until = Instant::now() + self.shared.manager.response_timeout / 3;
         while !self.waiting.is_empty() && !self.acks.is_abandoned() {
             let notify = self.acks.notify.clone();
             tokio::select! {
@@ -206,6 +209,9 @@ impl Task {
     async fn report(&mut self, apdu: Apdu) -> Step {
         let mut out = Vec::new();
         let snapshot = self.shared.room.snapshot();
+        if !matches!(&apdu, Apdu::Prst(DataApdu { message: DataMessage::EventReport { .. }, .. })) {
+            super::assoc::count_in(&self.shared, &apdu); // the MDS GET's answer
+        }
         self.m.on_apdu(apdu, Instant::now(), &*snapshot, &mut out);
         let metrics = self.shared.room.metrics.clone();
         let mut sends = Vec::new();
