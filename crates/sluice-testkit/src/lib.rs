@@ -1,7 +1,7 @@
 //! Test support for sluice: everything a test needs that is not sluice itself.
 //!
 //! Owns: a throw-away PKI generated at test time ([`certs`]), a real Mosquitto broker as a
-//! child process ([`broker`]), an MQTT test client on sluice-proto's codec ([`client`]),
+//! child process ([`broker`]), a real ACME oneM2M CSE as a child process ([`acme`]), an MQTT test client on sluice-proto's codec ([`client`]),
 //! free-port helpers ([`ports`]). Does not own: any production code path — nothing here is
 //! linked into the `sluice` binary.
 //!
@@ -27,12 +27,14 @@
 //! ```
 #![deny(unsafe_code)] // one exception: netns::enter (setns), test-only
 
+pub mod acme;
 pub mod broker;
 pub mod certs;
 pub mod client;
 pub mod netns;
 pub mod ports;
 
+pub use acme::{Acme, AcmeBuilder, AcmeResponse};
 pub use broker::{Mosquitto, MosquittoBuilder};
 pub use certs::TestPki;
 pub use client::{ConnectOpts, TestClient};

@@ -514,7 +514,10 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
         if u.ca_file.is_none() {
             return invalid(
                 &key("ca_file"),
-                &format!("ca_file is required for {secure} uplinks"),
+                &format!(
+                    "ca_file is required for {} uplinks",
+                    secure.trim_end_matches("://")
+                ),
             );
         }
         let name = u.tls_server_name();

@@ -268,7 +268,7 @@ mod tests {
             ("{device}", TemplateError::Segments),
             ("{device}/a/{topic}", TemplateError::Segments),
             ("{dev}/{topic}", TemplateError::UnknownPlaceholder("dev".into())),
-            ("{device/{topic}", TemplateError::Segments),
+            ("{device/{topic}", TemplateError::Unclosed),
             ("x.y/{topic}", TemplateError::BadLiteral('.')),
             ("{device}/metric", TemplateError::NoTopic),
             ("{device}/{topic", TemplateError::Unclosed),

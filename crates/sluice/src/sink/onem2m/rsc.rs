@@ -10,6 +10,7 @@
 //! | 4103 ORIGINATOR_HAS_NO_PRIVILEGE, 4126 APP_RULE_VALIDATION_FAILED | permanent, `not_authorized` | 0x87 |
 //! | 4108 INVALID_CHILD_RESOURCE_TYPE | permanent, `topic_name_invalid` (the container template addresses something that is not a container) | 0x90 |
 //! | 4000 BAD_REQUEST, 4015 UNSUPPORTED_MEDIA_TYPE, 4102 CONTENTS_UNACCEPTABLE, 6023/6024 | permanent, `payload_format_invalid` | 0x99 |
+//! | 5207 NOT_ACCEPTABLE (ACME: one contentInstance larger than the container's `mbs`) | permanent, `other` | 0x83 |
 //! | any other 4xxx or 6xxx | permanent, `other` | 0x83 |
 //!
 //! Without an X-M2M-RSC header the HTTP status decides: 2xx acknowledged, 429 and 503
@@ -41,6 +42,7 @@ pub fn classify(status: u16, rsc: Option<u32>) -> Outcome {
         Some(4000 | 4015 | 4102 | 6023 | 6024) => {
             refused(0x99, Permanent(RejectReason::PayloadFormatInvalid))
         }
+        Some(5207) => refused(0x83, Permanent(RejectReason::Other)),
         Some(1000..=1999 | 4008 | 5000..=5999) => refused(0x80, Unclear),
         Some(_) => refused(0x83, Permanent(RejectReason::Other)),
         None => match status {

@@ -1,0 +1,230 @@
+//! The oneM2M uplink end to end against a real ACME CSE (`pip install acmecse`): MQTT devices
+//! publish QoS 1 to a gateway started from TOML, the gateway's oneM2M transport registers its
+//! AE and creates containers and contentInstances in ACME, and the tests read them back from
+//! ACME over HTTP. ACME keeps its resources in memory, so restarting it loses them all, as a
+//! crashed CSE would.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{device_opts, gateway, metric_sum};
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_testkit::{Acme, ConnectOpts, TestClient};
+
+const AE: &str = "/cse-in/sluice-gw";
+const SYSTEM_ID: &str = "0011223344556677";
+
+fn onem2m_uplink(acme: &Acme, extra: &str) -> String {
+    format!(
+        "[[uplink]]\nname = \"in-cse\"\nurl = \"http://{}\"\nallow_plaintext = true\nprotocol = \"onem2m\"\ncse_id = \"/id-in\"\ncse_name = \"cse-in\"\noriginator = \"Csluice-gw\"\nforward = [\"phd/#\", \"notes/#\"]\ncontainer = \"{{device}}/{{last}}\"\nreconnect_min = \"50ms\"\nreconnect_max = \"300ms\"\nrefused_retry_min = \"50ms\"\nrefused_retry_max = \"200ms\"\n{extra}\n",
+        acme.addr()
+    )
+}
+
+fn senml(metric: &str, i: usize) -> String {
+    format!(
+        r#"[{{"bn":"urn:dev:mac:{SYSTEM_ID}:","bt":1700000000,"n":"{metric}","u":"%","v":{i}}}]"#
+    )
+}
+
+async fn device(gw: &sluice::app::RunningGateway, id: &str) -> TestClient {
+    let mut c = device_opts(gw, ConnectOpts::new(ProtocolVersion::V5, id)).await;
+    // An ACME restart takes seconds; the device waits for its PUBACKs through it.
+    c.set_ack_timeout(Duration::from_secs(90));
+    c
+}
+
+fn start_acme() -> Arc<Mutex<Acme>> {
+    Arc::new(Mutex::new(Acme::start().unwrap_or_else(|e| panic!("ACME: {e:#}"))))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ae_containers_and_every_content_instance_exist_in_acme_with_con_and_cnf() {
+    let acme = start_acme();
+    let gw = gateway(2, &onem2m_uplink(&acme.lock().unwrap(), ""));
+    let mut dev = device(&gw, SYSTEM_ID).await;
+    let mut sent = Vec::new();
+    for i in 0..20 {
+        for metric in ["spo2", "pulse"] {
+            let payload = senml(metric, i);
+            let code = dev
+                .publish(&format!("phd/{SYSTEM_ID}/{metric}"), payload.clone(), QoS::AtLeastOnce, false)
+                .await
+                .expect("PUBACK");
+            assert_eq!(code, 0, "PUBACK for {metric} {i}");
+            sent.push((metric, payload));
+        }
+    }
+    let code = dev
+        .publish("notes/today", "fine, thanks", QoS::AtLeastOnce, false)
+        .await
+        .expect("PUBACK");
+    assert_eq!(code, 0);
+
+    let acme = acme.lock().unwrap();
+    let ae = acme.get(AE, "CAdmin").expect("GET AE");
+    assert_eq!(ae.rsc, Some(2000), "the AE exists: {}", ae.body);
+    assert_eq!(ae.json()["m2m:ae"]["aei"], "Csluice-gw");
+    let containers: BTreeSet<String> = acme.discover(AE, 3).expect("discover").into_iter().collect();
+    for c in [
+        format!("cse-in/sluice-gw/{SYSTEM_ID}"),
+        format!("cse-in/sluice-gw/{SYSTEM_ID}/spo2"),
+        format!("cse-in/sluice-gw/{SYSTEM_ID}/pulse"),
+        format!("cse-in/sluice-gw/{SYSTEM_ID}/today"),
+    ] {
+        assert!(containers.contains(&c), "{c} missing from {containers:?}");
+    }
+    for metric in ["spo2", "pulse"] {
+        let got = acme
+            .content_instances(&format!("{AE}/{SYSTEM_ID}/{metric}"))
+            .expect("contentInstances");
+        let want: Vec<(String, String)> = sent
+            .iter()
+            .filter(|(m, _)| *m == metric)
+            .map(|(_, p)| ("application/senml+json:0".to_string(), p.clone()))
+            .collect();
+        assert_eq!(got, want, "{metric}: every message once, in order, as SenML JSON");
+    }
+    let notes = acme
+        .content_instances(&format!("{AE}/{SYSTEM_ID}/today"))
+        .expect("contentInstances");
+    assert_eq!(notes, vec![("text/plain:0".to_string(), "fine, thanks".to_string())]);
+
+    let text = gw.metrics_text();
+    assert!(metric_sum(&text, "sluice_onem2m_responses_total{shard=\"0\",uplink=\"in-cse\",lane=\"normal\",class=\"2xxx\"") + metric_sum(&text, "sluice_onem2m_responses_total{shard=\"1\",uplink=\"in-cse\",lane=\"normal\",class=\"2xxx\"") >= 41.0, "{text}");
+    assert!(metric_sum(&text, "sluice_onem2m_resources_created_total") >= 5.0, "AE and 4 containers");
+    let status = gw.status_json();
+    assert!(status.to_string().contains("in-cse"), "the uplink shows in the status: {status}");
+    gw.shutdown();
+}
+
+/// Publish `total` QoS 1 messages with up to 16 unacknowledged while ACME restarts once a third
+/// of them were sent. Returns every payload with whether its PUBACK (success) came after the
+/// restart had finished, and the gateway's metrics text.
+async fn publish_through_a_restart(acme: &Arc<Mutex<Acme>>, total: usize) -> (Vec<(String, bool)>, String) {
+    const WINDOW: usize = 16;
+    let gw = gateway(1, &onem2m_uplink(&acme.lock().unwrap(), ""));
+    let mut dev = device(&gw, SYSTEM_ID).await;
+    let topic = format!("phd/{SYSTEM_ID}/spo2");
+    let mut inflight = std::collections::VecDeque::new();
+    let mut acked = Vec::new();
+    let mut restart: Option<std::thread::JoinHandle<Result<(), String>>> = None;
+    for i in 0..total {
+        if i == total / 3 {
+            let acme = acme.clone();
+            restart = Some(std::thread::spawn(move || {
+                acme.lock().unwrap().restart().map_err(|e| format!("{e:#}"))
+            }));
+        }
+        let payload = senml("spo2", i);
+        let id = dev
+            .publish_no_wait(&topic, payload.clone(), QoS::AtLeastOnce, false)
+            .await
+            .expect("publish")
+            .expect("QoS 1 has a packet id");
+        inflight.push_back((id, payload));
+        if inflight.len() == WINDOW {
+            let (id, payload) = inflight.pop_front().expect("non-empty");
+            let code = dev.wait_ack(id).await.expect("PUBACK");
+            assert_eq!(code, 0, "PUBACK success for {payload}");
+            let after = restart.as_ref().is_some_and(|r| r.is_finished());
+            acked.push((payload, after));
+        }
+    }
+    while let Some((id, payload)) = inflight.pop_front() {
+        let code = dev.wait_ack(id).await.expect("PUBACK");
+        assert_eq!(code, 0, "PUBACK success for {payload}");
+        let after = restart.as_ref().is_some_and(|r| r.is_finished());
+        acked.push((payload, after));
+    }
+    restart
+        .expect("restarted")
+        .join()
+        .expect("restart thread")
+        .expect("ACME restarted");
+    let text = gw.metrics_text();
+    gw.shutdown();
+    (acked, text)
+}
+
+fn content_of(acme: &Arc<Mutex<Acme>>) -> BTreeSet<String> {
+    acme.lock()
+        .unwrap()
+        .content_instances(&format!("{AE}/{SYSTEM_ID}/spo2"))
+        .expect("contentInstances after the restart")
+        .into_iter()
+        .map(|(_, con)| con)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cse_restarted_mid_stream_with_its_database_loses_no_acknowledged_measurement() {
+    const TOTAL: usize = 300;
+    let acme = Arc::new(Mutex::new(
+        Acme::builder().persistent().start().unwrap_or_else(|e| panic!("ACME: {e:#}")),
+    ));
+    let (acked, _) = publish_through_a_restart(&acme, TOTAL).await;
+    assert_eq!(acked.len(), TOTAL, "every message was acknowledged");
+    let got = content_of(&acme);
+    let missing: Vec<_> = acked.iter().filter(|(p, _)| !got.contains(p)).collect();
+    assert!(missing.is_empty(), "{} acknowledged but not in ACME, e.g. {:?}", missing.len(), missing.first());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cse_restarted_empty_mid_stream_gets_its_ae_and_containers_back_and_every_later_measurement() {
+    const TOTAL: usize = 300;
+    let acme = start_acme();
+    let (acked, text) = publish_through_a_restart(&acme, TOTAL).await;
+    assert_eq!(acked.len(), TOTAL, "every message was acknowledged");
+    // The in-memory CSE forgot everything from before its restart; everything acknowledged
+    // after it is there, so sluice registered the AE and created the containers again.
+    let got = content_of(&acme);
+    let after: Vec<_> = acked.iter().filter(|(_, after)| *after).collect();
+    assert!(after.len() >= TOTAL / 2, "{} acknowledged after the restart", after.len());
+    let missing: Vec<_> = after.iter().filter(|(p, _)| !got.contains(p)).collect();
+    assert!(missing.is_empty(), "{} acknowledged after the restart but not in ACME, e.g. {:?}", missing.len(), missing.first());
+    assert!(
+        metric_sum(&text, "sluice_onem2m_resources_created_total{shard=\"0\",uplink=\"in-cse\",lane=\"normal\",type=\"ae\"") >= 2.0,
+        "the AE was registered again: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_instance_the_cse_refuses_for_good_fails_the_devices_puback() {
+    let acme = start_acme();
+    // mbs = 64 bytes: ACME refuses a bigger contentInstance with 5207 NOT_ACCEPTABLE.
+    let gw = gateway(1, &onem2m_uplink(&acme.lock().unwrap(), "mbs = \"64B\"\n"));
+    let mut dev = device(&gw, "dev-small").await;
+    let small = dev
+        .publish("notes/a", "short", QoS::AtLeastOnce, false)
+        .await
+        .expect("PUBACK");
+    assert_eq!(small, 0);
+    let big = dev
+        .publish("notes/a", "x".repeat(200), QoS::AtLeastOnce, false)
+        .await
+        .expect("PUBACK");
+    assert_eq!(big, 0x83, "a permanent refusal reaches an MQTT 5 device as a failure code");
+    let after = dev
+        .publish("notes/a", "short again", QoS::AtLeastOnce, false)
+        .await
+        .expect("PUBACK");
+    assert_eq!(after, 0, "the uplink goes on after a refusal");
+    let got = acme
+        .lock()
+        .unwrap()
+        .content_instances(&format!("{AE}/dev-small/a"))
+        .expect("contentInstances");
+    let cons: Vec<String> = got.into_iter().map(|(_, c)| c).collect();
+    assert_eq!(cons, vec!["short".to_string(), "short again".to_string()]);
+    let text = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&text, "sluice_uplink_cloud_rejected_total{shard=\"0\",uplink=\"in-cse\",lane=\"normal\",reason=\"other\"}"),
+        1.0,
+        "{text}"
+    );
+    gw.shutdown();
+}
