@@ -12,6 +12,8 @@
 //! default Werkzeug server closes the connection after every response —
 //! [`AcmeBuilder::werkzeug`] runs that one instead).
 //!
+//! Stopping sends SIGINT ([`Acme::stop`] says why not SIGTERM).
+//!
 //! Invariants: the process never outlives its [`Acme`] handle (Drop kills and reaps it); the
 //! port is fixed at the first start and reused by [`Acme::restart`]. Starting blocks for up
 //! to [`START_TIMEOUT`] while polling `GET /cse-in`.
@@ -76,8 +78,15 @@ impl AcmeBuilder {
     fn ini(&self, port: u16) -> String {
         let wsgi = if self.werkzeug { "false" } else { "true" };
         let db = if self.persistent { "tinydb" } else { "memory" };
+        // TinyDB writes are delayed by a second by default, and a stop can lose them: a
+        // "persistent" CSE that forgets answered creates would test ACME, not sluice.
+        let tinydb = if self.persistent {
+            "[database.tinydb]\nwriteDelay=0\n"
+        } else {
+            ""
+        };
         format!(
-            "[basic.config]\ncseType=IN\ncseID=id-in\ncseName=cse-in\nadminID=CAdmin\nnetworkInterface=127.0.0.1\ncseHost=127.0.0.1\nhttpPort={port}\ndatabaseType={db}\nlogLevel=warning\nconsoleTheme=dark\nconsoleType=simple\n\n[console]\nheadless=true\n\n[textui]\nstartWithTUI=false\n\n[webui]\nenable=false\n\n[cse.statistics]\nenable=false\n\n[http.wsgi]\nenable={wsgi}\nthreadPoolSize=16\nconnectionLimit=200\n\n{}\n",
+            "[basic.config]\ncseType=IN\ncseID=id-in\ncseName=cse-in\nadminID=CAdmin\nnetworkInterface=127.0.0.1\ncseHost=127.0.0.1\nhttpPort={port}\ndatabaseType={db}\nlogLevel=warning\nconsoleTheme=dark\nconsoleType=simple\n\n[console]\nheadless=true\n\n[textui]\nstartWithTUI=false\n\n[webui]\nenable=false\n\n[cse.statistics]\nenable=false\n\n[http.wsgi]\nenable={wsgi}\nthreadPoolSize=16\nconnectionLimit=200\n\n{tinydb}\n{}\n",
             self.extra
         )
     }
@@ -172,7 +181,10 @@ impl Acme {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
-    /// Stop the CSE (SIGTERM, SIGKILL after 5 s); its in-memory resources are gone.
+    /// Stop the CSE (SIGINT, SIGKILL after 5 s); its in-memory resources are gone. SIGINT, not
+    /// SIGTERM: with TinyDB, ACME 2026.5.3 stopped by SIGTERM lost the last contentInstances
+    /// it had answered 2001 (98 of 100 kept, even with `writeDelay=0`); stopped by SIGINT it
+    /// kept all of them.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else { return };
         if let Ok(pid) = i32::try_from(child.id()) {
@@ -180,7 +192,7 @@ impl Acme {
             // memory effects; a failure only means it already exited.
             #[allow(unsafe_code)]
             unsafe {
-                libc::kill(pid, libc::SIGTERM);
+                libc::kill(pid, libc::SIGINT);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
