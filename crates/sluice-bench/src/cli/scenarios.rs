@@ -623,16 +623,16 @@ pub(crate) async fn priority(args: PriorityArgs) -> anyhow::Result<()> {
 #[derive(Args, Debug)]
 pub(crate) struct OneM2mArgs {
     /// HTTP connections: the plain client's, and sluice's `connections` per shard.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 4)]
     connections: usize,
     /// Requests outstanding per connection (sluice's `pipeline`).
     #[arg(long, default_value_t = 16)]
     pipeline: usize,
     /// MQTT 5 devices publishing QoS 1 to sluice.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 10)]
     devices: u32,
     /// Messages per second per device.
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = 50.0)]
     msg_rate: f64,
     /// Payload bytes (binary, so base64 in `con`).
     #[arg(long, default_value_t = 128)]

@@ -54,10 +54,10 @@ impl OneM2mScenario {
         OneM2mScenario {
             sluice_bin,
             sluice_shards: 1,
-            connections: 8,
+            connections: 4,
             pipeline: 16,
-            devices: 50,
-            rate_per_device: 100.0,
+            devices: 10,
+            rate_per_device: 50.0,
             payload: 128,
             duration: Duration::from_secs(30),
             ramp: Duration::from_secs(2),
