@@ -70,7 +70,8 @@ impl AcmeBuilder {
             port,
             child: None,
         };
-        std::fs::write(acme.dir.path().join("acme.ini"), self.ini(port)).context("write acme.ini")?;
+        std::fs::write(acme.dir.path().join("acme.ini"), self.ini(port))
+            .context("write acme.ini")?;
         acme.launch()?;
         Ok(acme)
     }
@@ -164,11 +165,18 @@ impl Acme {
             }
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    bail!("ACME exited with {status} before answering:\n{}", self.log_tail());
+                    bail!(
+                        "ACME exited with {status} before answering:\n{}",
+                        self.log_tail()
+                    );
                 }
             }
             if Instant::now() > deadline {
-                bail!("ACME did not answer on {} within {START_TIMEOUT:?}:\n{}", self.addr(), self.log_tail());
+                bail!(
+                    "ACME did not answer on {} within {START_TIMEOUT:?}:\n{}",
+                    self.addr(),
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -186,7 +194,9 @@ impl Acme {
     /// it had answered 2001 (98 of 100 kept, even with `writeDelay=0`); stopped by SIGINT it
     /// kept all of them.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         if let Ok(pid) = i32::try_from(child.id()) {
             // SAFETY: kill(2) on our own child's pid (not yet reaped, so not reused) has no
             // memory effects; a failure only means it already exited.
@@ -248,7 +258,11 @@ impl Acme {
         let r = self.get(&format!("{path}?fu=1&ty={ty}"), "CAdmin")?;
         Ok(r.json()["m2m:uril"]
             .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default())
     }
 

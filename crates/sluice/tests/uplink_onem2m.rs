@@ -42,7 +42,9 @@ async fn device(gw: &sluice::app::RunningGateway, id: &str) -> TestClient {
 }
 
 fn start_acme() -> Arc<Mutex<Acme>> {
-    Arc::new(Mutex::new(Acme::start().unwrap_or_else(|e| panic!("ACME: {e:#}"))))
+    Arc::new(Mutex::new(
+        Acme::start().unwrap_or_else(|e| panic!("ACME: {e:#}")),
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,7 +57,12 @@ async fn ae_containers_and_every_content_instance_exist_in_acme_with_con_and_cnf
         for metric in ["spo2", "pulse"] {
             let payload = senml(metric, i);
             let code = dev
-                .publish(&format!("phd/{SYSTEM_ID}/{metric}"), payload.clone(), QoS::AtLeastOnce, false)
+                .publish(
+                    &format!("phd/{SYSTEM_ID}/{metric}"),
+                    payload.clone(),
+                    QoS::AtLeastOnce,
+                    false,
+                )
                 .await
                 .expect("PUBACK");
             assert_eq!(code, 0, "PUBACK for {metric} {i}");
@@ -72,7 +79,11 @@ async fn ae_containers_and_every_content_instance_exist_in_acme_with_con_and_cnf
     let ae = acme.get(AE, "CAdmin").expect("GET AE");
     assert_eq!(ae.rsc, Some(2000), "the AE exists: {}", ae.body);
     assert_eq!(ae.json()["m2m:ae"]["aei"], "Csluice-gw");
-    let containers: BTreeSet<String> = acme.discover(AE, 3).expect("discover").into_iter().collect();
+    let containers: BTreeSet<String> = acme
+        .discover(AE, 3)
+        .expect("discover")
+        .into_iter()
+        .collect();
     for c in [
         format!("cse-in/sluice-gw/{SYSTEM_ID}"),
         format!("cse-in/sluice-gw/{SYSTEM_ID}/spo2"),
@@ -90,18 +101,30 @@ async fn ae_containers_and_every_content_instance_exist_in_acme_with_con_and_cnf
             .filter(|(m, _)| *m == metric)
             .map(|(_, p)| ("application/senml+json:0".to_string(), p.clone()))
             .collect();
-        assert_eq!(got, want, "{metric}: every message once, in order, as SenML JSON");
+        assert_eq!(
+            got, want,
+            "{metric}: every message once, in order, as SenML JSON"
+        );
     }
     let notes = acme
         .content_instances(&format!("{AE}/{SYSTEM_ID}/today"))
         .expect("contentInstances");
-    assert_eq!(notes, vec![("text/plain:0".to_string(), "fine, thanks".to_string())]);
+    assert_eq!(
+        notes,
+        vec![("text/plain:0".to_string(), "fine, thanks".to_string())]
+    );
 
     let text = gw.metrics_text();
     assert!(metric_sum(&text, "sluice_onem2m_responses_total{shard=\"0\",uplink=\"in-cse\",lane=\"normal\",class=\"2xxx\"") + metric_sum(&text, "sluice_onem2m_responses_total{shard=\"1\",uplink=\"in-cse\",lane=\"normal\",class=\"2xxx\"") >= 41.0, "{text}");
-    assert!(metric_sum(&text, "sluice_onem2m_resources_created_total") >= 5.0, "AE and 4 containers");
+    assert!(
+        metric_sum(&text, "sluice_onem2m_resources_created_total") >= 5.0,
+        "AE and 4 containers"
+    );
     let status = gw.status_json();
-    assert!(status.to_string().contains("in-cse"), "the uplink shows in the status: {status}");
+    assert!(
+        status.to_string().contains("in-cse"),
+        "the uplink shows in the status: {status}"
+    );
     gw.shutdown();
 }
 
@@ -116,7 +139,9 @@ async fn publish_through_a_restart(
     gate: Option<Arc<common::Gate>>,
 ) -> (Vec<(String, bool)>, String) {
     const WINDOW: usize = 16;
-    let addr = gate.as_ref().map_or_else(|| acme.lock().unwrap().addr(), |g| g.addr);
+    let addr = gate
+        .as_ref()
+        .map_or_else(|| acme.lock().unwrap().addr(), |g| g.addr);
     let gw = gateway(1, &onem2m_uplink_at(addr, ""));
     let mut dev = device(&gw, SYSTEM_ID).await;
     let topic = format!("phd/{SYSTEM_ID}/spo2");
@@ -189,18 +214,28 @@ fn content_of(acme: &Arc<Mutex<Acme>>) -> BTreeSet<String> {
 async fn a_cse_restarted_mid_stream_with_its_database_loses_no_acknowledged_measurement() {
     const TOTAL: usize = 300;
     let acme = Arc::new(Mutex::new(
-        Acme::builder().persistent().start().unwrap_or_else(|e| panic!("ACME: {e:#}")),
+        Acme::builder()
+            .persistent()
+            .start()
+            .unwrap_or_else(|e| panic!("ACME: {e:#}")),
     ));
-    let gate = Arc::new(common::Gate::start(acme.lock().unwrap().addr()).await);
+    let addr = acme.lock().unwrap().addr();
+    let gate = Arc::new(common::Gate::start(addr).await);
     let (acked, _) = publish_through_a_restart(&acme, TOTAL, Some(gate)).await;
     assert_eq!(acked.len(), TOTAL, "every message was acknowledged");
     let got = content_of(&acme);
     let missing: Vec<_> = acked.iter().filter(|(p, _)| !got.contains(p)).collect();
-    assert!(missing.is_empty(), "{} acknowledged but not in ACME, e.g. {:?}", missing.len(), missing.first());
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged but not in ACME, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cse_restarted_empty_mid_stream_gets_its_ae_and_containers_back_and_every_later_measurement() {
+async fn a_cse_restarted_empty_mid_stream_gets_its_ae_and_containers_back_and_every_later_measurement(
+) {
     const TOTAL: usize = 300;
     let acme = start_acme();
     let (acked, text) = publish_through_a_restart(&acme, TOTAL, None).await;
@@ -209,9 +244,18 @@ async fn a_cse_restarted_empty_mid_stream_gets_its_ae_and_containers_back_and_ev
     // after it is there, so sluice registered the AE and created the containers again.
     let got = content_of(&acme);
     let after: Vec<_> = acked.iter().filter(|(_, after)| *after).collect();
-    assert!(after.len() >= TOTAL / 2, "{} acknowledged after the restart", after.len());
+    assert!(
+        after.len() >= TOTAL / 2,
+        "{} acknowledged after the restart",
+        after.len()
+    );
     let missing: Vec<_> = after.iter().filter(|(p, _)| !got.contains(p)).collect();
-    assert!(missing.is_empty(), "{} acknowledged after the restart but not in ACME, e.g. {:?}", missing.len(), missing.first());
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged after the restart but not in ACME, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
     assert!(
         metric_sum(&text, "sluice_onem2m_resources_created_total{shard=\"0\",uplink=\"in-cse\",lane=\"normal\",type=\"ae\"") >= 2.0,
         "the AE was registered again: {text}"
@@ -233,7 +277,10 @@ async fn a_content_instance_the_cse_refuses_for_good_fails_the_devices_puback() 
         .publish("notes/a", "x".repeat(200), QoS::AtLeastOnce, false)
         .await
         .expect("PUBACK");
-    assert_eq!(big, 0x83, "a permanent refusal reaches an MQTT 5 device as a failure code");
+    assert_eq!(
+        big, 0x83,
+        "a permanent refusal reaches an MQTT 5 device as a failure code"
+    );
     let after = dev
         .publish("notes/a", "short again", QoS::AtLeastOnce, false)
         .await

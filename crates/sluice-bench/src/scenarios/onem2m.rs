@@ -110,12 +110,19 @@ pub async fn run_onem2m(s: &OneM2mScenario) -> anyhow::Result<OneM2mReport> {
     eprintln!("onem2m: phase 2, MQTT devices → sluice → ACME");
     let acme = tokio::task::spawn_blocking(Acme::start).await??;
     let mqtt_port = sluice_testkit::free_port()?;
-    let sluice = SluiceChild::spawn(&s.sluice_bin, mqtt_port, sluice_toml(s, mqtt_port, acme.addr()))?;
+    let sluice = SluiceChild::spawn(
+        &s.sluice_bin,
+        mqtt_port,
+        sluice_toml(s, mqtt_port, acme.addr()),
+    )?;
     sluice.wait_ready().await?;
     let mut devices = DevicesConfig::new(sluice.device_addr());
     devices.devices = s.devices;
     devices.rate_per_device = s.rate_per_device;
-    devices.payload = PayloadSize { min: s.payload, max: s.payload };
+    devices.payload = PayloadSize {
+        min: s.payload,
+        max: s.payload,
+    };
     devices.qos = QoS::AtLeastOnce;
     devices.protocol = ProtocolVersion::V5;
     devices.duration = s.duration;
@@ -134,7 +141,10 @@ pub async fn run_onem2m(s: &OneM2mScenario) -> anyhow::Result<OneM2mReport> {
     let sluice_rate = (end.acknowledged - start.acknowledged) as f64 / elapsed;
     eprintln!("onem2m: {sluice_rate:.0} messages/s acknowledged through sluice");
     if end.acknowledged == start.acknowledged {
-        bail!("no message went through sluice; its stderr:\n{}", sluice.stderr_tail());
+        bail!(
+            "no message went through sluice; its stderr:\n{}",
+            sluice.stderr_tail()
+        );
     }
     drop(sluice);
     drop(acme);
@@ -152,7 +162,11 @@ pub async fn run_onem2m(s: &OneM2mScenario) -> anyhow::Result<OneM2mReport> {
         cse_errors: errors,
         sluice_rate,
         sluice_rejected: report.rejected,
-        ratio: if cse_max_rate > 0.0 { sluice_rate / cse_max_rate } else { 0.0 },
+        ratio: if cse_max_rate > 0.0 {
+            sluice_rate / cse_max_rate
+        } else {
+            0.0
+        },
         target_2000_met: sluice_rate >= 2000.0,
     })
 }
@@ -175,14 +189,24 @@ fn request(target: &str, host: &str, ri: u64, ty: u8, body: &str) -> Vec<u8> {
 }
 
 /// Register, create a container, then pipeline creates on every connection for `window`.
-async fn plain_client(addr: SocketAddr, s: &OneM2mScenario, window: Duration) -> anyhow::Result<(u64, u64)> {
+async fn plain_client(
+    addr: SocketAddr,
+    s: &OneM2mScenario,
+    window: Duration,
+) -> anyhow::Result<(u64, u64)> {
     let host = addr.to_string();
     let mut setup = tokio::net::TcpStream::connect(addr).await?;
     for (target, ty, body) in [
-        ("/~/id-in/cse-in", 2, r#"{"m2m:ae": {"rn": "bench", "api": "Nbench", "rr": false, "srv": ["3"]}}"#),
+        (
+            "/~/id-in/cse-in",
+            2,
+            r#"{"m2m:ae": {"rn": "bench", "api": "Nbench", "rr": false, "srv": ["3"]}}"#,
+        ),
         ("/~/id-in/cse-in/bench", 3, r#"{"m2m:cnt": {"rn": "c"}}"#),
     ] {
-        setup.write_all(&request(target, &host, 0, ty, body)).await?;
+        setup
+            .write_all(&request(target, &host, 0, ty, body))
+            .await?;
         let mut buf = BytesMut::new();
         let rsc = loop {
             if let Some((rsc, _)) = take_response(&mut buf)? {

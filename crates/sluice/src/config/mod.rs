@@ -41,12 +41,12 @@ use serde::{Deserialize, Serialize};
 pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use multipath::MultipathConfig;
-pub use spool::{
-    DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
-};
 pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,
     ONEM2M_ONLY_KEYS,
+};
+pub use spool::{
+    DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
 };
 pub use units::{ByteSize, ParseByteSizeError};
 pub use uplink::{
@@ -172,7 +172,8 @@ impl Config {
             return toml::to_string(self).expect("Config is always representable as TOML");
         }
         // oneM2M uplinks print their url as http(s):// and without MQTT keys (`onem2m.rs`).
-        let mut table = toml::Table::try_from(self).expect("Config is always representable as TOML");
+        let mut table =
+            toml::Table::try_from(self).expect("Config is always representable as TOML");
         if let Some(toml::Value::Array(uplinks)) = table.get_mut("uplink") {
             onem2m::fix_printed_uplinks(uplinks, &self.uplink);
         }

@@ -182,10 +182,16 @@ pub(super) fn check(i: usize, u: &UplinkConfig) -> Result<(), ConfigError> {
             "a oneM2M uplink needs cse_id, the CSE's SP-relative CSE-ID (e.g. \"/id-in\")",
         )
     })?;
-    if cse_id.len() < 2 || !cse_id.starts_with('/') || cse_id[1..].contains('/') || !is_path_safe(&cse_id[1..]) {
+    if cse_id.len() < 2
+        || !cse_id.starts_with('/')
+        || cse_id[1..].contains('/')
+        || !is_path_safe(&cse_id[1..])
+    {
         return Err(invalid(
             key("cse_id"),
-            format!("{cse_id:?} is not an SP-relative CSE-ID; write '/' and the id, e.g. \"/id-in\""),
+            format!(
+                "{cse_id:?} is not an SP-relative CSE-ID; write '/' and the id, e.g. \"/id-in\""
+            ),
         ));
     }
     let cse_name = u.cse_name.as_deref().ok_or_else(|| {
@@ -216,7 +222,9 @@ pub(super) fn check(i: usize, u: &UplinkConfig) -> Result<(), ConfigError> {
         if !is_path_safe(ae) {
             return Err(invalid(
                 key("ae_name"),
-                format!("{ae:?} must be non-empty and use only letters, digits, '-', '_', '.' and '~'"),
+                format!(
+                    "{ae:?} must be non-empty and use only letters, digits, '-', '_', '.' and '~'"
+                ),
             ));
         }
     }
@@ -227,14 +235,21 @@ pub(super) fn check(i: usize, u: &UplinkConfig) -> Result<(), ConfigError> {
             format!("{app_id:?}: an App-ID starts with 'N' (non-registered) or 'R' (registered) and uses only letters, digits, '-', '_', '.' and '~'"),
         ));
     }
-    if let Err(reason) = crate::sink::onem2m::naming::ContainerTemplate::parse(u.onem2m_container()) {
+    if let Err(reason) = crate::sink::onem2m::naming::ContainerTemplate::parse(u.onem2m_container())
+    {
         return Err(invalid(key("container"), reason.to_string()));
     }
     if u.mni == Some(0) {
-        return Err(invalid(key("mni"), "must be at least 1; omit it to let the CSE decide"));
+        return Err(invalid(
+            key("mni"),
+            "must be at least 1; omit it to let the CSE decide",
+        ));
     }
     if u.mbs.is_some_and(|b| b.as_u64() == 0) {
-        return Err(invalid(key("mbs"), "must be at least 1B; omit it to let the CSE decide"));
+        return Err(invalid(
+            key("mbs"),
+            "must be at least 1B; omit it to let the CSE decide",
+        ));
     }
     let connections = u.onem2m_connections();
     let pipeline = u.onem2m_pipeline();
@@ -267,7 +282,10 @@ pub(super) fn check(i: usize, u: &UplinkConfig) -> Result<(), ConfigError> {
         ));
     }
     if !u.paths.is_empty() || u.mptcp {
-        return Err(invalid(key("paths"), "per-path sessions and MPTCP are MQTT only"));
+        return Err(invalid(
+            key("paths"),
+            "per-path sessions and MPTCP are MQTT only",
+        ));
     }
     Ok(())
 }
@@ -286,7 +304,9 @@ pub(super) fn fix_printed_uplinks(uplinks: &mut [toml::Value], config: &[UplinkC
         if !u.is_onem2m() {
             continue;
         }
-        let Some(t) = value.as_table_mut() else { continue };
+        let Some(t) = value.as_table_mut() else {
+            continue;
+        };
         for key in MQTT_ONLY_KEYS {
             t.remove(*key);
         }
@@ -348,13 +368,22 @@ mod tests {
         let c = parse("").unwrap();
         let u = &c.uplink[0];
         assert!(u.is_onem2m());
-        assert_eq!((u.url.host.as_str(), u.url.port, u.url.tls), ("127.0.0.1", 8080, false));
+        assert_eq!(
+            (u.url.host.as_str(), u.url.port, u.url.tls),
+            ("127.0.0.1", 8080, false)
+        );
         assert_eq!(u.onem2m_ae_name(), "sluice-gw");
         assert_eq!(u.onem2m_connections() * u.onem2m_pipeline(), 128);
         let printed = c.to_toml();
-        assert!(printed.contains("url = \"http://127.0.0.1:8080\""), "{printed}");
+        assert!(
+            printed.contains("url = \"http://127.0.0.1:8080\""),
+            "{printed}"
+        );
         let uplink = printed.split("[[uplink]]").nth(1).unwrap();
-        assert!(!uplink.contains("keep_alive") && !uplink.contains("client_id"), "{uplink}");
+        assert!(
+            !uplink.contains("keep_alive") && !uplink.contains("client_id"),
+            "{uplink}"
+        );
         assert_eq!(crate::config::parse_unchecked_files(&printed).unwrap(), c);
     }
 
@@ -362,9 +391,15 @@ mod tests {
     fn mqtt_keys_on_a_onem2m_uplink_are_errors_with_their_key_path() {
         assert_eq!(key_of("keep_alive = \"5s\"\n"), "uplink[0].keep_alive");
         assert_eq!(key_of("client_id = \"x\"\n"), "uplink[0].client_id");
-        assert_eq!(key_of("[uplink.aggregate]\nenabled = true\n"), "uplink[0].aggregate");
+        assert_eq!(
+            key_of("[uplink.aggregate]\nenabled = true\n"),
+            "uplink[0].aggregate"
+        );
         let e = parse("[uplink.aggregate]\nenabled = true\n").unwrap_err();
-        assert!(e.to_string().contains("SenML aggregation cannot apply"), "{e}");
+        assert!(
+            e.to_string().contains("SenML aggregation cannot apply"),
+            "{e}"
+        );
         assert_eq!(key_of("mptcp = true\n"), "uplink[0].mptcp");
     }
 
@@ -388,7 +423,10 @@ mod tests {
         let e = crate::config::parse_unchecked_files(&mqtt_url).unwrap_err();
         assert_eq!(e.key(), Some("uplink[0].url"));
         assert_eq!(key_of("container = \"{device}\"\n"), "uplink[0].container");
-        assert_eq!(key_of("container = \"{dev}/{last}\"\n"), "uplink[0].container");
+        assert_eq!(
+            key_of("container = \"{dev}/{last}\"\n"),
+            "uplink[0].container"
+        );
         assert_eq!(key_of("app_id = \"sluice\"\n"), "uplink[0].app_id");
         assert_eq!(key_of("mni = 0\n"), "uplink[0].mni");
         assert_eq!(key_of("pipeline = 0\n"), "uplink[0].pipeline");
@@ -396,6 +434,9 @@ mod tests {
         let c = parse("container = \"{device}/{last}\"\nmni = 100\nmbs = \"1MiB\"\nconnections = 2\npipeline = 8\nrequest_timeout = \"3s\"\n").unwrap();
         assert_eq!(c.uplink[0].mbs, Some(ByteSize::mib(1)));
         assert_eq!(c.uplink[0].onem2m_request_timeout(), Duration::from_secs(3));
-        assert_eq!(crate::config::parse_unchecked_files(&c.to_toml()).unwrap(), c);
+        assert_eq!(
+            crate::config::parse_unchecked_files(&c.to_toml()).unwrap(),
+            c
+        );
     }
 }

@@ -208,7 +208,11 @@ fn dechunk(data: &[u8]) -> Result<Option<(Bytes, usize)>, HttpError> {
             return Ok(None);
         };
         let line = &data[pos..pos + line_end];
-        let size_text = line.split(|&b| b == b';').next().unwrap_or(line).trim_ascii();
+        let size_text = line
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or(line)
+            .trim_ascii();
         if size_text.is_empty() || size_text.len() > 8 {
             return Err(HttpError::BadChunk);
         }
@@ -305,7 +309,13 @@ mod tests {
     const ACME_201: &[u8] = b"HTTP/1.1 201 CREATED\r\nX-M2M-RSC: 2001\r\nX-M2M-RI: req-cin-1\r\nX-M2M-RVI: 3\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n";
 
     /// Encode a response the way a server might (for round trips).
-    fn encode(status: u16, rsc: Option<u32>, body: &[u8], chunks: Option<usize>, close: bool) -> Vec<u8> {
+    fn encode(
+        status: u16,
+        rsc: Option<u32>,
+        body: &[u8],
+        chunks: Option<usize>,
+        close: bool,
+    ) -> Vec<u8> {
         let mut out = format!("HTTP/1.1 {status} X\r\n").into_bytes();
         if let Some(rsc) = rsc {
             out.extend_from_slice(format!("X-M2m-Rsc: {rsc}\r\n").as_bytes());
@@ -353,9 +363,21 @@ mod tests {
     #[test]
     fn pipelined_responses_split_at_every_offset_decode_the_same() {
         let mut stream = ACME_201.to_vec();
-        stream.extend(encode(409, Some(4105), br#"{"m2m:dbg": "exists"}"#, None, false));
+        stream.extend(encode(
+            409,
+            Some(4105),
+            br#"{"m2m:dbg": "exists"}"#,
+            None,
+            false,
+        ));
         stream.extend(b"HTTP/1.1 100 Continue\r\n\r\n");
-        stream.extend(encode(404, Some(4004), b"not found, chunked", Some(5), true));
+        stream.extend(encode(
+            404,
+            Some(4004),
+            b"not found, chunked",
+            Some(5),
+            true,
+        ));
         let whole = decode_all(&stream).unwrap();
         assert_eq!(whole.len(), 3);
         assert_eq!(whole[2].body, Bytes::from_static(b"not found, chunked"));
@@ -376,16 +398,30 @@ mod tests {
 
     #[test]
     fn bounds_and_malformed_heads_are_errors_not_waits() {
-        let big = format!("HTTP/1.1 201 X\r\nContent-Length: {}\r\n\r\n", MAX_BODY_BYTES + 1);
-        assert!(matches!(decode_all(big.as_bytes()), Err(HttpError::BodyTooLarge(_))));
+        let big = format!(
+            "HTTP/1.1 201 X\r\nContent-Length: {}\r\n\r\n",
+            MAX_BODY_BYTES + 1
+        );
+        assert!(matches!(
+            decode_all(big.as_bytes()),
+            Err(HttpError::BodyTooLarge(_))
+        ));
         let mut long = b"HTTP/1.1 201 X\r\nX-Pad: ".to_vec();
-        long.extend(std::iter::repeat(b'a').take(MAX_HEAD_BYTES + 1));
-        assert_eq!(decode(&mut BytesMut::from(&long[..])), Err(HttpError::HeadTooLarge));
-        assert!(decode_all(b"HTTP/1.1 200 OK\r\n\r\n").is_err(), "undelimited body");
+        long.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES + 1));
+        assert_eq!(
+            decode(&mut BytesMut::from(&long[..])),
+            Err(HttpError::HeadTooLarge)
+        );
+        assert!(
+            decode_all(b"HTTP/1.1 200 OK\r\n\r\n").is_err(),
+            "undelimited body"
+        );
         assert!(decode_all(b"GARBAGE\r\n\r\n").is_err());
         assert!(decode_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n").is_err());
         assert!(decode_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n").is_err());
-        assert!(decode_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").is_err());
+        assert!(
+            decode_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").is_err()
+        );
         let r = decode_all(b"HTTP/1.1 204 No\r\nX-M2M-RSC: x\r\n\r\n").unwrap();
         assert_eq!((r[0].status, r[0].rsc), (204, None));
         let r = decode_all(b"HTTP/1.0 201 X\r\nContent-Length: 0\r\n\r\n").unwrap();
@@ -407,7 +443,13 @@ mod tests {
         .encode(&mut out);
         let text = std::str::from_utf8(&out).unwrap();
         assert!(text.starts_with("POST /~/id-in/cse-in/gw HTTP/1.1\r\n"));
-        for h in ["X-M2M-Origin: Cgw\r\n", "X-M2M-RI: s0n-1\r\n", "X-M2M-RVI: 3\r\n", "Content-Type: application/json;ty=4\r\n", "Content-Length: 2\r\n"] {
+        for h in [
+            "X-M2M-Origin: Cgw\r\n",
+            "X-M2M-RI: s0n-1\r\n",
+            "X-M2M-RVI: 3\r\n",
+            "Content-Type: application/json;ty=4\r\n",
+            "Content-Length: 2\r\n",
+        ] {
             assert!(text.contains(h), "{h}");
         }
         assert!(text.ends_with("\r\n\r\n{}"));

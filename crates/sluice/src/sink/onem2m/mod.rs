@@ -68,7 +68,9 @@ use tokio_rustls::TlsConnector;
 
 use crate::config::UplinkConfig;
 use crate::sink::outbox::{Outbox, OutboxSeed};
-use crate::sink::transport::{Feedback, LinkLimits, RefusalClass, SendId, Transport, Unit, Unsendable};
+use crate::sink::transport::{
+    Feedback, LinkLimits, RefusalClass, SendId, Transport, Unit, Unsendable,
+};
 use crate::sink::{Lane, SessionSeed, UplinkError, UplinkMetrics};
 use naming::ContainerTemplate;
 use pool::{Conn, Dialer, ReadEvent, Req, Waiting};
@@ -80,7 +82,13 @@ pub const MAX_KNOWN: usize = 65_536;
 /// Start the outbox of one oneM2M uplink lane on this shard. Must be called inside a
 /// `LocalSet`. Runs until `shutdown`.
 pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
-    let transport = OneM2mTransport::new(seed.shard, seed.lane, seed.cfg.clone(), seed.tls, seed.metrics.clone());
+    let transport = OneM2mTransport::new(
+        seed.shard,
+        seed.lane,
+        seed.cfg.clone(),
+        seed.tls,
+        seed.metrics.clone(),
+    );
     let outbox = Outbox::new(
         OutboxSeed {
             shard: seed.shard,
@@ -174,7 +182,11 @@ impl OneM2mTransport {
             next_id: 0,
             scratch: vec![0; pool::READ_CHUNK].into_boxed_slice(),
             read_start: 0,
-            dialer: Dialer { cfg, lane, tls: tls.map(TlsConnector::from) },
+            dialer: Dialer {
+                cfg,
+                lane,
+                tls: tls.map(TlsConnector::from),
+            },
         }
     }
 
@@ -199,9 +211,20 @@ impl OneM2mTransport {
             }
             _ => target,
         };
-        http::Request { method: "POST", target, host: &self.host, origin: &self.origin, ri: &ri, ty: Some(ty), body }
-            .encode(&mut self.conns[c].out);
-        self.conns[c].waiting.push_back(Waiting { req, since: Instant::now() });
+        http::Request {
+            method: "POST",
+            target,
+            host: &self.host,
+            origin: &self.origin,
+            ri: &ri,
+            ty: Some(ty),
+            body,
+        }
+        .encode(&mut self.conns[c].out);
+        self.conns[c].waiting.push_back(Waiting {
+            req,
+            since: Instant::now(),
+        });
     }
 
     /// Queue on `c` whatever of the AE and the two containers is not known to exist.
@@ -216,24 +239,44 @@ impl OneM2mTransport {
         if !self.known.contains(device) {
             self.known.insert(device.to_owned());
             let parent = self.ae_path.clone();
-            self.queue(c, Req::Cnt { parent, name: device.to_owned(), key: device.to_owned() });
+            self.queue(
+                c,
+                Req::Cnt {
+                    parent,
+                    name: device.to_owned(),
+                    key: device.to_owned(),
+                },
+            );
         }
         if !self.known.contains(stream_key) {
             self.known.insert(stream_key.to_owned());
             let parent = format!("{}/{device}", self.ae_path);
-            self.queue(c, Req::Cnt { parent, name: stream.to_owned(), key: stream_key.to_owned() });
+            self.queue(
+                c,
+                Req::Cnt {
+                    parent,
+                    name: stream.to_owned(),
+                    key: stream_key.to_owned(),
+                },
+            );
         }
     }
 
     /// Handle every complete response buffered on connection `c`.
-    fn take_responses(&mut self, c: usize, feedback: &mut Vec<Feedback>) -> Result<(), UplinkError> {
+    fn take_responses(
+        &mut self,
+        c: usize,
+        feedback: &mut Vec<Feedback>,
+    ) -> Result<(), UplinkError> {
         while let Some(resp) = http::decode(&mut self.conns[c].rbuf)? {
             self.metrics.onem2m.record_response(resp.rsc);
             if resp.close {
                 self.conns[c].server_closes = true;
             }
             let Some(w) = self.conns[c].waiting.pop_front() else {
-                return Err(UplinkError::Protocol("the CSE answered a request never sent".into()));
+                return Err(UplinkError::Protocol(
+                    "the CSE answered a request never sent".into(),
+                ));
             };
             let created = resp.rsc == Some(2001) || (resp.rsc.is_none() && resp.status == 201);
             match w.req {
@@ -254,27 +297,48 @@ impl OneM2mTransport {
                         tracing::debug!(rsc = ?rsc, status = resp.status, container = %key, "oneM2M CSE refused a container");
                     }
                 },
-                Req::Cin { id, target, body, device_key, stream_key, retried } => {
-                    match rsc::classify(resp.status, resp.rsc) {
-                        rsc::Outcome::Created => feedback.push(Feedback::Acked(id)),
-                        rsc::Outcome::NotFound if !retried => {
-                            self.metrics.onem2m.lost_parents.inc();
-                            self.known.remove(&device_key);
-                            self.known.remove(&stream_key);
-                            self.ae_known = false;
-                            let stream = stream_key.rsplit('/').next().unwrap_or(&stream_key).to_owned();
-                            self.queue_parents(c, &device_key, &stream_key, &stream);
-                            self.queue(c, Req::Cin { id, target, body, device_key, stream_key, retried: true });
-                        }
-                        rsc::Outcome::NotFound => {
-                            feedback.push(Feedback::Refused { id, code: 0x80, class: RefusalClass::Unclear })
-                        }
-                        rsc::Outcome::Refused { code, class } => {
-                            tracing::debug!(rsc = ?resp.rsc, status = resp.status, "oneM2M CSE refused a contentInstance");
-                            feedback.push(Feedback::Refused { id, code, class })
-                        }
+                Req::Cin {
+                    id,
+                    target,
+                    body,
+                    device_key,
+                    stream_key,
+                    retried,
+                } => match rsc::classify(resp.status, resp.rsc) {
+                    rsc::Outcome::Created => feedback.push(Feedback::Acked(id)),
+                    rsc::Outcome::NotFound if !retried => {
+                        self.metrics.onem2m.lost_parents.inc();
+                        self.known.remove(&device_key);
+                        self.known.remove(&stream_key);
+                        self.ae_known = false;
+                        let stream = stream_key
+                            .rsplit('/')
+                            .next()
+                            .unwrap_or(&stream_key)
+                            .to_owned();
+                        self.queue_parents(c, &device_key, &stream_key, &stream);
+                        self.queue(
+                            c,
+                            Req::Cin {
+                                id,
+                                target,
+                                body,
+                                device_key,
+                                stream_key,
+                                retried: true,
+                            },
+                        );
                     }
-                }
+                    rsc::Outcome::NotFound => feedback.push(Feedback::Refused {
+                        id,
+                        code: 0x80,
+                        class: RefusalClass::Unclear,
+                    }),
+                    rsc::Outcome::Refused { code, class } => {
+                        tracing::debug!(rsc = ?resp.rsc, status = resp.status, "oneM2M CSE refused a contentInstance");
+                        feedback.push(Feedback::Refused { id, code, class })
+                    }
+                },
             }
         }
         Ok(())
@@ -390,7 +454,11 @@ impl Transport for OneM2mTransport {
             self.conns[c].io = Some(io);
         }
         self.register().await?;
-        Ok(LinkLimits { window: self.window, pack_limit: usize::MAX, keep_alive: None })
+        Ok(LinkLimits {
+            window: self.window,
+            pack_limit: usize::MAX,
+            keep_alive: None,
+        })
     }
 
     fn encode(&mut self, unit: Unit<'_>) -> Result<Option<SendId>, Unsendable> {
@@ -418,7 +486,17 @@ impl Transport for OneM2mTransport {
         let id = SendId(self.next_id);
         let target = format!("{}/{stream_key}?rcn=0", self.ae_path);
         let body = Bytes::from(naming::cin_body(&msg.payload));
-        self.queue(c, Req::Cin { id, target, body, device_key: device, stream_key, retried: false });
+        self.queue(
+            c,
+            Req::Cin {
+                id,
+                target,
+                body,
+                device_key: device,
+                stream_key,
+                retried: false,
+            },
+        );
         Ok(Some(id))
     }
 
@@ -468,4 +546,3 @@ async fn sleep_until_opt(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
-

@@ -231,12 +231,24 @@ pub fn ae_body(name: &str, app_id: &str) -> Vec<u8> {
 fn base64_into(data: &[u8], out: &mut Vec<u8>) {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         out.push(A[(n >> 18) as usize & 63]);
         out.push(A[(n >> 12) as usize & 63]);
-        out.push(if chunk.len() > 1 { A[(n >> 6) as usize & 63] } else { b'=' });
-        out.push(if chunk.len() > 2 { A[n as usize & 63] } else { b'=' });
+        out.push(if chunk.len() > 1 {
+            A[(n >> 6) as usize & 63]
+        } else {
+            b'='
+        });
+        out.push(if chunk.len() > 2 {
+            A[n as usize & 63]
+        } else {
+            b'='
+        });
     }
 }
 
@@ -246,20 +258,30 @@ mod tests {
     use proptest::prelude::*;
 
     fn render(t: &str, device: &str, topic: &str) -> (String, String) {
-        ContainerTemplate::parse(t).unwrap().render(device, topic).unwrap()
+        ContainerTemplate::parse(t)
+            .unwrap()
+            .render(device, topic)
+            .unwrap()
     }
 
     #[test]
     fn phd_topics_give_system_id_and_metric_containers() {
         assert_eq!(
-            render("{device}/{last}", "1122334455667704", "phd/1122334455667704/spo2"),
+            render(
+                "{device}/{last}",
+                "1122334455667704",
+                "phd/1122334455667704/spo2"
+            ),
             ("1122334455667704".into(), "spo2".into())
         );
         assert_eq!(
             render("{device}/{topic}", "dev.1", "a/b_c"),
             ("dev~2E1".into(), "a_b~5Fc".into())
         );
-        assert_eq!(render("po-{device}/m-{last}", "d", "x/y"), ("po-d".into(), "m-y".into()));
+        assert_eq!(
+            render("po-{device}/m-{last}", "d", "x/y"),
+            ("po-d".into(), "m-y".into())
+        );
     }
 
     #[test]
@@ -267,7 +289,10 @@ mod tests {
         for (t, e) in [
             ("{device}", TemplateError::Segments),
             ("{device}/a/{topic}", TemplateError::Segments),
-            ("{dev}/{topic}", TemplateError::UnknownPlaceholder("dev".into())),
+            (
+                "{dev}/{topic}",
+                TemplateError::UnknownPlaceholder("dev".into()),
+            ),
             ("{device/{topic}", TemplateError::Unclosed),
             ("x.y/{topic}", TemplateError::BadLiteral('.')),
             ("{device}/metric", TemplateError::NoTopic),
@@ -281,7 +306,10 @@ mod tests {
 
     #[test]
     fn content_info_follows_the_payload() {
-        assert_eq!(content_info(br#"[{"n":"t","v":1}]"#), "application/senml+json:0");
+        assert_eq!(
+            content_info(br#"[{"n":"t","v":1}]"#),
+            "application/senml+json:0"
+        );
         assert_eq!(content_info(br#"{"t":1}"#), "application/json:0");
         assert_eq!(content_info(b"21.5 C"), "text/plain:0");
         assert_eq!(content_info(&[0xff, 0x00]), "application/octet-stream:2");

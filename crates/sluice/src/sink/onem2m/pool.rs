@@ -102,7 +102,9 @@ pub(super) async fn read_any(conns: &mut [Conn], scratch: &mut [u8], start: usiz
             let Some(io) = conn.io.as_mut() else { continue };
             let mut rb = ReadBuf::new(scratch);
             match Pin::new(io).poll_read(cx, &mut rb) {
-                Poll::Ready(Ok(())) if rb.filled().is_empty() => return Poll::Ready(ReadEvent::Eof(i)),
+                Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                    return Poll::Ready(ReadEvent::Eof(i))
+                }
                 Poll::Ready(Ok(())) => {
                     conn.rbuf.extend_from_slice(rb.filled());
                     return Poll::Ready(ReadEvent::Data(i));

@@ -27,7 +27,10 @@ pub enum Outcome {
     Created,
     /// The target container (or its AE) does not exist.
     NotFound,
-    Refused { code: u8, class: RefusalClass },
+    Refused {
+        code: u8,
+        class: RefusalClass,
+    },
 }
 
 /// Classify an answer by its RSC, else its HTTP status (module docs).
@@ -142,7 +145,10 @@ impl OneM2mMetrics {
                 self.responses(class),
             );
         }
-        for (kind, c) in [("ae", &self.aes_created), ("container", &self.containers_created)] {
+        for (kind, c) in [
+            ("ae", &self.aes_created),
+            ("container", &self.containers_created),
+        ] {
             let mut l = labels.to_vec();
             l.push(("type", kind));
             w.counter(
@@ -177,23 +183,47 @@ mod tests {
         assert_eq!(classify(404, Some(4004)), Outcome::NotFound);
         assert_eq!(
             classify(403, Some(4103)),
-            Outcome::Refused { code: 0x87, class: RefusalClass::Permanent(RejectReason::NotAuthorized) }
+            Outcome::Refused {
+                code: 0x87,
+                class: RefusalClass::Permanent(RejectReason::NotAuthorized)
+            }
         );
         assert_eq!(
             classify(400, Some(4000)),
-            Outcome::Refused { code: 0x99, class: RefusalClass::Permanent(RejectReason::PayloadFormatInvalid) }
+            Outcome::Refused {
+                code: 0x99,
+                class: RefusalClass::Permanent(RejectReason::PayloadFormatInvalid)
+            }
         );
         assert_eq!(
             classify(403, Some(4108)),
-            Outcome::Refused { code: 0x90, class: RefusalClass::Permanent(RejectReason::TopicNameInvalid) }
+            Outcome::Refused {
+                code: 0x90,
+                class: RefusalClass::Permanent(RejectReason::TopicNameInvalid)
+            }
         );
-        assert_eq!(classify(500, Some(5000)), Outcome::Refused { code: 0x80, class: RefusalClass::Unclear });
-        assert_eq!(classify(503, None), Outcome::Refused { code: 0x97, class: RefusalClass::Temporary });
+        assert_eq!(
+            classify(500, Some(5000)),
+            Outcome::Refused {
+                code: 0x80,
+                class: RefusalClass::Unclear
+            }
+        );
+        assert_eq!(
+            classify(503, None),
+            Outcome::Refused {
+                code: 0x97,
+                class: RefusalClass::Temporary
+            }
+        );
         assert_eq!(classify(404, None), Outcome::NotFound);
         assert_eq!(classify(201, None), Outcome::Created);
         assert_eq!(
             classify(405, Some(4005)),
-            Outcome::Refused { code: 0x83, class: RefusalClass::Permanent(RejectReason::Other) }
+            Outcome::Refused {
+                code: 0x83,
+                class: RefusalClass::Permanent(RejectReason::Other)
+            }
         );
     }
 
@@ -209,7 +239,10 @@ mod tests {
         let mut w = PromWriter::new();
         m.render(&mut w, &[("shard", "0")]);
         let text = w.finish();
-        assert!(text.contains("sluice_onem2m_responses_total{shard=\"0\",class=\"2xxx\"} 1"), "{text}");
+        assert!(
+            text.contains("sluice_onem2m_responses_total{shard=\"0\",class=\"2xxx\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("sluice_onem2m_responses_total{shard=\"0\",class=\"none\"} 1"));
     }
 }
