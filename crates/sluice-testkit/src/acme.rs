@@ -224,11 +224,20 @@ impl Acme {
 
     /// `GET {path}` as `origin` (one request on its own connection).
     pub fn get(&self, path: &str, origin: &str) -> anyhow::Result<AcmeResponse> {
+        self.request("GET", path, origin)
+    }
+
+    /// `DELETE {path}` as `CAdmin` (e.g. to make the CSE lose a container).
+    pub fn delete(&self, path: &str) -> anyhow::Result<AcmeResponse> {
+        self.request("DELETE", path, "CAdmin")
+    }
+
+    fn request(&self, method: &str, path: &str, origin: &str) -> anyhow::Result<AcmeResponse> {
         let mut s = TcpStream::connect_timeout(&self.addr(), Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nX-M2M-Origin: {origin}\r\nX-M2M-RI: testkit\r\nX-M2M-RVI: 3\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nX-M2M-Origin: {origin}\r\nX-M2M-RI: testkit\r\nX-M2M-RVI: 3\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
             self.addr()
         )?;
         let mut raw = Vec::new();

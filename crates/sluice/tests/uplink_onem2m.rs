@@ -301,3 +301,98 @@ async fn a_content_instance_the_cse_refuses_for_good_fails_the_devices_puback() 
     );
     gw.shutdown();
 }
+
+/// A container deleted while sluice stays connected: the next contentInstance gets 4004, and
+/// sluice re-creates the container and sends it again instead of refusing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_the_cse_lost_while_connected_is_re_created_and_the_message_retried() {
+    let acme = start_acme();
+    let gw = gateway(1, &onem2m_uplink(&acme.lock().unwrap(), ""));
+    let mut dev = device(&gw, SYSTEM_ID).await;
+    let topic = format!("phd/{SYSTEM_ID}/pulse");
+    for i in 0..3 {
+        let code = dev
+            .publish(&topic, senml("pulse", i), QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK");
+        assert_eq!(code, 0);
+    }
+    let deleted = acme
+        .lock()
+        .unwrap()
+        .delete(&format!("{AE}/{SYSTEM_ID}"))
+        .expect("DELETE");
+    assert_eq!(deleted.rsc, Some(2002), "{}", deleted.body);
+    for i in 3..6 {
+        let code = dev
+            .publish(&topic, senml("pulse", i), QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK");
+        assert_eq!(code, 0, "message {i} after the container was deleted");
+    }
+    let got: Vec<String> = acme
+        .lock()
+        .unwrap()
+        .content_instances(&format!("{AE}/{SYSTEM_ID}/pulse"))
+        .expect("the container is back")
+        .into_iter()
+        .map(|(_, con)| con)
+        .collect();
+    let want: Vec<String> = (3..6).map(|i| senml("pulse", i)).collect();
+    assert_eq!(
+        got, want,
+        "the messages after the deletion, each once, in order"
+    );
+    let text = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&text, "sluice_onem2m_lost_parents_total"),
+        1.0,
+        "one 4004, retried: {text}"
+    );
+    assert_eq!(metric_sum(&text, "sluice_uplink_cloud_rejected_total"), 0.0);
+    gw.shutdown();
+}
+
+/// ACME's default server (Werkzeug) answers every request with `Connection: close`: requests
+/// pipelined behind the first are never read, and sluice writes them again on a new
+/// connection; every message still arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cse_that_closes_after_every_response_still_gets_every_message_once() {
+    let acme = Arc::new(Mutex::new(
+        Acme::builder()
+            .werkzeug()
+            .start()
+            .unwrap_or_else(|e| panic!("ACME: {e:#}")),
+    ));
+    let gw = gateway(1, &onem2m_uplink(&acme.lock().unwrap(), ""));
+    let mut dev = device(&gw, SYSTEM_ID).await;
+    let topic = format!("phd/{SYSTEM_ID}/spo2");
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let id = dev
+            .publish_no_wait(&topic, senml("spo2", i), QoS::AtLeastOnce, false)
+            .await
+            .expect("publish")
+            .expect("packet id");
+        ids.push(id);
+    }
+    for id in ids {
+        assert_eq!(dev.wait_ack(id).await.expect("PUBACK"), 0);
+    }
+    let got: Vec<String> = acme
+        .lock()
+        .unwrap()
+        .content_instances(&format!("{AE}/{SYSTEM_ID}/spo2"))
+        .expect("contentInstances")
+        .into_iter()
+        .map(|(_, con)| con)
+        .collect();
+    let want: Vec<String> = (0..30).map(|i| senml("spo2", i)).collect();
+    assert_eq!(got, want, "each once, in order");
+    let text = gw.metrics_text();
+    assert!(
+        metric_sum(&text, "sluice_onem2m_server_closes_total") >= 1.0,
+        "{text}"
+    );
+    gw.shutdown();
+}

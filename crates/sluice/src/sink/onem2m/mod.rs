@@ -43,12 +43,15 @@
 //! # Errors and bounds
 //! The window is `connections × pipeline` units; each may bring two container requests before
 //! it. A response with `Connection: close` (ACME's default Werkzeug server answers every
-//! request so; run ACME with `[http.wsgi] enable=true` for keep-alive) makes the transport
-//! write that connection's unanswered requests again on a new one (the server read none of
-//! them). Any other end of a connection, an undecodable response (`http.rs` bounds: 16 KiB
-//! head, 1 MiB body), or a request unanswered for `request_timeout` is an error: the outbox
-//! requeues and reconnects. The set of known containers holds at most [`MAX_KNOWN`] names;
-//! when full it is cleared (the next messages re-create theirs, answered 4105).
+//! request so; run ACME with `[http.wsgi] enable=true` for keep-alive) means the server read
+//! nothing after that request: the transport drops that connection itself, and from then on
+//! writes one request per connection, opening a new one for the next (the requests that were
+//! pipelined behind are written again that way; `sluice_onem2m_server_closes_total`). Any
+//! other end of a connection with a request unanswered, an undecodable response (`http.rs`
+//! bounds: 16 KiB head, 1 MiB body), or a request unanswered for `request_timeout` is an
+//! error: the outbox requeues and reconnects. The set of known containers holds at most
+//! [`MAX_KNOWN`] names; when full it is cleared (the next messages re-create theirs,
+//! answered 4105).
 
 pub mod http;
 pub mod naming;
@@ -60,7 +63,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -126,6 +129,9 @@ pub struct OneM2mTransport {
     known: HashSet<String>,
     /// The AE is believed registered (false after a 4004 until it is registered again).
     ae_known: bool,
+    /// The CSE keeps connections open: requests are pipelined. Off for good once a response
+    /// said `Connection: close` (then one request per connection).
+    keep_alive: bool,
     /// X-M2M-RI prefix (`s{shard}{n|h}-`) and counter.
     ri_prefix: String,
     next_ri: u64,
@@ -177,6 +183,7 @@ impl OneM2mTransport {
             conns: (0..conns).map(|_| Conn::default()).collect(),
             known: HashSet::new(),
             ae_known: false,
+            keep_alive: true,
             ri_prefix: format!("s{shard}{}-", if lane == Lane::High { 'h' } else { 'n' }),
             next_ri: 0,
             next_id: 0,
@@ -190,26 +197,34 @@ impl OneM2mTransport {
         }
     }
 
-    /// Append `req` to connection `c`'s pending bytes and its waiting list.
+    /// Add `req` to connection `c`'s waiting list; with keep-alive also encode it into the
+    /// connection's pending bytes (without, `write` encodes one request at a time).
     fn queue(&mut self, c: usize, req: Req) {
+        if self.keep_alive {
+            let mut out = std::mem::take(&mut self.conns[c].out);
+            self.encode_req(&req, &mut out);
+            self.conns[c].out = out;
+        }
+        self.conns[c].waiting.push_back(Waiting {
+            req,
+            since: Instant::now(),
+        });
+    }
+
+    /// Append the HTTP request for `req` (with a fresh X-M2M-RI) to `out`.
+    fn encode_req(&mut self, req: &Req, out: &mut BytesMut) {
         self.next_ri += 1;
         let ri = format!("{}{}", self.ri_prefix, self.next_ri);
         let cnt_body;
-        let (target, ty, body): (&str, u8, &[u8]) = match &req {
+        let cnt_target;
+        let (target, ty, body): (&str, u8, &[u8]) = match req {
             Req::Ae => (&self.base, 2, &self.ae_body[..]),
             Req::Cnt { parent, name, .. } => {
                 cnt_body = naming::cnt_body(name, self.mni, self.mbs);
-                (parent, 3, &cnt_body)
+                cnt_target = format!("{parent}?rcn=0");
+                (&cnt_target, 3, &cnt_body)
             }
             Req::Cin { target, body, .. } => (target, 4, &body[..]),
-        };
-        let cnt_target;
-        let target = match &req {
-            Req::Cnt { parent, .. } => {
-                cnt_target = format!("{parent}?rcn=0");
-                cnt_target.as_str()
-            }
-            _ => target,
         };
         http::Request {
             method: "POST",
@@ -220,11 +235,7 @@ impl OneM2mTransport {
             ty: Some(ty),
             body,
         }
-        .encode(&mut self.conns[c].out);
-        self.conns[c].waiting.push_back(Waiting {
-            req,
-            since: Instant::now(),
-        });
+        .encode(out);
     }
 
     /// Queue on `c` whatever of the AE and the two containers is not known to exist.
@@ -270,14 +281,21 @@ impl OneM2mTransport {
     ) -> Result<(), UplinkError> {
         while let Some(resp) = http::decode(&mut self.conns[c].rbuf)? {
             self.metrics.onem2m.record_response(resp.rsc);
-            if resp.close {
-                self.conns[c].server_closes = true;
+            let conn = &mut self.conns[c];
+            if conn.written == 0 {
+                return Err(UplinkError::Protocol(
+                    "the CSE answered a request never sent".into(),
+                ));
             }
-            let Some(w) = self.conns[c].waiting.pop_front() else {
+            conn.written -= 1;
+            let Some(w) = conn.waiting.pop_front() else {
                 return Err(UplinkError::Protocol(
                     "the CSE answered a request never sent".into(),
                 ));
             };
+            if resp.close {
+                self.server_closed(c);
+            }
             let created = resp.rsc == Some(2001) || (resp.rsc.is_none() && resp.status == 201);
             match w.req {
                 Req::Ae => match resp.rsc {
@@ -344,25 +362,36 @@ impl OneM2mTransport {
         Ok(())
     }
 
-    /// Connection `c` ended. With requests waiting it is an error unless the server had said
-    /// it would close (then it read none of them: they are queued again for a new one).
+    /// The server said it closes connection `c` after its last response: it read nothing
+    /// after that request, so the connection is dropped here and its other requests are
+    /// written again, and from now on one request per connection (`keep_alive` off: no more
+    /// pipelining into a server that would drop it).
+    fn server_closed(&mut self, c: usize) {
+        self.metrics.onem2m.server_closes.inc();
+        if self.keep_alive {
+            self.keep_alive = false;
+            tracing::warn!(
+                "oneM2M CSE closes the connection after every response; sending one request per connection"
+            );
+            // Nothing unwritten stays encoded: `write` encodes one request at a time now.
+            for conn in &mut self.conns {
+                conn.out.clear();
+            }
+        }
+        let conn = &mut self.conns[c];
+        conn.io = None;
+        conn.rbuf.clear();
+        conn.written = 0;
+    }
+
+    /// Connection `c` ended. With a request written and unanswered it is an error (the
+    /// outbox resends); otherwise the next write opens it again.
     fn on_eof(&mut self, c: usize) -> Result<(), UplinkError> {
         let conn = &mut self.conns[c];
         conn.io = None;
         conn.rbuf.clear();
-        if conn.waiting.is_empty() {
-            conn.server_closes = false;
-            return Ok(());
-        }
-        if !conn.server_closes {
+        if conn.written > 0 {
             return Err(UplinkError::ClosedByCloud);
-        }
-        conn.server_closes = false;
-        self.metrics.onem2m.server_closes.inc();
-        let again: Vec<Waiting> = conn.waiting.drain(..).collect();
-        conn.out.clear();
-        for w in again {
-            self.queue(c, w.req);
         }
         Ok(())
     }
@@ -371,7 +400,7 @@ impl OneM2mTransport {
     fn deadline(&self) -> Option<Instant> {
         self.conns
             .iter()
-            .filter(|c| c.io.is_some())
+            .filter(|c| c.io.is_some() && c.written > 0)
             .filter_map(|c| c.waiting.front().map(|w| w.since + self.timeout))
             .min()
     }
@@ -394,6 +423,7 @@ impl OneM2mTransport {
                     if let Some(resp) = http::decode(&mut self.conns[0].rbuf)? {
                         self.metrics.onem2m.record_response(resp.rsc);
                         self.conns[0].waiting.pop_front();
+                        self.conns[0].written = 0;
                         match resp.rsc {
                             Some(2001) => self.metrics.onem2m.aes_created.inc(),
                             Some(4117) => {}
@@ -405,7 +435,7 @@ impl OneM2mTransport {
                             }
                         }
                         if resp.close {
-                            self.conns[0].io = None;
+                            self.server_closed(0);
                         }
                         self.take_responses(0, &mut feedback)?;
                     }
@@ -418,11 +448,25 @@ impl OneM2mTransport {
         Ok(())
     }
 
-    /// Write connection `c`'s pending bytes (opening it first when closed).
+    /// Write connection `c`'s pending requests (opening it first when closed): all of them
+    /// with keep-alive, else the next one once the previous was answered.
     async fn write(&mut self, c: usize) -> Result<(), UplinkError> {
-        if self.conns[c].out.is_empty() {
-            return Ok(());
-        }
+        let count = if self.keep_alive {
+            if self.conns[c].out.is_empty() {
+                return Ok(());
+            }
+            self.conns[c].waiting.len() - self.conns[c].written
+        } else {
+            let conn = &self.conns[c];
+            if conn.written > 0 || conn.waiting.is_empty() {
+                return Ok(());
+            }
+            let req = conn.waiting[0].req.clone();
+            let mut out = std::mem::take(&mut self.conns[c].out);
+            self.encode_req(&req, &mut out);
+            self.conns[c].out = out;
+            1
+        };
         if self.conns[c].io.is_none() {
             let io = self.dialer.open().await?;
             self.conns[c].io = Some(io);
@@ -438,6 +482,10 @@ impl OneM2mTransport {
         match tokio::time::timeout(self.timeout, write).await {
             Ok(Ok(())) => {
                 out.clear();
+                conn.written += count;
+                if let Some(w) = conn.waiting.get_mut(conn.written - 1) {
+                    w.since = Instant::now();
+                }
                 Ok(())
             }
             Ok(Err(e)) => Err(UplinkError::ConnectionLost(e)),
@@ -501,7 +549,14 @@ impl Transport for OneM2mTransport {
     }
 
     fn pending_bytes(&self) -> usize {
-        self.conns.iter().map(|c| c.out.len()).sum()
+        if self.keep_alive {
+            return self.conns.iter().map(|c| c.out.len()).sum();
+        }
+        // One request at a time per connection: the next one is due when none is written.
+        self.conns
+            .iter()
+            .filter(|c| c.written == 0 && !c.waiting.is_empty())
+            .count()
     }
 
     async fn flush(&mut self) -> Result<(), UplinkError> {

@@ -68,8 +68,8 @@ pub(super) struct Conn {
     pub(super) rbuf: BytesMut,
     /// Requests in the order they were (or will be) written.
     pub(super) waiting: VecDeque<Waiting>,
-    /// A response said `Connection: close`: the server reads nothing more on it.
-    pub(super) server_closes: bool,
+    /// How many of `waiting` (from the front) were written and await their response.
+    pub(super) written: usize,
 }
 
 impl Conn {
@@ -78,7 +78,7 @@ impl Conn {
         self.out.clear();
         self.rbuf.clear();
         self.waiting.clear();
-        self.server_closes = false;
+        self.written = 0;
     }
 }
 
