@@ -36,6 +36,10 @@
 //! created in order — except one retried after a 4004, and messages resent after a reconnect
 //! (at-least-once: a message the CSE created but whose answer was lost is created twice).
 //!
+//! QoS 0 messages are sent the same way and also finish on the CSE's answer (not once
+//! written): every request gets one, and waiting for it keeps a QoS 0 message's bytes in the
+//! queue, which is what bounds how many can be outstanding.
+//!
 //! # Refusals
 //! Mapped in `rsc.rs` (table there): permanent ones complete the device's token with an MQTT 5
 //! reason code (0x87, 0x90, 0x99, 0x83), unclear ones are retried until they persist.
