@@ -396,3 +396,64 @@ async fn a_cse_that_closes_after_every_response_still_gets_every_message_once() 
     );
     gw.shutdown();
 }
+
+/// `https://` to the CSE: TLS 1.3 with the uplink's `ca_file` and `server_name`, the same rustls
+/// set-up as an MQTT uplink. ACME's keep-alive server (waitress) speaks no TLS, so a TLS
+/// terminator with a certificate generated at test time stands in front of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_uplink_verifies_the_cse_with_ca_file_and_delivers() {
+    let acme = start_acme();
+    let upstream = acme.lock().unwrap().addr();
+    let pki = sluice_testkit::TestPki::generate();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.rustls_server_config(false));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let tls_addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                if let Ok(mut plain) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                }
+            });
+        }
+    });
+    let uplink = onem2m_uplink_at(
+        tls_addr,
+        &format!(
+            "ca_file = \"{}\"\nserver_name = \"localhost\"\n",
+            pki.ca_path().display()
+        ),
+    )
+    .replace("http://", "https://")
+    .replace("allow_plaintext = true\n", "");
+    let gw = gateway(1, &uplink);
+    let mut dev = device(&gw, SYSTEM_ID).await;
+    for i in 0..5 {
+        let code = dev
+            .publish(
+                &format!("phd/{SYSTEM_ID}/spo2"),
+                senml("spo2", i),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .expect("PUBACK");
+        assert_eq!(code, 0);
+    }
+    let got: Vec<String> = acme
+        .lock()
+        .unwrap()
+        .content_instances(&format!("{AE}/{SYSTEM_ID}/spo2"))
+        .expect("contentInstances")
+        .into_iter()
+        .map(|(_, con)| con)
+        .collect();
+    assert_eq!(got, (0..5).map(|i| senml("spo2", i)).collect::<Vec<_>>());
+    gw.shutdown();
+}

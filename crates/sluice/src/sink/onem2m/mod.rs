@@ -316,7 +316,7 @@ impl OneM2mTransport {
                     rsc => {
                         // Try again for the next message; this one's contentInstance will tell.
                         self.known.remove(&key);
-                        tracing::debug!(rsc = ?rsc, status = resp.status, container = %key, "oneM2M CSE refused a container");
+                        tracing::trace!(rsc = ?rsc, status = resp.status, container = %key, "oneM2M CSE refused a container");
                     }
                 },
                 Req::Cin {
@@ -357,7 +357,7 @@ impl OneM2mTransport {
                         class: RefusalClass::Unclear,
                     }),
                     rsc::Outcome::Refused { code, class } => {
-                        tracing::debug!(rsc = ?resp.rsc, status = resp.status, "oneM2M CSE refused a contentInstance");
+                        tracing::trace!(rsc = ?resp.rsc, status = resp.status, "oneM2M CSE refused a contentInstance");
                         feedback.push(Feedback::Refused { id, code, class })
                     }
                 },
