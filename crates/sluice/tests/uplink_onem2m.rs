@@ -457,3 +457,49 @@ async fn an_https_uplink_verifies_the_cse_with_ca_file_and_delivers() {
     assert_eq!(got, (0..5).map(|i| senml("spo2", i)).collect::<Vec<_>>());
     gw.shutdown();
 }
+
+/// With a spool and `ack = "spool"` a device is acknowledged at the commit, while the CSE is
+/// unreachable; once it is reachable every stored message becomes a contentInstance, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ack_spool_devices_are_acked_at_the_commit_and_the_cse_gets_everything_later() {
+    let acme = start_acme();
+    let addr = acme.lock().unwrap().addr();
+    let gate = common::Gate::start(addr).await;
+    gate.set_open(false);
+    let dir = tempfile::tempdir().expect("spool dir");
+    let config = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nack = \"spool\"\n{}",
+        dir.path().display(),
+        onem2m_uplink_at(gate.addr, "")
+    );
+    let gw = gateway(1, &config);
+    let mut dev = device(&gw, SYSTEM_ID).await;
+    dev.set_ack_timeout(Duration::from_secs(10));
+    let topic = format!("phd/{SYSTEM_ID}/spo2");
+    for i in 0..20 {
+        let code = dev
+            .publish(&topic, senml("spo2", i), QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK while the CSE is unreachable");
+        assert_eq!(code, 0);
+    }
+    let none = acme.lock().unwrap().get(AE, "CAdmin").expect("GET AE");
+    assert_eq!(none.rsc, Some(4004), "nothing reached the CSE yet");
+    gate.set_open(true);
+    let want: Vec<String> = (0..20).map(|i| senml("spo2", i)).collect();
+    let path = format!("{AE}/{SYSTEM_ID}/spo2");
+    let mut got = Vec::new();
+    let arrived = common::eventually(Duration::from_secs(30), || {
+        got = acme
+            .lock()
+            .unwrap()
+            .content_instances(&path)
+            .map(|v| v.into_iter().map(|(_, con)| con).collect())
+            .unwrap_or_default();
+        got.len() >= want.len()
+    })
+    .await;
+    assert!(arrived, "only {} of 20 arrived", got.len());
+    assert_eq!(got, want, "every stored message, once, in order");
+    gw.shutdown();
+}
