@@ -45,8 +45,9 @@
 //! reason code (0x87, 0x90, 0x99, 0x83), unclear ones are retried until they persist.
 //!
 //! # Errors and bounds
-//! The window is `connections × pipeline` units; each may bring two container requests before
-//! it. A response with `Connection: close` (ACME's default Werkzeug server answers every
+//! The window is `connections × pipeline` units, shared by the pool: since a device keeps to
+//! one connection, a connection carrying busy devices may have more than `pipeline` written
+//! ahead while another idles. Each unit may bring two container requests before it. A response with `Connection: close` (ACME's default Werkzeug server answers every
 //! request so; run ACME with `[http.wsgi] enable=true` for keep-alive) means the server read
 //! nothing after that request: the transport drops that connection itself, and from then on
 //! writes one request per connection, opening a new one for the next (the requests that were
