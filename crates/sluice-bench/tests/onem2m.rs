@@ -15,6 +15,7 @@ async fn both_the_plain_client_and_sluice_get_content_instances_into_acme() -> a
     s.pipeline = 4;
     s.devices = 2;
     s.rate_per_device = 20.0;
+    s.fast_devices = 4;
     s.duration = Duration::from_secs(8);
     s.ramp = Duration::from_secs(1);
     s.settle = Duration::from_secs(1);
@@ -26,6 +27,7 @@ async fn both_the_plain_client_and_sluice_get_content_instances_into_acme() -> a
     assert!(report.sluice_rate > 20.0, "{report:#?}");
     assert_eq!(report.sluice_rejected, 0);
     assert!((report.ratio - report.sluice_rate / report.cse_max_rate).abs() < 1e-9);
+    assert!(report.sluice_fast_cse_rate > 40.0, "{report:#?}");
     assert!(markdown(&report).contains("MQTT devices → sluice → ACME"));
     Ok(())
 }

@@ -634,6 +634,9 @@ pub(crate) struct OneM2mArgs {
     /// Messages per second per device.
     #[arg(long, default_value_t = 50.0)]
     msg_rate: f64,
+    /// Devices of the third phase (sluice in front of a stand-in CSE that answers at once).
+    #[arg(long, default_value_t = 100)]
+    fast_devices: u32,
     /// Payload bytes (binary, so base64 in `con`).
     #[arg(long, default_value_t = 128)]
     payload: usize,
@@ -661,6 +664,7 @@ pub(crate) async fn onem2m(args: OneM2mArgs) -> anyhow::Result<()> {
     config.pipeline = args.pipeline;
     config.devices = args.devices;
     config.rate_per_device = args.msg_rate;
+    config.fast_devices = args.fast_devices;
     config.payload = args.payload;
     config.duration = args.duration;
     config.sluice_shards = args.sluice_shards;

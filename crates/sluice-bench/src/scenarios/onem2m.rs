@@ -13,6 +13,10 @@
 //! comes only after ACME's 2001, so acknowledged messages per second in the window is the rate
 //! into ACME. The window starts after the ramp and a settle time, and ends before the devices
 //! stop.
+//!
+//! A third phase shows what sluice itself can carry when the CSE is not the limit: the same
+//! sluice and devices (offering `fast_devices × rate`), but in front of a stand-in CSE in this
+//! process that answers every request at once with 201 / 2001 (and checks nothing else).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,6 +46,8 @@ pub struct OneM2mScenario {
     pub pipeline: usize,
     pub devices: u32,
     pub rate_per_device: f64,
+    /// Devices of the third phase (the stand-in CSE).
+    pub fast_devices: u32,
     pub payload: usize,
     pub duration: Duration,
     pub ramp: Duration,
@@ -58,6 +64,7 @@ impl OneM2mScenario {
             pipeline: 16,
             devices: 10,
             rate_per_device: 50.0,
+            fast_devices: 100,
             payload: 128,
             duration: Duration::from_secs(30),
             ramp: Duration::from_secs(2),
@@ -88,8 +95,14 @@ pub struct OneM2mReport {
     pub sluice_rejected: u64,
     /// `sluice_rate / cse_max_rate`.
     pub ratio: f64,
-    /// Whether ≥ 2,000 contentInstances/s went through sluice.
+    /// Whether ≥ 2,000 contentInstances/s went through sluice into ACME.
     pub target_2000_met: bool,
+    /// Third phase: devices, and `fast_devices × rate` offered through sluice to the
+    /// stand-in CSE.
+    pub fast_devices: u32,
+    pub fast_offered_rate: f64,
+    /// Messages per second acknowledged through sluice with the stand-in CSE.
+    pub sluice_fast_cse_rate: f64,
 }
 
 pub async fn run_onem2m(s: &OneM2mScenario) -> anyhow::Result<OneM2mReport> {
@@ -109,45 +122,17 @@ pub async fn run_onem2m(s: &OneM2mScenario) -> anyhow::Result<OneM2mReport> {
 
     eprintln!("onem2m: phase 2, MQTT devices → sluice → ACME");
     let acme = tokio::task::spawn_blocking(Acme::start).await??;
-    let mqtt_port = sluice_testkit::free_port()?;
-    let sluice = SluiceChild::spawn(
-        &s.sluice_bin,
-        mqtt_port,
-        sluice_toml(s, mqtt_port, acme.addr()),
-    )?;
-    sluice.wait_ready().await?;
-    let mut devices = DevicesConfig::new(sluice.device_addr());
-    devices.devices = s.devices;
-    devices.rate_per_device = s.rate_per_device;
-    devices.payload = PayloadSize {
-        min: s.payload,
-        max: s.payload,
-    };
-    devices.qos = QoS::AtLeastOnce;
-    devices.protocol = ProtocolVersion::V5;
-    devices.duration = s.duration;
-    devices.ramp = s.ramp;
-    devices.settle = s.settle;
-    devices.topic_prefix = "m".into();
-    devices.progress_every = None;
-    let run = spawn_devices(devices)?;
-    tokio::time::sleep(s.ramp + s.settle).await;
-    let start = run.counters().snapshot();
-    let t0 = Instant::now();
-    tokio::time::sleep(window).await;
-    let end = run.counters().snapshot();
-    let elapsed = t0.elapsed().as_secs_f64();
-    let report = run.wait().await?;
-    let sluice_rate = (end.acknowledged - start.acknowledged) as f64 / elapsed;
-    eprintln!("onem2m: {sluice_rate:.0} messages/s acknowledged through sluice");
-    if end.acknowledged == start.acknowledged {
-        bail!(
-            "no message went through sluice; its stderr:\n{}",
-            sluice.stderr_tail()
-        );
-    }
-    drop(sluice);
+    let (sluice_rate, sluice_rejected) = through_sluice(s, acme.addr(), s.devices, window).await?;
     drop(acme);
+    eprintln!("onem2m: {sluice_rate:.0} messages/s acknowledged through sluice into ACME");
+
+    eprintln!("onem2m: phase 3, MQTT devices → sluice → a stand-in CSE answering 2001 at once");
+    let fast = FastCse::start().await?;
+    let (sluice_fast_cse_rate, _) = through_sluice(s, fast.addr, s.fast_devices, window).await?;
+    eprintln!(
+        "onem2m: {sluice_fast_cse_rate:.0} messages/s acknowledged through sluice ({} contentInstances answered)",
+        fast.created.load(Relaxed)
+    );
     Ok(OneM2mReport {
         scenario: "onem2m",
         machine,
@@ -161,14 +146,132 @@ pub async fn run_onem2m(s: &OneM2mScenario) -> anyhow::Result<OneM2mReport> {
         cse_max_rate,
         cse_errors: errors,
         sluice_rate,
-        sluice_rejected: report.rejected,
+        sluice_rejected,
         ratio: if cse_max_rate > 0.0 {
             sluice_rate / cse_max_rate
         } else {
             0.0
         },
         target_2000_met: sluice_rate >= 2000.0,
+        fast_devices: s.fast_devices,
+        fast_offered_rate: f64::from(s.fast_devices) * s.rate_per_device,
+        sluice_fast_cse_rate,
     })
+}
+
+/// Run sluice in front of the CSE at `cse` with `devices` devices for the window: messages
+/// per second acknowledged in it, and refusals.
+async fn through_sluice(
+    s: &OneM2mScenario,
+    cse: SocketAddr,
+    devices: u32,
+    window: Duration,
+) -> anyhow::Result<(f64, u64)> {
+    let mqtt_port = sluice_testkit::free_port()?;
+    let sluice = SluiceChild::spawn(&s.sluice_bin, mqtt_port, sluice_toml(s, mqtt_port, cse))?;
+    sluice.wait_ready().await?;
+    let mut config = DevicesConfig::new(sluice.device_addr());
+    config.devices = devices;
+    config.rate_per_device = s.rate_per_device;
+    config.payload = PayloadSize {
+        min: s.payload,
+        max: s.payload,
+    };
+    config.qos = QoS::AtLeastOnce;
+    config.protocol = ProtocolVersion::V5;
+    config.duration = s.duration;
+    config.ramp = s.ramp;
+    config.settle = s.settle;
+    config.topic_prefix = "m".into();
+    config.progress_every = None;
+    let run = spawn_devices(config)?;
+    tokio::time::sleep(s.ramp + s.settle).await;
+    let start = run.counters().snapshot();
+    let t0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let end = run.counters().snapshot();
+    let elapsed = t0.elapsed().as_secs_f64();
+    let report = run.wait().await?;
+    if end.acknowledged == start.acknowledged {
+        bail!(
+            "no message went through sluice; its stderr:\n{}",
+            sluice.stderr_tail()
+        );
+    }
+    Ok((
+        (end.acknowledged - start.acknowledged) as f64 / elapsed,
+        report.rejected,
+    ))
+}
+
+/// A stand-in CSE: answers every request at once with 201 / X-M2M-RSC 2001 and an empty body,
+/// counting contentInstance creates (phase 3).
+struct FastCse {
+    addr: SocketAddr,
+    created: Arc<AtomicU64>,
+}
+
+impl FastCse {
+    async fn start() -> anyhow::Result<FastCse> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let created = Arc::new(AtomicU64::new(0));
+        let counter = created.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let _ = tcp.set_nodelay(true);
+                    let mut buf = BytesMut::with_capacity(64 * 1024);
+                    let mut out = Vec::new();
+                    loop {
+                        match tcp.read_buf(&mut buf).await {
+                            Ok(n) if n > 0 => {}
+                            _ => return,
+                        }
+                        out.clear();
+                        while let Some(cin) = take_request(&mut buf) {
+                            if cin {
+                                counter.fetch_add(1, Relaxed);
+                            }
+                            out.extend_from_slice(
+                                b"HTTP/1.1 201 Created\r\nX-M2M-RSC: 2001\r\nContent-Length: 0\r\n\r\n",
+                            );
+                        }
+                        if tcp.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(FastCse { addr, created })
+    }
+}
+
+/// Whether the first complete request in `buf` (removed) creates a contentInstance; `None`
+/// while incomplete.
+fn take_request(buf: &mut BytesMut) -> Option<bool> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut req = httparse::Request::new(&mut headers);
+    let head = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return None,
+    };
+    let mut len = 0usize;
+    let mut cin = false;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            len = std::str::from_utf8(h.value).ok()?.trim().parse().ok()?;
+        } else if h.name.eq_ignore_ascii_case("content-type") {
+            cin = h.value.ends_with(b"ty=4");
+        }
+    }
+    if buf.len() < head + len {
+        return None;
+    }
+    let _ = buf.split_to(head + len);
+    Some(cin)
 }
 
 fn sluice_toml(s: &OneM2mScenario, mqtt_port: u16, acme: SocketAddr) -> String {
@@ -312,7 +415,7 @@ pub fn markdown(r: &OneM2mReport) -> String {
     let mut out = String::from("# oneM2M uplink: contentInstances per second into ACME\n\n");
     out.push_str(&crate::report::markdown::machine_line(&r.machine, &[]));
     out.push_str(&format!(
-        "\n\nCommand: `{}`\n\n| path | contentInstances/s | notes |\n|---|---:|---|\n| plain pipelined HTTP client → ACME (the CSE's maximum) | {:.0} | {} connections × {} pipelined, {} errors |\n| MQTT devices → sluice → ACME | {:.0} | {} devices offering {:.0} msg/s QoS 1, {} shard(s), {} × {} pipelined, {} refused |\n\nsluice / CSE maximum: **{:.2}** · window {:.0} s · payload {} B (base64 in `con`) · ≥ 2,000/s through sluice: {}\n",
+        "\n\nCommand: `{}`\n\n| path | contentInstances/s | notes |\n|---|---:|---|\n| plain pipelined HTTP client → ACME (the CSE's maximum) | {:.0} | {} connections × {} pipelined, {} errors |\n| MQTT devices → sluice → ACME | {:.0} | {} devices offering {:.0} msg/s QoS 1, {} shard(s), {} × {} pipelined, {} refused |\n| MQTT devices → sluice → stand-in CSE (201 at once) | {:.0} | {} devices offering {:.0} msg/s: what sluice carries when the CSE is not the limit |\n\nsluice / CSE maximum: **{:.2}** · window {:.0} s · payload {} B (base64 in `con`) · ≥ 2,000/s through sluice: {}\n",
         r.machine.command_line,
         r.cse_max_rate,
         r.connections,
@@ -325,6 +428,9 @@ pub fn markdown(r: &OneM2mReport) -> String {
         r.connections,
         r.pipeline,
         r.sluice_rejected,
+        r.sluice_fast_cse_rate,
+        r.fast_devices,
+        r.fast_offered_rate,
         r.ratio,
         r.window_s,
         r.payload_bytes,
