@@ -214,3 +214,48 @@ fn a_cut_link_with_messages_in_flight_resends_them_in_order_and_loses_none() {
 fn a_permanent_refusal_is_counted_and_completes_the_token_with_its_code() {
     common::run_local(outbox_suite::permanent_refusal::<FakeCse>());
 }
+
+/// A CSE closing idle keep-alive connections (its keep-alive timeout) is no failure: nothing
+/// was waiting on them, the next request opens a new one, and the outbox never reconnects.
+#[test]
+fn idle_connections_the_cse_closed_are_reopened_without_a_reconnect() {
+    common::run_local(async {
+        let up = outbox_suite::start::<FakeCse>(8).await;
+        let acks = sluice::edge::ack::DeviceAcks::new();
+        up.queue
+            .push(outbox_suite::message(
+                0,
+                0,
+                sluice_proto::mqtt::QoS::AtLeastOnce,
+                &acks,
+            ))
+            .await;
+        common::wait_until("the first ack", std::time::Duration::from_secs(10), || {
+            !acks.drain().is_empty()
+        })
+        .await;
+        up.far.cut_link();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        up.queue
+            .push(outbox_suite::message(
+                0,
+                1,
+                sluice_proto::mqtt::QoS::AtLeastOnce,
+                &acks,
+            ))
+            .await;
+        common::wait_until("the second ack", std::time::Duration::from_secs(10), || {
+            !acks.drain().is_empty()
+        })
+        .await;
+        assert_eq!(up.metrics.connects.get(), 1, "no reconnect");
+        assert_eq!(up.metrics.connect_failures.get(), 0);
+        let payloads: Vec<Bytes> = up.far.received().into_iter().map(|r| r.payload).collect();
+        assert_eq!(
+            payloads,
+            vec![Bytes::from("d0:0"), Bytes::from("d0:1")],
+            "each once"
+        );
+        up.stop().await;
+    });
+}

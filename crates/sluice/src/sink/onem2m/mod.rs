@@ -47,16 +47,18 @@
 //! # Errors and bounds
 //! The window is `connections × pipeline` units, shared by the pool: since a device keeps to
 //! one connection, a connection carrying busy devices may have more than `pipeline` written
-//! ahead while another idles. Each unit may bring two container requests before it. A response with `Connection: close` (ACME's default Werkzeug server answers every
-//! request so; run ACME with `[http.wsgi] enable=true` for keep-alive) means the server read
-//! nothing after that request: the transport drops that connection itself, and from then on
-//! writes one request per connection, opening a new one for the next (the requests that were
-//! pipelined behind are written again that way; `sluice_onem2m_server_closes_total`). Any
-//! other end of a connection with a request unanswered, an undecodable response (`http.rs`
-//! bounds: 16 KiB head, 1 MiB body), or a request unanswered for `request_timeout` is an
-//! error: the outbox requeues and reconnects. The set of known containers holds at most
-//! [`MAX_KNOWN`] names; when full it is cleared (the next messages re-create theirs,
-//! answered 4105).
+//! ahead while another idles. Each unit may bring two container requests before it. A response
+//! with `Connection: close` (ACME's default Werkzeug server answers every request so; run ACME
+//! with `[http.wsgi] enable=true` for keep-alive) means the server read nothing after that
+//! request: the transport drops that connection itself, and from then on writes one request per
+//! connection, opening a new one for the next (the requests that were pipelined behind are
+//! written again that way; `sluice_onem2m_server_closes_total`). Any other end of a connection
+//! with a request unanswered, an undecodable response (`http.rs` bounds: 16 KiB head, 1 MiB
+//! body), or a request unanswered for `request_timeout` is an error: the outbox requeues and
+//! reconnects. A connection idle for [`IDLE_REOPEN`] is opened anew before its next request, so
+//! a server's keep-alive timeout never closes one under a request. The set of known containers
+//! holds at most [`MAX_KNOWN`] names; when full it is cleared (the next messages re-create
+//! theirs, answered 4105).
 
 pub mod http;
 pub mod naming;
@@ -86,6 +88,9 @@ pub use rsc::OneM2mMetrics;
 
 /// Most container names remembered as existing (per transport).
 pub const MAX_KNOWN: usize = 65_536;
+/// A connection idle this long is opened anew before its next request, so that a server's
+/// keep-alive timeout (Apache's default is 5 s, waitress's 120 s) never closes it under one.
+pub const IDLE_REOPEN: Duration = Duration::from_secs(2);
 
 /// Start the outbox of one oneM2M uplink lane on this shard. Must be called inside a
 /// `LocalSet`. Runs until `shutdown`.
@@ -472,9 +477,14 @@ impl OneM2mTransport {
             self.conns[c].out = out;
             1
         };
+        let conn = &mut self.conns[c];
+        if conn.written == 0 && conn.last_io.elapsed() > IDLE_REOPEN {
+            conn.io = None;
+        }
         if self.conns[c].io.is_none() {
             let io = self.dialer.open().await?;
             self.conns[c].io = Some(io);
+            self.conns[c].last_io = Instant::now();
         }
         let conn = &mut self.conns[c];
         let (Some(io), out) = (conn.io.as_mut(), &mut conn.out) else {
@@ -487,6 +497,7 @@ impl OneM2mTransport {
         match tokio::time::timeout(self.timeout, write).await {
             Ok(Ok(())) => {
                 out.clear();
+                conn.last_io = Instant::now();
                 conn.written += count;
                 if let Some(w) = conn.waiting.get_mut(conn.written - 1) {
                     w.since = Instant::now();
@@ -505,6 +516,7 @@ impl Transport for OneM2mTransport {
         for c in 0..self.conns.len() {
             let io = self.dialer.open().await?;
             self.conns[c].io = Some(io);
+            self.conns[c].last_io = Instant::now();
         }
         self.register().await?;
         Ok(LinkLimits {

@@ -59,7 +59,6 @@ pub(super) struct Waiting {
 }
 
 /// One keep-alive connection of the pool.
-#[derive(Default)]
 pub(super) struct Conn {
     /// `None` while closed (the next flush opens it again).
     pub(super) io: Option<Box<dyn Io>>,
@@ -70,6 +69,21 @@ pub(super) struct Conn {
     pub(super) waiting: VecDeque<Waiting>,
     /// How many of `waiting` (from the front) were written and await their response.
     pub(super) written: usize,
+    /// When it last wrote or read anything (or was opened).
+    pub(super) last_io: Instant,
+}
+
+impl Default for Conn {
+    fn default() -> Conn {
+        Conn {
+            io: None,
+            out: BytesMut::new(),
+            rbuf: BytesMut::new(),
+            waiting: VecDeque::new(),
+            written: 0,
+            last_io: Instant::now(),
+        }
+    }
 }
 
 impl Conn {
@@ -107,6 +121,7 @@ pub(super) async fn read_any(conns: &mut [Conn], scratch: &mut [u8], start: usiz
                 }
                 Poll::Ready(Ok(())) => {
                     conn.rbuf.extend_from_slice(rb.filled());
+                    conn.last_io = Instant::now();
                     return Poll::Ready(ReadEvent::Data(i));
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(ReadEvent::Failed(e)),
