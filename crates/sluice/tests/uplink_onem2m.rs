@@ -120,6 +120,15 @@ async fn ae_containers_and_every_content_instance_exist_in_acme_with_con_and_cnf
         metric_sum(&text, "sluice_onem2m_resources_created_total") >= 5.0,
         "AE and 4 containers"
     );
+    // Both shards registered the AE: one got 2001, the other 4117 ("already registered"),
+    // which counts as success.
+    assert_eq!(
+        metric_sum(&text, "sluice_onem2m_resources_created_total{shard=\"0\",uplink=\"in-cse\",lane=\"normal\",type=\"ae\"")
+            + metric_sum(&text, "sluice_onem2m_resources_created_total{shard=\"1\",uplink=\"in-cse\",lane=\"normal\",type=\"ae\""),
+        1.0,
+        "{text}"
+    );
+    assert!(metric_sum(&text, "sluice_onem2m_responses_total{shard=\"0\",uplink=\"in-cse\",lane=\"normal\",class=\"4xxx\"") + metric_sum(&text, "sluice_onem2m_responses_total{shard=\"1\",uplink=\"in-cse\",lane=\"normal\",class=\"4xxx\"") >= 1.0, "the second registration was answered 4117: {text}");
     let status = gw.status_json();
     assert!(
         status.to_string().contains("in-cse"),
