@@ -142,7 +142,7 @@ pub struct OneM2mTransport {
     /// The CSE keeps connections open: requests are pipelined. Off for good once a response
     /// said `Connection: close` (then one request per connection).
     keep_alive: bool,
-    /// X-M2M-RI prefix (`s{shard}{n|h}-`) and counter.
+    /// X-M2M-RI prefix (`s{shard}{n|h}-{start time, ms, hex}-`) and counter.
     ri_prefix: String,
     next_ri: u64,
     next_id: u64,
@@ -194,7 +194,14 @@ impl OneM2mTransport {
             known: HashSet::new(),
             ae_known: false,
             keep_alive: true,
-            ri_prefix: format!("s{shard}{}-", if lane == Lane::High { 'h' } else { 'n' }),
+            // Unique across shards, lanes and (by the start time) restarts of the gateway.
+            ri_prefix: format!(
+                "s{shard}{}-{:x}-",
+                if lane == Lane::High { 'h' } else { 'n' },
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ),
             next_ri: 0,
             next_id: 0,
             scratch: vec![0; pool::READ_CHUNK].into_boxed_slice(),
