@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use cli::coap::CoapArgs;
 use cli::multipath::MultipathArgs;
 use cli::scenarios::{
-    ConnectionsArgs, CoreArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
+    ConnectionsArgs, CoreArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
 };
 use cli::storage::StorageArgs;
 use cli::tools::{AgentArgs, DevicesArgs, FastsinkArgs, FloorArgs, IdleArgs, SinkArgs};
@@ -127,6 +127,10 @@ enum ScenarioCommand {
     /// spreads connections over `sluice-bench idle` child processes of at most --per-process
     /// connections each.
     Connections(ConnectionsArgs),
+    /// contentInstances per second into a real ACME oneM2M CSE: a plain pipelined HTTP client
+    /// (the CSE's maximum), then MQTT devices through sluice's oneM2M uplink; both and their
+    /// ratio (needs `acmecse` on PATH).
+    Onem2m(OneM2mArgs),
     /// Priority lanes (SegaNet §4.3) over a rate-limited uplink: 4 devices (1 high, client id
     /// bench-hi-0), each 100 msg/s × 1 KB, through sluice to a TLS 1.3 cloud Mosquitto over a
     /// veth link the normal devices saturate. Needs root.
@@ -216,6 +220,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             cli::scenarios::connections(args).await
         }
         Command::Scenario(ScenarioCommand::Priority(args)) => cli::scenarios::priority(args).await,
+        Command::Scenario(ScenarioCommand::Onem2m(args)) => cli::scenarios::onem2m(args).await,
         Command::Scenario(ScenarioCommand::Outage(args)) => cli::scenarios::outage(args).await,
         Command::Scenario(ScenarioCommand::Coap(args)) => cli::coap::coap(args).await,
         Command::Scenario(ScenarioCommand::Multipath(args)) => {

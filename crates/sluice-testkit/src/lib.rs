@@ -1,9 +1,10 @@
 //! Test support for sluice: everything a test needs that is not sluice itself.
 //!
 //! Owns: a throw-away PKI generated at test time ([`certs`]), a real Mosquitto broker as a
-//! child process ([`broker`]), an MQTT test client on sluice-proto's codec ([`client`]),
-//! free-port helpers ([`ports`]), an IEEE 11073-20601 (PHD) test agent over TCP with its pure
-//! APDU encoders ([`phd`]). Does not own: any production code path — nothing here is
+//! child process ([`broker`]), a real ACME oneM2M CSE as a child process ([`acme`]), an MQTT
+//! test client on sluice-proto's codec ([`client`]), free-port helpers ([`ports`]), an IEEE
+//! 11073-20601 (PHD) test agent over TCP with its pure APDU encoders ([`phd`]). Does not own:
+//! any production code path — nothing here is
 //! linked into the `sluice` binary.
 //!
 //! Invariants: hermetic (temp dirs, loopback ports, no system trust store); every resource a
@@ -28,6 +29,7 @@
 //! ```
 #![deny(unsafe_code)] // one exception: netns::enter (setns), test-only
 
+pub mod acme;
 pub mod broker;
 pub mod certs;
 pub mod client;
@@ -35,6 +37,7 @@ pub mod netns;
 pub mod phd;
 pub mod ports;
 
+pub use acme::{Acme, AcmeBuilder, AcmeResponse};
 pub use broker::{Mosquitto, MosquittoBuilder};
 pub use certs::TestPki;
 pub use client::{ConnectOpts, TestClient};

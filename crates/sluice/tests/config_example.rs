@@ -130,3 +130,44 @@ fn example_file_loads_when_its_referenced_files_exist() {
         Some(dir.path().join(&ca).as_path())
     );
 }
+
+/// The commented oneM2M uplink of the example, uncommented, parses as a oneM2M uplink whose
+/// container template turns PHD topics into `{system-id}/{metric}`.
+#[test]
+fn example_onem2m_uplink_parses_and_names_phd_containers_by_system_id_and_metric() {
+    let text = example_text();
+    let start = text
+        .find("# --- oneM2M uplink example (begin) ---")
+        .expect("the example has a oneM2M uplink");
+    let end = text
+        .find("# --- oneM2M uplink example (end) ---")
+        .expect("its end marker");
+    let block: String = text[start..end]
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| {
+            l.starts_with("[[") || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' '))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = config::parse_unchecked_files(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+    let u = &config.uplink[0];
+    assert!(u.is_onem2m());
+    assert_eq!(u.protocol, MqttProtocol::OneM2m);
+    assert_eq!(u.onem2m_ae_name(), "sluice-gw");
+    let template = sluice::sink::onem2m::naming::ContainerTemplate::parse(u.onem2m_container())
+        .expect("template");
+    assert_eq!(
+        template
+            .render("1122334455667704", "phd/1122334455667704/spo2")
+            .expect("names"),
+        ("1122334455667704".to_string(), "spo2".to_string())
+    );
+    for key in sluice::config::ONEM2M_ONLY_KEYS {
+        assert!(
+            block.contains(&format!("{key} = ")),
+            "the example shows {key}"
+        );
+    }
+}

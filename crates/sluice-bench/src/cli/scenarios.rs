@@ -619,3 +619,57 @@ pub(crate) async fn priority(args: PriorityArgs) -> anyhow::Result<()> {
     let table = prio::markdown(&report);
     write_outputs(&report, &table, args.out.as_ref(), args.markdown.as_ref())
 }
+
+#[derive(Args, Debug)]
+pub(crate) struct OneM2mArgs {
+    /// HTTP connections: the plain client's, and sluice's `connections` per shard.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Requests outstanding per connection (sluice's `pipeline`).
+    #[arg(long, default_value_t = 16)]
+    pipeline: usize,
+    /// MQTT 5 devices publishing QoS 1 to sluice.
+    #[arg(long, default_value_t = 10)]
+    devices: u32,
+    /// Messages per second per device.
+    #[arg(long, default_value_t = 50.0)]
+    msg_rate: f64,
+    /// Devices of the third phase (sluice in front of a stand-in CSE that answers at once).
+    #[arg(long, default_value_t = 100)]
+    fast_devices: u32,
+    /// Payload bytes (binary, so base64 in `con`).
+    #[arg(long, default_value_t = 128)]
+    payload: usize,
+    /// Each phase's run, ramp and settle included (e.g. "30s").
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// `[gateway] shards` of sluice.
+    #[arg(long, default_value_t = 1)]
+    sluice_shards: u32,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown summary here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+pub(crate) async fn onem2m(args: OneM2mArgs) -> anyhow::Result<()> {
+    use sluice_bench::scenarios::onem2m::{self as m2m, OneM2mScenario};
+    let mut config = OneM2mScenario::new(args.sluice_bin);
+    config.connections = args.connections;
+    config.pipeline = args.pipeline;
+    config.devices = args.devices;
+    config.rate_per_device = args.msg_rate;
+    config.fast_devices = args.fast_devices;
+    config.payload = args.payload;
+    config.duration = args.duration;
+    config.sluice_shards = args.sluice_shards;
+    config.command_line = command_line();
+    let report = m2m::run_onem2m(&config).await?;
+    let table = m2m::markdown(&report);
+    write_outputs(&report, &table, args.out.as_ref(), args.markdown.as_ref())
+}

@@ -13,6 +13,7 @@
 //! | [`connections`] | idle connections a SUT holds, RSS per connection, connect rate | `docs/perf/connections.md` |
 //! | [`priority`] | priority lanes over a rate-limited veth uplink (root) | `docs/perf/priority.md` |
 //! | [`outage`] | a cloud outage under load with the durable spool: backlog, drain, order | `docs/perf/outage.md` |
+//! | [`onem2m`] | contentInstances/s into a real ACME CSE: a plain pipelined HTTP client (the CSE's maximum) vs MQTT devices through sluice's oneM2M uplink, and the ratio | `docs/perf/onem2m.md` |
 //! | [`storage`] | the spool vs SQLite vs PostgreSQL: append, read back, recovery | `docs/perf/storage.md` |
 //!
 //! # Adding a scenario
@@ -46,6 +47,7 @@ pub mod coap;
 pub mod connections;
 pub mod core;
 pub mod multipath;
+pub mod onem2m;
 pub mod outage;
 pub mod priority;
 pub mod seganet;

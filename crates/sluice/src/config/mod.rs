@@ -21,6 +21,7 @@ mod coap;
 mod lanes;
 mod multipath;
 mod phd;
+mod onem2m;
 mod spool;
 mod units;
 mod uplink;
@@ -42,6 +43,10 @@ pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use multipath::MultipathConfig;
 pub use phd::PhdConfig;
+pub use onem2m::{
+    mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,
+    ONEM2M_ONLY_KEYS,
+};
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
 };
@@ -167,7 +172,16 @@ impl Config {
     pub fn to_toml(&self) -> String {
         // Invariant: every type in Config serializes to TOML (no maps with non-string keys,
         // `None` fields are skipped, tables come after plain values in every struct).
-        toml::to_string(self).expect("Config is always representable as TOML")
+        if !self.uplink.iter().any(UplinkConfig::is_onem2m) {
+            return toml::to_string(self).expect("Config is always representable as TOML");
+        }
+        // oneM2M uplinks print their url as http(s):// and without MQTT keys (`onem2m.rs`).
+        let mut table =
+            toml::Table::try_from(self).expect("Config is always representable as TOML");
+        if let Some(toml::Value::Array(uplinks)) = table.get_mut("uplink") {
+            onem2m::fix_printed_uplinks(uplinks, &self.uplink);
+        }
+        toml::to_string(&table).expect("a TOML table is always representable as TOML")
     }
 
     /// Checks values alone and together, and that referenced files can be opened.
@@ -424,13 +438,17 @@ impl Default for LogConfig {
 /// TOML text → `Config` without semantic checks; errors carry the key path.
 fn deserialize(text: &str) -> Result<Config, ConfigError> {
     // Parse once on its own so that syntax errors are told apart from bad values.
-    if let Err(e) = text.parse::<toml::Table>() {
-        let (line, column) = line_column(text, e.span());
-        return Err(ConfigError::Syntax {
-            line: line.unwrap_or(1),
-            column: column.unwrap_or(1),
-            message: one_line(e.message()),
-        });
+    match text.parse::<toml::Table>() {
+        Err(e) => {
+            let (line, column) = line_column(text, e.span());
+            return Err(ConfigError::Syntax {
+                line: line.unwrap_or(1),
+                column: column.unwrap_or(1),
+                message: one_line(e.message()),
+            });
+        }
+        // Keys of the other protocol on an uplink (serde's defaults would hide them).
+        Ok(table) => onem2m::check_raw(&table)?,
     }
     serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
         let key = match e.path().to_string() {

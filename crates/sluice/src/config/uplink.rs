@@ -1,4 +1,5 @@
-//! `[[uplink]]`: one cloud MQTT broker the gateway forwards to and receives from.
+//! `[[uplink]]`: one cloud MQTT broker the gateway forwards to and receives from, or (with
+//! `protocol = "onem2m"`) one oneM2M CSE it forwards to (its keys: `onem2m.rs`).
 //!
 //! Owns: the uplink config types, the broker URL type and the protocol-version enum, and
 //! reading the password file. Does not own: connecting (that is `crate::sink`) or checks
@@ -130,6 +131,47 @@ pub struct UplinkConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathConfig>,
     // --- end multipath ---
+    // --- oneM2M (`protocol = "onem2m"`, `sink/onem2m/`; checked in `onem2m.rs`) ---
+    /// The CSE's SP-relative CSE-ID (`"/id-in"`); requests go to `/~{cse_id}/{cse_name}/…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cse_id: Option<String>,
+    /// The CSEBase resource name (`"cse-in"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cse_name: Option<String>,
+    /// The AE-ID sluice registers with and sends as X-M2M-Origin (`"Csluice-gw"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub originator: Option<String>,
+    /// The AE's resource name; default: `originator` without its leading `C`/`S`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ae_name: Option<String>,
+    /// The AE's App-ID (`api`, starts with `N` or `R`); default `"Nsluice"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_id: Option<String>,
+    /// Container names, `"{device container}/{topic container}"` (see `sink::onem2m::naming`);
+    /// default `"{device}/{topic}"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// `mni` (maxNrOfInstances) of every container created; absent: the CSE decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mni: Option<u64>,
+    /// `mbs` (maxByteSize) of every container created; absent: the CSE decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbs: Option<ByteSize>,
+    /// Keep-alive HTTP/1.1 connections per shard and lane; default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<usize>,
+    /// Requests written ahead of their responses on one connection; default 32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<usize>,
+    /// A connection whose oldest request waited this long for its response is closed (its
+    /// requests are resent on a new one); default 10s.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "super::onem2m::opt_duration"
+    )]
+    pub request_timeout: Option<Duration>,
+    // --- end oneM2M ---
     /// SenML aggregation of normal-priority records (a table, so it comes last).
     #[serde(default)]
     pub aggregate: AggregateConfig,
@@ -247,6 +289,17 @@ impl UplinkConfig {
             path_keep_alive: default_path_keep_alive(),
             path_reconnect_max: default_path_reconnect_max(),
             paths: Vec::new(),
+            cse_id: None,
+            cse_name: None,
+            originator: None,
+            ae_name: None,
+            app_id: None,
+            container: None,
+            mni: None,
+            mbs: None,
+            connections: None,
+            pipeline: None,
+            request_timeout: None,
             aggregate: AggregateConfig::default(),
         }
     }
@@ -343,12 +396,16 @@ impl FromStr for UplinkUrl {
         let scheme_end = s.find("://").ok_or_else(|| {
             err("expected mqtts://host:port (TLS) or mqtt://host:port (plaintext)")
         })?;
-        let tls = match s[..scheme_end].to_ascii_lowercase().as_str() {
-            "mqtts" => true,
-            "mqtt" => false,
+        // http(s) is for oneM2M uplinks (`config/onem2m.rs` checks the scheme fits the
+        // protocol; the url keeps only whether it is TLS).
+        let (tls, default_port) = match s[..scheme_end].to_ascii_lowercase().as_str() {
+            "mqtts" => (true, 8883),
+            "mqtt" => (false, 1883),
+            "https" => (true, 443),
+            "http" => (false, 80),
             _ => {
                 return Err(err(
-                    "the scheme must be mqtts:// (TLS) or mqtt:// (plaintext)",
+                    "the scheme must be mqtts:// (TLS) or mqtt:// (plaintext); https:// or http:// for oneM2M",
                 ))
             }
         };
@@ -362,7 +419,6 @@ impl FromStr for UplinkUrl {
         if rest.contains(['/', '?', '#']) {
             return Err(err("only a host and a port are allowed after the scheme"));
         }
-        let default_port = if tls { 8883 } else { 1883 };
         let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
             let end = bracketed
                 .find(']')
@@ -440,12 +496,15 @@ impl<'de> Deserialize<'de> for UplinkUrl {
     }
 }
 
-/// MQTT protocol version spoken to the broker. Written as the string `"5"` or `"3.1.1"`.
+/// The protocol spoken to the far end: an MQTT version, or oneM2M over HTTP (named for its
+/// first members). Written as the string `"5"`, `"3.1.1"` or `"onem2m"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum MqttProtocol {
     V311,
     #[default]
     V5,
+    /// oneM2M Mca over HTTP/1.1 (`sink/onem2m/`).
+    OneM2m,
 }
 
 impl MqttProtocol {
@@ -453,6 +512,7 @@ impl MqttProtocol {
         match self {
             MqttProtocol::V311 => "3.1.1",
             MqttProtocol::V5 => "5",
+            MqttProtocol::OneM2m => "onem2m",
         }
     }
 }
@@ -463,7 +523,8 @@ impl fmt::Display for MqttProtocol {
     }
 }
 
-const PROTOCOL_EXPECTED: &str = "protocol must be the string \"5\" or \"3.1.1\"";
+const PROTOCOL_EXPECTED: &str =
+    "protocol must be the string \"5\" or \"3.1.1\" (MQTT), or \"onem2m\" (oneM2M over HTTP)";
 
 impl Serialize for MqttProtocol {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -477,12 +538,13 @@ impl<'de> Deserialize<'de> for MqttProtocol {
         impl Visitor<'_> for ProtocolVisitor {
             type Value = MqttProtocol;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("\"5\" or \"3.1.1\"")
+                f.write_str("\"5\", \"3.1.1\" or \"onem2m\"")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<MqttProtocol, E> {
                 match v.trim() {
                     "5" => Ok(MqttProtocol::V5),
                     "3.1.1" => Ok(MqttProtocol::V311),
+                    "onem2m" => Ok(MqttProtocol::OneM2m),
                     _ => Err(E::custom(PROTOCOL_EXPECTED)),
                 }
             }

@@ -507,9 +507,20 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
     check_label(&key("name"), &u.name)?;
 
     // Transport and TLS.
+    let (secure, plain) = if u.is_onem2m() {
+        ("https://", "http://")
+    } else {
+        ("mqtts://", "mqtt://")
+    };
     if u.url.tls {
         if u.ca_file.is_none() {
-            return invalid(&key("ca_file"), "ca_file is required for mqtts uplinks");
+            return invalid(
+                &key("ca_file"),
+                &format!(
+                    "ca_file is required for {} uplinks",
+                    secure.trim_end_matches("://")
+                ),
+            );
         }
         let name = u.tls_server_name();
         if rustls::pki_types::ServerName::try_from(name).is_err() {
@@ -528,8 +539,8 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
             return invalid(
                 &key("url"),
                 &format!(
-                    "{} is unencrypted; use mqtts://, or set allow_plaintext = true to accept that",
-                    u.url
+                    "{plain}{}:{} is unencrypted; use {secure}, or set allow_plaintext = true to accept that",
+                    u.url.host, u.url.port
                 ),
             );
         }
@@ -542,7 +553,7 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
             if set {
                 return invalid(
                     &key(field),
-                    "only applies to mqtts:// urls, but the url is mqtt://",
+                    &format!("only applies to {secure} urls, but the url is {plain}"),
                 );
             }
         }
@@ -636,6 +647,16 @@ fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigEr
         );
     }
 
+    // The MQTT keys above hold their defaults on a oneM2M uplink (`onem2m::check_raw`).
+    if u.is_onem2m() {
+        super::onem2m::check(i, u)?;
+    }
+    check_files(i, u, files)
+}
+
+/// The uplink's TLS and password files can be opened (when `files` says they must exist).
+fn check_files(i: usize, u: &UplinkConfig, files: Files) -> Result<(), ConfigError> {
+    let key = |field: &str| format!("uplink[{i}].{field}");
     if files == Files::MustExist {
         if let Some(path) = &u.ca_file {
             check_pem(&key("ca_file"), path, Pem::Certificates)?;

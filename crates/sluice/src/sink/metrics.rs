@@ -120,6 +120,8 @@ pub struct UplinkMetrics {
     pub mptcp: crate::net::mptcp::MptcpMetrics,
     /// Per-path health of a multipath session (`paths`); empty otherwise.
     pub paths: crate::sink::paths::PathsMetrics,
+    /// oneM2M counters (`sluice_onem2m_*`), rendered only for a oneM2M uplink.
+    pub onem2m: crate::sink::onem2m::OneM2mMetrics,
     /// QoS 1 messages the cloud acknowledged with success.
     pub messages_acked: Counter,
     /// Bytes handed to the (TLS) stream.
@@ -168,6 +170,7 @@ impl Default for UplinkMetrics {
             messages_returned: Counter::default(),
             mptcp: Default::default(),
             paths: Default::default(),
+            onem2m: Default::default(),
             messages_acked: Counter::default(),
             bytes_written: Counter::default(),
             writes: Counter::default(),
@@ -303,6 +306,7 @@ impl UplinkMetrics {
         );
         self.mptcp.render(w, "sluice_uplink", l);
         self.paths.render(w, l);
+        self.onem2m.render(w, l);
         w.counter(
             "sluice_uplink_messages_acked_total",
             "QoS 1 messages the cloud broker acknowledged.",

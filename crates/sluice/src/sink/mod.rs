@@ -54,6 +54,7 @@
 mod handle;
 mod metrics;
 pub mod mqtt;
+pub mod onem2m;
 pub mod outbox;
 pub mod paths;
 pub mod spool;
@@ -68,13 +69,16 @@ pub use mqtt::{socket, tc};
 pub use outbox::pack::records_of;
 pub use outbox::queue::{UplinkQueue, MESSAGE_OVERHEAD_BYTES};
 
-/// Start the outbox of one uplink lane on this shard: over one MQTT session, or with
-/// `paths` over one session per path (`paths`). Must be called inside a `LocalSet`.
+/// Start the outbox of one uplink lane on this shard: over one MQTT session, with `paths`
+/// over one session per path (`paths`), or for `protocol = "onem2m"` over a pool of HTTP
+/// connections to a oneM2M CSE (`onem2m`). Must be called inside a `LocalSet`.
 pub fn spawn(
     seed: SessionSeed,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    if seed.cfg.paths.is_empty() {
+    if seed.cfg.is_onem2m() {
+        onem2m::spawn(seed, shutdown)
+    } else if seed.cfg.paths.is_empty() {
         mqtt::spawn(seed, shutdown)
     } else {
         paths::spawn(seed, shutdown)
@@ -330,6 +334,14 @@ pub enum UplinkError {
     WriteTimeout(Duration),
     #[error("every path to the cloud broker is down (last error: {0})")]
     AllPathsDown(String),
+
+    // --- oneM2M (`onem2m/`) ---
+    #[error("the oneM2M CSE refused the AE registration: HTTP {status}, RSC {rsc} (4105: the AE name is taken by another originator; 4126: the originator may not register; check originator and ae_name)")]
+    AeRegistration { status: u16, rsc: u32 },
+    #[error("the oneM2M CSE sent a malformed HTTP response: {0}")]
+    Http(#[from] onem2m::http::HttpError),
+    #[error("no response from the oneM2M CSE for {0:?}")]
+    ResponseTimeout(Duration),
 }
 
 impl UplinkError {
@@ -349,6 +361,8 @@ impl UplinkError {
             | PlaintextNotAllowed
             | InvalidServerName(_)
             | Encode(_) => Blame::Local,
+            // A CSE refusing our registration for a 4xxx reason refuses our configuration.
+            AeRegistration { rsc, .. } if (4000..5000).contains(rsc) => Blame::Local,
             // A refused CONNECT for bad credentials is arguably ours, but only the cloud knows.
             CloudUnreachable { .. }
             | ConnectTimeout(_)
@@ -364,7 +378,10 @@ impl UplinkError {
             | DisconnectedByCloud(_)
             | KeepAliveTimeout(_)
             | WriteTimeout(_)
-            | AllPathsDown(_) => Blame::Cloud,
+            | AllPathsDown(_)
+            | AeRegistration { .. }
+            | Http(_)
+            | ResponseTimeout(_) => Blame::Cloud,
         }
     }
 }

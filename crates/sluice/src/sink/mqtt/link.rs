@@ -236,7 +236,10 @@ impl MqttTransport {
 }
 
 /// Name certificate problems and TLS alerts precisely; anything else becomes `otherwise(e)`.
-fn tls_error(e: std::io::Error, otherwise: fn(std::io::Error) -> UplinkError) -> UplinkError {
+pub(crate) fn tls_error(
+    e: std::io::Error,
+    otherwise: fn(std::io::Error) -> UplinkError,
+) -> UplinkError {
     match e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())

@@ -73,6 +73,7 @@ use crate::sink::transport::{Feedback, Transport, Unsendable};
 use crate::sink::{Lane, UplinkMetrics, UplinkQueue, UplinkRoute};
 
 pub use link::classify_refusal;
+pub(crate) use link::tls_error;
 
 /// Largest packet accepted from the cloud broker (MQTT 5: sent as Maximum Packet Size).
 pub const MAX_INCOMING_PACKET_BYTES: usize = 1024 * 1024;
@@ -183,7 +184,8 @@ impl MqttTransport {
     ) -> MqttTransport {
         let version = match cfg.protocol {
             MqttProtocol::V311 => ProtocolVersion::V311,
-            MqttProtocol::V5 => ProtocolVersion::V5,
+            // A oneM2M uplink never builds an MQTT transport (`sink::spawn`).
+            MqttProtocol::V5 | MqttProtocol::OneM2m => ProtocolVersion::V5,
         };
         let client_id = match lane {
             Lane::Normal => cfg.session_client_id(shard),
