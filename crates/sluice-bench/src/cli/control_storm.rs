@@ -42,13 +42,13 @@ pub(crate) struct ControlStormArgs {
     #[arg(long, default_value_t = 32)]
     phd_window: u16,
     /// Scan reports/s offered by the PHD data agents in total (one SenML message each).
-    #[arg(long, default_value_t = 6000.0)]
+    #[arg(long, default_value_t = 15000.0)]
     phd_rate: f64,
     /// MQTT devices (QoS 1 publishes to dev/{i}).
     #[arg(long, default_value_t = 16)]
     mqtt_devices: u32,
     /// MQTT messages/s offered in total.
-    #[arg(long, default_value_t = 2000.0)]
+    #[arg(long, default_value_t = 5000.0)]
     mqtt_rate: f64,
     /// MQTT payload bytes (bench header included).
     #[arg(long, default_value_t = 128)]

@@ -143,9 +143,9 @@ impl ControlStormScenario {
             window: Duration::from_secs(10),
             phd_agents: 32,
             phd_window: 32,
-            phd_rate: 6_000.0,
+            phd_rate: 15_000.0,
             mqtt_devices: 16,
-            mqtt_rate: 2_000.0,
+            mqtt_rate: 5_000.0,
             mqtt_payload: 128,
             storm_new_share: 0.5,
             storm_workers: 512,
@@ -273,27 +273,13 @@ pub struct ControlStormReport {
 pub async fn run_control_storm(s: &ControlStormScenario) -> anyhow::Result<ControlStormReport> {
     require_sluice_bin(&s.sluice_bin)?;
     let machine = machine(&s.command_line);
-    let cloud = tokio::task::spawn_blocking(|| Mosquitto::builder().start())
-        .await
-        .context("cloud start-up panicked")?
-        .context("starting the cloud Mosquitto")?;
     let sink_rt = SinkRuntime::new()?;
-    let subscriber = SubscriberConfig {
-        broker: cloud.plain_addr(),
-        ca_file: None,
-        server_name: "127.0.0.1".to_string(),
-        topic: "#".to_string(),
-        protocol: ProtocolVersion::V311,
-        measure_latency: true,
-    };
-    let sink = sink_rt
-        .handle()?
-        .spawn(fastsink::subscribe_measuring(subscriber))
-        .await
-        .context("subscriber start-up panicked")??;
     let max_reports = if s.max_reports {
         eprintln!("control-storm: scan-report maximum");
-        Some(run_max(s, &cloud, &sink).await?)
+        let (cloud, sink) = start_cloud(&sink_rt).await?;
+        let max = run_max(s, &cloud, &sink).await?;
+        let _ = sink.stop().await;
+        Some(max)
     } else {
         None
     };
@@ -301,10 +287,13 @@ pub async fn run_control_storm(s: &ControlStormScenario) -> anyhow::Result<Contr
     if s.storm {
         for &plane in &s.planes {
             eprintln!("control-storm: {}", plane.name());
+            // A fresh cloud and subscriber per mode: the subscriber tracks (device, sequence)
+            // pairs, and the second mode's devices start their sequences at 0 again.
+            let (cloud, sink) = start_cloud(&sink_rt).await?;
             planes.push(run_plane(s, plane, &cloud, &sink).await?);
+            let _ = sink.stop().await;
         }
     }
-    let _ = sink.stop().await;
     let verdicts = verdicts(s, max_reports.as_ref(), &planes);
     Ok(ControlStormReport {
         scenario: "control-storm",
@@ -314,6 +303,28 @@ pub async fn run_control_storm(s: &ControlStormScenario) -> anyhow::Result<Contr
         planes,
         verdicts,
     })
+}
+
+/// A plain-TCP cloud Mosquitto and the measuring subscriber on `#` (on `rt`).
+async fn start_cloud(rt: &SinkRuntime) -> anyhow::Result<(Mosquitto, FastSink)> {
+    let cloud = tokio::task::spawn_blocking(|| Mosquitto::builder().start())
+        .await
+        .context("cloud start-up panicked")?
+        .context("starting the cloud Mosquitto")?;
+    let subscriber = SubscriberConfig {
+        broker: cloud.plain_addr(),
+        ca_file: None,
+        server_name: "127.0.0.1".to_string(),
+        topic: "#".to_string(),
+        protocol: ProtocolVersion::V311,
+        measure_latency: true,
+    };
+    let sink = rt
+        .handle()?
+        .spawn(fastsink::subscribe_measuring(subscriber))
+        .await
+        .context("subscriber start-up panicked")??;
+    Ok((cloud, sink))
 }
 
 /// A started sluice and its PHD listener and admin port.
