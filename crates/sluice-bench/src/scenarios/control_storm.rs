@@ -178,6 +178,8 @@ pub struct CpuFigures {
     pub storm_threads: f64,
     /// Whole machine, % of all cores (100 = every core busy).
     pub machine: f64,
+    /// Other processes that used ≥ 2 % of a core meanwhile (other work on the machine).
+    pub others: Vec<String>,
 }
 
 /// One storm level.

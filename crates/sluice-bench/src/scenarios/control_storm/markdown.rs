@@ -41,6 +41,7 @@ pub fn markdown(r: &ControlStormReport) -> String {
             m.reports_sent, m.reports_confirmed, m.delivered, m.payload_bytes, m.confirm.p50_ms, m.confirm.p99_ms,
             m.cpu.shard, m.cpu.sluice_total, m.cpu.mosquitto, m.cpu.bench, m.cpu.machine
         );
+        let _ = writeln!(md, "Other processes ≥ 2 % of a core meanwhile: {}\n", others(&m.cpu.others));
         if let Some(d) = &m.direct {
             let _ = writeln!(md, "Mosquitto alone (same run): {} plain MQTT publishers, QoS 1, {} B payloads, no rate limit:\n", d.publishers, d.payload);
             let _ = writeln!(md, "| sent msg/s | delivered at subscriber msg/s | mosquitto % | bench % | machine % |");
@@ -62,6 +63,14 @@ pub fn markdown(r: &ControlStormReport) -> String {
     md
 }
 
+fn others(list: &[String]) -> String {
+    if list.is_empty() {
+        "-".to_string()
+    } else {
+        list.join(", ")
+    }
+}
+
 fn ratio(x: Option<f64>) -> String {
     x.map_or("-".to_string(), |r| format!("{r:.3}"))
 }
@@ -79,15 +88,15 @@ fn plane_tables(md: &mut String, run: &PlaneRun) {
     }
     let _ = writeln!(md);
     let _ = writeln!(md, "CPU, % of one core (machine: % of both cores), and sluice's PHD gauges at the window's end:\n");
-    let _ = writeln!(md, "| storm target msg/s | sluice-shard-0 | sluice-phd | other sluice | sluice total | mosquitto | bench | of which storm | machine | phd agents | phd connections |");
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "| storm target msg/s | sluice-shard-0 | sluice-phd | other sluice | sluice total | mosquitto | bench | of which storm | machine | phd agents | phd connections | other processes ≥ 2 % |");
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for l in &run.levels {
         let c = &l.cpu;
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
             l.target, c.shard, c.phd, c.sluice_other, c.sluice_total, c.mosquitto, c.bench, c.storm_threads, c.machine,
-            opt(l.phd_agents_gauge), opt(l.phd_connections_gauge)
+            opt(l.phd_agents_gauge), opt(l.phd_connections_gauge), others(&c.others)
         );
     }
     let _ = writeln!(md);

@@ -1,7 +1,7 @@
 //! The control-storm scenario's samples (everything read at both ends of a measured window)
 //! and the figures computed from two of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -11,7 +11,10 @@ use tokio::time::Instant;
 
 use super::{CpuFigures, LevelResult, Sut};
 use crate::harness::metrics::{http_get, metric_sum};
-use crate::harness::procfs::{cpu_time, round1, task_cpu_by_name, threads_cpu, MachineCpu, Pid};
+use crate::harness::procfs::{
+    busiest_others, cpu_time, process_cpu_ticks, round1, task_cpu_by_name, threads_cpu, MachineCpu,
+    Pid,
+};
 use crate::load::paced::{Fleet, FleetSnapshot};
 use crate::load::phd::{PhdFleet, PhdFleetSnapshot};
 use crate::load::phd_storm::{Storm, StormSnapshot};
@@ -29,6 +32,10 @@ pub(crate) struct Sample {
     storm_threads: Duration,
     mosquitto: Duration,
     machine: MachineCpu,
+    /// Every process's CPU ticks (to name other work on the machine).
+    procs: HashMap<u32, (String, u64)>,
+    /// sluice, Mosquitto and this process.
+    ours: Vec<u32>,
     storm: Option<StormSnapshot>,
     pub(crate) phd: Option<PhdFleetSnapshot>,
     mqtt: Option<FleetSnapshot>,
@@ -52,6 +59,7 @@ impl Sample {
             .and_then(Result::ok);
         let mut s = Sample::take_plain(cloud, sink);
         s.sluice_threads = task_cpu_by_name(sut.child.pid());
+        s.ours.push(sut.child.pid());
         s.storm = storm.map(Storm::counters);
         s.phd = phd.map(PhdFleet::counters);
         s.mqtt = mqtt.map(Fleet::counters);
@@ -79,6 +87,8 @@ impl Sample {
                 .and_then(|p| cpu_time(Pid::Other(p)).ok())
                 .unwrap_or_default(),
             machine: MachineCpu::read(),
+            procs: process_cpu_ticks(),
+            ours: [Some(std::process::id()), cloud.pid()].into_iter().flatten().collect(),
             storm: None,
             phd: None,
             mqtt: None,
@@ -121,6 +131,7 @@ pub(crate) fn cpu(a: &Sample, b: &Sample) -> CpuFigures {
         bench: percent(b.own.saturating_sub(a.own), secs),
         storm_threads: percent(b.storm_threads.saturating_sub(a.storm_threads), secs),
         machine: round1(b.machine.busy_percent_since(&a.machine)),
+        others: busiest_others(&a.procs, &b.procs, &b.ours, b.at.duration_since(a.at)),
     }
 }
 
