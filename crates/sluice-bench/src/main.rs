@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use cli::coap::CoapArgs;
+use cli::control_storm::ControlStormArgs;
 use cli::multipath::MultipathArgs;
 use cli::scenarios::{
     ConnectionsArgs, CoreArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
@@ -169,6 +170,20 @@ enum ScenarioCommand {
     /// beside the paper's 1,600 / 4,000 / 5,900 req/s; with --kill-link-at, failed requests and
     /// the longest stall after link 0 is cut. Writes JSON to --out and Markdown to --markdown.
     Multipath(MultipathArgs),
+    /// Issue 18's control storm: a steady data load (PHD agents' confirmed scan reports and
+    /// MQTT devices' QoS 1 publishes) through sluice (shards = 1 on core 0, control plane on
+    /// core 1) while a storm of PHD control messages (AARQ, configuration, release of new and
+    /// returning agents on short connections) steps through --levels msg/s.
+    ///
+    /// Runs once per --planes mode: association on the control plane (sluice's design) and on
+    /// the shard thread (`[phd] single_plane = true`, an experiment switch). Reports per level:
+    /// storm rate achieved (and sluice's own count), data offered and delivered at a cloud
+    /// Mosquitto subscriber, PHD confirmation and MQTT end-to-end p50/p99, CPU per sluice
+    /// thread, Mosquitto, this tool and the machine, with ratios to the no-storm level. First
+    /// (unless --no-max) the maximum PHD scan reports/s delivered to the cloud, beside
+    /// Mosquitto's own rate from plain publishers. Writes JSON to --out and Markdown to
+    /// --markdown.
+    ControlStorm(ControlStormArgs),
 }
 
 fn main() -> ExitCode {
@@ -225,6 +240,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Coap(args)) => cli::coap::coap(args).await,
         Command::Scenario(ScenarioCommand::Multipath(args)) => {
             cli::multipath::multipath(args).await
+        }
+        Command::Scenario(ScenarioCommand::ControlStorm(args)) => {
+            cli::control_storm::control_storm(args).await
         }
         Command::Storage(args) => cli::storage::storage(args).await,
         Command::Floor(_) => unreachable!("served in main without a runtime"),

@@ -6,6 +6,7 @@
 //! turns it into the library's config and prints the report.
 
 pub(crate) mod coap;
+pub(crate) mod control_storm;
 pub(crate) mod multipath;
 pub(crate) mod scenarios;
 pub(crate) mod storage;

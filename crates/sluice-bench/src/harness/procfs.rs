@@ -346,6 +346,32 @@ pub(crate) fn machine_cpu_percent(before: (u64, u64), after: (u64, u64)) -> f64 
     round1(after.0.saturating_sub(before.0) as f64 / total as f64 * 100.0)
 }
 
+/// CPU time used so far by each thread name (`comm`) of process `pid` (threads of one name
+/// summed), from `/proc/<pid>/task/*/stat`. Empty when the process is gone.
+pub(crate) fn task_cpu_by_name(pid: u32) -> std::collections::BTreeMap<String, Duration> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    let ns_per_tick = 1_000_000_000 / clock_ticks_per_second();
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let comm = stat
+            .find('(')
+            .zip(stat.rfind(')'))
+            .and_then(|(a, b)| stat.get(a + 1..b))
+            .unwrap_or("?")
+            .to_string();
+        if let Ok(ticks) = parse_stat_cpu_ticks(&stat) {
+            *out.entry(comm).or_insert(Duration::ZERO) +=
+                Duration::from_nanos(ticks.saturating_mul(ns_per_tick));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,10 +5,13 @@
 //!   to 100k+ msg/s;
 //! - [`idle`]: idle connections and the `idle` worker processes (the connections scenario);
 //! - [`coap`]: CoAP sensors in a closed loop (CoAPBench-like), and a trivial CoAP responder.
-//!
-//! PHD agents go beside them, one module each.
+//! - [`phd`]: IEEE 11073 PHD agents that associate once and send paced, pipelined, confirmed
+//!   scan reports;
+//! - [`phd_storm`]: the PHD control storm (short association/configuration/release sessions).
 
 pub mod coap;
 pub mod devices;
 pub mod idle;
 pub mod paced;
+pub mod phd;
+pub mod phd_storm;

@@ -7,6 +7,7 @@
 //! | module | measures | report |
 //! |---|---|---|
 //! | [`coap`] | CoAP sensors (closed loop) → sluice publish → TLS cloud, and libcoap's vs sluice's proxy to a CoAP-over-TCP server: req/s, p50/p99, CPU µs/request, delivery | `docs/perf/coap.md` |
+//! | [`control_storm`] | a PHD control storm (association, configuration, release) rising under a steady PHD + MQTT data load, control plane vs single plane: delivered rate, p99, CPU per thread; the PHD scan-report maximum | `docs/perf/control-storm.md` |
 //! | [`core`] | devices → SUT → TLS cloud: delivery, e2e/ack latency, SUT CPU per message and RSS, against the kernel floor | `docs/perf/core-path.md` |
 //! | [`seganet`] | a sweep over N devices: sluice vs per-device agents vs a Mosquitto bridge; p99, CPU, memory, achieved load | `docs/perf/seganet.md` |
 //! | [`throughput`] | the maximum sustained rate under a step load, per SUT and cloud | `docs/perf/throughput.md` |
@@ -44,6 +45,7 @@
 //! [`crate::harness`], so the next scenario can use them too.
 
 pub mod coap;
+pub mod control_storm;
 pub mod connections;
 pub mod core;
 pub mod multipath;
