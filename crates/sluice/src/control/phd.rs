@@ -15,7 +15,10 @@
 //!
 //! # `phd-configs.json`
 //! `{"version":1,"configs":[{"system_id":"<16 hex>","config":<ConfigReport event-info as
-//! hex>}, …]}`, oldest first; rewritten (temp file + rename) when a configuration is learnt.
+//! hex>}, …]}`, oldest first; rewritten (temp file + rename) when a configuration is learnt,
+//! at most once a second (what is learnt meanwhile is saved by the next learn, or when the
+//! room is dropped at shutdown: a crash may forget the last second's, whose agents then
+//! configure again).
 //! A file that does not parse is logged and ignored (the agents then configure again).
 
 use std::collections::{HashMap, VecDeque};
@@ -30,10 +33,47 @@ use sluice_proto::phd::manager::ConfigLookup;
 
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
-/// Configurations learnt, as the data plane reads them.
-#[derive(Debug, Default)]
+/// How many parts the learnt configurations are split into: learning one copies only its
+/// part (about `max_configs / 64` entries), not the whole map.
+const BUCKETS: usize = 64;
+
+/// Configurations learnt, as the association tasks (and the single-plane shards) read them:
+/// an immutable copy, published whole through `arc-swap`, split into [`BUCKETS`] parts by
+/// system id so that publishing a new one copies one part.
+#[derive(Debug)]
 pub struct PhdSnapshot {
-    pub tables: HashMap<([u8; 8], u16), Arc<ObjectTable>>,
+    buckets: Vec<Arc<HashMap<([u8; 8], u16), Arc<ObjectTable>>>>,
+}
+
+impl Default for PhdSnapshot {
+    fn default() -> Self {
+        PhdSnapshot {
+            buckets: (0..BUCKETS).map(|_| Arc::default()).collect(),
+        }
+    }
+}
+
+fn bucket(system_id: &[u8; 8]) -> usize {
+    crate::shard::hash::jenkins_one_at_a_time(system_id) as usize % BUCKETS
+}
+
+impl PhdSnapshot {
+    fn get(&self, key: &([u8; 8], u16)) -> Option<&Arc<ObjectTable>> {
+        self.buckets[bucket(&key.0)].get(key)
+    }
+
+    /// A copy with `key` set (`Some`) or removed (`None`), sharing every other part.
+    fn with(&self, key: ([u8; 8], u16), table: Option<Arc<ObjectTable>>) -> PhdSnapshot {
+        let mut buckets = self.buckets.clone();
+        let b = bucket(&key.0);
+        let mut part = (*buckets[b]).clone();
+        match table {
+            Some(t) => part.insert(key, t),
+            None => part.remove(&key),
+        };
+        buckets[b] = Arc::new(part);
+        PhdSnapshot { buckets }
+    }
 }
 
 impl ConfigLookup for PhdSnapshot {
@@ -42,7 +82,7 @@ impl ConfigLookup for PhdSnapshot {
             return Some(t);
         }
         let id: [u8; 8] = system_id.try_into().ok()?;
-        self.tables.get(&(id, config_id)).cloned()
+        self.get(&(id, config_id)).cloned()
     }
 }
 
@@ -163,12 +203,19 @@ impl PhdMetrics {
     }
 }
 
-/// Learnt configurations, oldest first, bounded.
+/// Learnt configurations, oldest first, bounded; and when they were last saved.
 struct Learnt {
     order: VecDeque<([u8; 8], u16)>,
     max: usize,
     file: Option<PathBuf>,
+    saved_at: Option<Instant>,
+    /// Learnt since the last save (saved at most once a second, and when the room is dropped).
+    dirty: bool,
 }
+
+/// Least time between two saves of `phd-configs.json`: a storm of new agents must not
+/// rewrite the file for each.
+const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The room.
 pub struct PhdRoom {
@@ -185,17 +232,19 @@ impl PhdRoom {
     pub fn new(max_agents: usize, max_configs: usize, dir: Option<PathBuf>) -> PhdRoom {
         let file = dir.map(|d| d.join("phd-configs.json"));
         let metrics = Arc::new(PhdMetrics::default());
-        let mut tables = HashMap::new();
+        let mut snapshot = PhdSnapshot::default();
         let mut order = VecDeque::new();
         if let Some(f) = &file {
             for (id, table) in load(f) {
-                if tables.insert((id, table.config_id), Arc::new(table.clone())).is_none() {
-                    order.push_back((id, table.config_id));
+                let key = (id, table.config_id);
+                if snapshot.get(&key).is_none() {
+                    order.push_back(key);
                 }
+                snapshot = snapshot.with(key, Some(Arc::new(table)));
             }
             while order.len() > max_configs.max(1) {
                 if let Some(k) = order.pop_front() {
-                    tables.remove(&k);
+                    snapshot = snapshot.with(k, None);
                 }
             }
         }
@@ -206,14 +255,16 @@ impl PhdRoom {
                 order,
                 max: max_configs.max(1),
                 file,
+                saved_at: None,
+                dirty: false,
             }),
-            snapshot: ArcSwap::from_pointee(PhdSnapshot { tables }),
+            snapshot: ArcSwap::from_pointee(snapshot),
             max_agents,
             metrics,
         }
     }
 
-    /// The configurations, as the shards and association tasks read them.
+    /// The configurations, as the association tasks read them.
     pub fn snapshot(&self) -> Arc<PhdSnapshot> {
         self.snapshot.load_full()
     }
@@ -225,20 +276,39 @@ impl PhdRoom {
         }
         let mut learnt = self.learnt.lock().unwrap_or_else(|e| e.into_inner());
         let key = (system_id, table.config_id);
-        let mut tables = self.snapshot.load().tables.clone();
-        if tables.insert(key, table).is_none() {
+        let current = self.snapshot.load();
+        if current.get(&key).is_none() {
             learnt.order.push_back(key);
         }
+        let mut next = current.with(key, Some(table));
         while learnt.order.len() > learnt.max {
             if let Some(old) = learnt.order.pop_front() {
-                tables.remove(&old);
+                next = next.with(old, None);
             }
         }
         self.metrics.configs.set(learnt.order.len() as i64);
-        if let Some(f) = &learnt.file {
-            save(f, &learnt.order, &tables);
+        self.snapshot.store(Arc::new(next));
+        learnt.dirty = true;
+        if learnt.saved_at.is_none_or(|t| t.elapsed() >= SAVE_EVERY) {
+            self.save(&mut learnt);
         }
-        self.snapshot.store(Arc::new(PhdSnapshot { tables }));
+    }
+
+    /// Save the learnt configurations now if any were learnt since the last save.
+    pub fn flush(&self) {
+        let mut learnt = self.learnt.lock().unwrap_or_else(|e| e.into_inner());
+        self.save(&mut learnt);
+    }
+
+    fn save(&self, learnt: &mut Learnt) {
+        if !learnt.dirty {
+            return;
+        }
+        if let Some(f) = &learnt.file {
+            save(f, &learnt.order, &self.snapshot.load());
+        }
+        learnt.saved_at = Some(Instant::now());
+        learnt.dirty = false;
     }
 
     /// Put or update an agent; `false` when the table is full (the AARQ is then refused).
@@ -301,6 +371,12 @@ impl PhdRoom {
     }
 }
 
+impl Drop for PhdRoom {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// An EUI-64 as 16 lowercase hex digits.
 pub fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
@@ -343,11 +419,7 @@ fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable)> {
     })
 }
 
-fn save(
-    file: &std::path::Path,
-    order: &VecDeque<([u8; 8], u16)>,
-    tables: &HashMap<([u8; 8], u16), Arc<ObjectTable>>,
-) {
+fn save(file: &std::path::Path, order: &VecDeque<([u8; 8], u16)>, tables: &PhdSnapshot) {
     let configs: Vec<_> = order
         .iter()
         .filter_map(|k| {
@@ -389,6 +461,7 @@ mod tests {
         for (i, id) in [0x4000u16, 0x4001, 0x4002].into_iter().enumerate() {
             room.learn([i as u8; 8], table(id));
         }
+        room.flush(); // the last ones came within a second of the first save
         let snap = room.snapshot();
         assert!(snap.known(&[0; 8], 0x4000).is_none(), "the oldest is forgotten");
         assert!(snap.known(&[2; 8], 0x4002).is_some());

@@ -319,6 +319,7 @@ pub fn spawn(
                     _ = shutdown.wait_for(|s| *s) => break,
                 }
             }
+            shared.room.flush();
         });
     };
     std::thread::Builder::new().name("sluice-phd".into()).spawn(thread)
