@@ -361,3 +361,33 @@ async fn the_single_plane_experiment_associates_on_the_shard_and_delivers_the_sa
     assert_eq!(metric_sum(&metrics, "sluice_phd_configs_learnt_total"), 3.0);
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variable_and_multi_person_reports_give_the_same_measurements() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 1, "");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2024, 3, 4, 5, 6, 7, 0);
+    let mut bp = PhdAgent::connect(phd_addr(&gw), spec(PhdDevice::BloodPressure, 9, 0x02BC, true)).await.unwrap();
+    bp.associate().await.unwrap();
+    let reading = Reading::BloodPressure { systolic: (118, 0), diastolic: (79, 0), mean: (92, 0), pulse: (66, 0) };
+    let mut got = Vec::new();
+    bp.report_var(&reading, at, T).await.unwrap().expect("confirmed");
+    for _ in 0..2 {
+        got.push(next(&mut sub).await);
+    }
+    bp.report_mp_fixed(3, &reading, at, T).await.unwrap().expect("confirmed");
+    for _ in 0..2 {
+        got.push(next(&mut sub).await);
+    }
+    let topics: Vec<_> = got.iter().map(|(t, _)| t.rsplit('/').next().unwrap().to_owned()).collect();
+    assert_eq!(topics, ["bp", "pulse", "bp-p3", "pulse-p3"], "the person is part of the metric");
+    for (_, records) in &got {
+        assert_eq!(records[0]["t"].as_f64(), Some(1_709_528_767.0), "its time stamp");
+    }
+    let sys = |r: &Vec<serde_json::Value>| r[0]["v"].as_f64();
+    assert_eq!(sys(&got[0].1), Some((118.0f64 * 133.322387415).round()));
+    assert_eq!(sys(&got[0].1), sys(&got[2].1), "same values either way");
+    bp.release().await.unwrap();
+    gw.shutdown();
+}
