@@ -173,6 +173,13 @@ async fn publish_through_a_restart(
                 restarted
             }));
         }
+        if i == 2 * total / 3 {
+            // The last third goes out only once the CSE is back, however fast the first two
+            // thirds were acknowledged (a busy machine may ack them all before the restart).
+            while !restart.as_ref().is_some_and(|r| r.is_finished()) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         let payload = senml("spo2", i);
         let id = dev
             .publish_no_wait(&topic, payload.clone(), QoS::AtLeastOnce, false)
@@ -254,7 +261,7 @@ async fn a_cse_restarted_empty_mid_stream_gets_its_ae_and_containers_back_and_ev
     let got = content_of(&acme);
     let after: Vec<_> = acked.iter().filter(|(_, after)| *after).collect();
     assert!(
-        after.len() >= TOTAL / 2,
+        after.len() >= TOTAL / 3,
         "{} acknowledged after the restart",
         after.len()
     );
