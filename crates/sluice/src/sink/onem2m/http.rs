@@ -59,7 +59,8 @@ pub struct Response {
 }
 
 /// Decode the first complete response in `buf` and remove its bytes. `Ok(None)`: more bytes
-/// are needed (nothing was removed). Interim 1xx responses are consumed and skipped.
+/// are needed; nothing was removed but whole interim 1xx responses, which are consumed and
+/// skipped whether or not a final response follows in `buf` yet.
 pub fn decode(buf: &mut BytesMut) -> Result<Option<Response>, HttpError> {
     loop {
         let Some((head_len, head)) = parse_head(buf)? else {
