@@ -53,6 +53,7 @@
 
 mod handle;
 mod metrics;
+pub mod http;
 pub mod mqtt;
 pub mod onem2m;
 pub mod outbox;

@@ -1,0 +1,172 @@
+//! CloudEvents 1.0 in HTTP binary content mode (CloudEvents HTTP protocol binding §3.1): what
+//! one device message looks like to a function.
+//!
+//! Owns: the attributes sluice sets — `specversion` 1.0, `id` (unique per message), `source`
+//! `sluice://{gateway}/{device}`, `type` `io.sluice.message`, `subject` (the topic), `time`
+//! (RFC 3339, UTC, milliseconds) — the `Content-Type` of the data (the MQTT 5 content type, SenML
+//! when the payload is a SenML pack, else `application/octet-stream`), and writing them as
+//! `ce-` headers of a POST. Does not own: connections, retries, which function (the sink).
+//!
+//! Header values are percent-encoded as the binding asks (§3.1.3.2): every byte outside
+//! printable ASCII, and space, `"` and `%`, becomes `%XX` of its UTF-8 bytes; a receiver (the
+//! CloudEvents SDKs) decodes them back. The body is the payload, unchanged.
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The `type` of every event sluice sends.
+pub const EVENT_TYPE: &str = "io.sluice.message";
+
+/// One event's attributes (the data is the message's payload, sent as the body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudEvent {
+    /// Unique per message (per gateway run and source): e.g. shard, sequence and start time.
+    pub id: String,
+    /// `sluice://{gateway}/{device}`.
+    pub source: String,
+    /// The topic.
+    pub subject: String,
+    pub time: SystemTime,
+    /// The data's media type.
+    pub content_type: String,
+}
+
+impl CloudEvent {
+    /// The event of a message from `device` on `topic`, received at `time`.
+    pub fn for_message(
+        gateway: &str,
+        device: &str,
+        topic: &str,
+        id: String,
+        time: SystemTime,
+        content_type: &str,
+    ) -> CloudEvent {
+        CloudEvent {
+            id,
+            source: format!("sluice://{gateway}/{device}"),
+            subject: topic.to_owned(),
+            time,
+            content_type: content_type.to_owned(),
+        }
+    }
+
+    /// The request head of a binary-mode POST of this event to `path` on `host` with a body of
+    /// `body_len` bytes (keep-alive).
+    pub fn request_head(&self, host: &str, path: &str, body_len: usize) -> String {
+        let mut h = String::with_capacity(256);
+        let _ = write!(h, "POST {path} HTTP/1.1\r\nHost: {host}\r\n");
+        for (name, value) in self.headers() {
+            let _ = write!(h, "{name}: {value}\r\n");
+        }
+        let _ = write!(h, "Content-Length: {body_len}\r\n\r\n");
+        h
+    }
+
+    /// The binary-mode headers: `ce-*` (percent-encoded) and `Content-Type`.
+    pub fn headers(&self) -> [(&'static str, String); 7] {
+        [
+            ("ce-specversion", "1.0".to_owned()),
+            ("ce-id", encode(&self.id)),
+            ("ce-source", encode(&self.source)),
+            ("ce-type", EVENT_TYPE.to_owned()),
+            ("ce-subject", encode(&self.subject)),
+            ("ce-time", rfc3339(self.time)),
+            ("Content-Type", self.content_type.clone()),
+        ]
+    }
+}
+
+/// The data's media type: the MQTT 5 content type when the device gave one, SenML JSON when
+/// the payload is a SenML pack, else octet-stream.
+pub fn content_type(mqtt_content_type: Option<&str>, payload: &[u8]) -> String {
+    if let Some(ct) = mqtt_content_type.filter(|c| !c.is_empty() && c.is_ascii() && !c.contains(['\r', '\n'])) {
+        return ct.to_owned();
+    }
+    match sluice_proto::senml::sniff(payload) {
+        Some(f) => f.content_type().to_owned(),
+        None => "application/octet-stream".to_owned(),
+    }
+}
+
+/// Percent-encode a header value (binding §3.1.3.2).
+pub fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for &b in value.as_bytes() {
+        if (0x21..=0x7E).contains(&b) && b != b'"' && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// `time` as RFC 3339 in UTC with milliseconds, e.g. `2024-01-02T03:04:05.500Z`.
+pub fn rfc3339(time: SystemTime) -> String {
+    let d = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, day) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// The civil date of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn times_are_rfc3339_utc_with_milliseconds() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_704_164_645_500);
+        assert_eq!(rfc3339(t), "2024-01-02T03:04:05.500Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn header_values_are_percent_encoded_where_the_binding_asks() {
+        assert_eq!(encode("sensors/a b"), "sensors/a%20b");
+        assert_eq!(encode("100%\"ok\""), "100%25%22ok%22");
+        assert_eq!(encode("température"), "temp%C3%A9rature");
+        assert_eq!(encode("plain-id_1.2:3"), "plain-id_1.2:3");
+    }
+
+    #[test]
+    fn a_message_becomes_a_binary_mode_post() {
+        let e = CloudEvent::for_message(
+            "gw1",
+            "dev 7",
+            "sensors/7/temp",
+            "0-42-1700000000".into(),
+            UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            &content_type(None, br#"[{"n":"t","v":21.5}]"#),
+        );
+        let head = e.request_head("127.0.0.1:8080", "/", 20);
+        let want = "POST / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nce-specversion: 1.0\r\nce-id: 0-42-1700000000\r\nce-source: sluice://gw1/dev%207\r\nce-type: io.sluice.message\r\nce-subject: sensors/7/temp\r\nce-time: 2023-11-14T22:13:20.000Z\r\nContent-Type: application/senml+json\r\nContent-Length: 20\r\n\r\n";
+        assert_eq!(head, want);
+        assert_eq!(content_type(Some("text/plain"), b"x"), "text/plain");
+        assert_eq!(content_type(None, b"\x00\x01"), "application/octet-stream");
+        assert_eq!(content_type(Some("bad\r\nX: y"), b"x"), "application/octet-stream", "no header injection");
+    }
+}
