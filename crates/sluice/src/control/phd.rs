@@ -42,8 +42,11 @@ const BUCKETS: usize = 64;
 /// system id so that publishing a new one copies one part.
 #[derive(Debug)]
 pub struct PhdSnapshot {
-    buckets: Vec<Arc<HashMap<([u8; 8], u16), Arc<ObjectTable>>>>,
+    buckets: Vec<Arc<Part>>,
 }
+
+/// One part of the snapshot: (system id, config id) → table.
+type Part = HashMap<([u8; 8], u16), Arc<ObjectTable>>;
 
 impl Default for PhdSnapshot {
     fn default() -> Self {
