@@ -6,6 +6,7 @@ pub mod app;
 pub mod config;
 pub mod control;
 pub mod edge;
+pub mod functions;
 pub mod net;
 pub mod proxy;
 pub mod shard;
