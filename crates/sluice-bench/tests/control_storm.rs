@@ -29,7 +29,10 @@ async fn both_planes_carry_the_data_through_a_small_storm() -> anyhow::Result<()
     s.command_line = "test".to_string();
     let report = run_control_storm(&s).await?;
     let max = report.max_reports.as_ref().expect("the maximum ran");
-    assert!(max.delivered > 0.0 && max.reports_confirmed > 0.0, "{max:?}");
+    assert!(
+        max.delivered > 0.0 && max.reports_confirmed > 0.0,
+        "{max:?}"
+    );
     assert!(max.direct.as_ref().is_some_and(|d| d.delivered > 0.0));
     assert_eq!(report.planes.len(), 2);
     for run in &report.planes {
@@ -37,16 +40,36 @@ async fn both_planes_carry_the_data_through_a_small_storm() -> anyhow::Result<()
             panic!("two levels expected");
         };
         assert_eq!(quiet.storm_rate, 0.0);
-        assert!(quiet.phd_delivered > 0.0 && quiet.mqtt_delivered > 0.0, "{:?}: {quiet:?}", run.plane);
+        assert!(
+            quiet.phd_delivered > 0.0 && quiet.mqtt_delivered > 0.0,
+            "{:?}: {quiet:?}",
+            run.plane
+        );
         assert!(storm.storm_rate > 250.0, "{:?}: {storm:?}", run.plane);
-        assert_eq!(storm.sessions_failed, 0, "{:?}: {:?}", run.plane, run.storm_first_error);
+        assert_eq!(
+            storm.sessions_failed, 0,
+            "{:?}: {:?}",
+            run.plane, run.storm_first_error
+        );
         let counted = storm.sluice_control_rate.expect("sluice's /metrics read");
-        assert!((counted - storm.storm_rate).abs() <= 0.2 * storm.storm_rate, "{counted} vs {}", storm.storm_rate);
+        assert!(
+            (counted - storm.storm_rate).abs() <= 0.2 * storm.storm_rate,
+            "{counted} vs {}",
+            storm.storm_rate
+        );
         assert!(run.data_errors.is_empty(), "{:?}", run.data_errors);
-        assert_eq!(run.agents_after, Some(0.0), "{:?}: the agent table leaks", run.plane);
+        assert_eq!(
+            run.agents_after,
+            Some(0.0),
+            "{:?}: the agent table leaks",
+            run.plane
+        );
     }
     assert_eq!(report.planes[1].plane, Plane::Single);
     let md = markdown(&report);
-    assert!(md.contains("### single-plane") && md.contains("### Verdicts"), "{md}");
+    assert!(
+        md.contains("### single-plane") && md.contains("### Verdicts"),
+        "{md}"
+    );
     Ok(())
 }

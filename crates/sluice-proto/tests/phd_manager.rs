@@ -88,7 +88,13 @@ fn report(out: &[Output]) -> (u16, bool, u16, u16, ScanReport) {
                 obj_handle,
                 event_type,
                 report,
-            } => Some((*invoke_id, *confirmed, *obj_handle, *event_type, report.clone())),
+            } => Some((
+                *invoke_id,
+                *confirmed,
+                *obj_handle,
+                *event_type,
+                report.clone(),
+            )),
             _ => None,
         })
         .expect("a report")
@@ -129,10 +135,16 @@ fn session_b_extended_config_is_learnt_then_known_on_the_next_association() {
     let mut stored = Stored::default();
     let mut m = manager(false, now);
     let out = feed(&mut m, "phd_po_B1_aarq_ext4000", &stored, now);
-    assert_eq!(sent(&out), vec![vector("phd_po_B2_aare_accepted_unknown_config")]);
+    assert_eq!(
+        sent(&out),
+        vec![vector("phd_po_B2_aare_accepted_unknown_config")]
+    );
     assert_eq!(m.state(), State::Configuring);
     let out = feed(&mut m, "phd_po_B3_config_report_ext4000", &stored, now);
-    assert_eq!(sent(&out), vec![vector("phd_po_B4_config_response_accepted")]);
+    assert_eq!(
+        sent(&out),
+        vec![vector("phd_po_B4_config_response_accepted")]
+    );
     let (agent, table) = out
         .iter()
         .find_map(|o| match o {
@@ -146,15 +158,24 @@ fn session_b_extended_config_is_learnt_then_known_on_the_next_association() {
     let (invoke, _, handle, event, r) = report(&out);
     assert_eq!(r.observations[0].value, num(98, 0));
     let t = r.observations[0].time.expect("time stamp");
-    assert_eq!((t.year, t.month, t.day, t.hour, t.minute), (2007, 12, 6, 12, 10));
+    assert_eq!(
+        (t.year, t.month, t.day, t.hour, t.minute),
+        (2007, 12, 6, 12, 10)
+    );
     let confirm = sluice_proto::phd::manager::confirmation(invoke, handle, event);
     assert_eq!(wire(&confirm), vector("phd_po_B6_scan_fixed_confirm"));
     // SenML: SpO2 as a ratio, pulse in beat/min, the agent's time.
     let (ms, skipped) = measurements(&agent.system_id, &table, &r, 0.0, 0);
     assert_eq!(skipped, 0);
     let json = String::from_utf8(senml_json(&ms[0].records).to_vec()).unwrap();
-    assert!(json.contains("\"u\":\"/\"") && json.contains("\"v\":0.98"), "{json}");
-    assert!(json.contains("\"t\":1196943000"), "2007-12-06T12:10:00Z: {json}");
+    assert!(
+        json.contains("\"u\":\"/\"") && json.contains("\"v\":0.98"),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"t\":1196943000"),
+        "2007-12-06T12:10:00Z: {json}"
+    );
     assert_eq!(ms[1].metric, "pulse");
     let out = feed(&mut m, "phd_po_B7_rlrq_normal", &stored, now);
     assert_eq!(sent(&out), vec![vector("phd_po_B8_rlre_normal")]);
@@ -173,18 +194,36 @@ fn wire_result(out: &[Output]) -> u16 {
 fn standard_config_report_and_weighing_scale_and_quirk_are_accepted() {
     let now = Instant::now();
     for (aarq, report_vec, config_id) in [
-        ("phd_po_A1_aarq_std0190", "phd_po_C1_config_report_std0190", 0x0190),
-        ("phd_po_A1_aarq_std0190", "phd_ws_D1_config_report_std05dc", 0x05DC),
-        ("phd_po_A1_aarq_std0190", "phd_quirk_po_config_report_0191_time_abs", 0x0191),
+        (
+            "phd_po_A1_aarq_std0190",
+            "phd_po_C1_config_report_std0190",
+            0x0190,
+        ),
+        (
+            "phd_po_A1_aarq_std0190",
+            "phd_ws_D1_config_report_std05dc",
+            0x05DC,
+        ),
+        (
+            "phd_po_A1_aarq_std0190",
+            "phd_quirk_po_config_report_0191_time_abs",
+            0x0191,
+        ),
     ] {
         let mut m = manager(false, now);
         let out = feed(&mut m, aarq, &Nothing, now);
-        assert_eq!(sent(&out), vec![vector("phd_po_B2_aare_accepted_unknown_config")]);
+        assert_eq!(
+            sent(&out),
+            vec![vector("phd_po_B2_aare_accepted_unknown_config")]
+        );
         let out = feed(&mut m, report_vec, &Nothing, now);
         let rsp = &sent(&out)[0];
         let n = rsp.len();
         assert_eq!(
-            (u16::from_be_bytes([rsp[n - 4], rsp[n - 3]]), u16::from_be_bytes([rsp[n - 2], rsp[n - 1]])),
+            (
+                u16::from_be_bytes([rsp[n - 4], rsp[n - 3]]),
+                u16::from_be_bytes([rsp[n - 2], rsp[n - 1]])
+            ),
             (config_id, config_result::ACCEPTED),
             "{report_vec}"
         );
@@ -207,7 +246,10 @@ fn blood_pressure_compound_becomes_sys_dia_mean_in_pascal() {
     let Apdu::Prst(d) = apdu("phd_bp_E1_scan_fixed_std02bc") else {
         panic!()
     };
-    let sluice_proto::phd::DataMessage::EventReport { info, event_type, .. } = d.message else {
+    let sluice_proto::phd::DataMessage::EventReport {
+        info, event_type, ..
+    } = d.message
+    else {
         panic!()
     };
     let layout = sluice_proto::phd::scan::layout(event_type).unwrap();
@@ -235,7 +277,10 @@ fn blood_pressure_compound_becomes_sys_dia_mean_in_pascal() {
         .collect();
     assert_eq!(values, [15999.0, 10666.0, 13332.0]); // 120, 80, 100 mmHg → Pa (sheet's rounding)
     assert_eq!(ms[1].metric, "pulse");
-    assert_eq!(ms[1].records[0].value, Some(sluice_proto::senml::Value::Number(60.0)));
+    assert_eq!(
+        ms[1].records[0].value,
+        Some(sluice_proto::senml::Value::Number(60.0))
+    );
 }
 
 #[test]
@@ -245,7 +290,10 @@ fn manager_requests_mds_attributes_and_reads_the_answer() {
     let out = feed(&mut m, "phd_po_A1_aarq_std0190", &StandardOnly, now);
     assert_eq!(
         sent(&out),
-        vec![vector("phd_po_A2_aare_accepted"), vector("phd_po_C4_get_mds_request")]
+        vec![
+            vector("phd_po_A2_aare_accepted"),
+            vector("phd_po_C4_get_mds_request")
+        ]
     );
     let out = feed(&mut m, "phd_po_C5_get_mds_response", &StandardOnly, now);
     let attrs = out
@@ -271,7 +319,10 @@ fn rejections_and_timeouts_and_violations_answer_with_the_specified_bytes() {
     let mut m = manager(false, now);
     let mut out = Vec::new();
     m.on_apdu(Apdu::Aarq(aarq), now, &StandardOnly, &mut out);
-    assert_eq!(sent(&out), vec![vector("phd_po_C3_aare_rejected_no_common_protocol")]);
+    assert_eq!(
+        sent(&out),
+        vec![vector("phd_po_C3_aare_rejected_no_common_protocol")]
+    );
     // Configuration timeout.
     let mut m = manager(false, now);
     feed(&mut m, "phd_po_B1_aarq_ext4000", &Nothing, now);
@@ -309,10 +360,16 @@ fn rejections_and_timeouts_and_violations_answer_with_the_specified_bytes() {
     let a = decode_apdu(&mut buf, 65_539).unwrap().unwrap();
     let mut out = Vec::new();
     m.on_apdu(a, now, &Nothing, &mut out);
-    assert_eq!(sent(&out), vec![vector("phd_po_C2_config_response_unsupported")]);
+    assert_eq!(
+        sent(&out),
+        vec![vector("phd_po_C2_config_response_unsupported")]
+    );
     assert_eq!(m.state(), State::Configuring, "the agent may send another");
     // Other release reasons are answered with RLRE normal.
-    for rlrq in ["phd_rlrq_no_more_configurations", "phd_rlrq_configuration_changed"] {
+    for rlrq in [
+        "phd_rlrq_no_more_configurations",
+        "phd_rlrq_configuration_changed",
+    ] {
         let mut m = manager(false, now);
         feed(&mut m, "phd_po_B1_aarq_ext4000", &Nothing, now);
         let out = feed(&mut m, rlrq, &Nothing, now);

@@ -112,12 +112,18 @@ impl Gateway {
         };
         let admin = if config.admin.enabled {
             let addr = config.admin.listen;
-            Some(crate::net::listen::bind(addr).map_err(|source| AppError::BindAdmin { addr, source })?)
+            Some(
+                crate::net::listen::bind(addr)
+                    .map_err(|source| AppError::BindAdmin { addr, source })?,
+            )
         } else {
             None
         };
         let phd = match config.phd.listen {
-            Some(addr) => Some(crate::net::listen::bind(addr).map_err(|source| AppError::BindPhd { addr, source })?),
+            Some(addr) => Some(
+                crate::net::listen::bind(addr)
+                    .map_err(|source| AppError::BindPhd { addr, source })?,
+            ),
             None => None,
         };
         // Last, after everything cheap has been checked: recovery may read the whole spool.
@@ -347,10 +353,17 @@ impl Gateway {
             config.gateway.control_core,
         )?);
         if let Some(phd) = phd {
-            threads.insert(0, phd.spawn(shutdown_rx.clone(), config.gateway.control_core).map_err(AppError::Thread)?);
+            threads.insert(
+                0,
+                phd.spawn(shutdown_rx.clone(), config.gateway.control_core)
+                    .map_err(AppError::Thread)?,
+            );
         }
         // Joined first on shutdown: accepting stops before the shards drain.
-        threads.insert(0, spawn_listener(listener, mqtt, shutdown_rx, config.gateway.control_core)?);
+        threads.insert(
+            0,
+            spawn_listener(listener, mqtt, shutdown_rx, config.gateway.control_core)?,
+        );
         tracing::info!(%mqtt_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
             shutdown: shutdown_tx,
@@ -477,7 +490,6 @@ fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::sink::tc::TcManage
     };
     tc::TcManager::start(None, interface, rate).map_err(|e| e.to_string())
 }
-
 
 /// A non-blocking listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as the
 /// standard library sets it, so a restart does not wait out TIME_WAIT).
@@ -759,6 +771,10 @@ pub(crate) fn pin_control_thread(core: Option<usize>, thread: &'static str) {
     let ids = core_affinity::get_core_ids().unwrap_or_default();
     match ids.into_iter().find(|c| c.id == core) {
         Some(id) if core_affinity::set_for_current(id) => {}
-        _ => tracing::warn!(core, thread, "could not pin the control-plane thread to gateway.control_core"),
+        _ => tracing::warn!(
+            core,
+            thread,
+            "could not pin the control-plane thread to gateway.control_core"
+        ),
     }
 }

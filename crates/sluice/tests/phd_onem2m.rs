@@ -49,18 +49,30 @@ async fn phd_measurements_become_content_instances_and_are_confirmed_after_the_c
             .unwrap()
             .expect("confirmed once the CSE has it");
     }
-    let bp = acme.content_instances(&format!("{AE}/0011223344556677/bp")).expect("bp container");
+    let bp = acme
+        .content_instances(&format!("{AE}/0011223344556677/bp"))
+        .expect("bp container");
     assert_eq!(bp.len(), 2, "{bp:?}");
     assert!(bp.iter().all(|(cnf, _)| cnf == "application/senml+json:0"));
     let first: serde_json::Value = serde_json::from_str(&bp[0].1).unwrap();
     assert_eq!(first[0]["n"], "urn:dev:mac:0011223344556677:sys");
     assert_eq!(first[0]["v"], 15999, "120 mmHg in Pa");
-    assert_eq!(acme.content_instances(&format!("{AE}/0011223344556677/pulse")).unwrap().len(), 2);
+    assert_eq!(
+        acme.content_instances(&format!("{AE}/0011223344556677/pulse"))
+            .unwrap()
+            .len(),
+        2
+    );
 
     // The CSE goes away: the next report is not confirmed (the agent's wait runs out) …
     acme.stop();
-    let unconfirmed = agent.report(&reading(130), at, Duration::from_millis(1500)).await;
-    assert!(unconfirmed.is_err(), "no confirmation while the CSE is down: {unconfirmed:?}");
+    let unconfirmed = agent
+        .report(&reading(130), at, Duration::from_millis(1500))
+        .await;
+    assert!(
+        unconfirmed.is_err(),
+        "no confirmation while the CSE is down: {unconfirmed:?}"
+    );
     // … and once it is back (empty: ACME keeps nothing), sluice re-creates the AE and
     // containers and delivers what it holds.
     acme.restart().unwrap();
@@ -74,7 +86,11 @@ async fn phd_measurements_become_content_instances_and_are_confirmed_after_the_c
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(found.len(), 1, "the unconfirmed report's measurement arrived after the restart: {found:?}");
+    assert_eq!(
+        found.len(),
+        1,
+        "the unconfirmed report's measurement arrived after the restart: {found:?}"
+    );
     let v: serde_json::Value = serde_json::from_str(&found[0].1).unwrap();
     assert_eq!(v[0]["v"], (130.0f64 * 133.322387415).round() as i64);
     gw.shutdown();

@@ -14,7 +14,12 @@ const END: u64 = 3000 * U;
 const TICK: u64 = 100;
 
 fn histogram() -> HistogramPolicy {
-    HistogramPolicy::new(HistogramParams { bin_ms: U, range_bins: 60, fallback_keep_ms: 5 * U, ..Default::default() })
+    HistogramPolicy::new(HistogramParams {
+        bin_ms: U,
+        range_bins: 60,
+        fallback_keep_ms: 5 * U,
+        ..Default::default()
+    })
 }
 
 fn gbdt() -> GbdtPolicy {
@@ -57,18 +62,27 @@ fn run_all(trace_name: &str, trace: &[u64]) -> Vec<Row> {
     for r in &rows {
         assert_eq!(r.stats.arrivals, trace.len() as u64, "{}", r.name);
         assert!(r.stats.cold_starts <= r.stats.arrivals, "{}", r.name);
-        assert!(r.stats.warm_ms <= always.warm_ms, "{} uses more than always-warm", r.name);
+        assert!(
+            r.stats.warm_ms <= always.warm_ms,
+            "{} uses more than always-warm",
+            r.name
+        );
     }
     assert!(always.cold_starts <= 1);
     rows
 }
 
 fn get(rows: &[Row], name: &str) -> SimStats {
-    rows.iter().find(|r| r.name == name).map(|r| r.stats).unwrap_or_default()
+    rows.iter()
+        .find(|r| r.name == name)
+        .map(|r| r.stats)
+        .unwrap_or_default()
 }
 
 fn periodic(rng: &mut StdRng, period: u64) -> Vec<u64> {
-    (0..END / period).map(|n| n * period + U / 2 + rng.gen_range(0..=600) - 300).collect()
+    (0..END / period)
+        .map(|n| n * period + U / 2 + rng.gen_range(0..=600) - 300)
+        .collect()
 }
 
 fn poisson(rng: &mut StdRng, rate_per_u: f64, from: u64, to: u64, out: &mut Vec<u64>) {
@@ -94,8 +108,14 @@ fn periodic_with_jitter_predictive_policies_beat_short_keep_alive() {
     let always = get(&rows, "always-warm");
     // keep-alive shorter than the period: every arrival is cold
     assert_eq!(fixed.cold_starts, fixed.arrivals);
-    assert!(hist.cold_starts * 10 < fixed.cold_starts, "histogram {hist:?} vs fixed {fixed:?}");
-    assert!(gb.cold_starts * 10 < fixed.cold_starts, "gbdt {gb:?} vs fixed {fixed:?}");
+    assert!(
+        hist.cold_starts * 10 < fixed.cold_starts,
+        "histogram {hist:?} vs fixed {fixed:?}"
+    );
+    assert!(
+        gb.cold_starts * 10 < fixed.cold_starts,
+        "gbdt {gb:?} vs fixed {fixed:?}"
+    );
     // and they do it with well under always-warm's instance-time
     assert!(hist.warm_ms * 2 < always.warm_ms, "{hist:?}");
     assert!(gb.warm_ms * 2 < always.warm_ms, "{gb:?}");
@@ -112,7 +132,10 @@ fn poisson_arrivals() {
     // fewer cold starts, paid for with more instance-time
     let hist = get(&rows, "histogram");
     let fixed = get(&rows, "fixed-keep-5");
-    assert!(hist.cold_starts < fixed.cold_starts, "{hist:?} vs {fixed:?}");
+    assert!(
+        hist.cold_starts < fixed.cold_starts,
+        "{hist:?} vs {fixed:?}"
+    );
     assert!(hist.warm_ms > fixed.warm_ms, "{hist:?} vs {fixed:?}");
 }
 

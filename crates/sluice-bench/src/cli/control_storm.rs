@@ -21,10 +21,19 @@ pub(crate) enum PlaneChoice {
 #[derive(Args)]
 pub(crate) struct ControlStormArgs {
     /// Plane modes, comma-separated, run in this order (a fresh sluice each).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "control,single")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "control,single"
+    )]
     planes: Vec<PlaneChoice>,
     /// Storm levels in control messages/s (APDUs sent + answers read), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "0,1000,5000,10000,20000,40000")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,1000,5000,10000,20000,40000"
+    )]
     levels: Vec<u64>,
     /// Each level runs this long before its window opens.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]

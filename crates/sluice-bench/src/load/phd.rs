@@ -171,7 +171,12 @@ impl PhdFleet {
         let slots = Arc::new(Semaphore::new(64));
         let mut tasks = JoinSet::new();
         for index in 0..shared.config.agents {
-            tasks.spawn(agent(index, shared.clone(), control_rx.clone(), slots.clone()));
+            tasks.spawn(agent(
+                index,
+                shared.clone(),
+                control_rx.clone(),
+                slots.clone(),
+            ));
         }
         let fleet = PhdFleet {
             shared,
@@ -300,7 +305,10 @@ pub(crate) async fn associate(
     spec: &AgentSpec,
     wait: Duration,
 ) -> anyhow::Result<u16> {
-    stream.write_all(&aarq(spec)).await.context("writing AARQ")?;
+    stream
+        .write_all(&aarq(spec))
+        .await
+        .context("writing AARQ")?;
     let aare = timeout(wait, read_apdu(stream, rbuf))
         .await
         .map_err(|_| anyhow!("no AARE within {wait:?}"))??;
@@ -314,7 +322,10 @@ pub(crate) async fn associate(
             .await
             .map_err(|_| anyhow!("no configuration response within {wait:?}"))??;
         if apdu_choice(&rsp) != PRST {
-            bail!("the manager answered the config report with APDU 0x{:04x}", apdu_choice(&rsp));
+            bail!(
+                "the manager answered the config report with APDU 0x{:04x}",
+                apdu_choice(&rsp)
+            );
         }
     } else if result != ACCEPTED {
         bail!("association rejected (AARE result {result})");
@@ -331,7 +342,8 @@ pub(crate) fn aare_result(apdu: &[u8]) -> anyhow::Result<u16> {
 }
 
 pub(crate) fn apdu_choice(apdu: &[u8]) -> u16 {
-    apdu.get(..2).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+    apdu.get(..2)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
 }
 
 /// A whole APDU off the front of `buf`, if there is one.
@@ -363,7 +375,12 @@ pub(crate) async fn read_apdu<R: AsyncRead + Unpin>(
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(4096);
         }
-        if stream.read_buf(buf).await.context("reading from the manager")? == 0 {
+        if stream
+            .read_buf(buf)
+            .await
+            .context("reading from the manager")?
+            == 0
+        {
             bail!("the manager closed the connection");
         }
     }
@@ -385,7 +402,10 @@ async fn run_agent(
     let reading = reading(config.device);
     let mut rbuf = BytesMut::with_capacity(4096);
     let mut stream = {
-        let _slot = slots.acquire().await.map_err(|_| anyhow!("connect slots closed"))?;
+        let _slot = slots
+            .acquire()
+            .await
+            .map_err(|_| anyhow!("connect slots closed"))?;
         let mut stream = timeout(config.connect_timeout, TcpStream::connect(config.target))
             .await
             .map_err(|_| anyhow!("TCP connect timed out"))?
@@ -428,7 +448,9 @@ async fn run_agent(
                 for _ in 0..due {
                     let id = next_invoke;
                     next_invoke = next_invoke.wrapping_add(1).max(1);
-                    wbuf.extend_from_slice(&scan_report_fixed(&spec, id, report_no, &reading, time));
+                    wbuf.extend_from_slice(&scan_report_fixed(
+                        &spec, id, report_no, &reading, time,
+                    ));
                     report_no = report_no.wrapping_add(1);
                     inflight.push_back((id, now));
                 }
@@ -504,7 +526,9 @@ fn take_confirmations(
     latencies.clear();
     while let Some(apdu) = take_apdu(rbuf)? {
         let choice = apdu_choice(&apdu);
-        let data_choice = apdu.get(8..10).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+        let data_choice = apdu
+            .get(8..10)
+            .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
         if choice != PRST || data_choice != RORS_CONFIRMED_EVENT_REPORT {
             bail!(
                 "the manager sent APDU 0x{choice:04x} (data choice 0x{data_choice:04x}) while operating"
@@ -520,7 +544,10 @@ fn take_confirmations(
         }
     }
     shared.confirm_latency.record_all(latencies);
-    shared.counters.confirmed.fetch_add(latencies.len() as u64, Relaxed);
+    shared
+        .counters
+        .confirmed
+        .fetch_add(latencies.len() as u64, Relaxed);
     Ok(())
 }
 

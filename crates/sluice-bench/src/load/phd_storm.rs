@@ -362,7 +362,10 @@ async fn session(shared: &Shared, id: u64, rbuf: &mut BytesMut) -> anyhow::Resul
             c.apdus_sent.fetch_add(1, Relaxed);
             let rsp = answer(shared, &mut stream, rbuf, "configuration response").await?;
             if apdu_choice(&rsp) != PRST {
-                bail!("config report answered with APDU 0x{:04x}", apdu_choice(&rsp));
+                bail!(
+                    "config report answered with APDU 0x{:04x}",
+                    apdu_choice(&rsp)
+                );
             }
         }
         REJECTED_TRANSIENT => {

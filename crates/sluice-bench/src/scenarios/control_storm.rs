@@ -336,7 +336,11 @@ pub(crate) struct Sut {
     pub(crate) admin_port: u16,
 }
 
-async fn start_sluice(s: &ControlStormScenario, plane: Plane, cloud: &Mosquitto) -> anyhow::Result<Sut> {
+async fn start_sluice(
+    s: &ControlStormScenario,
+    plane: Plane,
+    cloud: &Mosquitto,
+) -> anyhow::Result<Sut> {
     let mqtt_port = sluice_testkit::free_port()?;
     let admin_port = sluice_testkit::free_port()?;
     let phd_port = sluice_testkit::free_port()?;
@@ -360,7 +364,10 @@ async fn start_sluice(s: &ControlStormScenario, plane: Plane, cloud: &Mosquitto)
     let deadline = Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(phd).await.is_err() {
         if Instant::now() >= deadline {
-            bail!("sluice's PHD listener {phd} never opened; stderr:\n{}", child.stderr_tail());
+            bail!(
+                "sluice's PHD listener {phd} never opened; stderr:\n{}",
+                child.stderr_tail()
+            );
         }
         sleep(Duration::from_millis(50)).await;
     }
@@ -438,7 +445,11 @@ async fn run_plane(
     let mut data_errors = Vec::new();
     let phd_end = phd.counters();
     if phd_end.agent_failures > 0 {
-        data_errors.push(format!("{} PHD agents failed: {}", phd_end.agent_failures, phd.first_error()));
+        data_errors.push(format!(
+            "{} PHD agents failed: {}",
+            phd_end.agent_failures,
+            phd.first_error()
+        ));
     }
     let _ = phd.stop(Duration::from_secs(3)).await;
     let mqtt_end = mqtt.stop(Duration::from_secs(3)).await;
@@ -488,12 +499,19 @@ async fn run_max(
     let secs = end.at.duration_since(start.at).as_secs_f64().max(1e-9);
     let messages = end.sink_foreign.saturating_sub(start.sink_foreign) as f64;
     let bytes = end.sink_bytes.saturating_sub(start.sink_bytes) as f64;
-    let payload_bytes = if messages > 0.0 { bytes / messages } else { 0.0 };
+    let payload_bytes = if messages > 0.0 {
+        bytes / messages
+    } else {
+        0.0
+    };
     let (Some(p0), Some(p1)) = (start.phd, end.phd) else {
         bail!("the PHD fleet's counters are missing");
     };
     let cpu = measure::cpu(&start, &end);
-    eprintln!("control-storm: maximum {:.0} reports/s delivered", messages / secs);
+    eprintln!(
+        "control-storm: maximum {:.0} reports/s delivered",
+        messages / secs
+    );
     sleep(Duration::from_secs(1)).await;
     let direct = if s.direct_publishers > 0 {
         Some(run_direct(s, cloud, sink, (payload_bytes.round() as usize).max(24)).await?)
@@ -571,15 +589,26 @@ fn verdicts(
             measured: format!("{:.1} % (storm reached {:.0} msg/s)", 100.0 * ratio, l.storm_rate),
             met: ratio >= 0.98,
         });
-        let (phd, mqtt) = (l.phd_p99_ratio.unwrap_or(f64::INFINITY), l.mqtt_p99_ratio.unwrap_or(f64::INFINITY));
+        let (phd, mqtt) = (
+            l.phd_p99_ratio.unwrap_or(f64::INFINITY),
+            l.mqtt_p99_ratio.unwrap_or(f64::INFINITY),
+        );
         out.push(Verdict {
             target: "control plane: data p99 at the highest level ≤ 2× no storm (PHD confirmation and MQTT e2e)".to_string(),
             measured: format!("PHD {phd:.2}×, MQTT {mqtt:.2}×"),
             met: phd <= 2.0 && mqtt <= 2.0,
         });
         out.push(Verdict {
-            target: format!("storm reaches {} control msg/s", s.levels.iter().max().copied().unwrap_or(0)),
-            measured: format!("{:.0} msg/s (sluice counted {})", l.storm_rate, l.sluice_control_rate.map_or("-".to_string(), |r| format!("{r:.0}"))),
+            target: format!(
+                "storm reaches {} control msg/s",
+                s.levels.iter().max().copied().unwrap_or(0)
+            ),
+            measured: format!(
+                "{:.0} msg/s (sluice counted {})",
+                l.storm_rate,
+                l.sluice_control_rate
+                    .map_or("-".to_string(), |r| format!("{r:.0}"))
+            ),
             met: l.storm_rate >= 0.95 * s.levels.iter().max().copied().unwrap_or(0) as f64,
         });
     }
@@ -595,7 +624,8 @@ fn verdicts(
     }
     if let Some(m) = max {
         out.push(Verdict {
-            target: "≥ 20,000 PHD scan reports/s converted and delivered to the cloud Mosquitto".to_string(),
+            target: "≥ 20,000 PHD scan reports/s converted and delivered to the cloud Mosquitto"
+                .to_string(),
             measured: format!("{:.0} reports/s delivered", m.delivered),
             met: m.delivered >= 20_000.0,
         });

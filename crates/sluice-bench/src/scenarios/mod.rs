@@ -45,8 +45,8 @@
 //! [`crate::harness`], so the next scenario can use them too.
 
 pub mod coap;
-pub mod control_storm;
 pub mod connections;
+pub mod control_storm;
 pub mod core;
 pub mod multipath;
 pub mod onem2m;

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::apdu::{
-    abort, result, Aare, Aarq, Apdu, DataApdu, DataMessage, DataProto,
-    PhdAssociationInformation, DATA_PROTO_20601,
+    abort, result, Aare, Aarq, Apdu, DataApdu, DataMessage, DataProto, PhdAssociationInformation,
+    DATA_PROTO_20601,
 };
 use super::config::{config_result, encode_config_response, standard, ObjectTable, NOTI_CONFIG};
 use super::mder::DecodeError;
@@ -145,15 +145,27 @@ pub enum Violation {
 pub enum Output {
     Send(Apdu),
     /// The agent is associated with a configuration the manager knew.
-    Associated { agent: AgentInfo },
+    Associated {
+        agent: AgentInfo,
+    },
     /// The agent is associated; its configuration is being learnt.
-    Configuring { agent: AgentInfo },
+    Configuring {
+        agent: AgentInfo,
+    },
     /// AARQ refused with this AARE result.
-    Rejected { result: u16 },
+    Rejected {
+        result: u16,
+    },
     /// A config report was accepted: store it for (system id, config id).
-    ConfigAccepted { agent: AgentInfo, table: Arc<ObjectTable> },
+    ConfigAccepted {
+        agent: AgentInfo,
+        table: Arc<ObjectTable>,
+    },
     /// A config report was answered unsupported-config (or standard-config-unknown).
-    ConfigRefused { config_id: u16, result: u16 },
+    ConfigRefused {
+        config_id: u16,
+        result: u16,
+    },
     /// Measurements. A `confirmed` one must be answered with [`confirmation`] (`invoke_id`,
     /// `obj_handle`, `event_type`) once delivered.
     Report {
@@ -168,7 +180,10 @@ pub enum Output {
     /// The association ended normally (RLRQ/RLRE).
     Released,
     /// The association was aborted: by the agent, or by the manager with `reason`.
-    Aborted { by_agent: bool, reason: u16 },
+    Aborted {
+        by_agent: bool,
+        reason: u16,
+    },
     Violation(Violation),
     /// Close the transport.
     Close,
@@ -268,7 +283,10 @@ impl Manager {
             }) => scan::layout(*event_type).is_some(),
             Apdu::Prst(DataApdu {
                 invoke_id,
-                message: DataMessage::GetResult { .. } | DataMessage::Error { .. } | DataMessage::Reject { .. },
+                message:
+                    DataMessage::GetResult { .. }
+                    | DataMessage::Error { .. }
+                    | DataMessage::Reject { .. },
             }) => self.pending_get == Some(*invoke_id),
             _ => false,
         }
@@ -523,10 +541,7 @@ impl Manager {
         match table {
             Ok(table) => {
                 out.push(Output::Send(respond(config_id, config_result::ACCEPTED)));
-                let agent = AgentInfo {
-                    config_id,
-                    ..agent
-                };
+                let agent = AgentInfo { config_id, ..agent };
                 self.agent = Some(agent.clone());
                 self.table = Some(table.clone());
                 out.push(Output::ConfigAccepted { agent, table });
@@ -551,7 +566,9 @@ impl Manager {
                     },
                 })));
             }
-            DataMessage::Get { .. } | DataMessage::Other { .. } => self.unsupported(d.invoke_id, out),
+            DataMessage::Get { .. } | DataMessage::Other { .. } => {
+                self.unsupported(d.invoke_id, out)
+            }
             _ => {} // answers to nothing the manager asked: ignored
         }
     }
@@ -583,7 +600,11 @@ impl Manager {
                     }
                     // Another notification (e.g. PM-store segment data): confirmed, not read.
                     if confirmed {
-                        out.push(Output::Send(confirmation(d.invoke_id, obj_handle, event_type)));
+                        out.push(Output::Send(confirmation(
+                            d.invoke_id,
+                            obj_handle,
+                            event_type,
+                        )));
                     }
                     return;
                 };
@@ -621,7 +642,9 @@ impl Manager {
                 self.pending_get = None;
                 self.deadline = None;
             }
-            DataMessage::Get { .. } | DataMessage::Other { .. } => self.unsupported(d.invoke_id, out),
+            DataMessage::Get { .. } | DataMessage::Other { .. } => {
+                self.unsupported(d.invoke_id, out)
+            }
             _ => {}
         }
     }

@@ -33,7 +33,7 @@
 use bytes::Bytes;
 
 use super::config::ObjectTable;
-use super::scan::{ObservedValue, Observation, ScanReport};
+use super::scan::{Observation, ObservedValue, ScanReport};
 use super::values::{AbsoluteTime, Decimal};
 use crate::senml::{Format, PackWriter, Record, Value};
 
@@ -122,11 +122,9 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 /// seconds.
 pub fn unix_time(t: &AbsoluteTime, offset_secs: i64) -> f64 {
     let days = days_from_civil(i64::from(t.year), i64::from(t.month), i64::from(t.day));
-    let secs = days * 86_400
-        + i64::from(t.hour) * 3600
-        + i64::from(t.minute) * 60
-        + i64::from(t.second)
-        - offset_secs;
+    let secs =
+        days * 86_400 + i64::from(t.hour) * 3600 + i64::from(t.minute) * 60 + i64::from(t.second)
+            - offset_secs;
     secs as f64 + f64::from(t.hundredths) / 100.0
 }
 
@@ -199,7 +197,9 @@ fn one(
             }
             records
         }
-        ObservedValue::Enum(oid) => vec![record(metric.clone(), None, Value::String(oid.to_string()))],
+        ObservedValue::Enum(oid) => {
+            vec![record(metric.clone(), None, Value::String(oid.to_string()))]
+        }
     };
     Some(Measurement { metric, records })
 }

@@ -20,7 +20,7 @@ pub mod scan;
 pub mod values;
 
 pub use apdu::{Aare, Aarq, Apdu, DataApdu, DataMessage, DataProto, PhdAssociationInformation};
-pub use config::{ObjectTable, MetricObject};
+pub use config::{MetricObject, ObjectTable};
 pub use frame::decode_apdu;
 pub use manager::{ConfigLookup, Manager, ManagerConfig, Output, State};
 pub use mder::DecodeError;

@@ -555,4 +555,3 @@ pub(super) fn attribute_ids(list: &[u8]) -> Vec<u16> {
         .map(|pair| u16::from_be_bytes([pair[0], pair[1]]))
         .collect()
 }
-

@@ -262,7 +262,12 @@ pub(super) fn prst(invoke_id: u16, choice: u16, message: impl FnOnce(&mut Mder))
 }
 
 /// EventReportArgumentSimple on the MDS (obj-handle 0).
-pub(super) fn event_report_body(w: &mut Mder, event_time: u32, event: u16, info: impl FnOnce(&mut Mder)) {
+pub(super) fn event_report_body(
+    w: &mut Mder,
+    event_time: u32,
+    event: u16,
+    info: impl FnOnce(&mut Mder),
+) {
     w.u16(0);
     w.u32(event_time);
     w.u16(event);
@@ -506,4 +511,3 @@ impl Mder {
         });
     }
 }
-

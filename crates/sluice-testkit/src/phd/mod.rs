@@ -476,4 +476,3 @@ pub fn bcd_time(
         bcd(hundredths),
     ]
 }
-

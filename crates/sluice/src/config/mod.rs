@@ -20,8 +20,8 @@
 mod coap;
 mod lanes;
 mod multipath;
-mod phd;
 mod onem2m;
+mod phd;
 mod spool;
 mod units;
 mod uplink;
@@ -42,11 +42,11 @@ use serde::{Deserialize, Serialize};
 pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use multipath::MultipathConfig;
-pub use phd::PhdConfig;
 pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,
     ONEM2M_ONLY_KEYS,
 };
+pub use phd::PhdConfig;
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
 };

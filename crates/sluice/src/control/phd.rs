@@ -178,15 +178,30 @@ impl PhdMetrics {
                 v.get(),
             );
         }
-        w.gauge("sluice_phd_connections", "PHD agent connections open", &[], self.connections.get());
+        w.gauge(
+            "sluice_phd_connections",
+            "PHD agent connections open",
+            &[],
+            self.connections.get(),
+        );
         w.counter(
             "sluice_phd_refused_connections_total",
             "PHD connections closed at accept (phd.max_connections)",
             &[],
             self.refused_connections.get(),
         );
-        w.gauge("sluice_phd_agents", "PHD agents in the agent table (associated or associating)", &[], self.agents.get());
-        w.gauge("sluice_phd_configs", "Extended configurations remembered", &[], self.configs.get());
+        w.gauge(
+            "sluice_phd_agents",
+            "PHD agents in the agent table (associated or associating)",
+            &[],
+            self.agents.get(),
+        );
+        w.gauge(
+            "sluice_phd_configs",
+            "Extended configurations remembered",
+            &[],
+            self.configs.get(),
+        );
         for (name, help, v) in [
             ("sluice_phd_associations_total", "Associations accepted (known configuration or after configuring)", &self.associations),
             ("sluice_phd_rejected_total", "Association requests rejected", &self.rejected),
@@ -404,18 +419,22 @@ fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable)> {
             return Vec::new();
         }
     };
-    let parsed = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| {
-        v["configs"]
-            .as_array()?
-            .iter()
-            .map(|c| {
-                let id: [u8; 8] = unhex(c["system_id"].as_str()?)?.try_into().ok()?;
-                let table = ObjectTable::decode_report(Bytes::from(unhex(c["config"].as_str()?)?)).ok()?;
-                table.check().ok()?;
-                Some((id, table))
-            })
-            .collect::<Option<Vec<_>>>()
-    });
+    let parsed = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v["configs"]
+                .as_array()?
+                .iter()
+                .map(|c| {
+                    let id: [u8; 8] = unhex(c["system_id"].as_str()?)?.try_into().ok()?;
+                    let table =
+                        ObjectTable::decode_report(Bytes::from(unhex(c["config"].as_str()?)?))
+                            .ok()?;
+                    table.check().ok()?;
+                    Some((id, table))
+                })
+                .collect::<Option<Vec<_>>>()
+        });
     parsed.unwrap_or_else(|| {
         tracing::warn!(file = %file.display(), "learnt PHD configurations do not parse; ignored (agents will configure again)");
         Vec::new()
@@ -466,10 +485,16 @@ mod tests {
         }
         room.flush(); // the last ones came within a second of the first save
         let snap = room.snapshot();
-        assert!(snap.known(&[0; 8], 0x4000).is_none(), "the oldest is forgotten");
+        assert!(
+            snap.known(&[0; 8], 0x4000).is_none(),
+            "the oldest is forgotten"
+        );
         assert!(snap.known(&[2; 8], 0x4002).is_some());
         assert!(snap.known(&[2; 8], 0x4001).is_none(), "kept per agent");
-        assert!(snap.known(&[9; 8], 0x0190).is_some(), "standard ones for everybody");
+        assert!(
+            snap.known(&[9; 8], 0x0190).is_some(),
+            "standard ones for everybody"
+        );
         let again = PhdRoom::new(10, 2, Some(dir.path().to_path_buf()));
         let snap = again.snapshot();
         assert_eq!(snap.known(&[1; 8], 0x4001), Some(table(0x4001)));
@@ -491,9 +516,16 @@ mod tests {
         };
         assert!(room.agent_up([1; 8], entry.clone()));
         assert!(!room.agent_up([2; 8], entry.clone()));
-        assert!(room.agent_up([1; 8], AgentEntry { conn: 2, ..entry }), "the same agent again");
+        assert!(
+            room.agent_up([1; 8], AgentEntry { conn: 2, ..entry }),
+            "the same agent again"
+        );
         room.agent_down(&[1; 8], 1);
-        assert_eq!(room.metrics.agents.get(), 1, "the old connection's close leaves the new one");
+        assert_eq!(
+            room.metrics.agents.get(),
+            1,
+            "the old connection's close leaves the new one"
+        );
         room.agent_down(&[1; 8], 2);
         assert_eq!(room.metrics.agents.get(), 0);
     }

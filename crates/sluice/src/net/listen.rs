@@ -47,7 +47,6 @@ pub fn bind_with(
     Ok(socket.into())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,8 +52,8 @@
 //! - Network input never panics the process; a protocol error closes only this session.
 
 mod handle;
-mod metrics;
 pub mod http;
+mod metrics;
 pub mod mqtt;
 pub mod onem2m;
 pub mod outbox;

@@ -12,7 +12,11 @@ pub fn markdown(r: &ControlStormReport) -> String {
     let p = &r.params;
     // `write!` into a String cannot fail.
     let _ = writeln!(md, "## control-storm\n");
-    let _ = writeln!(md, "{}\n", machine_line(&r.machine, &[loadavg_item(&r.machine)]));
+    let _ = writeln!(
+        md,
+        "{}\n",
+        machine_line(&r.machine, &[loadavg_item(&r.machine)])
+    );
     let _ = writeln!(md, "command: `{}`\n", r.machine.command_line);
     let _ = writeln!(
         md,
@@ -32,21 +36,36 @@ pub fn markdown(r: &ControlStormReport) -> String {
         p.window
     );
     if let Some(m) = &r.max_reports {
-        let _ = writeln!(md, "### Scan-report maximum (control plane, {} agents, window {}, no rate limit)\n", m.agents, m.window);
+        let _ = writeln!(
+            md,
+            "### Scan-report maximum (control plane, {} agents, window {}, no rate limit)\n",
+            m.agents, m.window
+        );
         let _ = writeln!(md, "| reports sent/s | confirmed/s | delivered at cloud msg/s | SenML bytes | confirm p50 ms | p99 ms | shard % | sluice % | mosquitto % | bench % | machine % |");
-        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            md,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         let _ = writeln!(
             md,
             "| {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
             m.reports_sent, m.reports_confirmed, m.delivered, m.payload_bytes, m.confirm.p50_ms, m.confirm.p99_ms,
             m.cpu.shard, m.cpu.sluice_total, m.cpu.mosquitto, m.cpu.bench, m.cpu.machine
         );
-        let _ = writeln!(md, "Other processes ≥ 2 % of a core meanwhile: {}\n", others(&m.cpu.others));
+        let _ = writeln!(
+            md,
+            "Other processes ≥ 2 % of a core meanwhile: {}\n",
+            others(&m.cpu.others)
+        );
         if let Some(d) = &m.direct {
             let _ = writeln!(md, "Mosquitto alone (same run): {} plain MQTT publishers, QoS 1, {} B payloads, no rate limit:\n", d.publishers, d.payload);
             let _ = writeln!(md, "| sent msg/s | delivered at subscriber msg/s | mosquitto % | bench % | machine % |");
             let _ = writeln!(md, "|---:|---:|---:|---:|---:|");
-            let _ = writeln!(md, "| {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |\n", d.sent, d.delivered, d.mosquitto_cpu, d.bench_cpu, d.machine_cpu);
+            let _ = writeln!(
+                md,
+                "| {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |\n",
+                d.sent, d.delivered, d.mosquitto_cpu, d.bench_cpu, d.machine_cpu
+            );
         }
     }
     for run in &r.planes {
@@ -57,7 +76,13 @@ pub fn markdown(r: &ControlStormReport) -> String {
         let _ = writeln!(md, "| target | measured | met |");
         let _ = writeln!(md, "|---|---|---|");
         for v in &r.verdicts {
-            let _ = writeln!(md, "| {} | {} | {} |", v.target, v.measured, if v.met { "yes" } else { "**no**" });
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} |",
+                v.target,
+                v.measured,
+                if v.met { "yes" } else { "**no**" }
+            );
         }
     }
     md
@@ -89,18 +114,35 @@ fn plane_tables(md: &mut String, run: &PlaneRun) {
     let _ = writeln!(md);
     let _ = writeln!(md, "CPU, % of one core (machine: % of both cores), and sluice's PHD gauges at the window's end:\n");
     let _ = writeln!(md, "| storm target msg/s | sluice-shard-0 | sluice-phd | other sluice | sluice total | mosquitto | bench | of which storm | machine | phd agents | phd connections | other processes ≥ 2 % |");
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(
+        md,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
     for l in &run.levels {
         let c = &l.cpu;
         let _ = writeln!(
             md,
             "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
-            l.target, c.shard, c.phd, c.sluice_other, c.sluice_total, c.mosquitto, c.bench, c.storm_threads, c.machine,
-            opt(l.phd_agents_gauge), opt(l.phd_connections_gauge), others(&c.others)
+            l.target,
+            c.shard,
+            c.phd,
+            c.sluice_other,
+            c.sluice_total,
+            c.mosquitto,
+            c.bench,
+            c.storm_threads,
+            c.machine,
+            opt(l.phd_agents_gauge),
+            opt(l.phd_connections_gauge),
+            others(&c.others)
         );
     }
     let _ = writeln!(md);
-    let _ = writeln!(md, "sluice_phd_agents after everything stopped: {}", opt(run.agents_after));
+    let _ = writeln!(
+        md,
+        "sluice_phd_agents after everything stopped: {}",
+        opt(run.agents_after)
+    );
     if let Some(e) = &run.storm_first_error {
         let _ = writeln!(md, "\nfirst storm session error: `{e}`");
     }

@@ -53,10 +53,11 @@ impl Sample {
         phd: Option<&PhdFleet>,
         mqtt: Option<&Fleet>,
     ) -> Sample {
-        let metrics = tokio::time::timeout(Duration::from_secs(2), http_get(sut.admin_port, "/metrics"))
-            .await
-            .ok()
-            .and_then(Result::ok);
+        let metrics =
+            tokio::time::timeout(Duration::from_secs(2), http_get(sut.admin_port, "/metrics"))
+                .await
+                .ok()
+                .and_then(Result::ok);
         let mut s = Sample::take_plain(cloud, sink);
         s.sluice_threads = task_cpu_by_name(sut.child.pid());
         s.ours.push(sut.child.pid());
@@ -88,7 +89,10 @@ impl Sample {
                 .unwrap_or_default(),
             machine: MachineCpu::read(),
             procs: process_cpu_ticks(),
-            ours: [Some(std::process::id()), cloud.pid()].into_iter().flatten().collect(),
+            ours: [Some(std::process::id()), cloud.pid()]
+                .into_iter()
+                .flatten()
+                .collect(),
             storm: None,
             phd: None,
             mqtt: None,

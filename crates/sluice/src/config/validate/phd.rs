@@ -24,13 +24,22 @@ pub(in crate::config) fn check_phd(config: &Config) -> Result<(), ConfigError> {
         return invalid("phd.topic", "must contain {metric}");
     }
     if p.topic.contains(['#', '+']) || p.topic.starts_with('$') || p.topic.contains('\0') {
-        return invalid("phd.topic", "must be a topic name: no wildcards, no leading '$'");
+        return invalid(
+            "phd.topic",
+            "must be a topic name: no wildcards, no leading '$'",
+        );
     }
     if p.manager_id().is_none() {
-        return invalid("phd.system_id", "must be 16 hex digits (an EUI-64), e.g. \"8877665544332211\"");
+        return invalid(
+            "phd.system_id",
+            "must be 16 hex digits (an EUI-64), e.g. \"8877665544332211\"",
+        );
     }
     if p.utc_offset_secs().is_none() {
-        return invalid("phd.agent_utc_offset", "must be ±HH:MM, e.g. \"+00:00\" or \"-05:30\"");
+        return invalid(
+            "phd.agent_utc_offset",
+            "must be ±HH:MM, e.g. \"+00:00\" or \"-05:30\"",
+        );
     }
     let apdu = p.max_apdu.as_u64();
     if !(MIN_APDU..=MAX_APDU).contains(&apdu) {

@@ -17,7 +17,9 @@ use sluice_proto::phd::apdu::{result, DATA_PROTO_20601};
 use sluice_proto::phd::config::NOTI_CONFIG;
 use sluice_proto::phd::manager::Violation;
 use sluice_proto::phd::measure::specialization;
-use sluice_proto::phd::{Apdu, DataApdu, DataMessage, Manager, Output, PhdAssociationInformation, State};
+use sluice_proto::phd::{
+    Apdu, DataApdu, DataMessage, Manager, Output, PhdAssociationInformation, State,
+};
 use tokio::sync::{mpsc, watch};
 
 use super::conn::{Conn, Read};
@@ -40,7 +42,11 @@ pub(super) fn count_in(shared: &PhdShared, apdu: &Apdu) {
         Apdu::Rlrq { .. } => c.rlrq.inc(),
         Apdu::Abrt { .. } => c.abrt_in.inc(),
         Apdu::Prst(DataApdu {
-            message: DataMessage::EventReport { event_type: NOTI_CONFIG, .. },
+            message:
+                DataMessage::EventReport {
+                    event_type: NOTI_CONFIG,
+                    ..
+                },
             ..
         }) => c.config_report.inc(),
         Apdu::Prst(DataApdu {
@@ -58,7 +64,11 @@ fn count_out(shared: &PhdShared, apdu: &Apdu) {
         Apdu::Rlre { .. } => c.rlre.inc(),
         Apdu::Abrt { .. } => c.abrt_out.inc(),
         Apdu::Prst(DataApdu {
-            message: DataMessage::EventReportResult { event_type: NOTI_CONFIG, .. },
+            message:
+                DataMessage::EventReportResult {
+                    event_type: NOTI_CONFIG,
+                    ..
+                },
             ..
         }) => c.config_response.inc(),
         Apdu::Prst(DataApdu {
@@ -102,9 +112,14 @@ pub async fn signal(
             if let Some(id) = aarq_system_id(&apdu) {
                 if m.state() == State::Unassociated && !shared.room.has_room(&id) {
                     // The agent table is full: try later.
-                    let aare = sluice_proto::phd::manager::rejection(&shared.manager, result::REJECTED_TRANSIENT);
+                    let aare = sluice_proto::phd::manager::rejection(
+                        &shared.manager,
+                        result::REJECTED_TRANSIENT,
+                    );
                     out.push(Output::Send(aare));
-                    out.push(Output::Rejected { result: result::REJECTED_TRANSIENT });
+                    out.push(Output::Rejected {
+                        result: result::REJECTED_TRANSIENT,
+                    });
                     return apply(shared, conn, m, out, shard, conn_id).await;
                 }
             }
@@ -142,11 +157,17 @@ async fn apply(
                 metrics.associations.inc();
                 tracing::debug!(system_id = %hex(&agent.system_id), config_id = agent.config_id, "PHD agent associated (known configuration)");
                 let spec = m.table().map(|t| specialization(t)).unwrap_or("unknown");
-                room.agent_up(agent.system_id, entry(spec, agent.config_id, "operating", shard, conn_id));
+                room.agent_up(
+                    agent.system_id,
+                    entry(spec, agent.config_id, "operating", shard, conn_id),
+                );
             }
             Output::Configuring { agent } => {
                 tracing::debug!(system_id = %hex(&agent.system_id), config_id = agent.config_id, "PHD agent associated; configuration unknown, waiting for its report");
-                room.agent_up(agent.system_id, entry("unknown", agent.config_id, "configuring", shard, conn_id));
+                room.agent_up(
+                    agent.system_id,
+                    entry("unknown", agent.config_id, "configuring", shard, conn_id),
+                );
             }
             Output::ConfigAccepted { agent, table } => {
                 metrics.configs_learnt.inc();
@@ -195,7 +216,13 @@ async fn apply(
     step
 }
 
-fn entry(spec: &'static str, config_id: u16, state: &'static str, shard: Option<usize>, conn: u64) -> AgentEntry {
+fn entry(
+    spec: &'static str,
+    config_id: u16,
+    state: &'static str,
+    shard: Option<usize>,
+    conn: u64,
+) -> AgentEntry {
     AgentEntry {
         specialization: spec,
         config_id,
@@ -215,7 +242,13 @@ pub fn forget(shared: &PhdShared, conn: u64, last: Option<[u8; 8]>) {
 }
 
 /// One connection on the control plane, until it closes or goes to its shard.
-async fn control_conn(shared: Arc<PhdShared>, id: u64, mut conn: Conn, mut m: Manager, mut first: Option<Apdu>) {
+async fn control_conn(
+    shared: Arc<PhdShared>,
+    id: u64,
+    mut conn: Conn,
+    mut m: Manager,
+    mut first: Option<Apdu>,
+) {
     let mut agent = m.agent().map(|a| a.system_id);
     loop {
         let input = match first.take() {
@@ -234,7 +267,9 @@ async fn control_conn(shared: Arc<PhdShared>, id: u64, mut conn: Conn, mut m: Ma
         };
         let step = match input {
             Read::Apdu(a) if m.is_data(&a) => {
-                let Some(system_id) = m.agent().map(|a| a.system_id) else { break };
+                let Some(system_id) = m.agent().map(|a| a.system_id) else {
+                    break;
+                };
                 let device = hex(&system_id);
                 let shard = shared.shard_of(&device);
                 shared.room.update(&system_id, |e| e.shard = Some(shard));
@@ -244,8 +279,18 @@ async fn control_conn(shared: Arc<PhdShared>, id: u64, mut conn: Conn, mut m: Ma
                     return;
                 };
                 shared.room.metrics.handovers.inc();
-                let h = Box::new(Handover { conn: id, stream, buffered, manager: m, first: Some(a) });
-                if shared.shards[shard].send(ShardCmd::PhdAdopt(h)).await.is_err() {
+                let h = Box::new(Handover {
+                    conn: id,
+                    stream,
+                    buffered,
+                    manager: m,
+                    first: Some(a),
+                });
+                if shared.shards[shard]
+                    .send(ShardCmd::PhdAdopt(h))
+                    .await
+                    .is_err()
+                {
                     forget(&shared, id, agent);
                     shared.closed();
                 }
@@ -294,7 +339,10 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let thread = move || {
         crate::app::pin_control_thread(core, "sluice-phd");
-        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
             Ok(rt) => rt,
             Err(error) => {
                 tracing::error!(%error, "cannot build the PHD control-plane runtime");
@@ -322,10 +370,16 @@ pub fn spawn(
             shared.room.flush();
         });
     };
-    std::thread::Builder::new().name("sluice-phd".into()).spawn(thread)
+    std::thread::Builder::new()
+        .name("sluice-phd".into())
+        .spawn(thread)
 }
 
-async fn accept(shared: &Arc<PhdShared>, stream: tokio::net::TcpStream, peer: std::net::SocketAddr) {
+async fn accept(
+    shared: &Arc<PhdShared>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) {
     let open = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
     if open > shared.max_connections {
         shared.closed();
@@ -342,8 +396,18 @@ async fn accept(shared: &Arc<PhdShared>, stream: tokio::net::TcpStream, peer: st
         let Ok(stream) = stream.into_std() else {
             return shared.closed();
         };
-        let h = Box::new(Handover { conn: id, stream, buffered: BytesMut::new(), manager, first: None });
-        if shared.shards[shard].send(ShardCmd::PhdAdopt(h)).await.is_err() {
+        let h = Box::new(Handover {
+            conn: id,
+            stream,
+            buffered: BytesMut::new(),
+            manager,
+            first: None,
+        });
+        if shared.shards[shard]
+            .send(ShardCmd::PhdAdopt(h))
+            .await
+            .is_err()
+        {
             shared.closed();
         }
         return;
@@ -355,7 +419,13 @@ async fn accept(shared: &Arc<PhdShared>, stream: tokio::net::TcpStream, peer: st
 /// Connections the shards give back (signalling seen), resumed here.
 async fn take_back(shared: Arc<PhdShared>, mut back: mpsc::Receiver<Box<Handover>>) {
     while let Some(h) = back.recv().await {
-        let Handover { conn: id, stream, buffered, manager, first } = *h;
+        let Handover {
+            conn: id,
+            stream,
+            buffered,
+            manager,
+            first,
+        } = *h;
         let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
             if let Some(a) = manager.agent() {
                 shared.room.agent_down(&a.system_id, id);

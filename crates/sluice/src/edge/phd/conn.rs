@@ -51,7 +51,8 @@ impl Conn {
 
     /// An APDU is already buffered whole (no read needed).
     pub fn has_whole(&self) -> bool {
-        self.buf.len() >= 4 && self.buf.len() >= 4 + usize::from(u16::from_be_bytes([self.buf[2], self.buf[3]]))
+        self.buf.len() >= 4
+            && self.buf.len() >= 4 + usize::from(u16::from_be_bytes([self.buf[2], self.buf[3]]))
     }
 
     /// Write APDUs in one write.

@@ -24,7 +24,7 @@ use sluice_proto::phd::manager::confirmation;
 use sluice_proto::phd::measure::{measurements, senml_json};
 use sluice_proto::phd::{Apdu, DataApdu, DataMessage, Manager, Output};
 
-use super::assoc::{forget, sleep_until, signal, sync_agent, Step};
+use super::assoc::{forget, signal, sleep_until, sync_agent, Step};
 use super::conn::{Conn, Read};
 use super::{topic, Handover, PhdShared};
 use crate::control::phd::hex;
@@ -120,7 +120,15 @@ impl Task {
                     }
                 }
                 Read::Apdu(a) if self.shared.single_plane => {
-                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Ok(a)), Some(self.ctx.id), self.id).await;
+                    let step = signal(
+                        &self.shared,
+                        &mut self.conn,
+                        &mut self.m,
+                        Some(Ok(a)),
+                        Some(self.ctx.id),
+                        self.id,
+                    )
+                    .await;
                     sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
                     if step == Step::Close {
                         break End::Closed;
@@ -128,7 +136,15 @@ impl Task {
                 }
                 Read::Apdu(a) => break End::Back(Some(a)),
                 Read::Bad(e) if self.shared.single_plane => {
-                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id), self.id).await;
+                    let step = signal(
+                        &self.shared,
+                        &mut self.conn,
+                        &mut self.m,
+                        Some(Err(e)),
+                        Some(self.ctx.id),
+                        self.id,
+                    )
+                    .await;
                     sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
                     if step == Step::Close {
                         break End::Closed;
@@ -137,7 +153,15 @@ impl Task {
                 Read::Bad(e) => {
                     // Abort here (the bytes cannot go back), then the control plane keeps the
                     // unassociated connection.
-                    let step = signal(&self.shared, &mut self.conn, &mut self.m, Some(Err(e)), Some(self.ctx.id), self.id).await;
+                    let step = signal(
+                        &self.shared,
+                        &mut self.conn,
+                        &mut self.m,
+                        Some(Err(e)),
+                        Some(self.ctx.id),
+                        self.id,
+                    )
+                    .await;
                     sync_agent(&self.shared, self.id, &self.m, &mut self.agent);
                     if step == Step::Close {
                         break End::Closed;
@@ -172,7 +196,14 @@ impl Task {
                 () = tokio::time::sleep_until(until.into()) => break,
             }
         }
-        let Task { id, shared, conn, m, agent, .. } = self;
+        let Task {
+            id,
+            shared,
+            conn,
+            m,
+            agent,
+            ..
+        } = self;
         let Ok((stream, buffered)) = conn.into_parts() else {
             forget(&shared, id, agent);
             return shared.closed();
@@ -209,7 +240,13 @@ impl Task {
     async fn report(&mut self, apdu: Apdu) -> Step {
         let mut out = Vec::new();
         let snapshot = self.shared.room.snapshot();
-        if !matches!(&apdu, Apdu::Prst(DataApdu { message: DataMessage::EventReport { .. }, .. })) {
+        if !matches!(
+            &apdu,
+            Apdu::Prst(DataApdu {
+                message: DataMessage::EventReport { .. },
+                ..
+            })
+        ) {
             super::assoc::count_in(&self.shared, &apdu); // the MDS GET's answer
         }
         self.m.on_apdu(apdu, Instant::now(), &*snapshot, &mut out);
@@ -227,7 +264,9 @@ impl Task {
                 } => {
                     metrics.reports.inc();
                     metrics.observations.add(report.observations.len() as u64);
-                    metrics.observations_skipped.add(report.skipped.len() as u64);
+                    metrics
+                        .observations_skipped
+                        .add(report.skipped.len() as u64);
                     let (Some(agent), Some(table)) = (self.m.agent(), self.m.table()) else {
                         continue;
                     };
@@ -235,7 +274,13 @@ impl Task {
                         .duration_since(UNIX_EPOCH)
                         .map(|d| d.as_secs_f64())
                         .unwrap_or(0.0);
-                    let (ms, none) = measurements(&agent.system_id, table, &report, received, self.shared.utc_offset_secs);
+                    let (ms, none) = measurements(
+                        &agent.system_id,
+                        table,
+                        &report,
+                        received,
+                        self.shared.utc_offset_secs,
+                    );
                     metrics.observations_skipped.add(none as u64);
                     metrics.measurements.add(ms.len() as u64);
                     let device = ByteString::from(hex(&agent.system_id));
@@ -256,7 +301,9 @@ impl Task {
                             qos: QoS::AtLeastOnce,
                             retain: false,
                             properties: Some(Box::new(Properties {
-                                content_type: Some(ByteString::from_static("application/senml+json")),
+                                content_type: Some(ByteString::from_static(
+                                    "application/senml+json",
+                                )),
                                 ..Properties::default()
                             })),
                             received_at: Instant::now(),
@@ -281,7 +328,9 @@ impl Task {
                     // Once per association: the agent's model for the agent table.
                     if let Some(agent) = self.m.agent() {
                         let (model, _clock) = sluice_proto::phd::manager::mds_summary(&attrs);
-                        self.shared.room.update(&agent.system_id, |e| e.model = model);
+                        self.shared
+                            .room
+                            .update(&agent.system_id, |e| e.model = model);
                     }
                 }
                 _ => {}

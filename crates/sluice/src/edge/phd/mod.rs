@@ -81,7 +81,9 @@ impl PhdShared {
         back: mpsc::Sender<Box<Handover>>,
     ) -> PhdShared {
         let manager = ManagerConfig {
-            system_id: config.manager_id().unwrap_or([0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]),
+            system_id: config
+                .manager_id()
+                .unwrap_or([0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]),
             association_timeout: config.association_timeout,
             configuration_timeout: config.configuration_timeout,
             response_timeout: config.response_timeout,
@@ -112,7 +114,10 @@ impl PhdShared {
     /// A connection ended (wherever it was).
     pub fn closed(&self) {
         self.connections.fetch_sub(1, Ordering::Relaxed);
-        self.room.metrics.connections.set(self.connections.load(Ordering::Relaxed) as i64);
+        self.room
+            .metrics
+            .connections
+            .set(self.connections.load(Ordering::Relaxed) as i64);
     }
 }
 
@@ -138,7 +143,11 @@ impl PhdStart {
         shards: Vec<mpsc::Sender<ShardCmd>>,
     ) -> PhdStart {
         let p = &config.phd;
-        let room = Arc::new(PhdRoom::new(p.max_agents, p.max_configs, config.spool.dir.clone()));
+        let room = Arc::new(PhdRoom::new(
+            p.max_agents,
+            p.max_configs,
+            config.spool.dir.clone(),
+        ));
         // Bounded: a shard gives a connection back only on signalling, and waits for room.
         let (back_tx, back) = mpsc::channel(config.gateway.mailbox_capacity.max(1));
         PhdStart {

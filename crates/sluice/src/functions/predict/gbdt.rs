@@ -46,14 +46,24 @@ pub struct GbdtParams {
 
 impl Default for GbdtParams {
     fn default() -> Self {
-        GbdtParams { rounds: 20, max_depth: 3, learning_rate: 0.3, min_leaf: 2 }
+        GbdtParams {
+            rounds: 20,
+            max_depth: 3,
+            learning_rate: 0.3,
+            min_leaf: 2,
+        }
     }
 }
 
 #[derive(Debug, Clone)]
 enum Node {
     Leaf(f64),
-    Split { feature: usize, threshold: f64, left: usize, right: usize },
+    Split {
+        feature: usize,
+        threshold: f64,
+        left: usize,
+        right: usize,
+    },
 }
 
 /// One regression tree; nodes in a flat vector, root at 0.
@@ -69,7 +79,12 @@ impl Tree {
         for _ in 0..=self.nodes.len() {
             match self.nodes.get(at) {
                 Some(Node::Leaf(v)) => return *v,
-                Some(Node::Split { feature, threshold, left, right }) => {
+                Some(Node::Split {
+                    feature,
+                    threshold,
+                    left,
+                    right,
+                }) => {
                     let v = x.get(*feature).copied().unwrap_or(0.0);
                     at = if v <= *threshold { *left } else { *right };
                 }
@@ -87,7 +102,14 @@ impl Tree {
     }
 
     /// Grows the subtree of `idx`, returns its node index.
-    fn grow(&mut self, x: &[Vec<f64>], r: &[f64], idx: Vec<usize>, depth: usize, min_leaf: usize) -> usize {
+    fn grow(
+        &mut self,
+        x: &[Vec<f64>],
+        r: &[f64],
+        idx: Vec<usize>,
+        depth: usize,
+        min_leaf: usize,
+    ) -> usize {
         let n = idx.len();
         let sum: f64 = idx.iter().map(|&i| r[i]).sum();
         let mean = if n == 0 { 0.0 } else { sum / n as f64 };
@@ -99,17 +121,29 @@ impl Tree {
         let Some((feature, threshold)) = best_split(x, r, &idx, sum, min_leaf) else {
             return me;
         };
-        let (l, rr): (Vec<usize>, Vec<usize>) =
-            idx.into_iter().partition(|&i| x[i].get(feature).copied().unwrap_or(0.0) <= threshold);
+        let (l, rr): (Vec<usize>, Vec<usize>) = idx
+            .into_iter()
+            .partition(|&i| x[i].get(feature).copied().unwrap_or(0.0) <= threshold);
         let left = self.grow(x, r, l, depth - 1, min_leaf);
         let right = self.grow(x, r, rr, depth - 1, min_leaf);
-        self.nodes[me] = Node::Split { feature, threshold, left, right };
+        self.nodes[me] = Node::Split {
+            feature,
+            threshold,
+            left,
+            right,
+        };
         me
     }
 }
 
 /// The split of `idx` with the largest reduction of squared error, if any.
-fn best_split(x: &[Vec<f64>], r: &[f64], idx: &[usize], sum: f64, min_leaf: usize) -> Option<(usize, f64)> {
+fn best_split(
+    x: &[Vec<f64>],
+    r: &[f64],
+    idx: &[usize],
+    sum: f64,
+    min_leaf: usize,
+) -> Option<(usize, f64)> {
     let n = idx.len();
     let features = idx.first().map_or(0, |&i| x[i].len());
     let base = sum * sum / n as f64;
@@ -127,7 +161,8 @@ fn best_split(x: &[Vec<f64>], r: &[f64], idx: &[usize], sum: f64, min_leaf: usiz
                 continue;
             }
             let right_sum = sum - left_sum;
-            let gain = left_sum * left_sum / nl as f64 + right_sum * right_sum / (n - nl) as f64 - base;
+            let gain =
+                left_sum * left_sum / nl as f64 + right_sum * right_sum / (n - nl) as f64 - base;
             if gain > 1e-12 && best.is_none_or(|(g, _, _)| gain > g) {
                 best = Some((gain, f, lv + (rv - lv) / 2.0));
             }
@@ -152,16 +187,35 @@ impl Gbdt {
     pub fn fit(x: &[Vec<f64>], y: &[f64], p: &GbdtParams) -> (Gbdt, Vec<f64>) {
         let n = x.len().min(y.len());
         let x = &x[..n];
-        let y: Vec<f64> = y[..n].iter().map(|&v| if v.is_finite() { v } else { 0.0 }).collect();
-        let base = if n == 0 { 0.0 } else { y.iter().sum::<f64>() / n as f64 };
-        let lr = if p.learning_rate.is_finite() { p.learning_rate.clamp(0.0, 1.0) } else { 0.0 };
-        let mut model = Gbdt { base, learning_rate: lr, trees: Vec::new() };
+        let y: Vec<f64> = y[..n]
+            .iter()
+            .map(|&v| if v.is_finite() { v } else { 0.0 })
+            .collect();
+        let base = if n == 0 {
+            0.0
+        } else {
+            y.iter().sum::<f64>() / n as f64
+        };
+        let lr = if p.learning_rate.is_finite() {
+            p.learning_rate.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let mut model = Gbdt {
+            base,
+            learning_rate: lr,
+            trees: Vec::new(),
+        };
         let mut pred = vec![base; n];
         let mse = |pred: &[f64]| {
             if n == 0 {
                 0.0
             } else {
-                pred.iter().zip(&y).map(|(p, t)| (p - t).powi(2)).sum::<f64>() / n as f64
+                pred.iter()
+                    .zip(&y)
+                    .map(|(p, t)| (p - t).powi(2))
+                    .sum::<f64>()
+                    / n as f64
             }
         };
         let mut curve = vec![mse(&pred)];
@@ -182,7 +236,12 @@ impl Gbdt {
 
     /// Predicts the target of one row of features.
     pub fn predict(&self, x: &[f64]) -> f64 {
-        self.base + self.trees.iter().map(|t| self.learning_rate * t.predict(x)).sum::<f64>()
+        self.base
+            + self
+                .trees
+                .iter()
+                .map(|t| self.learning_rate * t.predict(x))
+                .sum::<f64>()
     }
 }
 
@@ -249,7 +308,14 @@ impl GbdtPolicy {
         p.ring = p.ring.max(p.lags + 2);
         p.min_intervals = p.min_intervals.clamp(p.lags + 1, p.ring - 1);
         p.retrain_every = p.retrain_every.max(1);
-        GbdtPolicy { p, counts: VecDeque::new(), last_idx: 0, last_ms: None, since_train: 0, model: None }
+        GbdtPolicy {
+            p,
+            counts: VecDeque::new(),
+            last_idx: 0,
+            last_ms: None,
+            since_train: 0,
+            model: None,
+        }
     }
 
     /// Whether a model is in use (otherwise the fallback is).
@@ -275,7 +341,11 @@ impl GbdtPolicy {
         for l in 1..=self.p.lags as u64 {
             f.push(i.checked_sub(l).map_or(0.0, |j| f64::from(self.count(j))));
         }
-        let phase = if self.p.day_intervals == 0 { 0 } else { i % self.p.day_intervals };
+        let phase = if self.p.day_intervals == 0 {
+            0
+        } else {
+            i % self.p.day_intervals
+        };
         f.push(phase as f64);
         let cap = self.p.ring as u64;
         let mut since = cap;
@@ -330,13 +400,19 @@ impl Policy for GbdtPolicy {
         if idx <= self.last_idx {
             let back = self.last_idx - idx;
             let len = self.counts.len();
-            if let Some(c) = usize::try_from(back).ok().filter(|&b| b < len).and_then(|b| self.counts.get_mut(len - 1 - b)) {
+            if let Some(c) = usize::try_from(back)
+                .ok()
+                .filter(|&b| b < len)
+                .and_then(|b| self.counts.get_mut(len - 1 - b))
+            {
                 *c = c.saturating_add(1);
             }
             return;
         }
         let gap = idx - self.last_idx;
-        let zeros = usize::try_from(gap - 1).unwrap_or(usize::MAX).min(self.p.ring);
+        let zeros = usize::try_from(gap - 1)
+            .unwrap_or(usize::MAX)
+            .min(self.p.ring);
         for _ in 0..zeros {
             self.counts.push_back(0);
         }
@@ -345,7 +421,9 @@ impl Policy for GbdtPolicy {
             self.counts.pop_front();
         }
         self.last_idx = idx;
-        self.since_train = self.since_train.saturating_add(usize::try_from(gap).unwrap_or(usize::MAX));
+        self.since_train = self
+            .since_train
+            .saturating_add(usize::try_from(gap).unwrap_or(usize::MAX));
         if self.model.is_none() || self.since_train >= self.p.retrain_every {
             self.retrain();
         }
@@ -355,9 +433,14 @@ impl Policy for GbdtPolicy {
         let Some(pred) = self.predict_count(now_ms) else {
             return keep_after(self.last_ms, self.p.fallback_keep_ms, now_ms, warm);
         };
-        let end = (now_ms / self.p.interval_ms).saturating_add(1).saturating_mul(self.p.interval_ms);
+        let end = (now_ms / self.p.interval_ms)
+            .saturating_add(1)
+            .saturating_mul(self.p.interval_ms);
         if pred >= self.p.prewarm_at || (warm && pred > self.p.keep_above) {
-            Decision { run: true, until_ms: Some(end) }
+            Decision {
+                run: true,
+                until_ms: Some(end),
+            }
         } else {
             Decision::STOP
         }
@@ -371,18 +454,40 @@ mod tests {
 
     #[test]
     fn training_error_falls_with_rounds() {
-        let x: Vec<Vec<f64>> = (0..200).map(|i| vec![(i % 20) as f64, (i / 20) as f64]).collect();
-        let y: Vec<f64> = x.iter().map(|r| r[0] * r[0] / 10.0 + if r[1] > 4.0 { 5.0 } else { 0.0 }).collect();
-        let p = GbdtParams { rounds: 50, max_depth: 3, learning_rate: 0.3, min_leaf: 1 };
+        let x: Vec<Vec<f64>> = (0..200)
+            .map(|i| vec![(i % 20) as f64, (i / 20) as f64])
+            .collect();
+        let y: Vec<f64> = x
+            .iter()
+            .map(|r| r[0] * r[0] / 10.0 + if r[1] > 4.0 { 5.0 } else { 0.0 })
+            .collect();
+        let p = GbdtParams {
+            rounds: 50,
+            max_depth: 3,
+            learning_rate: 0.3,
+            min_leaf: 1,
+        };
         let (model, curve) = Gbdt::fit(&x, &y, &p);
         assert_eq!(curve.len(), 51);
         assert!(curve.windows(2).all(|w| w[1] <= w[0] + 1e-9), "{curve:?}");
-        assert!(curve[50] < curve[0] / 100.0, "{} vs {}", curve[50], curve[0]);
+        assert!(
+            curve[50] < curve[0] / 100.0,
+            "{} vs {}",
+            curve[50],
+            curve[0]
+        );
         assert!((model.predict(&[10.0, 7.0]) - 15.0).abs() < 0.5);
     }
 
     fn params() -> GbdtPolicyParams {
-        GbdtPolicyParams { interval_ms: 1000, lags: 12, day_intervals: 0, min_intervals: 48, fallback_keep_ms: 5000, ..Default::default() }
+        GbdtPolicyParams {
+            interval_ms: 1000,
+            lags: 12,
+            day_intervals: 0,
+            min_intervals: 48,
+            fallback_keep_ms: 5000,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -409,8 +514,16 @@ mod tests {
         }
         assert!(g.trained());
         let next = 30 * 10_000;
-        assert!(g.decide(next, false).run, "pre-warm at the start of the expected interval: {:?}", g.predict_count(next));
-        assert!(!g.decide(next - 5000, false).run, "{:?}", g.predict_count(next - 5000));
+        assert!(
+            g.decide(next, false).run,
+            "pre-warm at the start of the expected interval: {:?}",
+            g.predict_count(next)
+        );
+        assert!(
+            !g.decide(next - 5000, false).run,
+            "{:?}",
+            g.predict_count(next - 5000)
+        );
         assert!(!g.decide(next + 1000, true).run);
     }
 
@@ -422,7 +535,12 @@ mod tests {
             ring: 0,
             min_intervals: 0,
             retrain_every: 0,
-            model: GbdtParams { rounds: 3, max_depth: 9, learning_rate: f64::NAN, min_leaf: 0 },
+            model: GbdtParams {
+                rounds: 3,
+                max_depth: 9,
+                learning_rate: f64::NAN,
+                min_leaf: 0,
+            },
             ..Default::default()
         });
         for at in [5, 0, u64::MAX, 3, u64::MAX, 7, 100, 101, 102] {

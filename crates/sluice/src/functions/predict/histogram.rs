@@ -137,7 +137,12 @@ impl HistogramPolicy {
         if mean <= 0.0 {
             return 0.0;
         }
-        let var = self.bins.iter().map(|&c| (f64::from(c) - mean).powi(2)).sum::<f64>() / n;
+        let var = self
+            .bins
+            .iter()
+            .map(|&c| (f64::from(c) - mean).powi(2))
+            .sum::<f64>()
+            / n;
         var.sqrt() / mean
     }
 
@@ -157,10 +162,18 @@ impl HistogramPolicy {
         let tail = self.percentile_bin(in_range, p.tail_pct)?;
         let head_edge = (head as u64).saturating_mul(p.bin_ms);
         let tail_edge = (tail as u64).saturating_add(1).saturating_mul(p.bin_ms);
-        let margin = if p.margin.is_finite() { p.margin.clamp(0.0, 1.0) } else { 0.0 };
+        let margin = if p.margin.is_finite() {
+            p.margin.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let prewarm_ms = (head_edge as f64 * (1.0 - margin)) as u64;
-        let keep_until_ms = ((tail_edge as f64 * (1.0 + margin)) as u64).max(prewarm_ms.saturating_add(1));
-        Some(Windows { prewarm_ms, keep_until_ms })
+        let keep_until_ms =
+            ((tail_edge as f64 * (1.0 + margin)) as u64).max(prewarm_ms.saturating_add(1));
+        Some(Windows {
+            prewarm_ms,
+            keep_until_ms,
+        })
     }
 
     /// Index of the first bin at which the cumulative count reaches `pct`
@@ -199,7 +212,10 @@ impl Policy for HistogramPolicy {
         };
         let since = now_ms.saturating_sub(last);
         if since >= w.prewarm_ms && since < w.keep_until_ms {
-            Decision { run: true, until_ms: Some(last.saturating_add(w.keep_until_ms)) }
+            Decision {
+                run: true,
+                until_ms: Some(last.saturating_add(w.keep_until_ms)),
+            }
         } else {
             Decision::STOP
         }
@@ -212,7 +228,12 @@ mod tests {
     use crate::functions::predict::FixedKeepAlive;
 
     fn params() -> HistogramParams {
-        HistogramParams { bin_ms: 1000, range_bins: 60, fallback_keep_ms: 5000, ..Default::default() }
+        HistogramParams {
+            bin_ms: 1000,
+            range_bins: 60,
+            fallback_keep_ms: 5000,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -226,7 +247,11 @@ mod tests {
         assert_eq!(h.windows(), None);
         for now in (40_000..60_000).step_by(500) {
             for warm in [false, true] {
-                assert_eq!(h.decide(now, warm), f.decide(now, warm), "now {now} warm {warm}");
+                assert_eq!(
+                    h.decide(now, warm),
+                    f.decide(now, warm),
+                    "now {now} warm {warm}"
+                );
             }
         }
     }
@@ -238,10 +263,22 @@ mod tests {
             h.on_arrival(i * 10_500);
         }
         // all gaps in bin 10: head edge 10 s, tail edge 11 s
-        assert_eq!(h.windows(), Some(Windows { prewarm_ms: 9000, keep_until_ms: 12_100 }));
+        assert_eq!(
+            h.windows(),
+            Some(Windows {
+                prewarm_ms: 9000,
+                keep_until_ms: 12_100
+            })
+        );
         let last = 19 * 10_500;
-        assert!(!h.decide(last + 100, true).run, "unloaded right after an arrival");
-        assert!(h.decide(last + 9000, false).run, "pre-warmed before the next");
+        assert!(
+            !h.decide(last + 100, true).run,
+            "unloaded right after an arrival"
+        );
+        assert!(
+            h.decide(last + 9000, false).run,
+            "pre-warmed before the next"
+        );
         assert!(h.decide(last + 12_000, true).run);
         assert!(!h.decide(last + 12_100, true).run);
     }

@@ -39,7 +39,10 @@ pub struct Decision {
 
 impl Decision {
     /// Do not run an instance.
-    pub const STOP: Decision = Decision { run: false, until_ms: None };
+    pub const STOP: Decision = Decision {
+        run: false,
+        until_ms: None,
+    };
 }
 
 /// A per-function pre-warm / keep-alive policy.
@@ -58,7 +61,10 @@ pub struct AlwaysWarm;
 impl Policy for AlwaysWarm {
     fn on_arrival(&mut self, _at_ms: u64) {}
     fn decide(&self, _now_ms: u64, _warm: bool) -> Decision {
-        Decision { run: true, until_ms: None }
+        Decision {
+            run: true,
+            until_ms: None,
+        }
     }
 }
 
@@ -73,7 +79,10 @@ pub struct FixedKeepAlive {
 impl FixedKeepAlive {
     /// A policy keeping an instance `keep_ms` after the last arrival.
     pub fn new(keep_ms: u64) -> Self {
-        FixedKeepAlive { keep_ms, last_ms: None }
+        FixedKeepAlive {
+            keep_ms,
+            last_ms: None,
+        }
     }
 
     /// The last arrival seen, if any.
@@ -99,7 +108,10 @@ pub(crate) fn keep_after(last_ms: Option<u64>, keep_ms: u64, now_ms: u64, warm: 
         Some(last) if warm => {
             let until = last.saturating_add(keep_ms);
             if now_ms < until {
-                Decision { run: true, until_ms: Some(until) }
+                Decision {
+                    run: true,
+                    until_ms: Some(until),
+                }
             } else {
                 Decision::STOP
             }
@@ -166,7 +178,13 @@ mod tests {
         let mut p = FixedKeepAlive::new(100);
         assert_eq!(p.decide(0, false), Decision::STOP);
         p.on_arrival(50);
-        assert_eq!(p.decide(60, true), Decision { run: true, until_ms: Some(150) });
+        assert_eq!(
+            p.decide(60, true),
+            Decision {
+                run: true,
+                until_ms: Some(150)
+            }
+        );
         assert!(!p.decide(150, true).run);
         assert!(!p.decide(60, false).run);
         p.on_arrival(10); // out of order: ignored for the deadline
@@ -188,7 +206,14 @@ mod tests {
         // warm 0..150 and 500..610 (kept until 600, decided off at 600)
         assert_eq!(s.warm_ms, 150 + 100);
         let a = simulate(&mut AlwaysWarm, &[0, 50, 500], 10, 1000);
-        assert_eq!(a, SimStats { arrivals: 3, cold_starts: 0, warm_ms: 1000 });
+        assert_eq!(
+            a,
+            SimStats {
+                arrivals: 3,
+                cold_starts: 0,
+                warm_ms: 1000
+            }
+        );
     }
 
     #[test]

@@ -79,7 +79,9 @@ impl CloudEvent {
 /// The data's media type: the MQTT 5 content type when the device gave one, SenML JSON when
 /// the payload is a SenML pack, else octet-stream.
 pub fn content_type(mqtt_content_type: Option<&str>, payload: &[u8]) -> String {
-    if let Some(ct) = mqtt_content_type.filter(|c| !c.is_empty() && c.is_ascii() && !c.contains(['\r', '\n'])) {
+    if let Some(ct) =
+        mqtt_content_type.filter(|c| !c.is_empty() && c.is_ascii() && !c.contains(['\r', '\n']))
+    {
         return ct.to_owned();
     }
     match sluice_proto::senml::sniff(payload) {
@@ -167,6 +169,10 @@ mod tests {
         assert_eq!(head, want);
         assert_eq!(content_type(Some("text/plain"), b"x"), "text/plain");
         assert_eq!(content_type(None, b"\x00\x01"), "application/octet-stream");
-        assert_eq!(content_type(Some("bad\r\nX: y"), b"x"), "application/octet-stream", "no header injection");
+        assert_eq!(
+            content_type(Some("bad\r\nX: y"), b"x"),
+            "application/octet-stream",
+            "no header injection"
+        );
     }
 }
