@@ -128,7 +128,9 @@ pub fn unix_time(t: &AbsoluteTime, offset_secs: i64) -> f64 {
     secs as f64 + f64::from(t.hundredths) / 100.0
 }
 
-fn hex(id: &[u8]) -> String {
+/// An id (an EUI-64) as lowercase hex digits: the `urn:dev:mac:` name and the gateway's
+/// device id of an agent.
+pub fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 

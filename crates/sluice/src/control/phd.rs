@@ -396,9 +396,7 @@ impl Drop for PhdRoom {
 }
 
 /// An EUI-64 as 16 lowercase hex digits.
-pub fn hex(id: &[u8]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use sluice_proto::phd::measure::hex;
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
