@@ -18,6 +18,7 @@
 //! The file format is documented option by option in `config/sluice.example.toml`.
 
 mod coap;
+mod function;
 mod lanes;
 mod multipath;
 mod onem2m;
@@ -40,6 +41,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
+pub use function::{
+    dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl, SocketMode,
+    FUNCTION_SINK_PREFIX,
+};
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use multipath::MultipathConfig;
 pub use onem2m::{
@@ -165,6 +170,9 @@ pub struct Config {
     pub phd: PhdConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uplink: Vec<UplinkConfig>,
+    /// Edge functions (`config/function.rs`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub function: Vec<FunctionConfig>,
 }
 
 impl Config {
@@ -172,6 +180,11 @@ impl Config {
     pub fn to_toml(&self) -> String {
         // Invariant: every type in Config serializes to TOML (no maps with non-string keys,
         // `None` fields are skipped, tables come after plain values in every struct).
+        if self.uplink.iter().any(|u| u.function.is_some()) {
+            let mut file = self.clone();
+            file.uplink.retain(|u| u.function.is_none());
+            return file.to_toml();
+        }
         if !self.uplink.iter().any(UplinkConfig::is_onem2m) {
             return toml::to_string(self).expect("Config is always representable as TOML");
         }
@@ -182,6 +195,22 @@ impl Config {
             onem2m::fix_printed_uplinks(uplinks, &self.uplink);
         }
         toml::to_string(&table).expect("a TOML table is always representable as TOML")
+    }
+
+    /// The config the gateway runs: every `[[function]]` appended to `uplink` as its sink
+    /// entry (`function.{name}`), so functions get outboxes, queues, spools and metrics like
+    /// uplinks. Idempotent. The file's own view ([`Config::to_toml`]) never shows these.
+    pub fn with_function_sinks(mut self) -> Config {
+        if self.uplink.iter().any(|u| u.function.is_some()) {
+            return self;
+        }
+        let entries: Vec<UplinkConfig> = self
+            .function
+            .iter()
+            .map(|f| std::sync::Arc::new(f.clone()).sink_entry())
+            .collect();
+        self.uplink.extend(entries);
+        self
     }
 
     /// Checks values alone and together, and that referenced files can be opened.
@@ -203,6 +232,13 @@ impl Config {
             resolve(&mut u.cert_file);
             resolve(&mut u.key_file);
             resolve(&mut u.password_file);
+        }
+        // A local function runs in the config file's directory unless `dir` says otherwise.
+        for f in &mut self.function {
+            if f.dir.is_none() && f.command.is_some() && !base.as_os_str().is_empty() {
+                f.dir = Some(base.to_path_buf());
+            }
+            resolve(&mut f.dir);
         }
         for p in &mut self.coap.proxy {
             resolve(&mut p.ca_file);

@@ -175,6 +175,10 @@ pub struct UplinkConfig {
     /// SenML aggregation of normal-priority records (a table, so it comes last).
     #[serde(default)]
     pub aggregate: AggregateConfig,
+    /// `Some` for the sink entry of a `[[function]]` (never read from or written to the file:
+    /// see `config/function.rs`).
+    #[serde(skip)]
+    pub function: Option<std::sync::Arc<super::FunctionConfig>>,
 }
 
 /// One path of a multipath uplink: where its session's socket is bound.
@@ -298,6 +302,7 @@ impl UplinkConfig {
             mni: None,
             mbs: None,
             connections: None,
+            function: None,
             pipeline: None,
             request_timeout: None,
             aggregate: AggregateConfig::default(),

@@ -17,6 +17,7 @@ use sluice_proto::mqtt::topic::valid_topic_filter;
 use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
 
 mod coap_proxy;
+mod function;
 mod multipath;
 mod phd;
 
@@ -47,7 +48,11 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     check_spool(config)?;
     check_topic_limits(config)?;
     let mut names = HashSet::new();
+    // Function sink entries (`Config::with_function_sinks`) are checked as functions.
     for (i, uplink) in config.uplink.iter().enumerate() {
+        if uplink.function.is_some() {
+            continue;
+        }
         check_uplink(i, uplink, files)?;
         check_lanes(i, uplink, config.priority.has_high())?;
         if !names.insert(uplink.name.as_str()) {
@@ -63,6 +68,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     coap_proxy::check_coap_proxy(config, files)?;
     multipath::check_multipath(config)?;
     phd::check_phd(config)?;
+    function::check_functions(config, files)?;
     Ok(())
 }
 
