@@ -52,6 +52,18 @@ pub trait Policy {
     fn on_arrival(&mut self, at_ms: u64);
     /// Should an instance be running at `now_ms`, given whether one is warm?
     fn decide(&self, now_ms: u64, warm: bool) -> Decision;
+    /// The earliest time after `now_ms` at which [`Policy::decide`] may answer differently if
+    /// no arrival comes first (a pre-warm time, a keep-alive deadline); `None`: not before the
+    /// next arrival. The runtime sleeps until then, so a policy with nothing to do costs no
+    /// wake-ups. Default: the keep-alive deadline of a warm instance, and no pre-warm.
+    fn next_wake(&self, now_ms: u64, warm: bool) -> Option<u64> {
+        let d = self.decide(now_ms, warm);
+        if warm && d.run {
+            d.until_ms
+        } else {
+            None
+        }
+    }
 }
 
 /// Runs an instance all the time.
