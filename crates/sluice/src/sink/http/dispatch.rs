@@ -244,7 +244,7 @@ impl FunctionTransport {
         let Some(job) = self.jobs.get(&id) else {
             return;
         };
-        let answered = matches!(result, Ok(_));
+        let answered = result.is_ok();
         if answered && instance.mark_answered() && self.target_remote.is_none() {
             m.instances_starting.sub(1);
             m.instances_running.add(1);
@@ -394,7 +394,9 @@ async fn exchange(
     body: &Bytes,
     written: impl Fn(Instant),
 ) -> Result<Answer, CallError> {
-    let mut conn = match pool.borrow_mut().take(instance) {
+    // Not borrowed across the connect: other requests on this shard use the pool meanwhile.
+    let pooled = pool.borrow_mut().take(instance);
+    let mut conn = match pooled {
         Some(c) => c,
         None => Conn::open(target).await?,
     };
