@@ -206,11 +206,12 @@ impl FunctionTransport {
         let handle = self.handle.clone();
         tokio::task::spawn_local(async move {
             let _slot = slot;
+            let observed = std::cell::Cell::new(false);
             let started = Instant::now();
             let result = match tokio::time::timeout(
                 limit,
                 exchange(&pool, inst.id, &target, &head, &body, |at| {
-                    if first {
+                    if first && !observed.replace(true) {
                         handle
                             .metrics
                             .dispatch_latency
@@ -400,14 +401,13 @@ async fn exchange(
         Some(c) => c,
         None => Conn::open(target).await?,
     };
-    let answer = match conn.call(&[head, body]).await {
+    let answer = match conn.call(&[head, body], &written).await {
         Err(CallError::Closed | CallError::Io(_)) if conn.reused => {
             conn = Conn::open(target).await?;
-            conn.call(&[head, body]).await?
+            conn.call(&[head, body], &written).await?
         }
         r => r?,
     };
-    written(Instant::now());
     if !answer.close {
         pool.borrow_mut().put(instance, conn);
     }
