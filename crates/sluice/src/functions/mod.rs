@@ -25,6 +25,7 @@
 
 pub mod metrics;
 pub mod predict;
+pub mod runtime;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
