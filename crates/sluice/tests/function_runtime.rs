@@ -343,3 +343,34 @@ fn a_child_that_ignores_sigterm_is_killed_after_grace() {
         "stopped after {took:?}"
     );
 }
+
+#[test]
+fn with_prewarm_predict_and_little_history_an_instance_is_kept_idle_after_the_last_arrival() {
+    let fx = fixture();
+    let h = python_function(fx.dir.path(), "idle = \"1s\"\nprewarm = \"predict\"\n");
+    let rt = runtime::start(vec![h.clone()]).unwrap();
+    let arrival = Instant::now();
+    h.note_arrival(); // as a dispatcher does for each event, then finds no instance
+    h.demand();
+    wait_until(Duration::from_secs(2), "an instance", || {
+        !h.instances().is_empty()
+    });
+    let pid = instances(&rt)[0].pid;
+    invoke(&h);
+    // The histogram policy has no history: its fallback keeps the instance `idle` after the
+    // last arrival it heard of (not after the last use, as prewarm = "off" does).
+    std::thread::sleep(Duration::from_millis(700).saturating_sub(arrival.elapsed()));
+    assert_eq!(instances(&rt).len(), 1);
+    wait_until(Duration::from_secs(2), "the stop", || {
+        instances(&rt).is_empty() && !alive(pid)
+    });
+    assert!(arrival.elapsed() >= Duration::from_secs(1));
+    let m = &h.metrics;
+    assert_eq!((m.stops.get(), m.crashes.get()), (1, 0));
+    assert_eq!(
+        (m.prewarm_hits.get(), m.prewarm_misses.get()),
+        (0, 0),
+        "nothing pre-warmed"
+    );
+    rt.stop();
+}

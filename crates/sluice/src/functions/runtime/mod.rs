@@ -56,7 +56,8 @@ const JOIN_SLACK: Duration = Duration::from_secs(3);
 #[derive(Debug)]
 pub struct Runtime {
     stop_tx: Option<oneshot::Sender<()>>,
-    done_rx: std::sync::mpsc::Receiver<()>,
+    /// The thread says it is done (a Mutex only to make the Runtime `Sync`).
+    done_rx: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     snapshot: Arc<ArcSwap<Vec<FunctionSnapshot>>>,
     join_limit: Duration,
@@ -143,7 +144,7 @@ pub fn start(handles: Vec<Arc<FunctionHandle>>) -> std::io::Result<Runtime> {
         })?;
     Ok(Runtime {
         stop_tx: Some(stop_tx),
-        done_rx,
+        done_rx: std::sync::Mutex::new(done_rx),
         thread: Some(thread),
         snapshot,
         join_limit,
@@ -200,7 +201,11 @@ impl Runtime {
             return;
         };
         let _ = stop.send(());
-        match self.done_rx.recv_timeout(self.join_limit) {
+        let done = match self.done_rx.get_mut() {
+            Ok(rx) => rx.recv_timeout(self.join_limit),
+            Err(poisoned) => poisoned.into_inner().recv_timeout(self.join_limit),
+        };
+        match done {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 if let Some(t) = self.thread.take() {
                     let _ = t.join();
@@ -219,5 +224,14 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_runtime_can_be_shared_with_the_admin_api() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<super::Runtime>();
     }
 }

@@ -23,7 +23,10 @@
 //!
 //! Invariants: the loop never busy-waits — every timer is a deadline computed from stored
 //! state, and a timer only exists for a stopping instance or a scaler wake. The published set
-//! holds exactly the instances that are up and not retired, oldest first.
+//! holds exactly the instances that are up and not retired, oldest first. The readiness
+//! channel is unbounded but carries at most one message per starting instance (at most
+//! `max_instances` per function). SIGCHLD is process-wide: any child's exit wakes the loop
+//! once, for one `try_wait` per instance.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -232,7 +235,9 @@ impl Shell {
                 .iter()
                 .map(|l| Usage {
                     id: l.inst.id,
-                    inflight: l.inst.inflight(),
+                    // A port-mode instance not up yet counts as busy: never idle-stopped
+                    // while it starts (start_timeout bounds that).
+                    inflight: l.inst.inflight() + usize::from(l.phase == Phase::Starting),
                     last_used_ms: l.inst.last_used_ms(),
                     answered: l.inst.has_answered(),
                 })
