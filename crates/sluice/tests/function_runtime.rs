@@ -271,12 +271,19 @@ fn a_command_that_exits_at_once_counts_crashes_with_a_growing_backoff_not_a_busy
     let _fx = fixture();
     let h =
         function("command = [\"sh\", \"-c\", \"exit 3\"]\nmin_instances = 1\nmax_instances = 1\n");
-    let rt = runtime::start(vec![h.clone()]).unwrap();
+    let remote = function("url = \"http://127.0.0.1:9/x\"\n");
+    let rt = runtime::start(vec![remote.clone(), h.clone()]).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     // Starts at 0, 0.1, 0.3, 0.7, 1.5 s (holds of 100, 200, 400, 800 ms): about 5.
     let crashes = h.metrics.crashes.get();
     assert!((3..=6).contains(&crashes), "{crashes} crashes in 2 s");
     let st: Vec<FunctionStatus> = rt.status();
+    assert_eq!(st.len(), 1, "a remote function has no runtime part");
+    assert_eq!(
+        remote.instances().len(),
+        1,
+        "its pseudo-instance is left alone"
+    );
     assert_eq!(u64::from(st[0].consecutive_crashes), crashes);
     assert!(
         st[0].restart_backoff_ms >= 800,
@@ -373,4 +380,24 @@ fn with_prewarm_predict_and_little_history_an_instance_is_kept_idle_after_the_la
         "nothing pre-warmed"
     );
     rt.stop();
+}
+
+#[test]
+fn a_program_that_cannot_start_is_retried_with_backoff_too() {
+    let _fx = fixture();
+    for command in ["[\"no-such-program-in-path\"]", "[\"/nonexistent/fn\"]"] {
+        let h = function(&format!("command = {command}\nmin_instances = 1\n"));
+        let rt = runtime::start(vec![h.clone()]).unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        // Attempts at 0, 0.1, 0.3, 0.7 s.
+        let crashes = h.metrics.crashes.get();
+        assert!(
+            (2..=5).contains(&crashes),
+            "{command}: {crashes} failed starts"
+        );
+        assert_eq!(h.metrics.starts.get(), 0);
+        assert_eq!(h.metrics.instances_starting.get(), 0);
+        assert!(instances(&rt).is_empty());
+        rt.stop();
+    }
 }
