@@ -19,8 +19,10 @@
 //!   the floor and no predictor deadline, [`Scaler::next_wake`] is `None`: nothing wakes.
 //! - Predictor (`prewarm != off`): arrivals feed `Policy::on_arrival`; at each step the scaler
 //!   asks `decide(now, warm)`: `run` with nothing live starts a pre-warmed instance; `run`
-//!   keeps the last instance above `min_instances` (its deadline is the policy's, reached by
-//!   `Policy::next_wake`; excess capacity still goes after `idle`); not `run` stops idle
+//!   keeps the last instance above `min_instances` (its deadline is the policy's `until_ms`,
+//!   reached by `Policy::next_wake`; a `run` without `until_ms`, as `AlwaysWarm` gives, keeps
+//!   it with no deadline rather than stopping it after `idle` only to pre-warm it again at
+//!   once; excess capacity still goes after `idle`); not `run` stops idle
 //!   instances at once (never below `min_instances`, never with requests in flight or events
 //!   waiting, never a demand-started instance that has not served yet).
 //! - Crashes: an instance that exits on its own holds back every start (demand, floor,

@@ -204,7 +204,10 @@ impl Function {
     /// The scaler's wake as an instant.
     fn wake_at(&self) -> Option<Instant> {
         let w = self.scaler.next_wake()?;
-        Some(Instant::now() + Duration::from_millis(w.saturating_sub(self.handle.now_ms())))
+        // The handle's clock first, then the instant: the result is never before the handle's
+        // `w` (now_ms rounds down), so the timer never fires before the scaler's deadline.
+        let now_ms = self.handle.now_ms();
+        Some(Instant::now() + Duration::from_millis(w.saturating_sub(now_ms)))
     }
 }
 
@@ -503,7 +506,17 @@ impl Shell {
             {
                 give_up = Some(now + KILL_REAP_WAIT);
             }
-            let deadline = self.next_deadline().or(give_up);
+            // Only the kill deadlines and the give-up matter now (not the scalers' wakes).
+            let kill_at = self
+                .functions
+                .iter()
+                .flat_map(|f| &f.locals)
+                .filter_map(|l| match l.phase {
+                    Phase::Terminating { kill_at } => Some(kill_at),
+                    _ => None,
+                })
+                .min();
+            let deadline = kill_at.or(give_up);
             tokio::select! {
                 _ = sigchld.recv() => {}
                 _ = sleep_until(deadline) => {}
