@@ -401,3 +401,41 @@ fn a_program_that_cannot_start_is_retried_with_backoff_too() {
         rt.stop();
     }
 }
+
+#[test]
+fn a_running_instance_that_dies_is_unpublished_counted_and_replaced_after_a_backoff() {
+    let fx = fixture();
+    let h = python_function(fx.dir.path(), "min_instances = 1\n");
+    let rt = runtime::start(vec![h.clone()]).unwrap();
+    wait_until(Duration::from_secs(2), "min_instances", || {
+        !h.instances().is_empty()
+    });
+    invoke(&h);
+    let first = instances(&rt)[0].clone();
+    let killed = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-KILL", &first.pid.to_string()])
+        .status()
+        .unwrap();
+    wait_until(Duration::from_secs(2), "a replacement", || {
+        instances(&rt).iter().any(|i| i.id != first.id)
+    });
+    assert!(
+        killed.elapsed() >= Duration::from_millis(90),
+        "restarted only after the backoff"
+    );
+    assert_eq!(h.metrics.crashes.get(), 1);
+    assert_eq!(rt.status()[0].consecutive_crashes, 1);
+    assert_eq!(h.instances().len(), 1);
+    assert_ne!(h.instances()[0].id, first.id, "the dead one is unpublished");
+    assert_eq!(
+        (
+            h.metrics.instances_running.get(),
+            h.metrics.instances_starting.get()
+        ),
+        (0, 1),
+        "the dead one had answered: running - 1; the new one is starting"
+    );
+    invoke(&h);
+    rt.stop();
+}
