@@ -19,6 +19,11 @@
 //! - `shell`: the thread's event loop — a thin shell that reads the handles, feeds the
 //!   scaler and carries out its actions.
 //!
+//! # Use
+//! `start(handles)` once at start-up (after the handles exist, before events flow), `status()`
+//! for `/api/v1/status`, `stop()` at shutdown after the dispatchers stopped taking slots. The
+//! thread shows as `sluice-function` in `ps`/`top` (Linux cuts names to 15 bytes).
+//!
 //! # Invariants
 //! - The thread sleeps until the next event: a command from a shard (demand, arrival), a
 //!   SIGCHLD, a port-mode readiness result, or a timer at an exact deadline (an idle deadline,
