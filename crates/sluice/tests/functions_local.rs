@@ -24,7 +24,11 @@ use sluice_testkit::TestClient;
 use tokio::time::Instant;
 
 /// Poll `cond` every 20 ms for at most `limit`; panics naming `what` (and the last state).
-async fn within<S: std::fmt::Debug>(what: &str, limit: Duration, mut cond: impl FnMut() -> (bool, S)) {
+async fn within<S: std::fmt::Debug>(
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut() -> (bool, S),
+) {
     let deadline = Instant::now() + limit;
     loop {
         let (ok, state) = cond();
@@ -92,6 +96,7 @@ async fn replies(app: &mut TestClient, n: usize) -> Vec<(String, serde_json::Val
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs functions::runtime"]
 async fn a_function_started_by_sluice_gets_valid_events_on_its_inherited_socket_and_replies() {
     let dir = tempfile::tempdir().unwrap();
     let log = FunctionLog::in_dir(dir.path());
@@ -159,14 +164,19 @@ async fn a_function_started_by_sluice_gets_valid_events_on_its_inherited_socket_
     assert_eq!(function_metric(&gw, "instance_starts_total", "local"), 1.0);
     assert_eq!(invocations(&gw, "local", "ok"), 5.0);
     gw.shutdown();
-    within("the instance stopped with the gateway", Duration::from_secs(10), || {
-        let p = processes_tagged(tag);
-        (p.is_empty(), p)
-    })
+    within(
+        "the instance stopped with the gateway",
+        Duration::from_secs(10),
+        || {
+            let p = processes_tagged(tag);
+            (p.is_empty(), p)
+        },
+    )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs functions::runtime"]
 async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losing_events() {
     let dir = tempfile::tempdir().unwrap();
     let log = FunctionLog::in_dir(dir.path());
@@ -202,7 +212,11 @@ async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losin
     let got = replies(&mut app, 1).await;
     assert_eq!(got[0].1["data"], "first");
     let (n, procs) = observed(&gw, "sleepy", tag);
-    assert_eq!((n, procs.len()), (1, 1), "one instance after the first event: {procs:?}");
+    assert_eq!(
+        (n, procs.len()),
+        (1, 1),
+        "one instance after the first event: {procs:?}"
+    );
     assert_eq!(procs[0].1, std::process::id());
     assert_eq!(function_metric(&gw, "cold_starts_total", "sleepy"), 1.0);
 
@@ -230,6 +244,7 @@ async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs functions::runtime"]
 async fn a_burst_scales_out_to_max_instances_and_back_to_zero() {
     const MAX_INSTANCES: usize = 3;
     let dir = tempfile::tempdir().unwrap();
@@ -241,7 +256,9 @@ async fn a_burst_scales_out_to_max_instances_and_back_to_zero() {
             "busy",
             &["burst/#"],
             &local_target(tag, &log, &[("FN_SLEEP_MS", "50")]),
-            &format!("concurrency = 2\nmax_instances = {MAX_INSTANCES}\nidle = \"1s\"\ngrace = \"1s\""),
+            &format!(
+                "concurrency = 2\nmax_instances = {MAX_INSTANCES}\nidle = \"1s\"\ngrace = \"1s\""
+            ),
         ),
     ));
     // Watch instances and processes while the burst runs.
@@ -249,7 +266,12 @@ async fn a_burst_scales_out_to_max_instances_and_back_to_zero() {
     let most_processes = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let (gw, mi, mp, done) = (gw.clone(), most_instances.clone(), most_processes.clone(), done.clone());
+        let (gw, mi, mp, done) = (
+            gw.clone(),
+            most_instances.clone(),
+            most_processes.clone(),
+            done.clone(),
+        );
         tokio::spawn(async move {
             while !done.load(Ordering::Acquire) {
                 let (n, procs) = observed(&gw, "busy", tag);
@@ -307,6 +329,7 @@ async fn a_burst_scales_out_to_max_instances_and_back_to_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs functions::runtime"]
 async fn a_function_that_crashes_on_start_is_backed_off_while_the_cloud_keeps_its_rate() {
     let cloud = Cloud::start();
     let dir = tempfile::tempdir().unwrap();

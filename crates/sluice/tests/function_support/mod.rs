@@ -242,16 +242,17 @@ pub fn processes_tagged(tag: &str) -> Vec<(u32, u32)> {
         return found;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
         };
-        if !cmdline
-            .split(|&b| b == 0)
-            .any(|arg| arg == tag.as_bytes())
-        {
+        if !cmdline.split(|&b| b == 0).any(|arg| arg == tag.as_bytes()) {
             continue;
         }
         let ppid = std::fs::read_to_string(entry.path().join("stat"))
@@ -284,7 +285,10 @@ pub fn unix_seconds(rfc3339: &str) -> Option<f64> {
         .strip_suffix('Z')
         .or_else(|| rest.strip_suffix("+00:00"))?;
     let mut c = clock.split(':');
-    let (h, min) = (c.next()?.parse::<i64>().ok()?, c.next()?.parse::<i64>().ok()?);
+    let (h, min) = (
+        c.next()?.parse::<i64>().ok()?,
+        c.next()?.parse::<i64>().ok()?,
+    );
     let s: f64 = c.next()?.parse().ok()?;
     // Days from civil (proleptic Gregorian).
     let y = if m <= 2 { y - 1 } else { y };
@@ -341,7 +345,11 @@ pub async fn publish_at_rate_and_check_the_cloud(
             .unwrap(),
         0
     );
-    let w = cloud_sub.recv(T).await.unwrap().expect("warm-up at the cloud");
+    let w = cloud_sub
+        .recv(T)
+        .await
+        .unwrap()
+        .expect("warm-up at the cloud");
     assert_eq!(&*w.topic, "warmup/dev-c");
 
     let count = s.count;
@@ -382,7 +390,10 @@ pub async fn publish_at_rate_and_check_the_cloud(
     );
     let mut worst = Duration::ZERO;
     for (i, (topic, payload, at)) in got.iter().enumerate() {
-        assert_eq!((topic.as_str(), payload.as_str()), (s.topic, format!("m-{i}").as_str()));
+        assert_eq!(
+            (topic.as_str(), payload.as_str()),
+            (s.topic, format!("m-{i}").as_str())
+        );
         worst = worst.max(at.saturating_duration_since(sent_at[i]));
     }
     assert!(
@@ -418,7 +429,9 @@ pub async fn expect_dead_letters(
 ) -> BTreeSet<String> {
     for id in ids {
         assert_eq!(
-            dev.wait_ack(id).await.expect("PUBACK after the dead letter"),
+            dev.wait_ack(id)
+                .await
+                .expect("PUBACK after the dead letter"),
             0
         );
     }
@@ -430,8 +443,16 @@ pub async fn expect_dead_letters(
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("every event dead-lettered; got {payloads:?}"));
-        assert_eq!(user_property(&p, "topic").as_deref(), Some(s.topic), "{p:?}");
-        assert_eq!(user_property(&p, "device").as_deref(), Some("dev-c"), "{p:?}");
+        assert_eq!(
+            user_property(&p, "topic").as_deref(),
+            Some(s.topic),
+            "{p:?}"
+        );
+        assert_eq!(
+            user_property(&p, "device").as_deref(),
+            Some("dev-c"),
+            "{p:?}"
+        );
         let tried = user_property(&p, "attempts").expect("an attempts property");
         if let Some(attempts) = attempts {
             assert_eq!(tried, attempts, "{p:?}");
