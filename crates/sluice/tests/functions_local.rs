@@ -187,7 +187,7 @@ async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losin
             "sleepy",
             &["sensors/#"],
             &local_target(tag, &log, &[]),
-            "reply_topic = \"{topic}/out\"\nidle = \"500ms\"\ngrace = \"1s\"",
+            "reply_topic = \"{topic}/out\"\nidle = \"500ms\"\ngrace = \"1s\"\nmax_instances = 1",
         ),
     );
     let mut app = device(&gw, "app").await;
@@ -344,7 +344,7 @@ async fn a_function_that_crashes_on_start_is_backed_off_while_the_cloud_keeps_it
                 "crashy",
                 &["sensors/#"],
                 &local_target(tag, &log, &[("FN_CRASH_ON_START", "1")]),
-                "start_timeout = \"1s\"\ntimeout = \"1s\"\nretries = 1\nretry_min = \"50ms\"\nretry_max = \"200ms\"\ngrace = \"200ms\"",
+                "start_timeout = \"1s\"\ntimeout = \"1s\"\nretries = 1\nretry_min = \"50ms\"\nretry_max = \"200ms\"\ngrace = \"200ms\"\nmax_instances = 1",
             )
         ),
     );

@@ -13,6 +13,8 @@ mod function_support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 use common::coap::{request, CoapDevice};
 use common::{gateway, gateway_sections, ids_on_shards, Cloud};
@@ -468,6 +470,151 @@ async fn coap_and_phd_devices_reach_the_function_too() {
         requests.len(),
         1 + phd_events.len(),
         "nothing else: {requests:?}"
+    );
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_function_refuses_is_dead_lettered_at_once_without_retries() {
+    let f = RemoteFunction::start(&[]);
+    let gw = gateway(
+        1,
+        &function_toml(
+            "picky",
+            &["orders/#"],
+            &format!("url = {:?}", f.url()),
+            "retries = 3\nretry_min = \"20ms\"\nreply_topic = \"{topic}/out\"",
+        ),
+    );
+    let mut dlq = dlq_subscriber(&gw, "picky").await;
+    let mut app = device(&gw, "app").await;
+    app.subscribe(&[("orders/#", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    let mut dev = device(&gw, "dev-r").await;
+    // A 422 is the function's own refusal: resending cannot help.
+    assert_eq!(
+        dev.publish("orders/reject/1", "bad order", QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK after the dead letter"),
+        0
+    );
+    let p = dlq.recv(T).await.unwrap().expect("a dead letter");
+    assert_eq!(&*p.topic, "$sluice/dlq/picky");
+    assert_eq!(&p.payload[..], b"bad order");
+    assert_eq!(
+        user_property(&p, "topic").as_deref(),
+        Some("orders/reject/1")
+    );
+    assert_eq!(user_property(&p, "device").as_deref(), Some("dev-r"));
+    assert_eq!(user_property(&p, "error").as_deref(), Some("HTTP 422"));
+    assert_eq!(user_property(&p, "attempts").as_deref(), Some("1"));
+    // The next event is answered as usual.
+    assert_eq!(
+        dev.publish("orders/ok/2", "good order", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    // The subscriber of orders/# saw both orders and the reply to the good one, nothing
+    // for the refused one.
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let p = app.recv(T).await.unwrap().expect("orders and a reply");
+        seen.push(p.topic.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, ["orders/ok/2", "orders/ok/2/out", "orders/reject/1"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(f.log.with_status(Some(422)).len(), 1, "tried once");
+    assert_eq!(invocations(&gw, "picky", "http_error"), 1.0);
+    assert_eq!(function_metric(&gw, "retries_total", "picky"), 0.0);
+    assert_eq!(function_metric(&gw, "dead_letters_total", "picky"), 1.0);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_function_queue_dead_letters_at_once_instead_of_holding_the_device() {
+    // One shard and two sinks (the cloud, the function) in 128 KiB: 64 KiB each. The function
+    // hangs, so its queue fills with 4 KiB messages and the rest overflow.
+    let cloud = Cloud::start();
+    let f = RemoteFunction::start(&[("FN_MODE", "hang"), ("FN_HANG_S", "30")]);
+    let gw = gateway_sections(
+        "shards = 1\nmax_buffered = \"128KiB\"",
+        "max_packet_size = \"64KiB\"",
+        &format!(
+            "{}{}",
+            cloud.uplink_toml(None, "forward = [\"sensors/#\", \"warmup/#\"]"),
+            function_toml(
+                "slow",
+                &["sensors/#"],
+                &format!("url = {:?}", f.url()),
+                "concurrency = 1\nmax_instances = 1\ntimeout = \"500ms\"\nretries = 0",
+            )
+        ),
+    );
+    let mut dlq = dlq_subscriber(&gw, "slow").await;
+    let mut cloud_sub = cloud.subscriber("cloud-app", "sensors/#").await;
+    let mut dev = device(&gw, "dev-q").await;
+    assert_eq!(
+        dev.publish("warmup/dev-q", "w", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    const COUNT: usize = 40;
+    let payload = |i: usize| format!("{i:04}{}", "x".repeat(4096));
+    let mut ids = Vec::new();
+    for i in 0..COUNT {
+        ids.push(
+            dev.publish_no_wait("sensors/dev-q/blob", payload(i), QoS::AtLeastOnce, false)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let sent = Instant::now();
+    // The cloud has every message.
+    for i in 0..COUNT {
+        let p = cloud_sub
+            .recv(T)
+            .await
+            .unwrap()
+            .expect("every message at the cloud");
+        assert_eq!(&p.payload[..4], format!("{i:04}").as_bytes());
+    }
+    // What overflowed is dead-lettered at once (no attempt), long before the hanging
+    // function could have timed out on it.
+    let mut queue_full = Vec::new();
+    let mut letters = BTreeSet::new();
+    while letters.len() < COUNT {
+        let p = dlq
+            .recv(T)
+            .await
+            .unwrap()
+            .expect("every event dead-lettered");
+        if user_property(&p, "error").as_deref() == Some("queue full") {
+            assert_eq!(user_property(&p, "attempts").as_deref(), Some("0"));
+            queue_full.push(sent.elapsed());
+        }
+        letters.insert(p.payload[..4].to_vec());
+    }
+    assert!(
+        queue_full.len() >= COUNT / 4,
+        "most of the burst overflowed the 64 KiB queue: {} of {COUNT}",
+        queue_full.len()
+    );
+    assert!(
+        queue_full.iter().all(|d| *d < Duration::from_secs(3)),
+        "overflow dead-lettered at once: {queue_full:?}"
+    );
+    // The device gets every PUBACK (in order: those behind the queued events wait for them).
+    for id in ids {
+        assert_eq!(dev.wait_ack(id).await.expect("every PUBACK"), 0);
+    }
+    assert_eq!(
+        function_metric(&gw, "dead_letters_total", "slow"),
+        COUNT as f64
     );
     gw.shutdown();
 }

@@ -10,11 +10,12 @@ Each POST is parsed with the CloudEvents SDK (cloudevents 2.2.0,
 `cloudevents.core.bindings.http.from_http`, which raises on missing or invalid attributes):
 an event that does not parse is answered 400 with the SDK's error. A parsed event is handled
 by its mode: FN_MODE (default "ok"), overridden per event by a topic level named "ok", "fail",
-"hang" or "exit":
+"reject", "hang" or "exit":
   ok     200, JSON body: the parsed attributes (id, source, type, specversion, subject, time,
          datacontenttype), data (parsed JSON or text; `data_hex` when binary), pid and port
          (the client's port: which connection carried it); after FN_SLEEP_MS milliseconds
   fail   500
+  reject 422 (the function refuses the event itself)
   hang   no answer (sleeps FN_HANG_S seconds, default 3600, holding the connection)
   exit   the process exits (status 3) without answering
 FN_CRASH_ON_START=1 makes the process exit (status 2) right after its start record.
@@ -36,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from cloudevents.core.bindings.http import HTTPMessage, from_http
 from cloudevents.core.formats.json import JSONFormat
 
-MODES = ("ok", "fail", "hang", "exit")
+MODES = ("ok", "fail", "reject", "hang", "exit")
 LOG_FD = None
 if os.environ.get("FN_LOG"):
     LOG_FD = os.open(os.environ["FN_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -96,6 +97,10 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "fail":
             record(dict(entry, status=500))
             self.answer(500, b"failing on purpose", "text/plain")
+            return
+        if mode == "reject":
+            record(dict(entry, status=422))
+            self.answer(422, b"refusing on purpose", "text/plain")
             return
         sleep_ms = float(os.environ.get("FN_SLEEP_MS", "0"))
         if sleep_ms > 0:
