@@ -206,11 +206,12 @@ impl FunctionTransport {
         let handle = self.handle.clone();
         tokio::task::spawn_local(async move {
             let _slot = slot;
+            let observed = std::cell::Cell::new(false);
             let started = Instant::now();
             let result = match tokio::time::timeout(
                 limit,
                 exchange(&pool, inst.id, &target, &head, &body, |at| {
-                    if first {
+                    if first && !observed.replace(true) {
                         handle
                             .metrics
                             .dispatch_latency
@@ -244,7 +245,7 @@ impl FunctionTransport {
         let Some(job) = self.jobs.get(&id) else {
             return;
         };
-        let answered = matches!(result, Ok(_));
+        let answered = result.is_ok();
         if answered && instance.mark_answered() && self.target_remote.is_none() {
             m.instances_starting.sub(1);
             m.instances_running.add(1);
@@ -394,18 +395,19 @@ async fn exchange(
     body: &Bytes,
     written: impl Fn(Instant),
 ) -> Result<Answer, CallError> {
-    let mut conn = match pool.borrow_mut().take(instance) {
+    // Not borrowed across the connect: other requests on this shard use the pool meanwhile.
+    let pooled = pool.borrow_mut().take(instance);
+    let mut conn = match pooled {
         Some(c) => c,
         None => Conn::open(target).await?,
     };
-    let answer = match conn.call(&[head, body]).await {
+    let answer = match conn.call(&[head, body], &written).await {
         Err(CallError::Closed | CallError::Io(_)) if conn.reused => {
             conn = Conn::open(target).await?;
-            conn.call(&[head, body]).await?
+            conn.call(&[head, body], &written).await?
         }
         r => r?,
     };
-    written(Instant::now());
     if !answer.close {
         pool.borrow_mut().put(instance, conn);
     }
