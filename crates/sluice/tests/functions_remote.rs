@@ -178,7 +178,6 @@ async fn every_event_is_a_valid_cloudevent_and_the_answer_is_published_on_the_re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: sink/http/dispatch.rs exchange() holds the pool's RefCell borrow across Conn::open().await; concurrent requests on one shard panic (RefCell already borrowed) and their events are never acknowledged"]
 async fn events_sent_at_once_on_one_shard_are_all_answered() {
     // Four events reach one shard together: four requests start at once, each on a new
     // connection (the pool is empty), and every one must be answered and acknowledged.
@@ -217,7 +216,6 @@ async fn events_sent_at_once_on_one_shard_are_all_answered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: sink/http/dispatch.rs exchange() holds the pool's RefCell borrow across Conn::open().await; concurrent requests on one shard panic (RefCell already borrowed) and their events are never acknowledged"]
 async fn many_events_reuse_a_few_keep_alive_connections() {
     const SHARDS: usize = 2;
     const CONCURRENCY: usize = 2;
@@ -335,7 +333,6 @@ fn failing_gateway(cloud: &Cloud, f: &RemoteFunction, extra: &str) -> RunningGat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: sink/http/dispatch.rs exchange() holds the pool's RefCell borrow across Conn::open().await; concurrent requests on one shard panic (RefCell already borrowed) and their events are never acknowledged"]
 async fn a_failing_function_is_retried_then_dead_lettered_while_the_cloud_keeps_its_rate() {
     let cloud = Cloud::start();
     let f = RemoteFunction::start(&[("FN_MODE", "fail")]);
@@ -388,7 +385,6 @@ async fn a_hanging_function_times_out_and_is_dead_lettered_while_the_cloud_keeps
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: sink/http/dispatch.rs exchange() holds the pool's RefCell borrow across Conn::open().await; concurrent requests on one shard panic (RefCell already borrowed) and their events are never acknowledged"]
 async fn coap_and_phd_devices_reach_the_function_too() {
     let f = RemoteFunction::start(&[]);
     let gw = gateway_sections(
