@@ -312,7 +312,10 @@ async fn a_burst_scales_out_to_max_instances_and_back_to_zero() {
     assert_eq!(most_instances.load(Ordering::Acquire), MAX_INSTANCES);
     assert!(
         most_processes.load(Ordering::Acquire) <= MAX_INSTANCES,
-        "never more than max_instances processes"
+        "never more than max_instances processes: {} at once; starts {:?}; status {}",
+        most_processes.load(Ordering::Acquire),
+        log.starts(),
+        function_status(&gw, "busy")
     );
     assert_eq!(
         function_metric(&gw, "instance_starts_total", "busy"),

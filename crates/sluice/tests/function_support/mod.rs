@@ -28,25 +28,40 @@ pub const ECHO_FUNCTION: &str = concat!(
     "/tests/function_support/echo_function.py"
 );
 
-/// `python3` (or `$SLUICE_TEST_PYTHON`) after checking it can import the CloudEvents SDK.
+/// The Python interpreter itself (`sys.executable` of `python3`, or of `$SLUICE_TEST_PYTHON`),
+/// after checking it can import the CloudEvents SDK. The interpreter's own path, not a
+/// launcher's (pyenv's `python3` is a shell script whose subshells would show up as extra
+/// processes of the function).
 pub fn python_with_cloudevents() -> PathBuf {
-    let python = std::env::var_os("SLUICE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let ok = Command::new(&python)
-        .args(["-c", "import cloudevents.core.bindings.http"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "{} cannot import the CloudEvents SDK: the function tests need cloudevents 2.2.0; \
-         ./scripts/test installs it (or: python3 -m pip install cloudevents==2.2.0)",
-        python.display()
-    );
-    python
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let python = std::env::var_os("SLUICE_TEST_PYTHON")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("python3"));
+            let out = Command::new(&python)
+                .args([
+                    "-c",
+                    "import sys, cloudevents.core.bindings.http; print(sys.executable)",
+                ])
+                .stderr(Stdio::null())
+                .output();
+            let executable = out
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .filter(|p| !p.is_empty());
+            match executable {
+                Some(p) => PathBuf::from(p),
+                None => panic!(
+                    "{} cannot import the CloudEvents SDK: the function tests need cloudevents \
+                     2.2.0; ./scripts/test installs it (or: python3 -m pip install \
+                     cloudevents==2.2.0)",
+                    python.display()
+                ),
+            }
+        })
+        .clone()
 }
 
 /// What the function wrote to its `FN_LOG`: one JSON object per line.
