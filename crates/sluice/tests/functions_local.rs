@@ -177,6 +177,50 @@ async fn a_function_started_by_sluice_gets_valid_events_on_its_inherited_socket_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs functions::runtime"]
+async fn a_function_with_socket_port_binds_port_itself_and_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = FunctionLog::in_dir(dir.path());
+    let tag = "fn-test-socket-port";
+    let gw = gateway(
+        1,
+        &function_toml(
+            "ported",
+            &["sensors/#"],
+            &local_target(tag, &log, &[]),
+            "socket = \"port\"\nreply_topic = \"{topic}/out\"\nidle = \"30s\"\ngrace = \"1s\"",
+        ),
+    );
+    let mut app = device(&gw, "app").await;
+    app.subscribe(&[("sensors/+/+/out", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    let mut dev = device(&gw, "dev-p").await;
+    for p in ["one", "two"] {
+        assert_eq!(
+            dev.publish("sensors/dev-p/temp", p, QoS::AtLeastOnce, false)
+                .await
+                .expect("PUBACK once the function answered"),
+            0
+        );
+    }
+    let got: BTreeSet<String> = replies(&mut app, 2)
+        .await
+        .into_iter()
+        .map(|(_, r)| r["data"].as_str().expect("text").to_owned())
+        .collect();
+    assert_eq!(got, BTreeSet::from(["one".to_owned(), "two".to_owned()]));
+    let starts = log.starts();
+    assert_eq!(starts.len(), 1, "{starts:?}");
+    assert_eq!(
+        starts[0]["fd3"], false,
+        "socket = \"port\": no LISTEN_FDS, it bound $PORT itself"
+    );
+    assert_eq!(function_metric(&gw, "cold_starts_total", "ported"), 1.0);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs functions::runtime"]
 async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losing_events() {
     let dir = tempfile::tempdir().unwrap();
     let log = FunctionLog::in_dir(dir.path());
