@@ -117,9 +117,24 @@ async fn every_event_is_a_valid_cloudevent_and_the_answer_is_published_on_the_re
             "{topic}"
         );
     }
+    // A device id that needs percent-encoding in ce-source.
+    let mut odd = device(&gw, "capteur é 7").await;
+    assert_eq!(
+        odd.publish("sensors/odd/temp", "19", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    // An answer without a body (204) acknowledges the event and publishes nothing.
+    assert_eq!(
+        dev.publish("sensors/dev-a/quiet", "q", QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK after the 204"),
+        0
+    );
     let after = now_unix();
     let mut replies = BTreeMap::new();
-    while replies.len() < cases.len() {
+    while replies.len() < cases.len() + 1 {
         let p = app
             .recv(T)
             .await
@@ -153,27 +168,40 @@ async fn every_event_is_a_valid_cloudevent_and_the_answer_is_published_on_the_re
         assert!(!id.is_empty());
         ids.insert(id);
     }
+    let r = &replies["sensors/odd/temp/out"];
+    assert_eq!(
+        r["source"],
+        format!("sluice://{}/capteur é 7", hostname()),
+        "{r}"
+    );
+    ids.insert(r["id"].as_str().expect("an id").to_owned());
     assert_eq!(
         ids.len(),
-        cases.len(),
+        cases.len() + 1,
         "every event has its own id: {ids:?}"
     );
 
-    // The replies matched `sensors/#` too, but a function's output never goes to a function.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // No reply for the 204; and the replies matched `sensors/#` too, but a function's output
+    // never goes to a function.
+    let extra = app.recv(Duration::from_millis(300)).await.unwrap();
+    assert!(extra.is_none(), "nothing more: {extra:?}");
     let requests = f.log.requests();
-    assert_eq!(requests.len(), cases.len(), "{requests:?}");
-    assert!(
-        requests.iter().all(|r| r["status"] == 200),
+    let events = cases.len() + 2;
+    assert_eq!(requests.len(), events, "{requests:?}");
+    assert_eq!(f.log.with_status(Some(204)).len(), 1);
+    assert_eq!(
+        f.log.with_status(Some(200)).len(),
+        events - 1,
         "the SDK parsed every event: {requests:?}"
     );
-    assert_eq!(function_metric(&gw, "events_total", "enrich"), 5.0);
-    assert_eq!(invocations(&gw, "enrich", "ok"), 5.0);
-    assert_eq!(function_metric(&gw, "replies_total", "enrich"), 5.0);
+    let n = events as f64;
+    assert_eq!(function_metric(&gw, "events_total", "enrich"), n);
+    assert_eq!(invocations(&gw, "enrich", "ok"), n);
+    assert_eq!(function_metric(&gw, "replies_total", "enrich"), n - 1.0);
     assert_eq!(function_metric(&gw, "dead_letters_total", "enrich"), 0.0);
     let status = function_status(&gw, "enrich");
     assert_eq!(status["kind"], "remote", "{status}");
-    assert_eq!(status["events"], 5, "{status}");
+    assert_eq!(status["events"], events, "{status}");
     gw.shutdown();
 }
 

@@ -9,11 +9,12 @@ Once it accepts, it prints "listening PORT" on stdout (flushed).
 Each POST is parsed with the CloudEvents SDK (cloudevents 2.2.0,
 `cloudevents.core.bindings.http.from_http`, which raises on missing or invalid attributes):
 an event that does not parse is answered 400 with the SDK's error. A parsed event is handled
-by its mode: FN_MODE (default "ok"), overridden per event by a topic level named "ok", "fail",
-"reject", "hang" or "exit":
+by its mode: FN_MODE (default "ok"), overridden per event by a topic level named "ok",
+"quiet", "fail", "reject", "hang" or "exit":
   ok     200, JSON body: the parsed attributes (id, source, type, specversion, subject, time,
          datacontenttype), data (parsed JSON or text; `data_hex` when binary), pid and port
          (the client's port: which connection carried it); after FN_SLEEP_MS milliseconds
+  quiet  204, no body (nothing to reply)
   fail   500
   reject 422 (the function refuses the event itself)
   hang   no answer (sleeps FN_HANG_S seconds, default 3600, holding the connection)
@@ -37,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from cloudevents.core.bindings.http import HTTPMessage, from_http
 from cloudevents.core.formats.json import JSONFormat
 
-MODES = ("ok", "fail", "reject", "hang", "exit")
+MODES = ("ok", "quiet", "fail", "reject", "hang", "exit")
 LOG_FD = None
 if os.environ.get("FN_LOG"):
     LOG_FD = os.open(os.environ["FN_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -93,6 +94,11 @@ class Handler(BaseHTTPRequestHandler):
             record(dict(entry, status=None))
             time.sleep(float(os.environ.get("FN_HANG_S", "3600")))
             self.close_connection = True
+            return
+        if mode == "quiet":
+            record(dict(entry, status=204))
+            self.send_response(204)  # no Content-Length: a 204 has no body (RFC 9110 8.6)
+            self.end_headers()
             return
         if mode == "fail":
             record(dict(entry, status=500))
