@@ -441,3 +441,80 @@ async fn a_function_that_crashes_on_start_is_backed_off_while_the_cloud_keeps_it
     assert_eq!(invocations(&gw, "crashy", "ok"), 0.0);
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs functions::runtime"]
+async fn an_instance_that_dies_mid_request_is_replaced_and_later_events_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = FunctionLog::in_dir(dir.path());
+    let tag = "fn-test-dies-mid-request";
+    let gw = gateway(
+        1,
+        &function_toml(
+            "fragile",
+            &["jobs/#"],
+            &local_target(tag, &log, &[]),
+            "reply_topic = \"{topic}/out\"\nretries = 1\nretry_min = \"50ms\"\nidle = \"30s\"\ngrace = \"1s\"\nmax_instances = 1",
+        ),
+    );
+    let mut dlq = dlq_subscriber(&gw, "fragile").await;
+    let mut app = device(&gw, "app").await;
+    app.subscribe(&[("jobs/+/+/out", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    let mut dev = device(&gw, "dev-f").await;
+    assert_eq!(
+        dev.publish("jobs/ok/1", "before", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    // The instance exits while handling this one, and so does its replacement on the retry.
+    assert_eq!(
+        dev.publish("jobs/exit/2", "deadly", QoS::AtLeastOnce, false)
+            .await
+            .expect("PUBACK after the dead letter"),
+        0
+    );
+    let p = dlq
+        .recv(T)
+        .await
+        .unwrap()
+        .expect("the deadly event dead-lettered");
+    assert_eq!(&p.payload[..], b"deadly");
+    assert_eq!(user_property(&p, "attempts").as_deref(), Some("2"));
+    // A new instance answers what comes next.
+    for i in 3..6 {
+        assert_eq!(
+            dev.publish(&format!("jobs/ok/{i}"), "after", QoS::AtLeastOnce, false)
+                .await
+                .expect("PUBACK from a new instance"),
+            0
+        );
+    }
+    let got: BTreeSet<String> = replies(&mut app, 4)
+        .await
+        .into_iter()
+        .map(|(topic, _)| topic)
+        .collect();
+    let want: BTreeSet<String> = [1, 3, 4, 5]
+        .iter()
+        .map(|i| format!("jobs/ok/{i}/out"))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        function_metric(&gw, "instance_crashes_total", "fragile"),
+        2.0,
+        "one exit per attempt"
+    );
+    let starts = log.starts();
+    assert_eq!(
+        starts.len(),
+        3,
+        "the first, the retry's, the next events': {starts:?}"
+    );
+    let procs = processes_tagged(tag);
+    assert_eq!(procs.len(), 1, "only the last instance runs: {procs:?}");
+    assert_eq!(starts[2]["start"], procs[0].0);
+    gw.shutdown();
+}
