@@ -110,22 +110,6 @@ impl FunctionLog {
             .filter(|e| e["status"] == want)
             .collect()
     }
-
-    /// The distinct client ports (connections) requests came on.
-    pub fn ports(&self) -> BTreeSet<u64> {
-        self.requests()
-            .iter()
-            .filter_map(|e| e["port"].as_u64())
-            .collect()
-    }
-
-    /// The distinct processes that answered requests.
-    pub fn pids(&self) -> BTreeSet<u64> {
-        self.requests()
-            .iter()
-            .filter_map(|e| e["pid"].as_u64())
-            .collect()
-    }
 }
 
 /// The function run by the test itself on a free loopback port: a remote function's server.
