@@ -231,7 +231,7 @@ async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losin
             "sleepy",
             &["sensors/#"],
             &local_target(tag, &log, &[]),
-            "reply_topic = \"{topic}/out\"\nidle = \"500ms\"\ngrace = \"1s\"\nmax_instances = 1",
+            "reply_topic = \"{topic}/out\"\nidle = \"1s\"\ngrace = \"1s\"\nmax_instances = 1",
         ),
     );
     let mut app = device(&gw, "app").await;
@@ -264,7 +264,7 @@ async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losin
     assert_eq!(procs[0].1, std::process::id());
     assert_eq!(function_metric(&gw, "cold_starts_total", "sleepy"), 1.0);
 
-    // Idle for 500 ms: stopped, process gone.
+    // Idle for 1 s: stopped, process gone.
     scaled_to_zero(&gw, "sleepy", tag, Duration::from_secs(10)).await;
     assert!(function_metric(&gw, "instance_stops_total", "sleepy") >= 1.0);
 
