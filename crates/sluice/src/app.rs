@@ -80,6 +80,8 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn build(config: Config) -> Result<Gateway, AppError> {
+        // Functions are sinks: each `[[function]]` becomes one more uplink entry.
+        let config = config.with_function_sinks();
         let shards = match config.gateway.shards {
             0 => std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -266,6 +268,12 @@ impl Gateway {
                 v.push((uplink, index, opened));
             }
         }
+        let functions: Vec<Arc<crate::functions::FunctionHandle>> = config
+            .function
+            .iter()
+            .enumerate()
+            .map(|(i, f)| crate::functions::FunctionHandle::new(i, Arc::new(f.clone())))
+            .collect();
         let phd_addr = phd.as_ref().and_then(|l| l.local_addr().ok());
         let phd = phd.map(|l| crate::edge::phd::PhdStart::new(&config, l, txs.clone()));
         let mut shard_spools = shard_spools.into_iter();
@@ -302,6 +310,7 @@ impl Gateway {
                 coap_metrics: coap_metrics[id].clone(),
                 links: links.clone(),
                 phd: phd.as_ref().map(|p| p.shared.clone()),
+                functions: functions.clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -331,6 +340,7 @@ impl Gateway {
             mqtt_mptcp,
             links: link_watcher.as_ref().map(|w| w.metrics.clone()),
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
+            functions: functions.clone(),
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -607,6 +617,8 @@ struct GatewayStatus {
     links: Option<Arc<crate::net::links::LinkMetrics>>,
     /// The PHD agent table (`None` without `[phd] listen`).
     phd: Option<Arc<crate::control::phd::PhdRoom>>,
+    /// Every `[[function]]`.
+    functions: Vec<Arc<crate::functions::FunctionHandle>>,
 }
 
 impl GatewayStatus {
@@ -650,6 +662,7 @@ impl GatewayStatus {
 impl AdminSource for GatewayStatus {
     fn render_metrics(&self, w: &mut PromWriter) {
         self.control.render(w);
+        crate::functions::metrics::render(w, &self.functions);
         for (i, m) in self.shard_metrics.iter().enumerate() {
             m.render(w, &i.to_string());
         }
@@ -745,6 +758,7 @@ impl AdminSource for GatewayStatus {
             "mqtt": { "mptcp": self.mqtt_mptcp },
             "links": self.links.as_ref().map(|l| l.status()),
             "phd": self.phd.as_ref().map(|p| p.status(1000)),
+            "functions": crate::functions::status(&self.functions),
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,
                 Some(addr) => serde_json::json!({

@@ -58,7 +58,11 @@ fn every_key_set() -> Config {
     u.tc_interface = Some("eth0".into());
     u.tc_rate = Some("10mbit".into());
     c.uplink.push(u);
-
+    let mut f: config::FunctionConfig =
+        toml::from_str("name = \"f\"\ntopics = [\"#\"]\ncommand = [\"true\"]\ndir = \"/tmp\"\n")
+            .expect("function");
+    f.url = Some("http://fn.example".into());
+    c.function.push(f);
     c
 }
 
@@ -170,4 +174,36 @@ fn example_onem2m_uplink_parses_and_names_phd_containers_by_system_id_and_metric
             "the example shows {key}"
         );
     }
+}
+
+/// The commented function of the example, uncommented, is a valid local function.
+#[test]
+fn example_function_parses_and_validates() {
+    let text = example_text();
+    let start = text
+        .find("# --- function example (begin) ---")
+        .expect("function example begins");
+    let end = text
+        .find("# --- function example (end) ---")
+        .expect("function example ends");
+    let section: String = text[start..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| {
+            l.starts_with("[[")
+                || l.split_once(" = ").is_some_and(|(k, _)| {
+                    k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                        && k != "url"
+                        && k != "dir"
+                })
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config =
+        config::parse_unchecked_files(&section).unwrap_or_else(|e| panic!("{e}\n{section}"));
+    assert_eq!(config.function.len(), 1);
+    let f = &config.function[0];
+    assert_eq!(f.name, "enrich");
+    assert!(f.is_local());
+    assert_eq!(f.reply_topic, "{topic}/out");
 }

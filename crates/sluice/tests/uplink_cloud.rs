@@ -79,6 +79,7 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
             on_port: None,
             feeders: Default::default(),
             links: None,
+            function: None,
         },
         rx,
     );
@@ -122,6 +123,7 @@ fn message(d: usize, i: usize, acks: &Rc<DeviceAcks>) -> UplinkMessage {
         received_at: Instant::now(),
         // Device packet ids 1..=PER_DEVICE.
         ack: Some(AckToken::new(acks, (i + 1) as u16)),
+        content_type: None,
         stored: None,
     }
 }

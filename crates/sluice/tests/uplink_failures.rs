@@ -82,6 +82,7 @@ fn start_uplink(cfg: UplinkConfig, devices: usize) -> Uplink {
             on_port: None,
             feeders: Default::default(),
             links: None,
+            function: None,
         },
         rx,
     );
@@ -118,6 +119,7 @@ fn message(topic: &str, payload: Bytes, acks: &Rc<DeviceAcks>, packet_id: u16) -
         retain: false,
         received_at: Instant::now(),
         ack: Some(AckToken::new(acks, packet_id)),
+        content_type: None,
         stored: None,
     }
 }
@@ -390,6 +392,7 @@ fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was
                 on_port: None,
                 feeders: Default::default(),
                 links: None,
+                function: None,
             },
             rx,
         );

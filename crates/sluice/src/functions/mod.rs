@@ -281,6 +281,42 @@ impl FunctionHandle {
     }
 }
 
+/// The `functions` array of /api/v1/status: per function its kind, counters and the
+/// instances taking requests now (the runtime adds process details when it runs).
+pub fn status(functions: &[Arc<FunctionHandle>]) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = functions
+        .iter()
+        .map(|f| {
+            let m = &f.metrics;
+            let instances: Vec<serde_json::Value> = f
+                .instances()
+                .iter()
+                .map(|i| {
+                    serde_json::json!({
+                        "id": i.id,
+                        "addr": i.addr.map(|a| a.to_string()),
+                        "state": if i.is_retired() { "stopping" } else if i.has_answered() || f.remote.is_some() { "running" } else { "starting" },
+                        "inflight": i.inflight(),
+                        "prewarmed": i.prewarmed,
+                        "age_ms": i.started_at.elapsed().as_millis() as u64,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "name": f.name(),
+                "kind": if f.remote.is_some() { "remote" } else { "local" },
+                "events": m.events.get(),
+                "inflight": f.inflight(),
+                "queued": f.waiting(),
+                "cold_starts": m.cold_starts.get(),
+                "dead_letters": m.dead_letters.get(),
+                "instances": instances,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list)
+}
+
 /// One request's claim on an instance; dropping it frees the slot.
 #[derive(Debug)]
 pub struct Slot {
@@ -329,13 +365,20 @@ mod tests {
         let a = h.acquire().unwrap();
         let b = h.acquire().unwrap();
         let c = h.acquire().unwrap();
-        assert_eq!((a.instance().id, b.instance().id, c.instance().id), (1, 1, 2));
+        assert_eq!(
+            (a.instance().id, b.instance().id, c.instance().id),
+            (1, 1, 2)
+        );
         assert_eq!(h.inflight(), 3);
         drop(a);
         assert_eq!(h.acquire().unwrap().instance().id, 1);
         h.instances()[0].retire();
         drop(b);
-        assert_eq!(h.acquire().unwrap().instance().id, 2, "a retired instance takes nothing");
+        assert_eq!(
+            h.acquire().unwrap().instance().id,
+            2,
+            "a retired instance takes nothing"
+        );
     }
 
     #[test]

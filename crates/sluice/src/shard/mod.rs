@@ -171,6 +171,8 @@ pub struct ShardSeed {
     pub links: Option<crate::net::links::LinkWatch>,
     /// The PHD edge (`[phd] listen`), for agents handed to this shard.
     pub phd: Option<Arc<crate::edge::phd::PhdShared>>,
+    /// Every `[[function]]`'s handle (its sink entries are in `config.uplink`).
+    pub functions: Vec<Arc<crate::functions::FunctionHandle>>,
 }
 
 /// Start a shard thread.
@@ -226,6 +228,7 @@ async fn run(seed: ShardSeed) {
         coap_metrics,
         links,
         phd,
+        functions,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -260,6 +263,10 @@ async fn run(seed: ShardSeed) {
                     ))
                 }),
                 spool,
+                overflow: u
+                    .function
+                    .as_ref()
+                    .map(|_| Rc::new(crate::sink::http::Overflow::default())),
             }
         })
         .collect();
@@ -348,6 +355,20 @@ async fn run(seed: ShardSeed) {
             }) as crate::sink::DownlinkDelivery
         });
         let cfg = Rc::new(UplinkConfig::clone(ucfg));
+        let function = ucfg.function.as_ref().and_then(|f| {
+            let handle = functions.iter().find(|h| h.cfg.name == f.name)?.clone();
+            let publish_ctx = ctx.clone();
+            let publish: crate::sink::http::Publish = Rc::new(move |msg| {
+                let ctx = publish_ctx.clone();
+                Box::pin(async move { router::publish_from_function(&ctx, msg).await })
+                    as crate::sink::DownlinkDelivery
+            });
+            Some(crate::sink::http::FunctionSeed {
+                handle,
+                publish,
+                overflow: ctx.uplinks[i].overflow.clone()?,
+            })
+        });
         uplink_tasks.push(crate::sink::spawn(
             SessionSeed {
                 shard: id,
@@ -361,6 +382,7 @@ async fn run(seed: ShardSeed) {
                 on_port: None,
                 feeders: std::mem::take(&mut feeders[i]),
                 links: links.clone(),
+                function: function.clone(),
             },
             local_shutdown.clone(),
         ));
@@ -389,6 +411,7 @@ async fn run(seed: ShardSeed) {
                     on_port,
                     feeders: Default::default(),
                     links: links.clone(),
+                    function,
                 },
                 local_shutdown.clone(),
             ));

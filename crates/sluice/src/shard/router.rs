@@ -42,6 +42,22 @@ use crate::sink::{Offer, OfferCounters, OfferDrop};
 /// waits, and a connection's task is as large as its largest state — an inline message would
 /// cost each idle connection its size (measured: 7.78 vs 7.58 KiB per idle connection).
 pub async fn publish(ctx: &Rc<ShardContext>, msg: Box<DeviceMessage>, device: Priority) {
+    publish_to(ctx, msg, device, true).await
+}
+
+/// Route a function's reply or dead letter (`crate::sink::http`): like a device's message,
+/// but never offered to a function's sink, so functions cannot feed each other in a loop.
+pub async fn publish_from_function(ctx: &Rc<ShardContext>, msg: DeviceMessage) {
+    let device = ctx.priority.device(&msg.device);
+    publish_to(ctx, Box::new(msg), device, false).await
+}
+
+async fn publish_to(
+    ctx: &Rc<ShardContext>,
+    msg: Box<DeviceMessage>,
+    device: Priority,
+    to_functions: bool,
+) {
     let routed = Routed {
         origin: msg.device.clone(),
         topic: msg.topic.clone(),
@@ -71,7 +87,9 @@ pub async fn publish(ctx: &Rc<ShardContext>, msg: Box<DeviceMessage>, device: Pr
     drop(routed);
     let offer = Offer::new(&msg, device, &ctx.priority, &*ctx.metrics);
     for sink in &ctx.uplinks {
-        sink.offer(&offer).await;
+        if to_functions || sink.overflow.is_none() {
+            sink.offer(&offer).await;
+        }
     }
     drop(offer);
     if let Some(ack) = msg.ack {

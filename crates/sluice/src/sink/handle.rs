@@ -32,6 +32,9 @@ pub struct Sink {
     pub queue: Rc<UplinkQueue>,
     pub high: Option<Rc<UplinkQueue>>,
     pub spool: Option<Rc<UplinkSpool>>,
+    /// `Some` for a function's sink: a message its queue cannot take goes here (to be
+    /// dead-lettered) instead of waiting, so a slow function never holds the device.
+    pub overflow: Option<Rc<crate::sink::http::Overflow>>,
 }
 
 /// Why a sink dropped a message it would have forwarded.
@@ -163,10 +166,15 @@ impl Sink {
             retain: msg.retain,
             received_at: msg.received_at,
             ack: msg.ack.as_ref().map(AckToken::share),
+            content_type: msg.properties.as_ref().and_then(|p| p.content_type.clone()),
             stored: None,
         };
         offer.counters.forwarded();
-        if msg.qos == QoS::AtMostOnce {
+        if let Some(overflow) = &self.overflow {
+            if let Err(up) = queue.try_push(up) {
+                overflow.push(up);
+            }
+        } else if msg.qos == QoS::AtMostOnce {
             if queue.try_push(up).is_err() {
                 offer.counters.dropped(OfferDrop::QueueFull);
             }
@@ -218,6 +226,7 @@ mod tests {
             queue: Rc::new(UplinkQueue::new(capacity)),
             high: high_lane.then(|| Rc::new(UplinkQueue::new(capacity))),
             spool: None,
+            overflow: None,
         }
     }
 

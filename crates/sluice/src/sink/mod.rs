@@ -77,7 +77,9 @@ pub fn spawn(
     seed: SessionSeed,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    if seed.cfg.is_onem2m() {
+    if seed.function.is_some() {
+        http::spawn(seed, shutdown)
+    } else if seed.cfg.is_onem2m() {
         onem2m::spawn(seed, shutdown)
     } else if seed.cfg.paths.is_empty() {
         mqtt::spawn(seed, shutdown)
@@ -192,6 +194,9 @@ pub struct UplinkMessage {
     /// invariants): `Some` for QoS ≥ 1 from a device, or for a spool record under
     /// `ack = "cloud"`; `None` otherwise.
     pub ack: Option<AckToken>,
+    /// The MQTT 5 Content Type the device gave (a function's event carries it); `None` for
+    /// other devices and for spool records (the spool does not store properties).
+    pub content_type: Option<ByteString>,
     /// `Some` for a record read from a spool: acknowledged there when the message is
     /// finished, before `ack`. Dropping the message unfinished acknowledges nothing (the
     /// record is sent again after a restart).

@@ -161,6 +161,7 @@ pub fn message(device: usize, n: usize, qos: QoS, acks: &Rc<DeviceAcks>) -> Upli
         retain: false,
         received_at: Instant::now(),
         ack: Some(AckToken::new(acks, n as u16 + 1)),
+        content_type: None,
         stored: None,
     }
 }

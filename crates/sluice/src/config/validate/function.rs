@@ -127,8 +127,14 @@ pub(in crate::config) fn check_functions(config: &Config, files: Files) -> Resul
         if f.retries > 100 {
             return invalid(&key("retries"), "must be at most 100");
         }
-        if f.env.keys().any(|k| k.is_empty() || k.contains(['=', '\0'])) {
-            return invalid(&key("env"), "variable names must be non-empty, without '=' or NUL");
+        if f.env
+            .keys()
+            .any(|k| k.is_empty() || k.contains(['=', '\0']))
+        {
+            return invalid(
+                &key("env"),
+                "variable names must be non-empty, without '=' or NUL",
+            );
         }
         if !f.reply_topic.is_empty() {
             let mut filled = f.reply_topic.clone();
@@ -150,4 +156,75 @@ pub(in crate::config) fn check_functions(config: &Config, files: Files) -> Resul
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{parse_unchecked_files, ConfigError};
+
+    fn err(body: &str) -> String {
+        match parse_unchecked_files(&format!("[[function]]\nname = \"f\"\n{body}")) {
+            Err(ConfigError::Invalid { key, reason }) => format!("{key}: {reason}"),
+            Err(e) => e.to_string(),
+            Ok(_) => "ok".into(),
+        }
+    }
+
+    #[test]
+    fn functions_are_checked_with_their_key_path() {
+        assert_eq!(err("topics = [\"a/#\"]\ncommand = [\"x\"]"), "ok");
+        assert_eq!(err("topics = [\"a/#\"]\nurl = \"http://h:1/p\""), "ok");
+        assert!(err("topics = [\"a\"]").starts_with("function[0].command: set command"));
+        assert!(
+            err("topics = [\"a\"]\ncommand = [\"x\"]\nurl = \"http://h\"")
+                .starts_with("function[0].url: set either")
+        );
+        assert!(err("topics = []\ncommand = [\"x\"]").starts_with("function[0].topics"));
+        assert!(err("topics = [\"a/#/b\"]\ncommand = [\"x\"]").starts_with("function[0].topics[0]"));
+        assert!(
+            err("topics = [\"a\"]\ncommand = [\"x\"]\nmin_instances = 5")
+                .starts_with("function[0].min_instances: must not exceed max_instances (4)")
+        );
+        assert!(err("topics = [\"a\"]\nurl = \"https://h\"").contains("not supported yet"));
+        assert!(
+            err("topics = [\"a\"]\nurl = \"http://h\"\nprewarm = \"predict\"")
+                .starts_with("function[0].prewarm: applies to local functions")
+        );
+        assert!(
+            err("topics = [\"a\"]\ncommand = [\"x\"]\nreply_topic = \"{topic}/+\"")
+                .starts_with("function[0].reply_topic: must be a topic name")
+        );
+        assert!(
+            err("topics = [\"a\"]\ncommand = [\"x\"]\nreply_topic = \"{nope}\"")
+                .starts_with("function[0].reply_topic: may use only")
+        );
+        assert!(err("topics = [\"a\"]\ncommand = [\"x\"]\nconcurrency = 0")
+            .starts_with("function[0].concurrency: must be at least 1"));
+        assert!(err("topics = [\"a\"]\ncommand = [\"x\"]\nidle = 5").contains("unit"));
+        let dup = parse_unchecked_files(
+            "[[function]]\nname = \"f\"\ntopics = [\"a\"]\ncommand = [\"x\"]\n[[function]]\nname = \"f\"\ntopics = [\"a\"]\ncommand = [\"x\"]\n",
+        );
+        assert!(matches!(dup, Err(ConfigError::Invalid { key, .. }) if key == "function[1].name"));
+    }
+
+    #[test]
+    fn function_sinks_are_named_apart_from_uplinks_and_never_printed() {
+        let c = parse_unchecked_files(
+            "[[function]]\nname = \"f\"\ntopics = [\"a/#\"]\nurl = \"http://h:8080/x\"\n",
+        )
+        .unwrap();
+        let text = c.to_toml();
+        let run = c.with_function_sinks();
+        assert_eq!(run.uplink.len(), 1);
+        assert_eq!(run.uplink[0].name, "function.f");
+        assert_eq!(run.uplink[0].forward, vec!["a/#".to_string()]);
+        assert_eq!(run.uplink[0].url.port, 8080);
+        assert_eq!(run.to_toml(), text, "sink entries are not part of the file");
+        assert_eq!(
+            run.clone().with_function_sinks().uplink.len(),
+            1,
+            "idempotent"
+        );
+        crate::config::validate::check(&run, crate::config::validate::Files::Unchecked).unwrap();
+    }
 }

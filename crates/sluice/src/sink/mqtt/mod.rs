@@ -103,6 +103,8 @@ pub struct SessionSeed {
     /// Link state of the watched interfaces (`[multipath]`, paths' interfaces); `None`
     /// when no watcher runs.
     pub links: Option<crate::net::links::LinkWatch>,
+    /// `Some` for a function's sink (`crate::sink::http`).
+    pub function: Option<crate::sink::http::FunctionSeed>,
 }
 
 /// Start the outbox of one uplink lane on this shard, with an MQTT transport. Must be called
@@ -122,6 +124,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         on_port,
         feeders,
         links: _,
+        function: _,
     } = seed;
     let transport = MqttTransport::new(shard, lane, cfg.clone(), tls, downlink, metrics.clone())
         .with_port_observer(on_port);

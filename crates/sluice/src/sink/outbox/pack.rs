@@ -223,6 +223,7 @@ mod tests {
             retain: false,
             received_at: Instant::now(),
             ack: None,
+            content_type: None,
             stored: None,
         }
     }

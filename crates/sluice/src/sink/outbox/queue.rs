@@ -460,6 +460,7 @@ mod tests {
             retain: false,
             received_at: Instant::now(),
             ack: None,
+            content_type: None,
             stored: None,
         }
     }

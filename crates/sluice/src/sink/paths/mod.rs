@@ -76,6 +76,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         on_port: _,
         feeders,
         links,
+        function: _,
     } = seed;
     let make = {
         let (cfg, metrics) = (cfg.clone(), metrics.clone());

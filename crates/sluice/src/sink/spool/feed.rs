@@ -383,6 +383,7 @@ impl UplinkSpool {
                 retain: rec.retain,
                 received_at: now.checked_sub(age).unwrap_or(now),
                 ack: device,
+                content_type: None,
                 stored: Some(Stored {
                     spool: self.clone(),
                     seq: r.seq.0,

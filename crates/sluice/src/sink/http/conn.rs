@@ -1,0 +1,196 @@
+//! One HTTP/1.1 exchange on a keep-alive connection to a function, and the shard's pool of
+//! idle connections per instance.
+//!
+//! Owns: connecting (an instance's loopback address, or a remote function's host), writing one
+//! request, reading its response (decoded by the sans-IO parser shared with the oneM2M
+//! transport, `sink::onem2m::http`, plus close-delimited bodies, which a server that answers
+//! one request per connection may send), and keeping idle connections for reuse. Does not own:
+//! timeouts, retries or what an answer means (`dispatch.rs`).
+//!
+//! A connection is used by one request at a time (no pipelining: Knative's concurrency is
+//! requests in flight, each on its own connection). A response that says `Connection: close`,
+//! or any error, ends the connection; otherwise it goes back to the pool. Connections idle for
+//! more than [`IDLE_REOPEN`] are not reused, so a server's keep-alive timeout never closes one
+//! under a request.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::sink::onem2m::http::{self, HttpError, MAX_BODY_BYTES, MAX_HEAD_BYTES};
+
+/// An idle connection older than this is closed instead of reused.
+pub const IDLE_REOPEN: Duration = Duration::from_secs(2);
+/// Idle connections kept per instance on one shard.
+pub const MAX_IDLE_PER_INSTANCE: usize = 64;
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot connect: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("connection failed: {0}")]
+    Io(#[source] std::io::Error),
+    #[error("the function closed the connection before answering")]
+    Closed,
+    #[error("malformed HTTP response: {0}")]
+    Http(#[from] HttpError),
+}
+
+/// A function's answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Bytes,
+    /// The server closes the connection after it.
+    pub close: bool,
+}
+
+/// One open connection.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+    idle_since: Instant,
+    /// It carried an exchange before (a failure before any answer byte may be a stale
+    /// keep-alive connection the server closed meanwhile).
+    pub reused: bool,
+}
+
+/// Where a connection goes.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Addr(SocketAddr),
+    /// `host:port` to resolve (a remote function).
+    Host(String, u16),
+}
+
+impl Conn {
+    pub async fn open(target: &Target) -> Result<Conn, CallError> {
+        let stream = match target {
+            Target::Addr(a) => TcpStream::connect(a).await,
+            Target::Host(h, p) => TcpStream::connect((h.as_str(), *p)).await,
+        }
+        .map_err(CallError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        Ok(Conn {
+            stream,
+            buf: BytesMut::with_capacity(4096),
+            idle_since: Instant::now(),
+            reused: false,
+        })
+    }
+
+    /// Write `request`, tell `written` when it is in the socket, and read its answer.
+    pub async fn call(
+        &mut self,
+        request: &[&[u8]],
+        written: &dyn Fn(Instant),
+    ) -> Result<Answer, CallError> {
+        for part in request {
+            self.stream.write_all(part).await.map_err(CallError::Io)?;
+        }
+        written(Instant::now());
+        self.read_answer().await
+    }
+
+    async fn read_answer(&mut self) -> Result<Answer, CallError> {
+        self.buf.clear();
+        loop {
+            match http::decode(&mut self.buf) {
+                Ok(Some(r)) => {
+                    return Ok(Answer {
+                        status: r.status,
+                        body: r.body,
+                        close: r.close,
+                    })
+                }
+                Ok(None) => {}
+                Err(HttpError::Undelimited) => return self.read_to_end().await,
+                Err(e) => return Err(e.into()),
+            }
+            if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
+                return Err(HttpError::HeadTooLarge.into());
+            }
+            self.buf.reserve(4096);
+            let n = self
+                .stream
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(CallError::Io)?;
+            if n == 0 {
+                return Err(CallError::Closed);
+            }
+        }
+    }
+
+    /// A response whose body ends with the connection (HTTP/1.0 style).
+    async fn read_to_end(&mut self) -> Result<Answer, CallError> {
+        loop {
+            if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
+                return Err(HttpError::BodyTooLarge(self.buf.len() as u64).into());
+            }
+            self.buf.reserve(4096);
+            let n = self
+                .stream
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(CallError::Io)?;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut headers = [httparse::EMPTY_HEADER; http::MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(&self.buf) {
+            Ok(httparse::Status::Complete(head)) => {
+                let status = resp.code.unwrap_or(0);
+                let body = self.buf.split_off(head).freeze();
+                Ok(Answer {
+                    status,
+                    body,
+                    close: true,
+                })
+            }
+            _ => Err(HttpError::BadHead("incomplete response before close").into()),
+        }
+    }
+}
+
+/// Idle connections per instance id, on one shard.
+#[derive(Debug, Default)]
+pub struct Pool {
+    idle: HashMap<u64, Vec<Conn>>,
+}
+
+impl Pool {
+    /// A fresh-enough idle connection to instance `id`, if any.
+    pub fn take(&mut self, id: u64) -> Option<Conn> {
+        let list = self.idle.get_mut(&id)?;
+        while let Some(mut c) = list.pop() {
+            if c.idle_since.elapsed() < IDLE_REOPEN {
+                c.reused = true;
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Keep `conn` for the next request to instance `id`.
+    pub fn put(&mut self, id: u64, mut conn: Conn) {
+        conn.idle_since = Instant::now();
+        let list = self.idle.entry(id).or_default();
+        if list.len() < MAX_IDLE_PER_INSTANCE {
+            list.push(conn);
+        }
+    }
+
+    /// Forget the connections of instances not in `live` (stopped ones).
+    pub fn retain(&mut self, live: impl Fn(u64) -> bool) {
+        self.idle.retain(|id, _| live(*id));
+    }
+}
