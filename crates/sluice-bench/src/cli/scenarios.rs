@@ -721,6 +721,10 @@ pub(crate) struct FunctionsArgs {
     /// Only the Python function, or only the compiled one (default both).
     #[arg(long, value_delimiter = ',', default_value = "python,compiled")]
     function: Vec<String>,
+    /// "local": sluice starts the instances (command); "remote": the bench starts one on
+    /// $PORT and sluice calls its url (no cold starts; for a sluice without the runtime).
+    #[arg(long, default_value = "local")]
+    placement: String,
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
@@ -760,6 +764,11 @@ pub(crate) async fn functions(args: FunctionsArgs) -> anyhow::Result<()> {
             other => Err(anyhow::anyhow!("--function {other:?}: python or compiled")),
         })
         .collect::<anyhow::Result<_>>()?;
+    s.placement = match args.placement.as_str() {
+        "local" => fns::Placement::Local,
+        "remote" => fns::Placement::Remote,
+        other => anyhow::bail!("--placement {other:?}: local or remote"),
+    };
     s.adaptor_rate = args.rate;
     s.adaptor_devices = args.devices;
     s.adaptor_warmup = args.warmup;

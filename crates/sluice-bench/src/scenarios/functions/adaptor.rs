@@ -7,7 +7,8 @@
 //! MQTT 3.1.1 devices ([`crate::load::devices`], QoS 1, periodic arrivals with random phase,
 //! fixed payload) offering `adaptor_rate` events/s in total. After a 1 s ramp and the
 //! warm-up, the window: CPU of sluice (`utime + stime`) and of its children (live children's
-//! plus sluice's `cutime + cstime`: instances that exited count too, [`super::procs`]), and
+//! plus sluice's `cutime + cstime`: instances that exited count too, [`super::procs`]; with
+//! `--placement remote` the one instance the bench started), and
 //! the function's `invocations_total{outcome="ok"}`, each read at both ends. Per event =
 //! CPU ÷ ok invocations in the window. After the devices stop, every event must have been
 //! answered: `events_total` = `invocations_total{ok}` and the devices' PUBACKs = sent.
@@ -18,7 +19,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 
-use super::{procs, prom, FnKind, FnSettings, FnSluice, FunctionsScenario, FUNCTION};
+use super::{prom, FnKind, FnSettings, FnSluice, FunctionsScenario, FUNCTION};
 use crate::harness::procfs::{machine_cpu, machine_cpu_percent};
 use crate::load::devices::{spawn_devices, Arrivals, DevicesConfig, PayloadSize};
 use crate::stats::LatencySummary;
@@ -27,6 +28,8 @@ use crate::stats::LatencySummary;
 #[derive(Debug, Clone, Serialize)]
 pub struct AdaptorResult {
     pub function: FnKind,
+    /// Whether sluice started the instances (local) or the bench did (remote).
+    pub placement: super::Placement,
     pub offered_rate: f64,
     pub devices: u32,
     pub qos: u8,
@@ -101,7 +104,6 @@ pub async fn run(
     let run = spawn_devices(config)?;
     tokio::time::sleep(ramp + s.adaptor_warmup).await;
 
-    let pid = sluice.pid();
     let ok_now = |text: &str| {
         prom::sample(
             text,
@@ -111,10 +113,10 @@ pub async fn run(
         .unwrap_or(0.0) as u64
     };
     let m0 = sluice.metrics().await?;
-    let f0 = procs::family_cpu(pid)?;
+    let f0 = sluice.cpu()?;
     let (mach0, t0) = (machine_cpu(), Instant::now());
     tokio::time::sleep(s.adaptor_window).await;
-    let f1 = procs::family_cpu(pid)?;
+    let f1 = sluice.cpu()?;
     let (mach1, wall) = (machine_cpu(), t0.elapsed());
     let m1 = sluice.metrics().await?;
     let devices = run.wait().await.context("the device run")?;
@@ -123,12 +125,12 @@ pub async fn run(
     let end = sluice.metrics().await?;
 
     let events_ok = ok_now(&m1).saturating_sub(ok_now(&m0));
-    let sluice_cpu = f1.own.saturating_sub(f0.own).as_secs_f64();
-    let function_cpu = f1.children.saturating_sub(f0.children).as_secs_f64();
+    let sluice_cpu = f1.0.saturating_sub(f0.0).as_secs_f64();
+    let function_cpu = f1.1.saturating_sub(f0.1).as_secs_f64();
     let per_event = |cpu: f64| (events_ok > 0).then(|| cpu * 1e6 / events_ok as f64);
     let (sluice_us, function_us) = (per_event(sluice_cpu), per_event(function_cpu));
-    let mut instance_pids = f0.live_children.clone();
-    instance_pids.extend(&f1.live_children);
+    let mut instance_pids = f0.2.clone();
+    instance_pids.extend(&f1.2);
     instance_pids.sort_unstable();
     instance_pids.dedup();
     let fn_label = [("function", FUNCTION)];
@@ -148,6 +150,7 @@ pub async fn run(
         .sum();
     let result = AdaptorResult {
         function: kind,
+        placement: s.placement,
         offered_rate: s.adaptor_rate,
         devices: s.adaptor_devices,
         qos: 1,

@@ -24,6 +24,7 @@ use crate::load::idle::{IdleConfig, IdleFleet};
 #[derive(Debug, Clone, Serialize)]
 pub struct IdleResult {
     pub function: FnKind,
+    pub placement: super::Placement,
     pub devices_connected: u64,
     pub keep_alive_s: u16,
     pub window_s: f64,
@@ -80,9 +81,11 @@ pub async fn run(
         .await?;
     probe.next(Duration::from_secs(30)).await?;
     drop(probe);
-    sluice
-        .wait_instances("0", |n| n == 0.0, Duration::from_secs(30))
-        .await?;
+    if sluice.is_local() {
+        sluice
+            .wait_instances("0", |n| n == 0.0, Duration::from_secs(30))
+            .await?;
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let pid = sluice.pid();
@@ -105,6 +108,7 @@ pub async fn run(
     let percent = 100.0 * cpu / wall.as_secs_f64();
     let result = IdleResult {
         function: kind,
+        placement: s.placement,
         devices_connected: connected.connected,
         keep_alive_s,
         window_s: wall.as_secs_f64(),

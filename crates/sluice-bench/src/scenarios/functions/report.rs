@@ -25,8 +25,13 @@ pub fn markdown(r: &FunctionsReport) -> String {
     out.push_str(&machine_line(&r.machine, &[loadavg_item(&r.machine)]));
     let _ = write!(
         out,
-        "\n\nCommand: `{}` · sluice shards {} (0: one per core)\n",
-        r.machine.command_line, r.sluice_shards
+        "\n\nCommand: `{}` · sluice shards {} (0: one per core) · placement {}\n",
+        r.machine.command_line,
+        r.sluice_shards,
+        match r.placement {
+            super::Placement::Local => "local (sluice starts and stops the instances)",
+            super::Placement::Remote => "**remote** (the bench started one instance on $PORT; sluice called its url: no cold starts, no scaling)",
+        }
     );
     adaptor(&mut out, r);
     idle(&mut out, r);
