@@ -18,6 +18,9 @@ START_NS = time.time_ns()
 
 class Echo(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # http.server writes the head and the body in two writes: without TCP_NODELAY the body
+    # waits for the peer's delayed ACK (~40 ms) on every keep-alive request.
+    disable_nagle_algorithm = True
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)

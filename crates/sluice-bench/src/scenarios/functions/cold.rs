@@ -147,7 +147,10 @@ pub async fn run(
 
     let cold = cold.phase(cold_rounds, &before, &after_cold, true);
     let warm = warm.phase(s.warm_rounds, &before_warm, &after_warm, false);
-    let target_met = match (cold.sluice_dispatch.p99_le_ms, warm.sluice_dispatch.p99_le_ms) {
+    let target_met = match (
+        cold.sluice_dispatch.p99_le_ms,
+        warm.sluice_dispatch.p99_le_ms,
+    ) {
         (Some(c), Some(w)) => Some(c <= 2.0 && w <= 2.0),
         (None, Some(w)) if cold_rounds == 0 => Some(w <= 2.0),
         _ => None,
