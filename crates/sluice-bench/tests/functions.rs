@@ -48,7 +48,14 @@ async fn a_remote_compiled_echo_answers_every_event_and_its_replies_come_back() 
     s.adaptor_window = Duration::from_secs(2);
     s.warm_rounds = 5;
     let report = run_functions(&s).await?;
-    let a = &report.adaptor[0];
+    assert_eq!(report.adaptor.len(), 2, "the baseline, then the function");
+    let base = &report.adaptor[0];
+    assert!(base.function.is_none() && base.all_answered, "{base:#?}");
+    assert!(
+        base.events_ok > 100 && base.invocations_ok == 0,
+        "{base:#?}"
+    );
+    let a = &report.adaptor[1];
     assert!(a.all_answered, "{a:#?}");
     assert!(a.events_ok > 100, "{a:#?}");
     assert!(a.sluice_us_per_event.is_some() && a.function_us_per_event.is_some());

@@ -700,6 +700,9 @@ pub(crate) struct FunctionsArgs {
     /// Adaptor: the measured window.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     window: Duration,
+    /// Adaptor: skip the baseline run (the same load on topics no function matches).
+    #[arg(long)]
+    no_baseline: bool,
     /// Payload bytes of each event (at least 24).
     #[arg(long, default_value_t = 128)]
     payload: usize,
@@ -773,6 +776,7 @@ pub(crate) async fn functions(args: FunctionsArgs) -> anyhow::Result<()> {
     s.adaptor_devices = args.devices;
     s.adaptor_warmup = args.warmup;
     s.adaptor_window = args.window;
+    s.adaptor_baseline = !args.no_baseline;
     s.payload = args.payload.max(24);
     s.idle_devices = args.idle_devices;
     s.idle_window = args.idle_window;

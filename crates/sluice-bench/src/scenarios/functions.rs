@@ -102,6 +102,8 @@ pub struct FunctionsScenario {
     /// Adaptor: load before the window (not measured), after a 1 s ramp.
     pub adaptor_warmup: Duration,
     pub adaptor_window: Duration,
+    /// Adaptor: first the same load on topics no function matches (sluice's MQTT cost alone).
+    pub adaptor_baseline: bool,
     /// Payload bytes of every event (at least the 24-byte bench header).
     pub payload: usize,
     /// Idle: silent devices and the window.
@@ -128,6 +130,7 @@ impl FunctionsScenario {
             adaptor_devices: 10,
             adaptor_warmup: Duration::from_secs(5),
             adaptor_window: Duration::from_secs(30),
+            adaptor_baseline: true,
             payload: 128,
             idle_devices: 100,
             idle_window: Duration::from_secs(60),
@@ -151,6 +154,9 @@ pub struct FunctionsReport {
     /// sluice's µs per event with the Python function ÷ the Python function's (≤ 0.1 wanted).
     pub adaptor_share_of_python: Option<f64>,
     pub adaptor_target_met: Option<bool>,
+    /// (sluice's µs per event with the Python function − the baseline's) ÷ the Python
+    /// function's: what dispatching to the function adds, beside the function.
+    pub adaptor_increment_share_of_python: Option<f64>,
     pub idle: Option<idle::IdleResult>,
     pub cold: Vec<cold::ColdResult>,
     pub predict: Option<predict::PredictResult>,
@@ -176,6 +182,7 @@ pub async fn run_functions(s: &FunctionsScenario) -> anyhow::Result<FunctionsRep
         adaptor: Vec::new(),
         adaptor_share_of_python: None,
         adaptor_target_met: None,
+        adaptor_increment_share_of_python: None,
         idle: None,
         cold: Vec::new(),
         predict: None,
@@ -183,12 +190,30 @@ pub async fn run_functions(s: &FunctionsScenario) -> anyhow::Result<FunctionsRep
     for part in &s.parts {
         match part {
             Part::Adaptor => {
+                if s.adaptor_baseline {
+                    let cmd = command(FnKind::Compiled, &script, &s.bench_bin);
+                    report.adaptor.push(adaptor::run(s, None, &cmd).await?);
+                }
                 for &kind in &s.kinds {
                     let cmd = command(kind, &script, &s.bench_bin);
-                    report.adaptor.push(adaptor::run(s, kind, &cmd).await?);
+                    report
+                        .adaptor
+                        .push(adaptor::run(s, Some(kind), &cmd).await?);
                 }
-                let python = report.adaptor.iter().find(|a| a.function == FnKind::Python);
+                let python = report
+                    .adaptor
+                    .iter()
+                    .find(|a| a.function == Some(FnKind::Python));
                 report.adaptor_share_of_python = python.and_then(|p| p.ratio);
+                let base = report.adaptor.iter().find(|a| a.function.is_none());
+                report.adaptor_increment_share_of_python = python.zip(base).and_then(|(p, b)| {
+                    let (ps, bs, pf) = (
+                        p.sluice_us_per_event?,
+                        b.sluice_us_per_event?,
+                        p.function_us_per_event?,
+                    );
+                    (pf > 0.0).then(|| (ps - bs) / pf)
+                });
                 report.adaptor_target_met = report.adaptor_share_of_python.map(|r| r <= 0.1);
             }
             Part::Idle => {

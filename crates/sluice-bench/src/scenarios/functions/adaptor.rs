@@ -27,7 +27,10 @@ use crate::stats::LatencySummary;
 /// One function's adaptor figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct AdaptorResult {
-    pub function: FnKind,
+    /// `None`: the baseline — the same devices and load on topics no function matches, so
+    /// sluice only takes the MQTT messages in and acknowledges them (what the adaptor adds is
+    /// the difference).
+    pub function: Option<FnKind>,
     /// Whether sluice started the instances (local) or the bench did (remote).
     pub placement: super::Placement,
     pub offered_rate: f64,
@@ -35,7 +38,8 @@ pub struct AdaptorResult {
     pub qos: u8,
     pub payload_bytes: usize,
     pub window_s: f64,
-    /// `invocations_total{outcome="ok"}` in the window, and per second.
+    /// `invocations_total{outcome="ok"}` in the window (the baseline: PUBACKs), and per
+    /// second.
     pub events_ok: u64,
     pub events_per_s: f64,
     pub sluice_cpu_s: f64,
@@ -62,14 +66,13 @@ pub struct AdaptorResult {
 
 pub async fn run(
     s: &FunctionsScenario,
-    kind: FnKind,
+    kind: Option<FnKind>,
     command: &[String],
 ) -> anyhow::Result<AdaptorResult> {
+    let name = kind.map_or("no (baseline)", FnKind::name);
     eprintln!(
-        "functions: adaptor, {} function, {} events/s from {} devices",
-        kind.name(),
-        s.adaptor_rate,
-        s.adaptor_devices
+        "functions: adaptor, {name} function, {} events/s from {} devices",
+        s.adaptor_rate, s.adaptor_devices
     );
     let sluice = FnSluice::start(
         s,
@@ -98,7 +101,11 @@ pub async fn run(
     config.settle = s.adaptor_warmup;
     config.duration = ramp + s.adaptor_warmup + s.adaptor_window + Duration::from_secs(1);
     config.drain_timeout = Duration::from_secs(10);
-    config.topic_prefix = "fnb/adaptor".into();
+    config.topic_prefix = if kind.is_some() {
+        "fnb/adaptor".into()
+    } else {
+        "nofn/adaptor".into()
+    };
     config.client_prefix = "fnb".into();
     config.progress_every = None;
     let run = spawn_devices(config)?;
@@ -113,18 +120,23 @@ pub async fn run(
         .unwrap_or(0.0) as u64
     };
     let m0 = sluice.metrics().await?;
+    let acked0 = run.counters().snapshot().acknowledged;
     let f0 = sluice.cpu()?;
     let (mach0, t0) = (machine_cpu(), Instant::now());
     tokio::time::sleep(s.adaptor_window).await;
     let f1 = sluice.cpu()?;
     let (mach1, wall) = (machine_cpu(), t0.elapsed());
     let m1 = sluice.metrics().await?;
+    let acked1 = run.counters().snapshot().acknowledged;
     let devices = run.wait().await.context("the device run")?;
     // Let the last answers land before the totals are read.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let end = sluice.metrics().await?;
 
-    let events_ok = ok_now(&m1).saturating_sub(ok_now(&m0));
+    let events_ok = match kind {
+        Some(_) => ok_now(&m1).saturating_sub(ok_now(&m0)),
+        None => acked1.saturating_sub(acked0),
+    };
     let sluice_cpu = f1.0.saturating_sub(f0.0).as_secs_f64();
     let function_cpu = f1.1.saturating_sub(f0.1).as_secs_f64();
     let per_event = |cpu: f64| (events_ok > 0).then(|| cpu * 1e6 / events_ok as f64);
@@ -172,14 +184,12 @@ pub async fn run(
         invocations_failed,
         devices_sent: devices.sent,
         devices_acknowledged: devices.acknowledged,
-        all_answered: events_total == invocations_ok
-            && devices.acknowledged == devices.sent
-            && events_total >= devices.sent,
+        all_answered: devices.acknowledged == devices.sent
+            && (kind.is_none() || (events_total == invocations_ok && events_total >= devices.sent)),
         ack_latency: devices.ack_latency_steady,
     };
     eprintln!(
-        "functions: adaptor {}: {:.0} events/s, sluice {:.1} µs/event, function {:.1} µs/event, ratio {:.3}, all answered: {}",
-        kind.name(),
+        "functions: adaptor {name}: {:.0} events/s, sluice {:.1} µs/event, function {:.1} µs/event, ratio {:.3}, all answered: {}",
         result.events_per_s,
         sluice_us.unwrap_or(f64::NAN),
         function_us.unwrap_or(f64::NAN),

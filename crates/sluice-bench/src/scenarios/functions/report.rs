@@ -49,7 +49,8 @@ fn adaptor(out: &mut String, r: &FunctionsReport) {
         let _ = writeln!(
             out,
             "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {:.2} / {:.2} | {:.0} % |",
-            a.function.name(),
+            a.function
+                .map_or("none (baseline: MQTT in + PUBACK only)", |f| f.name()),
             a.events_per_s,
             a.sluice_us_per_event
                 .map_or("–".into(), |v| format!("{v:.1}")),
@@ -79,6 +80,12 @@ fn adaptor(out: &mut String, r: &FunctionsReport) {
         r.adaptor_share_of_python
             .map_or(String::new(), |v| format!(" (measured {v:.3})"))
     );
+    if let Some(v) = r.adaptor_increment_share_of_python {
+        let _ = writeln!(
+            out,
+            "\nWhat dispatching adds (sluice with the Python function − the baseline) ÷ the Python function: {v:.3}"
+        );
+    }
 }
 
 fn idle(out: &mut String, r: &FunctionsReport) {
