@@ -92,17 +92,27 @@ fn idle(out: &mut String, r: &FunctionsReport) {
     let Some(i) = &r.idle else {
         return;
     };
+    let state = match i.placement {
+        super::Placement::Local => format!(
+            "{} function scaled to zero ({} child processes at the end)",
+            i.function.name(),
+            i.children_at_end
+        ),
+        super::Placement::Remote => format!(
+            "{} function remote and not called (the bench's instance; no local runtime)",
+            i.function.name()
+        ),
+    };
     let _ = write!(
         out,
-        "\n## Idle (devices connected, function scaled to zero)\n\n{} devices connected (keep-alive {} s), {} function scaled to zero ({} child processes at the end), window {:.1} s: sluice used **{:.0} ms** CPU = **{:.3} %** of one core (schedstat: {:.1} ms), {:.2} wake-ups/s in all. Target ≤ 0.1 % of a core: {}{}.\n\n| thread | tid | wake-ups/s | involuntary/s | CPU ms (schedstat) |\n|---|---:|---:|---:|---:|\n",
+        "\n## Idle (devices connected and silent, no events)\n\n{} devices connected (keep-alive {} s, one PINGREQ each per 30 s), {state}, window {:.1} s: sluice used **{:.0} ms** CPU by `/proc/PID/stat` (10 ms ticks) = **{:.3} %** of one core; by the threads' `schedstat` {:.1} ms = {:.4} %; {:.2} wake-ups/s in all. Target ≤ 0.1 % of a core: {}{}.\n\n| thread | tid | wake-ups/s (voluntary switches) | involuntary/s | CPU ms (schedstat) |\n|---|---:|---:|---:|---:|\n",
         i.devices_connected,
         i.keep_alive_s,
-        i.function.name(),
-        i.children_at_end,
         i.window_s,
         i.sluice_cpu_ms,
         i.sluice_percent_of_core,
         i.sluice_run_ms_schedstat,
+        100.0 * i.sluice_run_ms_schedstat / 1e3 / i.window_s.max(1e-9),
         i.wakeups_per_s,
         yes_no(Some(i.target_met)),
         if i.target_met {
