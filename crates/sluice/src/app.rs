@@ -274,6 +274,14 @@ impl Gateway {
             .enumerate()
             .map(|(i, f)| crate::functions::FunctionHandle::new(i, Arc::new(f.clone())))
             .collect();
+        // The local functions' runtime (thread `sluice-functions`): idle until a first event.
+        let function_runtime = if functions.iter().any(|h| h.remote.is_none()) {
+            Some(Arc::new(
+                crate::functions::runtime::start(functions.clone()).map_err(AppError::Thread)?,
+            ))
+        } else {
+            None
+        };
         let phd_addr = phd.as_ref().and_then(|l| l.local_addr().ok());
         let phd = phd.map(|l| crate::edge::phd::PhdStart::new(&config, l, txs.clone()));
         let mut shard_spools = shard_spools.into_iter();
@@ -341,6 +349,7 @@ impl Gateway {
             links: link_watcher.as_ref().map(|w| w.metrics.clone()),
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
             functions: functions.clone(),
+            function_runtime: function_runtime.clone(),
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -385,6 +394,7 @@ impl Gateway {
             admin_addr,
             phd_addr,
             status,
+            function_runtime,
         })
     }
 }
@@ -545,6 +555,8 @@ pub struct RunningGateway {
     /// The PHD listener (`None` without `[phd] listen`).
     pub phd_addr: Option<SocketAddr>,
     status: Arc<GatewayStatus>,
+    /// Stopped after the shards (their dispatchers are gone), killing every instance.
+    function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
 }
 
 impl RunningGateway {
@@ -571,6 +583,14 @@ impl RunningGateway {
         let _ = self.shutdown.send(true);
         for t in self.threads {
             let _ = t.join();
+        }
+        // The control thread (the status's other holder) is joined: stop the instances.
+        drop(self.status);
+        if let Some(rt) = self.function_runtime {
+            match Arc::try_unwrap(rt) {
+                Ok(rt) => rt.stop(),
+                Err(rt) => drop(rt),
+            }
         }
         if let Some(w) = self.link_watcher {
             w.stop();
@@ -619,6 +639,8 @@ struct GatewayStatus {
     phd: Option<Arc<crate::control::phd::PhdRoom>>,
     /// Every `[[function]]`.
     functions: Vec<Arc<crate::functions::FunctionHandle>>,
+    /// The local functions' runtime (`None` without local functions).
+    function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
 }
 
 impl GatewayStatus {
@@ -758,7 +780,7 @@ impl AdminSource for GatewayStatus {
             "mqtt": { "mptcp": self.mqtt_mptcp },
             "links": self.links.as_ref().map(|l| l.status()),
             "phd": self.phd.as_ref().map(|p| p.status(1000)),
-            "functions": crate::functions::status(&self.functions),
+            "functions": crate::functions::status(&self.functions, self.function_runtime.as_deref()),
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,
                 Some(addr) => serde_json::json!({

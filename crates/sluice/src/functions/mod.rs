@@ -25,6 +25,7 @@
 
 pub mod metrics;
 pub mod predict;
+pub mod runtime;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -281,28 +282,19 @@ impl FunctionHandle {
     }
 }
 
-/// The `functions` array of /api/v1/status: per function its kind, counters and the
-/// instances taking requests now (the runtime adds process details when it runs).
-pub fn status(functions: &[Arc<FunctionHandle>]) -> serde_json::Value {
+/// The `functions` array of /api/v1/status: per function its kind, counters and instances
+/// (from the runtime, with pids and states, for a local function; the pseudo-instance of a
+/// remote one).
+pub fn status(
+    functions: &[Arc<FunctionHandle>],
+    runtime: Option<&runtime::Runtime>,
+) -> serde_json::Value {
+    let local = runtime.map(|r| r.status()).unwrap_or_default();
     let list: Vec<serde_json::Value> = functions
         .iter()
         .map(|f| {
             let m = &f.metrics;
-            let instances: Vec<serde_json::Value> = f
-                .instances()
-                .iter()
-                .map(|i| {
-                    serde_json::json!({
-                        "id": i.id,
-                        "addr": i.addr.map(|a| a.to_string()),
-                        "state": if i.is_retired() { "stopping" } else if i.has_answered() || f.remote.is_some() { "running" } else { "starting" },
-                        "inflight": i.inflight(),
-                        "prewarmed": i.prewarmed,
-                        "age_ms": i.started_at.elapsed().as_millis() as u64,
-                    })
-                })
-                .collect();
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "name": f.name(),
                 "kind": if f.remote.is_some() { "remote" } else { "local" },
                 "events": m.events.get(),
@@ -310,8 +302,21 @@ pub fn status(functions: &[Arc<FunctionHandle>]) -> serde_json::Value {
                 "queued": f.waiting(),
                 "cold_starts": m.cold_starts.get(),
                 "dead_letters": m.dead_letters.get(),
-                "instances": instances,
-            })
+                "instances": [],
+            });
+            if let Some(r) = local.iter().find(|r| r.name == f.name()) {
+                v["instances"] = serde_json::to_value(&r.instances).unwrap_or_default();
+                v["crashes"] = serde_json::json!(r.crashes);
+                v["restart_backoff_ms"] = serde_json::json!(r.restart_backoff_ms);
+            } else if f.remote.is_some() {
+                v["instances"] = serde_json::json!([{
+                    "id": 0,
+                    "state": "running",
+                    "inflight": f.inflight(),
+                    "url": f.cfg.url,
+                }]);
+            }
+            v
         })
         .collect();
     serde_json::Value::Array(list)

@@ -1,0 +1,427 @@
+//! Starting and signalling one local function instance: its listening socket, its
+//! environment, the fork/exec, and signals to its process group. The only `unsafe` of the
+//! runtime lives here (`pre_exec`, and `libc` calls that have no safe std equivalent); each
+//! block says why it is sound. (ADR 0004 lists the crate's `unsafe`; this module is to be
+//! added to it.)
+//!
+//! Owns: the socket handed to a child, the child's argv/env block, `kill` on its group.
+//! Does not own: when to start or stop (the scaler), waiting for exits (the shell reaps on
+//! SIGCHLD), or readiness in `socket = "port"` mode (the shell connects).
+//!
+//! # What a child gets
+//! - `socket = "inherit"`: a TCP socket bound to `127.0.0.1:0` (SO_REUSEADDR) and listening
+//!   (backlog [`BACKLOG`]) as fd 3, with `LISTEN_FDS=1`, `LISTEN_FDNAMES=http` and
+//!   `LISTEN_PID=<its own pid>` (systemd socket activation), and `PORT=<port>`. sluice closes
+//!   its copy once the child is spawned, so the kernel queue belongs to the child alone;
+//!   connections made before the child accepts wait in the backlog.
+//! - `socket = "port"`: `PORT=<a port that was free>` (bound to :0, read, closed); the child
+//!   binds it itself.
+//! - Always `K_SERVICE`, `K_CONFIGURATION`, `SLUICE_FUNCTION` (= name), `K_REVISION`
+//!   (= `{name}-1`), then the configured `env` (which may override them), on top of sluice's
+//!   own environment minus any `LISTEN_*` sluice itself was given. Working directory `dir`,
+//!   stdin `/dev/null`, stdout and stderr inherited from sluice.
+//! - Its own process group (pgid = pid), so a stop signals the child and its children.
+//! - `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills it when the thread that forked it (the
+//!   `sluice-functions` thread, which lives as long as the runtime) dies, sluice crashing
+//!   included. If sluice died between fork and `prctl`, the child sees a different parent
+//!   (`getppid`) and exits at once.
+//!
+//! # LISTEN_PID after fork
+//! The child's pid is known only in the child, and between fork and exec only
+//! async-signal-safe calls are allowed (no allocation: another thread may hold the allocator
+//! lock at fork time). So the whole exec block — program path, argv, envp — is built before
+//! the fork in one byte arena, with `LISTEN_PID=` followed by room for 20 digits; in the
+//! child, `pre_exec` writes `getpid()`'s digits into that room (a NUL after them), puts the
+//! socket on fd 3 (`dup2`, or clearing `FD_CLOEXEC` if it already is fd 3), and calls
+//! `execve` itself. std's own exec after `pre_exec` is never reached: on success execve does
+//! not return; on failure `pre_exec` returns the errno and `spawn` reports it. The program is
+//! looked up in `PATH` before the fork too (execve does no search).
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::config::{FunctionConfig, SocketMode};
+
+/// Listen backlog of an inherited socket: requests queue here while the instance starts.
+pub const BACKLOG: i32 = 1024;
+/// The fd an inherited socket gets (systemd's `SD_LISTEN_FDS_START`).
+const LISTEN_FD: libc::c_int = 3;
+/// Room for the decimal digits of a pid (u64 max has 20).
+const PID_ROOM: usize = 20;
+
+/// A started instance's process.
+#[derive(Debug)]
+pub struct Spawned {
+    pub child: Child,
+    pub pid: u32,
+    /// Where it serves (127.0.0.1).
+    pub addr: SocketAddr,
+}
+
+/// Why an instance could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("function {function}: no listening socket on 127.0.0.1 (local): {source}")]
+    Socket { function: String, source: io::Error },
+    #[error("function {function}: program {program:?} not found in PATH (config: fix command)")]
+    NotFound { function: String, program: String },
+    #[error("function {function}: command is empty (config)")]
+    NoCommand { function: String },
+    #[error("function {function}: a command or env value holds a NUL byte (config)")]
+    Nul { function: String },
+    #[error(
+        "function {function}: could not start {program:?} (local; retried with backoff): {source}"
+    )]
+    Exec {
+        function: String,
+        program: String,
+        source: io::Error,
+    },
+}
+
+/// Starts one instance of `cfg` (see the module docs for what it gets).
+pub fn spawn(cfg: &FunctionConfig) -> Result<Spawned, SpawnError> {
+    let function = || cfg.name.clone();
+    let command = cfg.command.as_deref().unwrap_or_default();
+    let Some(program) = command.first() else {
+        return Err(SpawnError::NoCommand {
+            function: function(),
+        });
+    };
+    let socket_err = |source| SpawnError::Socket {
+        function: function(),
+        source,
+    };
+    let (listener, addr) = match cfg.socket {
+        SocketMode::Inherit => {
+            let s = listening_socket().map_err(socket_err)?;
+            let addr = s
+                .local_addr()
+                .map_err(socket_err)?
+                .as_socket()
+                .ok_or_else(|| socket_err(io::Error::other("not an inet socket")))?;
+            (Some(s), addr)
+        }
+        SocketMode::Port => {
+            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(socket_err)?;
+            (None, l.local_addr().map_err(socket_err)?)
+        }
+    };
+
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !k.as_bytes().starts_with(b"LISTEN_"))
+        .collect();
+    let mut set = |k: &str, v: &str| {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.into(), v.into()));
+    };
+    set("PORT", &addr.port().to_string());
+    set("K_SERVICE", &cfg.name);
+    set("K_CONFIGURATION", &cfg.name);
+    set("K_REVISION", &format!("{}-1", cfg.name));
+    set("SLUICE_FUNCTION", &cfg.name);
+    if listener.is_some() {
+        set("LISTEN_FDS", "1");
+        set("LISTEN_FDNAMES", "http");
+    }
+    for (k, v) in &cfg.env {
+        set(k, v);
+    }
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone());
+    let resolved = resolve(OsStr::new(program), path_var.as_deref(), cfg.dir.as_deref())
+        .ok_or_else(|| SpawnError::NotFound {
+            function: function(),
+            program: program.clone(),
+        })?;
+    let block = ExecBlock::new(&resolved, command, &env, listener.is_some()).ok_or_else(|| {
+        SpawnError::Nul {
+            function: function(),
+        }
+    })?;
+
+    let mut cmd = Command::new(&resolved);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    if let Some(dir) = &cfg.dir {
+        cmd.current_dir(dir);
+    }
+    let child = in_child(
+        &mut cmd,
+        block,
+        listener.as_ref().map(|s| s.as_raw_fd()),
+        std::process::id(),
+    )
+    .spawn()
+    .map_err(|source| SpawnError::Exec {
+        function: function(),
+        program: program.clone(),
+        source,
+    })?;
+    drop(listener); // the child has it now: the kernel queue is the child's alone
+    let pid = child.id();
+    Ok(Spawned { child, pid, addr })
+}
+
+/// A listening TCP socket on 127.0.0.1:0 (close-on-exec, SO_REUSEADDR, backlog [`BACKLOG`]).
+fn listening_socket() -> io::Result<Socket> {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).into())?;
+    s.listen(BACKLOG)?;
+    // Never 0-2 (if sluice runs with a standard stream closed): the child's stdio set-up
+    // would replace it. try_clone duplicates to fd 3 or above.
+    if s.as_raw_fd() < LISTEN_FD {
+        return s.try_clone();
+    }
+    Ok(s)
+}
+
+/// The path execve is given: `program` as is when it holds a `/` (relative to the child's
+/// working directory), else the first executable file named so in `PATH`.
+fn resolve(program: &OsStr, path: Option<&OsStr>, dir: Option<&Path>) -> Option<PathBuf> {
+    if program.as_bytes().contains(&b'/') {
+        return Some(PathBuf::from(program));
+    }
+    let path = path
+        .map(OsStr::to_owned)
+        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path).find_map(|d| {
+        let d = match dir {
+            Some(base) if d.is_relative() => base.join(d),
+            _ => d,
+        };
+        let p = d.join(program);
+        let meta = std::fs::metadata(&p).ok()?;
+        (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(p)
+    })
+}
+
+/// Sends `signal` to the process group of `pid` (the instance and its children). Call only
+/// while `pid` is not reaped (its zombie keeps the pid and group id from being reused).
+#[allow(unsafe_code)]
+pub fn signal_group(pid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pgid =
+        libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::kill(-pgid, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Program, argv and envp for execve, built before the fork in one arena (see the module
+/// docs). The pointers point into `arena`, which is never resized after they are taken.
+struct ExecBlock {
+    /// Owns the bytes the pointers point to.
+    _arena: Vec<u8>,
+    program: *const libc::c_char,
+    /// NULL-terminated.
+    argv: Vec<*const libc::c_char>,
+    /// NULL-terminated.
+    envp: Vec<*const libc::c_char>,
+    /// The `PID_ROOM` bytes after `LISTEN_PID=`, when the socket is inherited.
+    pid_room: Option<*mut u8>,
+}
+
+// SAFETY: the raw pointers point into `arena`, owned by the block and moved with it (a Vec's
+// heap buffer does not move). The block is only read in the parent and only written in the
+// forked child, which has one thread and its own copy of the memory.
+#[allow(unsafe_code)]
+unsafe impl Send for ExecBlock {}
+#[allow(unsafe_code)]
+unsafe impl Sync for ExecBlock {}
+
+impl ExecBlock {
+    /// `None` if a string holds a NUL byte.
+    fn new(
+        program: &Path,
+        argv: &[String],
+        env: &[(OsString, OsString)],
+        listen_pid: bool,
+    ) -> Option<ExecBlock> {
+        let mut strings: Vec<Vec<u8>> = Vec::with_capacity(1 + argv.len() + env.len() + 1);
+        strings.push(program.as_os_str().as_bytes().to_vec());
+        strings.extend(argv.iter().map(|a| a.as_bytes().to_vec()));
+        for (k, v) in env {
+            let mut kv = k.clone().into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            strings.push(kv);
+        }
+        if listen_pid {
+            let mut kv = b"LISTEN_PID=".to_vec();
+            kv.extend_from_slice(&[b'0'; PID_ROOM]);
+            strings.push(kv);
+        }
+        if strings.iter().any(|s| s.contains(&0)) {
+            return None;
+        }
+        let mut offsets = Vec::with_capacity(strings.len());
+        let mut arena = Vec::with_capacity(strings.iter().map(|s| s.len() + 1).sum());
+        for s in &strings {
+            offsets.push(arena.len());
+            arena.extend_from_slice(s);
+            arena.push(0);
+        }
+        // The arena has its final length: it is not touched again except through these
+        // pointers (wrapping_add is safe arithmetic; every offset is inside the arena).
+        let base = arena.as_mut_ptr();
+        let at = |i: usize| base.wrapping_add(offsets[i]);
+        let program_ptr = at(0) as *const libc::c_char;
+        let mut argv_ptrs: Vec<*const libc::c_char> =
+            (1..=argv.len()).map(|i| at(i) as *const _).collect();
+        argv_ptrs.push(std::ptr::null());
+        let env_start = 1 + argv.len();
+        let mut envp: Vec<*const libc::c_char> = (env_start..strings.len())
+            .map(|i| at(i) as *const _)
+            .collect();
+        envp.push(std::ptr::null());
+        let pid_room = listen_pid.then(|| at(strings.len() - 1).wrapping_add(b"LISTEN_PID=".len()));
+        Some(ExecBlock {
+            _arena: arena,
+            program: program_ptr,
+            argv: argv_ptrs,
+            envp,
+            pid_room,
+        })
+    }
+}
+
+/// Registers the child-side set-up on `cmd`: death signal, parent check, fd 3, LISTEN_PID,
+/// execve (see the module docs).
+#[allow(unsafe_code)]
+fn in_child(
+    cmd: &mut Command,
+    block: ExecBlock,
+    listen_fd: Option<libc::c_int>,
+    parent_pid: u32,
+) -> &mut Command {
+    // SAFETY: the closure only makes async-signal-safe calls (see `exec_in_child`).
+    unsafe { cmd.pre_exec(move || block.exec_in_child(listen_fd, parent_pid)) }
+}
+
+impl ExecBlock {
+    /// Runs in the forked child, before exec: only syscalls, no allocation (the io::Errors
+    /// made here are the OS variant, which does not allocate), writes only to the arena (the
+    /// child's own copy). Returns only on failure.
+    #[allow(unsafe_code)]
+    fn exec_in_child(&self, listen_fd: Option<libc::c_int>, parent_pid: u32) -> io::Result<()> {
+        // SAFETY: see above; every pointer passed points into the arena, NUL-terminated
+        // strings and NULL-terminated arrays as built by `ExecBlock::new`.
+        unsafe {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent_pid {
+                libc::_exit(1); // sluice is already gone
+            }
+            if let Some(fd) = listen_fd {
+                if fd == LISTEN_FD {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, LISTEN_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(room) = self.pid_room {
+                // The room and the string's NUL after it, inside the arena.
+                let room = std::slice::from_raw_parts_mut(room, PID_ROOM + 1);
+                write_digits(room, libc::getpid() as u64);
+            }
+            libc::execve(self.program, self.argv.as_ptr(), self.envp.as_ptr());
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+/// Writes `n`'s decimal digits at the start of `room` followed by a NUL (at most
+/// `room.len() - 1` digits: the high ones are cut). No allocation.
+fn write_digits(room: &mut [u8], mut n: u64) {
+    let Some(max) = room.len().checked_sub(1) else {
+        return;
+    };
+    let mut digits = [0u8; PID_ROOM];
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 || len == PID_ROOM {
+            break;
+        }
+    }
+    let len = len.min(max);
+    for (i, d) in room.iter_mut().take(len).enumerate() {
+        *d = digits[len - 1 - i];
+    }
+    room[len] = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_digits_writes_the_pid_and_ends_the_string() {
+        let mut buf = [b'0'; PID_ROOM + 1];
+        buf[PID_ROOM] = 0;
+        write_digits(&mut buf, 40213);
+        assert_eq!(&buf[..6], b"40213\0");
+        write_digits(&mut buf, u64::MAX);
+        assert_eq!(&buf[..PID_ROOM], b"18446744073709551615");
+        assert_eq!(buf[PID_ROOM], 0);
+    }
+
+    #[test]
+    fn programs_are_found_in_path_and_paths_are_kept() {
+        assert_eq!(
+            resolve(
+                OsStr::new("sh"),
+                Some(OsStr::new("/nonexistent:/bin:/usr/bin")),
+                None
+            )
+            .map(|p| p.file_name().unwrap().to_owned()),
+            Some("sh".into())
+        );
+        assert_eq!(resolve(OsStr::new("no-such-program-xyz"), None, None), None);
+        assert_eq!(
+            resolve(OsStr::new("./fn.py"), None, None),
+            Some(PathBuf::from("./fn.py"))
+        );
+    }
+
+    #[test]
+    fn the_exec_block_is_null_terminated_and_refuses_nul_bytes() {
+        let env = vec![("A".into(), "1".into())];
+        let b = ExecBlock::new(Path::new("/bin/sh"), &["sh".into()], &env, true).unwrap();
+        assert_eq!((b.argv.len(), b.envp.len()), (2, 3));
+        assert!(b.argv[1].is_null() && b.envp[2].is_null());
+        assert!(b.pid_room.is_some());
+        assert!(ExecBlock::new(Path::new("/bin/sh"), &["s\0h".into()], &env, false).is_none());
+    }
+}
