@@ -74,3 +74,35 @@ async fn a_remote_compiled_echo_answers_every_event_and_its_replies_come_back() 
     assert!(markdown(&report).contains("## Adaptor cost"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_starts_a_compiled_echo_per_cold_event_and_scales_it_to_zero() -> anyhow::Result<()>
+{
+    let mut s = scenario(vec![Part::Cold, Part::Idle]);
+    s.kinds = vec![FnKind::Compiled];
+    s.cold_rounds = 2;
+    s.warm_rounds = 3;
+    s.idle_devices = 3;
+    s.idle_window = Duration::from_secs(2);
+    let report = run_functions(&s).await?;
+    let c = &report.cold[0];
+    assert_eq!((c.cold.lost, c.warm.lost), (0, 0), "{c:#?}");
+    assert_eq!(
+        c.cold.instances_seen, 2,
+        "a new instance for each cold event"
+    );
+    assert_eq!(c.warm.instances_seen, 1, "one instance for the warm events");
+    assert_eq!(c.cold.sluice_cold_start.count, 2, "{c:#?}");
+    assert_eq!(c.cold.sluice_dispatch.count, 2, "{c:#?}");
+    // the function's main began after the event was published, and read it after that
+    assert!(c.cold.publish_to_main.p50_ms.unwrap() > 0.0, "{c:#?}");
+    assert!(c.cold.function_startup.p50_ms.unwrap() > 0.0, "{c:#?}");
+    let i = report.idle.as_ref().expect("the idle part ran");
+    assert_eq!(i.devices_connected, 3);
+    assert_eq!(i.children_at_end, 0, "scaled to zero");
+    assert!(
+        i.threads.iter().any(|t| t.comm.starts_with("sluice")),
+        "{i:#?}"
+    );
+    Ok(())
+}
