@@ -97,6 +97,10 @@ async fn sluice_starts_a_compiled_echo_per_cold_event_and_scales_it_to_zero() ->
     // the function's main began after the event was published, and read it after that
     assert!(c.cold.publish_to_main.p50_ms.unwrap() > 0.0, "{c:#?}");
     assert!(c.cold.function_startup.p50_ms.unwrap() > 0.0, "{c:#?}");
+    assert_eq!(
+        c.spawn_to_main.count, 2,
+        "the start-up floor, once per cold round"
+    );
     let i = report.idle.as_ref().expect("the idle part ran");
     assert_eq!(i.devices_connected, 3);
     assert_eq!(i.children_at_end, 0, "scaled to zero");

@@ -83,6 +83,13 @@ pub struct ColdResult {
     pub idle_ms: u64,
     pub cold: Phase,
     pub warm: Phase,
+    /// The bench's own spawn of the same command → the function's `main`, `cold_rounds` times
+    /// (std `Command::spawn` from a small process: fork/exec, the loader, an interpreter's or
+    /// runtime's start): the part of `publish → main` that is the function's start-up.
+    pub spawn_to_main: Pcts,
+    /// p50 of cold `publish → main` − p50 of `spawn_to_main`: sluice's part of a cold start
+    /// without the function's start-up (a difference of medians, not a per-event figure).
+    pub sluice_part_p50_estimate_ms: Option<f64>,
     /// sluice's part ≤ 2 ms: the p99 bucket bound of the dispatch histogram, cold and warm,
     /// is ≤ 2 ms (the buckets are 1 ms and 2.5 ms there, so a p99 in (1, 2.5] ms reads as not
     /// met).
@@ -145,6 +152,13 @@ pub async fn run(
         bail!("the probe dropped {} replies", probe.dropped());
     }
 
+    drop(sluice);
+    let floor = if cold_rounds > 0 {
+        spawn_floor(command, cold_rounds).await?
+    } else {
+        Vec::new()
+    };
+    let spawn_to_main = Pcts::of(&floor);
     let cold = cold.phase(cold_rounds, &before, &after_cold, true);
     let warm = warm.phase(s.warm_rounds, &before_warm, &after_warm, false);
     let target_met = match (
@@ -159,6 +173,12 @@ pub async fn run(
         function: kind,
         placement: s.placement,
         idle_ms: s.cold_idle.as_millis() as u64,
+        sluice_part_p50_estimate_ms: cold
+            .publish_to_main
+            .p50_ms
+            .zip(spawn_to_main.p50_ms)
+            .map(|(a, b)| a - b),
+        spawn_to_main,
         cold,
         warm,
         target_met,
@@ -174,6 +194,40 @@ pub async fn run(
         result.warm.sluice_dispatch.mean_ms,
     );
     Ok(result)
+}
+
+/// Spawn `command` (with `$PORT`) `rounds` times from the bench and read its `main`'s start
+/// time from one request each: spawn → main, ms.
+async fn spawn_floor(command: &[String], rounds: u32) -> anyhow::Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for _ in 0..rounds {
+        let t0 = crate::payload::unix_now_ns();
+        let f = super::ExternalFn::start(command).await?;
+        let port = f.port;
+        let reply = tokio::task::spawn_blocking(move || post_once(port))
+            .await
+            .context("the floor's request panicked")??;
+        out.push((reply.start_ns as f64 - t0 as f64) / 1e6);
+    }
+    Ok(out)
+}
+
+/// One POST to 127.0.0.1:`port`, its echo reply.
+fn post_once(port: u16) -> anyhow::Result<EchoReply> {
+    use std::io::{Read as _, Write as _};
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    tcp.write_all(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    )?;
+    let mut buf = Vec::new();
+    tcp.read_to_end(&mut buf)?;
+    let body = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| &buf[i + 4..])
+        .context("no HTTP head in the echo's answer")?;
+    EchoReply::parse(body).context("the answer is not an echo's")
 }
 
 /// sluice's dispatch and cold-start histograms now.
