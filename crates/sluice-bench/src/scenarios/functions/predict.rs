@@ -1,18 +1,23 @@
 //! Part **predict** of `scenario functions`: synthetic arrival traces replayed in compressed
 //! time through sluice's pre-warm policies — cold-start rate and warm instance-time each.
 //!
-//! For now this calls the sans-IO simulator `sluice::functions::predict::simulate` (ticks of
-//! 100 ms, execution time zero); it is to be switched to the runtime's own replay
-//! (`sluice::functions::runtime::replay`) once that exists, so this module is kept small and
-//! separate. The trace generators are those of `crates/sluice/tests/predict_traces.rs`
+//! Each trace goes through each policy twice: the sans-IO simulator
+//! `sluice::functions::predict::simulate` (ticks of 100 ms, execution time zero), and the
+//! real autoscaler core on a virtual clock, `sluice::functions::runtime::replay` (instant
+//! starts, service time 0, the shards' arrival thinning; its `idle` is the fixed keep-alive for
+//! the fixed policies and the learned policies' fallback keep-alive of 5 minutes otherwise).
+//! This module stays small and separate so the replay can become the only engine. The trace generators are those of `crates/sluice/tests/predict_traces.rs`
 //! (private to that test), copied with their seeds: periodic with jitter (seed 19), Poisson
 //! (20), bursty on/off (21), diurnal (22).
 //!
-//! Time: one "minute" of the traces (a histogram bin, a GBDT interval) is 1 s of simulated
-//! time, [`U`]; a trace is 3,000 such minutes (50 h). Keep-alive windows are scaled the same
-//! way: Knative's 60 s is one minute = `U`, 60 s + 30 s (its stable window plus the
-//! scale-to-zero grace period) is 1.5 `U`. Warm instance-time is reported in uncompressed
-//! hours (× 60).
+//! Time: the test generates its traces compressed (one "minute" = 1 s); here they are
+//! stretched back to real time (× [`STRETCH`]), so a trace is 3,000 real minutes (50 h), a
+//! histogram bin and a GBDT interval are 60 s ([`U`]), Knative's keep-alive of 60 s is `U` and
+//! 60 s + 30 s (its stable window plus the scale-to-zero grace period) is 1.5 `U`. Real time
+//! matters for the replay: the shards tell the predictor of arrivals at most once per second
+//! (`ARRIVAL_GRAIN_MS`), which in compressed time would hide most of them. Both engines run
+//! on virtual clocks (50 h of trace in well under a second each). `simulate`'s tick is 6 s
+//! (the test's 100 ms, stretched), so its figures are the test's.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -20,15 +25,18 @@ use serde::Serialize;
 use sluice::functions::predict::gbdt::{GbdtPolicy, GbdtPolicyParams};
 use sluice::functions::predict::histogram::{HistogramParams, HistogramPolicy};
 use sluice::functions::predict::{simulate, AlwaysWarm, FixedKeepAlive, Policy};
+use sluice::functions::runtime::replay;
 
-/// One compressed "minute", ms.
-pub const U: u64 = 1000;
+/// One "minute" of the test's compressed traces, ms.
+const UC: u64 = 1000;
+/// Compressed → real time.
+pub const STRETCH: u64 = 60;
+/// One minute, ms (a histogram bin, a GBDT interval).
+pub const U: u64 = UC * STRETCH;
 /// Length of every trace.
 pub const END: u64 = 3000 * U;
 /// The simulator's decision tick, ms.
-pub const TICK: u64 = 100;
-/// Compressed → real time.
-pub const ACCELERATION: f64 = 60.0;
+pub const TICK: u64 = 100 * STRETCH;
 
 /// One policy on one trace.
 #[derive(Debug, Clone, Serialize)]
@@ -39,19 +47,24 @@ pub struct PolicyRow {
     pub cold_starts: u64,
     /// cold starts ÷ arrivals, %.
     pub cold_start_percent: f64,
-    /// Warm instance-time in real (uncompressed) hours.
+    /// Warm instance-time in hours.
     pub warm_instance_hours: f64,
     /// Warm instance-time as % of always-warm's.
     pub warm_percent_of_always: f64,
+    /// The same three through the real autoscaler (`runtime::replay`).
+    pub replay_cold_starts: u64,
+    pub replay_cold_start_percent: f64,
+    pub replay_warm_instance_hours: f64,
 }
 
 /// Every trace through every policy.
 #[derive(Debug, Clone, Serialize)]
 pub struct PredictResult {
-    /// "simulate" now; "runtime-replay" once switched.
+    /// The engines: `simulate`, then `runtime::replay`.
     pub engine: &'static str,
     pub tick_ms: u64,
-    pub acceleration: f64,
+    /// The test's compressed traces are stretched by this.
+    pub stretch: u64,
     pub trace_minutes: u64,
     pub rows: Vec<PolicyRow>,
 }
@@ -62,17 +75,20 @@ pub fn run() -> PredictResult {
     );
     let mut rows = Vec::new();
     for (trace, arrivals) in traces() {
-        let mut policies: Vec<(&'static str, Box<dyn Policy>)> = vec![
-            ("always-warm", Box::new(AlwaysWarm)),
-            ("fixed-60s", Box::new(FixedKeepAlive::new(U))),
-            ("fixed-60s+30s", Box::new(FixedKeepAlive::new(U + U / 2))),
-            ("histogram", Box::new(histogram())),
-            ("gbdt", Box::new(gbdt())),
+        let policies: [(&'static str, u64, fn() -> Box<dyn Policy>); 5] = [
+            ("always-warm", 5 * U, || Box::new(AlwaysWarm)),
+            ("fixed-60s", U, || Box::new(FixedKeepAlive::new(U))),
+            ("fixed-60s+30s", U + U / 2, || {
+                Box::new(FixedKeepAlive::new(U + U / 2))
+            }),
+            ("histogram", 5 * U, || Box::new(histogram())),
+            ("gbdt", 5 * U, || Box::new(gbdt())),
         ];
         let mut always_ms = 0;
-        for (policy, p) in policies.iter_mut() {
-            let st = simulate(p.as_mut(), &arrivals, TICK, END);
-            if *policy == "always-warm" {
+        for (policy, idle_ms, make) in policies {
+            let st = simulate(make().as_mut(), &arrivals, TICK, END);
+            let re = replay(make(), &arrivals, 0, idle_ms, END);
+            if policy == "always-warm" {
                 always_ms = st.warm_ms;
             }
             rows.push(PolicyRow {
@@ -81,15 +97,19 @@ pub fn run() -> PredictResult {
                 arrivals: st.arrivals,
                 cold_starts: st.cold_starts,
                 cold_start_percent: 100.0 * st.cold_starts as f64 / st.arrivals.max(1) as f64,
-                warm_instance_hours: st.warm_ms as f64 * ACCELERATION / 3.6e6,
+                warm_instance_hours: st.warm_ms as f64 / 3.6e6,
                 warm_percent_of_always: 100.0 * st.warm_ms as f64 / always_ms.max(1) as f64,
+                replay_cold_starts: re.cold_starts,
+                replay_cold_start_percent: 100.0 * re.cold_starts as f64
+                    / re.arrivals.max(1) as f64,
+                replay_warm_instance_hours: re.warm_instance_ms as f64 / 3.6e6,
             });
         }
     }
     PredictResult {
-        engine: "simulate",
+        engine: "simulate + runtime::replay",
         tick_ms: TICK,
-        acceleration: ACCELERATION,
+        stretch: STRETCH,
         trace_minutes: END / U,
         rows,
     }
@@ -114,29 +134,40 @@ fn gbdt() -> GbdtPolicy {
     })
 }
 
-/// The four traces, seeded as in the sluice test.
+/// The four traces in real time: the test's (same generators, same seeds), stretched.
 pub fn traces() -> Vec<(&'static str, Vec<u64>)> {
+    compressed_traces()
+        .into_iter()
+        .map(|(name, t)| (name, t.into_iter().map(|a| a * STRETCH).collect()))
+        .collect()
+}
+
+/// Length of the compressed traces.
+const END_C: u64 = 3000 * UC;
+
+/// The four compressed traces, generated as in the sluice test.
+fn compressed_traces() -> Vec<(&'static str, Vec<u64>)> {
     let mut rng = StdRng::seed_from_u64(19);
-    let periodic: Vec<u64> = (0..END / (10 * U))
-        .map(|n| n * 10 * U + U / 2 + rng.gen_range(0..=600) - 300)
+    let periodic: Vec<u64> = (0..END_C / (10 * UC))
+        .map(|n| n * 10 * UC + UC / 2 + rng.gen_range(0..=600) - 300)
         .collect();
 
     let mut rng = StdRng::seed_from_u64(20);
     let mut poisson_trace = Vec::new();
-    poisson(&mut rng, 0.2, 0, END, &mut poisson_trace);
+    poisson(&mut rng, 0.2, 0, END_C, &mut poisson_trace);
 
     let mut rng = StdRng::seed_from_u64(21);
     let mut bursty = Vec::new();
     let mut t = 0;
-    while t < END {
-        poisson(&mut rng, 2.0, t, (t + 30 * U).min(END), &mut bursty);
-        t += 150 * U;
+    while t < END_C {
+        poisson(&mut rng, 2.0, t, (t + 30 * UC).min(END_C), &mut bursty);
+        t += 150 * UC;
     }
 
     let mut rng = StdRng::seed_from_u64(22);
-    let day = 240 * U;
+    let day = 240 * UC;
     let mut candidates = Vec::new();
-    poisson(&mut rng, 1.0, 0, END, &mut candidates);
+    poisson(&mut rng, 1.0, 0, END_C, &mut candidates);
     let diurnal: Vec<u64> = candidates
         .into_iter()
         .filter(|&t| {
@@ -152,12 +183,12 @@ pub fn traces() -> Vec<(&'static str, Vec<u64>)> {
     ]
 }
 
-/// Poisson arrivals at `rate_per_u` per [`U`] in `[from, to)`, appended to `out`.
+/// Poisson arrivals at `rate_per_u` per compressed minute in `[from, to)`, appended to `out`.
 fn poisson(rng: &mut StdRng, rate_per_u: f64, from: u64, to: u64, out: &mut Vec<u64>) {
     let mut t = from as f64;
     loop {
         let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
-        t += -u.ln() / rate_per_u * U as f64;
+        t += -u.ln() / rate_per_u * UC as f64;
         if t >= to as f64 {
             return;
         }

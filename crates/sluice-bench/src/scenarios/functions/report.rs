@@ -208,20 +208,23 @@ fn predict(out: &mut String, r: &FunctionsReport) {
     };
     let _ = write!(
         out,
-        "\n## Prediction (synthetic traces, {}; {} trace minutes each, 1 minute = 1 s simulated, tick {} ms)\n\n| trace | policy | arrivals | cold starts | cold-start rate | warm instance-hours | % of always-warm |\n|---|---|---:|---:|---:|---:|---:|\n",
+        "\n## Prediction (synthetic traces, {}; {} minutes each in real time on virtual clocks, simulate's tick {} ms)\n\n| trace | policy | arrivals | cold starts | cold-start rate | warm instance-hours | % of always-warm | replay: cold starts | replay: cold-start rate | replay: warm instance-hours |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         p.engine, p.trace_minutes, p.tick_ms
     );
     for row in &p.rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.1} % | {:.1} | {:.1} % |",
+            "| {} | {} | {} | {} | {:.1} % | {:.1} | {:.1} % | {} | {:.1} % | {:.1} |",
             row.trace,
             row.policy,
             row.arrivals,
             row.cold_starts,
             row.cold_start_percent,
             row.warm_instance_hours,
-            row.warm_percent_of_always
+            row.warm_percent_of_always,
+            row.replay_cold_starts,
+            row.replay_cold_start_percent,
+            row.replay_warm_instance_hours
         );
     }
 }
