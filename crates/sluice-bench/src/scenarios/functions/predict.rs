@@ -38,6 +38,9 @@ pub const END: u64 = 3000 * U;
 /// The simulator's decision tick, ms.
 pub const TICK: u64 = 100 * STRETCH;
 
+/// A policy's name, the `idle` its replay runs with, and how to make a fresh one.
+type PolicyCase = (&'static str, u64, fn() -> Box<dyn Policy>);
+
 /// One policy on one trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicyRow {
@@ -75,7 +78,7 @@ pub fn run() -> PredictResult {
     );
     let mut rows = Vec::new();
     for (trace, arrivals) in traces() {
-        let policies: [(&'static str, u64, fn() -> Box<dyn Policy>); 5] = [
+        let policies: [PolicyCase; 5] = [
             ("always-warm", 5 * U, || Box::new(AlwaysWarm)),
             ("fixed-60s", U, || Box::new(FixedKeepAlive::new(U))),
             ("fixed-60s+30s", U + U / 2, || {
