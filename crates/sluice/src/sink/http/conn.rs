@@ -88,12 +88,13 @@ impl Conn {
     /// Write `request`, tell `written` when it is in the socket, and read its answer.
     pub async fn call(
         &mut self,
-        request: &[&[u8]],
+        request: &[u8],
         written: &dyn Fn(Instant),
     ) -> Result<Answer, CallError> {
-        for part in request {
-            self.stream.write_all(part).await.map_err(CallError::Io)?;
-        }
+        self.stream
+            .write_all(request)
+            .await
+            .map_err(CallError::Io)?;
         written(Instant::now());
         self.read_answer().await
     }

@@ -54,7 +54,8 @@ use crate::sink::{UplinkError, UplinkMessage};
 
 /// What one event keeps while it is here.
 struct Job {
-    head: Bytes,
+    /// The whole request, head and payload, written in one call.
+    request: Bytes,
     body: Bytes,
     device: ByteString,
     topic: ByteString,
@@ -197,8 +198,7 @@ impl FunctionTransport {
         } else {
             self.cfg.start_timeout.max(self.cfg.timeout)
         };
-        let head = job.head.clone();
-        let body = job.body.clone();
+        let request = job.request.clone();
         let first = job.attempts == 1;
         let received_at = job.received_at;
         let tx = self.done_tx.clone();
@@ -210,7 +210,7 @@ impl FunctionTransport {
             let started = Instant::now();
             let result = match tokio::time::timeout(
                 limit,
-                exchange(&pool, inst.id, &target, &head, &body, |at| {
+                exchange(&pool, inst.id, &target, &request, |at| {
                     if first && !observed.replace(true) {
                         handle
                             .metrics
@@ -391,8 +391,7 @@ async fn exchange(
     pool: &Rc<RefCell<Pool>>,
     instance: u64,
     target: &Target,
-    head: &Bytes,
-    body: &Bytes,
+    request: &Bytes,
     written: impl Fn(Instant),
 ) -> Result<Answer, CallError> {
     // Not borrowed across the connect: other requests on this shard use the pool meanwhile.
@@ -401,10 +400,10 @@ async fn exchange(
         Some(c) => c,
         None => Conn::open(target).await?,
     };
-    let answer = match conn.call(&[head, body], &written).await {
+    let answer = match conn.call(request, &written).await {
         Err(CallError::Closed | CallError::Io(_)) if conn.reused => {
             conn = Conn::open(target).await?;
-            conn.call(&[head, body], &written).await?
+            conn.call(request, &written).await?
         }
         r => r?,
     };
@@ -451,10 +450,13 @@ impl Transport for FunctionTransport {
             &cloudevents::content_type(msg.content_type.as_deref(), &msg.payload),
         );
         let head = event.request_head(&self.host, &self.path, msg.payload.len());
+        let mut request = Vec::with_capacity(head.len() + msg.payload.len());
+        request.extend_from_slice(head.as_bytes());
+        request.extend_from_slice(&msg.payload);
         self.jobs.insert(
             id,
             Job {
-                head: Bytes::from(head),
+                request: Bytes::from(request),
                 body: msg.payload.clone(),
                 device: msg.device.clone(),
                 topic: msg.topic.clone(),
