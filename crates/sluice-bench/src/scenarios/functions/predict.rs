@@ -74,7 +74,7 @@ pub struct PredictResult {
 
 pub fn run() -> PredictResult {
     eprintln!(
-        "functions: prediction, 4 synthetic traces × 5 policies (simulated, compressed time)"
+        "functions: prediction, 4 synthetic traces × 5 policies (simulate and runtime::replay, virtual clocks)"
     );
     let mut rows = Vec::new();
     for (trace, arrivals) in traces() {
