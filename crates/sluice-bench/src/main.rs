@@ -14,7 +14,8 @@ use cli::coap::CoapArgs;
 use cli::control_storm::ControlStormArgs;
 use cli::multipath::MultipathArgs;
 use cli::scenarios::{
-    ConnectionsArgs, CoreArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
+    ConnectionsArgs, CoreArgs, FunctionsArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs,
+    ThroughputArgs,
 };
 use cli::storage::StorageArgs;
 use cli::tools::{AgentArgs, DevicesArgs, FastsinkArgs, FloorArgs, IdleArgs, SinkArgs};
@@ -89,6 +90,11 @@ enum Command {
     /// the page cache (root) and again warm. Prints the Markdown table; writes JSON to --out,
     /// Markdown to --md and PNG charts {charts}-append.png and {charts}-read.png.
     Storage(StorageArgs),
+    /// A minimal edge function (used by `scenario functions`): answers every HTTP/1.1 request
+    /// 200 with {"recv_ns","start_ns","bytes"}, on the listening socket handed over as fd 3
+    /// (LISTEN_FDS) or on 127.0.0.1:$PORT. One thread per connection, no async runtime.
+    #[command(hide = true)]
+    FnEcho,
 }
 
 #[derive(Subcommand)]
@@ -184,12 +190,29 @@ enum ScenarioCommand {
     /// Mosquitto's own rate from plain publishers. Writes JSON to --out and Markdown to
     /// --markdown.
     ControlStorm(ControlStormArgs),
+    /// Edge functions (issue 19): sluice in front of a local function it starts (a Python
+    /// http.server echo and the compiled `fn-echo`), in parts: adaptor (sluice's CPU per event
+    /// beside the function's at 1,000 events/s), idle (silent devices, function scaled to zero:
+    /// sluice's CPU and per-thread wake-ups), cold (publish → function p50/p99 for cold and
+    /// warm instances, sluice's own part), predict (synthetic traces through the pre-warm
+    /// policies). Writes JSON to --out and Markdown to --markdown.
+    Functions(FunctionsArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Floor(args) = &cli.command {
         return cli::tools::floor(args);
+    }
+    if let Command::FnEcho = &cli.command {
+        // Served before any runtime or logger: its start-up is part of what a cold start costs.
+        return match sluice_bench::scenarios::functions::echo::serve() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice-bench fn-echo: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -245,6 +268,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             cli::control_storm::control_storm(args).await
         }
         Command::Storage(args) => cli::storage::storage(args).await,
-        Command::Floor(_) => unreachable!("served in main without a runtime"),
+        Command::Scenario(ScenarioCommand::Functions(args)) => {
+            cli::scenarios::functions(args).await
+        }
+        Command::Floor(_) | Command::FnEcho => unreachable!("served in main without a runtime"),
     }
 }

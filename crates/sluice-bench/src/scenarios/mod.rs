@@ -15,6 +15,7 @@
 //! | [`priority`] | priority lanes over a rate-limited veth uplink (root) | `docs/perf/priority.md` |
 //! | [`outage`] | a cloud outage under load with the durable spool: backlog, drain, order | `docs/perf/outage.md` |
 //! | [`onem2m`] | contentInstances/s into a real ACME CSE: a plain pipelined HTTP client (the CSE's maximum) vs MQTT devices through sluice's oneM2M uplink, and the ratio | `docs/perf/onem2m.md` |
+//! | [`functions`] | edge functions (issue 19): sluice's CPU per event beside a local Python / compiled echo function's, idle CPU and per-thread wake-ups with the function scaled to zero, cold/warm start latency and sluice's part of it, pre-warm policies on synthetic traces | `docs/perf/functions.md` |
 //! | [`storage`] | the spool vs SQLite vs PostgreSQL: append, read back, recovery | `docs/perf/storage.md` |
 //!
 //! # Adding a scenario
@@ -48,6 +49,7 @@ pub mod coap;
 pub mod connections;
 pub mod control_storm;
 pub mod core;
+pub mod functions;
 pub mod multipath;
 pub mod onem2m;
 pub mod outage;
