@@ -71,13 +71,22 @@ pub fn rss_kib(pid: Pid) -> anyhow::Result<u64> {
     parse_status_rss_kib(&text).with_context(|| format!("parsing {path}"))
 }
 
-/// `utime + stime` (clock ticks) from the text of `/proc/<pid>/stat`.
-pub fn parse_stat_cpu_ticks(stat: &str) -> anyhow::Result<u64> {
+/// The fields of `/proc/<pid>/stat` the bench reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatFields {
+    pub ppid: u32,
+    /// `utime + stime`, clock ticks.
+    pub cpu_ticks: u64,
+    /// `cutime + cstime` (reaped children's CPU), clock ticks.
+    pub children_ticks: u64,
+}
+
+/// Parse a `/proc/<pid>/stat` text (fields counted after the last `)`).
+pub fn parse_stat(stat: &str) -> anyhow::Result<StatFields> {
     let after_comm = stat
         .rfind(')')
         .and_then(|i| stat.get(i + 1..))
         .ok_or_else(|| anyhow!("no ')' closing the command name"))?;
-    // After ')' the fields are: state(3) ppid(4) … utime(14) stime(15).
     let fields: Vec<&str> = after_comm.split_whitespace().collect();
     let field = |n: usize| -> anyhow::Result<u64> {
         fields
@@ -86,7 +95,16 @@ pub fn parse_stat_cpu_ticks(stat: &str) -> anyhow::Result<u64> {
             .parse::<u64>()
             .with_context(|| format!("field {n} is not a number"))
     };
-    Ok(field(14)? + field(15)?)
+    Ok(StatFields {
+        ppid: u32::try_from(field(4)?).context("ppid out of range")?,
+        cpu_ticks: field(14)? + field(15)?,
+        children_ticks: field(16)? + field(17)?,
+    })
+}
+
+/// `utime + stime` (clock ticks) from the text of `/proc/<pid>/stat`.
+pub fn parse_stat_cpu_ticks(stat: &str) -> anyhow::Result<u64> {
+    parse_stat(stat).map(|f| f.cpu_ticks)
 }
 
 /// `VmRSS` in KiB from the text of `/proc/<pid>/status`.

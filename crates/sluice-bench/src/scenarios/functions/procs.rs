@@ -23,36 +23,7 @@ use serde::Serialize;
 
 use crate::harness::procfs::clock_ticks_per_second;
 
-/// The fields of `/proc/<pid>/stat` the scenario uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatFields {
-    pub ppid: u32,
-    /// `utime + stime`, clock ticks.
-    pub cpu_ticks: u64,
-    /// `cutime + cstime` (reaped children's CPU), clock ticks.
-    pub children_ticks: u64,
-}
-
-/// Parse a `/proc/<pid>/stat` text (fields counted after the last `)`).
-pub fn parse_stat(stat: &str) -> anyhow::Result<StatFields> {
-    let after_comm = stat
-        .rfind(')')
-        .and_then(|i| stat.get(i + 1..))
-        .ok_or_else(|| anyhow!("no ')' closing the command name"))?;
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    let field = |n: usize| -> anyhow::Result<u64> {
-        fields
-            .get(n - 3)
-            .ok_or_else(|| anyhow!("field {n} missing"))?
-            .parse::<u64>()
-            .with_context(|| format!("field {n} is not a number"))
-    };
-    Ok(StatFields {
-        ppid: u32::try_from(field(4)?).context("ppid out of range")?,
-        cpu_ticks: field(14)? + field(15)?,
-        children_ticks: field(16)? + field(17)?,
-    })
-}
+pub use crate::harness::procfs::{parse_stat, StatFields};
 
 fn read_stat(path: &str) -> Option<StatFields> {
     parse_stat(&std::fs::read_to_string(path).ok()?).ok()
