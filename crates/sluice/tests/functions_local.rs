@@ -96,7 +96,6 @@ async fn replies(app: &mut TestClient, n: usize) -> Vec<(String, serde_json::Val
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs functions::runtime"]
 async fn a_function_started_by_sluice_gets_valid_events_on_its_inherited_socket_and_replies() {
     let dir = tempfile::tempdir().unwrap();
     let log = FunctionLog::in_dir(dir.path());
@@ -176,7 +175,6 @@ async fn a_function_started_by_sluice_gets_valid_events_on_its_inherited_socket_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs functions::runtime"]
 async fn a_function_with_socket_port_binds_port_itself_and_answers() {
     let dir = tempfile::tempdir().unwrap();
     let log = FunctionLog::in_dir(dir.path());
@@ -220,7 +218,6 @@ async fn a_function_with_socket_port_binds_port_itself_and_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs functions::runtime"]
 async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losing_events() {
     let dir = tempfile::tempdir().unwrap();
     let log = FunctionLog::in_dir(dir.path());
@@ -288,7 +285,6 @@ async fn a_function_scales_to_zero_when_idle_and_cold_starts_again_without_losin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs functions::runtime"]
 async fn a_burst_scales_out_to_max_instances_and_back_to_zero() {
     const MAX_INSTANCES: usize = 3;
     let dir = tempfile::tempdir().unwrap();
@@ -376,7 +372,6 @@ async fn a_burst_scales_out_to_max_instances_and_back_to_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs functions::runtime"]
 async fn a_function_that_crashes_on_start_is_backed_off_while_the_cloud_keeps_its_rate() {
     let cloud = Cloud::start();
     let dir = tempfile::tempdir().unwrap();
@@ -443,7 +438,6 @@ async fn a_function_that_crashes_on_start_is_backed_off_while_the_cloud_keeps_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs functions::runtime"]
 async fn an_instance_that_dies_mid_request_is_replaced_and_later_events_are_answered() {
     let dir = tempfile::tempdir().unwrap();
     let log = FunctionLog::in_dir(dir.path());
