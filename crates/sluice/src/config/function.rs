@@ -289,13 +289,21 @@ mod tests {
     #[test]
     fn remote_urls_keep_their_path_and_default_to_port_80() {
         let u = parse_remote_url("http://enrich.default.example").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("enrich.default.example", 80, "/"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("enrich.default.example", 80, "/")
+        );
         let u = parse_remote_url("http://127.0.0.1:8080/default/broker?x=1").unwrap();
         assert_eq!((u.port, u.path.as_str()), (8080, "/default/broker?x=1"));
         assert_eq!(u.host_header(), "127.0.0.1:8080");
         let u = parse_remote_url("http://[::1]:81").unwrap();
-        assert_eq!((u.host.as_str(), u.host_header().as_str()), ("::1", "[::1]:81"));
-        assert!(parse_remote_url("https://x").unwrap_err().contains("not supported"));
+        assert_eq!(
+            (u.host.as_str(), u.host_header().as_str()),
+            ("::1", "[::1]:81")
+        );
+        assert!(parse_remote_url("https://x")
+            .unwrap_err()
+            .contains("not supported"));
         assert!(parse_remote_url("http://x:0").is_err());
         assert!(parse_remote_url("ftp://x").is_err());
         assert!(parse_remote_url("http://u:p@x").is_err());

@@ -107,15 +107,51 @@ pub fn render(w: &mut PromWriter, functions: &[std::sync::Arc<super::FunctionHan
             );
         }
         for (metric, help, c) in [
-            ("sluice_function_retries_total", "Attempts after a failed one.", &m.retries),
-            ("sluice_function_dead_letters_total", "Events published to $sluice/dlq/{function} after every attempt failed.", &m.dead_letters),
-            ("sluice_function_replies_total", "2xx answers published on reply_topic.", &m.replies),
-            ("sluice_function_cold_starts_total", "Events that found no running instance, so one was started for them.", &m.cold_starts),
-            ("sluice_function_instance_starts_total", "Instances started.", &m.starts),
-            ("sluice_function_instance_stops_total", "Instances stopped (idle, or by the predictor).", &m.stops),
-            ("sluice_function_instance_crashes_total", "Instances that exited on their own.", &m.crashes),
-            ("sluice_function_prewarm_hits_total", "Pre-warmed instances that served an event.", &m.prewarm_hits),
-            ("sluice_function_prewarm_misses_total", "Pre-warmed instances stopped without serving an event.", &m.prewarm_misses),
+            (
+                "sluice_function_retries_total",
+                "Attempts after a failed one.",
+                &m.retries,
+            ),
+            (
+                "sluice_function_dead_letters_total",
+                "Events published to $sluice/dlq/{function} after every attempt failed.",
+                &m.dead_letters,
+            ),
+            (
+                "sluice_function_replies_total",
+                "2xx answers published on reply_topic.",
+                &m.replies,
+            ),
+            (
+                "sluice_function_cold_starts_total",
+                "Events that found no running instance, so one was started for them.",
+                &m.cold_starts,
+            ),
+            (
+                "sluice_function_instance_starts_total",
+                "Instances started.",
+                &m.starts,
+            ),
+            (
+                "sluice_function_instance_stops_total",
+                "Instances stopped (idle, or by the predictor).",
+                &m.stops,
+            ),
+            (
+                "sluice_function_instance_crashes_total",
+                "Instances that exited on their own.",
+                &m.crashes,
+            ),
+            (
+                "sluice_function_prewarm_hits_total",
+                "Pre-warmed instances that served an event.",
+                &m.prewarm_hits,
+            ),
+            (
+                "sluice_function_prewarm_misses_total",
+                "Pre-warmed instances stopped without serving an event.",
+                &m.prewarm_misses,
+            ),
         ] {
             w.counter(metric, help, &l, c.get());
         }

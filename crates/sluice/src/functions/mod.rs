@@ -329,13 +329,20 @@ mod tests {
         let a = h.acquire().unwrap();
         let b = h.acquire().unwrap();
         let c = h.acquire().unwrap();
-        assert_eq!((a.instance().id, b.instance().id, c.instance().id), (1, 1, 2));
+        assert_eq!(
+            (a.instance().id, b.instance().id, c.instance().id),
+            (1, 1, 2)
+        );
         assert_eq!(h.inflight(), 3);
         drop(a);
         assert_eq!(h.acquire().unwrap().instance().id, 1);
         h.instances()[0].retire();
         drop(b);
-        assert_eq!(h.acquire().unwrap().instance().id, 2, "a retired instance takes nothing");
+        assert_eq!(
+            h.acquire().unwrap().instance().id,
+            2,
+            "a retired instance takes nothing"
+        );
     }
 
     #[test]

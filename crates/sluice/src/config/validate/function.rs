@@ -127,8 +127,14 @@ pub(in crate::config) fn check_functions(config: &Config, files: Files) -> Resul
         if f.retries > 100 {
             return invalid(&key("retries"), "must be at most 100");
         }
-        if f.env.keys().any(|k| k.is_empty() || k.contains(['=', '\0'])) {
-            return invalid(&key("env"), "variable names must be non-empty, without '=' or NUL");
+        if f.env
+            .keys()
+            .any(|k| k.is_empty() || k.contains(['=', '\0']))
+        {
+            return invalid(
+                &key("env"),
+                "variable names must be non-empty, without '=' or NUL",
+            );
         }
         if !f.reply_topic.is_empty() {
             let mut filled = f.reply_topic.clone();

@@ -204,8 +204,9 @@ impl GbdtPolicy {
             f.push(f64::from(sum.min(COUNT_CAP)));
         }
         f.push(self.since(i) as f64);
-        if self.p.day_intervals > 0 {
-            f.push(((i % self.p.day_intervals) * 24 / self.p.day_intervals) as f64);
+        let day = self.p.day_intervals;
+        if let Some(hour) = (i % day.max(1)).saturating_mul(24).checked_div(day) {
+            f.push(hour as f64);
         }
         f
     }
