@@ -67,7 +67,7 @@ impl Default for HistogramParams {
             min_samples: 10,
             min_cv: 2.0,
             max_oob_ratio: 0.5,
-            fallback_keep_ms: 10 * 60_000,
+            fallback_keep_ms: 90_000,
         }
     }
 }
@@ -220,6 +220,25 @@ impl Policy for HistogramPolicy {
             Decision::STOP
         }
     }
+
+    /// The decision only changes at the pre-warm instant (`last + prewarm`)
+    /// and at the keep-alive deadline (`last + keep_until`); after that,
+    /// nothing until the next arrival. In the fallback: the keep-alive
+    /// deadline of a warm instance, else nothing.
+    fn next_wake(&self, now_ms: u64, warm: bool) -> Option<u64> {
+        let Some(w) = self.windows else {
+            return keep_after(self.last_ms, self.params.fallback_keep_ms, now_ms, warm).until_ms;
+        };
+        let last = self.last_ms?;
+        let since = now_ms.saturating_sub(last);
+        if since < w.prewarm_ms {
+            Some(last.saturating_add(w.prewarm_ms))
+        } else if since < w.keep_until_ms {
+            Some(last.saturating_add(w.keep_until_ms))
+        } else {
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -281,6 +300,47 @@ mod tests {
         );
         assert!(h.decide(last + 12_000, true).run);
         assert!(!h.decide(last + 12_100, true).run);
+    }
+
+    #[test]
+    fn next_wake_is_the_prewarm_instant_then_the_deadline_then_none() {
+        let mut h = HistogramPolicy::new(params());
+        for i in 0..20u64 {
+            h.on_arrival(i * 10_500);
+        }
+        let last = 19 * 10_500;
+        // windows 9000 .. 12_100 after the arrival (see above)
+        assert_eq!(h.next_wake(last + 100, false), Some(last + 9000));
+        assert_eq!(h.next_wake(last + 100, true), Some(last + 9000));
+        assert_eq!(h.next_wake(last + 9000, true), Some(last + 12_100));
+        // after the keep-alive window nothing changes until the next arrival
+        assert_eq!(h.next_wake(last + 12_100, false), None);
+        assert_eq!(h.next_wake(last + 86_400_000, false), None);
+        // every change of decision is at a wake-up
+        let mut now = last;
+        let mut warm = false;
+        let mut changes = Vec::new();
+        while let Some(w) = h.next_wake(now, warm) {
+            for t in now + 1..w {
+                assert_eq!(h.decide(t, warm).run, warm, "unseen change at {t}");
+            }
+            now = w;
+            let run = h.decide(now, warm).run;
+            if run != warm {
+                changes.push(now - last);
+            }
+            warm = run;
+        }
+        assert_eq!(changes, vec![9000, 12_100]);
+    }
+
+    #[test]
+    fn fallback_wakes_only_at_the_keep_alive_deadline() {
+        let mut h = HistogramPolicy::new(params());
+        h.on_arrival(1000);
+        assert_eq!(h.next_wake(1500, true), Some(6000));
+        assert_eq!(h.next_wake(1500, false), None);
+        assert_eq!(h.next_wake(6000, true), None);
     }
 
     #[test]

@@ -7,21 +7,44 @@
 //! an instance: `true` while none is warm means pre-warm, `false` while one is
 //! warm means unload) and `until_ms`, the deadline after which the instance
 //! may be unloaded if nothing else happens (`None`: no deadline known).
+//! [`Policy::next_wake`] says when to ask again: a runtime that sleeps until
+//! then (or until the next arrival) sees every change of decision and wakes for
+//! nothing else, so an idle function costs no wake-ups.
 //!
-//! Policies:
+//! Policies, what they predict, and when they fall back:
 //! - [`AlwaysWarm`]: runs an instance all the time (upper bound of instance
-//!   time, zero cold starts after the first start).
+//!   time, zero cold starts after the first start). Never wakes.
 //! - [`FixedKeepAlive`]: Knative-like; keeps an instance for a fixed window
-//!   after the last arrival and never pre-warms. It is also the fallback of
-//!   both learned policies while they have too little history.
+//!   after the last arrival (Knative's defaults: 60 s stable window + 30 s
+//!   grace = 90 s) and never pre-warms. Wakes once, at the deadline. It is
+//!   also the fallback of both learned policies while they have too little
+//!   history.
 //! - [`histogram::HistogramPolicy`]: the hybrid histogram policy of Shahrad et
-//!   al. (USENIX ATC '20), on idle times between arrivals.
+//!   al. (USENIX ATC '20). Predicts the *next idle time* (gap between
+//!   arrivals) from the histogram of past ones: pre-warms at the 5th
+//!   percentile minus a margin after an arrival, unloads at the 99th
+//!   percentile plus a margin. Falls back to fixed keep-alive with fewer than
+//!   `min_samples` idle times, too many out-of-range ones, or a flat
+//!   histogram. Stops asking to be woken once the keep-alive window after the
+//!   last arrival is over (at most `bin_ms * range_bins * (1 + margin)` of
+//!   silence, 4 h 24 min by default; in the fallback, its keep-alive).
 //! - [`gbdt::GbdtPolicy`]: gradient-boosted regression trees predicting the
-//!   next interval's arrival count from recent per-interval counts.
+//!   *arrival count of each interval* (1 min) from recent per-interval counts
+//!   (lags, sums at several scales, intervals since the last arrival); runs an
+//!   instance while the arrivals still expected in the current interval reach
+//!   a threshold. Falls back to fixed keep-alive until `min_intervals`
+//!   intervals were seen and a model is trained. Stops asking to be woken once
+//!   no interval until its features stop changing (at most
+//!   [`gbdt::GbdtPolicyParams::silence_horizon`] intervals of silence, 64 min
+//!   by default; plus one day when the time-of-day feature is on) is predicted
+//!   active.
 //!
-//! [`simulate`] replays a trace through a policy and counts cold starts
-//! (arrivals finding no warm instance) and warm instance-time; tests and
-//! benchmarks use it to compare policies.
+//! [`simulate`] replays a trace through a policy on a fixed tick, [`replay`]
+//! event by event as a runtime would (sleeping until the next arrival or
+//! [`Policy::next_wake`]); both count cold starts (arrivals finding no warm
+//! instance) and warm instance-time; tests and benchmarks use them to compare
+//! policies (`tests/predict_traces.rs` prints the figures for synthetic
+//! traces).
 
 pub mod gbdt;
 pub mod histogram;
@@ -181,6 +204,78 @@ pub fn simulate(policy: &mut dyn Policy, arrivals: &[u64], tick_ms: u64, end_ms:
     stats
 }
 
+/// Figures of one [`replay`] run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// Cold starts and warm time, as [`simulate`] counts them.
+    pub stats: SimStats,
+    /// Times the policy asked to be woken ([`Policy::next_wake`]) and was.
+    pub wakeups: u64,
+    /// The last of those wake-ups, if any.
+    pub last_wake_ms: Option<u64>,
+}
+
+/// Replays `arrivals` (ms since the origin; sorted here; those at or after
+/// `end_ms` are dropped) through `policy` from 0 to `end_ms` the way a runtime
+/// drives it: it decides at 0, at every arrival (just before it is reported,
+/// then again just after) and at every [`Policy::next_wake`], and sleeps in
+/// between. An arrival with no warm instance is a cold start and starts one;
+/// execution time is taken as zero, starting an instance as instantaneous.
+/// A `next_wake` not after the current time is taken as 1 ms later.
+pub fn replay(policy: &mut dyn Policy, arrivals: &[u64], end_ms: u64) -> Replay {
+    let mut sorted: Vec<u64> = arrivals.iter().copied().filter(|&a| a < end_ms).collect();
+    sorted.sort_unstable();
+    let mut out = Replay::default();
+    let mut warm_from: Option<u64> = None;
+    let mut next = 0usize;
+    let mut t = 0u64;
+    // Starts or stops the instance at `t` as `run` says, counting warm time.
+    fn apply(run: bool, t: u64, warm_from: &mut Option<u64>, warm_ms: &mut u64) {
+        match (*warm_from, run) {
+            (Some(from), false) => {
+                *warm_ms += t.saturating_sub(from);
+                *warm_from = None;
+            }
+            (None, true) => *warm_from = Some(t),
+            _ => {}
+        }
+    }
+    if end_ms == 0 {
+        return out;
+    }
+    loop {
+        let run = policy.decide(t, warm_from.is_some()).run;
+        apply(run, t, &mut warm_from, &mut out.stats.warm_ms);
+        let wake = policy
+            .next_wake(t, warm_from.is_some())
+            .map(|w| w.max(t.saturating_add(1)));
+        match (sorted.get(next).copied(), wake) {
+            (Some(a), w) if w.is_none_or(|w| a <= w) => {
+                t = a;
+                let run = policy.decide(t, warm_from.is_some()).run;
+                apply(run, t, &mut warm_from, &mut out.stats.warm_ms);
+                out.stats.arrivals += 1;
+                if warm_from.is_none() {
+                    out.stats.cold_starts += 1;
+                    warm_from = Some(t);
+                }
+                policy.on_arrival(t);
+                next += 1;
+            }
+            (_, Some(w)) if w < end_ms => {
+                t = w;
+                out.wakeups += 1;
+                out.last_wake_ms = Some(w);
+            }
+            _ => break,
+        }
+    }
+    if let Some(from) = warm_from {
+        out.stats.warm_ms += end_ms.saturating_sub(from);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +321,38 @@ mod tests {
                 warm_ms: 1000
             }
         );
+    }
+
+    #[test]
+    fn replay_wakes_only_at_deadlines_and_counts_like_simulate() {
+        let trace = [0, 50, 500, 2000, 2010];
+        let r = replay(&mut FixedKeepAlive::new(100), &trace, 10_000);
+        // cold at 0, 500, 2000; warm 0..150, 500..600, 2000..2110
+        assert_eq!(
+            r.stats,
+            SimStats {
+                arrivals: 5,
+                cold_starts: 3,
+                warm_ms: 150 + 100 + 110
+            }
+        );
+        // one wake-up per keep-alive deadline, none during the long silence
+        assert_eq!(r.wakeups, 3);
+        assert_eq!(r.last_wake_ms, Some(2110));
+        let s = simulate(&mut FixedKeepAlive::new(100), &trace, 10, 10_000);
+        assert_eq!(s, r.stats);
+        let a = replay(&mut AlwaysWarm, &trace, 10_000);
+        assert_eq!(
+            (a.stats.cold_starts, a.stats.warm_ms, a.wakeups),
+            (0, 10_000, 0)
+        );
+    }
+
+    #[test]
+    fn replay_survives_degenerate_input() {
+        let r = replay(&mut FixedKeepAlive::new(0), &[u64::MAX, 3, 3], 5);
+        assert_eq!((r.stats.arrivals, r.stats.cold_starts), (2, 2));
+        assert_eq!(replay(&mut AlwaysWarm, &[1], 0), Replay::default());
     }
 
     #[test]
