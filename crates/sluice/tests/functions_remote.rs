@@ -642,3 +642,66 @@ async fn a_full_function_queue_dead_letters_at_once_instead_of_holding_the_devic
     );
     gw.shutdown();
 }
+
+/// With `[spool] ack = "spool"`, a device's event is acknowledged at the spool commit, and an
+/// event the function has not taken yet survives a restart of the gateway: the function (down
+/// before, up after) receives every one once the gateway is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spooled_events_reach_the_function_after_a_restart() {
+    let spool = tempfile::tempdir().expect("spool dir");
+    // A port nobody listens on: every attempt fails, and with many slow retries the events
+    // are still waiting (unacknowledged in the spool) when the gateway stops.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}/events", dead.local_addr().unwrap());
+    drop(dead);
+    let config = |url: &str| {
+        format!(
+            "[spool]\ndir = {:?}\nack = \"spool\"\n\n{}",
+            spool.path().display().to_string(),
+            function_toml(
+                "keep",
+                &["spooled/#"],
+                &format!("url = {url:?}"),
+                "retries = 50\nretry_min = \"2s\"\nretry_max = \"2s\"",
+            )
+        )
+    };
+    let gw = gateway(2, &config(&dead_url));
+    let mut dev = device(&gw, "spooler").await;
+    for i in 0..5u16 {
+        let code = dev
+            .publish(
+                &format!("spooled/{i}"),
+                format!("m{i}").into_bytes(),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(code, 0, "acknowledged at the spool commit");
+    }
+    drop(dev);
+    gw.shutdown();
+
+    let f = RemoteFunction::start(&[]);
+    let gw = gateway(2, &config(&f.url()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let subjects = loop {
+        let got: BTreeSet<String> = f
+            .log
+            .requests()
+            .iter()
+            .filter_map(|r| r["subject"].as_str().map(str::to_owned))
+            .collect();
+        if got.len() == 5 || Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let want: BTreeSet<String> = (0..5).map(|i| format!("spooled/{i}")).collect();
+    assert_eq!(
+        subjects, want,
+        "every spooled event reached the function after the restart"
+    );
+    gw.shutdown();
+}
