@@ -170,8 +170,12 @@ fn run(path: Option<PathBuf>) -> ExitCode {
         }
     };
     sluice::telemetry::init_logging(&config.log.level);
-    if config.uplink.is_empty() {
+    if config.uplink.is_empty() && config.function.is_empty() {
         tracing::warn!("no [[uplink]] configured: messages stay local until one is");
+    } else if config.uplink.is_empty() {
+        tracing::warn!(
+            "no [[uplink]] configured: messages go to local subscribers and functions only"
+        );
     }
     let gateway = match sluice::app::Gateway::build(config).and_then(|g| g.start()) {
         Ok(g) => g,
