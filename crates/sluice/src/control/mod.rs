@@ -3,7 +3,7 @@
 //!
 //! Rooms:
 //! - [`admission`] — identity: client-id rules and password checks (run by the device
-//!   listener, `edge/mqtt/listener.rs`, on its own thread; see `app.rs`);
+//!   listener, `edge/mqtt/listener.rs`, on its own thread; see `app/`);
 //! - [`registry`] — which device is connected on which shard (`DeviceUp`/`DeviceDown`);
 //! - [`subscriptions`] — which shards subscribe to which filters, published incrementally as a
 //!   read-mostly [`SubscriptionSnapshot`] through `arc-swap`, which shards read without locks

@@ -9,7 +9,7 @@
 //! snapshots or the admin endpoint (the control-plane thread).
 //!
 //! Runs on a thread of its own (`sluice-listener`, a current-thread runtime started last and
-//! joined first by `app.rs`), so a reconnect storm — sockets that never send CONNECT, logins
+//! joined first by `app/`), so a reconnect storm — sockets that never send CONNECT, logins
 //! queueing for password checks — costs this thread and never the control plane's snapshot
 //! publication, the admin API or a shard. Each accepted socket gets `connect_timeout` to
 //! deliver a complete, valid CONNECT; a refused device gets a CONNACK with the reason and is

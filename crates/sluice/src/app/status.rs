@@ -1,0 +1,206 @@
+//! What the admin endpoint shows: /metrics and /api/v1/status of a running gateway.
+//!
+//! Owns: [`GatewayStatus`] (the metrics and tables the threads share with the admin endpoint)
+//! and how they are rendered. Does not own: the admin HTTP server (`crate::admin`), or what
+//! each metric means (their owners' modules).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::admin::AdminSource;
+use crate::control::ControlMetrics;
+use crate::shard::metrics::ShardMetrics;
+use crate::sink::LaneMetrics;
+use crate::telemetry::metrics::{Gauge, PromWriter};
+
+/// What the admin endpoint shows.
+pub(super) struct GatewayStatus {
+    pub(super) started: Instant,
+    pub(super) uplink_names: Vec<String>,
+    /// Per uplink: `null`, or whether `install_tc` succeeded.
+    pub(super) tc_status: Vec<serde_json::Value>,
+    pub(super) shard_metrics: Vec<Arc<ShardMetrics>>,
+    pub(super) uplink_metrics: Vec<Vec<LaneMetrics>>,
+    pub(super) devices_per_shard: Arc<Vec<Gauge>>,
+    pub(super) control: Arc<ControlMetrics>,
+    /// `[shard][uplink]`; empty rows without a spool.
+    pub(super) spool_metrics: Vec<Vec<Arc<crate::sink::spool::SpoolMetrics>>>,
+    /// Spools of former shard indexes being drained (counted in the `spool` totals only).
+    pub(super) former_spool_metrics: Vec<Arc<crate::sink::spool::SpoolMetrics>>,
+    pub(super) spool_dir: Option<std::path::PathBuf>,
+    pub(super) spool_ack: crate::config::SpoolAck,
+    /// Per shard: the CoAP proxy's upstream connections.
+    pub(super) proxy_metrics: Vec<Arc<crate::proxy::ProxyMetrics>>,
+    pub(super) coap_addr: Option<SocketAddr>,
+    /// Per shard.
+    pub(super) coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>>,
+    /// `[mqtt] mptcp`: whether the device listener is an MPTCP one (`None`: not asked).
+    pub(super) mqtt_mptcp: Option<bool>,
+    /// The watched links (`None`: no watcher).
+    pub(super) links: Option<Arc<crate::net::links::LinkMetrics>>,
+    /// The PHD agent table (`None` without `[phd] listen`).
+    pub(super) phd: Option<Arc<crate::control::phd::PhdRoom>>,
+    /// Every `[[function]]`.
+    pub(super) functions: Vec<Arc<crate::functions::FunctionHandle>>,
+    /// The local functions' runtime (`None` without local functions).
+    pub(super) function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
+}
+
+impl GatewayStatus {
+    /// The gateway-wide `spool` object of /api/v1/status (`null` without a spool).
+    fn spool_summary(&self) -> serde_json::Value {
+        let Some(dir) = &self.spool_dir else {
+            return serde_json::Value::Null;
+        };
+        let all = self
+            .spool_metrics
+            .iter()
+            .flatten()
+            .chain(&self.former_spool_metrics);
+        let (mut bytes, mut unacked, mut backlog, mut dropped, mut appended, mut acked) =
+            (0i64, 0i64, 0i64, 0u64, 0u64, 0u64);
+        for m in all {
+            bytes += m.bytes.get();
+            unacked += m.unacked_records.get();
+            backlog += m.backlog_records.get();
+            dropped += m.dropped_oldest.get();
+            appended += m.records_appended.get();
+            acked += m.records_acked.get();
+        }
+        serde_json::json!({
+            "dir": dir.display().to_string(),
+            "ack": match self.spool_ack {
+                crate::config::SpoolAck::Spool => "spool",
+                crate::config::SpoolAck::Cloud => "cloud",
+            },
+            "bytes": bytes,
+            "unacked_records": unacked,
+            "backlog_records": backlog,
+            "records_appended": appended,
+            "records_acked": acked,
+            "dropped_oldest": dropped,
+            "former_shard_spools": self.former_spool_metrics.len(),
+        })
+    }
+}
+
+impl AdminSource for GatewayStatus {
+    fn render_metrics(&self, w: &mut PromWriter) {
+        self.control.render(w);
+        crate::functions::metrics::render(w, &self.functions);
+        for (i, m) in self.shard_metrics.iter().enumerate() {
+            m.render(w, &i.to_string());
+        }
+        for (i, ups) in self.uplink_metrics.iter().enumerate() {
+            for (name, lanes) in self.uplink_names.iter().zip(ups) {
+                for (lane, m) in lanes.iter() {
+                    m.render(w, &i.to_string(), name, lane.as_str());
+                }
+            }
+        }
+        for (i, spools) in self.spool_metrics.iter().enumerate() {
+            for (name, m) in self.uplink_names.iter().zip(spools) {
+                m.render(w, &i.to_string(), name);
+            }
+        }
+        crate::admin::coap_proxy::render_proxy_metrics(w, &self.proxy_metrics);
+        if let Some(links) = &self.links {
+            links.render(w);
+        }
+        if let Some(phd) = &self.phd {
+            phd.metrics.render(w);
+        }
+        if self.coap_addr.is_some() {
+            for (i, m) in self.coap_metrics.iter().enumerate() {
+                m.render(w, &i.to_string());
+            }
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let shards: Vec<serde_json::Value> = self
+            .shard_metrics
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let uplinks: Vec<serde_json::Value> = self
+                    .uplink_names
+                    .iter()
+                    .zip(&self.uplink_metrics[i])
+                    .map(|(name, lanes)| {
+                        let lane_status: serde_json::Map<String, serde_json::Value> = lanes
+                            .iter()
+                            .map(|(lane, m)| {
+                                (
+                                    lane.as_str().to_string(),
+                                    serde_json::json!({
+                                        "state": m.state(),
+                                        "queued": m.queue_messages.get(),
+                                        "inflight": m.inflight.get(),
+                                        "packs_sent": m.packs_sent.get(),
+                                        "socket": m.socket_marks(),
+                                        "mptcp": m.mptcp.status(),
+                                        "paths": m.paths.status(),
+                                        "returned": m.messages_returned.get(),
+                                    }),
+                                )
+                            })
+                            .collect();
+                        serde_json::json!({
+                            "name": name,
+                            "state": lanes.normal.state(),
+                            "lanes": lane_status,
+                        })
+                    })
+                    .collect();
+                let spools: Vec<serde_json::Value> = self
+                    .uplink_names
+                    .iter()
+                    .zip(self.spool_metrics.get(i).into_iter().flatten())
+                    .map(|(name, m)| {
+                        let mut v = m.status();
+                        v["uplink"] = serde_json::json!(name);
+                        v
+                    })
+                    .collect();
+                serde_json::json!({
+                    "shard": i,
+                    "devices": self.devices_per_shard.get(i).map(|g| g.get()).unwrap_or(0),
+                    "connections": m.connections.get(),
+                    "sessions": m.sessions.get(),
+                    "coap_devices": self.coap_metrics.get(i).map(|c| c.devices.get()).unwrap_or(0),
+                    "coap_observers": m.coap_observe.observers.get(),
+                    "uplinks": uplinks,
+                    "spools": spools,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": self.started.elapsed().as_secs(),
+            "devices": self.control.devices_connected.get(),
+            "spool": self.spool_summary(),
+            "mqtt": { "mptcp": self.mqtt_mptcp },
+            "links": self.links.as_ref().map(|l| l.status()),
+            "phd": self.phd.as_ref().map(|p| p.status(1000)),
+            "functions": crate::functions::status(&self.functions, self.function_runtime.as_deref()),
+            "coap": match self.coap_addr {
+                None => serde_json::Value::Null,
+                Some(addr) => serde_json::json!({
+                    "listen": addr.to_string(),
+                    "devices": self.coap_metrics.iter().map(|c| c.devices.get()).sum::<i64>(),
+                    "observers": self.shard_metrics.iter().map(|m| m.coap_observe.observers.get()).sum::<i64>(),
+                }),
+            },
+            "shards": shards,
+            "coap_proxy": crate::admin::coap_proxy::proxy_status(&self.proxy_metrics),
+            "traffic_control": self
+                .uplink_names
+                .iter()
+                .zip(&self.tc_status)
+                .map(|(name, tc)| serde_json::json!({ "uplink": name, "tc": tc }))
+                .collect::<Vec<_>>(),
+        })
+    }
+}
