@@ -449,9 +449,10 @@ impl Transport for FunctionTransport {
             time,
             &cloudevents::content_type(msg.content_type.as_deref(), &msg.payload),
         );
-        let head = event.request_head(&self.host, &self.path, msg.payload.len());
-        let mut request = Vec::with_capacity(head.len() + msg.payload.len());
-        request.extend_from_slice(head.as_bytes());
+        // The head's own buffer grows to hold the payload: one allocation, no copy of the head.
+        let mut request = event
+            .request_head(&self.host, &self.path, msg.payload.len())
+            .into_bytes();
         request.extend_from_slice(&msg.payload);
         self.jobs.insert(
             id,

@@ -63,17 +63,6 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         .clone()
         .expect("a function sink's seed carries its handle");
     let transport = dispatch::FunctionTransport::new(seed.shard, f.handle, f.publish, f.overflow);
-    let outbox = Outbox::new(
-        OutboxSeed {
-            shard: seed.shard,
-            lane: seed.lane,
-            cfg: seed.cfg,
-            queue: seed.queue,
-            metrics: seed.metrics,
-            live_devices: seed.live_devices,
-            feeders: seed.feeders,
-        },
-        transport,
-    );
+    let outbox = Outbox::new(OutboxSeed::from(seed), transport);
     tokio::task::spawn_local(outbox.run(shutdown))
 }

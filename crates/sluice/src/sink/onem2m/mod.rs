@@ -99,21 +99,10 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         seed.shard,
         seed.lane,
         seed.cfg.clone(),
-        seed.tls,
+        seed.tls.clone(),
         seed.metrics.clone(),
     );
-    let outbox = Outbox::new(
-        OutboxSeed {
-            shard: seed.shard,
-            lane: seed.lane,
-            cfg: seed.cfg,
-            queue: seed.queue,
-            metrics: seed.metrics,
-            live_devices: seed.live_devices,
-            feeders: seed.feeders,
-        },
-        transport,
-    );
+    let outbox = Outbox::new(OutboxSeed::from(seed), transport);
     tokio::task::spawn_local(outbox.run(shutdown))
 }
 

@@ -102,6 +102,21 @@ pub struct OutboxSeed {
     pub feeders: Feeders,
 }
 
+/// The outbox's part of a lane's seed (what every transport's `spawn` hands the outbox).
+impl From<crate::sink::SessionSeed> for OutboxSeed {
+    fn from(seed: crate::sink::SessionSeed) -> OutboxSeed {
+        OutboxSeed {
+            shard: seed.shard,
+            lane: seed.lane,
+            cfg: seed.cfg,
+            queue: seed.queue,
+            metrics: seed.metrics,
+            live_devices: seed.live_devices,
+            feeders: seed.feeders,
+        }
+    }
+}
+
 /// What one unit written and not yet acknowledged carried.
 pub(crate) enum Carried {
     One(UplinkMessage),
