@@ -88,8 +88,45 @@ pub enum SpawnError {
     },
 }
 
-/// Starts one instance of `cfg` (see the module docs for what it gets).
-pub fn spawn(cfg: &FunctionConfig) -> Result<Spawned, SpawnError> {
+/// An instance ready to fork: its socket bound (and, when inherited, listening), its exec
+/// block built. Connections to [`Prepared::addr`] of an inherited socket already succeed
+/// (they wait in the backlog), so the runtime publishes the instance before
+/// [`Prepared::spawn`] and the first request is written while the fork/exec runs.
+pub struct Prepared {
+    cmd: Command,
+    listener: Option<Socket>,
+    addr: SocketAddr,
+    function: String,
+    program: String,
+}
+
+impl Prepared {
+    /// Where the instance will serve (127.0.0.1).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Fork and exec. On failure the socket is closed: connections waiting in its backlog
+    /// are reset.
+    pub fn spawn(mut self) -> Result<Spawned, SpawnError> {
+        let child = self.cmd.spawn().map_err(|source| SpawnError::Exec {
+            function: self.function,
+            program: self.program,
+            source,
+        })?;
+        drop(self.listener); // the child has it now: the kernel queue is the child's alone
+        let pid = child.id();
+        Ok(Spawned {
+            child,
+            pid,
+            addr: self.addr,
+        })
+    }
+}
+
+/// Binds the socket and builds the command of one instance of `cfg` (see the module docs for
+/// what it gets), without starting it.
+pub fn prepare(cfg: &FunctionConfig) -> Result<Prepared, SpawnError> {
     let function = || cfg.name.clone();
     let command = cfg.command.as_deref().unwrap_or_default();
     let Some(program) = command.first() else {
@@ -159,21 +196,19 @@ pub fn spawn(cfg: &FunctionConfig) -> Result<Spawned, SpawnError> {
     if let Some(dir) = &cfg.dir {
         cmd.current_dir(dir);
     }
-    let child = in_child(
+    in_child(
         &mut cmd,
         block,
         listener.as_ref().map(|s| s.as_raw_fd()),
         std::process::id(),
-    )
-    .spawn()
-    .map_err(|source| SpawnError::Exec {
+    );
+    Ok(Prepared {
+        cmd,
+        listener,
+        addr,
         function: function(),
         program: program.clone(),
-        source,
-    })?;
-    drop(listener); // the child has it now: the kernel queue is the child's alone
-    let pid = child.id();
-    Ok(Spawned { child, pid, addr })
+    })
 }
 
 /// A listening TCP socket on 127.0.0.1:0 (close-on-exec, SO_REUSEADDR, backlog [`BACKLOG`]).

@@ -8,8 +8,8 @@
 //! fork/exec details (`process`), the status API (`super`).
 //!
 //! # Life of an instance
-//! 1. Spawned (`instances_starting` + 1). Inherit mode: published at once (requests queue in
-//!    the kernel backlog). Port mode: a task connects with backoff (1 ms doubling to 50 ms)
+//! 1. Spawned (`instances_starting` + 1). Inherit mode: published as soon as its socket
+//!    listens, before the fork (requests queue in the kernel backlog while it starts). Port mode: a task connects with backoff (1 ms doubling to 50 ms)
 //!    until it succeeds — then published — or `start_timeout` passes — then stopped and
 //!    counted as a crash.
 //! 2. Stopped by the scaler: retired (dispatchers take no new slot), published without it;
@@ -287,15 +287,40 @@ impl Shell {
         if cold {
             m.cold_starts.inc();
         }
-        let sp = process::spawn(&f.handle.cfg)?;
-        m.starts.inc();
-        m.instances_starting.add(1);
+        let prepared = process::prepare(&f.handle.cfg)?;
         let inst = Arc::new(Instance::new(
             id,
-            Some(sp.addr),
+            Some(prepared.addr()),
             f.handle.cfg.concurrency,
             prewarmed,
         ));
+        // An inherited socket listens already: publish the instance before the fork, so the
+        // dispatchers connect and write the waiting requests into its backlog while the
+        // fork/exec runs (sluice's part of a cold start does not wait for the exec).
+        let early = f.handle.cfg.socket == SocketMode::Inherit;
+        if early {
+            let mut set: Vec<Arc<Instance>> = f
+                .locals
+                .iter()
+                .filter(|l| l.published)
+                .map(|l| l.inst.clone())
+                .collect();
+            set.push(inst.clone());
+            f.handle.publish_instances(set);
+        }
+        let sp = match prepared.spawn() {
+            Ok(sp) => sp,
+            Err(e) => {
+                if early {
+                    // Its backlog was reset with the socket: the dispatchers retry.
+                    inst.retire();
+                    f.publish();
+                }
+                return Err(e);
+            }
+        };
+        m.starts.inc();
+        m.instances_starting.add(1);
         tracing::debug!(function = %f.name(), instance = id, pid = sp.pid, port = sp.addr.port(), prewarmed, "function instance started");
         let mut local = Local {
             inst,
@@ -316,7 +341,7 @@ impl Shell {
                 let _ = tx.send(Readiness { fi, id, ok });
             }));
         }
-        let publish = local.published;
+        let publish = local.published && !early;
         f.locals.push(local);
         if publish {
             f.publish();
