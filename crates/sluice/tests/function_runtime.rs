@@ -398,6 +398,12 @@ fn a_program_that_cannot_start_is_retried_with_backoff_too() {
         assert_eq!(h.metrics.starts.get(), 0);
         assert_eq!(h.metrics.instances_starting.get(), 0);
         assert!(instances(&rt).is_empty());
+        // An inherited socket's instance is published before its fork; a failed exec takes
+        // it back out, so no dispatcher is left writing into a closed backlog.
+        assert!(
+            h.acquire().is_none(),
+            "{command}: a failed start left an instance to dispatch to"
+        );
         rt.stop();
     }
 }
