@@ -15,7 +15,10 @@
 //! `concurrency` requests in flight gives a [`Slot`]; dropping the slot frees it. When none has
 //! room, the dispatcher calls [`FunctionHandle::demand`] (the runtime starts an instance if
 //! fewer than `max_instances` run) and waits on [`FunctionHandle::changed`], which fires when the
-//! instance set changes or a slot is freed while someone waits. A remote function (`url`) has
+//! instance set changes or a slot is freed while someone waits. A local function scaled to
+//! zero (socket inherited) has a standby in its set ([`Instance::standby`]): a listening socket
+//! with no process, so the first event is written into the kernel backlog at once and its
+//! slot asks the runtime for the process. A remote function (`url`) has
 //! one pseudo-instance with `concurrency × max_instances` slots and no runtime.
 //!
 //! # Events to the runtime
@@ -29,7 +32,7 @@ pub mod runtime;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -68,9 +71,11 @@ pub struct Instance {
     /// It has answered a request (its first answer ends a cold start).
     answered: AtomicBool,
     /// Started by the predictor rather than by an event (for pre-warm hits and misses).
-    pub prewarmed: bool,
-    /// When sluice started it (or, for a cold start, when the event asked for it).
-    pub started_at: Instant,
+    prewarmed: AtomicBool,
+    /// A standby: its socket listens but no process serves it yet (see [`Instance::standby`]).
+    standby: AtomicBool,
+    /// When sluice started its process (a standby: when its socket was bound).
+    started_at: Mutex<Instant>,
 }
 
 impl Instance {
@@ -83,9 +88,36 @@ impl Instance {
             last_used_ms: AtomicU64::new(0),
             retired: AtomicBool::new(false),
             answered: AtomicBool::new(false),
-            prewarmed,
-            started_at: Instant::now(),
+            prewarmed: AtomicBool::new(prewarmed),
+            standby: AtomicBool::new(false),
+            started_at: Mutex::new(Instant::now()),
         }
+    }
+    /// The next instance of a function scaled to zero, socket-activation style: the runtime
+    /// binds its listening socket ahead of time and publishes it, so the first event's request
+    /// is connected and written into the kernel backlog by the shard at once; taking a slot
+    /// on it asks the runtime to start the process ([`FunctionHandle::acquire`]), which then
+    /// [`Instance::activate`]s it (the same instance: the slots taken stay counted).
+    pub fn standby(id: u64, addr: SocketAddr, capacity: usize) -> Instance {
+        let i = Instance::new(id, Some(addr), capacity, false);
+        i.standby.store(true, Ordering::Release);
+        i
+    }
+    /// Its process was just started (the runtime, once, for a standby).
+    pub fn activate(&self, prewarmed: bool) {
+        self.prewarmed.store(prewarmed, Ordering::Release);
+        *self.started_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.standby.store(false, Ordering::Release);
+    }
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(Ordering::Acquire)
+    }
+    pub fn prewarmed(&self) -> bool {
+        self.prewarmed.load(Ordering::Acquire)
+    }
+    /// When sluice started its process (or, for a standby, bound its socket).
+    pub fn started_at(&self) -> Instant {
+        *self.started_at.lock().unwrap_or_else(|e| e.into_inner())
     }
     pub fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Acquire)
@@ -206,6 +238,10 @@ impl FunctionHandle {
         let set = self.instances.load();
         let inst = set.iter().find(|i| i.try_take())?.clone();
         inst.last_used_ms.store(self.now_ms(), Ordering::Release);
+        if inst.is_standby() {
+            // The request waits in the standby's backlog; its process is started now.
+            self.demand();
+        }
         Some(Slot {
             inst,
             handle: self.clone(),

@@ -187,9 +187,9 @@ impl Runtime {
                                 "starting"
                             },
                             inflight: i.inst.inflight(),
-                            age_ms: u64::try_from(i.inst.started_at.elapsed().as_millis())
+                            age_ms: u64::try_from(i.inst.started_at().elapsed().as_millis())
                                 .unwrap_or(u64::MAX),
-                            prewarmed: i.inst.prewarmed,
+                            prewarmed: i.inst.prewarmed(),
                         })
                         .collect(),
                     crashes: f.handle.metrics.crashes.get(),

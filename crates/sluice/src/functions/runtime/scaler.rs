@@ -230,6 +230,11 @@ impl Scaler {
     }
 
     /// Instances started and not stopped.
+    /// The id the next started instance gets (a standby is made with it).
+    pub fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
     pub fn live(&self) -> usize {
         self.instances.iter().filter(|t| !t.stopping).count()
     }

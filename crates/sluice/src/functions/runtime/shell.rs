@@ -8,6 +8,10 @@
 //! fork/exec details (`process`), the status API (`super`).
 //!
 //! # Life of an instance
+//! 0. Standby (inherit mode, while no instance is up): its socket is bound, listening and
+//!    published with no process; a dispatcher that takes a slot on it writes the request
+//!    into the backlog and sends a demand. The scaler's next start takes it over (same
+//!    `Instance`, so the slots taken stay counted).
 //! 1. Spawned (`instances_starting` + 1). Inherit mode: published as soon as its socket
 //!    listens, before the fork (requests queue in the kernel backlog while it starts). Port mode: a task connects with backoff (1 ms doubling to 50 ms)
 //!    until it succeeds — then published — or `start_timeout` passes — then stopped and
@@ -79,6 +83,7 @@ pub(super) async fn run(
     for fi in 0..shell.functions.len() {
         shell.drive(fi, Input::Wake);
     }
+    shell.keep_standbys();
     shell.publish_status();
     let mut cmds_open = true;
     loop {
@@ -94,6 +99,7 @@ pub(super) async fn run(
             },
             _ = sleep_until(deadline), if deadline.is_some() => shell.on_timers(),
         }
+        shell.keep_standbys();
         shell.publish_status();
     }
     shell.shutdown(&mut sigchld).await;
@@ -119,6 +125,9 @@ struct Function {
     scaler: Scaler,
     /// Start order.
     locals: Vec<Local>,
+    /// Scaled to zero with an inherited socket: the next instance's socket, bound and listening
+    /// and published, with no process yet (see [`Instance::standby`]).
+    standby: Option<(process::Prepared, Arc<Instance>)>,
 }
 
 struct Local {
@@ -184,6 +193,7 @@ impl Function {
             scaler: Scaler::new(cfg, policy),
             handle,
             locals: Vec::new(),
+            standby: None,
         }
     }
 
@@ -197,8 +207,31 @@ impl Function {
                 .iter()
                 .filter(|l| l.published)
                 .map(|l| l.inst.clone())
+                .chain(self.standby.as_ref().map(|(_, i)| i.clone()))
                 .collect(),
         );
+    }
+
+    /// With no instance up (and the socket inherited), bind the next one's socket and publish
+    /// it as a standby; without a process it costs one file descriptor and no CPU.
+    fn keep_standby(&mut self) {
+        if self.standby.is_some()
+            || self.handle.cfg.socket != SocketMode::Inherit
+            || self.locals.iter().any(|l| !l.phase.stopping())
+        {
+            return;
+        }
+        // A command that cannot be prepared fails again (and is reported) when it is started.
+        let Ok(prepared) = process::prepare(&self.handle.cfg) else {
+            return;
+        };
+        let inst = Arc::new(Instance::standby(
+            self.scaler.next_id(),
+            prepared.addr(),
+            self.handle.cfg.concurrency,
+        ));
+        self.standby = Some((prepared, inst));
+        self.publish();
     }
 
     /// The scaler's wake as an instant.
@@ -212,6 +245,12 @@ impl Function {
 }
 
 impl Shell {
+    fn keep_standbys(&mut self) {
+        for f in &mut self.functions {
+            f.keep_standby();
+        }
+    }
+
     fn on_cmd(&mut self, cmd: RuntimeCmd) {
         match cmd {
             RuntimeCmd::Demand { index } => {
@@ -287,13 +326,26 @@ impl Shell {
         if cold {
             m.cold_starts.inc();
         }
-        let prepared = process::prepare(&f.handle.cfg)?;
-        let inst = Arc::new(Instance::new(
-            id,
-            Some(prepared.addr()),
-            f.handle.cfg.concurrency,
-            prewarmed,
-        ));
+        let (prepared, inst) = match f.standby.take() {
+            // The standby was made with the id the scaler gives its next instance.
+            Some((prepared, inst)) if inst.id == id => {
+                inst.activate(prewarmed);
+                (prepared, inst)
+            }
+            other => {
+                if let Some((_, stale)) = other {
+                    stale.retire();
+                }
+                let prepared = process::prepare(&f.handle.cfg)?;
+                let inst = Arc::new(Instance::new(
+                    id,
+                    Some(prepared.addr()),
+                    f.handle.cfg.concurrency,
+                    prewarmed,
+                ));
+                (prepared, inst)
+            }
+        };
         // An inherited socket listens already: publish the instance before the fork, so the
         // dispatchers connect and write the waiting requests into its backlog while the
         // fork/exec runs (sluice's part of a cold start does not wait for the exec).
@@ -510,6 +562,7 @@ impl Shell {
                     };
                 }
             }
+            f.standby = None; // its backlog (if anything waits there) is reset
             f.handle.publish_instances(Vec::new());
         }
         let mut give_up: Option<Instant> = None;
@@ -608,7 +661,7 @@ fn on_exit(f: &Function, mut l: Local, status: Option<ExitStatus>) -> Input {
     let stopped = l.phase.stopping() && !l.failed_start;
     let status = status.map_or_else(|| "unknown".to_owned(), |s| s.to_string());
     if stopped {
-        if l.inst.prewarmed {
+        if l.inst.prewarmed() {
             if l.inst.last_used_ms() > 0 {
                 m.prewarm_hits.inc();
             } else {

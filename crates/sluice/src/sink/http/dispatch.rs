@@ -249,9 +249,12 @@ impl FunctionTransport {
         if answered && instance.mark_answered() && self.target_remote.is_none() {
             m.instances_starting.sub(1);
             m.instances_running.add(1);
-            if !instance.prewarmed {
-                m.cold_start_latency
-                    .observe(job.received_at.elapsed().min(instance.started_at.elapsed()));
+            if !instance.prewarmed() {
+                m.cold_start_latency.observe(
+                    job.received_at
+                        .elapsed()
+                        .min(instance.started_at().elapsed()),
+                );
             }
         }
         let (retryable, error) = match &result {
