@@ -1,6 +1,7 @@
 //! Starting and signalling one local function instance: its listening socket, its
 //! environment, the fork/exec, and signals to its process group. The only `unsafe` of the
-//! runtime lives here (`pre_exec`, and `libc` calls that have no safe std equivalent); each
+//! runtime lives here (the clone and the child's set-up, and `libc` calls that have no safe
+//! std equivalent); each
 //! block says why it is sound. (ADR 0004 lists the crate's `unsafe`; this module is to be
 //! added to it.)
 //!
@@ -26,26 +27,35 @@
 //!   included. If sluice died between fork and `prctl`, the child sees a different parent
 //!   (`getppid`) and exits at once.
 //!
-//! # LISTEN_PID after fork
-//! The child's pid is known only in the child, and between fork and exec only
-//! async-signal-safe calls are allowed (no allocation: another thread may hold the allocator
-//! lock at fork time). So the whole exec block — program path, argv, envp — is built before
-//! the fork in one byte arena, with `LISTEN_PID=` followed by room for 20 digits; in the
-//! child, `pre_exec` writes `getpid()`'s digits into that room (a NUL after them), puts the
-//! socket on fd 3 (`dup2`, or clearing `FD_CLOEXEC` if it already is fd 3), and calls
-//! `execve` itself. std's own exec after `pre_exec` is never reached: on success execve does
-//! not return; on failure `pre_exec` returns the errno and `spawn` reports it. The program is
-//! looked up in `PATH` before the fork too (execve does no search).
+//! # Starting without fork
+//! sluice is a multi-threaded process with shards working while an instance starts, so it
+//! does not `fork`: copying its page tables write-locks its memory map for up to a
+//! millisecond, and every page a shard writes afterwards (until the exec) is copied. Instead
+//! the runtime thread calls `clone(CLONE_VM | CLONE_VFORK)` with a small stack of its own (as
+//! `posix_spawn` does): the child runs in sluice's memory and the calling thread is suspended
+//! until the child has called `execve`. Between the two only async-signal-safe calls are
+//! allowed (no allocation, no lock), so the whole exec block — program path, argv, envp — is
+//! built before, in one byte arena, with `LISTEN_PID=` followed by room for 20 digits (the
+//! child's pid is known only in the child). All signals are blocked around the clone; the
+//! child (which has its own copy of the signal handlers) resets handled signals and SIGPIPE to
+//! the default and unblocks them, joins its own process group, sets `PR_SET_PDEATHSIG`,
+//! checks its parent, puts `/dev/null` on stdin, changes to `dir`, puts the socket on fd 3
+//! (`dup2`, or clearing `FD_CLOEXEC` if it already is fd 3), writes `getpid()`'s digits into
+//! the room and calls `execve`. On failure it stores the errno where the parent reads it and
+//! exits 127; the parent reaps it and reports the error. The program is looked up in `PATH`
+//! before the clone too (execve does no search).
 
+use std::ffi::CString;
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::io::AsRawFd;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::ExitStatus;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -58,10 +68,34 @@ const LISTEN_FD: libc::c_int = 3;
 /// Room for the decimal digits of a pid (u64 max has 20).
 const PID_ROOM: usize = 20;
 
+/// Stack of the cloned child between `clone` and `execve` (it runs a few syscalls only).
+const CHILD_STACK: usize = 64 * 1024;
+
+/// A started instance's process, reaped by pid (`waitpid`, never `waitpid(-1)`).
+#[derive(Debug)]
+pub struct Proc {
+    pid: libc::pid_t,
+}
+
+impl Proc {
+    /// Reaps it if it exited; `Ok(None)` while it runs.
+    #[allow(unsafe_code)]
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid writes one int we own.
+        let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+        match rc {
+            0 => Ok(None),
+            r if r == self.pid => Ok(Some(ExitStatus::from_raw(status))),
+            _ => Err(io::Error::last_os_error()),
+        }
+    }
+}
+
 /// A started instance's process.
 #[derive(Debug)]
 pub struct Spawned {
-    pub child: Child,
+    pub child: Proc,
     pub pid: u32,
     /// Where it serves (127.0.0.1).
     pub addr: SocketAddr,
@@ -93,8 +127,11 @@ pub enum SpawnError {
 /// (they wait in the backlog), so the runtime publishes the instance before
 /// [`Prepared::spawn`] and the first request is written while the fork/exec runs.
 pub struct Prepared {
-    cmd: Command,
+    block: ExecBlock,
     listener: Option<Socket>,
+    /// The child's stdin.
+    devnull: File,
+    dir: Option<CString>,
     addr: SocketAddr,
     function: String,
     program: String,
@@ -106,19 +143,26 @@ impl Prepared {
         self.addr
     }
 
-    /// Fork and exec. On failure the socket is closed: connections waiting in its backlog
-    /// are reset.
-    pub fn spawn(mut self) -> Result<Spawned, SpawnError> {
-        let child = self.cmd.spawn().map_err(|source| SpawnError::Exec {
+    /// Start the process (see "Starting without fork" in the module docs). On failure the
+    /// socket is closed: connections waiting in its backlog are reset.
+    pub fn spawn(self) -> Result<Spawned, SpawnError> {
+        let child = ChildSetup {
+            block: &self.block,
+            listen_fd: self.listener.as_ref().map(|s| s.as_raw_fd()),
+            stdin_fd: self.devnull.as_raw_fd(),
+            dir: self.dir.as_ref().map_or(std::ptr::null(), |d| d.as_ptr()),
+            parent_pid: std::process::id(),
+            errno: 0,
+        };
+        let pid = child.clone_and_exec().map_err(|source| SpawnError::Exec {
             function: self.function,
             program: self.program,
             source,
         })?;
         drop(self.listener); // the child has it now: the kernel queue is the child's alone
-        let pid = child.id();
         Ok(Spawned {
-            child,
-            pid,
+            child: Proc { pid },
+            pid: pid as u32,
             addr: self.addr,
         })
     }
@@ -188,23 +232,24 @@ pub fn prepare(cfg: &FunctionConfig) -> Result<Prepared, SpawnError> {
         }
     })?;
 
-    let mut cmd = Command::new(&resolved);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .process_group(0);
-    if let Some(dir) = &cfg.dir {
-        cmd.current_dir(dir);
-    }
-    in_child(
-        &mut cmd,
-        block,
-        listener.as_ref().map(|s| s.as_raw_fd()),
-        std::process::id(),
-    );
+    let devnull = File::open("/dev/null").map_err(|source| SpawnError::Exec {
+        function: function(),
+        program: program.clone(),
+        source,
+    })?;
+    let dir = match &cfg.dir {
+        Some(d) => Some(
+            CString::new(d.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul {
+                function: function(),
+            })?,
+        ),
+        None => None,
+    };
     Ok(Prepared {
-        cmd,
+        block,
         listener,
+        devnull,
+        dir,
         addr,
         function: function(),
         program: program.clone(),
@@ -338,28 +383,98 @@ impl ExecBlock {
     }
 }
 
-/// Registers the child-side set-up on `cmd`: death signal, parent check, fd 3, LISTEN_PID,
-/// execve (see the module docs).
-#[allow(unsafe_code)]
-fn in_child(
-    cmd: &mut Command,
-    block: ExecBlock,
+/// What the cloned child needs, in the parent's memory (shared until `execve`).
+struct ChildSetup<'a> {
+    block: &'a ExecBlock,
     listen_fd: Option<libc::c_int>,
+    stdin_fd: libc::c_int,
+    /// NUL-terminated working directory, or null.
+    dir: *const libc::c_char,
     parent_pid: u32,
-) -> &mut Command {
-    // SAFETY: the closure only makes async-signal-safe calls (see `exec_in_child`).
-    unsafe { cmd.pre_exec(move || block.exec_in_child(listen_fd, parent_pid)) }
+    /// Written by the child when its set-up or `execve` failed.
+    errno: libc::c_int,
 }
 
-impl ExecBlock {
-    /// Runs in the forked child, before exec: only syscalls, no allocation (the io::Errors
-    /// made here are the OS variant, which does not allocate), writes only to the arena (the
-    /// child's own copy). Returns only on failure.
+impl ChildSetup<'_> {
+    /// `clone(CLONE_VM | CLONE_VFORK)` on a stack of its own, all signals blocked around it;
+    /// returns once the child has called `execve` (or exited after a failure, whose errno is
+    /// returned as the error).
     #[allow(unsafe_code)]
-    fn exec_in_child(&self, listen_fd: Option<libc::c_int>, parent_pid: u32) -> io::Result<()> {
-        // SAFETY: see above; every pointer passed points into the arena, NUL-terminated
-        // strings and NULL-terminated arrays as built by `ExecBlock::new`.
+    fn clone_and_exec(mut self) -> io::Result<libc::pid_t> {
+        let mut stack = vec![0u8; CHILD_STACK];
+        let top = stack.as_mut_ptr().wrapping_add(CHILD_STACK);
+        let top = top.wrapping_sub(top as usize % 16); // 16-byte aligned, inside the Vec
+                                                       // SAFETY: sigset_t is plain data (zeroed is valid before sigfillset); clone runs
+                                                       // `child_main` on `stack`, which outlives it: with CLONE_VFORK this thread is
+                                                       // suspended until the child execs or exits, so `self` and `stack` stay put and are
+                                                       // not touched by us meanwhile. The child gets a copy of the signal handlers (no
+                                                       // CLONE_SIGHAND) and starts with every signal blocked, so no handler of ours runs
+                                                       // on its stack.
         unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            let pid = libc::clone(
+                child_main,
+                top.cast(),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::addr_of_mut!(self).cast(),
+            );
+            let clone_err = io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            drop(stack);
+            if pid < 0 {
+                return Err(clone_err);
+            }
+            let errno = std::ptr::read_volatile(std::ptr::addr_of!(self.errno));
+            if errno != 0 {
+                let mut status = 0;
+                libc::waitpid(pid, &mut status, 0);
+                return Err(io::Error::from_raw_os_error(errno));
+            }
+            Ok(pid)
+        }
+    }
+
+    /// Runs in the child, before exec, in the parent's memory: only syscalls, no allocation,
+    /// no lock, writes only to the exec block's pid room and `errno`. Returns only on failure
+    /// (the errno).
+    #[allow(unsafe_code)]
+    fn run(&self) -> libc::c_int {
+        let fail = || {
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        };
+        // SAFETY: see above; every pointer passed points into the exec block (NUL-terminated
+        // strings, NULL-terminated arrays as built by `ExecBlock::new`) or is `dir` (a
+        // CString the parent keeps) or a local.
+        unsafe {
+            // Handlers back to the default (the child has its own copy of the table), and
+            // SIGPIPE too (Rust ignores it, and an ignored signal stays ignored across exec),
+            // then unblock everything.
+            for sig in 1..=64 {
+                if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                    continue;
+                }
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut sa) != 0 {
+                    continue; // signals reserved by libc
+                }
+                let ignored = sa.sa_sigaction == libc::SIG_IGN && sig != libc::SIGPIPE;
+                if sa.sa_sigaction != libc::SIG_DFL && !ignored {
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                }
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            if libc::setpgid(0, 0) != 0 {
+                return fail();
+            }
             if libc::prctl(
                 libc::PR_SET_PDEATHSIG,
                 libc::SIGKILL as libc::c_ulong,
@@ -368,28 +483,59 @@ impl ExecBlock {
                 0,
             ) != 0
             {
-                return Err(io::Error::last_os_error());
+                return fail();
             }
-            if libc::getppid() as u32 != parent_pid {
+            if libc::getppid() as u32 != self.parent_pid {
                 libc::_exit(1); // sluice is already gone
             }
-            if let Some(fd) = listen_fd {
-                if fd == LISTEN_FD {
-                    let flags = libc::fcntl(fd, libc::F_GETFD);
-                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                } else if libc::dup2(fd, LISTEN_FD) < 0 {
-                    return Err(io::Error::last_os_error());
+            if !move_fd(self.stdin_fd, 0) {
+                return fail();
+            }
+            if !self.dir.is_null() && libc::chdir(self.dir) != 0 {
+                return fail();
+            }
+            if let Some(fd) = self.listen_fd {
+                if !move_fd(fd, LISTEN_FD) {
+                    return fail();
                 }
             }
-            if let Some(room) = self.pid_room {
+            if let Some(room) = self.block.pid_room {
                 // The room and the string's NUL after it, inside the arena.
                 let room = std::slice::from_raw_parts_mut(room, PID_ROOM + 1);
                 write_digits(room, libc::getpid() as u64);
             }
-            libc::execve(self.program, self.argv.as_ptr(), self.envp.as_ptr());
-            Err(io::Error::last_os_error())
+            libc::execve(
+                self.block.program,
+                self.block.argv.as_ptr(),
+                self.block.envp.as_ptr(),
+            );
+            fail()
+        }
+    }
+}
+
+/// The cloned child's entry: set up, exec; on failure record the errno and exit 127.
+#[allow(unsafe_code)]
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildSetup` the suspended parent passed to clone.
+    unsafe {
+        let setup = &mut *arg.cast::<ChildSetup<'_>>();
+        let errno = setup.run();
+        std::ptr::write_volatile(std::ptr::addr_of_mut!(setup.errno), errno);
+        libc::_exit(127)
+    }
+}
+
+/// `dup2(from, to)`, or, when `from` already is `to`, clear its close-on-exec flag.
+#[allow(unsafe_code)]
+fn move_fd(from: libc::c_int, to: libc::c_int) -> bool {
+    // SAFETY: fcntl and dup2 take plain integers.
+    unsafe {
+        if from == to {
+            let flags = libc::fcntl(from, libc::F_GETFD);
+            flags >= 0 && libc::fcntl(from, libc::F_SETFD, flags & !libc::FD_CLOEXEC) >= 0
+        } else {
+            libc::dup2(from, to) >= 0
         }
     }
 }

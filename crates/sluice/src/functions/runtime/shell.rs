@@ -3,7 +3,7 @@
 //! spawning instances, publishing the instance set, draining and signalling stopped ones,
 //! reaping exits, and moving the instance metrics.
 //!
-//! Owns: the `Child` of every instance, the life cycle of each (starting → up → draining →
+//! Owns: the process (`process::Proc`) of every instance, the life cycle of each (starting → up → draining →
 //! terminating → killed → reaped), timers. Does not own: any scaling decision (`scaler`),
 //! fork/exec details (`process`), the status API (`super`).
 //!
@@ -34,7 +34,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -132,7 +132,7 @@ struct Function {
 
 struct Local {
     inst: Arc<Instance>,
-    child: Child,
+    child: process::Proc,
     pid: u32,
     phase: Phase,
     /// In the published set.
