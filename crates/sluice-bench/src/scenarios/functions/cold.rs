@@ -17,10 +17,11 @@
 //! sluice's part, two ways:
 //! 1. `sluice_function_dispatch_seconds` (arrival at sluice → request written to the instance),
 //!    read before and after each phase, so the difference holds exactly that phase's events.
-//!    With the socket handed over as fd 3 the runtime publishes the instance as soon as its
-//!    socket listens, before the fork, so the request is written into the backlog while the
-//!    fork/exec runs: the figure holds sluice's work (the event's arrival, the demand to the
-//!    runtime, the socket, the connection and the write), not the function's start-up.
+//!    With the socket handed over as fd 3, a function scaled to zero keeps its next
+//!    instance's socket listening as a published standby, so the shard connects and writes
+//!    the cold event's request into the backlog at once while the runtime starts the
+//!    process: the figure holds sluice's work (the event's arrival, routing, the connection
+//!    and the write), not the function's start-up.
 //!    Exact mean (`_sum/_count`), quantiles only to a bucket (≤ bound: 50, 100, 250, 500,
 //!    750 µs, 1, 1.5, 2, 2.5 ms …).
 //! 2. From the compiled echo, per event: `publish → main` is sluice's arrival handling plus

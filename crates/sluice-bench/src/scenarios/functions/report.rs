@@ -153,7 +153,7 @@ fn cold(out: &mut String, r: &FunctionsReport) {
             row(out, c.function.name(), name, p);
         }
     }
-    out.push_str("\nsluice's part = `sluice_function_dispatch_seconds` (arrival at sluice → request written to the instance; with the socket handed over as fd 3 the instance is published before its fork, so a cold start's request is written into the backlog while the fork/exec runs), exact mean, quantiles to a bucket. `publish → main` (cold) is sluice's part plus fork/exec and the loader of the function, plus the probe's MQTT hop.\n\n");
+    out.push_str("\nsluice's part = `sluice_function_dispatch_seconds` (arrival at sluice → request written to the instance; scaled to zero, the next instance's socket listens as a published standby, so a cold event's request is written into its backlog by the shard at once while the runtime starts the process), exact mean, quantiles to a bucket (50, 100, 250, 500, 750 µs, 1, 1.5, 2, 2.5 ms …). `publish → main` (cold) is sluice's part plus the start of the process (clone/exec) and the loader of the function, plus the probe's MQTT hop.\n\n");
     for c in &r.cold {
         let _ = writeln!(
             out,
