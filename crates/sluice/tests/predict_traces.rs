@@ -174,8 +174,8 @@ fn diurnal_timers_gbdt_meets_the_target() {
 
 /// The oracle bound of a Poisson trace over the test's three days.
 fn oracle_bound(trace: Trace) -> OracleBound {
-    let (_, rate) = trace.poisson_rate().expect("a Poisson trace");
-    OracleBound::new(rate, END)
+    let rate = trace.poisson_rate().expect("a Poisson trace");
+    OracleBound::new(rate.per_min_at, END)
 }
 
 #[test]

@@ -208,7 +208,7 @@ fn target_check(trace: Trace, rows: &[PolicyRow]) -> Option<TargetCheck> {
         .collect();
     let bound = trace
         .poisson_rate()
-        .map(|(_, rate)| OracleBound::new(rate, END));
+        .map(|rate| OracleBound::new(rate.per_min_at, END));
     Some(TargetCheck {
         trace: trace.name(),
         fixed_cold_starts: f.cold_starts,

@@ -49,6 +49,15 @@ pub const DAY: u64 = 24 * HOUR;
 /// The rate of the `poisson` trace, arrivals per minute.
 pub const STEADY_PER_MIN: f64 = 0.2;
 
+/// The rate of a Poisson trace.
+#[derive(Debug, Clone, Copy)]
+pub struct PoissonRate {
+    /// The highest rate, arrivals per minute (the thinning's proposal rate).
+    pub peak_per_min: f64,
+    /// The rate at `t` ms, arrivals per minute.
+    pub per_min_at: fn(u64) -> f64,
+}
+
 /// The synthetic traces, by name (see the module doc for what each models).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trace {
@@ -86,23 +95,27 @@ impl Trace {
             Trace::Periodic => periodic(seed, end_ms),
             Trace::DiurnalTimers => diurnal_timers(seed, end_ms),
             poisson_trace => {
-                let (peak, rate) = poisson_trace
+                let r = poisson_trace
                     .poisson_rate()
                     .expect("every other trace is Poisson");
-                poisson(seed, end_ms, peak, rate)
+                poisson(seed, end_ms, r.peak_per_min, r.per_min_at)
             }
         }
     }
 
-    /// For a Poisson trace, its peak rate and its rate at `t` ms (per
-    /// minute): what [`OracleBound::new`] takes. `None` for the timer traces.
-    pub fn poisson_rate(self) -> Option<(f64, fn(u64) -> f64)> {
-        match self {
-            Trace::Poisson => Some((STEADY_PER_MIN, steady_rate)),
-            Trace::Bursty => Some((2.0, bursty_rate)),
-            Trace::DiurnalPoisson => Some((1.0, diurnal_rate)),
-            Trace::Periodic | Trace::DiurnalTimers => None,
-        }
+    /// For a Poisson trace, its rate (`per_min_at` is what
+    /// [`OracleBound::new`] takes). `None` for the timer traces.
+    pub fn poisson_rate(self) -> Option<PoissonRate> {
+        let (peak_per_min, per_min_at): (f64, fn(u64) -> f64) = match self {
+            Trace::Poisson => (STEADY_PER_MIN, steady_rate),
+            Trace::Bursty => (2.0, bursty_rate),
+            Trace::DiurnalPoisson => (1.0, diurnal_rate),
+            Trace::Periodic | Trace::DiurnalTimers => return None,
+        };
+        Some(PoissonRate {
+            peak_per_min,
+            per_min_at,
+        })
     }
 }
 
