@@ -27,7 +27,7 @@ async fn every_trace_goes_through_every_policy_and_always_warm_is_never_cold() -
 {
     let report = run_functions(&scenario(vec![Part::Predict])).await?;
     let p = report.predict.as_ref().expect("the predict part ran");
-    assert_eq!(p.rows.len(), 4 * 5);
+    assert_eq!(p.rows.len(), 5 * 5);
     for row in p.rows.iter().filter(|r| r.policy == "always-warm") {
         assert_eq!(row.cold_starts, 0, "{row:?}");
         assert!((row.warm_percent_of_always - 100.0).abs() < 1e-9);

@@ -9,17 +9,11 @@
 //! both with their default parameters (the same for every trace: nothing is
 //! tuned per trace).
 //!
-//! Traces (each for several seeds):
-//! - `periodic`: one timer, period drawn in 8..12 min, random phase, each
-//!   report jittered by ±18 s;
-//! - `poisson`: 0.2 arrivals/min;
-//! - `bursty`: 30 min on at 2/min, then 120 min off;
-//! - `diurnal-poisson`: Poisson at rate `max(0, sin(2π t / day))` per min
-//!   (memoryless at every instant; night is silent);
-//! - `diurnal-timers` (the IoT-realistic diurnal trace): three devices on
-//!   timers whose period follows the time of day (10 min 07:00-19:00, 30 min
-//!   otherwise) and one of which is only on 08:00-18:00, clocks skewed by up
-//!   to ±0.1 %, each report jittered by ±10 s.
+//! Traces (each for several seeds): the five of
+//! `sluice::functions::predict::traces` (periodic with jitter, Poisson,
+//! bursty on/off, diurnal-poisson, and the IoT-realistic diurnal-timers),
+//! described there; the benchmark's prediction part replays the same ones
+//! through the real autoscaler.
 //!
 //! The target, asserted on `periodic` and `diurnal-timers` for every
 //! seed: the predictive policy (GBDT; the histogram policy is printed, not
@@ -29,24 +23,16 @@
 //! single seed (the median over seeds must meet it exactly).
 //!
 //! On `diurnal-poisson` the target is out of reach of *any* policy, shown
-//! with a bound computed here: arrivals are Poisson, so whatever a policy
-//! knows of the past, an instant `t` is warm with some probability `p(t)`
-//! independent of whether an arrival comes at `t`; expected cold starts are
-//! `∫ (1 - p) λ` and expected warm time `∫ p`. For a warm-time budget `B`
-//! the least expected cold starts are had by warming the `B` instants of
-//! highest rate: an oracle that knows the rate exactly. At fixed
-//! keep-alive's instance-seconds that bound is printed next to `fixed / 4`.
+//! with the oracle bound of `traces::OracleBound` (arrivals are Poisson, so
+//! the least expected cold starts for a warm-time budget are had by warming
+//! the instants of highest rate): at fixed keep-alive's instance-seconds that
+//! bound is printed next to `fixed / 4`.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use sluice::functions::predict::gbdt::GbdtPolicy;
 use sluice::functions::predict::histogram::{HistogramParams, HistogramPolicy};
+use sluice::functions::predict::traces::{OracleBound, Trace, DAY, HOUR, MIN, SEC};
 use sluice::functions::predict::{replay, simulate, AlwaysWarm, FixedKeepAlive, Policy, Replay};
 
-const SEC: u64 = 1000;
-const MIN: u64 = 60 * SEC;
-const HOUR: u64 = 60 * MIN;
-const DAY: u64 = 24 * HOUR;
 const END: u64 = 3 * DAY;
 /// Knative's defaults: 60 s stable window + 30 s grace.
 const FIXED_KEEP: u64 = 90 * SEC;
@@ -108,13 +94,14 @@ fn print_table(trace_name: &str, seed: u64, rows: &[Replay]) {
     }
 }
 
-/// Runs `make` for every seed, prints the first seed's table and, for the
+/// Runs `trace` for every seed, prints the first seed's table and, for the
 /// learned policies, the spread over seeds of cold starts and warm time
 /// relative to fixed keep-alive; returns (fixed, histogram, gbdt) per seed.
-fn run_seeds(trace_name: &str, make: impl Fn(&mut StdRng) -> Vec<u64>) -> Vec<[Replay; 3]> {
+fn run_seeds(trace: Trace) -> Vec<[Replay; 3]> {
+    let trace_name = trace.name();
     let mut out = Vec::new();
     for (k, &seed) in SEEDS.iter().enumerate() {
-        let trace = make(&mut StdRng::seed_from_u64(seed));
+        let trace = trace.generate(seed, END);
         let rows = run_all(&trace);
         if k == 0 {
             print_table(trace_name, seed, &rows);
@@ -166,71 +153,9 @@ fn assert_target(trace_name: &str, runs: &[[Replay; 3]], pred: usize) {
     );
 }
 
-fn jitter(rng: &mut StdRng, t: u64, by: u64) -> u64 {
-    (t + rng.gen_range(0..=2 * by)).saturating_sub(by)
-}
-
-fn periodic(rng: &mut StdRng) -> Vec<u64> {
-    let period = rng.gen_range(8 * MIN..=12 * MIN);
-    let mut t = rng.gen_range(0..period);
-    let mut out = Vec::new();
-    while t < END {
-        out.push(jitter(rng, t, 18 * SEC));
-        t += period;
-    }
-    out
-}
-
-/// Poisson arrivals at `rate(t)` per minute, at most `peak`, by thinning.
-fn poisson(rng: &mut StdRng, peak: f64, rate: impl Fn(u64) -> f64) -> Vec<u64> {
-    let mut out = Vec::new();
-    let mut t = 0.0;
-    loop {
-        let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
-        t += -u.ln() / peak * MIN as f64;
-        if t >= END as f64 {
-            return out;
-        }
-        if rng.gen_range(0.0..1.0) * peak < rate(t as u64) {
-            out.push(t as u64);
-        }
-    }
-}
-
-fn bursty_rate(t: u64) -> f64 {
-    if t % (150 * MIN) < 30 * MIN {
-        2.0
-    } else {
-        0.0
-    }
-}
-
-fn diurnal_rate(t: u64) -> f64 {
-    let x = 2.0 * std::f64::consts::PI * (t % DAY) as f64 / DAY as f64;
-    x.sin().max(0.0)
-}
-
-fn diurnal_timers(rng: &mut StdRng) -> Vec<u64> {
-    let mut out = Vec::new();
-    for device in 0..3 {
-        let skew = rng.gen_range(0.999..1.001);
-        let mut t = rng.gen_range(0..10 * MIN) as f64;
-        while t < END as f64 {
-            let hour = (t as u64 % DAY) / HOUR;
-            if device != 2 || (8..18).contains(&hour) {
-                out.push(jitter(rng, t as u64, 10 * SEC));
-            }
-            let period = if (7..19).contains(&hour) { 10 } else { 30 };
-            t += (period * MIN) as f64 * skew;
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
 #[test]
 fn periodic_with_jitter_gbdt_meets_the_target() {
-    let runs = run_seeds("periodic", periodic);
+    let runs = run_seeds(Trace::Periodic);
     for r in &runs {
         // keep-alive shorter than the period: every arrival is cold
         assert_eq!(r[0].stats.cold_starts, r[0].stats.arrivals);
@@ -243,41 +168,20 @@ fn periodic_with_jitter_gbdt_meets_the_target() {
 
 #[test]
 fn diurnal_timers_gbdt_meets_the_target() {
-    let runs = run_seeds("diurnal-timers", diurnal_timers);
+    let runs = run_seeds(Trace::DiurnalTimers);
     assert_target("diurnal-timers gbdt", &runs, 2);
 }
 
-/// Least expected cold starts of any policy warm for `budget_ms`, on Poisson
-/// arrivals at `rate` (per minute): warm the instants of highest rate.
-struct OracleBound {
-    /// Expected arrivals of each 1 s slot, highest first, summed from the
-    /// lowest up: `tail[k]` is the expected arrivals of all but the top `k`.
-    tail: Vec<f64>,
-}
-
-impl OracleBound {
-    fn new(rate: impl Fn(u64) -> f64) -> OracleBound {
-        let mut slots: Vec<f64> = (0..END / SEC)
-            .map(|s| rate(s * SEC + SEC / 2) / 60.0)
-            .collect();
-        slots.sort_by(|a, b| b.total_cmp(a));
-        let mut tail = vec![0.0; slots.len() + 1];
-        for k in (0..slots.len()).rev() {
-            tail[k] = tail[k + 1] + slots[k];
-        }
-        OracleBound { tail }
-    }
-
-    fn cold_starts_at(&self, budget_ms: u64) -> f64 {
-        let k = usize::try_from(budget_ms / SEC).unwrap_or(usize::MAX);
-        self.tail[k.min(self.tail.len() - 1)]
-    }
+/// The oracle bound of a Poisson trace over the test's three days.
+fn oracle_bound(trace: Trace) -> OracleBound {
+    let rate = trace.poisson_rate().expect("a Poisson trace");
+    OracleBound::new(rate.per_min_at, END)
 }
 
 #[test]
 fn diurnal_poisson_target_is_beyond_any_policy() {
-    let runs = run_seeds("diurnal-poisson", |rng| poisson(rng, 1.0, diurnal_rate));
-    let bound = OracleBound::new(diurnal_rate);
+    let runs = run_seeds(Trace::DiurnalPoisson);
+    let bound = oracle_bound(Trace::DiurnalPoisson);
     for (seed, r) in SEEDS.iter().zip(&runs) {
         let f = r[0].stats;
         let at_fixed = bound.cold_starts_at(f.warm_ms);
@@ -289,7 +193,7 @@ fn diurnal_poisson_target_is_beyond_any_policy() {
             f.cold_starts / 4
         );
         // the target asks for fewer than the oracle's expectation, by far
-        assert!((f.cold_starts / 4) as f64 + 4.0 * at_fixed.sqrt() < at_fixed);
+        assert!(bound.target_beyond_any_policy(f.cold_starts, f.warm_ms));
         // and no policy beats the bound at its own instance-seconds (beyond
         // the Poisson noise of a realisation: 4 standard deviations)
         for p in r {
@@ -305,8 +209,8 @@ fn diurnal_poisson_target_is_beyond_any_policy() {
 
 #[test]
 fn poisson_and_bursty_sanity() {
-    let runs = run_seeds("poisson", |rng| poisson(rng, 0.2, |_| 0.2));
-    let bound = OracleBound::new(|_| 0.2);
+    let runs = run_seeds(Trace::Poisson);
+    let bound = oracle_bound(Trace::Poisson);
     for r in &runs {
         // memoryless at a constant rate: cold starts fall only with warm time
         for p in r {
@@ -317,7 +221,7 @@ fn poisson_and_bursty_sanity() {
             );
         }
     }
-    let runs = run_seeds("bursty", |rng| poisson(rng, 2.0, bursty_rate));
+    let runs = run_seeds(Trace::Bursty);
     for r in &runs {
         // bursts come every 150 min: the first arrival of each is cold for
         // fixed keep-alive, which keeps nothing through the 120 min gaps
@@ -352,7 +256,7 @@ fn replay_agrees_with_a_fine_tick_simulation() {
     // replay decides only at arrivals and next_wake; a 1 s tick decides
     // everywhere: if next_wake missed a change of decision, they would differ
     // by more than one tick per arrival
-    let trace = diurnal_timers(&mut StdRng::seed_from_u64(7));
+    let trace = Trace::DiurnalTimers.generate(7, END);
     let trace: Vec<u64> = trace.into_iter().filter(|&t| t < DAY).collect();
     for name in ["histogram", "gbdt"] {
         let r = replay(policy(name).as_mut(), &trace, DAY);

@@ -208,13 +208,13 @@ fn predict(out: &mut String, r: &FunctionsReport) {
     };
     let _ = write!(
         out,
-        "\n## Prediction (synthetic traces, {}; {} minutes each in real time on virtual clocks, simulate's tick {} ms)\n\n| trace | policy | arrivals | cold starts | cold-start rate | warm instance-hours | % of always-warm | replay: cold starts | replay: cold-start rate | replay: warm instance-hours |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        p.engine, p.trace_minutes, p.tick_ms
+        "\n## Prediction (synthetic traces of `sluice::functions::predict::traces`, seed {}, {} h each at real scale on virtual clocks; {})\n\nhistogram = `prewarm = \"predict\"`, gbdt = `prewarm = \"gbdt\"`, both with `idle = \"90s\"`; fixed = keep-alive after the last arrival, never pre-warms.\n\n| trace | policy | arrivals | cold starts | cold-start rate | warm instance-hours | % of always-warm | predict::replay: cold starts | predict::replay: warm instance-hours |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        p.seed, p.trace_hours, p.engine
     );
     for row in &p.rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.1} % | {:.1} | {:.1} % | {} | {:.1} % | {:.1} |",
+            "| {} | {} | {} | {} | {:.1} % | {:.2} | {:.1} % | {} | {:.2} |",
             row.trace,
             row.policy,
             row.arrivals,
@@ -222,9 +222,58 @@ fn predict(out: &mut String, r: &FunctionsReport) {
             row.cold_start_percent,
             row.warm_instance_hours,
             row.warm_percent_of_always,
-            row.replay_cold_starts,
-            row.replay_cold_start_percent,
-            row.replay_warm_instance_hours
+            row.predict_replay_cold_starts,
+            row.predict_replay_warm_instance_hours
         );
+    }
+    let _ = writeln!(
+        out,
+        "\nTarget: a learned policy with ≤ 1/4 of the cold starts of fixed keep-alive 60 s + 30 s and no more warm instance-time, through the real autoscaler (`runtime::replay`):\n"
+    );
+    for t in &p.targets {
+        let learned: Vec<String> = t
+            .learned
+            .iter()
+            .map(|l| {
+                format!(
+                    "{} {} cold ({:.2}×), {:.2} h ({:.2}×)",
+                    l.policy,
+                    l.cold_starts,
+                    l.cold_start_ratio,
+                    l.warm_instance_hours,
+                    l.warm_ratio
+                )
+            })
+            .collect();
+        let by: Vec<&str> = t
+            .learned
+            .iter()
+            .filter(|l| l.meets)
+            .map(|l| l.policy)
+            .collect();
+        let _ = write!(
+            out,
+            "- {}: fixed 60 s + 30 s {} cold, {:.2} h; {}: {}",
+            t.trace,
+            t.fixed_cold_starts,
+            t.fixed_warm_instance_hours,
+            learned.join("; "),
+            yes_no(Some(t.met)),
+        );
+        if t.met {
+            let _ = write!(out, " (by {})", by.join(", "));
+        }
+        if let Some(b) = t.oracle_cold_starts_at_fixed {
+            let _ = write!(
+                out,
+                "; oracle bound at fixed 60 s + 30 s's instance-hours: ≥ {b:.1} expected cold starts against the target's ≤ {}{}",
+                t.fixed_cold_starts / 4,
+                match t.beyond_any_policy {
+                    Some(true) => ": beyond any policy (by more than 4 standard deviations)",
+                    _ => "",
+                }
+            );
+        }
+        out.push('\n');
     }
 }

@@ -44,10 +44,11 @@
 //! [`Policy::next_wake`]); both count cold starts (arrivals finding no warm
 //! instance) and warm instance-time; tests and benchmarks use them to compare
 //! policies (`tests/predict_traces.rs` prints the figures for synthetic
-//! traces).
+//! traces, those of [`traces`], which the benchmark replays too).
 
 pub mod gbdt;
 pub mod histogram;
+pub mod traces;
 
 /// What a policy wants right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
