@@ -13,8 +13,9 @@
 //!   then events while it runs: publish → function → reply percentiles, and sluice's own part
 //!   (`sluice_function_dispatch_seconds`, and publish → the function's `main`). Target: sluice's
 //!   part ≤ 2 ms.
-//! - **predict** ([`predict`]): synthetic traces through the pre-warm policies in compressed
-//!   time (library call, no processes).
+//! - **predict** ([`predict`]): the synthetic traces of `sluice::functions::predict::traces`
+//!   (3 days each) through the real autoscaler on a virtual clock (`runtime::replay`) and the
+//!   policies' own replay (library calls, no processes).
 //!
 //! Owns: the parameters, the generated sluice config ([`sluice_toml`]), [`FnSluice`] (a sluice
 //! child with its admin port) and the report. Does not own: the devices
