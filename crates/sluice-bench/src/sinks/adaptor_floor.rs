@@ -30,15 +30,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
-use std::io::{self, Read};
+use std::io;
 use std::net::SocketAddr;
 
-use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Registry, Token};
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
 
 use super::floor::{
-    accept_all, close, poll_events, write_some, DeviceConn, FloorError, Publish, LISTENER,
-    READ_CHUNK,
+    close, read_some, serve_devices, write_some, DeviceConn, FloorError, FloorHandler, Publish,
+    HANDLER_TOKENS,
 };
 
 /// The CloudEvents `type` of every event (sluice's).
@@ -47,8 +47,6 @@ pub const EVENT_TYPE: &str = "io.sluice.message";
 pub const EVENT_SOURCE: &str = "sluice-bench/fn-floor";
 /// Largest response (head + body) read; larger closes the function connection.
 pub const MAX_RESPONSE: usize = 1 << 20;
-/// Function connection `i` has token `FUNCTION_TOKENS + i` (devices count up from 0).
-const FUNCTION_TOKENS: usize = usize::MAX / 2;
 
 /// Why a function's response cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -163,9 +161,14 @@ struct Relay {
     next_id: u64,
 }
 
-impl Relay {
-    /// Forward a device's PUBLISH (the handler of [`super::floor::respond_with`]).
-    fn submit(&mut self, device: usize, p: Publish<'_>) -> Result<(), FloorError> {
+impl FloorHandler for Relay {
+    /// Forward a device's PUBLISH.
+    fn publish(
+        &mut self,
+        device: usize,
+        p: Publish<'_>,
+        _: &mut Vec<u8>,
+    ) -> Result<(), FloorError> {
         match p.qos {
             0 => return Ok(()),
             1 => {}
@@ -203,6 +206,28 @@ impl Relay {
         })
     }
 
+    /// A function connection is ready: write the rest of its request, read its response,
+    /// PUBACK the device on a 2xx, then start the next waiting request.
+    fn ready(
+        &mut self,
+        token: Token,
+        devices: &mut HashMap<usize, DeviceConn>,
+        scratch: &mut [u8],
+    ) {
+        let slot = token.0 - HANDLER_TOKENS;
+        if slot >= self.pool.len() {
+            return;
+        }
+        if self.serve(slot, devices, scratch).is_err() {
+            if let Some(ack) = self.drop_conn(slot) {
+                close(devices, ack.device, &self.registry);
+            }
+        }
+        self.start_waiting(slot, devices);
+    }
+}
+
+impl Relay {
     /// Close slot `slot`'s connection; the ack of the request it carried, if any.
     fn drop_conn(&mut self, slot: usize) -> Option<Ack> {
         let mut conn = self.pool[slot].take()?;
@@ -217,7 +242,7 @@ impl Relay {
             std.set_nodelay(true)?;
             std.set_nonblocking(true)?;
             let mut stream = TcpStream::from_std(std);
-            let token = Token(FUNCTION_TOKENS + slot);
+            let token = Token(HANDLER_TOKENS + slot);
             self.registry
                 .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
             self.pool[slot] = Some(FnConn {
@@ -237,22 +262,6 @@ impl Relay {
         Ok(())
     }
 
-    /// Function connection `slot` is ready: write the rest of its request, read its response,
-    /// PUBACK the device on a 2xx, then start the next waiting request.
-    fn on_ready(
-        &mut self,
-        slot: usize,
-        devices: &mut HashMap<usize, DeviceConn>,
-        scratch: &mut [u8],
-    ) {
-        if self.serve(slot, devices, scratch).is_err() {
-            if let Some(ack) = self.drop_conn(slot) {
-                close(devices, ack.device, &self.registry);
-            }
-        }
-        self.start_waiting(slot, devices);
-    }
-
     fn serve(
         &mut self,
         slot: usize,
@@ -267,12 +276,8 @@ impl Relay {
         }
         loop {
             let _ = socket2::SockRef::from(&conn.stream).set_tcp_quickack(true);
-            let n = match conn.stream.read(scratch) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+            let Some(n) = read_some(&mut conn.stream, scratch)? else {
+                return Ok(());
             };
             conn.rbuf.extend_from_slice(&scratch[..n]);
             let parsed = parse_response(&conn.rbuf)
@@ -333,46 +338,17 @@ pub struct AdaptorFloor {
 /// Serve until the process is killed. `ready` gets the bound device address once the listener
 /// accepts connections.
 pub fn run_adaptor_floor(cfg: AdaptorFloor, ready: impl FnOnce(SocketAddr)) -> io::Result<()> {
-    let mut poll = Poll::new()?;
-    let mut listener = TcpListener::bind(cfg.listen)?;
-    poll.registry()
-        .register(&mut listener, LISTENER, Interest::READABLE)?;
-    let mut relay = Relay {
-        function: cfg.function,
-        host: cfg.function.to_string(),
-        registry: poll.registry().try_clone()?,
-        pool: (0..cfg.connections.max(1)).map(|_| None).collect(),
-        waiting: VecDeque::new(),
-        max_waiting: cfg.max_waiting,
-        next_id: 0,
-    };
-    ready(listener.local_addr()?);
-    let mut events = Events::with_capacity(1024);
-    let mut devices: HashMap<usize, DeviceConn> = HashMap::new();
-    let mut next_token = 0usize;
-    let mut out = Vec::with_capacity(READ_CHUNK);
-    let mut scratch = vec![0u8; READ_CHUNK];
-    loop {
-        poll_events(&mut poll, &mut events)?;
-        for event in &events {
-            let token = event.token();
-            if token == LISTENER {
-                accept_all(
-                    &mut listener,
-                    poll.registry(),
-                    &mut next_token,
-                    &mut devices,
-                )?;
-            } else if token.0 >= FUNCTION_TOKENS {
-                relay.on_ready(token.0 - FUNCTION_TOKENS, &mut devices, &mut scratch);
-            } else if let Some(device) = devices.get_mut(&token.0) {
-                let mut forward = |p: Publish<'_>, _: &mut Vec<u8>| relay.submit(token.0, p);
-                if device.serve(&mut scratch, &mut out, &mut forward).is_err() {
-                    close(&mut devices, token.0, poll.registry());
-                }
-            }
-        }
-    }
+    serve_devices(cfg.listen, ready, |registry| {
+        Ok(Relay {
+            function: cfg.function,
+            host: cfg.function.to_string(),
+            registry: registry.try_clone()?,
+            pool: (0..cfg.connections.max(1)).map(|_| None).collect(),
+            waiting: VecDeque::new(),
+            max_waiting: cfg.max_waiting,
+            next_id: 0,
+        })
+    })
 }
 
 #[cfg(test)]
@@ -380,6 +356,7 @@ mod tests {
     use super::*;
     use rand::rngs::SmallRng;
     use rand::{Rng as _, SeedableRng as _};
+    use std::io::Read as _;
 
     #[test]
     fn a_request_is_a_binary_mode_cloudevent_with_the_payload_as_body() {
@@ -546,8 +523,8 @@ mod tests {
     #[test]
     fn every_qos1_publish_is_posted_and_acknowledged_only_after_the_function_answers() {
         use crate::scenarios::functions::echo::serve_on;
-        use bytes::BytesMut;
-        use sluice_proto::mqtt::{encode, Connect, Packet, Properties, ProtocolVersion, QoS};
+        use crate::sinks::floor::test_packets::{connect, publish};
+        use sluice_proto::mqtt::{ProtocolVersion, QoS};
         use std::io::Write as _;
         use std::time::Duration;
 
@@ -556,29 +533,9 @@ mod tests {
         std::thread::spawn(move || serve_on(function, 1));
         let relay = relay_in_front_of(function_addr);
         let v = ProtocolVersion::V311;
-        let mut buf = BytesMut::new();
-        let connect = Connect {
-            protocol: v,
-            clean_start: true,
-            keep_alive: 30,
-            client_id: "dev-1".into(),
-            will: None,
-            username: None,
-            password: None,
-            properties: Properties::default(),
-        };
-        encode(&Packet::Connect(connect), v, &mut buf).unwrap();
+        let mut buf = connect(v);
         for id in 1..=20u16 {
-            let publish = sluice_proto::mqtt::Publish {
-                dup: false,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                topic: "fnb/1".into(),
-                packet_id: Some(id),
-                properties: None,
-                payload: bytes::Bytes::from(vec![id as u8; 100]),
-            };
-            encode(&Packet::Publish(publish), v, &mut buf).unwrap();
+            buf.extend(publish(v, QoS::AtLeastOnce, id));
         }
         let mut device = std::net::TcpStream::connect(relay).unwrap();
         device

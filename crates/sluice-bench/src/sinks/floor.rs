@@ -8,7 +8,8 @@
 //! delivery and the wake-ups — which no user-space gateway can go below. Also owns the pieces
 //! the adaptor floor ([`super::adaptor_floor`]) shares: the framing with a PUBLISH handler
 //! ([`respond_with`]: the PUBLISH's topic, packet id and payload, answered now or later) and
-//! the device connection ([`DeviceConn`], [`accept_all`]). Does not own: the MQTT codec (the
+//! the device connection ([`DeviceConn`]) and the event loop ([`serve_devices`] with a
+//! [`FloorHandler`]). Does not own: the MQTT codec (the
 //! framing here is the minimum to find packet types, ids, topics and payloads; a malformed
 //! stream only closes its connection) or any forwarding.
 //!
@@ -26,9 +27,12 @@ use mio::{Events, Interest, Poll, Registry, Token};
 /// Larger packets close the connection (the devices of the bench send at most a few KiB).
 pub const MAX_PACKET: usize = 1 << 20;
 /// The listener's token (device connections count up from 0).
-pub const LISTENER: Token = Token(usize::MAX);
+const LISTENER: Token = Token(usize::MAX);
+/// A [`FloorHandler`]'s own sockets have tokens from here up (below [`LISTENER`]); devices'
+/// are below.
+pub const HANDLER_TOKENS: usize = usize::MAX / 2;
 /// Bytes read at a time into the loop's scratch buffer.
-pub const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = 16 * 1024;
 
 /// Why a connection's byte stream cannot be answered.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -243,14 +247,7 @@ impl DeviceConn {
             self.pending.drain(..n);
         }
         let invalid = |e| io::Error::new(io::ErrorKind::InvalidData, e);
-        loop {
-            let n = match self.stream.read(scratch) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
+        while let Some(n) = read_some(&mut self.stream, scratch)? {
             out.clear();
             let answered = if self.rbuf.is_empty() {
                 let answered =
@@ -272,6 +269,7 @@ impl DeviceConn {
                 return Err(io::ErrorKind::ConnectionAborted.into());
             }
         }
+        Ok(())
     }
 
     /// Write `bytes` now, or keep them behind what is pending until the socket is writable.
@@ -292,7 +290,7 @@ impl DeviceConn {
 /// Accept every connection waiting on `listener`, with TCP_NODELAY, registered readable and
 /// writable under the next token. An accept error other than "would block" (out of files or
 /// the like) drops that attempt and keeps serving the others.
-pub fn accept_all(
+fn accept_all(
     listener: &mut TcpListener,
     registry: &Registry,
     next_token: &mut usize,
@@ -316,46 +314,90 @@ pub fn accept_all(
     }
 }
 
+/// What a floor does with its devices' PUBLISHes, and with the events of sockets of its own.
+pub trait FloorHandler {
+    /// A PUBLISH of device `device` (its token): append an answer to `out`, keep what is
+    /// needed to answer later ([`DeviceConn::send`]), or refuse (the device is closed).
+    fn publish(
+        &mut self,
+        device: usize,
+        p: Publish<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FloorError>;
+
+    /// An event of a socket the handler registered itself, under a token from
+    /// [`HANDLER_TOKENS`] up; `scratch` is the loop's read buffer.
+    fn ready(
+        &mut self,
+        _token: Token,
+        _devices: &mut HashMap<usize, DeviceConn>,
+        _scratch: &mut [u8],
+    ) {
+    }
+}
+
+/// The kernel floor's handler: [`answer_at_once`].
+struct AnswerAtOnce;
+
+impl FloorHandler for AnswerAtOnce {
+    fn publish(&mut self, _: usize, p: Publish<'_>, out: &mut Vec<u8>) -> Result<(), FloorError> {
+        answer_at_once(p, out)
+    }
+}
+
 /// Serve on `listen` until the process is killed. `ready` gets the bound address (port 0 picks
 /// a free port) once the listener accepts connections.
 pub fn run_floor(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io::Result<()> {
+    serve_devices(listen, ready, |_| Ok(AnswerAtOnce))
+}
+
+/// The floors' event loop, until the process is killed: accept devices on `listen` (`ready`
+/// gets the bound address), serve each ready device with the handler `make` builds (given the
+/// loop's registry, for sockets of its own) and pass it the events of its own sockets.
+pub fn serve_devices<H: FloorHandler>(
+    listen: SocketAddr,
+    ready: impl FnOnce(SocketAddr),
+    make: impl FnOnce(&Registry) -> io::Result<H>,
+) -> io::Result<()> {
     let mut poll = Poll::new()?;
     let mut listener = TcpListener::bind(listen)?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
+    let mut handler = make(poll.registry())?;
     ready(listener.local_addr()?);
     let mut events = Events::with_capacity(1024);
-    let mut conns: HashMap<usize, DeviceConn> = HashMap::new();
+    let mut devices: HashMap<usize, DeviceConn> = HashMap::new();
     let mut next_token = 0usize;
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut scratch = vec![0u8; READ_CHUNK];
     loop {
-        poll_events(&mut poll, &mut events)?;
-        for event in &events {
-            if event.token() == LISTENER {
-                accept_all(&mut listener, poll.registry(), &mut next_token, &mut conns)?;
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            let token = event.token().0;
-            let Some(conn) = conns.get_mut(&token) else {
-                continue;
-            };
-            if conn
-                .serve(&mut scratch, &mut out, &mut answer_at_once)
-                .is_err()
-            {
-                close(&mut conns, token, poll.registry());
-            }
+            return Err(e);
         }
-    }
-}
-
-/// Wait for events (no timeout), retrying when a signal interrupts.
-pub fn poll_events(poll: &mut Poll, events: &mut Events) -> io::Result<()> {
-    loop {
-        match poll.poll(events, None) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other,
+        for event in &events {
+            let token = event.token();
+            if token == LISTENER {
+                accept_all(
+                    &mut listener,
+                    poll.registry(),
+                    &mut next_token,
+                    &mut devices,
+                )?;
+            } else if token.0 >= HANDLER_TOKENS {
+                handler.ready(token, &mut devices, &mut scratch);
+            } else if let Some(device) = devices.get_mut(&token.0) {
+                let mut on_publish =
+                    |p: Publish<'_>, out: &mut Vec<u8>| handler.publish(token.0, p, out);
+                if device
+                    .serve(&mut scratch, &mut out, &mut on_publish)
+                    .is_err()
+                {
+                    close(&mut devices, token.0, poll.registry());
+                }
+            }
         }
     }
 }
@@ -364,6 +406,20 @@ pub fn poll_events(poll: &mut Poll, events: &mut Events) -> io::Result<()> {
 pub fn close(conns: &mut HashMap<usize, DeviceConn>, token: usize, registry: &Registry) {
     if let Some(mut conn) = conns.remove(&token) {
         let _ = registry.deregister(&mut conn.stream);
+    }
+}
+
+/// Read what the socket has into `scratch`: `None` when it would block; the peer's close is
+/// an error.
+pub fn read_some(stream: &mut TcpStream, scratch: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        return match stream.read(scratch) {
+            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => Err(e),
+        };
     }
 }
 
@@ -382,13 +438,13 @@ pub fn write_some(stream: &mut TcpStream, bytes: &[u8]) -> io::Result<usize> {
     Ok(done)
 }
 
+/// MQTT packets for the floors' tests, encoded by `sluice_proto`.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_packets {
     use bytes::{Bytes, BytesMut};
     use sluice_proto::mqtt::{encode, Connect, Packet, Properties, ProtocolVersion, Publish, QoS};
 
-    fn connect(version: ProtocolVersion) -> Vec<u8> {
+    pub fn connect(version: ProtocolVersion) -> Vec<u8> {
         let mut buf = BytesMut::new();
         let packet = Packet::Connect(Connect {
             protocol: version,
@@ -404,11 +460,11 @@ mod tests {
         buf.to_vec()
     }
 
-    fn publish(version: ProtocolVersion, qos: QoS, id: u16) -> Vec<u8> {
+    pub fn publish(version: ProtocolVersion, qos: QoS, id: u16) -> Vec<u8> {
         publish_with(version, qos, id, None)
     }
 
-    fn publish_with(
+    pub fn publish_with(
         version: ProtocolVersion,
         qos: QoS,
         id: u16,
@@ -427,6 +483,13 @@ mod tests {
         encode(&packet, version, &mut buf).unwrap();
         buf.to_vec()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_packets::{connect, publish, publish_with};
+    use super::*;
+    use sluice_proto::mqtt::{Properties, ProtocolVersion, QoS};
 
     #[test]
     fn a_v311_session_gets_connack_and_one_puback_per_qos1_publish() {
