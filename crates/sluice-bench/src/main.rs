@@ -18,7 +18,9 @@ use cli::scenarios::{
     ThroughputArgs,
 };
 use cli::storage::StorageArgs;
-use cli::tools::{AgentArgs, DevicesArgs, FastsinkArgs, FloorArgs, IdleArgs, SinkArgs};
+use cli::tools::{
+    AgentArgs, DevicesArgs, FastsinkArgs, FloorArgs, FnFloorArgs, IdleArgs, SinkArgs,
+};
 
 /// sluice-bench — load generator and scenario runner for the sluice IoT gateway.
 ///
@@ -75,6 +77,16 @@ enum Command {
     /// message. `scenario core --sut floor` (or `--sut all`) measures it beside the gateways.
     /// Prints "listening on HOST:PORT" on stdout, then serves until killed.
     Floor(FloorArgs),
+    /// The adaptor floor: a minimal MQTT → HTTP relay that POSTs every QoS 1 PUBLISH to a
+    /// function as a binary-mode CloudEvent and PUBACKs it after the function's 2xx.
+    ///
+    /// One thread, one epoll loop, the floor's framing, a pool of --connections keep-alive
+    /// connections to the function (one request in flight on each), one write per request,
+    /// minimal response parsing; no routing, queue beyond the pool, retries or metrics. Its CPU
+    /// under a device load is the least an MQTT → HTTP function adaptor costs on this machine.
+    /// `scenario functions --part adaptor` measures it beside sluice. Prints "listening on
+    /// HOST:PORT" on stdout, then serves until killed.
+    FnFloor(FnFloorArgs),
     /// The storage study: append N records with T threads, then read them all back, for the
     /// sluice spool, SQLite and PostgreSQL under the same durability policy.
     ///
@@ -204,6 +216,9 @@ fn main() -> ExitCode {
     if let Command::Floor(args) = &cli.command {
         return cli::tools::floor(args);
     }
+    if let Command::FnFloor(args) = &cli.command {
+        return cli::tools::fn_floor(args);
+    }
     if let Command::FnEcho = &cli.command {
         // Served before any runtime or logger: its start-up is part of what a cold start costs.
         return match sluice_bench::scenarios::functions::echo::serve() {
@@ -271,6 +286,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Functions(args)) => {
             cli::scenarios::functions(args).await
         }
-        Command::Floor(_) | Command::FnEcho => unreachable!("served in main without a runtime"),
+        Command::Floor(_) | Command::FnFloor(_) | Command::FnEcho => {
+            unreachable!("served in main without a runtime")
+        }
     }
 }

@@ -1,13 +1,15 @@
 //! The `functions` scenario at tiny scale: the prediction part (library only), and the adaptor
 //! and warm-start parts with the function as a remote one the bench starts itself (the compiled
 //! `sluice-bench fn-echo`), so every event goes MQTT → sluice's dispatcher → the function and
-//! its reply comes back on the reply topic.
+//! its reply comes back on the reply topic; the adaptor part's floor row sends the same load
+//! through `sluice-bench fn-floor` to another instance.
 
 mod sluice_binary;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use sluice_bench::scenarios::functions::adaptor::Adaptor;
 use sluice_bench::scenarios::functions::{
     markdown, run_functions, FnKind, FunctionsScenario, Part, Placement,
 };
@@ -48,7 +50,11 @@ async fn a_remote_compiled_echo_answers_every_event_and_its_replies_come_back() 
     s.adaptor_window = Duration::from_secs(2);
     s.warm_rounds = 5;
     let report = run_functions(&s).await?;
-    assert_eq!(report.adaptor.len(), 2, "the baseline, then the function");
+    assert_eq!(
+        report.adaptor.len(),
+        3,
+        "the baseline, then the function through sluice, then through the floor"
+    );
     let base = &report.adaptor[0];
     assert!(base.function.is_none() && base.all_answered, "{base:#?}");
     assert!(
@@ -58,7 +64,22 @@ async fn a_remote_compiled_echo_answers_every_event_and_its_replies_come_back() 
     let a = &report.adaptor[1];
     assert!(a.all_answered, "{a:#?}");
     assert!(a.events_ok > 100, "{a:#?}");
-    assert!(a.sluice_us_per_event.is_some() && a.function_us_per_event.is_some());
+    assert!(a.adaptor_us_per_event.is_some() && a.function_us_per_event.is_some());
+    let f = &report.adaptor[2];
+    assert_eq!(
+        (f.adaptor, f.function),
+        (Adaptor::Floor, Some(FnKind::Compiled))
+    );
+    assert!(f.all_answered && f.events_ok > 100, "{f:#?}");
+    assert!(f.adaptor_us_per_event.is_some() && f.function_us_per_event.is_some());
+    assert_eq!(
+        f.instance_pids.len(),
+        1,
+        "the one instance the bench started"
+    );
+    // no Python row, so no Python ratios, and the table has the floor's row
+    assert_eq!(report.adaptor_floor_share_of_python, None);
+    assert!(markdown(&report).contains("| floor (minimal MQTT→HTTP relay) | compiled |"));
     let c = &report.cold[0];
     assert_eq!(
         (c.cold.rounds, c.warm.rounds, c.warm.lost),

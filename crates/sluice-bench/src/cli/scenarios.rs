@@ -703,6 +703,10 @@ pub(crate) struct FunctionsArgs {
     /// Adaptor: skip the baseline run (the same load on topics no function matches).
     #[arg(long)]
     no_baseline: bool,
+    /// Adaptor: skip the floor rows (the same load through `sluice-bench fn-floor`, the
+    /// minimal MQTT → HTTP relay, in front of an instance the bench starts).
+    #[arg(long)]
+    no_floor: bool,
     /// Payload bytes of each event (at least 24).
     #[arg(long, default_value_t = 128)]
     payload: usize,
@@ -777,6 +781,7 @@ pub(crate) async fn functions(args: FunctionsArgs) -> anyhow::Result<()> {
     s.adaptor_warmup = args.warmup;
     s.adaptor_window = args.window;
     s.adaptor_baseline = !args.no_baseline;
+    s.adaptor_floor = !args.no_floor;
     s.payload = args.payload.max(24);
     s.idle_devices = args.idle_devices;
     s.idle_window = args.idle_window;

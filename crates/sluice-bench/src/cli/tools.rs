@@ -1,4 +1,4 @@
-//! The single tools: `devices`, `sink`, `fastsink`, `floor`, and the hidden `agent` and `idle`
+//! The single tools: `devices`, `sink`, `fastsink`, `floor`, `fn-floor`, and the hidden `agent` and `idle`
 //! that scenarios start as child processes.
 
 use std::net::SocketAddr;
@@ -148,6 +148,23 @@ pub(crate) struct FloorArgs {
     /// Plain-TCP MQTT address to listen on (port 0: any free port, printed on stdout).
     #[arg(long, default_value = "127.0.0.1:1883", value_name = "HOST:PORT")]
     listen: SocketAddr,
+}
+
+#[derive(Args)]
+pub(crate) struct FnFloorArgs {
+    /// Plain-TCP MQTT address to listen on (port 0: any free port, printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:1883", value_name = "HOST:PORT")]
+    listen: SocketAddr,
+    /// The function's HTTP address (each event is POSTed to / there).
+    #[arg(long, value_name = "HOST:PORT")]
+    function: SocketAddr,
+    /// Keep-alive connections to the function, one request in flight on each.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// Events waiting for a free connection before a device's PUBLISH is refused (its
+    /// connection closed).
+    #[arg(long, default_value_t = 4096)]
+    max_waiting: usize,
 }
 
 #[derive(Args)]
@@ -387,14 +404,37 @@ pub(crate) async fn idle(args: IdleArgs) -> anyhow::Result<()> {
 
 /// `floor`: a plain epoll loop on this thread, no runtime, so nothing but the floor's own work.
 pub(crate) fn floor(args: &FloorArgs) -> ExitCode {
-    let served = sluice_bench::sinks::floor::run_floor(args.listen, |addr| {
-        println!("listening on {addr}");
-        let _ = std::io::Write::flush(&mut std::io::stdout());
-    });
+    let served = sluice_bench::sinks::floor::run_floor(args.listen, print_listening);
+    exit_code("floor", args.listen, served)
+}
+
+/// `fn-floor`: the adaptor floor, like `floor` on this thread with no runtime.
+pub(crate) fn fn_floor(args: &FnFloorArgs) -> ExitCode {
+    use sluice_bench::sinks::adaptor_floor::{run_adaptor_floor, AdaptorFloor};
+    let cfg = AdaptorFloor {
+        listen: args.listen,
+        function: args.function,
+        connections: args.connections,
+        max_waiting: args.max_waiting,
+    };
+    exit_code(
+        "fn-floor",
+        args.listen,
+        run_adaptor_floor(cfg, print_listening),
+    )
+}
+
+/// The line a parent reads to learn the bound address.
+fn print_listening(addr: SocketAddr) {
+    println!("listening on {addr}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+}
+
+fn exit_code(command: &str, listen: SocketAddr, served: std::io::Result<()>) -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sluice-bench floor: {}: {e}", args.listen);
+            eprintln!("sluice-bench {command}: {listen}: {e}");
             ExitCode::FAILURE
         }
     }

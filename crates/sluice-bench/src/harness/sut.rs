@@ -161,7 +161,8 @@ pub async fn start_sut(
         }
         Sut::Floor => {
             let bin = config.floor_bin.clone();
-            let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin))
+            let args = ["floor", "--listen", "127.0.0.1:0"].map(String::from);
+            let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin, &args))
                 .await
                 .context("floor start-up panicked")??;
             Ok(RunningSut {
@@ -205,25 +206,28 @@ pub async fn start_bridge(
     Ok((edge, config_text))
 }
 
-/// `sluice-bench floor` as a child process on a free port; dropping it kills it.
-struct FloorChild {
+/// A `sluice-bench` server command (`floor`, `fn-floor`) as a child process that prints
+/// "listening on HOST:PORT" once it serves; dropping it kills it.
+pub struct FloorChild {
     child: Child,
     addr: std::net::SocketAddr,
 }
 
 impl FloorChild {
-    fn start(bin: &Path) -> anyhow::Result<FloorChild> {
+    /// Run `bin args…` and wait for its address line (blocking).
+    pub fn start(bin: &Path, args: &[String]) -> anyhow::Result<FloorChild> {
+        let what = format!("{} {}", bin.display(), args.join(" "));
         let mut child = Command::new(bin)
-            .args(["floor", "--listen", "127.0.0.1:0"])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .with_context(|| format!("starting {} floor", bin.display()))?;
-        let stdout = child.stdout.take().context("floor stdout")?;
+            .with_context(|| format!("starting {what}"))?;
+        let stdout = child.stdout.take().context("the child's stdout")?;
         let mut line = String::new();
         std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
-            .context("reading the floor's address")?;
+            .with_context(|| format!("reading the address of {what}"))?;
         let addr = line
             .trim()
             .strip_prefix("listening on ")
@@ -233,9 +237,18 @@ impl FloorChild {
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("the floor did not start (it printed {line:?})")
+                bail!("{what} did not start (it printed {line:?})")
             }
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
     }
 }
 

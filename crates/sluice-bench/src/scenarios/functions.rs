@@ -6,7 +6,10 @@
 //! - **adaptor** ([`adaptor`]): MQTT devices (QoS 1) publish a paced total rate (1,000
 //!   events/s) to the function for a window after a warm-up, with `min_instances = 1` and a
 //!   long `idle`; sluice's CPU per event beside the function's (all of sluice's children,
-//!   live and reaped: [`procs`]). Target: sluice ≤ 1/10 of the Python function.
+//!   live and reaped: [`procs`]). Target: sluice ≤ 1/10 of the Python function. Beside each
+//!   function, the same load through the adaptor floor (`sluice-bench fn-floor`, the least
+//!   an MQTT → HTTP relay does) in front of an instance the bench starts: the limit the
+//!   target is compared with.
 //! - **idle** ([`idle`]): devices connected but silent, the function scaled to zero; sluice's
 //!   CPU over the window and each thread's wake-ups per second. Target ≤ 0.1 % of a core.
 //! - **cold** ([`cold`]): single events, each after the instance stopped (`idle = "300ms"`),
@@ -105,6 +108,8 @@ pub struct FunctionsScenario {
     pub adaptor_window: Duration,
     /// Adaptor: first the same load on topics no function matches (sluice's MQTT cost alone).
     pub adaptor_baseline: bool,
+    /// Adaptor: after each function's sluice row, the same load through the adaptor floor.
+    pub adaptor_floor: bool,
     /// Payload bytes of every event (at least the 24-byte bench header).
     pub payload: usize,
     /// Idle: silent devices and the window.
@@ -132,6 +137,7 @@ impl FunctionsScenario {
             adaptor_warmup: Duration::from_secs(5),
             adaptor_window: Duration::from_secs(30),
             adaptor_baseline: true,
+            adaptor_floor: true,
             payload: 128,
             idle_devices: 100,
             idle_window: Duration::from_secs(60),
@@ -158,6 +164,13 @@ pub struct FunctionsReport {
     /// (sluice's µs per event with the Python function − the baseline's) ÷ the Python
     /// function's: what dispatching to the function adds, beside the function.
     pub adaptor_increment_share_of_python: Option<f64>,
+    /// The floor's µs per event ÷ the Python function's, in the floor's Python row: the
+    /// least an MQTT → HTTP adaptor costs beside that function here.
+    pub adaptor_floor_share_of_python: Option<f64>,
+    /// sluice's µs per event with the Python function ÷ the floor's with it.
+    pub adaptor_sluice_over_floor: Option<f64>,
+    /// Whether the target (≤ 0.1) is below the floor (the floor's share is above it).
+    pub adaptor_target_below_floor: Option<bool>,
     pub idle: Option<idle::IdleResult>,
     pub cold: Vec<cold::ColdResult>,
     pub predict: Option<predict::PredictResult>,
@@ -184,6 +197,9 @@ pub async fn run_functions(s: &FunctionsScenario) -> anyhow::Result<FunctionsRep
         adaptor_share_of_python: None,
         adaptor_target_met: None,
         adaptor_increment_share_of_python: None,
+        adaptor_floor_share_of_python: None,
+        adaptor_sluice_over_floor: None,
+        adaptor_target_below_floor: None,
         idle: None,
         cold: Vec::new(),
         predict: None,
@@ -200,22 +216,13 @@ pub async fn run_functions(s: &FunctionsScenario) -> anyhow::Result<FunctionsRep
                     report
                         .adaptor
                         .push(adaptor::run(s, Some(kind), &cmd).await?);
+                    if s.adaptor_floor {
+                        report
+                            .adaptor
+                            .push(adaptor::run_floor(s, kind, &cmd).await?);
+                    }
                 }
-                let python = report
-                    .adaptor
-                    .iter()
-                    .find(|a| a.function == Some(FnKind::Python));
-                report.adaptor_share_of_python = python.and_then(|p| p.ratio);
-                let base = report.adaptor.iter().find(|a| a.function.is_none());
-                report.adaptor_increment_share_of_python = python.zip(base).and_then(|(p, b)| {
-                    let (ps, bs, pf) = (
-                        p.sluice_us_per_event?,
-                        b.sluice_us_per_event?,
-                        p.function_us_per_event?,
-                    );
-                    (pf > 0.0).then(|| (ps - bs) / pf)
-                });
-                report.adaptor_target_met = report.adaptor_share_of_python.map(|r| r <= 0.1);
+                adaptor_summary(&mut report);
             }
             Part::Idle => {
                 let kind = s.kinds.first().copied().unwrap_or(FnKind::Compiled);
@@ -232,6 +239,36 @@ pub async fn run_functions(s: &FunctionsScenario) -> anyhow::Result<FunctionsRep
         }
     }
     Ok(report)
+}
+
+/// The adaptor part's ratios across its rows (see [`FunctionsReport`]).
+fn adaptor_summary(report: &mut FunctionsReport) {
+    use adaptor::Adaptor;
+    let row = |adaptor: Adaptor, function: Option<FnKind>| {
+        report
+            .adaptor
+            .iter()
+            .find(|a| a.adaptor == adaptor && a.function == function)
+    };
+    let python = row(Adaptor::Sluice, Some(FnKind::Python));
+    let base = row(Adaptor::Sluice, None);
+    let floor = row(Adaptor::Floor, Some(FnKind::Python));
+    report.adaptor_share_of_python = python.and_then(|p| p.ratio);
+    report.adaptor_increment_share_of_python = python.zip(base).and_then(|(p, b)| {
+        let (ps, bs, pf) = (
+            p.adaptor_us_per_event?,
+            b.adaptor_us_per_event?,
+            p.function_us_per_event?,
+        );
+        (pf > 0.0).then(|| (ps - bs) / pf)
+    });
+    report.adaptor_target_met = report.adaptor_share_of_python.map(|r| r <= 0.1);
+    report.adaptor_floor_share_of_python = floor.and_then(|f| f.ratio);
+    report.adaptor_sluice_over_floor = python.zip(floor).and_then(|(p, f)| {
+        let (ps, fs) = (p.adaptor_us_per_event?, f.adaptor_us_per_event?);
+        (fs > 0.0).then(|| ps / fs)
+    });
+    report.adaptor_target_below_floor = report.adaptor_floor_share_of_python.map(|r| r > 0.1);
 }
 
 /// The command line of a function instance.

@@ -44,23 +44,23 @@ fn adaptor(out: &mut String, r: &FunctionsReport) {
     if r.adaptor.is_empty() {
         return;
     }
-    out.push_str("\n## Adaptor cost (CPU per event)\n\n| function | events/s | sluice µs/event | function µs/event | sluice ÷ function | all answered | events / ok / failed | PUBACK p50 / p99 ms | machine busy |\n|---|---:|---:|---:|---:|---|---|---|---:|\n");
+    out.push_str("\n## Adaptor cost (CPU per event)\n\n| adaptor | function | events/s | adaptor µs/event | function µs/event | adaptor ÷ function | all answered | events / ok / failed | PUBACK p50 / p99 ms | machine busy |\n|---|---|---:|---:|---:|---:|---|---|---|---:|\n");
+    let one = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.1}"));
     for a in &r.adaptor {
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {:.2} / {:.2} | {:.0} % |",
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {:.2} / {:.2} | {:.0} % |",
+            a.adaptor.name(),
             a.function
                 .map_or("none (baseline: MQTT in + PUBACK only)", |f| f.name()),
             a.events_per_s,
-            a.sluice_us_per_event
-                .map_or("–".into(), |v| format!("{v:.1}")),
-            a.function_us_per_event
-                .map_or("–".into(), |v| format!("{v:.1}")),
+            one(a.adaptor_us_per_event),
+            one(a.function_us_per_event),
             a.ratio.map_or("–".into(), |v| format!("{v:.3}")),
             if a.all_answered { "yes" } else { "**no**" },
             a.events_total,
             a.invocations_ok,
-            a.invocations_failed,
+            a.invocations_failed.map_or("–".into(), |v| v.to_string()),
             a.ack_latency.p50_ms,
             a.ack_latency.p99_ms,
             a.machine_busy_percent,
@@ -69,13 +69,22 @@ fn adaptor(out: &mut String, r: &FunctionsReport) {
     if let Some(a) = r.adaptor.first() {
         let _ = writeln!(
             out,
-            "\n{} devices, QoS 1, {} B payloads, {:.0} events/s offered, window {:.1} s; function = CPU of all of sluice's child processes (live and reaped).",
+            "\n{} devices, QoS 1, {} B payloads, {:.0} events/s offered, window {:.1} s; function = CPU of all of sluice's child processes (live and reaped), or in floor rows of the one instance the bench started on $PORT (events / ok there = the devices' PUBLISHes / PUBACKs: the floor PUBACKs only after a 2xx and counts nothing).",
             a.devices, a.payload_bytes, a.offered_rate, a.window_s
         );
     }
+    let floor = match (r.adaptor_target_below_floor, r.adaptor_floor_share_of_python) {
+        (Some(true), Some(f)) => format!(
+            "; the target is **below the floor** here (the minimal relay alone costs {f:.3} of the Python function, > 0.1)"
+        ),
+        (Some(false), Some(f)) => format!(
+            "; the floor is under the target here (the minimal relay costs {f:.3} of the Python function, ≤ 0.1)"
+        ),
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "\nTarget sluice ≤ 1/10 of the Python function's CPU per event: {}{}",
+        "\nTarget sluice ≤ 1/10 of the Python function's CPU per event: {}{}{floor}",
         yes_no(r.adaptor_target_met),
         r.adaptor_share_of_python
             .map_or(String::new(), |v| format!(" (measured {v:.3})"))
@@ -84,6 +93,14 @@ fn adaptor(out: &mut String, r: &FunctionsReport) {
         let _ = writeln!(
             out,
             "\nWhat dispatching adds (sluice with the Python function − the baseline) ÷ the Python function: {v:.3}"
+        );
+    }
+    if let Some(f) = r.adaptor_floor_share_of_python {
+        let _ = writeln!(
+            out,
+            "\nfloor ÷ Python function: {f:.3} (the least an MQTT→HTTP adaptor costs here); sluice ÷ floor: {}",
+            r.adaptor_sluice_over_floor
+                .map_or("–".into(), |v| format!("{v:.2}"))
         );
     }
 }
