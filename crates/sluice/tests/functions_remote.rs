@@ -1,7 +1,7 @@
 //! Remote edge functions (issue 19) end to end: a `[[function]]` with a `url` pointing at a
 //! real Python function server (`function_support/echo_function.py`, run by the test) that
-//! parses every request with the CloudEvents SDK. Devices publish over MQTT 5, CoAP and
-//! IEEE 11073 (PHD); the tests check what the function receives (CloudEvents attributes,
+//! parses every request with the CloudEvents SDK. Devices publish over MQTT 5, and over CoAP
+//! and IEEE 11073 (PHD) to the same Python function started by sluice itself; the tests check what the function receives (CloudEvents attributes,
 //! keep-alive connections), what comes back (replies on `reply_topic`, dead letters on
 //! `$sluice/dlq/{name}` with their user properties, the device's PUBACK), the function's
 //! metrics, and that a failing or hanging function leaves the cloud uplink (a real Mosquitto
@@ -412,9 +412,26 @@ async fn a_hanging_function_times_out_and_is_dead_lettered_while_the_cloud_keeps
     gw.shutdown();
 }
 
+/// The instances tagged `tag` are gone (they die with the gateway).
+async fn within_processes_gone(tag: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let p = processes_tagged(tag);
+        if p.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still running: {p:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coap_and_phd_devices_reach_the_function_too() {
-    let f = RemoteFunction::start(&[]);
+    // A local function this time: the Python function sluice starts itself (as in
+    // functions_local.rs), so a CoAP or PHD message reaches the same kind of instance.
+    let dir = tempfile::tempdir().unwrap();
+    let log = FunctionLog::in_dir(dir.path());
+    let tag = "fn-test-coap-phd";
     let gw = gateway_sections(
         "shards = 2",
         "",
@@ -423,7 +440,7 @@ async fn coap_and_phd_devices_reach_the_function_too() {
             function_toml(
                 "edge",
                 &["coap/#", "phd/#"],
-                &format!("url = {:?}", f.url()),
+                &local_target(tag, &log, &[]),
                 ""
             )
         ),
@@ -467,7 +484,7 @@ async fn coap_and_phd_devices_reach_the_function_too() {
         .expect("confirmed once the function has it");
 
     let host = hostname();
-    let requests = f.log.requests();
+    let requests = log.requests();
     assert!(requests.iter().all(|r| r["status"] == 200), "{requests:?}");
     let coap_events: Vec<_> = requests
         .iter()
@@ -495,7 +512,9 @@ async fn coap_and_phd_devices_reach_the_function_too() {
         1 + phd_events.len(),
         "nothing else: {requests:?}"
     );
+    assert_eq!(log.starts().len(), 1, "one instance started by sluice");
     gw.shutdown();
+    within_processes_gone(tag).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
