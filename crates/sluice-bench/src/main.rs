@@ -12,10 +12,10 @@ use clap::{Parser, Subcommand};
 
 use cli::coap::CoapArgs;
 use cli::control_storm::ControlStormArgs;
+use cli::functions::FunctionsArgs;
 use cli::multipath::MultipathArgs;
 use cli::scenarios::{
-    ConnectionsArgs, CoreArgs, FunctionsArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs,
-    ThroughputArgs,
+    ConnectionsArgs, CoreArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
 };
 use cli::storage::StorageArgs;
 use cli::tools::{
@@ -284,7 +284,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Storage(args) => cli::storage::storage(args).await,
         Command::Scenario(ScenarioCommand::Functions(args)) => {
-            cli::scenarios::functions(args).await
+            cli::functions::functions(args).await
         }
         Command::Floor(_) | Command::FnFloor(_) | Command::FnEcho => {
             unreachable!("served in main without a runtime")
