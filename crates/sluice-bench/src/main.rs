@@ -204,10 +204,12 @@ enum ScenarioCommand {
     ControlStorm(ControlStormArgs),
     /// Edge functions (issue 19): sluice in front of a local function it starts (a Python
     /// http.server echo and the compiled `fn-echo`), in parts: adaptor (sluice's CPU per event
-    /// beside the function's at 1,000 events/s), idle (silent devices, function scaled to zero:
+    /// beside the function's at 1,000 events/s, and the same for `fn-floor`, a minimal
+    /// MQTT → HTTP relay, as the floor), idle (silent devices, function scaled to zero:
     /// sluice's CPU and per-thread wake-ups), cold (publish → function p50/p99 for cold and
-    /// warm instances, sluice's own part), predict (synthetic traces through the pre-warm
-    /// policies). Writes JSON to --out and Markdown to --markdown.
+    /// warm instances, sluice's own part), predict (the shared synthetic traces through the
+    /// real autoscaler with each pre-warm policy). Writes JSON to --out and Markdown to
+    /// --markdown.
     Functions(FunctionsArgs),
 }
 
