@@ -141,6 +141,14 @@ async fn every_event_is_a_valid_cloudevent_and_the_answer_is_published_on_the_re
             .unwrap()
             .unwrap_or_else(|| panic!("a reply for each event; got {replies:?}"));
         let body: serde_json::Value = serde_json::from_slice(&p.payload).expect("JSON reply");
+        // The function's Content-Type travels with its answer (MQTT 5 content type).
+        assert_eq!(
+            p.properties
+                .as_ref()
+                .and_then(|pr| pr.content_type.as_deref()),
+            Some("application/json"),
+            "{p:?}"
+        );
         replies.insert(p.topic.to_string(), body);
     }
     let source = format!("sluice://{}/dev-a", hostname());

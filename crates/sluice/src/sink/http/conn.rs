@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use bytestring::ByteString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -48,6 +49,9 @@ pub struct Answer {
     pub body: Bytes,
     /// The server closes the connection after it.
     pub close: bool,
+    /// Its `Content-Type` (when present and UTF-8): a reply carries it as the MQTT 5 content
+    /// type.
+    pub content_type: Option<ByteString>,
 }
 
 /// One open connection.
@@ -108,6 +112,7 @@ impl Conn {
                         status: r.status,
                         body: r.body,
                         close: r.close,
+                        content_type: r.content_type.and_then(|c| ByteString::try_from(c).ok()),
                     })
                 }
                 Ok(None) => {}
@@ -155,11 +160,18 @@ impl Conn {
         match resp.parse(&self.buf) {
             Ok(httparse::Status::Complete(head)) => {
                 let status = resp.code.unwrap_or(0);
+                let content_type = resp
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-type"))
+                    .and_then(|h| std::str::from_utf8(h.value.trim_ascii()).ok())
+                    .map(ByteString::from);
                 let body = self.buf.split_off(head).freeze();
                 Ok(Answer {
                     status,
                     body,
                     close: true,
+                    content_type,
                 })
             }
             _ => Err(HttpError::BadHead("incomplete response before close").into()),

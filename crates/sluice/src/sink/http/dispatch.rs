@@ -262,7 +262,7 @@ impl FunctionTransport {
                 m.invocation(Outcome::Ok);
                 m.invocation_latency.observe(took);
                 let job = self.jobs.remove(&id).expect("present");
-                self.reply(&job, &a.body);
+                self.reply(&job, a);
                 self.feedback.push(Feedback::Acked(id));
                 return;
             }
@@ -300,7 +300,10 @@ impl FunctionTransport {
         }
     }
 
-    fn reply(&mut self, job: &Job, body: &Bytes) {
+    /// Publish a 2xx answer's body on `reply_topic`, with its Content-Type as the MQTT 5
+    /// content type.
+    fn reply(&mut self, job: &Job, answer: &Answer) {
+        let body = &answer.body;
         if self.cfg.reply_topic.is_empty() || body.is_empty() {
             return;
         }
@@ -321,7 +324,12 @@ impl FunctionTransport {
             payload: body.clone(),
             qos: job.qos,
             retain: false,
-            properties: None,
+            properties: answer.content_type.clone().map(|content_type| {
+                Box::new(Properties {
+                    content_type: Some(content_type),
+                    ..Default::default()
+                })
+            }),
             received_at: Instant::now(),
             ack: None,
         });

@@ -55,6 +55,8 @@ pub struct Response {
     pub ri: Option<Bytes>,
     /// The server closes the connection after this response.
     pub close: bool,
+    /// `Content-Type`, when present.
+    pub content_type: Option<Bytes>,
     pub body: Bytes,
 }
 
@@ -92,6 +94,7 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Response>, HttpError> {
             rsc: head.rsc,
             ri: head.ri,
             close: head.close,
+            content_type: head.content_type,
             body,
         }));
     }
@@ -108,6 +111,7 @@ struct Head {
     rsc: Option<u32>,
     ri: Option<Bytes>,
     close: bool,
+    content_type: Option<Bytes>,
     framing: Framing,
 }
 
@@ -132,6 +136,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HttpError> {
     let http10 = res.version == Some(0);
     let mut rsc = None;
     let mut ri = None;
+    let mut content_type = None;
     let mut close = http10;
     let mut length: Option<u64> = None;
     let mut chunked = false;
@@ -143,6 +148,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HttpError> {
                 .and_then(|v| v.trim().parse::<u32>().ok());
         } else if name.eq_ignore_ascii_case("x-m2m-ri") {
             ri = Some(Bytes::copy_from_slice(h.value));
+        } else if name.eq_ignore_ascii_case("content-type") {
+            content_type = Some(Bytes::copy_from_slice(h.value.trim_ascii()));
         } else if name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
@@ -191,6 +198,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HttpError> {
             rsc,
             ri,
             close,
+            content_type,
             framing,
         },
     )))
@@ -358,6 +366,7 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].status, r[0].rsc), (201, Some(2001)));
         assert_eq!(r[0].ri.as_deref(), Some(&b"req-cin-1"[..]));
+        assert_eq!(r[0].content_type.as_deref(), Some(&b"application/json"[..]));
         assert!(!r[0].close);
     }
 
