@@ -15,7 +15,7 @@
 //! # Shape
 //! - [`scaler`]: the decisions, sans-IO (events and `now` in, start/stop actions and the next
 //!   wake out), unit-tested; [`replay`] drives it on a virtual clock for benchmarks.
-//! - `process`: socket, environment, fork/exec, signals (the runtime's only `unsafe`).
+//! - `process`: socket, environment, clone/exec, signals (the runtime's only `unsafe`).
 //! - `shell`: the thread's event loop — a thin shell that reads the handles, feeds the
 //!   scaler and carries out its actions.
 //!

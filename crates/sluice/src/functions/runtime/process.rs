@@ -1,5 +1,5 @@
 //! Starting and signalling one local function instance: its listening socket, its
-//! environment, the fork/exec, and signals to its process group. The only `unsafe` of the
+//! environment, the clone/exec, and signals to its process group. The only `unsafe` of the
 //! runtime lives here (the clone and the child's set-up, and `libc` calls that have no safe
 //! std equivalent); each
 //! block says why it is sound. (ADR 0004 lists the crate's `unsafe`; this module is to be
@@ -22,9 +22,9 @@
 //!   own environment minus any `LISTEN_*` sluice itself was given. Working directory `dir`,
 //!   stdin `/dev/null`, stdout and stderr inherited from sluice.
 //! - Its own process group (pgid = pid), so a stop signals the child and its children.
-//! - `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills it when the thread that forked it (the
+//! - `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills it when the thread that started it (the
 //!   `sluice-functions` thread, which lives as long as the runtime) dies, sluice crashing
-//!   included. If sluice died between fork and `prctl`, the child sees a different parent
+//!   included. If sluice died between the clone and `prctl`, the child sees a different parent
 //!   (`getppid`) and exits at once.
 //!
 //! # Starting without fork
@@ -122,10 +122,10 @@ pub enum SpawnError {
     },
 }
 
-/// An instance ready to fork: its socket bound (and, when inherited, listening), its exec
+/// An instance ready to start: its socket bound (and, when inherited, listening), its exec
 /// block built. Connections to [`Prepared::addr`] of an inherited socket already succeed
 /// (they wait in the backlog), so the runtime publishes the instance before
-/// [`Prepared::spawn`] and the first request is written while the fork/exec runs.
+/// [`Prepared::spawn`] and the first request is written while the process starts.
 pub struct Prepared {
     block: ExecBlock,
     listener: Option<Socket>,
@@ -305,7 +305,7 @@ pub fn signal_group(pid: u32, signal: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// Program, argv and envp for execve, built before the fork in one arena (see the module
+/// Program, argv and envp for execve, built before the clone in one arena (see the module
 /// docs). The pointers point into `arena`, which is never resized after they are taken.
 struct ExecBlock {
     /// Owns the bytes the pointers point to.
@@ -320,8 +320,9 @@ struct ExecBlock {
 }
 
 // SAFETY: the raw pointers point into `arena`, owned by the block and moved with it (a Vec's
-// heap buffer does not move). The block is only read in the parent and only written in the
-// forked child, which has one thread and its own copy of the memory.
+// heap buffer does not move). The block is only read by the runtime thread, and written (the
+// pid room) only by the cloned child, which shares the memory but runs while the thread that
+// cloned it is suspended (CLONE_VFORK) and no other thread has the block.
 #[allow(unsafe_code)]
 unsafe impl Send for ExecBlock {}
 #[allow(unsafe_code)]

@@ -3,9 +3,9 @@
 //! spawning instances, publishing the instance set, draining and signalling stopped ones,
 //! reaping exits, and moving the instance metrics.
 //!
-//! Owns: the process (`process::Proc`) of every instance, the life cycle of each (starting → up → draining →
-//! terminating → killed → reaped), timers. Does not own: any scaling decision (`scaler`),
-//! fork/exec details (`process`), the status API (`super`).
+//! Owns: the process (`process::Proc`) of every instance, the life cycle of each (standby →
+//! starting → up → draining → terminating → killed → reaped), timers. Does not own: any
+//! scaling decision (`scaler`), clone/exec details (`process`), the status API (`super`).
 //!
 //! # Life of an instance
 //! 0. Standby (inherit mode, while no instance is up): its socket is bound, listening and
@@ -13,9 +13,10 @@
 //!    into the backlog and sends a demand. The scaler's next start takes it over (same
 //!    `Instance`, so the slots taken stay counted).
 //! 1. Spawned (`instances_starting` + 1). Inherit mode: published as soon as its socket
-//!    listens, before the fork (requests queue in the kernel backlog while it starts). Port mode: a task connects with backoff (1 ms doubling to 50 ms)
-//!    until it succeeds — then published — or `start_timeout` passes — then stopped and
-//!    counted as a crash.
+//!    listens, before the process is started (requests queue in the kernel backlog while it
+//!    starts). Port mode: a task connects with backoff (1 ms doubling to 50 ms) until it
+//!    succeeds — then published — or `start_timeout` passes — then stopped and counted as a
+//!    crash.
 //! 2. Stopped by the scaler: retired (dispatchers take no new slot), published without it;
 //!    if a dispatcher took a slot just before (rare), re-checked with a short timer (1 ms
 //!    doubling to 100 ms) until its in-flight count is 0; then SIGTERM to its process group
@@ -346,9 +347,9 @@ impl Shell {
                 (prepared, inst)
             }
         };
-        // An inherited socket listens already: publish the instance before the fork, so the
-        // dispatchers connect and write the waiting requests into its backlog while the
-        // fork/exec runs (sluice's part of a cold start does not wait for the exec).
+        // An inherited socket listens already: publish the instance before its process starts,
+        // so the dispatchers connect and write the waiting requests into its backlog meanwhile
+        // (sluice's part of a cold start does not wait for the exec).
         let early = f.handle.cfg.socket == SocketMode::Inherit;
         if early {
             let mut set: Vec<Arc<Instance>> = f
