@@ -203,12 +203,18 @@ impl Function {
     }
 
     fn publish(&self) {
+        self.publish_with(self.standby.as_ref().map(|(_, i)| i.clone()));
+    }
+
+    /// Publish the published instances and `extra` (the standby, or an instance about to
+    /// start).
+    fn publish_with(&self, extra: Option<Arc<Instance>>) {
         self.handle.publish_instances(
             self.locals
                 .iter()
                 .filter(|l| l.published)
                 .map(|l| l.inst.clone())
-                .chain(self.standby.as_ref().map(|(_, i)| i.clone()))
+                .chain(extra)
                 .collect(),
         );
     }
@@ -352,14 +358,7 @@ impl Shell {
         // (sluice's part of a cold start does not wait for the exec).
         let early = f.handle.cfg.socket == SocketMode::Inherit;
         if early {
-            let mut set: Vec<Arc<Instance>> = f
-                .locals
-                .iter()
-                .filter(|l| l.published)
-                .map(|l| l.inst.clone())
-                .collect();
-            set.push(inst.clone());
-            f.handle.publish_instances(set);
+            f.publish_with(Some(inst.clone()));
         }
         let sp = match prepared.spawn() {
             Ok(sp) => sp,
