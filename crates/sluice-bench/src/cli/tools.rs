@@ -1,5 +1,5 @@
-//! The single tools: `devices`, `sink`, `fastsink`, `floor`, `fn-floor`, and the hidden `agent` and `idle`
-//! that scenarios start as child processes.
+//! The single tools: `devices`, `sink`, `fastsink`, `floor`, `fn-floor`, and the hidden
+//! `agent` and `idle` that scenarios start as child processes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
