@@ -95,3 +95,55 @@ async fn phd_measurements_become_content_instances_and_are_confirmed_after_the_c
     assert_eq!(v[0]["v"], (130.0f64 * 133.322387415).round() as i64);
     gw.shutdown();
 }
+
+/// Finding 5 of issue 28: a report whose data the CSE refuses for good (here 5207: every
+/// contentInstance is larger than the container's `mbs`) is not confirmed to the agent — it
+/// gets a ROER (not-allowed-by-object) for that invoke-id and keeps its measurement — and the
+/// refusal is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_the_cse_refuses_for_good_is_answered_roer_not_confirmed() {
+    let acme = Acme::start().unwrap_or_else(|e| panic!("ACME: {e:#}"));
+    let toml = config(acme.addr()).replace("[[uplink]]\n", "[[uplink]]\nmbs = \"64B\"\n");
+    let gw = gateway_sections("shards = 1", "", &toml);
+    let addr = gw.phd_addr.expect("phd listener");
+    let spec = AgentSpec {
+        system_id: [0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x88],
+        device: PhdDevice::BloodPressure,
+        config_id: 0x02BC,
+        confirmed: true,
+        antidote_quirks: false,
+    };
+    let mut agent = PhdAgent::connect(addr, spec).await.unwrap();
+    assert_eq!(agent.associate().await.unwrap().aare_result, 0);
+    let reading = Reading::BloodPressure {
+        systolic: (120, 0),
+        diastolic: (80, 0),
+        mean: (95, 0),
+        pulse: (70, 0),
+    };
+    let answer = agent
+        .report(
+            &reading,
+            bcd_time(2024, 5, 6, 7, 8, 9, 0),
+            Duration::from_secs(20),
+        )
+        .await;
+    let error = format!(
+        "{:#}",
+        answer.expect_err("a refused report is not confirmed")
+    );
+    assert!(
+        error.contains("ROER error-value Some(24)"),
+        "the agent is told in its protocol: {error}"
+    );
+    assert_eq!(agent.confirmations_received(), 0);
+    assert!(
+        agent.closed().is_none(),
+        "the association goes on: {agent:?}"
+    );
+    assert_eq!(
+        common::metric_sum(&gw.metrics_text(), "sluice_phd_reports_refused_total"),
+        1.0
+    );
+    gw.shutdown();
+}

@@ -44,8 +44,12 @@ pub const ASSOC_VERSION_1: u32 = 0x8000_0000;
 pub const PROTOCOL_VERSION_1: u32 = 0x8000_0000;
 /// MDER bit of encoding-rules.
 pub const MDER: u16 = 0x8000;
+/// ROER error-value access-denied.
+pub const ROER_ACCESS_DENIED: u16 = 2;
 /// ROER error-value protocol-violation.
 pub const ROER_PROTOCOL_VIOLATION: u16 = 23;
+/// ROER error-value not-allowed-by-object.
+pub const ROER_NOT_ALLOWED_BY_OBJECT: u16 = 24;
 /// RORJ problem unrecognized-operation.
 pub const RORJ_UNRECOGNIZED_OPERATION: u16 = 101;
 
@@ -193,6 +197,20 @@ pub enum Output {
 /// delivered.
 pub fn confirmation(invoke_id: u16, obj_handle: u16, event_type: u16) -> Apdu {
     DataApdu::confirm(invoke_id, obj_handle, event_type)
+}
+
+/// The answer to a confirmed event report whose measurements the gateway could not make safe
+/// (an uplink refused them for good): ROER with `error` (e.g. [`ROER_ACCESS_DENIED`]) and an
+/// empty parameter, in place of the confirmation. 20601 answers any confirmed invoke with
+/// rors, roer or rorj; an agent that gets no rors keeps the measurement unconfirmed.
+pub fn report_refused(invoke_id: u16, error: u16) -> Apdu {
+    Apdu::Prst(DataApdu {
+        invoke_id,
+        message: DataMessage::Error {
+            error,
+            parameter: Bytes::new(),
+        },
+    })
 }
 
 /// An AARE with `result` and the manager's association information (any result: Antidote

@@ -147,6 +147,7 @@ pub struct PhdMetrics {
     pub configs_refused: Counter,
     pub handovers: Counter,
     pub reports: Counter,
+    pub reports_refused: Counter,
     pub observations: Counter,
     pub measurements: Counter,
     pub observations_skipped: Counter,
@@ -209,6 +210,7 @@ impl PhdMetrics {
             ("sluice_phd_configs_refused_total", "Configuration reports answered unsupported-config", &self.configs_refused),
             ("sluice_phd_handovers_total", "Operating agents handed from the control plane to their shard", &self.handovers),
             ("sluice_phd_reports_total", "Scan reports decoded on the shards", &self.reports),
+            ("sluice_phd_reports_refused_total", "Confirmed reports answered ROER instead of confirmed: an uplink refused their data for good", &self.reports_refused),
             ("sluice_phd_observations_total", "Observations decoded", &self.observations),
             ("sluice_phd_measurements_total", "Measurements published (one SenML message each)", &self.measurements),
             ("sluice_phd_observations_skipped_total", "Observations dropped: unknown handle, length not matching the value map, special value", &self.observations_skipped),
@@ -242,6 +244,34 @@ pub struct PhdRoom {
     snapshot: ArcSwap<PhdSnapshot>,
     max_agents: usize,
     pub metrics: Arc<PhdMetrics>,
+    /// Refusals and conflicts are counted every time, logged at most once a second.
+    pub log_gate: LogGate,
+}
+
+/// At most one log line a second through one gate (the metrics count every event).
+#[derive(Debug, Default)]
+pub struct LogGate {
+    /// Milliseconds since [`log_epoch`] when the gate opens next.
+    next_ms: std::sync::atomic::AtomicU64,
+}
+
+fn log_epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl LogGate {
+    /// Whether a line may be logged now (then closed for a second).
+    pub fn open(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = log_epoch().elapsed().as_millis() as u64;
+        let next = self.next_ms.load(Relaxed);
+        now >= next
+            && self
+                .next_ms
+                .compare_exchange(next, now + 1000, Relaxed, Relaxed)
+                .is_ok()
+    }
 }
 
 impl PhdRoom {
@@ -279,6 +309,7 @@ impl PhdRoom {
             snapshot: ArcSwap::from_pointee(snapshot),
             max_agents,
             metrics,
+            log_gate: LogGate::default(),
         }
     }
 

@@ -12,6 +12,19 @@
 //! Delivery: a confirmed report's messages are QoS 1 with a token (the agent's confirmation
 //! is the acknowledgement); an unconfirmed report's messages are QoS 1 without one (the
 //! agent expects no answer; the sinks still treat them as reliable).
+//!
+//! A device is confirmed only for data that is safe. When an uplink refuses any of a
+//! confirmed report's messages for good (the token completed with a failure code: MQTT 5
+//! PUBACK ≥ 0x80, oneM2M 4103/5207/…, a message given up), the report is answered with a
+//! ROER (same invoke-id; error-value access-denied for a not-authorized refusal,
+//! not-allowed-by-object for any other) instead of the confirmation, counted in
+//! `sluice_phd_reports_refused_total` and logged (at most once a second). 20601 allows a
+//! ROER as the answer to any confirmed invoke; the agent sees the report was not accepted
+//! and keeps its measurement (Antidote's agent ignores ROER in Operating, so it waits out
+//! its 3 s confirmation timer and aborts: also no confirmation, the data stays on the
+//! device). The other messages of a refused report may have reached the cloud: if the agent
+//! resends the report they arrive twice (at-least-once, never a false confirmation).
+//! A token dropped without completing closes the connection (the agent resends).
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -19,8 +32,10 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Properties, QoS};
-use sluice_proto::phd::manager::confirmation;
+use sluice_proto::mqtt::{Properties, ProtocolVersion, QoS};
+use sluice_proto::phd::manager::{
+    confirmation, report_refused, ROER_ACCESS_DENIED, ROER_NOT_ALLOWED_BY_OBJECT,
+};
 use sluice_proto::phd::measure::{measurements, senml_json};
 use sluice_proto::phd::{Apdu, DataApdu, DataMessage, Manager, Output};
 
@@ -31,6 +46,16 @@ use crate::control::phd::hex;
 use crate::edge::ack::{AckToken, DeviceAcks};
 use crate::edge::DeviceMessage;
 use crate::shard::{router, ShardContext};
+
+/// The ROER error-value for a report an uplink refused with the MQTT 5 reason `code`: the
+/// cloud's authorization refusals (0x87 not-authorized, from MQTT 0x87 or oneM2M 4103/4126)
+/// are access-denied; any other refusal for good is not-allowed-by-object.
+fn refusal_error(code: u8) -> u16 {
+    match code {
+        0x87 => ROER_ACCESS_DENIED,
+        _ => ROER_NOT_ALLOWED_BY_OBJECT,
+    }
+}
 
 /// A confirmed report waiting for its messages' delivery.
 struct Waiting {
@@ -221,16 +246,37 @@ impl Task {
         }
     }
 
-    /// Write the confirmations of reports whose messages are all delivered.
+    /// Answer the confirmed reports whose messages every sink is done with: the confirmation
+    /// when all were taken (acknowledged or spooled), a ROER when an uplink refused any of
+    /// them for good (see the module docs).
     async fn confirm_delivered(&mut self) -> std::io::Result<()> {
         let done = self.acks.drain();
         let mut out = Vec::with_capacity(done.len());
         for id in done {
-            if let Some(i) = self.waiting.iter().position(|w| w.invoke_id == id) {
-                if let Some(w) = self.waiting.remove(i) {
-                    out.push(confirmation(w.invoke_id, w.obj_handle, w.event_type));
-                }
+            // The first failure code any holder completed the report's token with (0: none).
+            let code = self.acks.take_reason(id, ProtocolVersion::V5);
+            let Some(i) = self.waiting.iter().position(|w| w.invoke_id == id) else {
+                continue;
+            };
+            let Some(w) = self.waiting.remove(i) else {
+                continue;
+            };
+            if code == 0 {
+                out.push(confirmation(w.invoke_id, w.obj_handle, w.event_type));
+                continue;
             }
+            let error = refusal_error(code);
+            self.shared.room.metrics.reports_refused.inc();
+            if self.shared.room.log_gate.open() {
+                tracing::warn!(
+                    system_id = %self.agent.map(|a| hex(&a)).unwrap_or_default(),
+                    invoke_id = w.invoke_id,
+                    reason_code = code,
+                    roer = error,
+                    "PHD report refused by an uplink; answered ROER instead of confirming"
+                );
+            }
+            out.push(report_refused(w.invoke_id, error));
         }
         self.conn.send(&out).await
     }
