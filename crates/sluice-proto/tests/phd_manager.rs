@@ -185,6 +185,38 @@ fn session_b_extended_config_is_learnt_then_known_on_the_next_association() {
     assert_eq!(m.state(), State::Operating);
 }
 
+/// A lookup that refuses to learn anything (a gateway holding another table for the key).
+struct Bound;
+impl ConfigLookup for Bound {
+    fn known(&self, _: &[u8], _: u16) -> Option<Arc<ObjectTable>> {
+        None
+    }
+    fn may_learn(&self, _: &[u8], _: &ObjectTable) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_config_report_the_lookup_refuses_is_answered_unsupported_and_aborted() {
+    let now = Instant::now();
+    let mut m = manager(false, now);
+    feed(&mut m, "phd_po_B1_aarq_ext4000", &Bound, now);
+    let out = feed(&mut m, "phd_po_B3_config_report_ext4000", &Bound, now);
+    let sent = sent(&out);
+    assert_eq!(sent.len(), 2, "{out:?}");
+    // ConfigReportRsp {config-report-id 0x4000, unsupported-config (1)} …
+    assert_eq!(&sent[0][22..26], [0x40, 0x00, 0x00, 0x01]);
+    // … then ABRT undefined.
+    assert_eq!(sent[1], vector("phd_abrt_undefined"));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::ConfigConflict { agent } if agent.config_id == 0x4000)));
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::ConfigAccepted { .. })));
+    assert_eq!(m.state(), State::Unassociated);
+}
+
 fn wire_result(out: &[Output]) -> u16 {
     let aare = &sent(out)[0];
     u16::from_be_bytes([aare[4], aare[5]])

@@ -719,3 +719,160 @@ async fn variable_and_multi_person_reports_give_the_same_measurements() {
     bp.release().await.unwrap();
     gw.shutdown();
 }
+
+/// The ConfigReportRsp result of a manager's answer to a config report (`None`: not one).
+fn config_rsp_result(apdu: &[u8]) -> Option<(u16, u16)> {
+    // PRST · invoke-id · rors-confirmed-event-report · obj-handle · time · 0x0D1C · reply
+    // length · config-report-id · config-result
+    if apdu.get(0..2)? != [0xE7, 0x00] || apdu.get(8..10)? != [0x02, 0x01] {
+        return None;
+    }
+    if apdu.get(18..20)? != [0x0D, 0x1C] {
+        return None;
+    }
+    let id = u16::from_be_bytes([*apdu.get(22)?, *apdu.get(23)?]);
+    let result = u16::from_be_bytes([*apdu.get(24)?, *apdu.get(25)?]);
+    Some((id, result))
+}
+
+/// An agent claiming `victim`'s system id: AARQ with a config id the gateway does not know
+/// for it (0x4001, so it is asked for its configuration), then a config report for the
+/// victim's config id 0x4000 with a glucometer's table (handle 1 read as glucose in mg/dL).
+/// Returns what the gateway answered: the ConfigReportRsp's (config id, result), and whether
+/// the association was then aborted.
+async fn teach_a_poisoned_config(
+    gw: &RunningGateway,
+    victim: [u8; 8],
+) -> (Option<(u16, u16)>, bool) {
+    let asks = sluice_testkit::phd::AgentSpec {
+        system_id: victim,
+        device: PhdDevice::Glucometer,
+        config_id: 0x4001,
+        confirmed: true,
+        antidote_quirks: false,
+    };
+    let teaches = sluice_testkit::phd::AgentSpec {
+        config_id: 0x4000,
+        ..asks.clone()
+    };
+    let mut evil = PhdAgent::connect(phd_addr(gw), asks.clone()).await.unwrap();
+    evil.send_raw(&sluice_testkit::phd::aarq(&asks))
+        .await
+        .unwrap();
+    let aare = evil.read_apdu(T).await.unwrap().expect("AARE");
+    assert_eq!(&aare[..2], [0xE3, 0x00]);
+    assert_eq!(
+        u16::from_be_bytes([aare[4], aare[5]]),
+        3,
+        "0x4001 is unknown: accepted-unknown-config"
+    );
+    evil.send_raw(&sluice_testkit::phd::config_report(&teaches, 0x0777))
+        .await
+        .unwrap();
+    let rsp = evil.read_apdu(T).await.unwrap().expect("an answer");
+    let result = config_rsp_result(&rsp);
+    let aborted = match evil.read_apdu(Duration::from_millis(500)).await {
+        Ok(Some(a)) => a[..2] == [0xE6, 0x00],
+        Ok(None) => true,
+        Err(_) => false,
+    };
+    (result, aborted)
+}
+
+/// Finding 6 / item 4 of issue 28: a configuration learnt is bound to the agent that taught
+/// it. Another agent claiming the same system id with a different table for the same config
+/// id is refused (unsupported-config, then ABRT), counted, and the genuine agent's data keeps
+/// its meaning — also after a restart (the binding is in `phd-configs.json`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_cannot_reteach_a_known_system_ids_configuration_even_after_a_restart() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!("\n[spool]\ndir = \"{}\"\n", dir.path().display());
+    let at = bcd_time(2024, 3, 4, 5, 6, 7, 0);
+    let genuine = spec(PhdDevice::PulseOximeter, 0x21, 0x4000, true);
+    let reading = Reading::Oximeter {
+        spo2: (98, 0),
+        pulse: (61, 0),
+    };
+    let gw = start(&cloud, 1, &extra);
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let mut ox = PhdAgent::connect(phd_addr(&gw), genuine.clone())
+        .await
+        .unwrap();
+    let a = ox.associate().await.unwrap();
+    assert_eq!((a.aare_result, a.config_result), (3, Some(0)), "taught");
+    ox.report(&reading, at, T).await.unwrap();
+    assert_eq!(next(&mut sub).await.0, "phd/001b2c3d4e5f6021/spo2");
+    next(&mut sub).await;
+    ox.release().await.unwrap();
+    drop(ox);
+
+    let (answer, aborted) = teach_a_poisoned_config(&gw, genuine.system_id).await;
+    assert_eq!(
+        answer,
+        Some((0x4000, 1)),
+        "the other table for a known config id: unsupported-config"
+    );
+    assert!(aborted, "and the association ends");
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), "sluice_phd_config_conflicts_total"),
+        1.0
+    );
+
+    // The genuine oximeter: still known, still SpO2.
+    let mut ox = PhdAgent::connect(phd_addr(&gw), genuine.clone())
+        .await
+        .unwrap();
+    assert_eq!(ox.associate().await.unwrap().aare_result, 0);
+    ox.report(&reading, at, T).await.unwrap();
+    let (topic, r) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6021/spo2");
+    assert_eq!(r[0]["v"].as_f64(), Some(0.98));
+    next(&mut sub).await;
+    ox.release().await.unwrap();
+    drop(ox);
+    gw.shutdown();
+
+    // After a restart the binding holds.
+    let gw = start(&cloud, 1, &extra);
+    let (answer, aborted) = teach_a_poisoned_config(&gw, genuine.system_id).await;
+    assert_eq!(answer, Some((0x4000, 1)), "refused after the restart too");
+    assert!(aborted);
+    let mut ox = PhdAgent::connect(phd_addr(&gw), genuine).await.unwrap();
+    assert_eq!(ox.associate().await.unwrap().aare_result, 0);
+    ox.report(&reading, at, T).await.unwrap();
+    let (topic, _) = next(&mut sub).await;
+    assert_eq!(topic, "phd/001b2c3d4e5f6021/spo2");
+    gw.shutdown();
+}
+
+/// Item 4 of issue 28: with `[phd] agents`, only the listed system ids associate; the others
+/// get AARE rejected-unauthorized (7) and are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_listed_agents_associate_when_phd_agents_is_set() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 1, "agents = [\"001b2c3d4e5f6031\"]");
+    let mut listed = PhdAgent::connect(
+        phd_addr(&gw),
+        spec(PhdDevice::PulseOximeter, 0x31, 0x0190, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(listed.associate().await.unwrap().aare_result, 0);
+    let mut other = PhdAgent::connect(
+        phd_addr(&gw),
+        spec(PhdDevice::PulseOximeter, 0x32, 0x0190, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        other.associate().await.unwrap().aare_result,
+        7,
+        "rejected-unauthorized"
+    );
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), "sluice_phd_agents_not_allowed_total"),
+        1.0
+    );
+    gw.shutdown();
+}

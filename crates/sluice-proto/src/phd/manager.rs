@@ -91,6 +91,15 @@ pub trait ConfigLookup {
     /// The table of `config_id` for the agent `system_id`: a standard one, or an extended one
     /// stored for this agent earlier.
     fn known(&self, system_id: &[u8], config_id: u16) -> Option<Arc<ObjectTable>>;
+
+    /// Whether `table`, just reported by the agent `system_id`, may be accepted and stored.
+    /// A gateway says no when it already holds a *different* table for the same system id
+    /// and config id (taught by whoever claimed that system id first): the report is then
+    /// answered unsupported-config and the association aborted ([`Output::ConfigConflict`]).
+    /// Default: yes.
+    fn may_learn(&self, _system_id: &[u8], _table: &ObjectTable) -> bool {
+        true
+    }
 }
 
 /// Only the built-in standard configurations.
@@ -164,6 +173,12 @@ pub enum Output {
     ConfigAccepted {
         agent: AgentInfo,
         table: Arc<ObjectTable>,
+    },
+    /// A config report was refused because the lookup holds a different table for the same
+    /// system id and config id ([`ConfigLookup::may_learn`]): answered unsupported-config,
+    /// then the association aborted.
+    ConfigConflict {
+        agent: AgentInfo,
     },
     /// A config report was answered unsupported-config (or standard-config-unknown).
     ConfigRefused {
@@ -557,6 +572,13 @@ impl Manager {
                 .map_err(|_| config_result::UNSUPPORTED)
         };
         match table {
+            Ok(table) if !lookup.may_learn(&agent.system_id, &table) => {
+                out.push(Output::Send(respond(config_id, config_result::UNSUPPORTED)));
+                out.push(Output::ConfigConflict {
+                    agent: AgentInfo { config_id, ..agent },
+                });
+                self.abort(abort::UNDEFINED, now, out);
+            }
             Ok(table) => {
                 out.push(Output::Send(respond(config_id, config_result::ACCEPTED)));
                 let agent = AgentInfo { config_id, ..agent };

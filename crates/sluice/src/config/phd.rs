@@ -51,6 +51,15 @@ pub struct PhdConfig {
     /// Agents send local time without a zone: their time stamps are read as UTC shifted by
     /// this offset (`"+01:00"`, `"-05:30"`).
     pub agent_utc_offset: String,
+    /// Let an agent replace a configuration the gateway learnt for its system id and config
+    /// id with a different table. Off: the first agent to teach a configuration for a system
+    /// id owns it (agents have no other identity on plain TCP), and a different table for the
+    /// same (system id, config id) is answered unsupported-config and the association
+    /// aborted, counted in `sluice_phd_config_conflicts_total`.
+    pub allow_relearn: bool,
+    /// The system ids (16 hex digits each) allowed to associate; empty: every agent. Others
+    /// get AARE rejected-unauthorized, counted in `sluice_phd_agents_not_allowed_total`.
+    pub agents: Vec<String>,
     /// Experiment switch, not for production: run association and configuration on the
     /// agent's shard thread instead of the control plane (the single-plane contrast of the
     /// control-storm benchmark).
@@ -72,6 +81,8 @@ impl Default for PhdConfig {
             max_configs: 1024,
             max_agents: 10_000,
             agent_utc_offset: "+00:00".into(),
+            allow_relearn: false,
+            agents: Vec::new(),
             single_plane: false,
         }
     }
@@ -80,15 +91,20 @@ impl Default for PhdConfig {
 impl PhdConfig {
     /// The gateway's EUI-64; `None` when `system_id` is not 16 hex digits.
     pub fn manager_id(&self) -> Option<[u8; 8]> {
-        let s = self.system_id.as_bytes();
-        if s.len() != 16 {
-            return None;
+        eui64(&self.system_id)
+    }
+
+    /// The `agents` allow-list as EUI-64s: `Ok(None)` when empty (every agent allowed),
+    /// `Err(entry)` for the first entry that is not 16 hex digits.
+    pub fn allowed_agents(&self) -> Result<Option<Vec<[u8; 8]>>, &str> {
+        if self.agents.is_empty() {
+            return Ok(None);
         }
-        let mut id = [0u8; 8];
-        for (i, pair) in s.chunks(2).enumerate() {
-            id[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-        }
-        Some(id)
+        self.agents
+            .iter()
+            .map(|a| eui64(a).ok_or(a.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     /// `agent_utc_offset` in seconds; `None` when it is not `±HH:MM`.
@@ -106,4 +122,17 @@ impl PhdConfig {
         let m: i64 = self.agent_utc_offset[4..6].parse().ok()?;
         (h <= 14 && m < 60).then_some(sign * (h * 3600 + m * 60))
     }
+}
+
+/// 16 hex digits as an EUI-64.
+fn eui64(text: &str) -> Option<[u8; 8]> {
+    let s = text.as_bytes();
+    if s.len() != 16 {
+        return None;
+    }
+    let mut id = [0u8; 8];
+    for (i, pair) in s.chunks(2).enumerate() {
+        id[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(id)
 }

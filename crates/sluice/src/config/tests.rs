@@ -53,6 +53,8 @@ fn everything_set() -> Config {
         max_configs: 7,
         max_agents: 9,
         agent_utc_offset: "-05:30".into(),
+        allow_relearn: true,
+        agents: vec!["0011223344556688".into()],
         single_plane: true,
     };
     c.mqtt.listen = "[::]:11883".parse().unwrap();
@@ -408,6 +410,7 @@ fn range_rules_name_the_offending_key() {
         ("[mqtt]\nauth_concurrency = 0", "mqtt.auth_concurrency: "),
         ("[log]\nlevel = \" \"", "log.level: "),
         ("[admin]\nlisten = \"127.0.0.1:1883\"", "admin.listen: "),
+        ("[phd]\nagents = [\"00112233\"]", "phd.agents: "),
     ];
     for (text, prefix) in cases {
         let e = err(text);

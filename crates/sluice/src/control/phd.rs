@@ -13,15 +13,31 @@
 //! update the agent table under its mutex — a few times per association, never per report —
 //! and store configurations. Shards only load the snapshot.
 //!
+//! # Who owns a configuration
+//! A configuration learnt is bound to the agent that taught it, and on plain TCP an agent
+//! has no identity but the system id its AARQ claims: **the first agent to teach a
+//! configuration for a system id and config id owns it**. A later config report with a
+//! *different* table for the same (system id, config id) — another device claiming that
+//! system id — is refused ([`ConfigLookup::may_learn`]: unsupported-config, then ABRT),
+//! counted in `sluice_phd_config_conflicts_total` and logged with both addresses (the
+//! refused connection's and the teacher's), unless `[phd] allow_relearn`. The binding is the
+//! stored table itself, so it survives restarts with `phd-configs.json`; a configuration
+//! forgotten (beyond `max_configs`, oldest first) is unbound and may be taught anew. The
+//! same table taught again is accepted (an agent that lost its association). A device
+//! whose table really changed must use a new config id (20601 requires it) or the operator
+//! sets `allow_relearn` (or deletes its entry). `[phd] agents` limits which system ids
+//! associate at all.
+//!
 //! # `phd-configs.json`
 //! `{"version":1,"configs":[{"system_id":"<16 hex>","config":<ConfigReport event-info as
-//! hex>}, …]}`, oldest first; rewritten (temp file + rename) when a configuration is learnt,
+//! hex>,"taught_by":"<ip:port>"}, …]}` (`taught_by` optional, for the log), oldest first; rewritten (temp file + rename) when a configuration is learnt,
 //! at most once a second (what is learnt meanwhile is saved by the next learn, or when the
 //! room is dropped at shutdown: a crash may forget the last second's, whose agents then
 //! configure again).
 //! A file that does not parse is logged and ignored (the agents then configure again).
 
 use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -43,6 +59,8 @@ const BUCKETS: usize = 64;
 #[derive(Debug)]
 pub struct PhdSnapshot {
     buckets: Vec<Arc<Part>>,
+    /// `[phd] allow_relearn`: a different table may replace a learnt one.
+    allow_relearn: bool,
 }
 
 /// One part of the snapshot: (system id, config id) → table.
@@ -52,6 +70,7 @@ impl Default for PhdSnapshot {
     fn default() -> Self {
         PhdSnapshot {
             buckets: (0..BUCKETS).map(|_| Arc::default()).collect(),
+            allow_relearn: false,
         }
     }
 }
@@ -75,7 +94,19 @@ impl PhdSnapshot {
             None => part.remove(&key),
         };
         buckets[b] = Arc::new(part);
-        PhdSnapshot { buckets }
+        PhdSnapshot {
+            buckets,
+            allow_relearn: self.allow_relearn,
+        }
+    }
+
+    /// Whether `table` for `system_id` conflicts with a learnt one: a different table is
+    /// stored for the same system id and config id (and re-learning is not allowed).
+    fn conflicts(&self, system_id: &[u8; 8], table: &ObjectTable) -> bool {
+        !self.allow_relearn
+            && self
+                .get(&(*system_id, table.config_id))
+                .is_some_and(|known| **known != *table)
     }
 }
 
@@ -86,6 +117,15 @@ impl ConfigLookup for PhdSnapshot {
         }
         let id: [u8; 8] = system_id.try_into().ok()?;
         self.get(&(id, config_id)).cloned()
+    }
+
+    /// First come, first bound: a configuration learnt for a system id is never replaced by
+    /// a different table for the same config id, unless `[phd] allow_relearn` (module docs).
+    fn may_learn(&self, system_id: &[u8], table: &ObjectTable) -> bool {
+        let Ok(id) = <[u8; 8]>::try_from(system_id) else {
+            return false;
+        };
+        !self.conflicts(&id, table)
     }
 }
 
@@ -145,6 +185,8 @@ pub struct PhdMetrics {
     pub rejected: Counter,
     pub configs_learnt: Counter,
     pub configs_refused: Counter,
+    pub config_conflicts: Counter,
+    pub agents_not_allowed: Counter,
     pub handovers: Counter,
     pub reports: Counter,
     pub reports_refused: Counter,
@@ -208,6 +250,8 @@ impl PhdMetrics {
             ("sluice_phd_rejected_total", "Association requests rejected", &self.rejected),
             ("sluice_phd_configs_learnt_total", "Configuration reports accepted", &self.configs_learnt),
             ("sluice_phd_configs_refused_total", "Configuration reports answered unsupported-config", &self.configs_refused),
+            ("sluice_phd_config_conflicts_total", "Configuration reports refused (then aborted): another table for a system id and config id another agent taught first", &self.config_conflicts),
+            ("sluice_phd_agents_not_allowed_total", "Association requests rejected-unauthorized: system id not in [phd] agents", &self.agents_not_allowed),
             ("sluice_phd_handovers_total", "Operating agents handed from the control plane to their shard", &self.handovers),
             ("sluice_phd_reports_total", "Scan reports decoded on the shards", &self.reports),
             ("sluice_phd_reports_refused_total", "Confirmed reports answered ROER instead of confirmed: an uplink refused their data for good", &self.reports_refused),
@@ -226,6 +270,9 @@ impl PhdMetrics {
 /// Learnt configurations, oldest first, bounded; and when they were last saved.
 struct Learnt {
     order: VecDeque<([u8; 8], u16)>,
+    /// Who taught each configuration (the peer address of the connection; for the log line
+    /// of a conflict). Same keys as `order` (when known).
+    taught_by: HashMap<([u8; 8], u16), SocketAddr>,
     max: usize,
     file: Option<PathBuf>,
     saved_at: Option<Instant>,
@@ -277,22 +324,35 @@ impl LogGate {
 impl PhdRoom {
     /// A room; with `dir`, learnt configurations are loaded from and saved to
     /// `dir/phd-configs.json`.
-    pub fn new(max_agents: usize, max_configs: usize, dir: Option<PathBuf>) -> PhdRoom {
+    pub fn new(
+        max_agents: usize,
+        max_configs: usize,
+        dir: Option<PathBuf>,
+        allow_relearn: bool,
+    ) -> PhdRoom {
         let file = dir.map(|d| d.join("phd-configs.json"));
         let metrics = Arc::new(PhdMetrics::default());
-        let mut snapshot = PhdSnapshot::default();
+        let mut snapshot = PhdSnapshot {
+            allow_relearn,
+            ..PhdSnapshot::default()
+        };
         let mut order = VecDeque::new();
+        let mut taught_by = HashMap::new();
         if let Some(f) = &file {
-            for (id, table) in load(f) {
+            for (id, table, by) in load(f) {
                 let key = (id, table.config_id);
                 if snapshot.get(&key).is_none() {
                     order.push_back(key);
+                }
+                if let Some(by) = by {
+                    taught_by.insert(key, by);
                 }
                 snapshot = snapshot.with(key, Some(Arc::new(table)));
             }
             while order.len() > max_configs.max(1) {
                 if let Some(k) = order.pop_front() {
                     snapshot = snapshot.with(k, None);
+                    taught_by.remove(&k);
                 }
             }
         }
@@ -301,6 +361,7 @@ impl PhdRoom {
             agents: Mutex::new(HashMap::new()),
             learnt: Mutex::new(Learnt {
                 order,
+                taught_by,
                 max: max_configs.max(1),
                 file,
                 saved_at: None,
@@ -318,21 +379,38 @@ impl PhdRoom {
         self.snapshot.load_full()
     }
 
-    /// Store a configuration accepted from `system_id` and publish a new snapshot.
-    pub fn learn(&self, system_id: [u8; 8], table: Arc<ObjectTable>) {
+    /// Store a configuration accepted from `system_id` (taught over the connection from
+    /// `by`) and publish a new snapshot. `false` when a different table for the same key was
+    /// learnt meanwhile and re-learning is not allowed: the first one stays (the association
+    /// tasks check [`ConfigLookup::may_learn`] first; this closes the race between two
+    /// single-plane shards).
+    pub fn learn(
+        &self,
+        system_id: [u8; 8],
+        table: Arc<ObjectTable>,
+        by: Option<SocketAddr>,
+    ) -> bool {
         if standard_table(table.config_id).is_some_and(|t| *t == *table) {
-            return; // a standard table: known to everybody already
+            return true; // a standard table: known to everybody already
         }
         let mut learnt = self.learnt.lock().unwrap_or_else(|e| e.into_inner());
         let key = (system_id, table.config_id);
         let current = self.snapshot.load();
+        if current.conflicts(&system_id, &table) {
+            return false;
+        }
         if current.get(&key).is_none() {
             learnt.order.push_back(key);
         }
+        match by {
+            Some(by) => learnt.taught_by.insert(key, by),
+            None => learnt.taught_by.remove(&key),
+        };
         let mut next = current.with(key, Some(table));
         while learnt.order.len() > learnt.max {
             if let Some(old) = learnt.order.pop_front() {
                 next = next.with(old, None);
+                learnt.taught_by.remove(&old);
             }
         }
         self.metrics.configs.set(learnt.order.len() as i64);
@@ -341,6 +419,13 @@ impl PhdRoom {
         if learnt.saved_at.is_none_or(|t| t.elapsed() >= SAVE_EVERY) {
             self.save(&mut learnt);
         }
+        true
+    }
+
+    /// The address of the connection that taught the configuration `(system_id, config_id)`.
+    pub fn taught_by(&self, system_id: &[u8; 8], config_id: u16) -> Option<SocketAddr> {
+        let learnt = self.learnt.lock().unwrap_or_else(|e| e.into_inner());
+        learnt.taught_by.get(&(*system_id, config_id)).copied()
     }
 
     /// Save the learnt configurations now if any were learnt since the last save.
@@ -354,7 +439,7 @@ impl PhdRoom {
             return;
         }
         if let Some(f) = &learnt.file {
-            save(f, &learnt.order, &self.snapshot.load());
+            save(f, &learnt.order, &learnt.taught_by, &self.snapshot.load());
         }
         learnt.saved_at = Some(Instant::now());
         learnt.dirty = false;
@@ -439,7 +524,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable)> {
+fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable, Option<SocketAddr>)> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -460,7 +545,8 @@ fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable)> {
                         ObjectTable::decode_report(Bytes::from(unhex(c["config"].as_str()?)?))
                             .ok()?;
                     table.check().ok()?;
-                    Some((id, table))
+                    let by = c["taught_by"].as_str().and_then(|a| a.parse().ok());
+                    Some((id, table, by))
                 })
                 .collect::<Option<Vec<_>>>()
         });
@@ -470,12 +556,22 @@ fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable)> {
     })
 }
 
-fn save(file: &std::path::Path, order: &VecDeque<([u8; 8], u16)>, tables: &PhdSnapshot) {
+fn save(
+    file: &std::path::Path,
+    order: &VecDeque<([u8; 8], u16)>,
+    taught_by: &HashMap<([u8; 8], u16), SocketAddr>,
+    tables: &PhdSnapshot,
+) {
     let configs: Vec<_> = order
         .iter()
         .filter_map(|k| {
             let t = tables.get(k)?;
-            Some(serde_json::json!({ "system_id": hex(&k.0), "config": hex(&t.encode_report()) }))
+            let mut c =
+                serde_json::json!({ "system_id": hex(&k.0), "config": hex(&t.encode_report()) });
+            if let Some(by) = taught_by.get(k) {
+                c["taught_by"] = by.to_string().into();
+            }
+            Some(c)
         })
         .collect();
     let text = serde_json::json!({ "version": 1, "configs": configs }).to_string();
@@ -508,9 +604,9 @@ mod tests {
     #[test]
     fn learnt_configs_are_bounded_persisted_and_reloaded() {
         let dir = tempfile::tempdir().unwrap();
-        let room = PhdRoom::new(10, 2, Some(dir.path().to_path_buf()));
+        let room = PhdRoom::new(10, 2, Some(dir.path().to_path_buf()), false);
         for (i, id) in [0x4000u16, 0x4001, 0x4002].into_iter().enumerate() {
-            room.learn([i as u8; 8], table(id));
+            assert!(room.learn([i as u8; 8], table(id), None));
         }
         room.flush(); // the last ones came within a second of the first save
         let snap = room.snapshot();
@@ -524,7 +620,7 @@ mod tests {
             snap.known(&[9; 8], 0x0190).is_some(),
             "standard ones for everybody"
         );
-        let again = PhdRoom::new(10, 2, Some(dir.path().to_path_buf()));
+        let again = PhdRoom::new(10, 2, Some(dir.path().to_path_buf()), false);
         let snap = again.snapshot();
         assert_eq!(snap.known(&[1; 8], 0x4001), Some(table(0x4001)));
         assert_eq!(snap.known(&[2; 8], 0x4002), Some(table(0x4002)));
@@ -532,8 +628,42 @@ mod tests {
     }
 
     #[test]
+    fn a_learnt_configuration_is_not_replaced_by_another_table_unless_relearning_is_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let by: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let mut other = (*table(0x4000)).clone();
+        other.objects[0].unit = Some(0x17A0); // the same handle in °C
+        let other = Arc::new(other);
+        let room = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), false);
+        assert!(room.learn([7; 8], table(0x4000), Some(by)));
+        let snap = room.snapshot();
+        assert!(
+            snap.may_learn(&[7; 8], &table(0x4000)),
+            "the same table again"
+        );
+        assert!(!snap.may_learn(&[7; 8], &other), "another table: refused");
+        assert!(snap.may_learn(&[8; 8], &other), "another agent's own");
+        assert!(!room.learn([7; 8], other.clone(), None));
+        assert_eq!(room.snapshot().known(&[7; 8], 0x4000), Some(table(0x4000)));
+        assert_eq!(room.taught_by(&[7; 8], 0x4000), Some(by));
+        room.flush();
+        drop(room);
+        let again = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), false);
+        assert!(
+            !again.snapshot().may_learn(&[7; 8], &other),
+            "bound after a restart"
+        );
+        assert_eq!(again.taught_by(&[7; 8], 0x4000), Some(by));
+        drop(again);
+        let open = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), true);
+        assert!(open.snapshot().may_learn(&[7; 8], &other));
+        assert!(open.learn([7; 8], other.clone(), None));
+        assert_eq!(open.snapshot().known(&[7; 8], 0x4000), Some(other));
+    }
+
+    #[test]
     fn the_agent_table_is_bounded() {
-        let room = PhdRoom::new(1, 1, None);
+        let room = PhdRoom::new(1, 1, None, false);
         let entry = AgentEntry {
             specialization: "pulse-oximeter",
             config_id: 0x0190,

@@ -35,6 +35,12 @@ pub(in crate::config) fn check_phd(config: &Config) -> Result<(), ConfigError> {
             "must be 16 hex digits (an EUI-64), e.g. \"8877665544332211\"",
         );
     }
+    if let Err(entry) = p.allowed_agents() {
+        return invalid(
+            "phd.agents",
+            &format!("{entry:?} is not 16 hex digits (an agent's EUI-64 system id)"),
+        );
+    }
     if p.utc_offset_secs().is_none() {
         return invalid(
             "phd.agent_utc_offset",

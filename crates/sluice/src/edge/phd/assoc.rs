@@ -110,6 +110,23 @@ pub async fn signal(
                 tracing::debug!("PHD data before association: ABRT");
             }
             if let Some(id) = aarq_system_id(&apdu) {
+                let listed = shared.allowed.as_ref().is_none_or(|a| a.contains(&id));
+                if m.state() == State::Unassociated && !listed {
+                    // Not in `[phd] agents`: never accepted.
+                    shared.room.metrics.agents_not_allowed.inc();
+                    if shared.room.log_gate.open() {
+                        tracing::warn!(system_id = %hex(&id), peer = ?conn.peer, "PHD agent not in [phd] agents; association rejected");
+                    }
+                    let aare = sluice_proto::phd::manager::rejection(
+                        &shared.manager,
+                        result::REJECTED_UNAUTHORIZED,
+                    );
+                    out.push(Output::Send(aare));
+                    out.push(Output::Rejected {
+                        result: result::REJECTED_UNAUTHORIZED,
+                    });
+                    return apply(shared, conn, m, out, shard, conn_id).await;
+                }
                 if m.state() == State::Unassociated && !shared.room.has_room(&id) {
                     // The agent table is full: try later.
                     let aare = sluice_proto::phd::manager::rejection(
@@ -174,12 +191,21 @@ async fn apply(
                 tracing::debug!(system_id = %hex(&agent.system_id), config_id = agent.config_id, objects = table.objects.len(), "PHD configuration accepted and stored");
                 metrics.associations.inc();
                 let spec = specialization(&table);
-                room.learn(agent.system_id, table);
+                let config_id = table.config_id;
+                if !room.learn(agent.system_id, table, conn.peer) {
+                    // Lost a race with another connection teaching a different table
+                    // (single-plane shards only): the first stays stored; this connection
+                    // goes on with its own table for its own reports.
+                    conflict(shared, &agent.system_id, config_id, conn.peer);
+                }
                 room.update(&agent.system_id, |e| {
                     e.state = "operating";
                     e.specialization = spec;
                     e.config_id = agent.config_id;
                 });
+            }
+            Output::ConfigConflict { agent } => {
+                conflict(shared, &agent.system_id, agent.config_id, conn.peer);
             }
             Output::ConfigRefused { config_id, result } => {
                 metrics.configs_refused.inc();
@@ -214,6 +240,27 @@ async fn apply(
         return Step::Close;
     }
     step
+}
+
+/// Another table for a configuration another agent taught: counted, logged with both
+/// addresses.
+fn conflict(
+    shared: &PhdShared,
+    system_id: &[u8; 8],
+    config_id: u16,
+    peer: Option<std::net::SocketAddr>,
+) {
+    shared.room.metrics.config_conflicts.inc();
+    if shared.room.log_gate.open() {
+        let taught_by = shared.room.taught_by(system_id, config_id);
+        tracing::warn!(
+            system_id = %hex(system_id),
+            config_id,
+            peer = ?peer,
+            taught_by = ?taught_by,
+            "PHD agent reported another table for a configuration another agent taught; refused"
+        );
+    }
 }
 
 fn entry(

@@ -19,12 +19,15 @@ pub enum Read {
 pub struct Conn {
     pub stream: TcpStream,
     pub buf: BytesMut,
+    /// The agent's address (for log lines; `None` if the socket could not tell).
+    pub peer: Option<std::net::SocketAddr>,
     max_apdu: usize,
 }
 
 impl Conn {
     pub fn new(stream: TcpStream, buf: BytesMut, max_apdu: usize) -> Conn {
         Conn {
+            peer: stream.peer_addr().ok(),
             stream,
             buf,
             max_apdu,

@@ -23,6 +23,12 @@
 //! system id is not known yet) and the shard runs the association too — the paper's
 //! single-plane gateway.
 //!
+//! Identity: on plain TCP an agent is the system id its AARQ claims. `[phd] agents` (an
+//! allow-list of system ids) rejects the others at the AARQ (rejected-unauthorized); a
+//! configuration learnt is bound to the first agent that taught it for that system id
+//! (see [`crate::control::phd`]): another table for the same system id and config id is
+//! refused.
+//!
 //! Bounds: `phd.max_connections` open connections (more closed at accept, counted),
 //! `phd.max_apdu` per APDU (ABRT buffer-overflow), `phd.max_agents` in the table (AARQ
 //! rejected-transient), the manager's timers for every wait on an agent.
@@ -64,6 +70,8 @@ pub struct PhdShared {
     pub max_apdu: usize,
     pub single_plane: bool,
     pub max_connections: usize,
+    /// `[phd] agents`: the system ids allowed to associate (`None`: all).
+    pub allowed: Option<std::collections::HashSet<[u8; 8]>>,
     pub connections: AtomicUsize,
     /// The next connection's number.
     pub next_conn: std::sync::atomic::AtomicU64,
@@ -99,6 +107,12 @@ impl PhdShared {
             max_apdu: config.max_apdu.as_usize(),
             single_plane: config.single_plane,
             max_connections: config.max_connections,
+            // Checked by the config's validation; an entry that does not parse allows nobody
+            // rather than everybody.
+            allowed: match config.allowed_agents() {
+                Ok(list) => list.map(|l| l.into_iter().collect()),
+                Err(_) => Some(Default::default()),
+            },
             connections: AtomicUsize::new(0),
             next_conn: std::sync::atomic::AtomicU64::new(1),
             shards,
@@ -147,6 +161,7 @@ impl PhdStart {
             p.max_agents,
             p.max_configs,
             config.spool.dir.clone(),
+            p.allow_relearn,
         ));
         // Bounded: a shard gives a connection back only on signalling, and waits for room.
         let (back_tx, back) = mpsc::channel(config.gateway.mailbox_capacity.max(1));
