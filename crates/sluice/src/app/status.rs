@@ -183,7 +183,7 @@ impl AdminSource for GatewayStatus {
             "spool": self.spool_summary(),
             "mqtt": { "mptcp": self.mqtt_mptcp },
             "links": self.links.as_ref().map(|l| l.status()),
-            "phd": self.phd.as_ref().map(|p| p.status(1000)),
+            "phd": self.phd.as_ref().map(|p| p.status(crate::control::phd::STATUS_AGENTS)),
             "functions": crate::functions::status(&self.functions, self.function_runtime.as_deref()),
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,

@@ -8,6 +8,14 @@
 //! association tasks read it without a lock), and the PHD metrics. Does not own: sockets or
 //! the protocol (`crate::edge::phd`, `sluice_proto::phd`).
 //!
+//! # Bounds
+//! The agent table holds at most `max_agents` entries, each with its strings cut to
+//! [`MAX_AGENT_TEXT`] bytes (an agent's MDS GET answer may carry 64 KiB of model text): at
+//! most `max_agents ×` [`AGENT_BYTES_MAX`] bytes, shown as `sluice_phd_agent_table_bytes`.
+//! `/api/v1/status` copies at most [`STATUS_AGENTS`] entries out under the lock and gives the
+//! count of all. Learnt configurations: at most `max_configs`, each a checked object table
+//! (bounded by `max_apdu`).
+//!
 //! # Who touches what
 //! The association tasks (thread `sluice-phd`, or a shard in the single-plane experiment)
 //! update the agent table under its mutex — a few times per association, never per report —
@@ -143,6 +151,21 @@ fn standard_table(config_id: u16) -> Option<Arc<ObjectTable>> {
         .cloned()
 }
 
+/// Longest agent string kept in the table, in bytes (cut at a character boundary; counted in
+/// `sluice_phd_agent_strings_truncated_total`): the MDS model ("manufacturer model") today.
+pub const MAX_AGENT_TEXT: usize = 64;
+
+/// What one agent takes in the table besides its strings: key, entry and the map's share
+/// (hashbrown: a control byte and at most 1/8 empty slots; rounded up).
+const AGENT_ENTRY_BYTES: usize = std::mem::size_of::<([u8; 8], AgentEntry)>() * 9 / 8 + 8;
+
+/// What one agent may take in the table at most, strings included: the agent table is bounded
+/// by `max_agents ×` this (README "Memory bounds").
+pub const AGENT_BYTES_MAX: usize = AGENT_ENTRY_BYTES + MAX_AGENT_TEXT;
+
+/// Agents listed in `/api/v1/status` at most (the count covers all of them).
+pub const STATUS_AGENTS: usize = 100;
+
 /// One agent in the table.
 #[derive(Debug, Clone)]
 pub struct AgentEntry {
@@ -180,6 +203,8 @@ pub struct PhdMetrics {
     pub connections: Gauge,
     pub refused_connections: Counter,
     pub agents: Gauge,
+    pub agent_table_bytes: Gauge,
+    pub agent_strings_truncated: Counter,
     pub configs: Gauge,
     pub associations: Counter,
     pub rejected: Counter,
@@ -240,6 +265,18 @@ impl PhdMetrics {
             self.agents.get(),
         );
         w.gauge(
+            "sluice_phd_agent_table_bytes",
+            "Bytes the PHD agent table holds (entries and their strings; at most max_agents x the per-agent bound)",
+            &[],
+            self.agent_table_bytes.get(),
+        );
+        w.counter(
+            "sluice_phd_agent_strings_truncated_total",
+            "Agent strings (MDS model) cut to 64 bytes before being kept",
+            &[],
+            self.agent_strings_truncated.get(),
+        );
+        w.gauge(
             "sluice_phd_configs",
             "Extended configurations remembered",
             &[],
@@ -286,13 +323,58 @@ const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The room.
 pub struct PhdRoom {
-    agents: Mutex<HashMap<[u8; 8], AgentEntry>>,
+    agents: Mutex<AgentTable>,
     learnt: Mutex<Learnt>,
     snapshot: ArcSwap<PhdSnapshot>,
     max_agents: usize,
     pub metrics: Arc<PhdMetrics>,
     /// Refusals and conflicts are counted every time, logged at most once a second.
     pub log_gate: LogGate,
+}
+
+/// The agent table and what its strings take.
+#[derive(Default)]
+struct AgentTable {
+    map: HashMap<[u8; 8], AgentEntry>,
+    /// Bytes of the entries' strings (each at most [`MAX_AGENT_TEXT`]).
+    text_bytes: usize,
+}
+
+fn text_len(a: &AgentEntry) -> usize {
+    a.model.as_ref().map_or(0, String::capacity)
+}
+
+/// Cut `text` to [`MAX_AGENT_TEXT`] bytes at a character boundary; whether it was cut.
+fn bound_text(text: &mut String) -> bool {
+    if text.len() <= MAX_AGENT_TEXT {
+        text.shrink_to_fit();
+        return false;
+    }
+    let mut end = MAX_AGENT_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.shrink_to_fit();
+    true
+}
+
+impl AgentTable {
+    /// Bound the strings of `a` (counting what was cut).
+    fn bound(a: &mut AgentEntry, metrics: &PhdMetrics) {
+        if let Some(m) = a.model.as_mut() {
+            if bound_text(m) {
+                metrics.agent_strings_truncated.inc();
+            }
+        }
+    }
+
+    fn publish(&self, metrics: &PhdMetrics) {
+        metrics.agents.set(self.map.len() as i64);
+        metrics
+            .agent_table_bytes
+            .set((self.map.len() * AGENT_ENTRY_BYTES + self.text_bytes) as i64);
+    }
 }
 
 /// At most one log line a second through one gate (the metrics count every event).
@@ -358,7 +440,7 @@ impl PhdRoom {
         }
         metrics.configs.set(order.len() as i64);
         PhdRoom {
-            agents: Mutex::new(HashMap::new()),
+            agents: Mutex::new(AgentTable::default()),
             learnt: Mutex::new(Learnt {
                 order,
                 taught_by,
@@ -446,45 +528,66 @@ impl PhdRoom {
     }
 
     /// Put or update an agent; `false` when the table is full (the AARQ is then refused).
-    pub fn agent_up(&self, system_id: [u8; 8], entry: AgentEntry) -> bool {
-        let mut agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
-        if !agents.contains_key(&system_id) && agents.len() >= self.max_agents {
+    pub fn agent_up(&self, system_id: [u8; 8], mut entry: AgentEntry) -> bool {
+        AgentTable::bound(&mut entry, &self.metrics);
+        let mut t = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        if !t.map.contains_key(&system_id) && t.map.len() >= self.max_agents {
             return false;
         }
-        agents.insert(system_id, entry);
-        self.metrics.agents.set(agents.len() as i64);
+        t.text_bytes += text_len(&entry);
+        if let Some(old) = t.map.insert(system_id, entry) {
+            t.text_bytes -= text_len(&old);
+        }
+        t.publish(&self.metrics);
         true
     }
 
-    /// Change an agent's fields in place.
+    /// Change an agent's fields in place (its strings are bounded after).
     pub fn update(&self, system_id: &[u8; 8], f: impl FnOnce(&mut AgentEntry)) {
-        let mut agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(a) = agents.get_mut(system_id) {
+        let mut t = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        let t = &mut *t;
+        if let Some(a) = t.map.get_mut(system_id) {
+            let before = text_len(a);
             f(a);
+            AgentTable::bound(a, &self.metrics);
+            t.text_bytes = t.text_bytes - before + text_len(a);
+            t.publish(&self.metrics);
         }
     }
 
     /// Connection `conn` no longer holds `system_id`.
     pub fn agent_down(&self, system_id: &[u8; 8], conn: u64) {
-        let mut agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
-        if agents.get(system_id).is_some_and(|a| a.conn == conn) {
-            agents.remove(system_id);
+        let mut t = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        if t.map.get(system_id).is_some_and(|a| a.conn == conn) {
+            if let Some(old) = t.map.remove(system_id) {
+                t.text_bytes -= text_len(&old);
+            }
         }
-        self.metrics.agents.set(agents.len() as i64);
+        t.publish(&self.metrics);
     }
 
     /// Whether the table has room for a new agent (without taking it).
     pub fn has_room(&self, system_id: &[u8; 8]) -> bool {
-        let agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
-        agents.contains_key(system_id) || agents.len() < self.max_agents
+        let t = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        t.map.contains_key(system_id) || t.map.len() < self.max_agents
     }
 
-    /// The agent table for `/api/v1/status` (at most `limit` agents listed).
+    /// The agent table for `/api/v1/status`: the count of all agents and at most `limit` of
+    /// them listed. Only a bounded copy (entries with strings of at most
+    /// [`MAX_AGENT_TEXT`] bytes) is taken under the table's lock; the JSON is built after.
     pub fn status(&self, limit: usize) -> serde_json::Value {
-        let agents = self.agents.lock().unwrap_or_else(|e| e.into_inner());
-        let list: Vec<_> = agents
+        let (total, copied): (usize, Vec<([u8; 8], AgentEntry)>) = {
+            let t = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+            let copied = t
+                .map
+                .iter()
+                .take(limit)
+                .map(|(id, a)| (*id, a.clone()))
+                .collect();
+            (t.map.len(), copied)
+        };
+        let list: Vec<_> = copied
             .iter()
-            .take(limit)
             .map(|(id, a)| {
                 serde_json::json!({
                     "system_id": hex(id),
@@ -498,7 +601,8 @@ impl PhdRoom {
             })
             .collect();
         serde_json::json!({
-            "agents": agents.len(),
+            "agents": total,
+            "listed": list.len(),
             "configs": self.metrics.configs.get(),
             "list": list,
         })
@@ -659,6 +763,62 @@ mod tests {
         assert!(open.snapshot().may_learn(&[7; 8], &other));
         assert!(open.learn([7; 8], other.clone(), None));
         assert_eq!(open.snapshot().known(&[7; 8], 0x4000), Some(other));
+    }
+
+    #[test]
+    fn agent_strings_are_cut_to_64_bytes_and_the_table_counts_its_bytes() {
+        let room = PhdRoom::new(10, 1, None, false);
+        let entry = AgentEntry {
+            specialization: "pulse-oximeter",
+            config_id: 0x0190,
+            state: "operating",
+            model: None,
+            shard: None,
+            since: Instant::now(),
+            conn: 1,
+        };
+        assert!(room.agent_up([1; 8], entry.clone()));
+        let empty = room.metrics.agent_table_bytes.get();
+        assert!(empty > 0 && empty as usize <= AGENT_BYTES_MAX);
+        // 63 ASCII bytes then a 3-byte character: cut before it, never inside.
+        room.update(&[1; 8], |e| {
+            e.model = Some(format!("{}€{}", "m".repeat(63), "x".repeat(65_000)))
+        });
+        assert_eq!(room.metrics.agent_strings_truncated.get(), 1);
+        let status = room.status(STATUS_AGENTS);
+        assert_eq!(status["list"][0]["model"], "m".repeat(63));
+        let bytes = room.metrics.agent_table_bytes.get() as usize;
+        assert!(bytes <= AGENT_BYTES_MAX, "{bytes}");
+        room.update(&[1; 8], |e| e.model = Some("short".into()));
+        assert_eq!(room.metrics.agent_strings_truncated.get(), 1);
+        room.agent_down(&[1; 8], 1);
+        assert_eq!(room.metrics.agent_table_bytes.get(), 0);
+    }
+
+    #[test]
+    fn the_status_lists_a_bounded_number_of_agents_and_counts_all() {
+        let room = PhdRoom::new(1000, 1, None, false);
+        for i in 0..300u16 {
+            let mut id = [0; 8];
+            id[..2].copy_from_slice(&i.to_be_bytes());
+            room.agent_up(
+                id,
+                AgentEntry {
+                    specialization: "pulse-oximeter",
+                    config_id: 0x0190,
+                    state: "operating",
+                    model: Some("M".repeat(1000)),
+                    shard: None,
+                    since: Instant::now(),
+                    conn: 1,
+                },
+            );
+        }
+        let status = room.status(STATUS_AGENTS);
+        assert_eq!(status["agents"], 300);
+        assert_eq!(status["listed"], STATUS_AGENTS);
+        assert_eq!(status["list"].as_array().unwrap().len(), STATUS_AGENTS);
+        assert!(status.to_string().len() < STATUS_AGENTS * 400);
     }
 
     #[test]

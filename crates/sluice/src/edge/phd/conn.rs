@@ -1,13 +1,18 @@
 //! One agent connection's bytes: APDUs off a read buffer (framing, `phd.max_apdu`) and
 //! APDUs onto the socket, on whichever runtime holds the connection.
 //!
-//! Owns: the read buffer and the socket. Does not own: what an APDU means (the manager).
+//! Owns: the read buffer (at most `phd.max_apdu` plus one read; back to at most 8 KiB
+//! once a larger APDU is taken) and the socket. Does not own: what an APDU means (the manager).
 //! Invariant: [`Conn::next`] is cancel-safe (bytes read are kept in the buffer).
 
 use bytes::BytesMut;
 use sluice_proto::phd::{decode_apdu, Apdu, DecodeError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// Read-buffer capacity kept between APDUs; a larger one (after an APDU of up to
+/// `phd.max_apdu`) is given back once it is empty.
+const KEEP_BUFFER: usize = 8 * 1024;
 
 /// What the socket gave.
 pub enum Read {
@@ -38,7 +43,14 @@ impl Conn {
     pub async fn next(&mut self) -> Read {
         loop {
             match decode_apdu(&mut self.buf, self.max_apdu) {
-                Ok(Some(a)) => return Read::Apdu(a),
+                Ok(Some(a)) => {
+                    if self.buf.is_empty() && self.buf.capacity() > KEEP_BUFFER {
+                        // A large APDU went by: do not keep its allocation for the life of
+                        // the connection (it is freed when the APDU's bytes are dropped).
+                        self.buf = BytesMut::new();
+                    }
+                    return Read::Apdu(a);
+                }
                 Err(e) => return Read::Bad(e),
                 Ok(None) => {}
             }
