@@ -993,3 +993,143 @@ fn rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// Item 4 of issue 28 (`[phd.tls]`): agents over TLS with client certificates. The identity
+/// of an agent is its system id and its certificate's CN: an extended configuration taught
+/// by the certified oximeter binds its system id, so an agent without a certificate claiming
+/// that system id is rejected-unauthorized (counted), the certified one still associates and
+/// its data flows (the TLS session moves to the shard and back), and a plain-TCP client or
+/// a certificate from another CA does not get past the handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_system_id_is_bound_to_the_certificate_that_taught_it() {
+    let cloud = Cloud::start();
+    let pki = sluice_testkit::TestPki::generate();
+    let other_ca = sluice_testkit::TestPki::generate();
+    let tls = format!(
+        "\n[phd.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nclient_ca_file = \"{}\"\n",
+        pki.server_cert_path().display(),
+        pki.server_key_path().display(),
+        pki.ca_path().display()
+    );
+    let gw = start(&cloud, 2, &tls);
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2024, 3, 4, 5, 6, 7, 0);
+    let ox = spec(PhdDevice::PulseOximeter, 0x41, 0x4000, true);
+    let reading = Reading::Oximeter {
+        spo2: (97, 0),
+        pulse: (62, 0),
+    };
+    let certified = pki.rustls_client_config(true);
+    let mut agent =
+        PhdAgent::connect_tls(phd_addr(&gw), ox.clone(), certified.clone(), "localhost")
+            .await
+            .unwrap();
+    let a = agent.associate().await.unwrap();
+    assert_eq!(
+        (a.aare_result, a.config_result),
+        (3, Some(0)),
+        "taught over TLS"
+    );
+    agent
+        .report(&reading, at, T)
+        .await
+        .unwrap()
+        .expect("confirmed");
+    assert_eq!(next(&mut sub).await.0, "phd/001b2c3d4e5f6041/spo2");
+    next(&mut sub).await;
+    assert_eq!(
+        agent.release().await.unwrap(),
+        0,
+        "released after the shard gave it back"
+    );
+    drop(agent);
+
+    // The same system id over TLS without a client certificate: another identity.
+    let mut anonymous = PhdAgent::connect_tls(
+        phd_addr(&gw),
+        ox.clone(),
+        pki.rustls_client_config(false),
+        "localhost",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        anonymous.associate().await.unwrap().aare_result,
+        7,
+        "rejected-unauthorized"
+    );
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), "sluice_phd_identity_refused_total"),
+        1.0
+    );
+    // An agent without a certificate with a system id nobody taught is fine.
+    let mut fresh = PhdAgent::connect_tls(
+        phd_addr(&gw),
+        spec(PhdDevice::PulseOximeter, 0x42, 0x0190, true),
+        pki.rustls_client_config(false),
+        "localhost",
+    )
+    .await
+    .unwrap();
+    assert_eq!(fresh.associate().await.unwrap().aare_result, 0);
+
+    // The certified oximeter again: known, its data flows.
+    let mut agent = PhdAgent::connect_tls(phd_addr(&gw), ox.clone(), certified, "localhost")
+        .await
+        .unwrap();
+    assert_eq!(agent.associate().await.unwrap().aare_result, 0);
+    agent
+        .report(&reading, at, T)
+        .await
+        .unwrap()
+        .expect("confirmed");
+    assert_eq!(next(&mut sub).await.0, "phd/001b2c3d4e5f6041/spo2");
+
+    // Not TLS, or a certificate from another CA: no APDU is ever read.
+    let mut plain = PhdAgent::connect(phd_addr(&gw), ox.clone()).await.unwrap();
+    plain.set_response_timeout(Duration::from_secs(3));
+    assert!(plain.associate().await.is_err(), "plain TCP gets no AARE");
+    let foreign = PhdAgent::connect_tls(
+        phd_addr(&gw),
+        ox,
+        foreign_client(&pki, &other_ca),
+        "localhost",
+    )
+    .await;
+    let refused = match foreign {
+        Err(_) => true,
+        Ok(mut a) => a.associate().await.is_err(),
+    };
+    assert!(refused, "a certificate from another CA is refused");
+    wait_until("both handshakes counted", T, || {
+        metric_sum(&gw.metrics_text(), "sluice_phd_tls_failures_total") >= 2.0
+    })
+    .await;
+    gw.shutdown();
+}
+
+/// A client that trusts `server`'s CA and shows `other`'s client certificate (another CA).
+fn foreign_client(
+    server: &sluice_testkit::TestPki,
+    other: &sluice_testkit::TestPki,
+) -> std::sync::Arc<rustls::ClientConfig> {
+    use std::io::BufReader;
+    let open = |p: &std::path::Path| BufReader::new(std::fs::File::open(p).unwrap());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(server.ca_der().clone()).unwrap();
+    let certs = rustls_pemfile::certs(&mut open(other.client_cert_path()))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls_pemfile::private_key(&mut open(other.client_key_path()))
+        .unwrap()
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, key)
+            .unwrap(),
+    )
+}

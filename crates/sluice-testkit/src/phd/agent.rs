@@ -12,9 +12,13 @@ pub(super) enum Incoming {
     TimedOut,
 }
 
+/// The agent's byte stream: plain TCP or TLS over it.
+trait AgentStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AgentStream for T {}
+
 /// A PHD agent connected to a manager; see the module documentation for its behaviour.
 pub struct PhdAgent {
-    stream: TcpStream,
+    stream: Box<dyn AgentStream>,
     peer: SocketAddr,
     spec: AgentSpec,
     aarq_fields: AarqFields,
@@ -50,13 +54,45 @@ impl fmt::Debug for PhdAgent {
 impl PhdAgent {
     /// Open a TCP connection to the manager at `addr` (nothing is sent yet).
     pub async fn connect(addr: SocketAddr, spec: AgentSpec) -> anyhow::Result<PhdAgent> {
+        let stream = Self::tcp(addr).await?;
+        Ok(Self::with_stream(Box::new(stream), addr, spec))
+    }
+
+    /// Open a TLS connection (over TCP) to the manager at `addr` with `tls` (e.g.
+    /// [`crate::TestPki::rustls_client_config`], with or without a client certificate),
+    /// verifying the server as `server_name`; the handshake completes before this returns.
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        spec: AgentSpec,
+        tls: std::sync::Arc<rustls::ClientConfig>,
+        server_name: &str,
+    ) -> anyhow::Result<PhdAgent> {
+        let stream = Self::tcp(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+            .context("TLS server name")?;
+        let deadline = Instant::now() + DEFAULT_TIMEOUT;
+        let stream = timeout_at(
+            deadline,
+            tokio_rustls::TlsConnector::from(tls).connect(name, stream),
+        )
+        .await
+        .map_err(|_| anyhow!("TLS handshake with PHD manager {addr} timed out"))?
+        .with_context(|| format!("TLS handshake with PHD manager {addr}"))?;
+        Ok(Self::with_stream(Box::new(stream), addr, spec))
+    }
+
+    async fn tcp(addr: SocketAddr) -> anyhow::Result<TcpStream> {
         let deadline = Instant::now() + DEFAULT_TIMEOUT;
         let stream = timeout_at(deadline, TcpStream::connect(addr))
             .await
             .map_err(|_| anyhow!("TCP connect to PHD manager {addr} timed out"))?
             .with_context(|| format!("TCP connect to PHD manager {addr}"))?;
         stream.set_nodelay(true).context("setting TCP_NODELAY")?;
-        Ok(PhdAgent {
+        Ok(stream)
+    }
+
+    fn with_stream(stream: Box<dyn AgentStream>, addr: SocketAddr, spec: AgentSpec) -> PhdAgent {
+        PhdAgent {
             stream,
             peer: addr,
             aarq_fields: AarqFields::for_spec(&spec),
@@ -72,7 +108,7 @@ impl PhdAgent {
             gets_answered: 0,
             confirmations_received: 0,
             reports_sent: 0,
-        })
+        }
     }
 
     pub fn spec(&self) -> &AgentSpec {

@@ -1,8 +1,8 @@
 //! `PhdAgent`: an IEEE 11073-20601 (PHD) *agent* — the device side — for testing sluice's PHD
 //! manager over real TCP, plus the pure APDU encoders it is built on.
 //!
-//! Owns: one TCP connection to a manager, its read buffer, the agent's invoke-id and
-//! scan-report-number counters, and a small private MDER writer. Every byte follows
+//! Owns: one TCP connection to a manager (or TLS over it: [`PhdAgent::connect_tls`]), its read
+//! buffer, the agent's invoke-id and scan-report-number counters, and a small private MDER writer. Every byte follows
 //! `specs/ieee-11073-20601.md` (the fact sheet) and is pinned to its vectors (`phd_*.hex`) by
 //! tests. Does not own: a manager, a general MDER decoder (the agent reads only the few fields it
 //! needs: AARE result, invoke ids, the ConfigReportRsp result, GET arguments), PM-stores,

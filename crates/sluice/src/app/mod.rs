@@ -53,6 +53,8 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("PHD listener: {0}")]
+    PhdTls(#[from] crate::edge::phd::tls::PhdTlsError),
     #[error("uplink {name:?}: {source}")]
     Uplink {
         name: String,
@@ -286,7 +288,9 @@ impl Gateway {
             None
         };
         let phd_addr = phd.as_ref().and_then(|l| l.local_addr().ok());
-        let phd = phd.map(|l| crate::edge::phd::PhdStart::new(&config, l, txs.clone()));
+        let phd = phd
+            .map(|l| crate::edge::phd::PhdStart::new(&config, l, txs.clone()))
+            .transpose()?;
         let mut shard_spools = shard_spools.into_iter();
         let mut shard_former = shard_former.into_iter();
         let mut threads = Vec::new();

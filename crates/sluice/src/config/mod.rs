@@ -51,7 +51,7 @@ pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,
     ONEM2M_ONLY_KEYS,
 };
-pub use phd::PhdConfig;
+pub use phd::{PhdConfig, PhdTlsConfig};
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
 };
@@ -244,6 +244,14 @@ impl Config {
             resolve(&mut p.ca_file);
             resolve(&mut p.cert_file);
             resolve(&mut p.key_file);
+        }
+        if let Some(t) = &mut self.phd.tls {
+            for path in [&mut t.cert_file, &mut t.key_file] {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+            resolve(&mut t.client_ca_file);
         }
     }
 }

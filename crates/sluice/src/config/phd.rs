@@ -4,6 +4,7 @@
 //! `crate::control::phd`) or checks across sections (`validate/phd.rs`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -60,6 +61,9 @@ pub struct PhdConfig {
     /// The system ids (16 hex digits each) allowed to associate; empty: every agent. Others
     /// get AARE rejected-unauthorized, counted in `sluice_phd_agents_not_allowed_total`.
     pub agents: Vec<String>,
+    /// `[phd.tls]`: the listener speaks TLS (1.2 or 1.3) only. Absent: plain TCP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<PhdTlsConfig>,
     /// Experiment switch, not for production: run association and configuration on the
     /// agent's shard thread instead of the control plane (the single-plane contrast of the
     /// control-storm benchmark).
@@ -83,9 +87,29 @@ impl Default for PhdConfig {
             agent_utc_offset: "+00:00".into(),
             allow_relearn: false,
             agents: Vec::new(),
+            tls: None,
             single_plane: false,
         }
     }
+}
+
+/// `[phd.tls]`: TLS on the PHD listener, optionally with client certificates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhdTlsConfig {
+    /// The server's certificate chain (PEM, leaf first).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1). A secret: only its path is kept.
+    pub key_file: PathBuf,
+    /// CAs (PEM) that agents' client certificates must chain to. Absent: no client
+    /// certificates asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Refuse agents without a valid client certificate (needs `client_ca_file`). Off: an
+    /// agent may come without one (no identity but its system id), one that shows a
+    /// certificate must chain to `client_ca_file`.
+    #[serde(default)]
+    pub require_client_cert: bool,
 }
 
 impl PhdConfig {

@@ -55,6 +55,12 @@ fn everything_set() -> Config {
         agent_utc_offset: "-05:30".into(),
         allow_relearn: true,
         agents: vec!["0011223344556688".into()],
+        tls: Some(crate::config::PhdTlsConfig {
+            cert_file: "phd.pem".into(),
+            key_file: "phd.key".into(),
+            client_ca_file: Some("agents-ca.pem".into()),
+            require_client_cert: true,
+        }),
         single_plane: true,
     };
     c.mqtt.listen = "[::]:11883".parse().unwrap();
@@ -411,6 +417,10 @@ fn range_rules_name_the_offending_key() {
         ("[log]\nlevel = \" \"", "log.level: "),
         ("[admin]\nlisten = \"127.0.0.1:1883\"", "admin.listen: "),
         ("[phd]\nagents = [\"00112233\"]", "phd.agents: "),
+        (
+            "[phd.tls]\ncert_file = \"a.pem\"\nkey_file = \"a.key\"\nrequire_client_cert = true",
+            "phd.tls.require_client_cert: ",
+        ),
     ];
     for (text, prefix) in cases {
         let e = err(text);

@@ -67,7 +67,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     }
     coap_proxy::check_coap_proxy(config, files)?;
     multipath::check_multipath(config)?;
-    phd::check_phd(config)?;
+    phd::check_phd(config, files)?;
     function::check_functions(config, files)?;
     Ok(())
 }

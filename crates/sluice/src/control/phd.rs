@@ -36,9 +36,19 @@
 //! sets `allow_relearn` (or deletes its entry). `[phd] agents` limits which system ids
 //! associate at all.
 //!
+//! With `[phd.tls]` and client certificates the identity is the system id **and** the
+//! certificate's subject CN: each configuration learnt records the CN that taught it
+//! (`None` without a certificate), and an AARQ claiming a system id whose configurations
+//! were taught by another CN — or by a certificate while this agent shows none, or the
+//! other way round — is rejected-unauthorized ([`PhdSnapshot::owned_by_another`]), counted
+//! in `sluice_phd_identity_refused_total`, unless `allow_relearn`. A system id that only
+//! ever used standard configurations has nothing learnt and so no owner.
+//!
 //! # `phd-configs.json`
 //! `{"version":1,"configs":[{"system_id":"<16 hex>","config":<ConfigReport event-info as
-//! hex>,"taught_by":"<ip:port>"}, …]}` (`taught_by` optional, for the log), oldest first; rewritten (temp file + rename) when a configuration is learnt,
+//! hex>,"taught_by":"<ip:port>","identity":"<client certificate CN>"}, …]}` (`taught_by`
+//! optional, for the log; `identity` present when a certificate identity taught it), oldest
+//! first; rewritten (temp file + rename) when a configuration is learnt,
 //! at most once a second (what is learnt meanwhile is saved by the next learn, or when the
 //! room is dropped at shutdown: a crash may forget the last second's, whose agents then
 //! configure again).
@@ -71,8 +81,17 @@ pub struct PhdSnapshot {
     allow_relearn: bool,
 }
 
-/// One part of the snapshot: (system id, config id) → table.
-type Part = HashMap<([u8; 8], u16), Arc<ObjectTable>>;
+/// One part of the snapshot: (system id, config id) → what was learnt.
+type Part = HashMap<([u8; 8], u16), Learned>;
+
+/// A configuration learnt and who taught it.
+#[derive(Debug, Clone)]
+struct Learned {
+    table: Arc<ObjectTable>,
+    /// The certificate identity (CN) of the agent that taught it (`None`: plain TCP or no
+    /// client certificate): the owner of its system id.
+    owner: Option<Arc<str>>,
+}
 
 impl Default for PhdSnapshot {
     fn default() -> Self {
@@ -89,11 +108,26 @@ fn bucket(system_id: &[u8; 8]) -> usize {
 
 impl PhdSnapshot {
     fn get(&self, key: &([u8; 8], u16)) -> Option<&Arc<ObjectTable>> {
-        self.buckets[bucket(&key.0)].get(key)
+        self.buckets[bucket(&key.0)].get(key).map(|l| &l.table)
+    }
+
+    fn owner(&self, key: &([u8; 8], u16)) -> Option<&Arc<str>> {
+        self.buckets[bucket(&key.0)].get(key)?.owner.as_ref()
+    }
+
+    /// Whether an agent with certificate identity `identity` (`None`: none) claiming
+    /// `system_id` is someone else than the agent that taught that system id's
+    /// configurations (and re-learning is not allowed). Looks through one part (about
+    /// `max_configs / 64` entries).
+    pub fn owned_by_another(&self, system_id: &[u8; 8], identity: Option<&str>) -> bool {
+        !self.allow_relearn
+            && self.buckets[bucket(system_id)]
+                .iter()
+                .any(|(k, l)| k.0 == *system_id && l.owner.as_deref() != identity)
     }
 
     /// A copy with `key` set (`Some`) or removed (`None`), sharing every other part.
-    fn with(&self, key: ([u8; 8], u16), table: Option<Arc<ObjectTable>>) -> PhdSnapshot {
+    fn with(&self, key: ([u8; 8], u16), table: Option<Learned>) -> PhdSnapshot {
         let mut buckets = self.buckets.clone();
         let b = bucket(&key.0);
         let mut part = (*buckets[b]).clone();
@@ -212,6 +246,8 @@ pub struct PhdMetrics {
     pub configs_refused: Counter,
     pub config_conflicts: Counter,
     pub agents_not_allowed: Counter,
+    pub identity_refused: Counter,
+    pub tls_failures: Counter,
     pub handovers: Counter,
     pub reports: Counter,
     pub reports_refused: Counter,
@@ -289,6 +325,8 @@ impl PhdMetrics {
             ("sluice_phd_configs_refused_total", "Configuration reports answered unsupported-config", &self.configs_refused),
             ("sluice_phd_config_conflicts_total", "Configuration reports refused (then aborted): another table for a system id and config id another agent taught first", &self.config_conflicts),
             ("sluice_phd_agents_not_allowed_total", "Association requests rejected-unauthorized: system id not in [phd] agents", &self.agents_not_allowed),
+            ("sluice_phd_identity_refused_total", "Association requests rejected-unauthorized: the system id's configurations were taught by another certificate identity (or none)", &self.identity_refused),
+            ("sluice_phd_tls_failures_total", "PHD connections closed in the TLS handshake (bad or missing client certificate, not TLS, timeout)", &self.tls_failures),
             ("sluice_phd_handovers_total", "Operating agents handed from the control plane to their shard", &self.handovers),
             ("sluice_phd_reports_total", "Scan reports decoded on the shards", &self.reports),
             ("sluice_phd_reports_refused_total", "Confirmed reports answered ROER instead of confirmed: an uplink refused their data for good", &self.reports_refused),
@@ -421,7 +459,7 @@ impl PhdRoom {
         let mut order = VecDeque::new();
         let mut taught_by = HashMap::new();
         if let Some(f) = &file {
-            for (id, table, by) in load(f) {
+            for (id, table, by, owner) in load(f) {
                 let key = (id, table.config_id);
                 if snapshot.get(&key).is_none() {
                     order.push_back(key);
@@ -429,7 +467,8 @@ impl PhdRoom {
                 if let Some(by) = by {
                     taught_by.insert(key, by);
                 }
-                snapshot = snapshot.with(key, Some(Arc::new(table)));
+                let table = Arc::new(table);
+                snapshot = snapshot.with(key, Some(Learned { table, owner }));
             }
             while order.len() > max_configs.max(1) {
                 if let Some(k) = order.pop_front() {
@@ -462,7 +501,7 @@ impl PhdRoom {
     }
 
     /// Store a configuration accepted from `system_id` (taught over the connection from
-    /// `by`) and publish a new snapshot. `false` when a different table for the same key was
+    /// `by`, by the agent with certificate identity `owner`) and publish a new snapshot. `false` when a different table for the same key was
     /// learnt meanwhile and re-learning is not allowed: the first one stays (the association
     /// tasks check [`ConfigLookup::may_learn`] first; this closes the race between two
     /// single-plane shards).
@@ -471,6 +510,7 @@ impl PhdRoom {
         system_id: [u8; 8],
         table: Arc<ObjectTable>,
         by: Option<SocketAddr>,
+        owner: Option<Arc<str>>,
     ) -> bool {
         if standard_table(table.config_id).is_some_and(|t| *t == *table) {
             return true; // a standard table: known to everybody already
@@ -488,7 +528,7 @@ impl PhdRoom {
             Some(by) => learnt.taught_by.insert(key, by),
             None => learnt.taught_by.remove(&key),
         };
-        let mut next = current.with(key, Some(table));
+        let mut next = current.with(key, Some(Learned { table, owner }));
         while learnt.order.len() > learnt.max {
             if let Some(old) = learnt.order.pop_front() {
                 next = next.with(old, None);
@@ -628,7 +668,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable, Option<SocketAddr>)> {
+/// One configuration of the file: system id, table, who taught it (address, identity).
+type Stored = ([u8; 8], ObjectTable, Option<SocketAddr>, Option<Arc<str>>);
+
+fn load(file: &std::path::Path) -> Vec<Stored> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -650,7 +693,8 @@ fn load(file: &std::path::Path) -> Vec<([u8; 8], ObjectTable, Option<SocketAddr>
                             .ok()?;
                     table.check().ok()?;
                     let by = c["taught_by"].as_str().and_then(|a| a.parse().ok());
-                    Some((id, table, by))
+                    let owner = c["identity"].as_str().map(Arc::from);
+                    Some((id, table, by, owner))
                 })
                 .collect::<Option<Vec<_>>>()
         });
@@ -674,6 +718,9 @@ fn save(
                 serde_json::json!({ "system_id": hex(&k.0), "config": hex(&t.encode_report()) });
             if let Some(by) = taught_by.get(k) {
                 c["taught_by"] = by.to_string().into();
+            }
+            if let Some(owner) = tables.owner(k) {
+                c["identity"] = owner.to_string().into();
             }
             Some(c)
         })
@@ -710,7 +757,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let room = PhdRoom::new(10, 2, Some(dir.path().to_path_buf()), false);
         for (i, id) in [0x4000u16, 0x4001, 0x4002].into_iter().enumerate() {
-            assert!(room.learn([i as u8; 8], table(id), None));
+            assert!(room.learn([i as u8; 8], table(id), None, None));
         }
         room.flush(); // the last ones came within a second of the first save
         let snap = room.snapshot();
@@ -739,7 +786,7 @@ mod tests {
         other.objects[0].unit = Some(0x17A0); // the same handle in °C
         let other = Arc::new(other);
         let room = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), false);
-        assert!(room.learn([7; 8], table(0x4000), Some(by)));
+        assert!(room.learn([7; 8], table(0x4000), Some(by), Some(Arc::from("ox-1"))));
         let snap = room.snapshot();
         assert!(
             snap.may_learn(&[7; 8], &table(0x4000)),
@@ -747,7 +794,17 @@ mod tests {
         );
         assert!(!snap.may_learn(&[7; 8], &other), "another table: refused");
         assert!(snap.may_learn(&[8; 8], &other), "another agent's own");
-        assert!(!room.learn([7; 8], other.clone(), None));
+        assert!(!room.learn([7; 8], other.clone(), None, None));
+        assert!(!snap.owned_by_another(&[7; 8], Some("ox-1")));
+        assert!(
+            snap.owned_by_another(&[7; 8], Some("ox-2")),
+            "another identity"
+        );
+        assert!(snap.owned_by_another(&[7; 8], None), "no identity");
+        assert!(
+            !snap.owned_by_another(&[8; 8], None),
+            "nothing learnt: no owner"
+        );
         assert_eq!(room.snapshot().known(&[7; 8], 0x4000), Some(table(0x4000)));
         assert_eq!(room.taught_by(&[7; 8], 0x4000), Some(by));
         room.flush();
@@ -757,11 +814,13 @@ mod tests {
             !again.snapshot().may_learn(&[7; 8], &other),
             "bound after a restart"
         );
+        assert!(again.snapshot().owned_by_another(&[7; 8], None));
+        assert!(!again.snapshot().owned_by_another(&[7; 8], Some("ox-1")));
         assert_eq!(again.taught_by(&[7; 8], 0x4000), Some(by));
         drop(again);
         let open = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), true);
         assert!(open.snapshot().may_learn(&[7; 8], &other));
-        assert!(open.learn([7; 8], other.clone(), None));
+        assert!(open.learn([7; 8], other.clone(), None, None));
         assert_eq!(open.snapshot().known(&[7; 8], 0x4000), Some(other));
     }
 

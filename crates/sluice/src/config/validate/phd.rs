@@ -2,7 +2,7 @@
 //!
 //! Owns: these rules and their wording.
 
-use super::invalid;
+use super::{check_pem, invalid, Files, Pem};
 use crate::config::{Config, ConfigError};
 
 /// Smallest APDU limit: an AARQ with one data protocol is 54 bytes; config reports are larger.
@@ -12,7 +12,7 @@ const MAX_APDU: u64 = 65_539;
 
 /// The topic template names both placeholders and is a valid topic otherwise, the ids and
 /// offsets parse, the bounds are at least 1, the timers are non-zero.
-pub(in crate::config) fn check_phd(config: &Config) -> Result<(), ConfigError> {
+pub(in crate::config) fn check_phd(config: &Config, files: Files) -> Result<(), ConfigError> {
     let p = &config.phd;
     if !p.topic.contains("{system_id}") {
         return invalid(
@@ -61,6 +61,21 @@ pub(in crate::config) fn check_phd(config: &Config) -> Result<(), ConfigError> {
     ] {
         if v == 0 {
             return invalid(key, "must be at least 1");
+        }
+    }
+    if let Some(t) = &p.tls {
+        if t.require_client_cert && t.client_ca_file.is_none() {
+            return invalid(
+                "phd.tls.require_client_cert",
+                "needs phd.tls.client_ca_file (the CAs client certificates must chain to)",
+            );
+        }
+        if files == Files::MustExist {
+            check_pem("phd.tls.cert_file", &t.cert_file, Pem::Certificates)?;
+            check_pem("phd.tls.key_file", &t.key_file, Pem::PrivateKey)?;
+            if let Some(ca) = &t.client_ca_file {
+                check_pem("phd.tls.client_ca_file", ca, Pem::Certificates)?;
+            }
         }
     }
     for (key, d) in [

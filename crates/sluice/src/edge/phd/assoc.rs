@@ -22,7 +22,7 @@ use sluice_proto::phd::{
 };
 use tokio::sync::{mpsc, watch};
 
-use super::conn::{Conn, Read};
+use super::conn::{Conn, Read, Secure};
 use super::{Handover, PhdShared};
 use crate::control::phd::{hex, AgentEntry};
 use crate::shard::ShardCmd;
@@ -127,6 +127,25 @@ pub async fn signal(
                     });
                     return apply(shared, conn, m, out, shard, conn_id).await;
                 }
+                let identity = conn.identity().map(|i| &**i);
+                if m.state() == State::Unassociated
+                    && shared.room.snapshot().owned_by_another(&id, identity)
+                {
+                    // Its configurations were taught by another certificate identity.
+                    shared.room.metrics.identity_refused.inc();
+                    if shared.room.log_gate.open() {
+                        tracing::warn!(system_id = %hex(&id), peer = ?conn.peer, identity = ?identity, "PHD agent claims a system id another identity taught; association rejected");
+                    }
+                    let aare = sluice_proto::phd::manager::rejection(
+                        &shared.manager,
+                        result::REJECTED_UNAUTHORIZED,
+                    );
+                    out.push(Output::Send(aare));
+                    out.push(Output::Rejected {
+                        result: result::REJECTED_UNAUTHORIZED,
+                    });
+                    return apply(shared, conn, m, out, shard, conn_id).await;
+                }
                 if m.state() == State::Unassociated && !shared.room.has_room(&id) {
                     // The agent table is full: try later.
                     let aare = sluice_proto::phd::manager::rejection(
@@ -192,7 +211,7 @@ async fn apply(
                 metrics.associations.inc();
                 let spec = specialization(&table);
                 let config_id = table.config_id;
-                if !room.learn(agent.system_id, table, conn.peer) {
+                if !room.learn(agent.system_id, table, conn.peer, conn.identity().cloned()) {
                     // Lost a race with another connection teaching a different table
                     // (single-plane shards only): the first stays stored; this connection
                     // goes on with its own table for its own reports.
@@ -320,7 +339,7 @@ async fn control_conn(
                 let device = hex(&system_id);
                 let shard = shared.shard_of(&device);
                 shared.room.update(&system_id, |e| e.shard = Some(shard));
-                let Ok((stream, buffered)) = conn.into_parts() else {
+                let Ok((stream, buffered, tls)) = conn.into_parts() else {
                     forget(&shared, id, agent);
                     shared.closed();
                     return;
@@ -330,6 +349,7 @@ async fn control_conn(
                     conn: id,
                     stream,
                     buffered,
+                    tls,
                     manager: m,
                     first: Some(a),
                 });
@@ -435,8 +455,26 @@ async fn accept(
     }
     shared.room.metrics.connections.set(open as i64);
     let _ = stream.set_nodelay(true);
-    let manager = Manager::new(shared.manager.clone(), Instant::now());
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    tokio::task::spawn_local(start(shared.clone(), id, stream, peer));
+}
+
+/// A new connection: the TLS handshake first with `[phd.tls]` (identity before any APDU),
+/// then its association task here (or, in the single-plane experiment, on a shard).
+async fn start(
+    shared: Arc<PhdShared>,
+    id: u64,
+    mut stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) {
+    let tls = match &shared.tls {
+        None => None,
+        Some(config) => match secure(&shared, config, &mut stream, peer).await {
+            Some(s) => Some(s),
+            None => return shared.closed(),
+        },
+    };
+    let manager = Manager::new(shared.manager.clone(), Instant::now());
     if shared.single_plane {
         // The experiment: the shard does everything, chosen by the peer (no system id yet).
         let shard = shared.shard_of(&peer.to_string());
@@ -447,6 +485,7 @@ async fn accept(
             conn: id,
             stream,
             buffered: BytesMut::new(),
+            tls,
             manager,
             first: None,
         });
@@ -459,8 +498,45 @@ async fn accept(
         }
         return;
     }
-    let conn = Conn::new(stream, BytesMut::new(), shared.max_apdu);
-    tokio::task::spawn_local(control_conn(shared.clone(), id, conn, manager, None));
+    let conn = Conn::resume(stream, BytesMut::new(), tls, shared.max_apdu);
+    control_conn(shared, id, conn, manager, None).await;
+}
+
+/// The TLS handshake, bounded by the association timeout; the session and the agent's
+/// certificate identity, or `None` (counted, logged at most once a second).
+async fn secure(
+    shared: &PhdShared,
+    config: &Arc<rustls::ServerConfig>,
+    stream: &mut tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) -> Option<Secure> {
+    let result = match rustls::ServerConnection::new(config.clone()) {
+        Ok(mut session) => {
+            let wait = shared.manager.association_timeout;
+            match tokio::time::timeout(wait, super::tls::handshake(stream, &mut session)).await {
+                Ok(Ok(())) => Ok(session),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("handshake timed out".to_string()),
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    match result {
+        Ok(session) => {
+            let identity = super::tls::identity(&session);
+            Some(Secure {
+                session: Box::new(session),
+                identity,
+            })
+        }
+        Err(error) => {
+            shared.room.metrics.tls_failures.inc();
+            if shared.room.log_gate.open() {
+                tracing::warn!(%peer, %error, "PHD TLS handshake failed; connection closed");
+            }
+            None
+        }
+    }
 }
 
 /// Connections the shards give back (signalling seen), resumed here.
@@ -470,6 +546,7 @@ async fn take_back(shared: Arc<PhdShared>, mut back: mpsc::Receiver<Box<Handover
             conn: id,
             stream,
             buffered,
+            tls,
             manager,
             first,
         } = *h;
@@ -480,7 +557,7 @@ async fn take_back(shared: Arc<PhdShared>, mut back: mpsc::Receiver<Box<Handover
             shared.closed();
             continue;
         };
-        let conn = Conn::new(stream, buffered, shared.max_apdu);
+        let conn = Conn::resume(stream, buffered, tls, shared.max_apdu);
         tokio::task::spawn_local(control_conn(shared.clone(), id, conn, manager, first));
     }
 }

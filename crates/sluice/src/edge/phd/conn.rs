@@ -1,11 +1,19 @@
 //! One agent connection's bytes: APDUs off a read buffer (framing, `phd.max_apdu`) and
-//! APDUs onto the socket, on whichever runtime holds the connection.
+//! APDUs onto the socket — through TLS records when the listener has `[phd.tls]` — on
+//! whichever runtime holds the connection.
 //!
 //! Owns: the read buffer (at most `phd.max_apdu` plus one read; back to at most 8 KiB
-//! once a larger APDU is taken) and the socket. Does not own: what an APDU means (the manager).
-//! Invariant: [`Conn::next`] is cancel-safe (bytes read are kept in the buffer).
+//! once a larger APDU is taken), the socket and its TLS session after the handshake
+//! (`tls.rs` runs that), and the agent's identity (its client certificate's CN, if any).
+//! Does not own: what an APDU means (the manager).
+//! Invariant: [`Conn::next`] is cancel-safe (bytes read are kept in the buffer or in the TLS
+//! session; nothing is written while reading).
+
+use std::io::Read as _;
+use std::sync::Arc;
 
 use bytes::BytesMut;
+use rustls::ServerConnection;
 use sluice_proto::phd::{decode_apdu, Apdu, DecodeError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -21,22 +29,43 @@ pub enum Read {
     Closed,
 }
 
+/// A connection's TLS session and who the agent proved to be (moves with the socket).
+#[derive(Debug)]
+pub struct Secure {
+    pub session: Box<ServerConnection>,
+    /// The subject CN of the agent's verified client certificate.
+    pub identity: Option<Arc<str>>,
+}
+
 pub struct Conn {
     pub stream: TcpStream,
     pub buf: BytesMut,
     /// The agent's address (for log lines; `None` if the socket could not tell).
     pub peer: Option<std::net::SocketAddr>,
+    /// The TLS session (`None`: plain TCP).
+    pub tls: Option<Secure>,
     max_apdu: usize,
 }
 
 impl Conn {
     pub fn new(stream: TcpStream, buf: BytesMut, max_apdu: usize) -> Conn {
+        Conn::resume(stream, buf, None, max_apdu)
+    }
+
+    /// A connection that moved here (with its TLS session, if it has one).
+    pub fn resume(stream: TcpStream, buf: BytesMut, tls: Option<Secure>, max_apdu: usize) -> Conn {
         Conn {
             peer: stream.peer_addr().ok(),
             stream,
             buf,
+            tls,
             max_apdu,
         }
+    }
+
+    /// The agent's certificate identity (`None`: plain TCP, or TLS without a certificate).
+    pub fn identity(&self) -> Option<&Arc<str>> {
+        self.tls.as_ref()?.identity.as_ref()
     }
 
     /// The next APDU (reading as needed), a framing error, or the end of the stream.
@@ -57,9 +86,35 @@ impl Conn {
             if self.buf.capacity() - self.buf.len() < 1024 {
                 self.buf.reserve(4096);
             }
-            match self.stream.read_buf(&mut self.buf).await {
+            let Some(tls) = self.tls.as_mut() else {
+                match self.stream.read_buf(&mut self.buf).await {
+                    Ok(0) | Err(_) => return Read::Closed,
+                    Ok(_) => continue,
+                }
+            };
+            // Plaintext the session already holds first, then more records.
+            let mut plain = [0u8; 4096];
+            match tls.session.reader().read(&mut plain) {
+                Ok(0) => return Read::Closed, // close_notify
+                Ok(n) => {
+                    self.buf.extend_from_slice(&plain[..n]);
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return Read::Closed,
+            }
+            let mut records = [0u8; 4096];
+            let n = match self.stream.read(&mut records).await {
                 Ok(0) | Err(_) => return Read::Closed,
-                Ok(_) => {}
+                Ok(n) => n,
+            };
+            let mut input = &records[..n];
+            while !input.is_empty() {
+                if tls.session.read_tls(&mut input).is_err()
+                    || tls.session.process_new_packets().is_err()
+                {
+                    return Read::Closed;
+                }
             }
         }
     }
@@ -79,12 +134,18 @@ impl Conn {
         for a in apdus {
             a.encode(&mut out);
         }
-        self.stream.write_all(&out).await
+        match self.tls.as_mut() {
+            None => self.stream.write_all(&out).await,
+            Some(tls) => {
+                std::io::Write::write_all(&mut tls.session.writer(), &out)?;
+                super::tls::write_pending(&mut self.stream, &mut tls.session).await
+            }
+        }
     }
 
-    /// Give the socket up for a hand-over.
-    pub fn into_parts(self) -> std::io::Result<(std::net::TcpStream, BytesMut)> {
+    /// Give the socket (and its TLS session) up for a hand-over.
+    pub fn into_parts(self) -> std::io::Result<(std::net::TcpStream, BytesMut, Option<Secure>)> {
         let std = self.stream.into_std()?;
-        Ok((std, self.buf))
+        Ok((std, self.buf, self.tls))
     }
 }

@@ -70,6 +70,7 @@ pub async fn run(ctx: Rc<ShardContext>, shared: Arc<PhdShared>, h: Box<Handover>
         conn: id,
         stream,
         buffered,
+        tls,
         manager,
         first,
     } = *h;
@@ -78,7 +79,7 @@ pub async fn run(ctx: Rc<ShardContext>, shared: Arc<PhdShared>, h: Box<Handover>
         forget(&shared, id, agent);
         return shared.closed();
     };
-    let conn = Conn::new(stream, buffered, shared.max_apdu);
+    let conn = Conn::resume(stream, buffered, tls, shared.max_apdu);
     Task {
         id,
         ctx,
@@ -229,7 +230,7 @@ impl Task {
             agent,
             ..
         } = self;
-        let Ok((stream, buffered)) = conn.into_parts() else {
+        let Ok((stream, buffered, tls)) = conn.into_parts() else {
             forget(&shared, id, agent);
             return shared.closed();
         };
@@ -237,6 +238,7 @@ impl Task {
             conn: id,
             stream,
             buffered,
+            tls,
             manager: m,
             first,
         });

@@ -36,6 +36,7 @@
 pub mod assoc;
 pub mod conn;
 pub mod data;
+pub mod tls;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -56,6 +57,8 @@ pub struct Handover {
     pub stream: std::net::TcpStream,
     /// Bytes read and not yet decoded.
     pub buffered: BytesMut,
+    /// The TLS session and the agent's identity (`[phd.tls]`; `None`: plain TCP).
+    pub tls: Option<conn::Secure>,
     pub manager: Manager,
     /// The APDU that caused the move, to be handled first where it goes.
     pub first: Option<Apdu>,
@@ -79,6 +82,8 @@ pub struct PhdShared {
     pub shards: Vec<mpsc::Sender<ShardCmd>>,
     /// Back to the control plane (a shard saw signalling).
     pub back: mpsc::Sender<Box<Handover>>,
+    /// `[phd.tls]`: the listener's TLS configuration.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl PhdShared {
@@ -87,6 +92,7 @@ impl PhdShared {
         room: Arc<PhdRoom>,
         shards: Vec<mpsc::Sender<ShardCmd>>,
         back: mpsc::Sender<Box<Handover>>,
+        tls: Option<Arc<rustls::ServerConfig>>,
     ) -> PhdShared {
         let manager = ManagerConfig {
             system_id: config
@@ -117,6 +123,7 @@ impl PhdShared {
             next_conn: std::sync::atomic::AtomicU64::new(1),
             shards,
             back,
+            tls,
         }
     }
 
@@ -155,8 +162,9 @@ impl PhdStart {
         config: &crate::config::Config,
         listener: std::net::TcpListener,
         shards: Vec<mpsc::Sender<ShardCmd>>,
-    ) -> PhdStart {
+    ) -> Result<PhdStart, tls::PhdTlsError> {
         let p = &config.phd;
+        let tls = p.tls.as_ref().map(tls::server_config).transpose()?;
         let room = Arc::new(PhdRoom::new(
             p.max_agents,
             p.max_configs,
@@ -165,11 +173,11 @@ impl PhdStart {
         ));
         // Bounded: a shard gives a connection back only on signalling, and waits for room.
         let (back_tx, back) = mpsc::channel(config.gateway.mailbox_capacity.max(1));
-        PhdStart {
-            shared: Arc::new(PhdShared::new(p, room, shards, back_tx)),
+        Ok(PhdStart {
+            shared: Arc::new(PhdShared::new(p, room, shards, back_tx, tls)),
             listener,
             back,
-        }
+        })
     }
 
     /// Start the `sluice-phd` thread.
