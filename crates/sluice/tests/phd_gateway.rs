@@ -3,7 +3,10 @@
 //! learnt from its config report and remembered across a restart, Antidote's quirks — sends
 //! scan reports, releases; the SenML records arrive at a real cloud Mosquitto over TLS 1.3
 //! with the right topics, names, units, values and times. Bad agents are aborted and counted
-//! while a good one goes on.
+//! while a good one goes on. Hostile agents (issue 28): one claiming another's system id
+//! cannot re-teach its configuration (also after a restart), only `[phd] agents` associate
+//! when the list is set, 64 KB model strings are cut, and over `[phd.tls]` a system id is
+//! bound to the client certificate that taught it.
 
 mod common;
 

@@ -117,14 +117,7 @@ pub async fn signal(
                     if shared.room.log_gate.open() {
                         tracing::warn!(system_id = %hex(&id), peer = ?conn.peer, "PHD agent not in [phd] agents; association rejected");
                     }
-                    let aare = sluice_proto::phd::manager::rejection(
-                        &shared.manager,
-                        result::REJECTED_UNAUTHORIZED,
-                    );
-                    out.push(Output::Send(aare));
-                    out.push(Output::Rejected {
-                        result: result::REJECTED_UNAUTHORIZED,
-                    });
+                    reject(shared, result::REJECTED_UNAUTHORIZED, &mut out);
                     return apply(shared, conn, m, out, shard, conn_id).await;
                 }
                 let identity = conn.identity().map(|i| &**i);
@@ -136,26 +129,12 @@ pub async fn signal(
                     if shared.room.log_gate.open() {
                         tracing::warn!(system_id = %hex(&id), peer = ?conn.peer, identity = ?identity, "PHD agent claims a system id another identity taught; association rejected");
                     }
-                    let aare = sluice_proto::phd::manager::rejection(
-                        &shared.manager,
-                        result::REJECTED_UNAUTHORIZED,
-                    );
-                    out.push(Output::Send(aare));
-                    out.push(Output::Rejected {
-                        result: result::REJECTED_UNAUTHORIZED,
-                    });
+                    reject(shared, result::REJECTED_UNAUTHORIZED, &mut out);
                     return apply(shared, conn, m, out, shard, conn_id).await;
                 }
                 if m.state() == State::Unassociated && !shared.room.has_room(&id) {
                     // The agent table is full: try later.
-                    let aare = sluice_proto::phd::manager::rejection(
-                        &shared.manager,
-                        result::REJECTED_TRANSIENT,
-                    );
-                    out.push(Output::Send(aare));
-                    out.push(Output::Rejected {
-                        result: result::REJECTED_TRANSIENT,
-                    });
+                    reject(shared, result::REJECTED_TRANSIENT, &mut out);
                     return apply(shared, conn, m, out, shard, conn_id).await;
                 }
             }
@@ -169,6 +148,13 @@ pub async fn signal(
         }
     }
     apply(shared, conn, m, out, shard, conn_id).await
+}
+
+/// Answer an AARQ with a rejection (`result`) before the manager sees it.
+fn reject(shared: &PhdShared, result: u16, out: &mut Vec<Output>) {
+    let aare = sluice_proto::phd::manager::rejection(&shared.manager, result);
+    out.push(Output::Send(aare));
+    out.push(Output::Rejected { result });
 }
 
 async fn apply(
