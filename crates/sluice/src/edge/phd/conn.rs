@@ -2,8 +2,8 @@
 //! APDUs onto the socket — through TLS records when the listener has `[phd.tls]` — on
 //! whichever runtime holds the connection.
 //!
-//! Owns: the read buffer (at most `phd.max_apdu` plus one read; back to at most 8 KiB
-//! once a larger APDU is taken), the socket and its TLS session after the handshake
+//! Owns: the read buffer (at most `phd.max_apdu` plus one read; a fresh one after an APDU
+//! over 8 KiB, so a large APDU's allocation is not kept), the socket and its TLS session after the handshake
 //! (`tls.rs` runs that), and the agent's identity (its client certificate's CN, if any).
 //! Does not own: what an APDU means (the manager).
 //! Invariant: [`Conn::next`] is cancel-safe (bytes read are kept in the buffer or in the TLS
@@ -18,8 +18,9 @@ use sluice_proto::phd::{decode_apdu, Apdu, DecodeError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Read-buffer capacity kept between APDUs; a larger one (after an APDU of up to
-/// `phd.max_apdu`) is given back once it is empty.
+/// An APDU larger than this leaves the read buffer's allocation with the APDU (the bytes
+/// after it are copied to a new buffer): a connection does not keep `phd.max_apdu` bytes
+/// after one large APDU.
 const KEEP_BUFFER: usize = 8 * 1024;
 
 /// What the socket gave.
@@ -71,12 +72,14 @@ impl Conn {
     /// The next APDU (reading as needed), a framing error, or the end of the stream.
     pub async fn next(&mut self) -> Read {
         loop {
+            let before = self.buf.len();
             match decode_apdu(&mut self.buf, self.max_apdu) {
                 Ok(Some(a)) => {
-                    if self.buf.is_empty() && self.buf.capacity() > KEEP_BUFFER {
-                        // A large APDU went by: do not keep its allocation for the life of
-                        // the connection (it is freed when the APDU's bytes are dropped).
-                        self.buf = BytesMut::new();
+                    if before - self.buf.len() > KEEP_BUFFER {
+                        // A large APDU went by, and its bytes share the buffer's allocation:
+                        // what follows it moves to a fresh, small one, so the allocation is
+                        // freed with the APDU instead of staying with the connection.
+                        self.buf = BytesMut::from(&self.buf[..]);
                     }
                     return Read::Apdu(a);
                 }
