@@ -1136,3 +1136,45 @@ fn foreign_client(
             .unwrap(),
     )
 }
+
+/// `[phd.tls] require_client_cert = true`: an agent without a client certificate does not get
+/// past the handshake (counted); one with a certificate from the configured CA associates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_require_client_cert_an_agent_without_a_certificate_is_refused() {
+    let cloud = Cloud::start();
+    let pki = sluice_testkit::TestPki::generate();
+    let tls = format!(
+        "\n[phd.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nclient_ca_file = \"{}\"\nrequire_client_cert = true\n",
+        pki.server_cert_path().display(),
+        pki.server_key_path().display(),
+        pki.ca_path().display()
+    );
+    let gw = start(&cloud, 1, &tls);
+    let ox = spec(PhdDevice::PulseOximeter, 0x51, 0x0190, true);
+    let anonymous = PhdAgent::connect_tls(
+        phd_addr(&gw),
+        ox.clone(),
+        pki.rustls_client_config(false),
+        "localhost",
+    )
+    .await;
+    let refused = match anonymous {
+        Err(_) => true,
+        Ok(mut a) => a.associate().await.is_err(),
+    };
+    assert!(refused, "no certificate, no association");
+    wait_until("the handshake failure counted", T, || {
+        metric_sum(&gw.metrics_text(), "sluice_phd_tls_failures_total") >= 1.0
+    })
+    .await;
+    let mut certified = PhdAgent::connect_tls(
+        phd_addr(&gw),
+        ox,
+        pki.rustls_client_config(true),
+        "localhost",
+    )
+    .await
+    .unwrap();
+    assert_eq!(certified.associate().await.unwrap().aare_result, 0);
+    gw.shutdown();
+}
