@@ -544,6 +544,16 @@ impl PhdRoom {
         true
     }
 
+    /// The address of a connection that taught one of `system_id`'s configurations (for the
+    /// log line of a refusal; looks through all of them).
+    pub fn taught_by_any(&self, system_id: &[u8; 8]) -> Option<SocketAddr> {
+        let learnt = self.learnt.lock().unwrap_or_else(|e| e.into_inner());
+        learnt
+            .taught_by
+            .iter()
+            .find_map(|(k, a)| (k.0 == *system_id).then_some(*a))
+    }
+
     /// The address of the connection that taught the configuration `(system_id, config_id)`.
     pub fn taught_by(&self, system_id: &[u8; 8], config_id: u16) -> Option<SocketAddr> {
         let learnt = self.learnt.lock().unwrap_or_else(|e| e.into_inner());

@@ -127,7 +127,8 @@ pub async fn signal(
                     // Its configurations were taught by another certificate identity.
                     shared.room.metrics.identity_refused.inc();
                     if shared.room.log_gate.open() {
-                        tracing::warn!(system_id = %hex(&id), peer = ?conn.peer, identity = ?identity, "PHD agent claims a system id another identity taught; association rejected");
+                        let taught_by = shared.room.taught_by_any(&id);
+                        tracing::warn!(system_id = %hex(&id), peer = ?conn.peer, identity = ?identity, taught_by = ?taught_by, "PHD agent claims a system id another identity taught; association rejected");
                     }
                     reject(shared, result::REJECTED_UNAUTHORIZED, &mut out);
                     return apply(shared, conn, m, out, shard, conn_id).await;
