@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use bytestring::ByteString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -58,7 +58,8 @@ pub struct Answer {
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
-    buf: BytesMut,
+    /// Received bytes and the decoder's progress through them.
+    buf: http::ResponseBuf,
     idle_since: Instant,
     /// It carried an exchange before (a failure before any answer byte may be a stale
     /// keep-alive connection the server closed meanwhile).
@@ -83,7 +84,7 @@ impl Conn {
         let _ = stream.set_nodelay(true);
         Ok(Conn {
             stream,
-            buf: BytesMut::with_capacity(4096),
+            buf: http::ResponseBuf::new(),
             idle_since: Instant::now(),
             reused: false,
         })
@@ -106,7 +107,7 @@ impl Conn {
     async fn read_answer(&mut self) -> Result<Answer, CallError> {
         self.buf.clear();
         loop {
-            match http::decode(&mut self.buf) {
+            match self.buf.decode() {
                 Ok(Some(r)) => {
                     return Ok(Answer {
                         status: r.status,
@@ -122,7 +123,7 @@ impl Conn {
             if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
                 return Err(HttpError::HeadTooLarge.into());
             }
-            self.buf.reserve(4096);
+            self.buf.unparsed_mut().reserve(4096);
             // Acknowledge at once what the function sends: a server that writes its head and
             // body apart with Nagle on (Python's http.server) would otherwise hold the body
             // until our delayed ACK, 40 ms per request. The kernel leaves quick-ack mode by
@@ -130,7 +131,7 @@ impl Conn {
             let _ = socket2::SockRef::from(&self.stream).set_tcp_quickack(true);
             let n = self
                 .stream
-                .read_buf(&mut self.buf)
+                .read_buf(self.buf.unparsed_mut())
                 .await
                 .map_err(CallError::Io)?;
             if n == 0 {
@@ -145,10 +146,10 @@ impl Conn {
             if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
                 return Err(HttpError::BodyTooLarge(self.buf.len() as u64).into());
             }
-            self.buf.reserve(4096);
+            self.buf.unparsed_mut().reserve(4096);
             let n = self
                 .stream
-                .read_buf(&mut self.buf)
+                .read_buf(self.buf.unparsed_mut())
                 .await
                 .map_err(CallError::Io)?;
             if n == 0 {
@@ -157,7 +158,7 @@ impl Conn {
         }
         let mut headers = [httparse::EMPTY_HEADER; http::MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&self.buf) {
+        match resp.parse(self.buf.unparsed_mut()) {
             Ok(httparse::Status::Complete(head)) => {
                 let status = resp.code.unwrap_or(0);
                 let content_type = resp
@@ -166,7 +167,7 @@ impl Conn {
                     .find(|h| h.name.eq_ignore_ascii_case("content-type"))
                     .and_then(|h| std::str::from_utf8(h.value.trim_ascii()).ok())
                     .map(ByteString::from);
-                let body = self.buf.split_off(head).freeze();
+                let body = self.buf.unparsed_mut().split_off(head).freeze();
                 Ok(Answer {
                     status,
                     body,
