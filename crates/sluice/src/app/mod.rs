@@ -28,7 +28,9 @@ use crate::shard::{self, ShardSeed};
 use crate::sink::LaneMetrics;
 use crate::telemetry::metrics::PromWriter;
 
+mod reload;
 mod status;
+pub use reload::ReloadOutcome;
 use status::GatewayStatus;
 
 #[derive(Debug, thiserror::Error)]
@@ -353,6 +355,7 @@ impl Gateway {
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
             functions: functions.clone(),
             function_runtime: function_runtime.clone(),
+            reloads: reload::ReloadMetrics::default(),
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -388,6 +391,7 @@ impl Gateway {
         );
         tracing::info!(%mqtt_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
+            config: config.clone(),
             shutdown: shutdown_tx,
             threads,
             tc,
@@ -545,6 +549,8 @@ fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher>
 
 /// A started gateway. Dropping it without `shutdown` leaves the threads running.
 pub struct RunningGateway {
+    /// The configuration it runs with (what a reload compares the file with).
+    config: Arc<Config>,
     shutdown: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Traffic control installed for `install_tc`; removed when the last reference drops.
