@@ -60,6 +60,10 @@ pub enum AppError {
         name: String,
         source: crate::sink::UplinkError,
     },
+    #[error(transparent)]
+    AdminToken(crate::config::ConfigError),
+    #[error("admin TLS (admin.cert_file, admin.key_file): {0}")]
+    AdminTls(#[from] crate::admin::AdminTlsError),
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error(transparent)]
@@ -76,6 +80,8 @@ pub struct Gateway {
     /// One per shard, bound with SO_REUSEPORT; empty when `[coap] enabled = false`.
     coap: Vec<std::net::UdpSocket>,
     admin: Option<std::net::TcpListener>,
+    /// Who may use the admin endpoint (`[admin] token_file`, TLS).
+    admin_access: crate::admin::Access,
     /// `[phd] listen`.
     phd: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
@@ -117,8 +123,14 @@ impl Gateway {
         } else {
             Vec::new()
         };
+        let mut admin_access = crate::admin::Access::default();
         let admin = if config.admin.enabled {
-            let addr = config.admin.listen;
+            let a = &config.admin;
+            admin_access.token = a.read_token().map_err(AppError::AdminToken)?;
+            if let (Some(cert), Some(key)) = (&a.cert_file, &a.key_file) {
+                admin_access.tls = Some(crate::admin::tls_config(cert, key)?);
+            }
+            let addr = a.listen;
             Some(
                 crate::net::listen::bind(addr)
                     .map_err(|source| AppError::BindAdmin { addr, source })?,
@@ -142,6 +154,7 @@ impl Gateway {
             mqtt_mptcp,
             coap,
             admin,
+            admin_access,
             phd,
             uplink_tls,
             spools,
@@ -169,6 +182,7 @@ impl Gateway {
             mqtt_mptcp,
             coap,
             admin,
+            admin_access,
             phd,
             uplink_tls,
             spools,
@@ -372,7 +386,7 @@ impl Gateway {
         threads.push(spawn_control(
             plane,
             control_rx,
-            admin,
+            admin.map(|l| (l, admin_access)),
             status.clone(),
             shutdown_rx.clone(),
             config.gateway.control_core,
@@ -412,7 +426,7 @@ impl Gateway {
 fn spawn_control(
     plane: ControlPlane,
     inbox: mpsc::Receiver<crate::control::ControlCmd>,
-    admin: Option<std::net::TcpListener>,
+    admin: Option<(std::net::TcpListener, crate::admin::Access)>,
     status: Arc<GatewayStatus>,
     mut shutdown: watch::Receiver<bool>,
     core: Option<usize>,
@@ -423,11 +437,16 @@ fn spawn_control(
             return;
         };
         tokio::task::LocalSet::new().block_on(&rt, async move {
-            if let Some(admin) = admin {
+            if let Some((admin, access)) = admin {
                 match tokio::net::TcpListener::from_std(admin) {
                     Ok(l) => {
                         let source: Arc<dyn AdminSource> = status;
-                        tokio::task::spawn_local(crate::admin::serve(l, source, shutdown.clone()));
+                        tokio::task::spawn_local(crate::admin::serve(
+                            l,
+                            source,
+                            access,
+                            shutdown.clone(),
+                        ));
                     }
                     Err(error) => tracing::error!(%error, "cannot register the admin listener"),
                 }
