@@ -213,3 +213,56 @@ impl Pool {
         self.idle.retain(|id, _| live(*id));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A server that reads one request and answers with `pieces`, one write each (with a
+    /// pause between, so they arrive apart), then closes.
+    async fn answer_with(pieces: Vec<&'static [u8]>) -> Answer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await.unwrap();
+            for p in pieces {
+                s.write_all(p).await.unwrap();
+                s.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let answer = conn
+            .call(b"POST / HTTP/1.1\r\nHost: f\r\nContent-Length: 0\r\n\r\n", &|_| {})
+            .await
+            .unwrap();
+        server.await.unwrap();
+        answer
+    }
+
+    #[tokio::test]
+    async fn a_close_delimited_answer_arriving_in_pieces_is_read_to_the_end() {
+        let a = answer_with(vec![
+            b"HTTP/1.0 200 OK\r\nContent-",
+            b"Type: text/plain\r\n\r\nhel",
+            b"lo",
+        ])
+        .await;
+        assert_eq!((a.status, &a.body[..], a.close), (200, &b"hello"[..], true));
+        assert_eq!(a.content_type.as_deref(), Some("text/plain"));
+    }
+
+    #[tokio::test]
+    async fn a_chunked_answer_arriving_in_pieces_is_decoded() {
+        let a = answer_with(vec![
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab",
+            b"c\r\n2\r",
+            b"\nde\r\n0\r\n\r\n",
+        ])
+        .await;
+        assert_eq!((a.status, &a.body[..], a.close), (200, &b"abcde"[..], false));
+    }
+}
