@@ -92,7 +92,9 @@ async fn off_loopback_every_request_needs_the_bearer_token_over_tls() {
     std::fs::write(&path, "[admin]\nlisten = \"0.0.0.0:0\"\n").unwrap();
     let e = sluice::config::load(Some(&path)).unwrap_err().to_string();
     assert!(
-        e.starts_with("admin.token_file: is required when admin.listen (0.0.0.0:0) is not a loopback address"),
+        e.starts_with(
+            "admin.token_file: is required when admin.listen (0.0.0.0:0) is not a loopback address"
+        ),
         "{e}"
     );
 
@@ -126,7 +128,12 @@ async fn off_loopback_every_request_needs_the_bearer_token_over_tls() {
         ("POST", "/metrics", None, "HTTP/1.1 401 Unauthorized"),
         ("GET", "/api/v1/status", Some(TOKEN), "HTTP/1.1 200 OK"),
         // No writing endpoint exists yet: with the token a write reaches routing.
-        ("POST", "/metrics", Some(TOKEN), "HTTP/1.1 405 Method Not Allowed"),
+        (
+            "POST",
+            "/metrics",
+            Some(TOKEN),
+            "HTTP/1.1 405 Method Not Allowed",
+        ),
     ] {
         let (status, body) = exchange(connect().await, method, path, token).await;
         assert_eq!(status, want, "{method} {path} with {token:?}");

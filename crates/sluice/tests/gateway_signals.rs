@@ -27,7 +27,11 @@ impl Drop for Guard {
 fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
@@ -131,7 +135,10 @@ async fn sighup_rereads_the_config_and_never_stops_the_gateway_and_sigterm_stops
         .find(|l| l.contains("live reload is not supported yet; the changes take effect"))
         .unwrap_or_else(|| panic!("no reload line at INFO in the log:\n{text}"));
     assert!(line.contains("INFO"), "{line}");
-    assert!(line.contains("log, mqtt"), "the differing sections named: {line}");
+    assert!(
+        line.contains("log, mqtt"),
+        "the differing sections named: {line}"
+    );
 
     // 3. An invalid file: counted, logged, the gateway keeps running as it was.
     std::fs::write(&config, "[mqtt]\nno_such_key = 1\n").expect("write a bad config");
@@ -156,7 +163,10 @@ async fn sighup_rereads_the_config_and_never_stops_the_gateway_and_sigterm_stops
         if let Some(status) = guard.0.try_wait().expect("try_wait") {
             break status;
         }
-        assert!(Instant::now() < deadline, "sluice did not stop within 20 s of SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not stop within 20 s of SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "SIGTERM exit status: {status}");

@@ -588,9 +588,8 @@ mod tests {
         path: &str,
         headers: &str,
     ) -> Reply {
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: test\r\n{headers}Connection: close\r\n\r\n"
-        );
+        let request =
+            format!("{method} {path} HTTP/1.1\r\nHost: test\r\n{headers}Connection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut raw = Vec::new();
         tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
@@ -742,7 +741,9 @@ mod tests {
             assert_eq!(reply.header("allow"), Some("GET"));
         }
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
-        let m = exchange_with(&mut stream, "GET", "/metrics", &bearer).await.body;
+        let m = exchange_with(&mut stream, "GET", "/metrics", &bearer)
+            .await
+            .body;
         // 4 refused headers × 3 paths + 3 writing methods without the token.
         assert!(
             m.contains("sluice_admin_refused_total{reason=\"unauthorized\"} 15\n"),

@@ -236,7 +236,10 @@ mod tests {
         });
         let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
         let answer = conn
-            .call(b"POST / HTTP/1.1\r\nHost: f\r\nContent-Length: 0\r\n\r\n", &|_| {})
+            .call(
+                b"POST / HTTP/1.1\r\nHost: f\r\nContent-Length: 0\r\n\r\n",
+                &|_| {},
+            )
             .await
             .unwrap();
         server.await.unwrap();
@@ -263,6 +266,9 @@ mod tests {
             b"\nde\r\n0\r\n\r\n",
         ])
         .await;
-        assert_eq!((a.status, &a.body[..], a.close), (200, &b"abcde"[..], false));
+        assert_eq!(
+            (a.status, &a.body[..], a.close),
+            (200, &b"abcde"[..], false)
+        );
     }
 }

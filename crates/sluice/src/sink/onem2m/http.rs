@@ -726,10 +726,7 @@ mod tests {
         ));
         let mut long = b"HTTP/1.1 201 X\r\nX-Pad: ".to_vec();
         long.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES + 1));
-        assert_eq!(
-            buf_of(&long).decode(),
-            Err(HttpError::HeadTooLarge)
-        );
+        assert_eq!(buf_of(&long).decode(), Err(HttpError::HeadTooLarge));
         assert!(
             decode_all(b"HTTP/1.1 200 OK\r\n\r\n").is_err(),
             "undelimited body"
@@ -787,7 +784,10 @@ mod tests {
         }
         assert_eq!(got.expect("decoded").body, Bytes::from(body));
         let examined = rb.bytes_examined();
-        println!("wire {} bytes in 1-byte reads: {examined} bytes examined", wire.len());
+        println!(
+            "wire {} bytes in 1-byte reads: {examined} bytes examined",
+            wire.len()
+        );
         assert!(
             examined <= 4 * wire.len() as u64,
             "{examined} bytes examined for {} bytes of wire: parse work is not linear",
@@ -844,7 +844,11 @@ mod tests {
         }
         for (name, wire, want) in [
             ("long chunk line", &long_line, HttpError::BadChunk),
-            ("body too large", &too_big, HttpError::BodyTooLarge(MAX_BODY_BYTES as u64 + 1)),
+            (
+                "body too large",
+                &too_big,
+                HttpError::BodyTooLarge(MAX_BODY_BYTES as u64 + 1),
+            ),
             ("trailers too large", &trailers, HttpError::HeadTooLarge),
         ] {
             assert_eq!(decode_pieces([&wire[..]]).1, Some(want.clone()), "{name}");
