@@ -946,8 +946,32 @@ mod tests {
             let pieces = at.windows(2).map(|w| &wire[w[0]..w[1]]);
             let (whole, werr) = decode_pieces([&wire[..]]);
             let (split, serr) = decode_pieces(pieces);
-            prop_assert_eq!(whole, split);
+            prop_assert_eq!(&whole, &split);
             prop_assert_eq!(werr.is_some(), serr.is_some());
+            // One byte per read: the same, and work linear in the input (the bound the fuzz
+            // target asserts).
+            let mut buf = ResponseBuf::new();
+            let (mut got, mut calls, mut failed) = (Vec::new(), 0u64, false);
+            'feed: for b in &wire {
+                buf.extend_from_slice(std::slice::from_ref(b));
+                loop {
+                    calls += 1;
+                    match buf.decode() {
+                        Ok(Some(r)) => got.push(r),
+                        Ok(None) => break,
+                        Err(_) => {
+                            failed = true;
+                            break 'feed;
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(&got, &whole);
+            prop_assert_eq!(failed, werr.is_some());
+            prop_assert!(
+                buf.bytes_examined() <= 2 * wire.len() as u64 + 16 * calls,
+                "{} examined for {} bytes in {} calls", buf.bytes_examined(), wire.len(), calls
+            );
         }
 
         #[test]
