@@ -18,7 +18,9 @@ struct Cli {
 enum Command {
     /// Run the gateway. Without -c, embedded defaults: MQTT devices on 127.0.0.1:1883, CoAP
     /// devices on udp 127.0.0.1:5683, admin on 127.0.0.1:9100, no uplink until one is
-    /// configured.
+    /// configured. SIGTERM or SIGINT stops it gracefully; SIGHUP re-reads and checks the
+    /// config file and logs what differs (live reload is not supported yet: changes take
+    /// effect at the next restart).
     Run {
         /// Config file (TOML); see config/sluice.example.toml for every option.
         #[arg(short, long, value_name = "FILE")]
@@ -177,14 +179,6 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             "no [[uplink]] configured: messages go to local subscribers and functions only"
         );
     }
-    let gateway = match sluice::app::Gateway::build(config).and_then(|g| g.start()) {
-        Ok(g) => g,
-        Err(error) => {
-            tracing::error!(%error, "cannot start");
-            eprintln!("sluice: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -195,14 +189,59 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    // Signal handlers first: from the first accepted device on, SIGHUP must not kill us.
+    let signals = {
+        let _runtime = rt.enter();
+        Signals::install()
+    };
+    let mut signals = match signals {
+        Ok(s) => s,
+        Err(error) => {
+            eprintln!("sluice: cannot install the signal handlers: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gateway = match sluice::app::Gateway::build(config).and_then(|g| g.start()) {
+        Ok(g) => g,
+        Err(error) => {
+            tracing::error!(%error, "cannot start");
+            eprintln!("sluice: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let signal = rt.block_on(async {
+        loop {
+            tokio::select! {
+                _ = signals.interrupt.recv() => break "SIGINT",
+                _ = signals.terminate.recv() => break "SIGTERM",
+                _ = signals.hangup.recv() => {
+                    gateway.reload(path.as_deref());
+                }
+            }
         }
     });
-    tracing::info!("shutting down");
+    tracing::info!(signal, "shutting down");
     gateway.shutdown();
     ExitCode::SUCCESS
+}
+
+/// The signals `sluice run` handles: SIGINT and SIGTERM stop it gracefully (devices and
+/// uplinks are disconnected cleanly, spools closed); SIGHUP re-reads and checks the config
+/// file (`RunningGateway::reload`) and never stops it.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Must run inside a tokio runtime context.
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
 }

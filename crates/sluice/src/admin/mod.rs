@@ -1,20 +1,34 @@
 //! The admin HTTP endpoint: Prometheus metrics, a JSON status document, and an index.
 //!
-//! Owns: the HTTP/1.1 server on the admin listener, routing, and its resource bounds. Does not
-//! own: what is measured or reported — an [`AdminSource`] (implemented by the app) renders the
-//! metrics and the status; this module only serves them.
+//! Owns: the HTTP/1.1 server on the admin listener (optionally over TLS), who may use it
+//! ([`Access`]), routing, and its resource bounds. Does not own: what is measured or reported
+//! — an [`AdminSource`] (implemented by the app) renders the metrics and the status; this
+//! module only serves them (and adds its own refusal counters to `/metrics`).
 //!
-//! Routes (GET only; any other method gets 405 with `Allow: GET`):
+//! Routes (GET only; any other method gets 405 with `Allow: GET` once it passed the access
+//! rules below):
 //! - `/metrics` — Prometheus text exposition format 0.0.4.
 //! - `/api/v1/status` — `application/json`, the source's status document.
 //! - `/` — a plain-text list of these endpoints.
 //! - anything else — 404 with a one-line body.
 //!
+//! Access (issue 28 item 7), checked before routing:
+//! - With a token (`admin.token_file`), every request must carry `Authorization: Bearer
+//!   <token>` (scheme case-insensitive, token compared in constant time); otherwise 401 with
+//!   `WWW-Authenticate: Bearer`. The config refuses a non-loopback `admin.listen` without a
+//!   token, so reading without one is possible on loopback only.
+//! - Writing (any method but GET) always needs the token: without a token configured it gets
+//!   403 saying to configure one, even on loopback. (No writing endpoint exists yet; with the
+//!   token such a request reaches routing and gets 405.)
+//! - Each refusal is counted in `sluice_admin_refused_total{reason}` (`unauthorized`,
+//!   `writes_need_token`, `tls_handshake`) and logged at WARN at most once per
+//!   [`REFUSAL_LOG_EVERY`] per reason, with the peer's address; the token is never logged.
+//!
 //! Bounds: at most [`MAX_CONNECTIONS`] connections are served at once (further ones wait in the
-//! kernel's accept backlog until a slot frees); a client has [`HEADER_READ_TIMEOUT`] to send each
-//! request's headers, which also closes idle keep-alive connections; headers are capped at
-//! [`MAX_HEADER_BYTES`]. There is no authentication: bind the endpoint to localhost or a
-//! management network.
+//! kernel's accept backlog until a slot frees); a client has [`HEADER_READ_TIMEOUT`] to finish
+//! its TLS handshake and to send each request's headers, which also closes idle keep-alive
+//! connections; headers are capped at [`MAX_HEADER_BYTES`]. A refusal's answer is a fixed
+//! one-line body, smaller than the request that earned it.
 //!
 //! Shutdown: when the watch channel becomes `true` (or its sender is dropped) the server stops
 //! accepting, asks open connections to finish their current response and close, and waits up to
@@ -24,19 +38,24 @@ pub mod coap_proxy;
 
 use std::convert::Infallible;
 use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::telemetry::metrics::PromWriter;
+use crate::config::AdminToken;
+use crate::telemetry::metrics::{Counter, PromWriter};
 
 /// What the admin endpoint shows. Implemented by the running gateway.
 pub trait AdminSource: Send + Sync + 'static {
@@ -55,26 +74,217 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Longest `serve` waits, after shutdown, for open connections to finish.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Longest silence between two log lines about refused requests of one reason.
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Who may use the admin endpoint, from `[admin]`.
+#[derive(Clone, Default)]
+pub struct Access {
+    /// `admin.token_file`'s token: every request must carry it, and writing needs it.
+    pub token: Option<AdminToken>,
+    /// `admin.cert_file`/`key_file`: serve over TLS.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Why the admin TLS configuration cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminTlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+    #[error("{0}: no PEM certificate")]
+    NoCertificate(std::path::PathBuf),
+    #[error("{0}: no PEM private key")]
+    NoKey(std::path::PathBuf),
+    #[error("certificate and key do not make a TLS server: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// A TLS 1.2/1.3 server configuration from a PEM certificate chain and private key.
+pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, AdminTlsError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| AdminTlsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let cert_pem = read(cert)?;
+    let chain: Vec<_> = rustls_pemfile::certs(&mut &cert_pem[..])
+        .collect::<Result<_, _>>()
+        .map_err(|source| AdminTlsError::Read {
+            path: cert.to_path_buf(),
+            source,
+        })?;
+    if chain.is_empty() {
+        return Err(AdminTlsError::NoCertificate(cert.to_path_buf()));
+    }
+    let key_pem = read(key)?;
+    let key_der = rustls_pemfile::private_key(&mut &key_pem[..])
+        .map_err(|source| AdminTlsError::Read {
+            path: key.to_path_buf(),
+            source,
+        })?
+        .ok_or_else(|| AdminTlsError::NoKey(key.to_path_buf()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)?;
+    Ok(Arc::new(config))
+}
+
+/// Why a request was refused before routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// A token is configured and the request did not carry it.
+    Unauthorized,
+    /// A writing request, and no token is configured.
+    WritesNeedToken,
+    /// The TLS handshake failed or timed out.
+    TlsHandshake,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 3] = [
+        Refusal::Unauthorized,
+        Refusal::WritesNeedToken,
+        Refusal::TlsHandshake,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::Unauthorized => "unauthorized",
+            Refusal::WritesNeedToken => "writes_need_token",
+            Refusal::TlsHandshake => "tls_handshake",
+        }
+    }
+}
+
+/// The access rules and refusal counters, shared by every connection.
+struct Guard {
+    token: Option<AdminToken>,
+    refused: [Counter; Refusal::ALL.len()],
+    /// Per reason: when its last log line was written (ms since `epoch`, 0 = never).
+    logged: [AtomicU64; Refusal::ALL.len()],
+    epoch: Instant,
+}
+
+impl Guard {
+    fn new(token: Option<AdminToken>) -> Guard {
+        Guard {
+            token,
+            refused: Default::default(),
+            logged: Default::default(),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// `None` when `request` may go on to routing.
+    fn check(&self, request: &Request<Incoming>) -> Option<Refusal> {
+        match &self.token {
+            Some(token) => {
+                let carried = request
+                    .headers()
+                    .get(AUTHORIZATION)
+                    .is_some_and(|v| bearer_matches(v.as_bytes(), token.expose()));
+                (!carried).then_some(Refusal::Unauthorized)
+            }
+            None => (request.method() != Method::GET).then_some(Refusal::WritesNeedToken),
+        }
+    }
+
+    /// Count `why`, and log it unless one of its kind was logged less than
+    /// [`REFUSAL_LOG_EVERY`] ago.
+    fn refuse(&self, why: Refusal, peer: SocketAddr, method: &str) {
+        let i = why as usize;
+        self.refused[i].inc();
+        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        let last = self.logged[i].load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= REFUSAL_LOG_EVERY.as_millis() as u64;
+        if due
+            && self.logged[i]
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                reason = why.label(),
+                %peer,
+                method,
+                refused_so_far = self.refused[i].get(),
+                "admin request refused"
+            );
+        }
+    }
+
+    fn render(&self, w: &mut PromWriter) {
+        for why in Refusal::ALL {
+            w.counter(
+                "sluice_admin_refused_total",
+                "Admin endpoint requests refused before routing, by reason: unauthorized (no or wrong bearer token), writes_need_token (a writing request and no admin.token_file), tls_handshake.",
+                &[("reason", why.label())],
+                self.refused[why as usize].get(),
+            );
+        }
+    }
+}
+
+/// Whether an `Authorization` value is `Bearer <token>` (scheme case-insensitive, RFC 9110
+/// §11.1), the token compared in constant time.
+fn bearer_matches(value: &[u8], token: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some((scheme, rest)) = value.split_first_chunk::<7>() else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case(b"bearer ") && rest.trim_ascii().ct_eq(token).into()
+}
+
+fn refusal_response(why: Refusal) -> Response<Full<Bytes>> {
+    match why {
+        Refusal::Unauthorized => {
+            let mut response = text(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized: send Authorization: Bearer <the token in admin.token_file>\n"
+                    .to_string(),
+            );
+            response.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"sluice admin\""),
+            );
+            response
+        }
+        Refusal::WritesNeedToken => text(
+            StatusCode::FORBIDDEN,
+            "forbidden: writing to the admin endpoint needs a bearer token; configure admin.token_file\n"
+                .to_string(),
+        ),
+        // Never sent: without a handshake there is no HTTP to answer in.
+        Refusal::TlsHandshake => text(StatusCode::BAD_REQUEST, String::new()),
+    }
+}
+
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const INDEX: &str = "sluice admin endpoint\n\
 \n\
 GET /metrics         Prometheus metrics (text format 0.0.4)\n\
 GET /api/v1/status   gateway status (JSON)\n";
 
-/// Serves the admin endpoint on `listener` until `shutdown` becomes `true`.
+/// Serves the admin endpoint on `listener` until `shutdown` becomes `true`, under `access`.
 ///
 /// Returns `Ok(())` after shutdown. Accept errors (e.g. out of file descriptors) are logged and
 /// retried after a pause rather than returned, so a busy host does not lose its admin endpoint.
 pub async fn serve(
     listener: TcpListener,
     source: Arc<dyn AdminSource>,
+    access: Access,
     shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let limits = Limits {
         max_connections: MAX_CONNECTIONS,
         header_read_timeout: HEADER_READ_TIMEOUT,
     };
-    serve_with(listener, source, shutdown, limits).await
+    serve_with(listener, source, access, shutdown, limits).await
 }
 
 /// Bounds of one server; tests shrink them.
@@ -87,10 +297,13 @@ struct Limits {
 async fn serve_with(
     listener: TcpListener,
     source: Arc<dyn AdminSource>,
+    access: Access,
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let guard = Arc::new(Guard::new(access.token));
+    let tls = access.tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let permit = tokio::select! {
             biased;
@@ -101,11 +314,11 @@ async fn serve_with(
                 Err(_) => break,
             },
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             biased;
             () = shutdown_requested(&mut shutdown) => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) if is_connection_error(&error) => continue,
                 Err(error) => {
                     tracing::warn!(%error, "admin endpoint cannot accept a connection; retrying in 1s");
@@ -117,9 +330,31 @@ async fn serve_with(
             },
         };
         let source = source.clone();
+        let guard = guard.clone();
         let shutdown = shutdown.clone();
+        let tls = tls.clone();
         tokio::task::spawn(async move {
-            serve_connection(stream, source, shutdown, limits).await;
+            match tls {
+                None => serve_connection(stream, peer, source, guard, shutdown, limits).await,
+                Some(acceptor) => {
+                    // Fallible: on failure the socket comes back, so it is counted before
+                    // the peer sees it close.
+                    let handshake = tokio::time::timeout(
+                        limits.header_read_timeout,
+                        acceptor.accept(stream).into_fallible(),
+                    );
+                    match handshake.await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, peer, source, guard, shutdown, limits).await
+                        }
+                        Ok(Err((_error, stream))) => {
+                            guard.refuse(Refusal::TlsHandshake, peer, "-");
+                            drop(stream);
+                        }
+                        Err(_elapsed) => guard.refuse(Refusal::TlsHandshake, peer, "-"),
+                    }
+                }
+            }
             drop(permit);
         });
     }
@@ -152,14 +387,24 @@ fn is_connection_error(error: &io::Error) -> bool {
     )
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
     source: Arc<dyn AdminSource>,
+    guard: Arc<Guard>,
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let response = respond(&request, source.as_ref());
+        let response = match guard.check(&request) {
+            Some(why) => {
+                guard.refuse(why, peer, request.method().as_str());
+                refusal_response(why)
+            }
+            None => respond(&request, source.as_ref(), &guard),
+        };
         async move { Ok::<_, Infallible>(response) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -182,8 +427,12 @@ async fn serve_connection(
     }
 }
 
-/// Routes one request. Request bodies are never read.
-fn respond(request: &Request<Incoming>, source: &dyn AdminSource) -> Response<Full<Bytes>> {
+/// Routes one request that passed the access rules. Request bodies are never read.
+fn respond(
+    request: &Request<Incoming>,
+    source: &dyn AdminSource,
+    guard: &Guard,
+) -> Response<Full<Bytes>> {
     if request.method() != Method::GET {
         let mut response = text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -198,6 +447,7 @@ fn respond(request: &Request<Incoming>, source: &dyn AdminSource) -> Response<Fu
         "/metrics" => {
             let mut w = PromWriter::new();
             source.render_metrics(&mut w);
+            guard.render(&mut w);
             with_type(
                 StatusCode::OK,
                 METRICS_CONTENT_TYPE,
@@ -237,8 +487,8 @@ fn with_type(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     struct FakeSource;
 
@@ -263,11 +513,45 @@ mod tests {
     }
 
     async fn start(limits: Limits) -> Server {
+        start_with(Access::default(), limits).await
+    }
+
+    async fn start_with(access: Access, limits: Limits) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, shutdown) = watch::channel(false);
-        let task = tokio::spawn(serve_with(listener, Arc::new(FakeSource), shutdown, limits));
+        let task = tokio::spawn(serve_with(
+            listener,
+            Arc::new(FakeSource),
+            access,
+            shutdown,
+            limits,
+        ));
         Server { addr, stop, task }
+    }
+
+    const TOKEN: &str = "0123456789abcdef-token";
+
+    async fn start_with_token() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+        let admin = crate::config::AdminConfig {
+            token_file: Some(path),
+            ..Default::default()
+        };
+        let access = Access {
+            token: admin.read_token().unwrap(),
+            tls: None,
+        };
+        start_with(
+            access,
+            Limits {
+                max_connections: MAX_CONNECTIONS,
+                header_read_timeout: HEADER_READ_TIMEOUT,
+            },
+        )
+        .await
     }
 
     async fn start_default() -> Server {
@@ -295,8 +579,17 @@ mod tests {
     }
 
     async fn exchange(stream: &mut TcpStream, method: &str, path: &str) -> Reply {
+        exchange_with(stream, method, path, "").await
+    }
+
+    async fn exchange_with(
+        stream: &mut TcpStream,
+        method: &str,
+        path: &str,
+        headers: &str,
+    ) -> Reply {
         let request =
-            format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+            format!("{method} {path} HTTP/1.1\r\nHost: test\r\n{headers}Connection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut raw = Vec::new();
         tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
@@ -383,16 +676,96 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn methods_other_than_get_get_405_with_allow_get() {
+    async fn without_a_token_writing_methods_get_403_saying_to_configure_one() {
         let server = start_default().await;
         for method in ["POST", "PUT", "DELETE"] {
             let mut stream = TcpStream::connect(server.addr).await.unwrap();
             let reply = exchange(&mut stream, method, "/metrics").await;
+            assert_eq!(reply.status_line, "HTTP/1.1 403 Forbidden", "{method}");
+            assert!(reply.body.contains("admin.token_file"), "{}", reply.body);
+        }
+        let m = get(server.addr, "/metrics").await.body;
+        assert!(
+            m.contains("sluice_admin_refused_total{reason=\"writes_need_token\"} 3\n"),
+            "{m}"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_a_token_every_request_needs_it_and_writing_methods_then_get_405() {
+        let server = start_with_token().await;
+        let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+        for (headers, want) in [
+            (String::new(), "HTTP/1.1 401 Unauthorized"),
+            (
+                "Authorization: Bearer 0123456789abcdef-tokeN\r\n".to_string(),
+                "HTTP/1.1 401 Unauthorized",
+            ),
+            (
+                format!("Authorization: Bearer {TOKEN}x\r\n"),
+                "HTTP/1.1 401 Unauthorized",
+            ),
+            (
+                format!("Authorization: Basic {TOKEN}\r\n"),
+                "HTTP/1.1 401 Unauthorized",
+            ),
+            (bearer.clone(), "HTTP/1.1 200 OK"),
+            (
+                format!("Authorization: bearer {TOKEN}\r\n"),
+                "HTTP/1.1 200 OK",
+            ),
+        ] {
+            for path in ["/metrics", "/api/v1/status", "/"] {
+                let mut stream = TcpStream::connect(server.addr).await.unwrap();
+                let reply = exchange_with(&mut stream, "GET", path, &headers).await;
+                assert_eq!(reply.status_line, want, "{path} with {headers:?}");
+                if want.contains("401") {
+                    assert_eq!(
+                        reply.header("www-authenticate"),
+                        Some("Bearer realm=\"sluice admin\"")
+                    );
+                    assert!(!reply.body.contains(TOKEN), "{}", reply.body);
+                }
+            }
+        }
+        for method in ["POST", "PUT", "DELETE"] {
+            let mut stream = TcpStream::connect(server.addr).await.unwrap();
+            let reply = exchange(&mut stream, method, "/metrics").await;
+            assert_eq!(reply.status_line, "HTTP/1.1 401 Unauthorized", "{method}");
+            let mut stream = TcpStream::connect(server.addr).await.unwrap();
+            let reply = exchange_with(&mut stream, method, "/metrics", &bearer).await;
             assert_eq!(
                 reply.status_line, "HTTP/1.1 405 Method Not Allowed",
                 "{method}"
             );
             assert_eq!(reply.header("allow"), Some("GET"));
+        }
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let m = exchange_with(&mut stream, "GET", "/metrics", &bearer)
+            .await
+            .body;
+        // 4 refused headers × 3 paths + 3 writing methods without the token.
+        assert!(
+            m.contains("sluice_admin_refused_total{reason=\"unauthorized\"} 15\n"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn bearer_values_match_only_the_exact_token() {
+        let t = b"0123456789abcdef";
+        assert!(bearer_matches(b"Bearer 0123456789abcdef", t));
+        assert!(bearer_matches(b"BEARER 0123456789abcdef ", t));
+        for v in [
+            &b""[..],
+            b"Bearer",
+            b"Bearer ",
+            b"Bearer 0123456789abcde",
+            b"Bearer 0123456789abcdefg",
+            b"Basic 0123456789abcdef",
+            b"Bearer0123456789abcdef",
+        ] {
+            assert!(!bearer_matches(v, t), "{}", String::from_utf8_lossy(v));
         }
     }
 

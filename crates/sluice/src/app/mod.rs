@@ -28,7 +28,9 @@ use crate::shard::{self, ShardSeed};
 use crate::sink::LaneMetrics;
 use crate::telemetry::metrics::PromWriter;
 
+mod reload;
 mod status;
+pub use reload::ReloadOutcome;
 use status::GatewayStatus;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +62,10 @@ pub enum AppError {
         name: String,
         source: crate::sink::UplinkError,
     },
+    #[error(transparent)]
+    AdminToken(crate::config::ConfigError),
+    #[error("admin TLS (admin.cert_file, admin.key_file): {0}")]
+    AdminTls(#[from] crate::admin::AdminTlsError),
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error(transparent)]
@@ -76,6 +82,8 @@ pub struct Gateway {
     /// One per shard, bound with SO_REUSEPORT; empty when `[coap] enabled = false`.
     coap: Vec<std::net::UdpSocket>,
     admin: Option<std::net::TcpListener>,
+    /// Who may use the admin endpoint (`[admin] token_file`, TLS).
+    admin_access: crate::admin::Access,
     /// `[phd] listen`.
     phd: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
@@ -117,8 +125,14 @@ impl Gateway {
         } else {
             Vec::new()
         };
+        let mut admin_access = crate::admin::Access::default();
         let admin = if config.admin.enabled {
-            let addr = config.admin.listen;
+            let a = &config.admin;
+            admin_access.token = a.read_token().map_err(AppError::AdminToken)?;
+            if let (Some(cert), Some(key)) = (&a.cert_file, &a.key_file) {
+                admin_access.tls = Some(crate::admin::tls_config(cert, key)?);
+            }
+            let addr = a.listen;
             Some(
                 crate::net::listen::bind(addr)
                     .map_err(|source| AppError::BindAdmin { addr, source })?,
@@ -142,6 +156,7 @@ impl Gateway {
             mqtt_mptcp,
             coap,
             admin,
+            admin_access,
             phd,
             uplink_tls,
             spools,
@@ -169,6 +184,7 @@ impl Gateway {
             mqtt_mptcp,
             coap,
             admin,
+            admin_access,
             phd,
             uplink_tls,
             spools,
@@ -357,6 +373,7 @@ impl Gateway {
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
             functions: functions.clone(),
             function_runtime: function_runtime.clone(),
+            reloads: reload::ReloadMetrics::default(),
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt),
@@ -373,7 +390,7 @@ impl Gateway {
         threads.push(spawn_control(
             plane,
             control_rx,
-            admin,
+            admin.map(|l| (l, admin_access)),
             status.clone(),
             shutdown_rx.clone(),
             config.gateway.control_core,
@@ -392,6 +409,7 @@ impl Gateway {
         );
         tracing::info!(%mqtt_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
+            config: config.clone(),
             shutdown: shutdown_tx,
             threads,
             tc,
@@ -412,7 +430,7 @@ impl Gateway {
 fn spawn_control(
     plane: ControlPlane,
     inbox: mpsc::Receiver<crate::control::ControlCmd>,
-    admin: Option<std::net::TcpListener>,
+    admin: Option<(std::net::TcpListener, crate::admin::Access)>,
     status: Arc<GatewayStatus>,
     mut shutdown: watch::Receiver<bool>,
     core: Option<usize>,
@@ -423,11 +441,16 @@ fn spawn_control(
             return;
         };
         tokio::task::LocalSet::new().block_on(&rt, async move {
-            if let Some(admin) = admin {
+            if let Some((admin, access)) = admin {
                 match tokio::net::TcpListener::from_std(admin) {
                     Ok(l) => {
                         let source: Arc<dyn AdminSource> = status;
-                        tokio::task::spawn_local(crate::admin::serve(l, source, shutdown.clone()));
+                        tokio::task::spawn_local(crate::admin::serve(
+                            l,
+                            source,
+                            access,
+                            shutdown.clone(),
+                        ));
                     }
                     Err(error) => tracing::error!(%error, "cannot register the admin listener"),
                 }
@@ -549,6 +572,8 @@ fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher>
 
 /// A started gateway. Dropping it without `shutdown` leaves the threads running.
 pub struct RunningGateway {
+    /// The configuration it runs with (what a reload compares the file with).
+    config: Arc<Config>,
     shutdown: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Traffic control installed for `install_tc`; removed when the last reference drops.

@@ -45,6 +45,8 @@ pub(super) struct GatewayStatus {
     pub(super) functions: Vec<Arc<crate::functions::FunctionHandle>>,
     /// The local functions' runtime (`None` without local functions).
     pub(super) function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
+    /// `SIGHUP`s and what they found (`reload.rs`).
+    pub(super) reloads: super::reload::ReloadMetrics,
 }
 
 impl GatewayStatus {
@@ -88,6 +90,7 @@ impl GatewayStatus {
 impl AdminSource for GatewayStatus {
     fn render_metrics(&self, w: &mut PromWriter) {
         self.control.render(w);
+        self.reloads.render(w);
         crate::functions::metrics::render(w, &self.functions);
         for (i, m) in self.shard_metrics.iter().enumerate() {
             m.render(w, &i.to_string());

@@ -240,6 +240,9 @@ impl Config {
             }
             resolve(&mut f.dir);
         }
+        resolve(&mut self.admin.token_file);
+        resolve(&mut self.admin.cert_file);
+        resolve(&mut self.admin.key_file);
         for p in &mut self.coap.proxy {
             resolve(&mut p.ca_file);
             resolve(&mut p.cert_file);
@@ -444,13 +447,22 @@ impl fmt::Debug for UserConfig {
     }
 }
 
-/// `[admin]`: the HTTP endpoint for `/metrics` and `/api/v1/status`.
+/// `[admin]`: the HTTP endpoint for `/metrics` and `/api/v1/status`. Its access rules are
+/// in `crate::admin`: on a loopback address reading needs no token; elsewhere `token_file` is
+/// required and every request carries it; writing always needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     pub enabled: bool,
     #[serde(with = "units::socket_addr")]
     pub listen: SocketAddr,
+    /// A file holding the bearer token (a path: the token itself is never in the config,
+    /// printed or logged).
+    pub token_file: Option<PathBuf>,
+    /// PEM certificate chain: serve the endpoint over TLS (with `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key for `cert_file`.
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for AdminConfig {
@@ -458,7 +470,59 @@ impl Default for AdminConfig {
         AdminConfig {
             enabled: true,
             listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9100)),
+            token_file: None,
+            cert_file: None,
+            key_file: None,
         }
+    }
+}
+
+/// Shortest bearer token accepted in `admin.token_file`.
+pub const ADMIN_TOKEN_MIN_LEN: usize = 16;
+
+impl AdminConfig {
+    /// Reads `token_file`, if set: one line (one trailing `\n` or `\r\n` removed) of at
+    /// least [`ADMIN_TOKEN_MIN_LEN`] visible ASCII characters (what an `Authorization`
+    /// header can carry).
+    pub fn read_token(&self) -> Result<Option<AdminToken>, ConfigError> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read(path).map_err(|source| ConfigError::File {
+            key: "admin.token_file".to_string(),
+            path: path.clone(),
+            source,
+        })?;
+        let token = text
+            .strip_suffix(b"\r\n")
+            .or_else(|| text.strip_suffix(b"\n"))
+            .unwrap_or(&text);
+        if token.len() < ADMIN_TOKEN_MIN_LEN || !token.iter().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::Invalid {
+                key: "admin.token_file".to_string(),
+                reason: format!(
+                    "{}: the token must be one line of at least {ADMIN_TOKEN_MIN_LEN} visible ASCII characters (no spaces)",
+                    path.display()
+                ),
+            });
+        }
+        Ok(Some(AdminToken(token.to_vec())))
+    }
+}
+
+/// The admin endpoint's bearer token. `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(Vec<u8>);
+
+impl AdminToken {
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
     }
 }
 

@@ -93,6 +93,9 @@ fn everything_set() -> Config {
     c.admin = AdminConfig {
         enabled: false,
         listen: "0.0.0.0:9200".parse().unwrap(),
+        token_file: Some("admin.token".into()),
+        cert_file: Some("certs/admin.pem".into()),
+        key_file: Some("certs/admin.key".into()),
     };
     c.log.level = "info,sluice::sink=debug".into();
     let mut u = UplinkConfig::new("cloud-1", "mqtts://[2001:db8::1]:8884".parse().unwrap());
@@ -768,4 +771,64 @@ fn topic_limits_are_in_range_and_the_configs_own_filters_obey_them() {
         plaintext_uplink("forward = [\"a/b/#\"]")
     ))
     .is_ok());
+}
+
+#[test]
+fn admin_off_loopback_requires_a_token_file_with_a_clear_error() {
+    for listen in ["0.0.0.0:9100", "192.0.2.7:9100", "[::]:9100"] {
+        let e = err(&format!("[admin]\nlisten = \"{listen}\"\n"));
+        assert!(
+            e.starts_with("admin.token_file: is required when admin.listen")
+                && e.contains("not a loopback address")
+                && e.contains("Authorization: Bearer"),
+            "{listen}: {e}"
+        );
+    }
+    // Loopback needs none; a disabled endpoint is not checked.
+    for text in [
+        "[admin]\nlisten = \"127.0.0.1:9100\"\n",
+        "[admin]\nlisten = \"[::1]:9100\"\n",
+        "[admin]\nenabled = false\nlisten = \"0.0.0.0:9100\"\n",
+        "[admin]\nlisten = \"0.0.0.0:9100\"\ntoken_file = \"admin.token\"\n",
+    ] {
+        assert!(parse_unchecked_files(text).is_ok(), "{text}");
+    }
+    let e = err("[admin]\ncert_file = \"a.pem\"\n");
+    assert!(e.starts_with("admin.key_file: "), "{e}");
+    let e = err("[admin]\nkey_file = \"a.key\"\n");
+    assert!(e.starts_with("admin.cert_file: "), "{e}");
+}
+
+#[test]
+fn the_admin_token_is_read_from_its_file_checked_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "s3cret-token-0123456789";
+    let token_path = dir.path().join("admin.token");
+    let config_path = dir.path().join("sluice.toml");
+    fs::write(
+        &config_path,
+        "[admin]\nlisten = \"0.0.0.0:0\"\ntoken_file = \"admin.token\"\n",
+    )
+    .unwrap();
+    // Missing file: named with its key.
+    let e = load(Some(&config_path)).unwrap_err().to_string();
+    assert!(e.starts_with("admin.token_file: "), "{e}");
+    for bad in ["short\n", "has a space in the middle\n", "\n"] {
+        fs::write(&token_path, bad).unwrap();
+        let e = load(Some(&config_path)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("admin.token_file: ") && e.contains("at least 16 visible ASCII"),
+            "{bad:?}: {e}"
+        );
+    }
+    fs::write(&token_path, format!("{token}\n")).unwrap();
+    let c = load(Some(&config_path)).unwrap();
+    // Relative to the config file's directory.
+    assert_eq!(c.admin.token_file.as_deref(), Some(token_path.as_path()));
+    let read = c.admin.read_token().unwrap().unwrap();
+    assert_eq!(read.expose(), token.as_bytes());
+    for shown in [c.to_toml(), format!("{c:?}"), format!("{read:?}")] {
+        assert!(!shown.contains(token), "the token was printed: {shown}");
+    }
+    assert!(c.to_toml().contains("token_file = "), "{}", c.to_toml());
 }

@@ -37,7 +37,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     check_gateway(config)?;
     check_mqtt(config)?;
     check_coap(config)?;
-    check_admin(config)?;
+    check_admin(config, files)?;
     if config.log.level.trim().is_empty() {
         return invalid(
             "log.level",
@@ -330,10 +330,37 @@ fn check_coap(config: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn check_admin(config: &Config) -> Result<(), ConfigError> {
+fn check_admin(config: &Config, files: Files) -> Result<(), ConfigError> {
     let a = &config.admin;
-    if a.enabled && a.listen.port() != 0 && a.listen == config.mqtt.listen {
+    if !a.enabled {
+        return Ok(());
+    }
+    if a.listen.port() != 0 && a.listen == config.mqtt.listen {
         return invalid("admin.listen", "is the same address as mqtt.listen");
+    }
+    if !a.listen.ip().is_loopback() && a.token_file.is_none() {
+        return invalid(
+            "admin.token_file",
+            &format!(
+                "is required when admin.listen ({}) is not a loopback address: every request must then carry `Authorization: Bearer <token>`; put a token (at least {} characters) in a file and name it here, or listen on 127.0.0.1",
+                a.listen,
+                super::ADMIN_TOKEN_MIN_LEN
+            ),
+        );
+    }
+    match (&a.cert_file, &a.key_file) {
+        (Some(_), None) => return invalid("admin.key_file", "is required with admin.cert_file"),
+        (None, Some(_)) => return invalid("admin.cert_file", "is required with admin.key_file"),
+        _ => {}
+    }
+    if files == Files::MustExist {
+        a.read_token()?;
+        if let Some(path) = &a.cert_file {
+            check_pem("admin.cert_file", path, Pem::Certificates)?;
+        }
+        if let Some(path) = &a.key_file {
+            check_pem("admin.key_file", path, Pem::PrivateKey)?;
+        }
     }
     Ok(())
 }

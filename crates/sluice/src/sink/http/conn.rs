@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use bytestring::ByteString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -58,7 +58,8 @@ pub struct Answer {
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
-    buf: BytesMut,
+    /// Received bytes and the decoder's progress through them.
+    buf: http::ResponseBuf,
     idle_since: Instant,
     /// It carried an exchange before (a failure before any answer byte may be a stale
     /// keep-alive connection the server closed meanwhile).
@@ -83,7 +84,7 @@ impl Conn {
         let _ = stream.set_nodelay(true);
         Ok(Conn {
             stream,
-            buf: BytesMut::with_capacity(4096),
+            buf: http::ResponseBuf::new(),
             idle_since: Instant::now(),
             reused: false,
         })
@@ -106,7 +107,7 @@ impl Conn {
     async fn read_answer(&mut self) -> Result<Answer, CallError> {
         self.buf.clear();
         loop {
-            match http::decode(&mut self.buf) {
+            match self.buf.decode() {
                 Ok(Some(r)) => {
                     return Ok(Answer {
                         status: r.status,
@@ -122,7 +123,7 @@ impl Conn {
             if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
                 return Err(HttpError::HeadTooLarge.into());
             }
-            self.buf.reserve(4096);
+            self.buf.unparsed_mut().reserve(4096);
             // Acknowledge at once what the function sends: a server that writes its head and
             // body apart with Nagle on (Python's http.server) would otherwise hold the body
             // until our delayed ACK, 40 ms per request. The kernel leaves quick-ack mode by
@@ -130,7 +131,7 @@ impl Conn {
             let _ = socket2::SockRef::from(&self.stream).set_tcp_quickack(true);
             let n = self
                 .stream
-                .read_buf(&mut self.buf)
+                .read_buf(self.buf.unparsed_mut())
                 .await
                 .map_err(CallError::Io)?;
             if n == 0 {
@@ -145,10 +146,10 @@ impl Conn {
             if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
                 return Err(HttpError::BodyTooLarge(self.buf.len() as u64).into());
             }
-            self.buf.reserve(4096);
+            self.buf.unparsed_mut().reserve(4096);
             let n = self
                 .stream
-                .read_buf(&mut self.buf)
+                .read_buf(self.buf.unparsed_mut())
                 .await
                 .map_err(CallError::Io)?;
             if n == 0 {
@@ -157,7 +158,7 @@ impl Conn {
         }
         let mut headers = [httparse::EMPTY_HEADER; http::MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&self.buf) {
+        match resp.parse(self.buf.unparsed_mut()) {
             Ok(httparse::Status::Complete(head)) => {
                 let status = resp.code.unwrap_or(0);
                 let content_type = resp
@@ -166,7 +167,7 @@ impl Conn {
                     .find(|h| h.name.eq_ignore_ascii_case("content-type"))
                     .and_then(|h| std::str::from_utf8(h.value.trim_ascii()).ok())
                     .map(ByteString::from);
-                let body = self.buf.split_off(head).freeze();
+                let body = self.buf.unparsed_mut().split_off(head).freeze();
                 Ok(Answer {
                     status,
                     body,
@@ -210,5 +211,64 @@ impl Pool {
     /// Forget the connections of instances not in `live` (stopped ones).
     pub fn retain(&mut self, live: impl Fn(u64) -> bool) {
         self.idle.retain(|id, _| live(*id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A server that reads one request and answers with `pieces`, one write each (with a
+    /// pause between, so they arrive apart), then closes.
+    async fn answer_with(pieces: Vec<&'static [u8]>) -> Answer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await.unwrap();
+            for p in pieces {
+                s.write_all(p).await.unwrap();
+                s.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let answer = conn
+            .call(
+                b"POST / HTTP/1.1\r\nHost: f\r\nContent-Length: 0\r\n\r\n",
+                &|_| {},
+            )
+            .await
+            .unwrap();
+        server.await.unwrap();
+        answer
+    }
+
+    #[tokio::test]
+    async fn a_close_delimited_answer_arriving_in_pieces_is_read_to_the_end() {
+        let a = answer_with(vec![
+            b"HTTP/1.0 200 OK\r\nContent-",
+            b"Type: text/plain\r\n\r\nhel",
+            b"lo",
+        ])
+        .await;
+        assert_eq!((a.status, &a.body[..], a.close), (200, &b"hello"[..], true));
+        assert_eq!(a.content_type.as_deref(), Some("text/plain"));
+    }
+
+    #[tokio::test]
+    async fn a_chunked_answer_arriving_in_pieces_is_decoded() {
+        let a = answer_with(vec![
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab",
+            b"c\r\n2\r",
+            b"\nde\r\n0\r\n\r\n",
+        ])
+        .await;
+        assert_eq!(
+            (a.status, &a.body[..], a.close),
+            (200, &b"abcde"[..], false)
+        );
     }
 }

@@ -285,7 +285,7 @@ impl OneM2mTransport {
         c: usize,
         feedback: &mut Vec<Feedback>,
     ) -> Result<(), UplinkError> {
-        while let Some(resp) = http::decode(&mut self.conns[c].rbuf)? {
+        while let Some(resp) = self.conns[c].rbuf.decode()? {
             self.metrics.onem2m.record_response(resp.rsc);
             let conn = &mut self.conns[c];
             if conn.written == 0 {
@@ -426,7 +426,7 @@ impl OneM2mTransport {
             match ev {
                 ReadEvent::Data(_) => {
                     // Take the answer by hand: `take_responses` would only log a refusal.
-                    if let Some(resp) = http::decode(&mut self.conns[0].rbuf)? {
+                    if let Some(resp) = self.conns[0].rbuf.decode()? {
                         self.metrics.onem2m.record_response(resp.rsc);
                         self.conns[0].waiting.pop_front();
                         self.conns[0].written = 0;

@@ -64,7 +64,8 @@ pub(super) struct Conn {
     pub(super) io: Option<Box<dyn Io>>,
     /// Encoded requests not yet written.
     pub(super) out: BytesMut,
-    pub(super) rbuf: BytesMut,
+    /// Received bytes and the response decoder's progress through them.
+    pub(super) rbuf: super::http::ResponseBuf,
     /// Requests in the order they were (or will be) written.
     pub(super) waiting: VecDeque<Waiting>,
     /// How many of `waiting` (from the front) were written and await their response.
@@ -78,7 +79,7 @@ impl Default for Conn {
         Conn {
             io: None,
             out: BytesMut::new(),
-            rbuf: BytesMut::new(),
+            rbuf: super::http::ResponseBuf::new(),
             waiting: VecDeque::new(),
             written: 0,
             last_io: Instant::now(),
