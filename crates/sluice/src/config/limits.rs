@@ -12,8 +12,10 @@ use super::units::{self, ByteSize};
 
 /// `[limits]`. Publish rates are off by default (devices' rates differ by orders of
 /// magnitude, and `gateway.max_buffered` already bounds what a fast device can make the
-/// gateway hold); connection rates and flapping are on with generous values (a whole site
-/// reconnecting after an outage passes; one address or one client id in a loop does not).
+/// gateway hold); so are connection rates (fleets behind one NAT address, and a whole site
+/// reconnecting after an outage, would be refused by any one number; `max_connections`,
+/// `connect_timeout` and `auth_queue` already bound what connections cost). Flapping is on:
+/// no healthy device connects 20 times a minute with one client id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
@@ -52,10 +54,10 @@ impl Default for LimitsConfig {
             publish_burst: 100,
             publish_bytes_rate: ByteSize(0),
             publish_bytes_burst: ByteSize::mib(1),
-            connect_rate_per_source: 50,
-            connect_burst_per_source: 100,
-            connect_rate: 2_000,
-            connect_burst: 4_000,
+            connect_rate_per_source: 0,
+            connect_burst_per_source: 20,
+            connect_rate: 0,
+            connect_burst: 1_000,
             connect_sources_memory: ByteSize::mib(1),
             flap_connects: 20,
             flap_window: Duration::from_secs(60),

@@ -398,8 +398,9 @@ impl Rule {
 /// One action's rules, by how they are found. Every list is in rule order.
 #[derive(Debug, Default)]
 struct Index {
-    /// Rules for every device, by their topics' first literal level...
-    everyone_by_first: HashMap<Box<str>, Vec<u32>>,
+    /// Rules for every device, by their topics' first literal level (sorted by it: a binary
+    /// search of a few keys costs less than hashing the topic's first level)...
+    everyone_by_first: Vec<(Box<str>, Vec<u32>)>,
     /// ...and those with a topic starting with a wildcard or placeholder.
     everyone_generic: Vec<u32>,
     everyone_all: Vec<u32>,
@@ -473,7 +474,18 @@ impl AclSnapshot {
                         for f in rule.topics.iter() {
                             match f.first_literal() {
                                 Some(first) => {
-                                    let v = ix.everyone_by_first.entry(first.into()).or_default();
+                                    let v = match ix
+                                        .everyone_by_first
+                                        .iter()
+                                        .position(|(k, _)| **k == *first)
+                                    {
+                                        Some(p) => &mut ix.everyone_by_first[p].1,
+                                        None => {
+                                            ix.everyone_by_first.push((first.into(), Vec::new()));
+                                            let last = ix.everyone_by_first.len() - 1;
+                                            &mut ix.everyone_by_first[last].1
+                                        }
+                                    };
                                     if v.last() != Some(&i) {
                                         v.push(i);
                                     }
@@ -490,6 +502,9 @@ impl AclSnapshot {
                     Class::Other => ix.other.push(i),
                 }
             }
+        }
+        for ix in &mut index {
+            ix.everyone_by_first.sort_by(|a, b| a.0.cmp(&b.0));
         }
         Ok(AclSnapshot {
             rules,
@@ -531,7 +546,9 @@ impl AclSnapshot {
             (&ix.everyone_all, &[])
         } else {
             (
-                ix.everyone_by_first.get(first).map_or(&[], |v| v),
+                ix.everyone_by_first
+                    .binary_search_by(|(k, _)| (**k).cmp(first))
+                    .map_or(&[][..], |p| &ix.everyone_by_first[p].1),
                 &ix.everyone_generic,
             )
         };
