@@ -242,11 +242,12 @@ impl ConnectLimits {
         if self.cfg.connect_rate_per_source > 0 {
             let key = source_key(peer.ip());
             let cap = (self.cfg.connect_sources_memory.as_usize() / SOURCE_ENTRY_BYTES).max(1);
-            if !t.sources.contains_key(&key) && t.sources.len() >= cap {
-                if t.sources_swept.is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY) {
-                    t.sources.retain(|_, b| !b.is_full(now));
-                    t.sources_swept = Some(now);
-                }
+            if !t.sources.contains_key(&key)
+                && t.sources.len() >= cap
+                && t.sources_swept.is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
+            {
+                t.sources.retain(|_, b| !b.is_full(now));
+                t.sources_swept = Some(now);
             }
             if t.sources.contains_key(&key) || t.sources.len() < cap {
                 let (rate, burst) = (
