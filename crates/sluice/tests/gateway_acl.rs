@@ -53,7 +53,9 @@ async fn ops(gw: &RunningGateway) -> TestClient {
     opts.password = Some(Bytes::from_static(b"pw"));
     let mut c = device_opts(gw, opts).await;
     assert_eq!(
-        c.subscribe(&[("devices/#", QoS::AtLeastOnce)]).await.unwrap(),
+        c.subscribe(&[("devices/#", QoS::AtLeastOnce)])
+            .await
+            .unwrap(),
         vec![1],
         "a users glob grants the subscription"
     );
@@ -83,27 +85,50 @@ async fn mqtt5_publishes_outside_the_devices_own_tree_get_0x87_and_reach_nobody(
     let mut watcher = ops(&gw).await;
     let mut d1 = device(&gw, "d1", ProtocolVersion::V5).await;
 
-    assert_eq!(d1.publish("devices/d1/temp", "ok", QoS::AtLeastOnce, false).await.unwrap(), 0);
     assert_eq!(
-        d1.publish("devices/d2/temp", "spoof", QoS::AtLeastOnce, false).await.unwrap(),
+        d1.publish("devices/d1/temp", "ok", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        d1.publish("devices/d2/temp", "spoof", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
         0x87,
         "PUBACK Not authorized"
     );
     assert_eq!(
-        d1.publish("devices/d2/temp", "spoof2", QoS::ExactlyOnce, false).await.unwrap(),
+        d1.publish("devices/d2/temp", "spoof2", QoS::ExactlyOnce, false)
+            .await
+            .unwrap(),
         0x87,
         "PUBREC Not authorized ends the QoS 2 exchange"
     );
-    d1.publish("devices/d2/temp", "spoof0", QoS::AtMostOnce, false).await.unwrap();
+    d1.publish("devices/d2/temp", "spoof0", QoS::AtMostOnce, false)
+        .await
+        .unwrap();
     assert_eq!(
-        d1.publish("devices/d1/temp", "ok2", QoS::ExactlyOnce, false).await.unwrap(),
+        d1.publish("devices/d1/temp", "ok2", QoS::ExactlyOnce, false)
+            .await
+            .unwrap(),
         0,
         "the connection goes on"
     );
 
-    assert_eq!(next(&mut watcher, T).await, Some(("devices/d1/temp".into(), "ok".into())));
-    assert_eq!(next(&mut watcher, T).await, Some(("devices/d1/temp".into(), "ok2".into())));
-    assert_eq!(next(&mut watcher, QUIET).await, None, "no refused message was routed");
+    assert_eq!(
+        next(&mut watcher, T).await,
+        Some(("devices/d1/temp".into(), "ok".into()))
+    );
+    assert_eq!(
+        next(&mut watcher, T).await,
+        Some(("devices/d1/temp".into(), "ok2".into()))
+    );
+    assert_eq!(
+        next(&mut watcher, QUIET).await,
+        None,
+        "no refused message was routed"
+    );
     assert_eq!(denied(&gw, "mqtt", "publish"), 3.0);
 }
 
@@ -113,9 +138,22 @@ async fn mqtt311_refused_publishes_are_acknowledged_but_dropped() {
     let mut watcher = ops(&gw).await;
     let mut d1 = device(&gw, "d1", ProtocolVersion::V311).await;
     // 3.1.1 has no way to refuse a PUBLISH: an ordinary PUBACK, and the message is gone.
-    assert_eq!(d1.publish("devices/d9/x", "spoof", QoS::AtLeastOnce, false).await.unwrap(), 0);
-    assert_eq!(d1.publish("devices/d1/x", "ok", QoS::AtLeastOnce, false).await.unwrap(), 0);
-    assert_eq!(next(&mut watcher, T).await, Some(("devices/d1/x".into(), "ok".into())));
+    assert_eq!(
+        d1.publish("devices/d9/x", "spoof", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        d1.publish("devices/d1/x", "ok", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        next(&mut watcher, T).await,
+        Some(("devices/d1/x".into(), "ok".into()))
+    );
     assert_eq!(next(&mut watcher, QUIET).await, None);
     assert_eq!(denied(&gw, "mqtt", "publish"), 1.0);
 }
@@ -138,7 +176,10 @@ async fn subscriptions_are_granted_only_where_an_allow_rule_covers_them() {
 
     let mut d3 = device(&gw, "d3", ProtocolVersion::V311).await;
     let codes = d3
-        .subscribe(&[("devices/d3/#", QoS::AtLeastOnce), ("devices/d1/#", QoS::AtLeastOnce)])
+        .subscribe(&[
+            ("devices/d3/#", QoS::AtLeastOnce),
+            ("devices/d1/#", QoS::AtLeastOnce),
+        ])
         .await
         .unwrap();
     assert_eq!(codes, vec![1, 0x80], "3.1.1 has only 0x80 Failure");
@@ -146,12 +187,19 @@ async fn subscriptions_are_granted_only_where_an_allow_rule_covers_them() {
     // Default deny: an anonymous device gets nothing the users glob grants.
     let mut anon = device(&gw, "viewer", ProtocolVersion::V5).await;
     assert_eq!(
-        anon.subscribe(&[("devices/#", QoS::AtLeastOnce)]).await.unwrap(),
+        anon.subscribe(&[("devices/#", QoS::AtLeastOnce)])
+            .await
+            .unwrap(),
         vec![0x87]
     );
     // The refused filters deliver nothing: d1's own topic reaches d1, d3's does not.
     let mut pubr = device(&gw, "d3-pub", ProtocolVersion::V5).await;
-    assert_eq!(pubr.publish("devices/d3-pub/x", "1", QoS::AtLeastOnce, false).await.unwrap(), 0);
+    assert_eq!(
+        pubr.publish("devices/d3-pub/x", "1", QoS::AtLeastOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(next(&mut d5, QUIET).await, None);
     assert_eq!(denied(&gw, "mqtt", "subscribe"), 4.0);
 }
@@ -194,7 +242,10 @@ async fn coap_publishes_and_observations_outside_the_devices_tree_get_4_03() {
     assert_eq!(r.code, Code::CHANGED);
     let r = dev.exchange(put("ps/devices/c2/temp"), T).await;
     assert_eq!(r.code, Code::FORBIDDEN);
-    assert_eq!(next(&mut watcher, T).await, Some(("devices/c1/temp".into(), "21.5".into())));
+    assert_eq!(
+        next(&mut watcher, T).await,
+        Some(("devices/c1/temp".into(), "21.5".into()))
+    );
     assert_eq!(next(&mut watcher, QUIET).await, None);
 
     let observe = |path: &str| {

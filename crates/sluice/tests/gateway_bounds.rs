@@ -660,7 +660,10 @@ async fn a_flapping_client_id_is_refused_with_0x9f_and_other_devices_are_not() {
         let (_c, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::new(version, id))
             .await
             .unwrap();
-        assert_eq!(ack.code, refused, "{id}: the fourth CONNECT within the window");
+        assert_eq!(
+            ack.code, refused,
+            "{id}: the fourth CONNECT within the window"
+        );
     }
     let (_calm, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("calm"))
         .await
@@ -709,7 +712,10 @@ async fn connections_beyond_a_sources_rate_are_closed_at_accept_until_tokens_ret
             assert_eq!(ack.code, 0);
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "no token came back");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no token came back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -720,7 +726,10 @@ async fn a_device_over_its_publish_rate_loses_qos0_and_is_slowed_for_qos1() {
     let (mut watch, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("watch"))
         .await
         .unwrap();
-    watch.subscribe(&[("rate/#", QoS::AtMostOnce)]).await.unwrap();
+    watch
+        .subscribe(&[("rate/#", QoS::AtMostOnce)])
+        .await
+        .unwrap();
     let (mut fast, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("fast"))
         .await
         .unwrap();
@@ -736,10 +745,19 @@ async fn a_device_over_its_publish_rate_loses_qos0_and_is_slowed_for_qos1() {
     );
     assert!(dropped >= 20.0, "dropped {dropped} of 30 with a burst of 5");
     let mut got = 0;
-    while watch.recv(Duration::from_millis(300)).await.unwrap().is_some() {
+    while watch
+        .recv(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_some()
+    {
         got += 1;
     }
-    assert_eq!(got as f64, 30.0 - dropped, "what was not dropped was delivered");
+    assert_eq!(
+        got as f64,
+        30.0 - dropped,
+        "what was not dropped was delivered"
+    );
 
     // QoS 1: nothing lost, but 15 messages at 10/s take about 1.5 s.
     let started = Instant::now();
@@ -751,7 +769,10 @@ async fn a_device_over_its_publish_rate_loses_qos0_and_is_slowed_for_qos1() {
         assert_eq!(code, 0);
     }
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(1000), "15 QoS 1 messages took {took:?}");
+    assert!(
+        took >= Duration::from_millis(1000),
+        "15 QoS 1 messages took {took:?}"
+    );
     for _ in 0..15 {
         assert!(watch.recv(Duration::from_secs(5)).await.unwrap().is_some());
     }

@@ -136,9 +136,9 @@ impl Gateway {
             None => None,
         };
         let acl_file = match &config.acl.file {
-            Some(path) => Some(
-                crate::config::read_acl_file(path).map_err(|e| AppError::Acl(e.to_string()))?,
-            ),
+            Some(path) => {
+                Some(crate::config::read_acl_file(path).map_err(|e| AppError::Acl(e.to_string()))?)
+            }
             None => None,
         };
         let acl =

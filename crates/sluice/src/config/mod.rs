@@ -43,13 +43,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use acl::{read_acl_file, AclAction, AclConfig, AclFile, AclPermission, AclRuleConfig};
-pub use limits::LimitsConfig;
 pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use function::{
     dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl, SocketMode,
     FUNCTION_SINK_PREFIX,
 };
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
+pub use limits::LimitsConfig;
 pub use multipath::MultipathConfig;
 pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,

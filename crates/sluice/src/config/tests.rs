@@ -799,7 +799,10 @@ fn acl_rules_from_a_file_are_read_and_checked_with_the_files_key_path() {
         "[[rule]]\nusers = \"ops-*\"\naction = \"subscribe\"\ntopics = [\"%u/+/x\"]\npermission = \"allow\"\n",
     )
     .unwrap();
-    let text = format!("[acl]\ndefault = \"deny\"\nfile = {:?}\n", file.display().to_string());
+    let text = format!(
+        "[acl]\ndefault = \"deny\"\nfile = {:?}\n",
+        file.display().to_string()
+    );
     let c = parse(&text).unwrap();
     assert_eq!(c.acl.file.as_deref(), Some(file.as_path()));
     fs::write(
@@ -812,6 +815,12 @@ fn acl_rules_from_a_file_are_read_and_checked_with_the_files_key_path() {
         e.starts_with(&format!("acl.file({}).rule[0].topics[0]: ", file.display())),
         "{e}"
     );
-    let missing = format!("[acl]\nfile = {:?}\n", dir.path().join("none.toml").display().to_string());
-    assert!(parse(&missing).unwrap_err().to_string().starts_with("acl.file: cannot read"));
+    let missing = format!(
+        "[acl]\nfile = {:?}\n",
+        dir.path().join("none.toml").display().to_string()
+    );
+    assert!(parse(&missing)
+        .unwrap_err()
+        .to_string()
+        .starts_with("acl.file: cannot read"));
 }

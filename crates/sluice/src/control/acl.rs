@@ -50,7 +50,10 @@ pub enum Action {
     Subscribe = 1,
 }
 
-const ACTIONS: [(Action, &str); 2] = [(Action::Publish, "publish"), (Action::Subscribe, "subscribe")];
+const ACTIONS: [(Action, &str); 2] = [
+    (Action::Publish, "publish"),
+    (Action::Subscribe, "subscribe"),
+];
 
 /// Which edge asked (the metric's `edge` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +63,11 @@ pub enum Edge {
     Phd = 2,
 }
 
-const EDGES: [(Edge, &str); 3] = [(Edge::Mqtt, "mqtt"), (Edge::Coap, "coap"), (Edge::Phd, "phd")];
+const EDGES: [(Edge, &str); 3] = [
+    (Edge::Mqtt, "mqtt"),
+    (Edge::Coap, "coap"),
+    (Edge::Phd, "phd"),
+];
 
 /// Who asks: the device's id and, if it logged in, its username.
 #[derive(Debug, Clone, Copy)]
@@ -90,7 +97,10 @@ impl Glob {
         if text.is_empty() {
             return Err("an empty glob matches nothing; use \"*\" for every device".into());
         }
-        if let Some(c) = text.chars().find(|c| matches!(c, '[' | ']' | '{' | '}' | '\\')) {
+        if let Some(c) = text
+            .chars()
+            .find(|c| matches!(c, '[' | ']' | '{' | '}' | '\\'))
+        {
             return Err(format!(
                 "{c:?} is not allowed in a glob (only * and ? are special)"
             ));
@@ -181,7 +191,9 @@ impl Filter {
         // Validity of everything but the placeholders.
         let plain = text.replace("%c", "c").replace("%u", "u");
         if plain.contains('%') {
-            return Err(format!("{text:?}: only %c (client id) and %u (username) may follow %"));
+            return Err(format!(
+                "{text:?}: only %c (client id) and %u (username) may follow %"
+            ));
         }
         if !topic::valid_topic_filter(&plain) {
             return Err(format!("{text:?} is not a valid MQTT topic filter"));
@@ -542,16 +554,17 @@ impl AclSnapshot {
         }
         let ix = &self.index[action as usize];
         let first = t.split('/').next().unwrap_or("");
-        let (a, b): (&[u32], &[u32]) = if action == Action::Subscribe && (first == "+" || first == "#") {
-            (&ix.everyone_all, &[])
-        } else {
-            (
-                ix.everyone_by_first
-                    .binary_search_by(|(k, _)| (**k).cmp(first))
-                    .map_or(&[][..], |p| &ix.everyone_by_first[p].1),
-                &ix.everyone_generic,
-            )
-        };
+        let (a, b): (&[u32], &[u32]) =
+            if action == Action::Subscribe && (first == "+" || first == "#") {
+                (&ix.everyone_all, &[])
+            } else {
+                (
+                    ix.everyone_by_first
+                        .binary_search_by(|(k, _)| (**k).cmp(first))
+                        .map_or(&[][..], |p| &ix.everyone_by_first[p].1),
+                    &ix.everyone_generic,
+                )
+            };
         let empty: &[u32] = &[];
         let lists: [&[u32]; 5] = match named {
             Some(n) => [a, b, n, empty, empty],
@@ -604,7 +617,11 @@ fn first_in_order<const N: usize>(
     }
 }
 
-fn compile_rule(key: &str, r: &AclRuleConfig, limits: &TopicLimits) -> Result<Rule, AclCompileError> {
+fn compile_rule(
+    key: &str,
+    r: &AclRuleConfig,
+    limits: &TopicLimits,
+) -> Result<Rule, AclCompileError> {
     let err = |sub: &str, reason: String| AclCompileError {
         key: format!("{key}.{sub}"),
         reason,
@@ -628,7 +645,10 @@ fn compile_rule(key: &str, r: &AclRuleConfig, limits: &TopicLimits) -> Result<Ru
         });
     }
     if r.topics.is_empty() {
-        return Err(err("topics", "a rule needs at least one topic filter".into()));
+        return Err(err(
+            "topics",
+            "a rule needs at least one topic filter".into(),
+        ));
     }
     let topics = r
         .topics
@@ -708,7 +728,13 @@ impl Acl {
 
     /// May `device` (logged in as `username`) publish to `topic`? A denial is counted and
     /// logged (rate-limited) for `edge`.
-    pub fn allows_publish(&self, edge: Edge, device: &str, username: Option<&str>, topic: &str) -> bool {
+    pub fn allows_publish(
+        &self,
+        edge: Edge,
+        device: &str,
+        username: Option<&str>,
+        topic: &str,
+    ) -> bool {
         let s = Subject {
             client_id: device,
             username,
@@ -733,7 +759,10 @@ impl Acl {
             username,
         };
         let inner = topic::shared_subscription(filter).map_or(filter, |(_, f)| f);
-        let ok = self.current.load().decide(Action::Subscribe, &s, inner, None);
+        let ok = self
+            .current
+            .load()
+            .decide(Action::Subscribe, &s, inner, None);
         if !ok {
             self.denied(edge, Action::Subscribe, device, filter);
         }

@@ -14,7 +14,13 @@ const D1: Subject<'static> = Subject {
     username: Some("alice"),
 };
 
-fn rule(devices: Option<&str>, users: Option<&str>, action: A, topics: &[&str], p: P) -> AclRuleConfig {
+fn rule(
+    devices: Option<&str>,
+    users: Option<&str>,
+    action: A,
+    topics: &[&str],
+    p: P,
+) -> AclRuleConfig {
     AclRuleConfig {
         devices: devices.map(Into::into),
         users: users.map(Into::into),
@@ -120,7 +126,11 @@ fn overlaps_is_exactly_a_shared_topic_over_every_small_filter() {
             let shared = topics
                 .iter()
                 .any(|t| topic::matches(f, t) && topic::matches(r, t));
-            assert_eq!(rule.overlaps(&D1, f, false), shared, "rule {r:?} requested {f:?}");
+            assert_eq!(
+                rule.overlaps(&D1, f, false),
+                shared,
+                "rule {r:?} requested {f:?}"
+            );
         }
     }
 }
@@ -147,13 +157,25 @@ fn a_client_id_with_wildcards_or_slashes_is_never_substituted() {
         vec![rule(Some("*"), None, A::All, &["devices/%c/#"], P::Allow)],
     );
     for id in ["+", "#", "a/b", "x+"] {
-        assert!(!a.allows_publish(Edge::Mqtt, id, None, &format!("devices/{id}/t")), "{id}");
-        assert!(!a.allows_subscribe(Edge::Mqtt, id, None, "devices/+/t"), "{id}");
+        assert!(
+            !a.allows_publish(Edge::Mqtt, id, None, &format!("devices/{id}/t")),
+            "{id}"
+        );
+        assert!(
+            !a.allows_subscribe(Edge::Mqtt, id, None, "devices/+/t"),
+            "{id}"
+        );
     }
     // A deny rule with a value it cannot substitute denies (fail closed).
     let d = acl(
         P::Allow,
-        vec![rule(Some("*"), None, A::Publish, &["private/%c/#"], P::Deny)],
+        vec![rule(
+            Some("*"),
+            None,
+            A::Publish,
+            &["private/%c/#"],
+            P::Deny,
+        )],
     );
     assert!(d.allows_publish(Edge::Mqtt, "a/b", None, "anything"));
     assert!(
@@ -178,7 +200,10 @@ fn first_match_wins_and_default_applies_when_none_matches() {
     assert!(a.allows_publish(Edge::Mqtt, "d1", None, "devices/d1/temp"));
     assert!(!a.allows_publish(Edge::Mqtt, "d1", None, "devices/d2/temp"));
     assert!(a.allows_publish(Edge::Mqtt, "d1", None, "shared/x"));
-    assert!(!a.allows_publish(Edge::Mqtt, "d10", None, "shared/x"), "? is one character");
+    assert!(
+        !a.allows_publish(Edge::Mqtt, "d10", None, "shared/x"),
+        "? is one character"
+    );
     assert!(!a.allows_subscribe(Edge::Mqtt, "d1", None, "#"));
     assert!(a.allows_subscribe(Edge::Mqtt, "d1", None, "devices/d1/+"));
     assert!(a.allows_subscribe(Edge::Mqtt, "d1", None, "$share/g/devices/d1/+"));
@@ -187,7 +212,10 @@ fn first_match_wins_and_default_applies_when_none_matches() {
         !a.allows_subscribe(Edge::Mqtt, "x", Some("ops-1"), "#"),
         "an earlier deny overlapping the filter wins"
     );
-    assert!(!a.allows_subscribe(Edge::Mqtt, "x", None, "devices/+/temp"), "no username");
+    assert!(
+        !a.allows_subscribe(Edge::Mqtt, "x", None, "devices/+/temp"),
+        "no username"
+    );
     assert_eq!(a.metrics.denied(Edge::Mqtt, Action::Subscribe), 3);
     assert_eq!(a.metrics.denied(Edge::Mqtt, Action::Publish), 2);
 }
@@ -203,12 +231,17 @@ fn the_device_view_decides_as_the_lookup_does() {
     ];
     let a = acl(P::Deny, rules);
     let mut view = DeviceAcl::new(&a, &D1);
-    for t in ["only/d1", "alice/x", "glob/d1", "all/x", "all/deny", "only/d2", "glob/d2", "x/deny"] {
+    for t in [
+        "only/d1", "alice/x", "glob/d1", "all/x", "all/deny", "only/d2", "glob/d2", "x/deny",
+    ] {
         let lookup = a.current.load().decide(Action::Publish, &D1, t, None);
         assert_eq!(view.allows_publish(&a, &D1, t), lookup, "{t}");
     }
     assert!(view.allows_publish(&a, &D1, "all/x"));
-    assert!(view.allows_publish(&a, &D1, "all/deny"), "the earlier allow wins");
+    assert!(
+        view.allows_publish(&a, &D1, "all/deny"),
+        "the earlier allow wins"
+    );
     assert!(!view.allows_publish(&a, &D1, "x/deny"));
     // A new snapshot is picked up.
     a.publish(AclSnapshot::default());
@@ -218,12 +251,27 @@ fn the_device_view_decides_as_the_lookup_does() {
 #[test]
 fn bad_rules_are_refused_with_their_key_path() {
     let cases: [(AclRuleConfig, &str); 6] = [
-        (rule(Some("[ab]"), None, A::All, &["a"], P::Allow), "acl.rule[0].devices"),
-        (rule(None, Some(""), A::All, &["a"], P::Allow), "acl.rule[0].users"),
+        (
+            rule(Some("[ab]"), None, A::All, &["a"], P::Allow),
+            "acl.rule[0].devices",
+        ),
+        (
+            rule(None, Some(""), A::All, &["a"], P::Allow),
+            "acl.rule[0].users",
+        ),
         (rule(None, None, A::All, &["a"], P::Allow), "acl.rule[0]"),
-        (rule(Some("*"), None, A::All, &["a/#/b"], P::Allow), "acl.rule[0].topics[0]"),
-        (rule(Some("*"), None, A::All, &["a", "%x"], P::Allow), "acl.rule[0].topics[1]"),
-        (rule(Some("*"), None, A::All, &[], P::Allow), "acl.rule[0].topics"),
+        (
+            rule(Some("*"), None, A::All, &["a/#/b"], P::Allow),
+            "acl.rule[0].topics[0]",
+        ),
+        (
+            rule(Some("*"), None, A::All, &["a", "%x"], P::Allow),
+            "acl.rule[0].topics[1]",
+        ),
+        (
+            rule(Some("*"), None, A::All, &[], P::Allow),
+            "acl.rule[0].topics",
+        ),
     ];
     for (r, key) in cases {
         let cfg = AclConfig {
@@ -257,9 +305,23 @@ fn globs_match_like_shell_patterns() {
 #[test]
 fn a_thousand_rules_for_other_devices_are_not_walked() {
     let mut rules: Vec<AclRuleConfig> = (0..1000)
-        .map(|i| rule(Some(&format!("dev-{i}")), None, A::Publish, &[&format!("devices/dev-{i}/#")], P::Allow))
+        .map(|i| {
+            rule(
+                Some(&format!("dev-{i}")),
+                None,
+                A::Publish,
+                &[&format!("devices/dev-{i}/#")],
+                P::Allow,
+            )
+        })
         .collect();
-    rules.push(rule(Some("*"), None, A::Publish, &["devices/%c/#"], P::Allow));
+    rules.push(rule(
+        Some("*"),
+        None,
+        A::Publish,
+        &["devices/%c/#"],
+        P::Allow,
+    ));
     let a = acl(P::Deny, rules);
     let s = Subject {
         client_id: "dev-7",
@@ -268,7 +330,11 @@ fn a_thousand_rules_for_other_devices_are_not_walked() {
     let view = DeviceAcl::new(&a, &s);
     assert_eq!(view.named[0].len(), 1, "only its own rule is kept");
     let snap = a.current.load();
-    let lists: Vec<_> = snap.index[0].everyone_by_first.iter().map(|(k, v)| (&**k, v.len())).collect();
+    let lists: Vec<_> = snap.index[0]
+        .everyone_by_first
+        .iter()
+        .map(|(k, v)| (&**k, v.len()))
+        .collect();
     assert_eq!(lists, [("devices", 1)]);
 }
 
@@ -278,10 +344,24 @@ fn a_thousand_rules_for_other_devices_are_not_walked() {
 #[ignore]
 fn print_the_cost_of_a_check() {
     let mut rules: Vec<AclRuleConfig> = (0..998)
-        .map(|i| rule(Some(&format!("dev-{i}")), None, A::Publish, &[&format!("devices/dev-{i}/#")], P::Allow))
+        .map(|i| {
+            rule(
+                Some(&format!("dev-{i}")),
+                None,
+                A::Publish,
+                &[&format!("devices/dev-{i}/#")],
+                P::Allow,
+            )
+        })
         .collect();
     rules.push(rule(Some("*"), None, A::Subscribe, &["$SYS/#"], P::Deny));
-    rules.push(rule(Some("*"), None, A::Publish, &["devices/%c/#"], P::Allow));
+    rules.push(rule(
+        Some("*"),
+        None,
+        A::Publish,
+        &["devices/%c/#"],
+        P::Allow,
+    ));
     let none = acl(P::Allow, Vec::new());
     let two = acl(P::Deny, rules[998..].to_vec());
     let thousand = acl(P::Deny, rules);
@@ -290,20 +370,33 @@ fn print_the_cost_of_a_check() {
         username: None,
     };
     const N: u32 = 1_000_000;
-    for (name, a) in [("0 rules", &none), ("2 rules", &two), ("1000 rules", &thousand)] {
+    for (name, a) in [
+        ("0 rules", &none),
+        ("2 rules", &two),
+        ("1000 rules", &thousand),
+    ] {
         let mut view = DeviceAcl::new(a, &s);
         let t = Instant::now();
         let mut ok = 0u32;
         for _ in 0..N {
-            ok += u32::from(view.allows_publish(a, &s, std::hint::black_box("devices/dev-999/temp")));
+            ok +=
+                u32::from(view.allows_publish(a, &s, std::hint::black_box("devices/dev-999/temp")));
         }
         let per = t.elapsed() / N;
         assert_eq!(ok, N);
         println!("{name}: {per:?} per publish check (view)");
         let t = Instant::now();
         for _ in 0..N {
-            a.allows_publish(Edge::Coap, std::hint::black_box("dev-999"), None, "devices/dev-999/temp");
+            a.allows_publish(
+                Edge::Coap,
+                std::hint::black_box("dev-999"),
+                None,
+                "devices/dev-999/temp",
+            );
         }
-        println!("{name}: {:?} per publish check (lookup, CoAP/PHD)", t.elapsed() / N);
+        println!(
+            "{name}: {:?} per publish check (lookup, CoAP/PHD)",
+            t.elapsed() / N
+        );
     }
 }

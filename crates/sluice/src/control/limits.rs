@@ -105,11 +105,31 @@ pub enum Limited {
 }
 
 const LIMITED: [(Limited, &str, &str); 5] = [
-    (Limited::SourceRate, "sluice_limits_connections_refused_total", "source_rate"),
-    (Limited::GlobalRate, "sluice_limits_connections_refused_total", "global_rate"),
-    (Limited::Flapping, "sluice_limits_connections_refused_total", "flapping"),
-    (Limited::PublishDropped, "sluice_limits_publish_dropped_total", "rate"),
-    (Limited::PublishThrottled, "sluice_limits_publish_throttled_total", "rate"),
+    (
+        Limited::SourceRate,
+        "sluice_limits_connections_refused_total",
+        "source_rate",
+    ),
+    (
+        Limited::GlobalRate,
+        "sluice_limits_connections_refused_total",
+        "global_rate",
+    ),
+    (
+        Limited::Flapping,
+        "sluice_limits_connections_refused_total",
+        "flapping",
+    ),
+    (
+        Limited::PublishDropped,
+        "sluice_limits_publish_dropped_total",
+        "rate",
+    ),
+    (
+        Limited::PublishThrottled,
+        "sluice_limits_publish_throttled_total",
+        "rate",
+    ),
 ];
 
 /// `sluice_limits_*`.
@@ -208,7 +228,10 @@ fn source_key(ip: IpAddr) -> IpAddr {
             let s = v6.segments();
             IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
         }
-        IpAddr::V6(v6) => IpAddr::V4(v6.to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED)),
+        IpAddr::V6(v6) => IpAddr::V4(
+            v6.to_ipv4_mapped()
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+        ),
         v4 => v4,
     }
 }
@@ -244,7 +267,8 @@ impl ConnectLimits {
             let cap = (self.cfg.connect_sources_memory.as_usize() / SOURCE_ENTRY_BYTES).max(1);
             if !t.sources.contains_key(&key)
                 && t.sources.len() >= cap
-                && t.sources_swept.is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
+                && t.sources_swept
+                    .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
             {
                 t.sources.retain(|_, b| !b.is_full(now));
                 t.sources_swept = Some(now);
@@ -291,7 +315,9 @@ impl ConnectLimits {
         let cost = FLAP_ENTRY_BYTES + client_id.len();
         let max = self.cfg.flap_memory.as_usize();
         if !t.flaps.contains_key(client_id) && t.flaps_bytes + cost > max {
-            if t.flaps_swept.is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY) {
+            if t.flaps_swept
+                .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
+            {
                 let mut freed = 0;
                 t.flaps.retain(|k, f| {
                     let keep = f.held_until.is_some_and(|h| h > now)
@@ -351,8 +377,13 @@ impl PublishRate {
     /// `None` when neither rate is set (the connection then keeps nothing).
     pub fn new(cfg: &LimitsConfig, max_packet: u64) -> Option<Box<PublishRate>> {
         let now = Instant::now();
-        let messages = (cfg.publish_rate > 0)
-            .then(|| TokenBucket::new(cfg.publish_rate as f64, cfg.publish_burst.max(1) as f64, now));
+        let messages = (cfg.publish_rate > 0).then(|| {
+            TokenBucket::new(
+                cfg.publish_rate as f64,
+                cfg.publish_burst.max(1) as f64,
+                now,
+            )
+        });
         let bytes = (cfg.publish_bytes_rate.0 > 0).then(|| {
             let burst = cfg.publish_bytes_burst.0.max(max_packet).max(1);
             TokenBucket::new(cfg.publish_bytes_rate.0 as f64, burst as f64, now)
@@ -384,7 +415,10 @@ impl PublishRate {
 
     /// QoS 1/2: take the message's tokens; how long to stop reading the device.
     pub fn send(&mut self, len: usize, now: Instant) -> Duration {
-        let m = self.messages.as_mut().map_or(Duration::ZERO, |b| b.take(1.0, now));
+        let m = self
+            .messages
+            .as_mut()
+            .map_or(Duration::ZERO, |b| b.take(1.0, now));
         let b = self
             .bytes
             .as_mut()
@@ -482,7 +516,13 @@ mod tests {
         assert!(r.try_send(10, now));
         assert!(!r.try_send(10, now));
         let wait = r.send(10, now);
-        assert!(wait > Duration::from_millis(50) && wait <= Duration::from_millis(100), "{wait:?}");
-        assert!(PublishRate::new(&LimitsConfig::default(), 1024).is_none(), "off by default");
+        assert!(
+            wait > Duration::from_millis(50) && wait <= Duration::from_millis(100),
+            "{wait:?}"
+        );
+        assert!(
+            PublishRate::new(&LimitsConfig::default(), 1024).is_none(),
+            "off by default"
+        );
     }
 }

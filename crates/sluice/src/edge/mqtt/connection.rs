@@ -43,13 +43,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
+use crate::control::acl::Subject;
 use crate::control::priority::Priority;
 use crate::edge::ack::DeviceAcks;
 use crate::edge::mqtt::session::{OutStage, Session};
 use crate::shard::metrics::CloseReason;
 use crate::shard::router as route;
 use crate::shard::{Adopted, ShardContext};
-use crate::control::acl::Subject;
 
 /// How long a write to a device may stall before the device counts as a slow consumer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);

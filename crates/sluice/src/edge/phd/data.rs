@@ -27,9 +27,9 @@ use sluice_proto::phd::{Apdu, DataApdu, DataMessage, Manager, Output};
 use super::assoc::{forget, signal, sleep_until, sync_agent, Step};
 use super::conn::{Conn, Read};
 use super::{topic, Handover, PhdShared};
+use crate::control::acl::Edge;
 use crate::control::phd::hex;
 use crate::edge::ack::{AckToken, DeviceAcks};
-use crate::control::acl::Edge;
 use crate::edge::DeviceMessage;
 use crate::shard::{router, ShardContext};
 
@@ -295,8 +295,13 @@ impl Task {
                     }
                     let priority = self.ctx.priority.device(&device);
                     for mm in ms {
-                        let topic = ByteString::from(topic(&self.shared.topic, &device, &mm.metric));
-                        if !self.ctx.acl.allows_publish(Edge::Phd, &device, None, &topic) {
+                        let topic =
+                            ByteString::from(topic(&self.shared.topic, &device, &mm.metric));
+                        if !self
+                            .ctx
+                            .acl
+                            .allows_publish(Edge::Phd, &device, None, &topic)
+                        {
                             // [acl]: dropped, counted; refused, not lost (ADR 0008).
                             if let Some(t) = &token {
                                 t.share().complete_with(0x87);
