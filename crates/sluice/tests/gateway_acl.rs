@@ -150,12 +150,19 @@ async fn mqtt311_refused_publishes_are_acknowledged_but_dropped() {
             .unwrap(),
         0
     );
+    // QoS 2: PUBREC, PUBREL, PUBCOMP as usual, and dropped.
+    assert_eq!(
+        d1.publish("devices/d9/y", "spoof2", QoS::ExactlyOnce, false)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(
         next(&mut watcher, T).await,
         Some(("devices/d1/x".into(), "ok".into()))
     );
     assert_eq!(next(&mut watcher, QUIET).await, None);
-    assert_eq!(denied(&gw, "mqtt", "publish"), 1.0);
+    assert_eq!(denied(&gw, "mqtt", "publish"), 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
