@@ -147,8 +147,9 @@ impl MqttListener {
         {
             Ok(assigned) => assigned,
             Err(refusal) => {
-                // Busy refusals come in storms; admission logs them at most once a second.
-                if refusal != Refusal::Busy {
+                // Busy and flapping refusals come in storms; they are logged at most once a
+                // second where they are decided.
+                if !matches!(refusal, Refusal::Busy | Refusal::ConnectRate) {
                     tracing::info!(%peer, client_id = %connect.client_id, reason = %refusal, "device refused");
                 }
                 self.metrics.rejected.inc();
