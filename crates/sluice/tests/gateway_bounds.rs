@@ -635,3 +635,151 @@ fn tail(path: &Path) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+// ---------------------------------------------------------------------------------------------
+// [limits] (ADR 0008): flapping client ids, connection rates at accept, per-device publish rates.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_client_id_is_refused_with_0x9f_and_other_devices_are_not() {
+    let gw = gateway_mqtt(
+        1,
+        "",
+        "[limits]\nflap_connects = 3\nflap_window = \"60s\"\nflap_hold = \"60s\"\n",
+    );
+    for (id, version, refused) in [
+        ("flappy", ProtocolVersion::V5, 0x9F),
+        ("flappy-311", ProtocolVersion::V311, 0x03),
+    ] {
+        for _ in 0..3 {
+            let (c, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::new(version, id))
+                .await
+                .unwrap();
+            assert_eq!(ack.code, 0);
+            c.disconnect().await.unwrap();
+        }
+        let (_c, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::new(version, id))
+            .await
+            .unwrap();
+        assert_eq!(
+            ack.code, refused,
+            "{id}: the fourth CONNECT within the window"
+        );
+    }
+    let (_calm, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("calm"))
+        .await
+        .unwrap();
+    assert_eq!(ack.code, 0, "another client id is not held");
+    assert_eq!(
+        metric_sum(
+            &gw.metrics_text(),
+            "sluice_limits_connections_refused_total{reason=\"flapping\"}"
+        ),
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_a_sources_rate_are_closed_at_accept_until_tokens_return() {
+    let gw = gateway_mqtt(
+        1,
+        "",
+        "[limits]\nconnect_rate_per_source = 2\nconnect_burst_per_source = 2\n",
+    );
+    let mut kept = Vec::new();
+    for i in 0..2 {
+        let (c, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5(format!("src-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(ack.code, 0);
+        kept.push(c);
+    }
+    assert!(
+        TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("src-2"))
+            .await
+            .is_err(),
+        "the third connection in a burst of 2 is closed without a CONNACK"
+    );
+    assert!(
+        metric_sum(
+            &gw.metrics_text(),
+            "sluice_limits_connections_refused_total{reason=\"source_rate\"}"
+        ) >= 1.0
+    );
+    // A token comes back within half a second at 2/s.
+    let started = Instant::now();
+    loop {
+        if let Ok((_c, ack)) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("src-3")).await {
+            assert_eq!(ack.code, 0);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no token came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_over_its_publish_rate_loses_qos0_and_is_slowed_for_qos1() {
+    let gw = gateway_mqtt(1, "", "[limits]\npublish_rate = 10\npublish_burst = 5\n");
+    let (mut watch, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("watch"))
+        .await
+        .unwrap();
+    watch
+        .subscribe(&[("rate/#", QoS::AtMostOnce)])
+        .await
+        .unwrap();
+    let (mut fast, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("fast"))
+        .await
+        .unwrap();
+    for i in 0..30u32 {
+        fast.publish("rate/q0", i.to_be_bytes().to_vec(), QoS::AtMostOnce, false)
+            .await
+            .unwrap();
+    }
+    fast.ping().await.unwrap(); // everything before the ping was read
+    let dropped = metric_sum(
+        &gw.metrics_text(),
+        "sluice_limits_publish_dropped_total{reason=\"rate\"}",
+    );
+    assert!(dropped >= 20.0, "dropped {dropped} of 30 with a burst of 5");
+    let mut got = 0;
+    while watch
+        .recv(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_some()
+    {
+        got += 1;
+    }
+    assert_eq!(
+        got as f64,
+        30.0 - dropped,
+        "what was not dropped was delivered"
+    );
+
+    // QoS 1: nothing lost, but 15 messages at 10/s take about 1.5 s.
+    let started = Instant::now();
+    for i in 0..15u32 {
+        let code = fast
+            .publish("rate/q1", i.to_be_bytes().to_vec(), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+        assert_eq!(code, 0);
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1000),
+        "15 QoS 1 messages took {took:?}"
+    );
+    for _ in 0..15 {
+        assert!(watch.recv(Duration::from_secs(5)).await.unwrap().is_some());
+    }
+    assert!(
+        metric_sum(
+            &gw.metrics_text(),
+            "sluice_limits_publish_throttled_total{reason=\"rate\"}"
+        ) >= 10.0
+    );
+}

@@ -70,6 +70,8 @@ pub enum AppError {
     Thread(std::io::Error),
     #[error(transparent)]
     Spool(#[from] crate::sink::spool::SpoolStartError),
+    #[error("access control list: {0}")]
+    Acl(String),
 }
 
 /// A configured gateway whose sockets are bound but whose threads are not started yet.
@@ -89,6 +91,8 @@ pub struct Gateway {
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
     /// Opened and recovered; empty without a spool.
     spools: crate::sink::spool::OpenedSpools,
+    /// `[acl]` compiled (its file read).
+    acl: crate::control::acl::AclSnapshot,
 }
 
 impl Gateway {
@@ -147,9 +151,19 @@ impl Gateway {
             ),
             None => None,
         };
+        let acl_file = match &config.acl.file {
+            Some(path) => {
+                Some(crate::config::read_acl_file(path).map_err(|e| AppError::Acl(e.to_string()))?)
+            }
+            None => None,
+        };
+        let acl =
+            crate::control::acl::AclSnapshot::compile(&config.acl, acl_file.as_ref(), &config.mqtt)
+                .map_err(|e| AppError::Acl(e.to_string()))?;
         // Last, after everything cheap has been checked: recovery may read the whole spool.
         let spools = crate::sink::spool::open_all(&config, shards)?;
         Ok(Gateway {
+            acl,
             config: Arc::new(config),
             shards,
             mqtt,
@@ -188,6 +202,7 @@ impl Gateway {
             phd,
             uplink_tls,
             spools,
+            acl,
         } = self;
         let coap_addr = coap.first().and_then(|s| s.local_addr().ok());
         let mut coap = coap.into_iter();
@@ -209,6 +224,11 @@ impl Gateway {
             .map(|_| Arc::new(crate::proxy::ProxyMetrics::new(&config)))
             .collect();
         let priority = Arc::new(PriorityTable::new(&config.priority));
+        let acl = crate::control::acl::Acl::new(acl, control_metrics.acl.clone());
+        let connect_limits = Arc::new(crate::control::limits::ConnectLimits::new(
+            &config.limits,
+            control_metrics.limits.clone(),
+        ));
         let uplink_metrics: Vec<Vec<LaneMetrics>> = (0..shards)
             .map(|_| {
                 config
@@ -322,6 +342,8 @@ impl Gateway {
                 snapshot: snapshot.clone(),
                 metrics: shard_metrics[id].clone(),
                 priority: priority.clone(),
+                acl: acl.clone(),
+                limits: control_metrics.limits.clone(),
                 uplink_metrics: uplink_metrics[id].clone(),
                 uplink_tls: uplink_tls.clone(),
                 uplink_ports: uplink_ports.clone(),
@@ -376,7 +398,10 @@ impl Gateway {
             reloads: reload::ReloadMetrics::default(),
         });
         let listener = MqttListener {
-            admission: Admission::new(&config.mqtt),
+            admission: Admission::new(&config.mqtt)
+                .with_acl(acl.clone())
+                .with_limits(connect_limits.clone()),
+            limits: connect_limits,
             shards: txs,
             live_connections: live,
             max_connections: config.mqtt.max_connections,

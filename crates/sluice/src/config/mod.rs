@@ -17,9 +17,11 @@
 //!
 //! The file format is documented option by option in `config/sluice.example.toml`.
 
+mod acl;
 mod coap;
 mod function;
 mod lanes;
+mod limits;
 mod multipath;
 mod onem2m;
 mod phd;
@@ -40,12 +42,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use acl::{read_acl_file, AclAction, AclConfig, AclFile, AclPermission, AclRuleConfig};
 pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
 pub use function::{
     dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl, SocketMode,
     FUNCTION_SINK_PREFIX,
 };
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
+pub use limits::LimitsConfig;
 pub use multipath::MultipathConfig;
 pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,
@@ -154,7 +158,7 @@ fn location_suffix(line: Option<usize>, column: Option<usize>) -> String {
 }
 
 /// The whole file: `[gateway]`, `[mqtt]`, `[coap]`, `[admin]`, `[log]`, `[priority]`, `[spool]`,
-/// `[multipath]`, `[phd]` and any
+/// `[multipath]`, `[phd]`, `[acl]`, `[limits]` and any
 /// number of `[[uplink]]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -168,6 +172,10 @@ pub struct Config {
     pub spool: SpoolConfig,
     pub multipath: MultipathConfig,
     pub phd: PhdConfig,
+    /// Authorization for every edge (`control/acl.rs`, ADR 0008).
+    pub acl: AclConfig,
+    /// Per-device rates, connection rates, flapping devices (ADR 0008).
+    pub limits: LimitsConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uplink: Vec<UplinkConfig>,
     /// Edge functions (`config/function.rs`).
@@ -227,6 +235,7 @@ impl Config {
             }
         };
         resolve(&mut self.spool.dir);
+        resolve(&mut self.acl.file);
         for u in &mut self.uplink {
             resolve(&mut u.ca_file);
             resolve(&mut u.cert_file);

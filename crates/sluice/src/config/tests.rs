@@ -832,3 +832,71 @@ fn the_admin_token_is_read_from_its_file_checked_and_never_printed() {
     }
     assert!(c.to_toml().contains("token_file = "), "{}", c.to_toml());
 }
+
+#[test]
+fn acl_rules_and_limits_are_checked_with_their_key_path() {
+    let rule = |body: &str| format!("[acl]\n[[acl.rule]]\n{body}\n");
+    let cases = [
+        (
+            rule("devices = \"d[0-9]\"\naction = \"all\"\ntopics = [\"a\"]\npermission = \"allow\""),
+            "acl.rule[0].devices: ",
+        ),
+        (
+            rule("devices = \"*\"\naction = \"read\"\ntopics = [\"a\"]\npermission = \"allow\""),
+            "acl.rule[0].action: ",
+        ),
+        (
+            rule("devices = \"*\"\naction = \"all\"\ntopics = [\"a\", \"b/#/c\"]\npermission = \"allow\""),
+            "acl.rule[0].topics[1]: ",
+        ),
+        (
+            rule("action = \"all\"\ntopics = [\"a\"]\npermission = \"allow\""),
+            "acl.rule[0]: ",
+        ),
+        ("[acl]\ndefault = \"maybe\"".to_string(), "acl.default: "),
+        (
+            "[limits]\npublish_rate = 5\npublish_burst = 0".to_string(),
+            "limits.publish_burst: ",
+        ),
+        ("[limits]\nflap_window = \"0s\"".to_string(), "limits.flap_window: "),
+    ];
+    for (text, prefix) in cases {
+        let e = err(&text);
+        assert!(e.starts_with(prefix), "{text:?} gave {e}");
+    }
+}
+
+#[test]
+fn acl_rules_from_a_file_are_read_and_checked_with_the_files_key_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("acl.toml");
+    fs::write(
+        &file,
+        "[[rule]]\nusers = \"ops-*\"\naction = \"subscribe\"\ntopics = [\"%u/+/x\"]\npermission = \"allow\"\n",
+    )
+    .unwrap();
+    let text = format!(
+        "[acl]\ndefault = \"deny\"\nfile = {:?}\n",
+        file.display().to_string()
+    );
+    let c = parse(&text).unwrap();
+    assert_eq!(c.acl.file.as_deref(), Some(file.as_path()));
+    fs::write(
+        &file,
+        "[[rule]]\ndevices = \"*\"\naction = \"all\"\ntopics = [\"%q\"]\npermission = \"allow\"\n",
+    )
+    .unwrap();
+    let e = parse(&text).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!("acl.file({}).rule[0].topics[0]: ", file.display())),
+        "{e}"
+    );
+    let missing = format!(
+        "[acl]\nfile = {:?}\n",
+        dir.path().join("none.toml").display().to_string()
+    );
+    assert!(parse(&missing)
+        .unwrap_err()
+        .to_string()
+        .starts_with("acl.file: cannot read"));
+}

@@ -69,6 +69,47 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     multipath::check_multipath(config)?;
     phd::check_phd(config, files)?;
     function::check_functions(config, files)?;
+    check_acl(config, files)?;
+    check_limits(config)?;
+    Ok(())
+}
+
+/// `[acl]`: every rule compiles (globs, filters, placeholders), the rules file's too.
+fn check_acl(config: &Config, files: Files) -> Result<(), ConfigError> {
+    let file = match (&config.acl.file, files) {
+        (Some(path), Files::MustExist) => Some(super::read_acl_file(path)?),
+        _ => None,
+    };
+    crate::control::acl::AclSnapshot::compile(&config.acl, file.as_ref(), &config.mqtt)
+        .map(|_| ())
+        .map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            reason: e.reason,
+        })
+}
+
+/// `[limits]`: bursts hold at least one.
+fn check_limits(config: &Config) -> Result<(), ConfigError> {
+    let l = &config.limits;
+    for (key, rate, burst) in [
+        ("limits.publish_burst", l.publish_rate, l.publish_burst),
+        (
+            "limits.connect_burst_per_source",
+            l.connect_rate_per_source,
+            l.connect_burst_per_source,
+        ),
+        ("limits.connect_burst", l.connect_rate, l.connect_burst),
+    ] {
+        if rate > 0 && burst == 0 {
+            return invalid(key, "must be at least 1 when its rate is set");
+        }
+    }
+    if l.flap_connects > 0 && (l.flap_window.is_zero() || l.flap_hold.is_zero()) {
+        return invalid(
+            "limits.flap_window",
+            "flap_window and flap_hold must be longer than 0s when flap_connects is set",
+        );
+    }
     Ok(())
 }
 

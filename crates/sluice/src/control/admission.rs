@@ -23,6 +23,10 @@
 //! Nothing is cached: every login with a password is verified against its hash (a cache of
 //! accepted passwords would keep secrets in memory).
 //!
+//! A client id connecting too often is refused first (`[limits]`, CONNACK 0x9F / 3.1.1
+//! 0x03, before any password check); a will topic the device may not publish to
+//! (`[acl]`) is refused after the login (CONNACK 0x87 / 3.1.1 0x05).
+//!
 //! Anonymous devices (no username) are admitted per [`MqttConfig::anonymous_allowed`]: by
 //! default only when no users are configured.
 
@@ -57,7 +61,17 @@ pub enum Refusal {
     /// Input bounds: the will topic is beyond `mqtt.max_topic_levels`/`max_topic_length`.
     #[error("will topic beyond mqtt.max_topic_levels or mqtt.max_topic_length")]
     WillTopicRefused,
+    /// `[acl]`: the device may not publish to its will topic.
+    #[error("the access control list does not let this device publish to its will topic")]
+    WillNotAuthorized,
+    /// `[limits]`: this client id connected more than `flap_connects` times within
+    /// `flap_window`; refused for `flap_hold`.
+    #[error("client id connecting too often (flapping); refused for a while")]
+    ConnectRate,
 }
+
+/// MQTT 5 CONNACK 0x9F Connection rate exceeded.
+const CONNECTION_RATE_EXCEEDED: u8 = 0x9F;
 
 impl Refusal {
     pub fn connack_code(self, version: ProtocolVersion) -> u8 {
@@ -76,6 +90,10 @@ impl Refusal {
             (Refusal::Busy, ProtocolVersion::V311) => reason::V3_SERVER_UNAVAILABLE,
             (Refusal::WillTopicRefused, ProtocolVersion::V5) => reason::TOPIC_NAME_INVALID,
             (Refusal::WillTopicRefused, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
+            (Refusal::WillNotAuthorized, ProtocolVersion::V5) => reason::NOT_AUTHORIZED,
+            (Refusal::WillNotAuthorized, ProtocolVersion::V311) => reason::V3_NOT_AUTHORIZED,
+            (Refusal::ConnectRate, ProtocolVersion::V5) => CONNECTION_RATE_EXCEEDED,
+            (Refusal::ConnectRate, ProtocolVersion::V311) => reason::V3_SERVER_UNAVAILABLE,
         }
     }
 }
@@ -142,6 +160,10 @@ pub struct Admission {
     /// When a busy refusal was last logged (ms since `started`; 0 = never).
     busy_logged_ms: AtomicU64,
     started: Instant,
+    /// `[acl]`: the will topic is checked at CONNECT.
+    acl: Option<Arc<crate::control::acl::Acl>>,
+    /// `[limits]`: flapping client ids are refused before any password check.
+    limits: Option<Arc<crate::control::limits::ConnectLimits>>,
 }
 
 /// A running check's slot: released (and the gauge lowered) when the hash returns.
@@ -176,7 +198,21 @@ impl Admission {
             busy_logged_ms: AtomicU64::new(0),
             started: Instant::now(),
             topic_limits: TopicLimits::new(cfg),
+            acl: None,
+            limits: None,
         }
+    }
+
+    /// Check will topics against this ACL.
+    pub fn with_acl(mut self, acl: Arc<crate::control::acl::Acl>) -> Admission {
+        self.acl = Some(acl);
+        self
+    }
+
+    /// Refuse flapping client ids (`[limits] flap_connects`).
+    pub fn with_limits(mut self, limits: Arc<crate::control::limits::ConnectLimits>) -> Admission {
+        self.limits = Some(limits);
+        self
     }
 
     /// Decide on a CONNECT. On success returns whether the gateway assigned the client id
@@ -193,6 +229,11 @@ impl Admission {
         }
         if let Some(will) = &connect.will {
             (self.topic_limits.check(&will.topic)).map_err(|_| Refusal::WillTopicRefused)?;
+        }
+        if let Some(limits) = &self.limits {
+            if !limits.admit_client(&connect.client_id) {
+                return Err(Refusal::ConnectRate);
+            }
         }
         let mut assigned = false;
         if connect.client_id.is_empty() {
@@ -217,6 +258,29 @@ impl Admission {
                 return Err(Refusal::ClientIdRejected);
             }
         }
+        let admitted = self.login(connect, assigned, deadline, metrics).await?;
+        if let (Some(acl), Some(will)) = (&self.acl, &connect.will) {
+            let username = crate::shard::Adopted::acl_username(connect);
+            if !acl.allows_publish(
+                crate::control::acl::Edge::Mqtt,
+                &connect.client_id,
+                username,
+                &will.topic,
+            ) {
+                return Err(Refusal::WillNotAuthorized);
+            }
+        }
+        Ok(admitted)
+    }
+
+    /// The login part of [`Admission::admit`]: anonymous or a checked password.
+    async fn login(
+        &self,
+        connect: &Connect,
+        assigned: bool,
+        deadline: tokio::time::Instant,
+        metrics: &Arc<AdmissionMetrics>,
+    ) -> Result<bool, Refusal> {
         match &connect.username {
             None if self.allow_anonymous => Ok(assigned),
             None => Err(Refusal::NotAuthorized),

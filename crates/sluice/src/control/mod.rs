@@ -10,6 +10,8 @@
 //!   to route messages to each other (shared subscriptions kept apart, each group once);
 //! - [`retained`] — the bounded retained store and its replay to new subscribers;
 //! - [`priority`] — the immutable priority table;
+//! - [`acl`] — authorization for every edge, an immutable snapshot published with `arc-swap`;
+//! - [`limits`] — connection rates at accept and flapping client ids (the listener asks);
 //! - [`phd`] — IEEE 11073 agents and their learnt configurations (the association room; its
 //!   tasks run on the `sluice-phd` thread, `crate::edge::phd::assoc`).
 //!
@@ -25,7 +27,9 @@
 //! together are applied together and published in one snapshot; a subscribe is replied to
 //! only after a snapshot containing it is published.
 
+pub mod acl;
 pub mod admission;
+pub mod limits;
 pub mod phd;
 pub mod priority;
 pub mod registry;
@@ -89,6 +93,10 @@ pub struct ControlMetrics {
     pub admission: Arc<admission::AdmissionMetrics>,
     /// Input bounds: bytes of the retained store (topic + payload + 256 B each).
     pub retained_bytes: Gauge,
+    /// `[acl]` denials, all edges.
+    pub acl: Arc<acl::AclMetrics>,
+    /// `[limits]` refusals and drops.
+    pub limits: Arc<limits::LimitsMetrics>,
 }
 
 impl ControlMetrics {
@@ -154,6 +162,8 @@ impl ControlMetrics {
             self.devices_connected.get(),
         );
         self.admission.render(w);
+        self.acl.render(w);
+        self.limits.render(w);
     }
 }
 

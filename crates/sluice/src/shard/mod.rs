@@ -51,6 +51,14 @@ pub struct Adopted {
     pub assigned_client_id: bool,
 }
 
+impl Adopted {
+    /// The username the ACL's `users` globs and `%u` see: the one place that says where a
+    /// device's username comes from (today the CONNECT's login).
+    pub fn acl_username(connect: &Connect) -> Option<&str> {
+        connect.username.as_deref()
+    }
+}
+
 /// A message routed from one shard to the subscribers on another.
 #[derive(Debug, Clone)]
 pub struct Routed {
@@ -117,6 +125,10 @@ pub struct ShardContext {
     pub sessions: RefCell<HashMap<ByteString, Rc<Session>>>,
     pub uplinks: Vec<ShardUplink>,
     pub priority: Arc<PriorityTable>,
+    /// `[acl]`, read without a lock (`control/acl.rs`).
+    pub acl: Arc<crate::control::acl::Acl>,
+    /// `[limits]` counters (per-device publish rates).
+    pub limits: Arc<crate::control::limits::LimitsMetrics>,
     pub metrics: Arc<ShardMetrics>,
     /// Open device connections, whole gateway, including ones still before CONNECT
     /// (admission bound).
@@ -147,6 +159,8 @@ pub struct ShardSeed {
     pub snapshot: SharedSnapshot,
     pub metrics: Arc<ShardMetrics>,
     pub priority: Arc<PriorityTable>,
+    pub acl: Arc<crate::control::acl::Acl>,
+    pub limits: Arc<crate::control::limits::LimitsMetrics>,
     pub uplink_metrics: Vec<LaneMetrics>,
     pub uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
     /// Per uplink, told the high lane's source port on connect (`install_tc`).
@@ -214,6 +228,8 @@ async fn run(seed: ShardSeed) {
         snapshot,
         metrics,
         priority,
+        acl,
+        limits: limits_metrics,
         uplink_metrics,
         uplink_tls,
         uplink_ports,
@@ -282,6 +298,8 @@ async fn run(seed: ShardSeed) {
         sessions: RefCell::new(HashMap::new()),
         uplinks,
         priority,
+        acl,
+        limits: limits_metrics,
         metrics,
         live_connections,
         online_devices: online_devices.clone(),

@@ -73,6 +73,9 @@ pub(super) fn publish(
     if let Err(e) = crate::shard::limits::TopicLimits::new(&shard.ctx.config.mqtt).check(&name) {
         return bad_request(shard, format!("topic beyond the gateway's limits: {e}"));
     }
+    if !(shard.ctx.acl).allows_publish(crate::control::acl::Edge::Coap, device, None, &name) {
+        return Reply::Now(error(Code::FORBIDDEN, "not authorized")); // [acl], counted there
+    }
     let qos = match req.query("qos") {
         None if req.mtype == MsgType::Con => QoS::AtLeastOnce,
         None => QoS::AtMostOnce,

@@ -43,6 +43,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
+use crate::control::acl::Subject;
 use crate::control::priority::Priority;
 use crate::edge::ack::DeviceAcks;
 use crate::edge::mqtt::session::{OutStage, Session};
@@ -127,6 +128,12 @@ struct Connection {
     client_id: ByteString,
     /// The device's own priority (from the priority table, fixed for the connection).
     priority: Priority,
+    /// The username the ACL sees (`Adopted::acl_username`).
+    username: Option<ByteString>,
+    /// `[acl]` rules naming this device (`control/acl.rs`).
+    acl: crate::control::acl::DeviceAcl,
+    /// `[limits]` publish rate; `None` when no rate is set.
+    rate: Option<Box<crate::control::limits::PublishRate>>,
     peer: std::net::SocketAddr,
     rd: OwnedReadHalf,
     wr: OwnedWriteHalf,
@@ -222,7 +229,18 @@ impl Connection {
         }
         let max_packet = cfg.max_packet_size.0.min(u32::MAX as u64) as usize;
         let acks = DeviceAcks::with_notify(session.notify.clone());
+        let username = Adopted::acl_username(&connect).map(ByteString::from);
+        let acl = crate::control::acl::DeviceAcl::new(
+            &ctx.acl,
+            &crate::control::acl::Subject {
+                client_id: &client_id,
+                username: username.as_deref(),
+            },
+        );
         let mut conn = Connection {
+            username,
+            acl,
+            rate: crate::control::limits::PublishRate::new(&ctx.config.limits, max_packet as u64),
             ctx: ctx.clone(),
             session,
             generation,

@@ -45,6 +45,8 @@ pub struct MqttListener {
     pub max_packet_size: usize,
     pub connect_timeout: Duration,
     pub metrics: Arc<ControlMetrics>,
+    /// `[limits]` connection rates (`control/limits.rs`).
+    pub limits: Arc<crate::control::limits::ConnectLimits>,
 }
 
 impl MqttListener {
@@ -76,6 +78,9 @@ impl MqttListener {
                     continue;
                 }
             };
+            if !this.limits.admit_source(peer) {
+                continue; // [limits]: over the source's or the gateway's connection rate
+            }
             if this.live_connections.fetch_add(1, Ordering::Relaxed) >= this.max_connections {
                 this.live_connections.fetch_sub(1, Ordering::Relaxed);
                 this.metrics.refused_over_limit.inc();
@@ -142,8 +147,9 @@ impl MqttListener {
         {
             Ok(assigned) => assigned,
             Err(refusal) => {
-                // Busy refusals come in storms; admission logs them at most once a second.
-                if refusal != Refusal::Busy {
+                // Busy and flapping refusals come in storms; they are logged at most once a
+                // second where they are decided.
+                if !matches!(refusal, Refusal::Busy | Refusal::ConnectRate) {
                     tracing::info!(%peer, client_id = %connect.client_id, reason = %refusal, "device refused");
                 }
                 self.metrics.rejected.inc();

@@ -42,6 +42,7 @@ use sluice_proto::phd::{Apdu, DataApdu, DataMessage, Manager, Output};
 use super::assoc::{forget, signal, sleep_until, sync_agent, Step};
 use super::conn::{Conn, Read};
 use super::{topic, Handover, PhdShared};
+use crate::control::acl::Edge;
 use crate::control::phd::hex;
 use crate::edge::ack::{AckToken, DeviceAcks};
 use crate::edge::DeviceMessage;
@@ -342,9 +343,22 @@ impl Task {
                     }
                     let priority = self.ctx.priority.device(&device);
                     for mm in ms {
+                        let topic =
+                            ByteString::from(topic(&self.shared.topic, &device, &mm.metric));
+                        if !self
+                            .ctx
+                            .acl
+                            .allows_publish(Edge::Phd, &device, None, &topic)
+                        {
+                            // [acl]: dropped, counted; refused, not lost (ADR 0008).
+                            if let Some(t) = &token {
+                                t.share().complete_with(0x87);
+                            }
+                            continue;
+                        }
                         let msg = Box::new(DeviceMessage {
                             device: device.clone(),
-                            topic: ByteString::from(topic(&self.shared.topic, &device, &mm.metric)),
+                            topic,
                             payload: senml_json(&mm.records),
                             qos: QoS::AtLeastOnce,
                             retain: false,

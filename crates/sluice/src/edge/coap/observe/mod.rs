@@ -128,6 +128,9 @@ impl Observers {
         {
             return diagnostic(req, Code::BAD_REQUEST, "invalid topic filter");
         }
+        if !(self.ctx.acl).allows_subscribe(crate::control::acl::Edge::Coap, device, None, filter) {
+            return diagnostic(req, Code::FORBIDDEN, "not authorized"); // [acl]: observe and GET
+        }
         let plain = topic::valid_topic_name(filter);
         let key = (peer, req.token);
         if req.uint_option(opt::OBSERVE) == Some(0) {

@@ -112,6 +112,8 @@ fn shards(config: Config, n: usize) -> (Vec<Rc<ShardContext>>, Vec<mpsc::Receive
                 sessions: RefCell::new(HashMap::new()),
                 uplinks: Vec::new(),
                 priority: Arc::new(PriorityTable::new(&config.priority)),
+                acl: crate::control::acl::Acl::allow_all(),
+                limits: Arc::default(),
                 metrics: metrics.clone(),
                 live_connections: Arc::default(),
                 online_devices: Arc::default(),

@@ -4,14 +4,20 @@
 //! and the acknowledgements back to the device, in the order it sent its messages, as the
 //! tokens complete.
 //!
+//! A PUBLISH the ACL refuses (`control/acl.rs`) is acknowledged in its turn — MQTT 5 with
+//! 0x87 Not authorized (PUBACK, or a PUBREC that ends the exchange), 3.1.1 normally, since
+//! 3.1.1 has no way to refuse a PUBLISH — and never routed; a refused QoS 0 message is
+//! dropped. Over the device's `[limits]` publish rate, a QoS 0 message is dropped and a
+//! QoS 1/2 one is routed, after which the device is not read until its tokens are back.
+//!
 //! Owns the receive side of QoS 1/2 (the pending acknowledgements, QoS 2 duplicates never
 //! forwarded twice, the Receive Maximum). Does not own routing (`crate::shard::router`).
 
 use bytestring::ByteString;
 use sluice_proto::mqtt::{reason, topic, Packet, ProtocolVersion, PubResponse, Publish, QoS};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{resp, AckKind, Close, Connection, PendingAck};
+use super::{resp, AckKind, Close, Connection, PendingAck, Subject};
 use crate::edge::ack::AckToken;
 use crate::edge::DeviceMessage;
 use crate::shard::metrics::CloseReason;
@@ -77,6 +83,28 @@ impl Connection {
                 Some(reason::TOPIC_NAME_INVALID),
             ));
         }
+        // [acl]: a refused message is acknowledged (MQTT 5 with 0x87 Not authorized; 3.1.1,
+        // which cannot say no, normally) and dropped; QoS 0 is just dropped.
+        let allowed = self.acl.allows_publish(
+            &self.ctx.acl,
+            &Subject {
+                client_id: &self.client_id,
+                username: self.username.as_deref(),
+            },
+            &p.topic,
+        );
+        // [limits]: a QoS 0 message over the device's rate is dropped.
+        if allowed && p.qos == QoS::AtMostOnce {
+            if let Some(rate) = self.rate.as_mut() {
+                if !rate.try_send(p.payload.len(), Instant::now()) {
+                    self.ctx.limits.hit(
+                        crate::control::limits::Limited::PublishDropped,
+                        &self.client_id,
+                    );
+                    return Ok(());
+                }
+            }
+        }
         self.ctx.metrics.messages_received.inc();
         // Own the bytes: a zero-copy slice would pin its whole read buffer for as long as the
         // message waits for the cloud, making real memory several times what the uplink's
@@ -139,6 +167,18 @@ impl Connection {
                 ))
             }
         };
+        if !allowed {
+            if let Some(token) = ack {
+                token.complete_with(reason::NOT_AUTHORIZED);
+            }
+            return Ok(());
+        }
+        // [limits]: QoS 1/2 over the device's rate: routed, then the device is not read
+        // until its tokens are back.
+        let pause = match (p.qos, self.rate.as_mut()) {
+            (QoS::AtMostOnce, _) | (_, None) => Duration::ZERO,
+            (_, Some(rate)) => rate.send(p.payload.len(), Instant::now()),
+        };
         let msg = DeviceMessage {
             device: self.client_id.clone(),
             topic: p.topic,
@@ -155,16 +195,41 @@ impl Connection {
         loop {
             tokio::select! {
                 biased;
-                () = &mut publish => {
-                    // Reads stopped while this publish waited for room (a full queue or
-                    // spool): that silence was the gateway's, not the device's.
-                    self.last_read = Instant::now();
-                    return Ok(());
-                }
+                () = &mut publish => break,
                 // While this publish waits for room (a full uplink queue or spool), earlier
                 // messages may complete (a spool commit, a cloud ack): acknowledge them now,
                 // so a waiting publish never holds back PUBACKs the device is owed. The main
                 // loop re-checks everything this wake-up may also have been for.
+                _ = self.acks.notify.notified() => {
+                    self.on_cloud_acks();
+                    if let Err(reason) = self.flush().await {
+                        return Err(Close(reason, None));
+                    }
+                }
+            }
+        }
+        if !pause.is_zero() {
+            self.pause_for_rate(pause).await?;
+        }
+        // Reads stopped while this publish waited for room (a full queue or spool) or for
+        // its rate: that silence was the gateway's, not the device's.
+        self.last_read = Instant::now();
+        Ok(())
+    }
+
+    /// Stop reading the device for `pause` (its `[limits]` publish rate), acknowledging
+    /// what completes meanwhile.
+    async fn pause_for_rate(&mut self, pause: Duration) -> Result<(), Close> {
+        self.ctx.limits.hit(
+            crate::control::limits::Limited::PublishThrottled,
+            &self.client_id,
+        );
+        let until = tokio::time::sleep(pause);
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut until => return Ok(()),
                 _ = self.acks.notify.notified() => {
                     self.on_cloud_acks();
                     if let Err(reason) = self.flush().await {
@@ -203,13 +268,20 @@ impl Connection {
                     ..resp(a.packet_id)
                 })),
                 AckKind::PubRec => {
-                    let bound = self.ctx.config.mqtt.receive_maximum as usize;
-                    self.session
-                        .state
-                        .borrow_mut()
-                        .awaiting_rel
-                        .insert(a.packet_id, bound);
-                    self.write(Packet::PubRec(resp(a.packet_id)));
+                    let code = self.acks.take_reason(a.packet_id, self.version);
+                    // A PUBREC with a failure code ends the exchange (MQTT 5 §4.3.3).
+                    if code < 0x80 {
+                        let bound = self.ctx.config.mqtt.receive_maximum as usize;
+                        self.session
+                            .state
+                            .borrow_mut()
+                            .awaiting_rel
+                            .insert(a.packet_id, bound);
+                    }
+                    self.write(Packet::PubRec(PubResponse {
+                        reason: code,
+                        ..resp(a.packet_id)
+                    }));
                 }
             }
         }

@@ -2,6 +2,9 @@
 //! quotas), handed to the router's subscription bookkeeping, answered with SUBACK/UNSUBACK,
 //! and the matching retained messages queued to the session.
 //!
+//! A filter the ACL refuses (`control/acl.rs`: an allow rule must cover it) gets SUBACK 0x87
+//! (3.1.1: 0x80) and is not subscribed.
+//!
 //! Owns only the protocol side; what a subscription means for routing is the router's.
 
 use bytestring::ByteString;
@@ -10,7 +13,7 @@ use sluice_proto::mqtt::{
     Unsubscribe,
 };
 
-use super::{Close, Connection};
+use super::{Close, Connection, Subject};
 use crate::edge::mqtt::session::OutMessage;
 use crate::shard::metrics::DropReason;
 use crate::shard::router as route;
@@ -32,6 +35,19 @@ impl Connection {
             {
                 codes.push(match self.version {
                     ProtocolVersion::V5 => reason::TOPIC_FILTER_INVALID,
+                    ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
+                });
+            } else if !self.acl.allows_subscribe(
+                &self.ctx.acl,
+                &Subject {
+                    client_id: &self.client_id,
+                    username: self.username.as_deref(),
+                },
+                &f.filter,
+            ) {
+                // [acl]: not authorized (3.1.1 has only 0x80 Failure).
+                codes.push(match self.version {
+                    ProtocolVersion::V5 => reason::NOT_AUTHORIZED,
                     ProtocolVersion::V311 => reason::UNSPECIFIED_ERROR,
                 });
             } else if !crate::shard::limits::subscription_allowed(

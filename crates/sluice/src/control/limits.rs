@@ -1,0 +1,528 @@
+//! `[limits]`: how fast devices may connect and publish (ADR 0008).
+//!
+//! Owns: the token bucket, the connection limits the device listener asks at accept (per
+//! source address and whole gateway, [`ConnectLimits::admit_source`]) and at CONNECT
+//! (flapping client ids, [`ConnectLimits::admit_client`]), the per-device publish rate an MQTT
+//! connection keeps ([`PublishRate`]), and their metrics (`sluice_limits_*`) and rate-limited
+//! log lines. Does not own: acting on a refusal (the listener closes the socket or answers
+//! CONNACK 0x9F / 3.1.1 0x03; the connection drops a QoS 0 message or stops reading).
+//!
+//! Invariants: both tables are bounded in bytes (`connect_sources_memory`, `flap_memory`,
+//! each entry charged [`SOURCE_ENTRY_BYTES`] / [`FLAP_ENTRY_BYTES`] + its id), never in
+//! entries alone. A full table is swept of entries that no longer matter (a source whose
+//! bucket is full again, an id whose window ended and that is not held) at most every
+//! [`SWEEP_EVERY`]; while it stays full, new sources meet only the global bucket and new ids
+//! are not tracked (counted, `table_full`). IPv6 sources are keyed by their /64, since one
+//! host usually holds the whole prefix. The tables live on the listener thread (one lock,
+//! never held across an await; uncontended).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::LimitsConfig;
+use crate::telemetry::metrics::{Counter, PromWriter};
+
+/// A token bucket: `rate` tokens a second, at most `burst` saved. Tokens may go below zero
+/// (debt) so a message larger than the burst still passes once, then waits.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucket {
+    tokens: f64,
+    rate: f64,
+    burst: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    pub fn new(rate: f64, burst: f64, now: Instant) -> TokenBucket {
+        TokenBucket {
+            tokens: burst,
+            rate,
+            burst,
+            last: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        self.last = now;
+    }
+
+    /// Take `n` if there are that many.
+    pub fn try_take(&mut self, n: f64, now: Instant) -> bool {
+        self.refill(now);
+        if self.tokens >= n {
+            self.tokens -= n;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Take `n` whatever is left; how long until the bucket is out of debt.
+    pub fn take(&mut self, n: f64, now: Instant) -> Duration {
+        self.refill(now);
+        self.tokens -= n;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.rate)
+        }
+    }
+
+    /// Full again (as if never used) at `now`.
+    fn is_full(&self, now: Instant) -> bool {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens + dt * self.rate >= self.burst
+    }
+}
+
+/// Bytes charged per per-source entry: the key, the bucket and the map's own slot.
+pub const SOURCE_ENTRY_BYTES: usize = 96;
+/// Bytes charged per flapping entry besides the client id's length.
+pub const FLAP_ENTRY_BYTES: usize = 96;
+/// A full table is swept at most this often.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// Log lines of one kind at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// Why a connection was refused or a message dropped (the metric's `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limited {
+    /// `connect_rate_per_source`: socket closed at accept.
+    SourceRate = 0,
+    /// `connect_rate`: socket closed at accept.
+    GlobalRate = 1,
+    /// `flap_connects`: CONNACK 0x9F / 0x03.
+    Flapping = 2,
+    /// `publish_rate`/`publish_bytes_rate`, QoS 0: dropped.
+    PublishDropped = 3,
+    /// `publish_rate`/`publish_bytes_rate`, QoS 1/2: the device's reads paused.
+    PublishThrottled = 4,
+}
+
+const LIMITED: [(Limited, &str, &str); 5] = [
+    (
+        Limited::SourceRate,
+        "sluice_limits_connections_refused_total",
+        "source_rate",
+    ),
+    (
+        Limited::GlobalRate,
+        "sluice_limits_connections_refused_total",
+        "global_rate",
+    ),
+    (
+        Limited::Flapping,
+        "sluice_limits_connections_refused_total",
+        "flapping",
+    ),
+    (
+        Limited::PublishDropped,
+        "sluice_limits_publish_dropped_total",
+        "rate",
+    ),
+    (
+        Limited::PublishThrottled,
+        "sluice_limits_publish_throttled_total",
+        "rate",
+    ),
+];
+
+/// `sluice_limits_*`.
+#[derive(Debug, Default)]
+pub struct LimitsMetrics {
+    counts: [Counter; 5],
+    /// Tables full: a source or id not tracked.
+    pub table_full: [Counter; 2],
+    logged_ms: [AtomicU64; 5],
+    started: std::sync::OnceLock<Instant>,
+}
+
+impl LimitsMetrics {
+    pub fn get(&self, what: Limited) -> u64 {
+        self.counts[what as usize].get()
+    }
+
+    /// Count one; log it, naming the device or address, at most once a second per kind.
+    pub fn hit(&self, what: Limited, who: &dyn std::fmt::Display) {
+        let c = &self.counts[what as usize];
+        c.inc();
+        let started = *self.started.get_or_init(Instant::now);
+        let now = u64::try_from(started.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let slot = &self.logged_ms[what as usize];
+        let last = slot.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= LOG_EVERY.as_millis() as u64)
+            && slot
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let (_, _, reason) = LIMITED[what as usize];
+            tracing::warn!(
+                reason,
+                device = %who,
+                total = c.get(),
+                "over a [limits] rate (more within a second are only counted)"
+            );
+        }
+    }
+
+    pub fn render(&self, w: &mut PromWriter) {
+        for (what, name, reason) in LIMITED {
+            let help = match what {
+                Limited::SourceRate | Limited::GlobalRate | Limited::Flapping => {
+                    "MQTT connections refused by [limits], by reason (source_rate and global_rate: closed at accept; flapping: CONNACK 0x9F / 0x03)"
+                }
+                Limited::PublishDropped => "QoS 0 messages dropped over a device's [limits] publish rate",
+                Limited::PublishThrottled => {
+                    "Times a device's reads were paused for its [limits] publish rate (QoS 1/2)"
+                }
+            };
+            w.counter(name, help, &[("reason", reason)], self.get(what));
+        }
+        for (i, table) in ["sources", "flapping"].into_iter().enumerate() {
+            w.counter(
+                "sluice_limits_table_full_total",
+                "New sources or client ids not tracked because their [limits] table was full",
+                &[("table", table)],
+                self.table_full[i].get(),
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Flap {
+    window_start: Instant,
+    count: u32,
+    held_until: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Tables {
+    global: Option<TokenBucket>,
+    sources: HashMap<IpAddr, TokenBucket>,
+    sources_swept: Option<Instant>,
+    flaps: HashMap<Box<str>, Flap>,
+    flaps_bytes: usize,
+    flaps_swept: Option<Instant>,
+}
+
+/// The listener's connection limits.
+#[derive(Debug)]
+pub struct ConnectLimits {
+    cfg: LimitsConfig,
+    tables: Mutex<Tables>,
+    pub metrics: Arc<LimitsMetrics>,
+}
+
+/// The table key of a source: the address, or an IPv6 address's /64.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        IpAddr::V6(v6) => IpAddr::V4(
+            v6.to_ipv4_mapped()
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+        ),
+        v4 => v4,
+    }
+}
+
+impl ConnectLimits {
+    pub fn new(cfg: &LimitsConfig, metrics: Arc<LimitsMetrics>) -> ConnectLimits {
+        let now = Instant::now();
+        ConnectLimits {
+            cfg: cfg.clone(),
+            tables: Mutex::new(Tables {
+                global: (cfg.connect_rate > 0).then(|| {
+                    TokenBucket::new(cfg.connect_rate as f64, cfg.connect_burst as f64, now)
+                }),
+                sources: HashMap::new(),
+                sources_swept: None,
+                flaps: HashMap::new(),
+                flaps_bytes: 0,
+                flaps_swept: None,
+            }),
+            metrics,
+        }
+    }
+
+    /// At accept: may a new connection from `peer` go on? Counted and logged when not.
+    pub fn admit_source(&self, peer: std::net::SocketAddr) -> bool {
+        let now = Instant::now();
+        let Ok(mut t) = self.tables.lock() else {
+            return true;
+        };
+        let t = &mut *t;
+        if self.cfg.connect_rate_per_source > 0 {
+            let key = source_key(peer.ip());
+            let cap = (self.cfg.connect_sources_memory.as_usize() / SOURCE_ENTRY_BYTES).max(1);
+            if !t.sources.contains_key(&key)
+                && t.sources.len() >= cap
+                && t.sources_swept
+                    .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
+            {
+                t.sources.retain(|_, b| !b.is_full(now));
+                t.sources_swept = Some(now);
+            }
+            if t.sources.contains_key(&key) || t.sources.len() < cap {
+                let (rate, burst) = (
+                    self.cfg.connect_rate_per_source as f64,
+                    self.cfg.connect_burst_per_source as f64,
+                );
+                let b = t
+                    .sources
+                    .entry(key)
+                    .or_insert_with(|| TokenBucket::new(rate, burst, now));
+                if !b.try_take(1.0, now) {
+                    self.metrics.hit(Limited::SourceRate, &peer.ip());
+                    return false;
+                }
+            } else {
+                self.metrics.table_full[0].inc();
+            }
+        }
+        if let Some(g) = t.global.as_mut() {
+            if !g.try_take(1.0, now) {
+                self.metrics.hit(Limited::GlobalRate, &peer.ip());
+                return false;
+            }
+        }
+        true
+    }
+
+    /// At CONNECT: is this client id flapping (more than `flap_connects` CONNECTs within
+    /// `flap_window`)? Then it is refused until `flap_hold` has passed.
+    pub fn admit_client(&self, client_id: &str) -> bool {
+        let n = self.cfg.flap_connects;
+        if n == 0 || client_id.is_empty() {
+            return true;
+        }
+        let now = Instant::now();
+        let Ok(mut t) = self.tables.lock() else {
+            return true;
+        };
+        let t = &mut *t;
+        let (window, hold) = (self.cfg.flap_window, self.cfg.flap_hold);
+        let cost = FLAP_ENTRY_BYTES + client_id.len();
+        let max = self.cfg.flap_memory.as_usize();
+        if !t.flaps.contains_key(client_id) && t.flaps_bytes + cost > max {
+            if t.flaps_swept
+                .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
+            {
+                let mut freed = 0;
+                t.flaps.retain(|k, f| {
+                    let keep = f.held_until.is_some_and(|h| h > now)
+                        || now.duration_since(f.window_start) < window;
+                    if !keep {
+                        freed += FLAP_ENTRY_BYTES + k.len();
+                    }
+                    keep
+                });
+                t.flaps_bytes -= freed;
+                t.flaps_swept = Some(now);
+            }
+            if t.flaps_bytes + cost > max {
+                self.metrics.table_full[1].inc();
+                return true;
+            }
+        }
+        let f = t.flaps.entry(client_id.into()).or_insert_with(|| Flap {
+            window_start: now,
+            count: 0,
+            held_until: None,
+        });
+        if f.count == 0 && f.held_until.is_none() {
+            t.flaps_bytes += cost;
+        }
+        if let Some(until) = f.held_until {
+            if now < until {
+                self.metrics.hit(Limited::Flapping, &client_id);
+                return false;
+            }
+            f.held_until = None;
+            f.window_start = now;
+            f.count = 0;
+        }
+        if now.duration_since(f.window_start) >= window {
+            f.window_start = now;
+            f.count = 0;
+        }
+        f.count = f.count.saturating_add(1);
+        if f.count > n {
+            f.held_until = Some(now + hold);
+            self.metrics.hit(Limited::Flapping, &client_id);
+            return false;
+        }
+        true
+    }
+}
+
+/// A device's publish rate (`publish_rate`, `publish_bytes_rate`), kept by its connection.
+#[derive(Debug)]
+pub struct PublishRate {
+    messages: Option<TokenBucket>,
+    bytes: Option<TokenBucket>,
+}
+
+impl PublishRate {
+    /// `None` when neither rate is set (the connection then keeps nothing).
+    pub fn new(cfg: &LimitsConfig, max_packet: u64) -> Option<Box<PublishRate>> {
+        let now = Instant::now();
+        let messages = (cfg.publish_rate > 0).then(|| {
+            TokenBucket::new(
+                cfg.publish_rate as f64,
+                cfg.publish_burst.max(1) as f64,
+                now,
+            )
+        });
+        let bytes = (cfg.publish_bytes_rate.0 > 0).then(|| {
+            let burst = cfg.publish_bytes_burst.0.max(max_packet).max(1);
+            TokenBucket::new(cfg.publish_bytes_rate.0 as f64, burst as f64, now)
+        });
+        (messages.is_some() || bytes.is_some()).then(|| Box::new(PublishRate { messages, bytes }))
+    }
+
+    /// QoS 0: may a message of `len` bytes go now? (Nothing taken when not.)
+    pub fn try_send(&mut self, len: usize, now: Instant) -> bool {
+        let m_ok = self.messages.as_mut().is_none_or(|b| {
+            b.refill(now);
+            b.tokens >= 1.0
+        });
+        let b_ok = self.bytes.as_mut().is_none_or(|b| {
+            b.refill(now);
+            b.tokens >= len as f64 || b.tokens >= b.burst
+        });
+        if !(m_ok && b_ok) {
+            return false;
+        }
+        if let Some(b) = self.messages.as_mut() {
+            b.take(1.0, now);
+        }
+        if let Some(b) = self.bytes.as_mut() {
+            b.take(len as f64, now);
+        }
+        true
+    }
+
+    /// QoS 1/2: take the message's tokens; how long to stop reading the device.
+    pub fn send(&mut self, len: usize, now: Instant) -> Duration {
+        let m = self
+            .messages
+            .as_mut()
+            .map_or(Duration::ZERO, |b| b.take(1.0, now));
+        let b = self
+            .bytes
+            .as_mut()
+            .map_or(Duration::ZERO, |b| b.take(len as f64, now));
+        m.max(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ByteSize;
+
+    fn cfg() -> LimitsConfig {
+        LimitsConfig {
+            connect_rate_per_source: 2,
+            connect_burst_per_source: 2,
+            connect_rate: 0,
+            flap_connects: 3,
+            ..LimitsConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_source_over_its_burst_is_refused_and_another_is_not() {
+        let l = ConnectLimits::new(&cfg(), Arc::default());
+        let a: std::net::SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        let b: std::net::SocketAddr = "10.0.0.2:1000".parse().unwrap();
+        assert!(l.admit_source(a));
+        assert!(l.admit_source(a));
+        assert!(!l.admit_source(a));
+        assert!(l.admit_source(b));
+        assert_eq!(l.metrics.get(Limited::SourceRate), 1);
+    }
+
+    #[test]
+    fn ipv6_sources_share_their_slash_64() {
+        let l = ConnectLimits::new(&cfg(), Arc::default());
+        for host in ["[2001:db8::1]:1", "[2001:db8::2]:1"] {
+            assert!(l.admit_source(host.parse().unwrap()));
+        }
+        assert!(!l.admit_source("[2001:db8::3]:1".parse().unwrap()));
+        assert!(l.admit_source("[2001:db8:0:1::3]:1".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_source_table_stays_within_its_bytes() {
+        let mut c = cfg();
+        c.connect_sources_memory = ByteSize::b(10 * SOURCE_ENTRY_BYTES as u64);
+        let l = ConnectLimits::new(&c, Arc::default());
+        for i in 0..100u32 {
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
+            l.admit_source(std::net::SocketAddr::new(ip.into(), 1));
+        }
+        assert!(l.tables.lock().unwrap().sources.len() <= 10);
+        assert!(l.metrics.table_full[0].get() > 0);
+    }
+
+    #[test]
+    fn a_flapping_client_id_is_held_and_others_are_not() {
+        let l = ConnectLimits::new(&cfg(), Arc::default());
+        for _ in 0..3 {
+            assert!(l.admit_client("flappy"));
+        }
+        assert!(!l.admit_client("flappy"), "fourth within the window");
+        assert!(!l.admit_client("flappy"), "held");
+        assert!(l.admit_client("calm"));
+        assert!(l.admit_client(""), "assigned ids are not tracked");
+        assert_eq!(l.metrics.get(Limited::Flapping), 2);
+    }
+
+    #[test]
+    fn the_flap_table_stays_within_its_bytes() {
+        let mut c = cfg();
+        c.flap_memory = ByteSize::b(10 * (FLAP_ENTRY_BYTES as u64 + 8));
+        let l = ConnectLimits::new(&c, Arc::default());
+        for i in 0..100 {
+            assert!(l.admit_client(&format!("id-{i:05}")));
+        }
+        let t = l.tables.lock().unwrap();
+        assert!(t.flaps_bytes <= c.flap_memory.as_usize());
+        assert!(t.flaps.len() <= 10);
+    }
+
+    #[test]
+    fn publish_rate_drops_qos0_and_delays_qos1_beyond_the_burst() {
+        let c = LimitsConfig {
+            publish_rate: 10,
+            publish_burst: 2,
+            ..LimitsConfig::default()
+        };
+        let mut r = PublishRate::new(&c, 1024).unwrap();
+        let now = Instant::now();
+        assert!(r.try_send(10, now));
+        assert!(r.try_send(10, now));
+        assert!(!r.try_send(10, now));
+        let wait = r.send(10, now);
+        assert!(
+            wait > Duration::from_millis(50) && wait <= Duration::from_millis(100),
+            "{wait:?}"
+        );
+        assert!(
+            PublishRate::new(&LimitsConfig::default(), 1024).is_none(),
+            "off by default"
+        );
+    }
+}
