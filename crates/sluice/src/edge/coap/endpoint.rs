@@ -101,6 +101,60 @@ impl Endpoint {
         true
     }
 
+    /// [`CoapOut::send_con`] with at most `max_retransmit` retransmissions (fewer than the
+    /// configured number: to an address that has not proven it receives).
+    pub fn send_con_with(
+        &self,
+        peer: SocketAddr,
+        mut msg: Message,
+        max_retransmit: u8,
+    ) -> oneshot::Receiver<ConOutcome> {
+        let (tx, rx) = oneshot::channel();
+        let Some(me) = self.me.upgrade() else {
+            let _ = tx.send(ConOutcome::TimedOut);
+            return rx;
+        };
+        msg.mtype = MsgType::Con;
+        msg.message_id = self.next_message_id();
+        if msg.code.is_response() {
+            self.metrics.response(msg.code);
+        }
+        let bytes = msg.to_udp();
+        let key = (peer, msg.message_id);
+        let (answer_tx, mut answer) = oneshot::channel();
+        // A CON still in flight under the same id (65536 / shards ids ago) is given up.
+        self.in_flight.borrow_mut().insert(key, answer_tx);
+        let mut schedule = Retransmit::new(
+            self.ack_timeout,
+            max_retransmit.min(self.max_retransmit),
+            self.random(),
+        );
+        tokio::task::spawn_local(async move {
+            loop {
+                me.send_bytes(peer, &bytes);
+                match tokio::time::timeout(schedule.timeout(), &mut answer).await {
+                    Ok(Ok(outcome)) => {
+                        let _ = tx.send(outcome);
+                        return;
+                    }
+                    // Replaced by a newer CON under the same id.
+                    Ok(Err(_)) => {
+                        let _ = tx.send(ConOutcome::TimedOut);
+                        return;
+                    }
+                    Err(_) if schedule.retransmit() => me.metrics.retransmissions.inc(),
+                    Err(_) => {
+                        me.in_flight.borrow_mut().remove(&key);
+                        me.metrics.con_timeouts.inc();
+                        let _ = tx.send(ConOutcome::TimedOut);
+                        return;
+                    }
+                }
+            }
+        });
+        rx
+    }
+
     /// CONs in flight (waiting for their ACK).
     pub fn in_flight(&self) -> usize {
         self.in_flight.borrow().len()
@@ -128,47 +182,8 @@ impl CoapOut for Endpoint {
         self.send_bytes(peer, &msg.to_udp());
     }
 
-    fn send_con(&self, peer: SocketAddr, mut msg: Message) -> oneshot::Receiver<ConOutcome> {
-        let (tx, rx) = oneshot::channel();
-        let Some(me) = self.me.upgrade() else {
-            let _ = tx.send(ConOutcome::TimedOut);
-            return rx;
-        };
-        msg.mtype = MsgType::Con;
-        msg.message_id = self.next_message_id();
-        if msg.code.is_response() {
-            self.metrics.response(msg.code);
-        }
-        let bytes = msg.to_udp();
-        let key = (peer, msg.message_id);
-        let (answer_tx, mut answer) = oneshot::channel();
-        // A CON still in flight under the same id (65536 / shards ids ago) is given up.
-        self.in_flight.borrow_mut().insert(key, answer_tx);
-        let mut schedule = Retransmit::new(self.ack_timeout, self.max_retransmit, self.random());
-        tokio::task::spawn_local(async move {
-            loop {
-                me.send_bytes(peer, &bytes);
-                match tokio::time::timeout(schedule.timeout(), &mut answer).await {
-                    Ok(Ok(outcome)) => {
-                        let _ = tx.send(outcome);
-                        return;
-                    }
-                    // Replaced by a newer CON under the same id.
-                    Ok(Err(_)) => {
-                        let _ = tx.send(ConOutcome::TimedOut);
-                        return;
-                    }
-                    Err(_) if schedule.retransmit() => me.metrics.retransmissions.inc(),
-                    Err(_) => {
-                        me.in_flight.borrow_mut().remove(&key);
-                        me.metrics.con_timeouts.inc();
-                        let _ = tx.send(ConOutcome::TimedOut);
-                        return;
-                    }
-                }
-            }
-        });
-        rx
+    fn send_con(&self, peer: SocketAddr, msg: Message) -> oneshot::Receiver<ConOutcome> {
+        self.send_con_with(peer, msg, self.max_retransmit)
     }
 
     fn next_message_id(&self) -> u16 {

@@ -16,13 +16,17 @@ pub enum Deregistration {
     Silence = 2,
     /// A new registration with the same endpoint and token replaced it.
     Replaced = 3,
+    /// The CON sent after `coap.observer_check` without confirmation was never
+    /// acknowledged (a NON observer that went away, or never was).
+    Unconfirmed = 4,
 }
 
-pub const DEREGISTRATIONS: [(Deregistration, &str); 4] = [
+pub const DEREGISTRATIONS: [(Deregistration, &str); 5] = [
     (Deregistration::Get, "get"),
     (Deregistration::Reset, "reset"),
     (Deregistration::Silence, "silence"),
     (Deregistration::Replaced, "replaced"),
+    (Deregistration::Unconfirmed, "unconfirmed"),
 ];
 
 /// Why a notification was not sent.
@@ -50,6 +54,8 @@ pub struct ObserveMetrics {
     pub registrations: Counter,
     /// Registrations refused at the shard's share of `coap.max_observers` (answered 5.03).
     pub refused: Counter,
+    /// Registrations refused at `coap.max_observers_per_source` (answered 5.03).
+    pub refused_per_source: Counter,
     pub deregistrations: [Counter; DEREGISTRATIONS.len()],
     pub notifications_non: Counter,
     pub notifications_con: Counter,
@@ -83,6 +89,12 @@ impl ObserveMetrics {
             "CoAP Observe registrations refused at coap.max_observers (5.03)",
             &l,
             self.refused.get(),
+        );
+        w.counter(
+            "sluice_coap_observe_refused_per_source_total",
+            "CoAP Observe registrations refused at coap.max_observers_per_source (5.03)",
+            &l,
+            self.refused_per_source.get(),
         );
         for (why, name) in DEREGISTRATIONS {
             w.counter(
