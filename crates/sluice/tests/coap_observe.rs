@@ -52,26 +52,37 @@ impl Device {
         Some(Message::decode_udp(&Bytes::copy_from_slice(&buf[..n])).expect("decodes"))
     }
 
-    /// A CON GET on `ps/{path}` as device `id`, with `observe` when given.
+    /// A CON GET on `ps/{path}` as device `id`, with `observe` when given. A 4.01 with an
+    /// Echo option (the gateway asks an address it has not verified to prove it receives,
+    /// RFC 9175) is answered as a client does: the request again, with the Echo.
     async fn get(&mut self, id: &str, path: &str, token: u64, observe: Option<u32>) -> Message {
-        self.mid += 1;
-        let mut m = Message::new(MsgType::Con, Code::GET, self.mid, Token::from_u64(token));
-        if let Some(o) = observe {
-            m.add_uint_option(opt::OBSERVE, o);
+        let mut echo: Option<Bytes> = None;
+        loop {
+            self.mid += 1;
+            let mut m = Message::new(MsgType::Con, Code::GET, self.mid, Token::from_u64(token));
+            if let Some(o) = observe {
+                m.add_uint_option(opt::OBSERVE, o);
+            }
+            m.add_option(opt::URI_PATH, Bytes::from_static(b"ps"));
+            for seg in path.split('/') {
+                m.add_option(opt::URI_PATH, Bytes::copy_from_slice(seg.as_bytes()));
+            }
+            m.add_option(opt::URI_QUERY, Bytes::from(format!("c={id}")));
+            if let Some(e) = echo.take() {
+                m.add_option(opt::ECHO, e);
+            }
+            self.send(&m).await;
+            let resp = self.recv().await;
+            assert_eq!(
+                resp.message_id, self.mid,
+                "piggybacked on the ACK: {resp:?}"
+            );
+            assert_eq!(resp.mtype, MsgType::Ack);
+            match (resp.code, resp.option(opt::ECHO)) {
+                (Code::UNAUTHORIZED, Some(e)) => echo = Some(e.clone()),
+                _ => return resp,
+            }
         }
-        m.add_option(opt::URI_PATH, Bytes::from_static(b"ps"));
-        for seg in path.split('/') {
-            m.add_option(opt::URI_PATH, Bytes::copy_from_slice(seg.as_bytes()));
-        }
-        m.add_option(opt::URI_QUERY, Bytes::from(format!("c={id}")));
-        self.send(&m).await;
-        let resp = self.recv().await;
-        assert_eq!(
-            resp.message_id, self.mid,
-            "piggybacked on the ACK: {resp:?}"
-        );
-        assert_eq!(resp.mtype, MsgType::Ack);
-        resp
     }
 
     /// The next notification (ACKing it when CON).
