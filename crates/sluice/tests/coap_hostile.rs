@@ -507,3 +507,49 @@ async fn proxy_relays_stay_within_the_3x_rule_and_max_message_size() {
     assert!(total <= 3 * sent, "{sent} B in, {total} B out (never ACKed)");
     gw.shutdown();
 }
+
+/// Findings 1 and 7: an Observe registration may come from a spoofed address. Until the
+/// address proves it receives, every notification is CON, at most 3× the registration
+/// request (a larger one is dropped, counted), retransmitted only within 3×; the first one
+/// not acknowledged ends the registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_at_an_unverified_address_gets_little_and_goes_when_silent() {
+    let gw = common::gateway(
+        1,
+        "[coap]\nlisten = \"127.0.0.1:0\"\nack_timeout = \"200ms\"\nseparate_after = \"100ms\"\n",
+    );
+    let mut dev = Dev::new(gw.coap_addr.expect("coap")).await;
+    let mut m = req(MsgType::Con, Code::GET, dev.next_mid(), "s/t");
+    m.add_uint_option(opt::OBSERVE, 0);
+    let (sent, size, r) = dev.ask(&m).await;
+    assert_eq!(r.code, Code::CONTENT, "{r:?}");
+    assert!(size <= 3 * sent);
+    let mut mqtt = common::device(&gw, "pub", ProtocolVersion::V5).await;
+    // Too large for an unverified observer: not sent.
+    mqtt.publish("s/t", Bytes::from(vec![b'L'; 500]), QoS::AtLeastOnce, false)
+        .await
+        .expect("publish");
+    mqtt.publish("s/t", &b"21.5"[..], QoS::AtLeastOnce, false)
+        .await
+        .expect("publish");
+    let mut total = 0;
+    while let Some((n, r)) = dev.recv(Duration::from_secs(2)).await {
+        assert_eq!(r.mtype, MsgType::Con, "{r:?}");
+        assert_eq!(&r.payload[..], b"21.5");
+        assert!(n <= 3 * sent);
+        total += n;
+    }
+    assert!(total > 0 && total <= 3 * sent, "{sent} B in, {total} B out");
+    assert!(
+        common::eventually(WAIT, || metric(&gw, "sluice_coap_observers{") == 0.0).await,
+        "the silent observer is gone"
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            "sluice_coap_notifications_dropped_total{shard=\"0\",reason=\"unverified\"}"
+        ),
+        1.0
+    );
+    gw.shutdown();
+}

@@ -2,8 +2,9 @@
 //! CONs retransmitted until ACK/RST/timeout, message ids with `mid % shards == shard`), and
 //! [`SourceBudget`], the per-source datagram budget applied before anything is decoded.
 //!
-//! Owns: the CONs in flight that sluice sent, their retransmission timers, and the message
-//! id counter. Does not own: reading the socket or what a message means (`super::server`).
+//! Owns: the CONs in flight that sluice sent, their retransmission timers, the message
+//! id counter, and the shard's table of addresses that proved they receive (an ACK of a CON
+//! marks its address here; an Echo is checked by `server`). Does not own: reading the socket or what a message means (`super::server`).
 //!
 //! Invariants: every message id this endpoint hands out satisfies `mid % shards == shard`,
 //! so an empty ACK/RST (no Uri-Query to steer by) reaches the shard that sent the CON.
@@ -21,6 +22,7 @@ use sluice_proto::coap::{Message, MsgType};
 use tokio::sync::oneshot;
 
 use super::metrics::CoapMetrics;
+use super::verify::Verified;
 use super::{CoapOut, ConOutcome};
 
 /// The sending half of a shard's CoAP socket.
@@ -39,6 +41,8 @@ pub struct Endpoint {
     rng: Cell<u64>,
     /// CONs waiting for their ACK or RST, by (peer, message id).
     in_flight: RefCell<HashMap<(SocketAddr, u16), oneshot::Sender<ConOutcome>>>,
+    /// Addresses that proved they receive.
+    verified: RefCell<Verified>,
     pub metrics: Arc<CoapMetrics>,
 }
 
@@ -49,6 +53,7 @@ impl Endpoint {
         shards: usize,
         ack_timeout: Duration,
         max_retransmit: u8,
+        verified_bytes: usize,
         metrics: Arc<CoapMetrics>,
     ) -> Rc<Endpoint> {
         let shards = shards.clamp(1, 65536) as u32;
@@ -72,6 +77,7 @@ impl Endpoint {
             max_retransmit,
             rng: Cell::new(seed | 1),
             in_flight: RefCell::new(HashMap::new()),
+            verified: RefCell::new(Verified::new(verified_bytes)),
             metrics,
         })
     }
@@ -93,6 +99,11 @@ impl Endpoint {
         let Some(tx) = self.in_flight.borrow_mut().remove(&(peer, mid)) else {
             return false;
         };
+        if !reset {
+            // A completed CON exchange: the address receives what sluice sends.
+            self.metrics.verified_ack.inc();
+            self.mark_verified(peer);
+        }
         let _ = tx.send(if reset {
             ConOutcome::Reset
         } else {
@@ -155,6 +166,18 @@ impl Endpoint {
         rx
     }
 
+    /// Whether `peer` has proven it receives (within `verify::VERIFIED_FOR`).
+    pub fn is_verified(&self, peer: SocketAddr) -> bool {
+        self.verified.borrow().contains(peer, Instant::now())
+    }
+
+    /// `peer` just proved it receives.
+    pub fn mark_verified(&self, peer: SocketAddr) {
+        let mut v = self.verified.borrow_mut();
+        v.insert(peer, Instant::now());
+        self.metrics.verified_peers.set(v.len() as i64);
+    }
+
     /// CONs in flight (waiting for their ACK).
     pub fn in_flight(&self) -> usize {
         self.in_flight.borrow().len()
@@ -184,6 +207,19 @@ impl CoapOut for Endpoint {
 
     fn send_con(&self, peer: SocketAddr, msg: Message) -> oneshot::Receiver<ConOutcome> {
         self.send_con_with(peer, msg, self.max_retransmit)
+    }
+
+    fn send_con_limited(
+        &self,
+        peer: SocketAddr,
+        msg: Message,
+        max_retransmit: u8,
+    ) -> oneshot::Receiver<ConOutcome> {
+        self.send_con_with(peer, msg, max_retransmit)
+    }
+
+    fn verified(&self, peer: SocketAddr) -> bool {
+        self.is_verified(peer)
     }
 
     fn next_message_id(&self) -> u16 {
@@ -281,6 +317,7 @@ mod tests {
                     shards,
                     Duration::from_secs(2),
                     4,
+                    1 << 20,
                     Arc::default(),
                 );
                 let mut seen = std::collections::HashSet::new();

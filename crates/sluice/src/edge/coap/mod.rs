@@ -75,4 +75,14 @@ pub trait CoapOut {
     fn send_con(&self, peer: SocketAddr, msg: Message) -> oneshot::Receiver<ConOutcome>;
     /// A fresh message id (for a NON sluice sends).
     fn next_message_id(&self) -> u16;
+    /// [`CoapOut::send_con`] with at most `max_retransmit` retransmissions (to an address
+    /// not verified, whose answers must stay within 3× its request).
+    fn send_con_limited(
+        &self,
+        peer: SocketAddr,
+        msg: Message,
+        max_retransmit: u8,
+    ) -> oneshot::Receiver<ConOutcome>;
+    /// Whether `peer` has proven it receives (`verify`).
+    fn verified(&self, peer: SocketAddr) -> bool;
 }

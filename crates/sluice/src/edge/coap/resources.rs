@@ -3,8 +3,8 @@
 //! nothing (4.04).
 //!
 //! Owns: the dispatch by path and method, the option checks every request passes (unknown
-//! critical options: 4.02), who may publish and observe (`coap.allow_anonymous`; an Observe
-//! registration needs a verified address), the topic limits of an Observe filter, the
+//! critical options: 4.02), who may publish and observe (`coap.allow_anonymous`), the topic
+//! limits of an Observe filter, the
 //! link-format document and Block2 slicing of local responses.
 //!
 //! Invariant: a diagnostic payload is a constant or a short formatted number, never the
@@ -21,7 +21,6 @@ use sluice_proto::coap::{block, format, opt, Block, Code, Message, MsgType, Toke
 
 use super::metrics::{FormatError, Refusal};
 use super::server::{Caller, CoapShard, Reply};
-use super::verify;
 
 /// Critical options sluice understands (RFC 7252 §5.4.1: any other critical option in a
 /// request gets 4.02 Bad Option).
@@ -69,14 +68,6 @@ pub(super) fn bad_request(shard: &CoapShard, diagnostic: &'static str) -> Reply 
     Reply::Now(error(Code::BAD_REQUEST, Bytes::from_static(diagnostic.as_bytes())))
 }
 
-/// 4.01 Unauthorized with a fresh Echo option: the client repeats the request with it and
-/// so proves it receives at its address (RFC 9175 §2.4).
-pub(super) fn echo_challenge(shard: &CoapShard, peer: SocketAddr) -> Message {
-    shard.metrics.refused(Refusal::Unverified, peer);
-    let mut m = Message::new(MsgType::Ack, Code::UNAUTHORIZED, 0, Token::EMPTY);
-    m.add_option(opt::ECHO, Bytes::copy_from_slice(&verify::echo_for(peer)));
-    m
-}
 
 pub(super) fn dispatch(
     shard: &Rc<CoapShard>,
@@ -153,11 +144,6 @@ pub(super) fn dispatch(
                 if limits.check(&filter).is_err() {
                     shard.metrics.refused(Refusal::TopicLimit, peer);
                     return bad_request(shard, "topic filter beyond the gateway's limits");
-                }
-                if req.uint_option(opt::OBSERVE) == Some(0) && !caller.verified {
-                    // Notifications would go to this address for as long as it observes:
-                    // it must first prove it receives them.
-                    return Reply::Now(echo_challenge(shard, peer));
                 }
                 let observers = shard.observers.clone();
                 let (device, req) = (device.clone(), req.clone());

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use super::endpoint::{Endpoint, SourceBudget};
 use super::metrics::{CoapMetrics, FormatError, Refusal};
 use super::observe::Observers;
-use super::verify::{self, Verified};
+use super::verify;
 use super::{CoapOut, DeviceIdentity};
 use crate::shard::{hash, ShardCmd, ShardContext};
 
@@ -90,8 +90,6 @@ struct Asked {
 #[derive(Clone, Copy)]
 pub(super) struct Caller<'a> {
     pub identity: Option<&'a DeviceIdentity>,
-    /// The address proved it receives (or the identity vouches for it).
-    pub verified: bool,
 }
 
 /// The CoAP edge of one shard.
@@ -101,8 +99,6 @@ pub struct CoapShard {
     pub(super) observers: Rc<Observers>,
     pub(super) metrics: Arc<CoapMetrics>,
     exchanges: RefCell<DedupTable<(SocketAddr, u16), Rc<Exchange>>>,
-    /// Addresses that proved they receive (RFC 9175 Echo, or an ACK of a CON of ours).
-    verified: RefCell<Verified>,
     evictions_seen: Cell<u64>,
     budget: RefCell<SourceBudget>,
     pub(super) transfers: RefCell<HashMap<(SocketAddr, String), Transfer>>,
@@ -154,6 +150,7 @@ pub fn start(
         shards,
         cfg.ack_timeout,
         cfg.max_retransmit,
+        (cfg.max_verified_bytes.as_usize() / shards).max(1),
         metrics.clone(),
     );
     let out: Rc<dyn CoapOut> = ep.clone();
@@ -165,7 +162,6 @@ pub fn start(
             per_shard(cfg.max_exchange_bytes.as_usize()),
             EXCHANGE_OVERHEAD,
         )),
-        verified: RefCell::new(Verified::new(per_shard(cfg.max_verified_bytes.as_usize()))),
         evictions_seen: Cell::new(0),
         budget: RefCell::new(SourceBudget::new(
             cfg.source_rate,
@@ -344,13 +340,11 @@ impl CoapShard {
 
     /// Whether `peer` has proven it receives.
     pub(super) fn is_verified(&self, peer: SocketAddr) -> bool {
-        self.verified.borrow().contains(peer, Instant::now())
+        self.ep.is_verified(peer)
     }
 
     fn mark_verified(&self, peer: SocketAddr) {
-        let mut v = self.verified.borrow_mut();
-        v.insert(peer, Instant::now());
-        self.metrics.verified_peers.set(v.len() as i64);
+        self.ep.mark_verified(peer);
     }
 
     fn on_message(
@@ -381,11 +375,7 @@ impl CoapShard {
                     self.metrics.format_error(FormatError::Unexpected);
                     return;
                 }
-                if self.ep.on_answer(peer, m.message_id, reset) {
-                    // A completed CON exchange: the address receives what sluice sends.
-                    self.metrics.verified_ack.inc();
-                    self.mark_verified(peer);
-                } else if reset {
+                if !self.ep.on_answer(peer, m.message_id, reset) && reset {
                     self.observers.on_reset(peer, m.message_id);
                 }
             }
@@ -475,10 +465,7 @@ impl CoapShard {
             authenticated: identity.is_some(),
             block2: m.uint_option(opt::BLOCK2),
         };
-        let caller = Caller {
-            identity,
-            verified: identity.is_some() || self.is_verified(peer),
-        };
+        let caller = Caller { identity };
         match super::resources::dispatch(self, peer, &m, &device, caller) {
             Reply::Now(resp) => self.answer(peer, asked, resp, &x),
             Reply::Later(fut) => {

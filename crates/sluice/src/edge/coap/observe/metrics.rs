@@ -16,8 +16,8 @@ pub enum Deregistration {
     Silence = 2,
     /// A new registration with the same endpoint and token replaced it.
     Replaced = 3,
-    /// The CON sent after `coap.observer_check` without confirmation was never
-    /// acknowledged (a NON observer that went away, or never was).
+    /// The CON sent after `coap.observer_check` without confirmation, or to an address not
+    /// verified yet, was never acknowledged (a NON observer that went away, or a spoofed one).
     Unconfirmed = 4,
 }
 
@@ -39,12 +39,16 @@ pub enum NotificationDrop {
     Expired = 1,
     /// Larger than `coap.max_message_size` (notifications are not sent block-wise).
     TooLarge = 2,
+    /// Larger than 3× the registration request while the observer's address has not
+    /// proven it receives.
+    Unverified = 3,
 }
 
-pub const NOTIFICATION_DROPS: [(NotificationDrop, &str); 3] = [
+pub const NOTIFICATION_DROPS: [(NotificationDrop, &str); 4] = [
     (NotificationDrop::QueueFull, "queue_full"),
     (NotificationDrop::Expired, "expired"),
     (NotificationDrop::TooLarge, "too_large"),
+    (NotificationDrop::Unverified, "unverified"),
 ];
 
 #[derive(Debug, Default)]

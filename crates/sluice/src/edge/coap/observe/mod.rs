@@ -16,6 +16,11 @@
 //! so its id cannot collide with an MQTT device's. A local task per registration
 //! (`notify::run`) drains the outbox into notifications through [`CoapOut`].
 //!
+//! A registration from an address that has not proven it receives (see `super::verify`) may
+//! be spoofed: until the address is verified, every notification to it is CON, at most 3×
+//! the registration request (larger ones are dropped, counted), retransmitted only within
+//! 3×; the first one not acknowledged ends the registration. Its ACK verifies the address.
+//!
 //! Invariants: at most `coap.max_observers / shards` registrations, and at most
 //! `coap.max_observers_per_source` of one IP address on a shard (beyond: 5.03 with Max-Age);
 //! an observer not confirmed (a CON notification ACKed, or a registration) for
@@ -72,6 +77,9 @@ struct Registration {
     seq: Cell<u32>,
     /// NON notifications sent since the last CON one.
     since_con: Cell<u32>,
+    /// The registration request's datagram size: while its address has not proven it
+    /// receives, a notification is at most 3× this, CON, retransmitted within 3×.
+    req_size: usize,
     /// When the observer last showed it is there: registered, or ACKed a CON notification.
     confirmed: Cell<Instant>,
     /// The last state sent (payload, Content-Format): repeated as a CON when the observer
@@ -258,6 +266,7 @@ impl Observers {
             session: session.clone(),
             seq: Cell::new(start),
             since_con: Cell::new(0),
+            req_size: 4 + req.token.len() + req.options_len(),
             confirmed: Cell::new(Instant::now()),
             last: RefCell::new((Bytes::new(), None)),
             recent_mids: RefCell::new(VecDeque::new()),

@@ -68,7 +68,21 @@ pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
         let mut n = n;
         let metrics = &obs.ctx.metrics.coap_observe;
         let checking = repeat || Instant::now() >= due;
-        if !checking && reg.since_con.get() + 1 < CON_EVERY {
+        let max_retransmit = obs.ctx.config.coap.max_retransmit;
+        // An address not verified: CON only, within 3× the registration request.
+        let unverified = !obs.out.verified(reg.peer);
+        let retransmit = if !unverified {
+            max_retransmit
+        } else {
+            let limit = reg.req_size.saturating_mul(3);
+            let size = 4 + n.token.len() + n.options_len();
+            if size > limit {
+                metrics.drop(NotificationDrop::Unverified);
+                continue;
+            }
+            (limit / size).saturating_sub(1).min(max_retransmit as usize) as u8
+        };
+        if !checking && !unverified && reg.since_con.get() + 1 < CON_EVERY {
             reg.since_con.set(reg.since_con.get() + 1);
             n.mtype = MsgType::Non;
             n.message_id = obs.out.next_message_id();
@@ -80,7 +94,7 @@ pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
         reg.since_con.set(0);
         n.mtype = MsgType::Con;
         metrics.notifications_con.inc();
-        let mut outcome = obs.out.send_con(reg.peer, n);
+        let mut outcome = obs.out.send_con_limited(reg.peer, n, retransmit);
         let max = obs.ctx.config.coap.max_queued_notifications.max(1);
         drop(obs);
         // Until the CON is answered, what arrives queues in the session's outbox.
@@ -108,7 +122,7 @@ pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
             }
             // The edge gave up on the CON (or went away without answering): silence.
             Ok(ConOutcome::TimedOut) | Err(_) => {
-                let why = if checking {
+                let why = if checking || unverified {
                     Deregistration::Unconfirmed
                 } else {
                     Deregistration::Silence
