@@ -1,7 +1,7 @@
 //! CoAP Observe (RFC 7641) end to end over real UDP: a device observes
 //! `coap://gw/ps/{filter}` and receives what an MQTT device publishes, as notifications —
-//! CON first (until the address is verified), then NON with CON every 24th — until it deregisters by RST or GET; and libcoap's `coap-client`
-//! as a real observer.
+//! CON first (until its address is verified), then NON with CON every 24th — until it
+//! deregisters by RST or GET; and libcoap's `coap-client` as a real observer.
 
 mod common;
 
