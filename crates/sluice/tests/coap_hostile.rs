@@ -119,6 +119,7 @@ async fn a_small_get_of_a_large_retained_value_is_never_amplified() {
             r.code
         );
         if r.code != Code::NOT_FOUND {
+            eprintln!("finding 1: GET of a 60,000 B retained value: {sent} B in, {got} B out");
             first = Some(r);
             break;
         }
@@ -407,6 +408,7 @@ async fn an_error_answer_does_not_echo_the_request() {
     m.payload = Bytes::from_static(b"x");
     let (sent, size, r) = dev.ask(&m).await;
     assert_eq!(r.code, Code::BAD_REQUEST);
+    eprintln!("finding 9: invalid topic: {sent} B in, {size} B out");
     assert!(size < 64, "{sent} B in, {size} B out");
     assert!(!r
         .payload
@@ -485,11 +487,13 @@ async fn proxy_relays_stay_within_the_3x_rule_and_max_message_size() {
     };
     let mid = dev.next_mid();
     let (sent, size, r) = dev.ask(&get(mid, "up")).await;
+    eprintln!("finding 12: proxied GET of a 60,000 B answer, unverified: {sent} B in, {size} B out");
     assert!(size <= 3 * sent, "{sent} B in, {size} B out");
     assert_eq!(r.code, Code::UNAUTHORIZED);
     let mut m = get(dev.next_mid(), "up");
     m.add_option(opt::ECHO, r.option(opt::ECHO).expect("Echo").clone());
     let (_, size, r) = dev.ask(&m).await;
+    eprintln!("finding 12: the same, verified: {size} B out (Block2)");
     assert!(size <= 1152, "{size}");
     assert_eq!(r.code, Code::CONTENT);
     assert!(r.option(opt::BLOCK2).is_some());
@@ -503,6 +507,7 @@ async fn proxy_relays_stay_within_the_3x_rule_and_max_message_size() {
         total += n;
         assert!(r.mtype != MsgType::Con || r.code == Code::CONTENT, "{r:?}");
     }
+    eprintln!("finding 12: separate response never ACKed: {sent} B in, {total} B out");
     assert!(total > 0, "answered");
     assert!(total <= 3 * sent, "{sent} B in, {total} B out (never ACKed)");
     gw.shutdown();
@@ -539,6 +544,7 @@ async fn an_observer_at_an_unverified_address_gets_little_and_goes_when_silent()
         assert!(n <= 3 * sent);
         total += n;
     }
+    eprintln!("unverified observer never ACKing: {sent} B registration, {total} B notifications");
     assert!(total > 0 && total <= 3 * sent, "{sent} B in, {total} B out");
     assert!(
         common::eventually(WAIT, || metric(&gw, "sluice_coap_observers{") == 0.0).await,

@@ -34,7 +34,8 @@ pub struct CoapConfig {
     /// Block-wise transfers in progress at once, whole gateway (each holds its body so far);
     /// beyond, a new one gets 5.03.
     pub max_block_transfers: usize,
-    /// Block-wise transfers one source address (IP) may have in progress at once.
+    /// Block-wise transfers one source address (IP) may have in progress at once on a shard
+    /// (an address's devices, told apart by `c=`, may be spread over the shards).
     pub max_block_transfers_per_source: usize,
     /// Bytes of request bodies being reassembled from Block1 blocks, whole gateway; a block
     /// that would go beyond gets 5.03 and its transfer is dropped.
@@ -80,7 +81,8 @@ pub struct CoapConfig {
     pub retry_after: Duration,
     /// Observe registrations (subscriptions) held at once, whole gateway.
     pub max_observers: usize,
-    /// Observe registrations one source address (IP) may hold at once; beyond, 5.03.
+    /// Observe registrations one source address (IP) may hold at once on a shard (as
+    /// `max_block_transfers_per_source`); beyond, 5.03.
     pub max_observers_per_source: usize,
     /// An observer not confirmed for this long (no CON notification ACKed, no
     /// re-registration) gets its next notification as CON, or a CON repeating its last state

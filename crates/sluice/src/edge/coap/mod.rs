@@ -15,8 +15,9 @@
 //!
 //! Hostile network rules (issue 28): no answer larger than 3× its request goes to an address
 //! that has not proven it receives (`verify`; larger answers become 4.01 Unauthorized with
-//! an Echo option, or Block2 blocks within `max_message_size` once verified); an Observe
-//! registration needs a verified address; every per-peer table is bounded in bytes (the
+//! an Echo option, or Block2 blocks within `max_message_size` once verified); an observer
+//! at an unverified address gets only CON notifications within 3× its registration, the
+//! first unacknowledged one ending it; every per-peer table is bounded in bytes (the
 //! de-duplication table by `max_exchange_bytes`, Block1 bodies by `max_block_bytes`,
 //! verified addresses by `max_verified_bytes`, observers by count per gateway and per IP).
 //!

@@ -110,6 +110,8 @@ pub struct Observers {
     /// This shard's share of `coap.max_observers`.
     limit: usize,
     next_id: Cell<u64>,
+    /// When a per-source refusal was last logged (at most one line a second).
+    refusal_logged: Cell<Option<Instant>>,
     /// Start of the clock new sequences start from (so a deregistered and re-registered
     /// token likely continues above its old values).
     epoch: Instant,
@@ -126,6 +128,7 @@ impl Observers {
             by_mid: RefCell::new(HashMap::new()),
             limit,
             next_id: Cell::new(0),
+            refusal_logged: Cell::new(None),
             epoch: Instant::now(),
         })
     }
@@ -240,7 +243,11 @@ impl Observers {
             }
             None if self.of_source(key.0) >= self.ctx.config.coap.max_observers_per_source => {
                 metrics.refused_per_source.inc();
-                tracing::info!(peer = %key.0, "coap observe refused: coap.max_observers_per_source reached");
+                let now = Instant::now();
+                if self.refusal_logged.get().is_none_or(|t| now.duration_since(t).as_secs() >= 1) {
+                    self.refusal_logged.set(Some(now));
+                    tracing::info!(peer = %key.0, "coap observe refused: coap.max_observers_per_source reached");
+                }
                 return self.busy(req, "too many observers from this address");
             }
             None => (self.epoch.elapsed().as_millis() / 8) as u32 & SEQ_MASK,
