@@ -557,5 +557,27 @@ async fn an_observer_at_an_unverified_address_gets_little_and_goes_when_silent()
         ),
         1.0
     );
+
+    // A registration whose first answer (a large retained value) is too large for the
+    // address: 4.01 + Echo, and nothing stays registered.
+    retain(&gw, "s/big", 2_000).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut m = req(MsgType::Con, Code::GET, dev.next_mid(), "s/big");
+    m.add_uint_option(opt::OBSERVE, 0);
+    let (sent, size, r) = dev.ask(&m).await;
+    assert_eq!(r.code, Code::UNAUTHORIZED, "{r:?}");
+    assert!(size <= 3 * sent);
+    assert!(
+        common::eventually(WAIT, || metric(&gw, "sluice_coap_observers{") == 0.0).await,
+        "not left registered"
+    );
+    // With the Echo: registered, the value in Block2 blocks.
+    let mut m = req(MsgType::Con, Code::GET, dev.next_mid(), "s/big");
+    m.add_uint_option(opt::OBSERVE, 0);
+    m.add_option(opt::ECHO, r.option(opt::ECHO).expect("Echo").clone());
+    let (_, size, r) = dev.ask(&m).await;
+    assert_eq!(r.code, Code::CONTENT);
+    assert!(size <= 1152 && r.option(opt::BLOCK2).is_some() && r.option(opt::OBSERVE).is_some());
+    assert_eq!(metric(&gw, "sluice_coap_observers{"), 1.0);
     gw.shutdown();
 }

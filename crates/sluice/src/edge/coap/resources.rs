@@ -147,8 +147,18 @@ pub(super) fn dispatch(
                 }
                 let observers = shard.observers.clone();
                 let (device, req) = (device.clone(), req.clone());
+                let max = shard.ctx.config.coap.max_message_size.as_usize();
+                let limit = caller.limit.map(|l| l.min(max));
                 Reply::Later(Box::pin(async move {
-                    observers.on_get(peer, &device, &req, &filter).await
+                    let resp = observers.on_get(peer, &device, &req, &filter).await;
+                    // A registration whose first answer is too large for an address not
+                    // verified gets 4.01 + Echo instead (`server::fit`): it does not stay
+                    // registered; the client registers again with the Echo.
+                    let size = 4 + req.token.len() + resp.options_len();
+                    if resp.option(opt::OBSERVE).is_some() && limit.is_some_and(|l| size > l) {
+                        observers.withdraw(peer, req.token).await;
+                    }
+                    resp
                 }))
             }
             _ => Reply::Now(error(Code::METHOD_NOT_ALLOWED, "POST, PUT or GET")),

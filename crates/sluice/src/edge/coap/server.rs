@@ -90,6 +90,9 @@ struct Asked {
 #[derive(Clone, Copy)]
 pub(super) struct Caller<'a> {
     pub identity: Option<&'a DeviceIdentity>,
+    /// The largest answer the address may get (3× the request) while it has not proven it
+    /// receives; `None` once it has.
+    pub limit: Option<usize>,
 }
 
 /// The CoAP edge of one shard.
@@ -465,7 +468,14 @@ impl CoapShard {
             authenticated: identity.is_some(),
             block2: m.uint_option(opt::BLOCK2),
         };
-        let caller = Caller { identity };
+        let caller = Caller {
+            identity,
+            limit: if identity.is_some() || self.is_verified(peer) {
+                None
+            } else {
+                Some(size.saturating_mul(3))
+            },
+        };
         match super::resources::dispatch(self, peer, &m, &device, caller) {
             Reply::Now(resp) => self.answer(peer, asked, resp, &x),
             Reply::Later(fut) => {

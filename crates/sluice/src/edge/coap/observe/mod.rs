@@ -179,6 +179,12 @@ impl Observers {
         }
     }
 
+    /// End the registration of (`peer`, `token`) whose first answer could not be sent (too
+    /// large for an address that has not proven it receives).
+    pub async fn withdraw(&self, peer: SocketAddr, token: Token) {
+        self.deregister(peer, token, Deregistration::Unconfirmed).await;
+    }
+
     /// An RST from `peer` for message id `mid` that matched no CON sluice is retransmitting
     /// (a NON notification the device no longer wants).
     pub fn on_reset(&self, peer: SocketAddr, mid: u16) {
