@@ -12,9 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use sluice_proto::coap::{
-    decode_tcp, encode_tcp, opt, tcp, Block, Code, Message, MsgType, Token,
-};
+use sluice_proto::coap::{decode_tcp, encode_tcp, opt, tcp, Block, Code, Message, MsgType, Token};
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
@@ -76,7 +74,12 @@ impl Dev {
 
 /// A request on `ps/{path}` (`path` split on '/'), token from `mid`.
 fn req(mtype: MsgType, code: Code, mid: u16, path: &str) -> Message {
-    let mut m = Message::new(mtype, code, mid, Token::from_slice(&mid.to_be_bytes()).unwrap());
+    let mut m = Message::new(
+        mtype,
+        code,
+        mid,
+        Token::from_slice(&mid.to_be_bytes()).unwrap(),
+    );
     m.add_option(opt::URI_PATH, Bytes::from_static(b"ps"));
     for seg in path.split('/') {
         m.add_option(opt::URI_PATH, Bytes::copy_from_slice(seg.as_bytes()));
@@ -139,7 +142,15 @@ async fn a_small_get_of_a_large_retained_value_is_never_amplified() {
         if num == 0 {
             m.add_option(opt::ECHO, echo.clone());
         } else {
-            m.add_uint_option(opt::BLOCK2, Block { num, more: false, szx: 6 }.to_uint());
+            m.add_uint_option(
+                opt::BLOCK2,
+                Block {
+                    num,
+                    more: false,
+                    szx: 6,
+                }
+                .to_uint(),
+            );
         }
         let (_, size, r) = dev.ask(&m).await;
         assert!(size <= 1152, "a block within max_message_size: {size}");
@@ -155,9 +166,15 @@ async fn a_small_get_of_a_large_retained_value_is_never_amplified() {
         num = b.num + 1;
     }
     assert_eq!(got, body);
-    assert!(metric(&gw, "sluice_coap_refused_total{shard=\"0\",reason=\"unverified\"}")
-        + metric(&gw, "sluice_coap_refused_total{shard=\"1\",reason=\"unverified\"}")
-        >= 1.0);
+    assert!(
+        metric(
+            &gw,
+            "sluice_coap_refused_total{shard=\"0\",reason=\"unverified\"}"
+        ) + metric(
+            &gw,
+            "sluice_coap_refused_total{shard=\"1\",reason=\"unverified\"}"
+        ) >= 1.0
+    );
     assert!(metric(&gw, "sluice_coap_verified_total") >= 1.0);
     gw.shutdown();
 }
@@ -215,7 +232,10 @@ async fn an_observe_filter_beyond_the_topic_limits_is_refused() {
     assert!(size <= 3 * sent);
     assert_eq!(metric(&gw, "sluice_coap_observers{"), 0.0);
     assert_eq!(
-        metric(&gw, "sluice_coap_refused_total{shard=\"0\",reason=\"topic_limit\"}"),
+        metric(
+            &gw,
+            "sluice_coap_refused_total{shard=\"0\",reason=\"topic_limit\"}"
+        ),
         1.0
     );
     // A publish to such a topic is refused the same way.
@@ -243,11 +263,17 @@ async fn with_mqtt_users_an_anonymous_coap_peer_may_not_publish_or_observe() {
     o.add_uint_option(opt::OBSERVE, 0);
     let (_, _, r) = dev.ask(&o).await;
     assert_eq!(r.code, Code::UNAUTHORIZED);
-    assert!(r.option(opt::ECHO).is_none(), "refused for good, not challenged");
+    assert!(
+        r.option(opt::ECHO).is_none(),
+        "refused for good, not challenged"
+    );
     assert_eq!(metric(&gw, "sluice_coap_observers{"), 0.0);
     assert_eq!(metric(&gw, "sluice_coap_publishes_total"), 0.0);
     assert_eq!(
-        metric(&gw, "sluice_coap_refused_total{shard=\"0\",reason=\"anonymous\"}"),
+        metric(
+            &gw,
+            "sluice_coap_refused_total{shard=\"0\",reason=\"anonymous\"}"
+        ),
         2.0
     );
     gw.shutdown();
@@ -301,8 +327,10 @@ async fn observers_that_never_acknowledge_expire_and_one_address_cannot_fill_the
     let (_, check) = dev.recv(Duration::from_secs(4)).await.expect("a CON check");
     assert_eq!((check.mtype, check.code), (MsgType::Con, Code::CONTENT));
     assert!(
-        common::eventually(Duration::from_secs(5), || metric(&gw, "sluice_coap_observers{")
-            == 0.0)
+        common::eventually(Duration::from_secs(5), || metric(
+            &gw,
+            "sluice_coap_observers{"
+        ) == 0.0)
         .await,
         "an unconfirmed observer is dropped"
     );
@@ -321,7 +349,10 @@ async fn observers_that_never_acknowledge_expire_and_one_address_cannot_fill_the
     }
     let held = codes.iter().filter(|c| **c == Code::CONTENT).count();
     assert_eq!(held, 4, "{codes:?}");
-    assert_eq!(metric(&gw, "sluice_coap_observe_refused_per_source_total"), 4.0);
+    assert_eq!(
+        metric(&gw, "sluice_coap_observe_refused_per_source_total"),
+        4.0
+    );
     // Another address still gets a slot.
     let mut other = Dev::on("127.0.0.2", addr).await;
     assert_eq!(observe(&mut other, "a/b", 1).await.code, Code::CONTENT);
@@ -331,7 +362,15 @@ async fn observers_that_never_acknowledge_expire_and_one_address_cannot_fill_the
 /// A Block1 block 0 of a publish to `topic` with more to come.
 fn block0(mid: u16, topic: &str) -> Message {
     let mut m = req(MsgType::Con, Code::POST, mid, topic);
-    m.add_uint_option(opt::BLOCK1, Block { num: 0, more: true, szx: 2 }.to_uint());
+    m.add_uint_option(
+        opt::BLOCK1,
+        Block {
+            num: 0,
+            more: true,
+            szx: 2,
+        }
+        .to_uint(),
+    );
     m.payload = Bytes::from(vec![b'x'; 64]);
     m
 }
@@ -361,7 +400,10 @@ async fn abandoned_block1_transfers_free_their_slots_and_one_address_holds_few()
         ]
     );
     assert_eq!(
-        metric(&gw, "sluice_coap_refused_total{shard=\"0\",reason=\"block_per_source\"}"),
+        metric(
+            &gw,
+            "sluice_coap_refused_total{shard=\"0\",reason=\"block_per_source\"}"
+        ),
         2.0
     );
     gw.shutdown();
@@ -389,7 +431,10 @@ async fn abandoned_block1_transfers_free_their_slots_and_one_address_holds_few()
         Code::CONTINUE,
         "the idle ones were forgotten"
     );
-    assert_eq!(metric(&gw, "sluice_coap_block_transfers_expired_total"), 2.0);
+    assert_eq!(
+        metric(&gw, "sluice_coap_block_transfers_expired_total"),
+        2.0
+    );
     gw.shutdown();
 }
 
@@ -487,7 +532,9 @@ async fn proxy_relays_stay_within_the_3x_rule_and_max_message_size() {
     };
     let mid = dev.next_mid();
     let (sent, size, r) = dev.ask(&get(mid, "up")).await;
-    eprintln!("finding 12: proxied GET of a 60,000 B answer, unverified: {sent} B in, {size} B out");
+    eprintln!(
+        "finding 12: proxied GET of a 60,000 B answer, unverified: {sent} B in, {size} B out"
+    );
     assert!(size <= 3 * sent, "{sent} B in, {size} B out");
     assert_eq!(r.code, Code::UNAUTHORIZED);
     let mut m = get(dev.next_mid(), "up");
@@ -509,7 +556,10 @@ async fn proxy_relays_stay_within_the_3x_rule_and_max_message_size() {
     }
     eprintln!("finding 12: separate response never ACKed: {sent} B in, {total} B out");
     assert!(total > 0, "answered");
-    assert!(total <= 3 * sent, "{sent} B in, {total} B out (never ACKed)");
+    assert!(
+        total <= 3 * sent,
+        "{sent} B in, {total} B out (never ACKed)"
+    );
     gw.shutdown();
 }
 

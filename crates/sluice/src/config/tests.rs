@@ -459,7 +459,11 @@ fn coap_anonymous_peers_follow_mqtt_unless_set_and_check_warns_beside_mqtt_users
     );
     let w = with_users.warnings();
     assert_eq!(w.len(), 1, "{w:?}");
-    assert!(w[0].contains("plain UDP") && w[0].contains("may not"), "{}", w[0]);
+    assert!(
+        w[0].contains("plain UDP") && w[0].contains("may not"),
+        "{}",
+        w[0]
+    );
     let open = parse(&format!("[coap]\nallow_anonymous = true\n{users}")).unwrap();
     assert!(open.coap.anonymous_allowed(&open.mqtt));
     assert!(open.warnings()[0].contains("may publish"));
@@ -481,10 +485,22 @@ fn coap_hostile_network_bounds_have_defaults_and_are_checked() {
     for (text, key) in [
         ("[coap]\nobserver_check = \"25h\"", "coap.observer_check: "),
         ("[coap]\nobserver_check = \"0s\"", "coap.observer_check: "),
-        ("[coap]\nblock_idle_timeout = \"0s\"", "coap.block_idle_timeout: "),
-        ("[coap]\nmax_exchange_bytes = \"1KiB\"", "coap.max_exchange_bytes: "),
-        ("[coap]\nmax_block_bytes = \"100B\"", "coap.max_block_bytes: "),
-        ("[coap]\nmax_observers_per_source = 0", "coap.max_observers_per_source: "),
+        (
+            "[coap]\nblock_idle_timeout = \"0s\"",
+            "coap.block_idle_timeout: ",
+        ),
+        (
+            "[coap]\nmax_exchange_bytes = \"1KiB\"",
+            "coap.max_exchange_bytes: ",
+        ),
+        (
+            "[coap]\nmax_block_bytes = \"100B\"",
+            "coap.max_block_bytes: ",
+        ),
+        (
+            "[coap]\nmax_observers_per_source = 0",
+            "coap.max_observers_per_source: ",
+        ),
         (
             "[coap]\nmax_block_transfers_per_source = 0",
             "coap.max_block_transfers_per_source: ",

@@ -80,7 +80,11 @@ pub(super) fn warnings(config: &Config) -> Vec<String> {
             "coap is enabled on plain UDP while [[mqtt.users]] are configured: CoAP peers have no \
              login; coap.allow_anonymous = {} (an anonymous peer {} publish or observe)",
             config.coap.anonymous_allowed(&config.mqtt),
-            if config.coap.anonymous_allowed(&config.mqtt) { "may" } else { "may not" },
+            if config.coap.anonymous_allowed(&config.mqtt) {
+                "may"
+            } else {
+                "may not"
+            },
         ));
     }
     w
@@ -316,7 +320,10 @@ fn check_coap(config: &Config) -> Result<(), ConfigError> {
         ("coap.max_observers", c.max_observers),
         ("coap.max_queued_notifications", c.max_queued_notifications),
         ("coap.max_observers_per_source", c.max_observers_per_source),
-        ("coap.max_block_transfers_per_source", c.max_block_transfers_per_source),
+        (
+            "coap.max_block_transfers_per_source",
+            c.max_block_transfers_per_source,
+        ),
     ] {
         if v == 0 {
             return invalid(key, "must be at least 1");

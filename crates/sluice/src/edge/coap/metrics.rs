@@ -183,7 +183,10 @@ impl CoapMetrics {
     pub fn refused(&self, why: Refusal, peer: std::net::SocketAddr) {
         self.refusals[why as usize].inc();
         let now = std::time::Instant::now();
-        let mut last = self.refusal_logged.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self
+            .refusal_logged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1)) {
             *last = Some(now);
             tracing::info!(%peer, reason = REFUSALS[why as usize].1, "coap request refused by a bound");

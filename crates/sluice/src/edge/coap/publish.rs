@@ -247,7 +247,10 @@ fn block1(
         drop(transfers);
         shard.metrics.block_transfers_failed.inc();
         shard.metrics.refused(Refusal::BlockBytes, peer);
-        return Err(Reply::Now(unavailable(shard, "too many block bytes in progress")));
+        return Err(Reply::Now(unavailable(
+            shard,
+            "too many block bytes in progress",
+        )));
     }
     let Some(t) = transfers.get_mut(&key) else {
         return Err(Reply::Now(unavailable(shard, "transfer gone")));

@@ -65,9 +65,11 @@ pub(super) fn unavailable(shard: &CoapShard, why: &'static str) -> Message {
 /// 4.00 Bad Request with a constant diagnostic (never the request's bytes).
 pub(super) fn bad_request(shard: &CoapShard, diagnostic: &'static str) -> Reply {
     shard.metrics.format_error(FormatError::BadRequest);
-    Reply::Now(error(Code::BAD_REQUEST, Bytes::from_static(diagnostic.as_bytes())))
+    Reply::Now(error(
+        Code::BAD_REQUEST,
+        Bytes::from_static(diagnostic.as_bytes()),
+    ))
 }
-
 
 pub(super) fn dispatch(
     shard: &Rc<CoapShard>,
@@ -212,7 +214,12 @@ pub(super) fn with_block2(
 
 /// Put block `asked` (a request's Block2 value; block 0 when absent) of `body` into `resp`,
 /// in blocks of at most SZX `ours`; Size2 with block 0.
-pub(super) fn slice_block2(asked: Option<u32>, ours: u8, mut resp: Message, body: Bytes) -> Message {
+pub(super) fn slice_block2(
+    asked: Option<u32>,
+    ours: u8,
+    mut resp: Message,
+    body: Bytes,
+) -> Message {
     let asked = asked.and_then(Block::from_uint);
     let (num, szx) = match asked {
         Some(b) if b.szx <= 6 => (b.num, b.szx.min(ours)),

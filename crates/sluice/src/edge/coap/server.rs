@@ -562,9 +562,7 @@ impl CoapShard {
             }
             return m;
         }
-        if resp.code.class() == 2
-            && !resp.payload.is_empty()
-            && resp.option(opt::BLOCK2).is_none()
+        if resp.code.class() == 2 && !resp.payload.is_empty() && resp.option(opt::BLOCK2).is_none()
         {
             let body = std::mem::take(&mut resp.payload);
             // Block2 (≤ 3 bytes), Size2 (≤ 4), their headers (≤ 2 each) and the marker.

@@ -158,9 +158,7 @@ impl Observers {
         // also ends a registration of this endpoint and token (§3.6, §4.1) — except a GET
         // for a later block of a large state, which continues the registration's first
         // answer (RFC 7959 §2.6).
-        let later_block = req
-            .uint_option(opt::BLOCK2)
-            .is_some_and(|b| b >> 4 > 0);
+        let later_block = req.uint_option(opt::BLOCK2).is_some_and(|b| b >> 4 > 0);
         let had = !later_block && self.deregister(peer, req.token, Deregistration::Get).await;
         let retained = if plain {
             retained_of(&self.ctx, filter).await
@@ -182,7 +180,8 @@ impl Observers {
     /// End the registration of (`peer`, `token`) whose first answer could not be sent (too
     /// large for an address that has not proven it receives).
     pub async fn withdraw(&self, peer: SocketAddr, token: Token) {
-        self.deregister(peer, token, Deregistration::Unconfirmed).await;
+        self.deregister(peer, token, Deregistration::Unconfirmed)
+            .await;
     }
 
     /// An RST from `peer` for message id `mid` that matched no CON sluice is retransmitting
@@ -250,7 +249,11 @@ impl Observers {
             None if self.of_source(key.0) >= self.ctx.config.coap.max_observers_per_source => {
                 metrics.refused_per_source.inc();
                 let now = Instant::now();
-                if self.refusal_logged.get().is_none_or(|t| now.duration_since(t).as_secs() >= 1) {
+                if self
+                    .refusal_logged
+                    .get()
+                    .is_none_or(|t| now.duration_since(t).as_secs() >= 1)
+                {
                     self.refusal_logged.set(Some(now));
                     tracing::info!(peer = %key.0, "coap observe refused: coap.max_observers_per_source reached");
                 }
@@ -326,7 +329,11 @@ impl Observers {
     /// Registrations of `peer`'s IP address on this shard.
     fn of_source(&self, peer: SocketAddr) -> usize {
         let ip = peer.ip();
-        self.regs.borrow().keys().filter(|(p, _)| p.ip() == ip).count()
+        self.regs
+            .borrow()
+            .keys()
+            .filter(|(p, _)| p.ip() == ip)
+            .count()
     }
 
     /// 5.03 with Max-Age = `coap.retry_after`.

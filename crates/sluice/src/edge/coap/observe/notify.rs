@@ -80,7 +80,9 @@ pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
                 metrics.drop(NotificationDrop::Unverified);
                 continue;
             }
-            (limit / size).saturating_sub(1).min(max_retransmit as usize) as u8
+            (limit / size)
+                .saturating_sub(1)
+                .min(max_retransmit as usize) as u8
         };
         if !checking && !unverified && reg.since_con.get() + 1 < CON_EVERY {
             reg.since_con.set(reg.since_con.get() + 1);
