@@ -67,6 +67,10 @@ fn main() -> ExitCode {
             Ok(mut cfg) => {
                 // Print the effective value of a default that depends on other keys.
                 cfg.mqtt.allow_anonymous = Some(cfg.mqtt.anonymous_allowed());
+                cfg.coap.allow_anonymous = Some(cfg.coap.anonymous_allowed(&cfg.mqtt));
+                for warning in cfg.warnings() {
+                    eprintln!("{}: warning: {warning}", config.display());
+                }
                 print!("{}", cfg.to_toml());
                 eprintln!("{}: valid", config.display());
                 ExitCode::SUCCESS
@@ -172,6 +176,9 @@ fn run(path: Option<PathBuf>) -> ExitCode {
         }
     };
     sluice::telemetry::init_logging(&config.log.level);
+    for warning in config.warnings() {
+        tracing::warn!(%warning, "config");
+    }
     if config.uplink.is_empty() && config.function.is_empty() {
         tracing::warn!("no [[uplink]] configured: messages stay local until one is");
     } else if config.uplink.is_empty() {

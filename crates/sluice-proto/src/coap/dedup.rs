@@ -6,9 +6,10 @@
 //! Owns: the table, its expiry and its bound. Does not own: clocks (the caller passes `now`)
 //! or what a duplicate is answered with (the value `V` the caller stored).
 //!
-//! Invariants: at most `capacity` entries; when full, the oldest inserted entry is evicted
-//! (counted in [`DedupTable::evictions`] when it had not expired yet); an expired entry is
-//! never reported as a duplicate.
+//! Invariants: at most `capacity` entries and at most `max_bytes` charged (each entry is
+//! charged `overhead` when inserted plus what [`DedupTable::charge`] adds for its answer);
+//! when full, the oldest inserted entry is evicted (counted in [`DedupTable::evictions`] when
+//! it had not expired yet); an expired entry is never reported as a duplicate.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -30,6 +31,8 @@ struct Entry<V> {
     expires: Instant,
     seq: u64,
     value: Option<V>,
+    /// Bytes charged for this entry (overhead + its answer).
+    cost: usize,
 }
 
 /// A bounded de-duplication table.
@@ -39,6 +42,11 @@ pub struct DedupTable<K, V> {
     /// Insertion order: `(key, seq)`; a stale seq (the key was re-inserted) is skipped.
     order: VecDeque<(K, u64)>,
     capacity: usize,
+    /// Bytes the entries may be charged in all, and what they are charged now.
+    max_bytes: usize,
+    bytes: usize,
+    /// What an entry costs before its answer: key, entry, order slot, the caller's value.
+    overhead: usize,
     seq: u64,
     evictions: u64,
     /// Paces sweeps of a full table for expired entries.
@@ -67,11 +75,21 @@ impl SweepPace {
 }
 
 impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
+    /// A table of at most `capacity` entries, bounded by entries only.
     pub fn new(capacity: usize) -> Self {
+        Self::with_bytes(capacity, usize::MAX, 0)
+    }
+
+    /// A table of at most `capacity` entries and `max_bytes` charged, each entry costing
+    /// `overhead` plus what [`DedupTable::charge`] adds.
+    pub fn with_bytes(capacity: usize, max_bytes: usize, overhead: usize) -> Self {
         DedupTable {
             map: HashMap::new(),
             order: VecDeque::new(),
             capacity: capacity.max(1),
+            max_bytes,
+            bytes: 0,
+            overhead,
             seq: 0,
             evictions: 0,
             sweeps: SweepPace::default(),
@@ -96,23 +114,69 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
             // Expired entries behind a live one in the insertion order: sweep them first, so
             // a live entry is evicted (and counted) only when nothing had expired. Paced: a
             // full table under load must not cost a scan per insert.
-            self.map.retain(|_, e| e.expires > now);
+            let mut freed = 0;
+            self.map.retain(|_, e| {
+                let keep = e.expires > now;
+                freed += if keep { 0 } else { e.cost };
+                keep
+            });
+            self.bytes -= freed;
         }
-        while self.map.len() >= self.capacity {
+        while self.map.len() >= self.capacity
+            || self.bytes.saturating_add(self.overhead) > self.max_bytes
+        {
             if !self.pop_oldest(now) {
                 break;
             }
         }
         self.seq += 1;
-        self.map.insert(
+        let old = self.map.insert(
             key,
             Entry {
                 expires: now + lifetime,
                 seq: self.seq,
                 value: None,
+                cost: self.overhead,
             },
         );
+        self.bytes += self.overhead;
+        if let Some(old) = old {
+            self.bytes -= old.cost;
+        }
         self.order.push_back((key, self.seq));
+    }
+
+    /// Charge `key` `bytes` more (the answer it now holds), evicting the oldest other
+    /// entries while the table is over `max_bytes`; an answer that does not fit even alone
+    /// is not kept: the entry is removed (a duplicate is then served afresh).
+    pub fn charge(&mut self, key: &K, bytes: usize, now: Instant) {
+        let Some(e) = self.map.get_mut(key) else {
+            return;
+        };
+        e.cost += bytes;
+        let seq = e.seq;
+        self.bytes += bytes;
+        while self.bytes > self.max_bytes {
+            match self.order.front() {
+                Some((k, s)) if k == key && *s == seq => {
+                    // Only this one is left (or it is the oldest): too large to keep.
+                    self.evictions += 1;
+                    self.remove(key);
+                    return;
+                }
+                Some(_) => {
+                    if !self.pop_oldest(now) {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Bytes charged now.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Store the answer of `key` (ignored when it was evicted meanwhile).
@@ -124,7 +188,9 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
 
     /// Forget `key` (an exchange that must be answered afresh if it comes again).
     pub fn remove(&mut self, key: &K) {
-        self.map.remove(key);
+        if let Some(e) = self.map.remove(key) {
+            self.bytes -= e.cost;
+        }
     }
 
     /// Drop expired entries from the front of the insertion order.
@@ -133,7 +199,7 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
             match self.map.get(&key) {
                 Some(e) if e.seq == seq && e.expires > now => break,
                 Some(e) if e.seq == seq => {
-                    self.map.remove(&key);
+                    self.remove(&key);
                 }
                 _ => {}
             }
@@ -155,7 +221,7 @@ impl<K: Hash + Eq + Copy, V> DedupTable<K, V> {
                     if e.expires > now {
                         self.evictions += 1;
                     }
-                    self.map.remove(&key);
+                    self.remove(&key);
                     return true;
                 }
             }
@@ -220,6 +286,28 @@ mod tests {
         t.insert(9, 100 * S, t0 + 200 * S);
         assert_eq!(t.len(), 1);
         assert_eq!(t.evictions(), 2);
+    }
+
+    #[test]
+    fn the_table_is_bounded_in_bytes_and_an_answer_too_large_alone_is_not_kept() {
+        let t0 = Instant::now();
+        let mut t: DedupTable<u16, ()> = DedupTable::with_bytes(1000, 1000, 100);
+        for mid in 0..5 {
+            t.insert(mid, 100 * S, t0);
+            t.complete(&mid, ());
+            t.charge(&mid, 150, t0);
+        }
+        // 250 B each: four fit in 1000 B.
+        assert_eq!(t.len(), 4);
+        assert!(t.bytes() <= 1000, "{}", t.bytes());
+        assert_eq!(t.check(&0, t0), Seen::New, "the oldest went");
+        assert_eq!(t.evictions(), 1);
+        t.insert(9, 100 * S, t0);
+        t.charge(&9, 5000, t0);
+        assert_eq!(t.check(&9, t0), Seen::New, "too large to keep");
+        assert!(t.bytes() <= 1000);
+        t.expire(t0 + 200 * S);
+        assert_eq!((t.len(), t.bytes()), (0, 0));
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub mod opt {
     pub const PROXY_URI: u16 = 35;
     pub const PROXY_SCHEME: u16 = 39;
     pub const SIZE1: u16 = 60;
+    /// RFC 9175 §2: a server's freshness/reachability challenge the client echoes back.
+    pub const ECHO: u16 = 252;
     pub const NO_RESPONSE: u16 = 258;
 
     /// Odd option numbers are critical: a request carrying one the receiver does not know

@@ -34,9 +34,29 @@ pub struct CoapConfig {
     /// Block-wise transfers in progress at once, whole gateway (each holds its body so far);
     /// beyond, a new one gets 5.03.
     pub max_block_transfers: usize,
+    /// Block-wise transfers one source address (IP) may have in progress at once on a shard
+    /// (an address's devices, told apart by `c=`, may be spread over the shards).
+    pub max_block_transfers_per_source: usize,
+    /// Bytes of request bodies being reassembled from Block1 blocks, whole gateway; a block
+    /// that would go beyond gets 5.03 and its transfer is dropped.
+    pub max_block_bytes: ByteSize,
+    /// A Block1 transfer with no block for this long is forgotten (its slot and body freed).
+    #[serde(with = "units::duration")]
+    pub block_idle_timeout: Duration,
     /// Message ids remembered for de-duplication, whole gateway (RFC 7252 §4.5); the oldest
     /// is evicted, counted, when full.
     pub max_exchanges: usize,
+    /// Bytes the de-duplication table may hold, whole gateway: each exchange is charged its
+    /// stored answer plus a fixed overhead; the oldest is evicted, counted, when over.
+    pub max_exchange_bytes: ByteSize,
+    /// Bytes of the table of addresses that proved they receive (an Echo echoed, or a CON
+    /// of sluice's ACKed), whole gateway; 96 B per address, the oldest forgotten when full.
+    /// An address not in it gets no answer larger than 3× its request (RFC 9175 §2.4).
+    pub max_verified_bytes: ByteSize,
+    /// Whether a peer without an identity (plain CoAP/UDP) may publish or observe. Unset:
+    /// as MQTT (`mqtt.allow_anonymous`, which defaults to false once `[[mqtt.users]]` exist).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_anonymous: Option<bool>,
     /// How long a CON's message id is remembered (EXCHANGE_LIFETIME).
     #[serde(with = "units::duration")]
     pub exchange_lifetime: Duration,
@@ -61,6 +81,14 @@ pub struct CoapConfig {
     pub retry_after: Duration,
     /// Observe registrations (subscriptions) held at once, whole gateway.
     pub max_observers: usize,
+    /// Observe registrations one source address (IP) may hold at once on a shard (as
+    /// `max_block_transfers_per_source`); beyond, 5.03.
+    pub max_observers_per_source: usize,
+    /// An observer not confirmed for this long (no CON notification ACKed, no
+    /// re-registration) gets its next notification as CON, or a CON repeating its last state
+    /// if nothing is due; no ACK ends the registration (RFC 7641 §4.5 asks for 24 h at most).
+    #[serde(with = "units::duration")]
+    pub observer_check: Duration,
     /// Notifications queued per observer while earlier ones are unacknowledged; beyond,
     /// the oldest is dropped (counted): an observer wants the latest state.
     pub max_queued_notifications: usize,
@@ -85,7 +113,13 @@ impl Default for CoapConfig {
             block_size: ByteSize::kib(1),
             max_body_size: ByteSize::kib(64),
             max_block_transfers: 1024,
+            max_block_transfers_per_source: 4,
+            max_block_bytes: ByteSize::mib(8),
+            block_idle_timeout: Duration::from_secs(30),
             max_exchanges: 65_536,
+            max_exchange_bytes: ByteSize::mib(4),
+            max_verified_bytes: ByteSize::mib(1),
+            allow_anonymous: None,
             exchange_lifetime: Duration::from_secs(247),
             non_lifetime: Duration::from_secs(145),
             ack_timeout: Duration::from_secs(2),
@@ -94,6 +128,8 @@ impl Default for CoapConfig {
             max_pending: 8192,
             retry_after: Duration::from_secs(2),
             max_observers: 10_000,
+            max_observers_per_source: 64,
+            observer_check: Duration::from_secs(120),
             max_queued_notifications: 16,
             source_rate: 2000,
             source_burst: 500,
@@ -183,6 +219,14 @@ impl ProxyTarget {
         } else {
             "coap+tcp"
         }
+    }
+}
+
+impl CoapConfig {
+    /// Whether a peer without an identity may publish or observe: `allow_anonymous` when
+    /// set, else whatever MQTT decides for a device without a username.
+    pub fn anonymous_allowed(&self, mqtt: &super::MqttConfig) -> bool {
+        self.allow_anonymous.unwrap_or(mqtt.anonymous_allowed())
     }
 }
 

@@ -226,6 +226,12 @@ impl Config {
         validate::check(self, validate::Files::MustExist)
     }
 
+    /// Valid settings that are probably not meant (e.g. plain CoAP beside MQTT logins), one
+    /// sentence each: `sluice check` prints them, the gateway logs them at start.
+    pub fn warnings(&self) -> Vec<String> {
+        validate::warnings(self)
+    }
+
     fn resolve_relative_paths(&mut self, base: &Path) {
         let resolve = |p: &mut Option<PathBuf>| {
             if let Some(path) = p {

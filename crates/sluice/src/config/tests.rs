@@ -462,6 +462,72 @@ fn user_password_hashes_must_be_argon2_phc_strings() {
 }
 
 #[test]
+fn coap_anonymous_peers_follow_mqtt_unless_set_and_check_warns_beside_mqtt_users() {
+    let users = format!("[[mqtt.users]]\nusername = \"dev1\"\npassword_hash = \"{HASH}\"\n");
+    let plain = parse("").unwrap();
+    assert!(plain.coap.anonymous_allowed(&plain.mqtt));
+    assert!(plain.warnings().is_empty());
+    let with_users = parse(&users).unwrap();
+    assert_eq!(with_users.coap.allow_anonymous, None);
+    assert!(
+        !with_users.coap.anonymous_allowed(&with_users.mqtt),
+        "MQTT users close the CoAP door too"
+    );
+    let w = with_users.warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("plain UDP") && w[0].contains("may not"),
+        "{}",
+        w[0]
+    );
+    let open = parse(&format!("[coap]\nallow_anonymous = true\n{users}")).unwrap();
+    assert!(open.coap.anonymous_allowed(&open.mqtt));
+    assert!(open.warnings()[0].contains("may publish"));
+    assert_eq!(parse(&open.to_toml()).unwrap(), open, "round trip");
+    let off = parse(&format!("[coap]\nenabled = false\n{users}")).unwrap();
+    assert!(off.warnings().is_empty(), "no plain CoAP, no warning");
+}
+
+#[test]
+fn coap_hostile_network_bounds_have_defaults_and_are_checked() {
+    let c = parse("").unwrap().coap;
+    assert_eq!(c.max_exchange_bytes, units::ByteSize::mib(4));
+    assert_eq!(c.max_verified_bytes, units::ByteSize::mib(1));
+    assert_eq!(c.max_block_bytes, units::ByteSize::mib(8));
+    assert_eq!(c.block_idle_timeout, std::time::Duration::from_secs(30));
+    assert_eq!(c.max_block_transfers_per_source, 4);
+    assert_eq!(c.max_observers_per_source, 64);
+    assert_eq!(c.observer_check, std::time::Duration::from_secs(120));
+    for (text, key) in [
+        ("[coap]\nobserver_check = \"25h\"", "coap.observer_check: "),
+        ("[coap]\nobserver_check = \"0s\"", "coap.observer_check: "),
+        (
+            "[coap]\nblock_idle_timeout = \"0s\"",
+            "coap.block_idle_timeout: ",
+        ),
+        (
+            "[coap]\nmax_exchange_bytes = \"1KiB\"",
+            "coap.max_exchange_bytes: ",
+        ),
+        (
+            "[coap]\nmax_block_bytes = \"100B\"",
+            "coap.max_block_bytes: ",
+        ),
+        (
+            "[coap]\nmax_observers_per_source = 0",
+            "coap.max_observers_per_source: ",
+        ),
+        (
+            "[coap]\nmax_block_transfers_per_source = 0",
+            "coap.max_block_transfers_per_source: ",
+        ),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.starts_with(key), "{text}: {e}");
+    }
+}
+
+#[test]
 fn anonymous_devices_are_allowed_by_default_only_without_users() {
     let users = format!("[[mqtt.users]]\nusername = \"dev1\"\npassword_hash = \"{HASH}\"\n");
     let no_users = parse("").unwrap();

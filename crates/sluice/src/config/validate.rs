@@ -113,6 +113,24 @@ fn check_limits(config: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// What is valid but probably not meant: printed by `sluice check` and logged at start.
+pub(super) fn warnings(config: &Config) -> Vec<String> {
+    let mut w = Vec::new();
+    if config.coap.enabled && !config.mqtt.users.is_empty() {
+        w.push(format!(
+            "coap is enabled on plain UDP while [[mqtt.users]] are configured: CoAP peers have no \
+             login; coap.allow_anonymous = {} (an anonymous peer {} publish or observe)",
+            config.coap.anonymous_allowed(&config.mqtt),
+            if config.coap.anonymous_allowed(&config.mqtt) {
+                "may"
+            } else {
+                "may not"
+            },
+        ));
+    }
+    w
+}
+
 fn invalid(key: &str, reason: &str) -> Result<(), ConfigError> {
     Err(ConfigError::Invalid {
         key: key.to_string(),
@@ -342,9 +360,37 @@ fn check_coap(config: &Config) -> Result<(), ConfigError> {
         ("coap.max_pending", c.max_pending),
         ("coap.max_observers", c.max_observers),
         ("coap.max_queued_notifications", c.max_queued_notifications),
+        ("coap.max_observers_per_source", c.max_observers_per_source),
+        (
+            "coap.max_block_transfers_per_source",
+            c.max_block_transfers_per_source,
+        ),
     ] {
         if v == 0 {
             return invalid(key, "must be at least 1");
+        }
+    }
+    for (key, v) in [
+        ("coap.block_idle_timeout", c.block_idle_timeout),
+        ("coap.observer_check", c.observer_check),
+    ] {
+        if v.is_zero() {
+            return invalid(key, "must be more than 0s");
+        }
+    }
+    if c.observer_check > Duration::from_secs(24 * 3600) {
+        return invalid(
+            "coap.observer_check",
+            "must be at most 24h (RFC 7641 §4.5: a CON notification at least once a day)",
+        );
+    }
+    let m = c.max_message_size.as_u64();
+    for (key, v) in [
+        ("coap.max_exchange_bytes", c.max_exchange_bytes),
+        ("coap.max_block_bytes", c.max_block_bytes),
+    ] {
+        if v.as_u64() < m {
+            return invalid(key, "must hold at least one coap.max_message_size datagram");
         }
     }
     if c.ack_timeout.is_zero() {

@@ -2,8 +2,9 @@
 //! CONs retransmitted until ACK/RST/timeout, message ids with `mid % shards == shard`), and
 //! [`SourceBudget`], the per-source datagram budget applied before anything is decoded.
 //!
-//! Owns: the CONs in flight that sluice sent, their retransmission timers, and the message
-//! id counter. Does not own: reading the socket or what a message means (`super::server`).
+//! Owns: the CONs in flight that sluice sent, their retransmission timers, the message
+//! id counter, and the shard's table of addresses that proved they receive (an ACK of a CON
+//! marks its address here; an Echo is checked by `server`). Does not own: reading the socket or what a message means (`super::server`).
 //!
 //! Invariants: every message id this endpoint hands out satisfies `mid % shards == shard`,
 //! so an empty ACK/RST (no Uri-Query to steer by) reaches the shard that sent the CON.
@@ -21,6 +22,7 @@ use sluice_proto::coap::{Message, MsgType};
 use tokio::sync::oneshot;
 
 use super::metrics::CoapMetrics;
+use super::verify::Verified;
 use super::{CoapOut, ConOutcome};
 
 /// The sending half of a shard's CoAP socket.
@@ -39,6 +41,8 @@ pub struct Endpoint {
     rng: Cell<u64>,
     /// CONs waiting for their ACK or RST, by (peer, message id).
     in_flight: RefCell<HashMap<(SocketAddr, u16), oneshot::Sender<ConOutcome>>>,
+    /// Addresses that proved they receive.
+    verified: RefCell<Verified>,
     pub metrics: Arc<CoapMetrics>,
 }
 
@@ -49,6 +53,7 @@ impl Endpoint {
         shards: usize,
         ack_timeout: Duration,
         max_retransmit: u8,
+        verified_bytes: usize,
         metrics: Arc<CoapMetrics>,
     ) -> Rc<Endpoint> {
         let shards = shards.clamp(1, 65536) as u32;
@@ -72,6 +77,7 @@ impl Endpoint {
             max_retransmit,
             rng: Cell::new(seed | 1),
             in_flight: RefCell::new(HashMap::new()),
+            verified: RefCell::new(Verified::new(verified_bytes)),
             metrics,
         })
     }
@@ -93,12 +99,83 @@ impl Endpoint {
         let Some(tx) = self.in_flight.borrow_mut().remove(&(peer, mid)) else {
             return false;
         };
+        if !reset {
+            // A completed CON exchange: the address receives what sluice sends.
+            self.metrics.verified_ack.inc();
+            self.mark_verified(peer);
+        }
         let _ = tx.send(if reset {
             ConOutcome::Reset
         } else {
             ConOutcome::Acked
         });
         true
+    }
+
+    /// [`CoapOut::send_con`] with at most `max_retransmit` retransmissions (fewer than the
+    /// configured number: to an address that has not proven it receives).
+    pub fn send_con_with(
+        &self,
+        peer: SocketAddr,
+        mut msg: Message,
+        max_retransmit: u8,
+    ) -> oneshot::Receiver<ConOutcome> {
+        let (tx, rx) = oneshot::channel();
+        let Some(me) = self.me.upgrade() else {
+            let _ = tx.send(ConOutcome::TimedOut);
+            return rx;
+        };
+        msg.mtype = MsgType::Con;
+        msg.message_id = self.next_message_id();
+        if msg.code.is_response() {
+            self.metrics.response(msg.code);
+        }
+        let bytes = msg.to_udp();
+        let key = (peer, msg.message_id);
+        let (answer_tx, mut answer) = oneshot::channel();
+        // A CON still in flight under the same id (65536 / shards ids ago) is given up.
+        self.in_flight.borrow_mut().insert(key, answer_tx);
+        let mut schedule = Retransmit::new(
+            self.ack_timeout,
+            max_retransmit.min(self.max_retransmit),
+            self.random(),
+        );
+        tokio::task::spawn_local(async move {
+            loop {
+                me.send_bytes(peer, &bytes);
+                match tokio::time::timeout(schedule.timeout(), &mut answer).await {
+                    Ok(Ok(outcome)) => {
+                        let _ = tx.send(outcome);
+                        return;
+                    }
+                    // Replaced by a newer CON under the same id.
+                    Ok(Err(_)) => {
+                        let _ = tx.send(ConOutcome::TimedOut);
+                        return;
+                    }
+                    Err(_) if schedule.retransmit() => me.metrics.retransmissions.inc(),
+                    Err(_) => {
+                        me.in_flight.borrow_mut().remove(&key);
+                        me.metrics.con_timeouts.inc();
+                        let _ = tx.send(ConOutcome::TimedOut);
+                        return;
+                    }
+                }
+            }
+        });
+        rx
+    }
+
+    /// Whether `peer` has proven it receives (within `verify::VERIFIED_FOR`).
+    pub fn is_verified(&self, peer: SocketAddr) -> bool {
+        self.verified.borrow().contains(peer, Instant::now())
+    }
+
+    /// `peer` just proved it receives.
+    pub fn mark_verified(&self, peer: SocketAddr) {
+        let mut v = self.verified.borrow_mut();
+        v.insert(peer, Instant::now());
+        self.metrics.verified_peers.set(v.len() as i64);
     }
 
     /// CONs in flight (waiting for their ACK).
@@ -128,47 +205,21 @@ impl CoapOut for Endpoint {
         self.send_bytes(peer, &msg.to_udp());
     }
 
-    fn send_con(&self, peer: SocketAddr, mut msg: Message) -> oneshot::Receiver<ConOutcome> {
-        let (tx, rx) = oneshot::channel();
-        let Some(me) = self.me.upgrade() else {
-            let _ = tx.send(ConOutcome::TimedOut);
-            return rx;
-        };
-        msg.mtype = MsgType::Con;
-        msg.message_id = self.next_message_id();
-        if msg.code.is_response() {
-            self.metrics.response(msg.code);
-        }
-        let bytes = msg.to_udp();
-        let key = (peer, msg.message_id);
-        let (answer_tx, mut answer) = oneshot::channel();
-        // A CON still in flight under the same id (65536 / shards ids ago) is given up.
-        self.in_flight.borrow_mut().insert(key, answer_tx);
-        let mut schedule = Retransmit::new(self.ack_timeout, self.max_retransmit, self.random());
-        tokio::task::spawn_local(async move {
-            loop {
-                me.send_bytes(peer, &bytes);
-                match tokio::time::timeout(schedule.timeout(), &mut answer).await {
-                    Ok(Ok(outcome)) => {
-                        let _ = tx.send(outcome);
-                        return;
-                    }
-                    // Replaced by a newer CON under the same id.
-                    Ok(Err(_)) => {
-                        let _ = tx.send(ConOutcome::TimedOut);
-                        return;
-                    }
-                    Err(_) if schedule.retransmit() => me.metrics.retransmissions.inc(),
-                    Err(_) => {
-                        me.in_flight.borrow_mut().remove(&key);
-                        me.metrics.con_timeouts.inc();
-                        let _ = tx.send(ConOutcome::TimedOut);
-                        return;
-                    }
-                }
-            }
-        });
-        rx
+    fn send_con(&self, peer: SocketAddr, msg: Message) -> oneshot::Receiver<ConOutcome> {
+        self.send_con_with(peer, msg, self.max_retransmit)
+    }
+
+    fn send_con_limited(
+        &self,
+        peer: SocketAddr,
+        msg: Message,
+        max_retransmit: u8,
+    ) -> oneshot::Receiver<ConOutcome> {
+        self.send_con_with(peer, msg, max_retransmit)
+    }
+
+    fn verified(&self, peer: SocketAddr) -> bool {
+        self.is_verified(peer)
     }
 
     fn next_message_id(&self) -> u16 {
@@ -266,6 +317,7 @@ mod tests {
                     shards,
                     Duration::from_secs(2),
                     4,
+                    1 << 20,
                     Arc::default(),
                 );
                 let mut seen = std::collections::HashSet::new();

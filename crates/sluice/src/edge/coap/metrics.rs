@@ -63,6 +63,34 @@ impl From<DecodeErrorKind> for FormatError {
     }
 }
 
+/// Why a request was refused by a bound of the hostile-network rules (issue 28). A fixed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// An answer larger than 3× its request, or an Observe registration, from an address
+    /// that has not proven it receives: answered 4.01 with an Echo option.
+    Unverified = 0,
+    /// A publish or observe without an identity while `coap.allow_anonymous` is false.
+    Anonymous = 1,
+    /// A topic or filter beyond `mqtt.max_topic_levels` / `mqtt.max_topic_length`.
+    TopicLimit = 2,
+    /// `coap.max_block_transfers_per_source` reached.
+    BlockPerSource = 3,
+    /// `coap.max_block_bytes` reached.
+    BlockBytes = 4,
+    /// An answer larger than `max_message_size` that cannot go block-wise (5.00 instead).
+    TooLarge = 5,
+}
+
+/// (Observe registrations refused per source are `sluice_coap_observe_refused_per_source_total`.)
+pub const REFUSALS: [(Refusal, &str); 6] = [
+    (Refusal::Unverified, "unverified"),
+    (Refusal::Anonymous, "anonymous"),
+    (Refusal::TopicLimit, "topic_limit"),
+    (Refusal::BlockPerSource, "block_per_source"),
+    (Refusal::BlockBytes, "block_bytes"),
+    (Refusal::TooLarge, "too_large"),
+];
+
 const METHODS: [&str; 6] = ["GET", "POST", "PUT", "DELETE", "FETCH", "other"];
 const CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
 
@@ -82,6 +110,16 @@ pub struct CoapMetrics {
     pub rst_sent: Counter,
     pub rst_received: Counter,
     format_errors: [Counter; FORMAT_ERRORS.len()],
+    refusals: [Counter; REFUSALS.len()],
+    /// Addresses verified by an Echo they echoed, and by an ACK of a CON sluice sent.
+    pub verified_echo: Counter,
+    pub verified_ack: Counter,
+    /// Addresses in the shard's verified table.
+    pub verified_peers: Gauge,
+    /// Bytes charged to the de-duplication table.
+    pub exchange_bytes: Gauge,
+    /// Block1 transfers forgotten after `coap.block_idle_timeout`.
+    pub block_transfers_expired: Counter,
     /// Exchanges evicted from the de-duplication table before their lifetime ended.
     pub dedup_evictions: Counter,
     pub block_transfers_started: Counter,
@@ -107,6 +145,8 @@ pub struct CoapMetrics {
     pub devices: Gauge,
     /// Exchanges held in the de-duplication table.
     pub exchanges: Gauge,
+    /// When a refusal was last logged (rate limit of the log line).
+    refusal_logged: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl CoapMetrics {
@@ -137,6 +177,24 @@ impl CoapMetrics {
 
     pub fn format_error(&self, reason: FormatError) {
         self.format_errors[reason as usize].inc();
+    }
+
+    /// Count a refusal, and log it at most once a second per shard (constant message).
+    pub fn refused(&self, why: Refusal, peer: std::net::SocketAddr) {
+        self.refusals[why as usize].inc();
+        let now = std::time::Instant::now();
+        let mut last = self
+            .refusal_logged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1)) {
+            *last = Some(now);
+            tracing::info!(%peer, reason = REFUSALS[why as usize].1, "coap request refused by a bound");
+        }
+    }
+
+    pub fn refusals(&self, why: Refusal) -> u64 {
+        self.refusals[why as usize].get()
     }
 
     pub fn format_errors(&self, reason: FormatError) -> u64 {
@@ -214,6 +272,40 @@ impl CoapMetrics {
                 self.format_errors[reason as usize].get(),
             );
         }
+        for (why, name) in REFUSALS {
+            w.counter(
+                "sluice_coap_refused_total",
+                "CoAP requests refused by a hostile-network bound, by reason",
+                &[("shard", shard), ("reason", name)],
+                self.refusals[why as usize].get(),
+            );
+        }
+        for (how, v) in [("echo", &self.verified_echo), ("ack", &self.verified_ack)] {
+            w.counter(
+                "sluice_coap_verified_total",
+                "Addresses that proved they receive, by how",
+                &[("shard", shard), ("how", how)],
+                v.get(),
+            );
+        }
+        w.gauge(
+            "sluice_coap_verified_peers",
+            "Addresses in the verified table",
+            &l,
+            self.verified_peers.get(),
+        );
+        w.gauge(
+            "sluice_coap_exchange_bytes",
+            "Bytes charged to the de-duplication table",
+            &l,
+            self.exchange_bytes.get(),
+        );
+        c(
+            w,
+            "sluice_coap_block_transfers_expired_total",
+            "Block1 transfers forgotten after block_idle_timeout",
+            &self.block_transfers_expired,
+        );
         c(
             w,
             "sluice_coap_dedup_evictions_total",

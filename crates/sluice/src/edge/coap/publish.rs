@@ -4,7 +4,9 @@
 //! rule (after every sink's cloud ack, or the spool commit with `ack = "spool"`).
 //!
 //! Owns: the query parameters (`qos`, `retain`), Content-Format → MQTT 5 Content Type, the
-//! Block1 transfers of publishes, and the back-pressure answer (5.03 with Max-Age). Does not
+//! Block1 transfers of publishes (at most `max_block_transfers_per_source` per IP, their
+//! bodies within `max_block_bytes`, forgotten after `block_idle_timeout` without a block),
+//! and the back-pressure answer (5.03 with Max-Age). Does not
 //! own: routing (`crate::shard::router`) or how the answer travels (`server`).
 //!
 //! Invariants: a QoS 1 publish is answered 2.04 only once its token completed; a token
@@ -22,8 +24,9 @@ use sluice_proto::coap::block::{BlockError, Progress};
 use sluice_proto::coap::{format, opt, Block, Code, Message, MsgType, Token};
 use sluice_proto::mqtt::{topic, Properties, ProtocolVersion, QoS};
 
+use super::metrics::Refusal;
 use super::resources::{bad_request, error, unavailable};
-use super::server::{CoapShard, Reply, Transfer};
+use super::server::{CoapShard, Reply, Transfer, TRANSFER_OVERHEAD};
 use crate::edge::ack::{AckToken, DeviceAcks};
 use crate::edge::DeviceMessage;
 use crate::shard::router;
@@ -67,11 +70,16 @@ pub(super) fn publish(
     segments: &[&str],
 ) -> Reply {
     let name = segments.join("/");
+    // Diagnostics are constants: an answer never echoes the request's bytes (issue 28 #9).
     if !topic::valid_topic_name(&name) {
-        return bad_request(shard, format!("invalid topic name {name:?}"));
+        return bad_request(shard, "invalid topic name");
     }
-    if let Err(e) = crate::shard::limits::TopicLimits::new(&shard.ctx.config.mqtt).check(&name) {
-        return bad_request(shard, format!("topic beyond the gateway's limits: {e}"));
+    if crate::shard::limits::TopicLimits::new(&shard.ctx.config.mqtt)
+        .check(&name)
+        .is_err()
+    {
+        shard.metrics.refused(Refusal::TopicLimit, peer);
+        return bad_request(shard, "topic beyond the gateway's limits");
     }
     if !(shard.ctx.acl).allows_publish(crate::control::acl::Edge::Coap, device, None, &name) {
         return Reply::Now(error(Code::FORBIDDEN, "not authorized")); // [acl], counted there
@@ -81,12 +89,12 @@ pub(super) fn publish(
         None => QoS::AtMostOnce,
         Some(b"0") => QoS::AtMostOnce,
         Some(b"1") => QoS::AtLeastOnce,
-        Some(_) => return bad_request(shard, "qos must be 0 or 1".into()),
+        Some(_) => return bad_request(shard, "qos must be 0 or 1"),
     };
     let retain = match req.query("retain") {
         None | Some(b"false") | Some(b"0") => false,
         Some(b"true") | Some(b"1") | Some(b"") => true,
-        Some(_) => return bad_request(shard, "retain must be true or false".into()),
+        Some(_) => return bad_request(shard, "retain must be true or false"),
     };
     let mut final_block = None;
     let payload = match req.uint_option(opt::BLOCK1) {
@@ -174,7 +182,7 @@ fn block1(
     value: u32,
 ) -> Result<(Bytes, Block), Reply> {
     let Some(b) = Block::from_uint(value).filter(|b| b.szx <= 6) else {
-        return Err(bad_request(shard, "bad Block1 value".into()));
+        return Err(bad_request(shard, "bad Block1 value"));
     };
     let cfg = &shard.ctx.config.coap;
     let max = cfg.max_body_size.as_usize();
@@ -203,6 +211,15 @@ fn block1(
             if transfers.len() >= shard.limits.max_transfers {
                 return Err(Reply::Now(unavailable(shard, "too many block transfers")));
             }
+            let ip = peer.ip();
+            let of_source = transfers.keys().filter(|(p, _)| p.ip() == ip).count();
+            if of_source >= cfg.max_block_transfers_per_source {
+                shard.metrics.refused(Refusal::BlockPerSource, peer);
+                return Err(Reply::Now(unavailable(
+                    shard,
+                    "too many block transfers from this address",
+                )));
+            }
             shard.metrics.block_transfers_started.inc();
         }
         // Block 0 again starts the transfer over.
@@ -223,6 +240,24 @@ fn block1(
         )));
     };
     t.last = now;
+    // Bodies in progress on this shard stay within their share of `coap.max_block_bytes`.
+    let held = transfers
+        .iter()
+        .map(|((_, topic), t)| t.assembly.len() + topic.len() + TRANSFER_OVERHEAD)
+        .sum::<usize>();
+    if held + req.payload.len() > shard.limits.max_block_bytes {
+        transfers.remove(&key);
+        drop(transfers);
+        shard.metrics.block_transfers_failed.inc();
+        shard.metrics.refused(Refusal::BlockBytes, peer);
+        return Err(Reply::Now(unavailable(
+            shard,
+            "too many block bytes in progress",
+        )));
+    }
+    let Some(t) = transfers.get_mut(&key) else {
+        return Err(Reply::Now(unavailable(shard, "transfer gone")));
+    };
     let size1 = req.uint_option(opt::SIZE1);
     match t.assembly.push(b, &req.payload, size1) {
         Ok(Progress::Continue(echo)) => {
@@ -244,12 +279,12 @@ fn block1(
                     shard.metrics.block_transfers_failed.inc();
                     Err(Reply::Now(error(
                         Code::REQUEST_ENTITY_INCOMPLETE,
-                        e.to_string(),
+                        Bytes::from_static(b"block out of order"),
                     )))
                 }
                 BlockError::BadSize => {
                     shard.metrics.block_transfers_failed.inc();
-                    Err(bad_request(shard, e.to_string()))
+                    Err(bad_request(shard, "bad block size"))
                 }
             }
         }

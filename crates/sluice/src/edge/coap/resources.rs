@@ -3,7 +3,12 @@
 //! nothing (4.04).
 //!
 //! Owns: the dispatch by path and method, the option checks every request passes (unknown
-//! critical options: 4.02), the link-format document and Block2 slicing of local responses.
+//! critical options: 4.02), who may publish and observe (`coap.allow_anonymous`), the topic
+//! limits of an Observe filter, the
+//! link-format document and Block2 slicing of local responses.
+//!
+//! Invariant: a diagnostic payload is a constant or a short formatted number, never the
+//! request's own bytes (an answer stays small whatever the request held).
 //! Does not own: publishing (`publish`), observing (`observe`), proxying (`crate::proxy`).
 
 use std::net::SocketAddr;
@@ -14,8 +19,8 @@ use bytestring::ByteString;
 use sluice_proto::coap::link::{Attr, LinkWriter};
 use sluice_proto::coap::{block, format, opt, Block, Code, Message, MsgType, Token};
 
-use super::metrics::FormatError;
-use super::server::{CoapShard, Reply};
+use super::metrics::{FormatError, Refusal};
+use super::server::{Caller, CoapShard, Reply};
 
 /// Critical options sluice understands (RFC 7252 §5.4.1: any other critical option in a
 /// request gets 4.02 Bad Option).
@@ -57,9 +62,13 @@ pub(super) fn unavailable(shard: &CoapShard, why: &'static str) -> Message {
     m
 }
 
-pub(super) fn bad_request(shard: &CoapShard, diagnostic: String) -> Reply {
+/// 4.00 Bad Request with a constant diagnostic (never the request's bytes).
+pub(super) fn bad_request(shard: &CoapShard, diagnostic: &'static str) -> Reply {
     shard.metrics.format_error(FormatError::BadRequest);
-    Reply::Now(error(Code::BAD_REQUEST, diagnostic))
+    Reply::Now(error(
+        Code::BAD_REQUEST,
+        Bytes::from_static(diagnostic.as_bytes()),
+    ))
 }
 
 pub(super) fn dispatch(
@@ -67,6 +76,7 @@ pub(super) fn dispatch(
     peer: SocketAddr,
     req: &Message,
     device: &ByteString,
+    caller: Caller<'_>,
 ) -> Reply {
     // A proxied request goes first: a proxy forwards the safe-to-forward options it does not
     // know, critical or not, and leaves them to the server (RFC 7252 §5.7.1); `route` refuses
@@ -77,17 +87,17 @@ pub(super) fn dispatch(
             Err(code) => Reply::Now(error(code, "cannot proxy this request")),
         };
     }
-    if let Some(o) = req
+    if req
         .options
         .iter()
-        .find(|o| opt::is_critical(o.number) && !KNOWN_CRITICAL.contains(&o.number))
+        .any(|o| opt::is_critical(o.number) && !KNOWN_CRITICAL.contains(&o.number))
     {
         shard
             .metrics
             .format_error(FormatError::UnknownCriticalOption);
         return Reply::Now(error(
             Code::BAD_OPTION,
-            format!("unknown critical option {}", o.number),
+            Bytes::from_static(b"unknown critical option"),
         ));
     }
     if req.option(opt::PROXY_URI).is_some() || req.option(opt::PROXY_SCHEME).is_some() {
@@ -96,11 +106,18 @@ pub(super) fn dispatch(
             "no configured upstream for this Proxy-Uri",
         ));
     }
+    // A topic has at most `mqtt.max_topic_levels` levels: more Uri-Path segments than that
+    // (plus the resource's own) are refused before anything is built from them.
+    let limits = crate::shard::limits::TopicLimits::new(&shard.ctx.config.mqtt);
+    if req.uri_path().count() > limits.max_levels.saturating_add(1) {
+        shard.metrics.refused(Refusal::TopicLimit, peer);
+        return bad_request(shard, "topic beyond the gateway's limits");
+    }
     let mut path = Vec::new();
     for seg in req.uri_path() {
         match std::str::from_utf8(seg) {
             Ok(s) => path.push(s),
-            Err(_) => return bad_request(shard, "Uri-Path is not UTF-8".into()),
+            Err(_) => return bad_request(shard, "Uri-Path is not UTF-8"),
         }
     }
     let ps = shard.ctx.config.coap.pubsub_path.as_str();
@@ -109,14 +126,41 @@ pub(super) fn dispatch(
             Code::GET => Reply::Now(well_known(shard, req)),
             _ => Reply::Now(error(Code::METHOD_NOT_ALLOWED, "GET only")),
         },
+        [first, rest @ ..]
+            if *first == ps
+                && matches!(req.code, Code::POST | Code::PUT | Code::GET)
+                && caller.identity.is_none()
+                && !shard.limits.anonymous =>
+        {
+            // `coap.allow_anonymous` (by default as MQTT): no identity, no data.
+            shard.metrics.refused(Refusal::Anonymous, peer);
+            Reply::Now(error(
+                Code::UNAUTHORIZED,
+                Bytes::from_static(b"anonymous peers may not publish or observe"),
+            ))
+        }
         [first, rest @ ..] if *first == ps => match req.code {
             Code::POST | Code::PUT => super::publish::publish(shard, peer, req, device, rest),
             Code::GET => {
-                let observers = shard.observers.clone();
                 let filter = rest.join("/");
+                if limits.check(&filter).is_err() {
+                    shard.metrics.refused(Refusal::TopicLimit, peer);
+                    return bad_request(shard, "topic filter beyond the gateway's limits");
+                }
+                let observers = shard.observers.clone();
                 let (device, req) = (device.clone(), req.clone());
+                let max = shard.ctx.config.coap.max_message_size.as_usize();
+                let limit = caller.limit.map(|l| l.min(max));
                 Reply::Later(Box::pin(async move {
-                    observers.on_get(peer, &device, &req, &filter).await
+                    let resp = observers.on_get(peer, &device, &req, &filter).await;
+                    // A registration whose first answer is too large for an address not
+                    // verified gets 4.01 + Echo instead (`server::fit`): it does not stay
+                    // registered; the client registers again with the Echo.
+                    let size = 4 + req.token.len() + resp.options_len();
+                    if resp.option(opt::OBSERVE).is_some() && limit.is_some_and(|l| size > l) {
+                        observers.withdraw(peer, req.token).await;
+                    }
+                    resp
                 }))
             }
             _ => Reply::Now(error(Code::METHOD_NOT_ALLOWED, "POST, PUT or GET")),
@@ -160,11 +204,23 @@ pub(super) fn with_block2(
     body: Bytes,
 ) -> Message {
     let ours = Block::szx_for(shard.ctx.config.coap.block_size.as_usize());
-    let asked = req.uint_option(opt::BLOCK2).and_then(Block::from_uint);
+    let asked = req.uint_option(opt::BLOCK2);
     if asked.is_none() && body.len() <= 1 << (ours + 4) {
         resp.payload = body;
         return resp;
     }
+    slice_block2(asked, ours, resp, body)
+}
+
+/// Put block `asked` (a request's Block2 value; block 0 when absent) of `body` into `resp`,
+/// in blocks of at most SZX `ours`; Size2 with block 0.
+pub(super) fn slice_block2(
+    asked: Option<u32>,
+    ours: u8,
+    mut resp: Message,
+    body: Bytes,
+) -> Message {
+    let asked = asked.and_then(Block::from_uint);
     let (num, szx) = match asked {
         Some(b) if b.szx <= 6 => (b.num, b.szx.min(ours)),
         // A client asking with a larger size continues at ours (RFC 7959 §2.4).

@@ -16,13 +16,17 @@ pub enum Deregistration {
     Silence = 2,
     /// A new registration with the same endpoint and token replaced it.
     Replaced = 3,
+    /// The CON sent after `coap.observer_check` without confirmation, or to an address not
+    /// verified yet, was never acknowledged (a NON observer that went away, or a spoofed one).
+    Unconfirmed = 4,
 }
 
-pub const DEREGISTRATIONS: [(Deregistration, &str); 4] = [
+pub const DEREGISTRATIONS: [(Deregistration, &str); 5] = [
     (Deregistration::Get, "get"),
     (Deregistration::Reset, "reset"),
     (Deregistration::Silence, "silence"),
     (Deregistration::Replaced, "replaced"),
+    (Deregistration::Unconfirmed, "unconfirmed"),
 ];
 
 /// Why a notification was not sent.
@@ -35,12 +39,16 @@ pub enum NotificationDrop {
     Expired = 1,
     /// Larger than `coap.max_message_size` (notifications are not sent block-wise).
     TooLarge = 2,
+    /// Larger than 3× the registration request while the observer's address has not
+    /// proven it receives.
+    Unverified = 3,
 }
 
-pub const NOTIFICATION_DROPS: [(NotificationDrop, &str); 3] = [
+pub const NOTIFICATION_DROPS: [(NotificationDrop, &str); 4] = [
     (NotificationDrop::QueueFull, "queue_full"),
     (NotificationDrop::Expired, "expired"),
     (NotificationDrop::TooLarge, "too_large"),
+    (NotificationDrop::Unverified, "unverified"),
 ];
 
 #[derive(Debug, Default)]
@@ -50,6 +58,8 @@ pub struct ObserveMetrics {
     pub registrations: Counter,
     /// Registrations refused at the shard's share of `coap.max_observers` (answered 5.03).
     pub refused: Counter,
+    /// Registrations refused at `coap.max_observers_per_source` (answered 5.03).
+    pub refused_per_source: Counter,
     pub deregistrations: [Counter; DEREGISTRATIONS.len()],
     pub notifications_non: Counter,
     pub notifications_con: Counter,
@@ -83,6 +93,12 @@ impl ObserveMetrics {
             "CoAP Observe registrations refused at coap.max_observers (5.03)",
             &l,
             self.refused.get(),
+        );
+        w.counter(
+            "sluice_coap_observe_refused_per_source_total",
+            "CoAP Observe registrations refused at coap.max_observers_per_source (5.03)",
+            &l,
+            self.refused_per_source.get(),
         );
         for (why, name) in DEREGISTRATIONS {
             w.counter(

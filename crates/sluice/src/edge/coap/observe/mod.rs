@@ -16,8 +16,17 @@
 //! so its id cannot collide with an MQTT device's. A local task per registration
 //! (`notify::run`) drains the outbox into notifications through [`CoapOut`].
 //!
-//! Invariants: at most `coap.max_observers / shards` registrations (beyond: 5.03 with
-//! Max-Age); a registration leaves the map, its task is stopped, its subscription removed
+//! A registration from an address that has not proven it receives (see `super::verify`) may
+//! be spoofed: until the address is verified, every notification to it is CON, at most 3×
+//! the registration request (larger ones are dropped, counted), retransmitted only within
+//! 3×; the first one not acknowledged ends the registration. Its ACK verifies the address.
+//!
+//! Invariants: at most `coap.max_observers / shards` registrations, and at most
+//! `coap.max_observers_per_source` of one IP address on a shard (beyond: 5.03 with Max-Age);
+//! an observer not confirmed (a CON notification ACKed, or a registration) for
+//! `coap.observer_check` gets a CON notification — the next one due, or its last state
+//! again when none is — and is removed when that CON is not acknowledged, so a NON observer
+//! that went away (or a spoofed one) does not hold its slot for good; a registration leaves the map, its task is stopped, its subscription removed
 //! and its queued messages released together (`remove`); Observe values of one
 //! (peer, token) only increase (a re-registration continues the sequence), modulo 2^24.
 
@@ -68,6 +77,15 @@ struct Registration {
     seq: Cell<u32>,
     /// NON notifications sent since the last CON one.
     since_con: Cell<u32>,
+    /// The registration request's datagram size: while its address has not proven it
+    /// receives, a notification is at most 3× this, CON, retransmitted within 3×.
+    req_size: usize,
+    /// When the observer last showed it is there: registered, or ACKed a CON notification.
+    confirmed: Cell<Instant>,
+    /// The last state sent (payload, Content-Format): repeated as a CON when the observer
+    /// must be checked and no notification is due. Shares the message's or retained
+    /// value's buffer; at most `max_message_size` (larger ones are not sent).
+    last: RefCell<(Bytes, Option<u16>)>,
     /// Message ids of the latest NON notifications, oldest first.
     recent_mids: RefCell<VecDeque<u16>>,
     task: RefCell<Option<JoinHandle<()>>>,
@@ -92,6 +110,8 @@ pub struct Observers {
     /// This shard's share of `coap.max_observers`.
     limit: usize,
     next_id: Cell<u64>,
+    /// When a per-source refusal was last logged (at most one line a second).
+    refusal_logged: Cell<Option<Instant>>,
     /// Start of the clock new sequences start from (so a deregistered and re-registered
     /// token likely continues above its old values).
     epoch: Instant,
@@ -108,6 +128,7 @@ impl Observers {
             by_mid: RefCell::new(HashMap::new()),
             limit,
             next_id: Cell::new(0),
+            refusal_logged: Cell::new(None),
             epoch: Instant::now(),
         })
     }
@@ -137,8 +158,11 @@ impl Observers {
             return self.register(key, device, req, filter, plain).await;
         }
         // No Observe, Observe = 1, or a value RFC 7641 does not define: a plain GET, which
-        // also ends a registration of this endpoint and token (§3.6, §4.1).
-        let had = self.deregister(peer, req.token, Deregistration::Get).await;
+        // also ends a registration of this endpoint and token (§3.6, §4.1) — except a GET
+        // for a later block of a large state, which continues the registration's first
+        // answer (RFC 7959 §2.6).
+        let later_block = req.uint_option(opt::BLOCK2).is_some_and(|b| b >> 4 > 0);
+        let had = !later_block && self.deregister(peer, req.token, Deregistration::Get).await;
         let retained = if plain {
             retained_of(&self.ctx, filter).await
         } else {
@@ -154,6 +178,13 @@ impl Observers {
                 "a filter has no single retained message",
             ),
         }
+    }
+
+    /// End the registration of (`peer`, `token`) whose first answer could not be sent (too
+    /// large for an address that has not proven it receives).
+    pub async fn withdraw(&self, peer: SocketAddr, token: Token) {
+        self.deregister(peer, token, Deregistration::Unconfirmed)
+            .await;
     }
 
     /// An RST from `peer` for message id `mid` that matched no CON sluice is retransmitting
@@ -216,10 +247,20 @@ impl Observers {
             }
             None if self.len() >= self.limit => {
                 metrics.refused.inc();
-                let mut m = diagnostic(req, Code::SERVICE_UNAVAILABLE, "too many observers");
-                let secs = self.ctx.config.coap.retry_after.as_secs().max(1);
-                m.add_uint_option(opt::MAX_AGE, secs.min(u32::MAX as u64) as u32);
-                return m;
+                return self.busy(req, "too many observers");
+            }
+            None if self.of_source(key.0) >= self.ctx.config.coap.max_observers_per_source => {
+                metrics.refused_per_source.inc();
+                let now = Instant::now();
+                if self
+                    .refusal_logged
+                    .get()
+                    .is_none_or(|t| now.duration_since(t).as_secs() >= 1)
+                {
+                    self.refusal_logged.set(Some(now));
+                    tracing::info!(peer = %key.0, "coap observe refused: coap.max_observers_per_source reached");
+                }
+                return self.busy(req, "too many observers from this address");
             }
             None => (self.epoch.elapsed().as_millis() / 8) as u32 & SEQ_MASK,
         };
@@ -244,6 +285,9 @@ impl Observers {
             session: session.clone(),
             seq: Cell::new(start),
             since_con: Cell::new(0),
+            req_size: 4 + req.token.len() + req.options_len(),
+            confirmed: Cell::new(Instant::now()),
+            last: RefCell::new((Bytes::new(), None)),
             recent_mids: RefCell::new(VecDeque::new()),
             task: RefCell::new(None),
             closed: Cell::new(false),
@@ -272,10 +316,35 @@ impl Observers {
         let task = tokio::task::spawn_local(notify::run(reg.clone(), Rc::downgrade(self)));
         *reg.task.borrow_mut() = Some(task);
         let seq = reg.next_seq();
-        match retained.first() {
+        let first = match retained.first() {
             Some(r) => content(req, Some(seq), &r.payload, r.properties.as_deref()),
             None => content(req, Some(seq), &Bytes::new(), None),
-        }
+        };
+        *reg.last.borrow_mut() = (
+            first.payload.clone(),
+            first
+                .uint_option(opt::CONTENT_FORMAT)
+                .map(|f| f.min(u16::MAX as u32) as u16),
+        );
+        first
+    }
+
+    /// Registrations of `peer`'s IP address on this shard.
+    fn of_source(&self, peer: SocketAddr) -> usize {
+        let ip = peer.ip();
+        self.regs
+            .borrow()
+            .keys()
+            .filter(|(p, _)| p.ip() == ip)
+            .count()
+    }
+
+    /// 5.03 with Max-Age = `coap.retry_after`.
+    fn busy(&self, req: &Message, why: &'static str) -> Message {
+        let mut m = diagnostic(req, Code::SERVICE_UNAVAILABLE, why);
+        let secs = self.ctx.config.coap.retry_after.as_secs().max(1);
+        m.add_uint_option(opt::MAX_AGE, secs.min(u32::MAX as u64) as u32);
+        m
     }
 
     /// End the registration of (`peer`, `token`), if any; returns whether there was one.

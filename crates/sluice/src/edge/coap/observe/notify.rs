@@ -1,7 +1,9 @@
 //! The notification task of one registration: drains its session's outbox into 2.05
 //! notifications through [`CoapOut`](super::CoapOut).
 //!
-//! Owns: the NON/CON choice (RFC 7641 §4.5: CON at least every [`CON_EVERY`]th notification)
+//! Owns: the NON/CON choice (RFC 7641 §4.5: CON at least every [`CON_EVERY`]th notification,
+//! and whenever the observer has not been confirmed for `coap.observer_check` — then, if no
+//! notification is due, a CON repeating its last state)
 //! and the queue while a CON is unacknowledged (at most `coap.max_queued_notifications`, the
 //! oldest dropped and counted: an observer wants the latest state). Does not own:
 //! retransmitting the CON (the edge) or the registration's lifetime (`super::Observers`,
@@ -24,22 +26,65 @@ pub(super) const CON_EVERY: u32 = 24;
 /// asking for its own removal) or the observers are gone.
 pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
     loop {
+        let Some(check) = observers
+            .upgrade()
+            .map(|o| o.ctx.config.coap.observer_check)
+        else {
+            return;
+        };
+        let due = reg.confirmed.get() + check;
         let next = reg.session.state.borrow_mut().pop_outbox();
-        let Some(msg) = next else {
-            reg.session.notify.notified().await;
-            continue;
+        // `repeat`: nothing to notify, but the observer is due a check: its last state again.
+        let (n, repeat) = match next {
+            Some(msg) => {
+                let Some(obs) = observers.upgrade() else {
+                    return;
+                };
+                if reg.closed.get() {
+                    return;
+                }
+                match obs.notification(&reg, &msg) {
+                    Some(n) => (n, false),
+                    None => continue,
+                }
+            }
+            None => {
+                tokio::select! {
+                    _ = reg.session.notify.notified() => continue,
+                    _ = tokio::time::sleep_until(due.into()) => {}
+                }
+                let Some(obs) = observers.upgrade() else {
+                    return;
+                };
+                if reg.closed.get() {
+                    return;
+                }
+                (obs.repeat(&reg), true)
+            }
         };
         let Some(obs) = observers.upgrade() else {
             return;
         };
-        if reg.closed.get() {
-            return;
-        }
-        let Some(mut n) = obs.notification(&reg, &msg) else {
-            continue;
-        };
+        let mut n = n;
         let metrics = &obs.ctx.metrics.coap_observe;
-        if reg.since_con.get() + 1 < CON_EVERY {
+        let checking = repeat || Instant::now() >= due;
+        let max_retransmit = obs.ctx.config.coap.max_retransmit;
+        // An address not verified: CON only, within 3× the registration request.
+        let unverified = !obs.out.verified(reg.peer);
+        let retransmit = if !unverified {
+            max_retransmit
+        } else {
+            let limit = reg.req_size.saturating_mul(3);
+            let size = 4 + n.token.len() + n.options_len();
+            if size > limit {
+                metrics.drop(NotificationDrop::Unverified);
+                continue;
+            }
+            (limit / size)
+                .saturating_sub(1)
+                .min(max_retransmit as usize) as u8
+        };
+        if !checking && !unverified && reg.since_con.get() + 1 < CON_EVERY {
             reg.since_con.set(reg.since_con.get() + 1);
             n.mtype = MsgType::Non;
             n.message_id = obs.out.next_message_id();
@@ -51,7 +96,7 @@ pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
         reg.since_con.set(0);
         n.mtype = MsgType::Con;
         metrics.notifications_con.inc();
-        let mut outcome = obs.out.send_con(reg.peer, n);
+        let mut outcome = obs.out.send_con_limited(reg.peer, n, retransmit);
         let max = obs.ctx.config.coap.max_queued_notifications.max(1);
         drop(obs);
         // Until the CON is answered, what arrives queues in the session's outbox.
@@ -69,14 +114,22 @@ pub(super) async fn run(reg: Rc<Registration>, observers: Weak<Observers>) {
             return;
         };
         match result {
-            Ok(ConOutcome::Acked) => trim(&reg, max, &obs.ctx.metrics.coap_observe),
+            Ok(ConOutcome::Acked) => {
+                reg.confirmed.set(Instant::now());
+                trim(&reg, max, &obs.ctx.metrics.coap_observe)
+            }
             Ok(ConOutcome::Reset) => {
                 obs.remove(&reg, Deregistration::Reset);
                 return;
             }
             // The edge gave up on the CON (or went away without answering): silence.
             Ok(ConOutcome::TimedOut) | Err(_) => {
-                obs.remove(&reg, Deregistration::Silence);
+                let why = if checking || unverified {
+                    Deregistration::Unconfirmed
+                } else {
+                    Deregistration::Silence
+                };
+                obs.remove(&reg, why);
                 return;
             }
         }
@@ -126,6 +179,23 @@ impl Observers {
             metrics.drop(NotificationDrop::TooLarge);
             return None;
         }
+        *reg.last.borrow_mut() = (
+            n.payload.clone(),
+            n.uint_option(opt::CONTENT_FORMAT).map(|f| f as u16),
+        );
         Some(n)
+    }
+
+    /// A notification repeating the last state sent to `reg` (to check the observer is
+    /// still there when nothing else is due), with the next Observe value.
+    fn repeat(&self, reg: &Registration) -> Message {
+        let mut n = Message::new(MsgType::Con, Code::CONTENT, 0, reg.token);
+        n.add_uint_option(opt::OBSERVE, reg.next_seq());
+        let (payload, format) = reg.last.borrow().clone();
+        if let Some(f) = format {
+            n.add_uint_option(opt::CONTENT_FORMAT, f as u32);
+        }
+        n.payload = payload;
+        n
     }
 }

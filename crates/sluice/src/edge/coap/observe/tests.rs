@@ -47,6 +47,21 @@ impl CoapOut for TestOut {
         self.cons.borrow_mut().push_back(tx);
         rx
     }
+    fn send_con_limited(
+        &self,
+        peer: SocketAddr,
+        msg: Message,
+        _max_retransmit: u8,
+    ) -> oneshot::Receiver<ConOutcome> {
+        self.send_con(peer, msg)
+    }
+
+    /// The unit tests' observers are at verified addresses (the 3× rule is tested end to
+    /// end in `tests/coap_hostile.rs`).
+    fn verified(&self, _peer: SocketAddr) -> bool {
+        true
+    }
+
     fn next_message_id(&self) -> u16 {
         self.mid.set(self.mid.get().wrapping_add(1));
         self.mid.get()
