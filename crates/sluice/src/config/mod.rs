@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
+pub use coap::{CoapConfig, CoapDtlsConfig, CoapProxyConfig, ProxyTarget, PskTable};
 pub use function::{
     dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl, SocketMode,
     FUNCTION_SINK_PREFIX,
@@ -244,6 +244,12 @@ impl Config {
             resolve(&mut p.ca_file);
             resolve(&mut p.cert_file);
             resolve(&mut p.key_file);
+        }
+        if let Some(d) = &mut self.coap.dtls {
+            resolve(&mut d.psk_file);
+            resolve(&mut d.cert_file);
+            resolve(&mut d.key_file);
+            resolve(&mut d.client_ca_file);
         }
     }
 }

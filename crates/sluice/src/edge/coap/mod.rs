@@ -11,8 +11,10 @@
 //! loop, steering, de-duplication, answering), `endpoint` (sending, CON retransmission,
 //! message ids, the per-source budget), `resources` (dispatch by path, /.well-known/core),
 //! `publish` (the pub/sub resource's POST/PUT, Block1), `observe` (GET + Observe),
-//! `metrics`.
+//! `metrics`, `dtls` (CoAP over DTLS 1.2: its own listener and sessions, feeding a second
+//! `CoapShard` whose egress is the peers' sessions).
 
+pub mod dtls;
 pub mod endpoint;
 pub mod metrics;
 pub mod observe;

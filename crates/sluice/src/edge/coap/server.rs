@@ -122,32 +122,64 @@ pub fn start(
         cfg.max_retransmit,
         metrics.clone(),
     );
-    let out: Rc<dyn CoapOut> = ep.clone();
-    let per_shard = |n: usize| (n / shards).max(1);
-    let shard = Rc::new(CoapShard {
-        observers: Observers::new(ctx.clone(), out),
-        exchanges: RefCell::new(DedupTable::new(per_shard(cfg.max_exchanges))),
-        evictions_seen: Cell::new(0),
-        budget: RefCell::new(SourceBudget::new(
-            cfg.source_rate,
-            cfg.source_burst,
-            per_shard(cfg.max_exchanges),
-        )),
-        transfers: RefCell::new(HashMap::new()),
-        pending_publishes: Cell::new(0),
-        devices: RefCell::new(HashMap::new()),
-        devices_swept: RefCell::new(SweepPace::default()),
-        limits: Limits {
-            max_pending: per_shard(cfg.max_pending),
-            max_transfers: per_shard(cfg.max_block_transfers),
-            max_devices: per_shard(cfg.max_exchanges),
-        },
-        metrics,
-        ep,
-        ctx,
-    });
+    let shard = CoapShard::new(ctx, ep, metrics);
     tokio::task::spawn_local(receive(shard.clone(), socket, shutdown));
     Some(shard)
+}
+
+impl CoapShard {
+    /// The edge of shard `ctx.id` sending through `ep`, without a receive loop (the plain
+    /// socket's is started by [`start`]; the DTLS listener feeds [`CoapShard::on_secure`]).
+    pub(super) fn new(
+        ctx: Rc<ShardContext>,
+        ep: Rc<Endpoint>,
+        metrics: Arc<CoapMetrics>,
+    ) -> Rc<CoapShard> {
+        let cfg = &ctx.config.coap;
+        let shards = ctx.mailboxes.len().max(1);
+        let out: Rc<dyn CoapOut> = ep.clone();
+        let per_shard = |n: usize| (n / shards).max(1);
+        Rc::new(CoapShard {
+            observers: Observers::new(ctx.clone(), out),
+            exchanges: RefCell::new(DedupTable::new(per_shard(cfg.max_exchanges))),
+            evictions_seen: Cell::new(0),
+            budget: RefCell::new(SourceBudget::new(
+                cfg.source_rate,
+                cfg.source_burst,
+                per_shard(cfg.max_exchanges),
+            )),
+            transfers: RefCell::new(HashMap::new()),
+            pending_publishes: Cell::new(0),
+            devices: RefCell::new(HashMap::new()),
+            devices_swept: RefCell::new(SweepPace::default()),
+            limits: Limits {
+                max_pending: per_shard(cfg.max_pending),
+                max_transfers: per_shard(cfg.max_block_transfers),
+                max_devices: per_shard(cfg.max_exchanges),
+            },
+            metrics,
+            ep,
+            ctx,
+        })
+    }
+
+    /// A CoAP datagram decrypted by `peer`'s DTLS session (`super::dtls`): served on this
+    /// shard, where the session is; a request's device id is the session's authenticated
+    /// `identity` (any `c=` query ignored), or as for plain CoAP when it has none.
+    pub(super) fn on_secure(
+        self: &Rc<Self>,
+        peer: SocketAddr,
+        datagram: &[u8],
+        identity: Option<ByteString>,
+    ) {
+        self.metrics.datagrams_in.inc();
+        if datagram.len() > self.ctx.config.coap.max_message_size.as_usize().max(16) {
+            self.metrics.format_error(FormatError::TooLarge);
+            return;
+        }
+        let decoded = Message::decode_udp(&Bytes::copy_from_slice(datagram));
+        self.on_message(peer, decoded, identity);
+    }
 }
 
 /// The device id of a request: its `c=` Uri-Query, else the source address.
