@@ -400,3 +400,71 @@ async fn a_spoofed_client_hello_gets_one_small_hello_verify_request_and_no_sessi
     assert_eq!(gw.status_json()["coap"]["dtls"]["sessions"], 0);
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_sessions_the_least_recently_active_session_is_closed_and_its_observer_deregistered()
+{
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(
+        dir.path(),
+        &[("watcher-1", "watch-key"), ("sensor-7", "secret-key-7")],
+    );
+    let (gw, addr) = dtls_gateway(
+        &cloud,
+        1,
+        &format!("{psk}\nmax_sessions = 1\nmax_handshakes = 1"),
+    );
+    let _observer = Peer::spawn(
+        peer("coap-client-openssl", "libcoap3-bin"),
+        &[
+            "-s".into(),
+            "30".into(),
+            "-k".into(),
+            "watch-key".into(),
+            "-u".into(),
+            "watcher-1".into(),
+            "-m".into(),
+            "get".into(),
+            format!("coaps://{addr}/ps/obs/%23"),
+        ],
+    );
+    wait_until("the DTLS observer registered", WAIT, || {
+        metric_sum(&gw.metrics_text(), "sluice_coap_observers{") == 1.0
+    })
+    .await;
+
+    // A second device needs the only session slot: the idle observer's session goes.
+    let out = coaps_client(&[
+        "-k",
+        "secret-key-7",
+        "-u",
+        "sensor-7",
+        "-m",
+        "put",
+        "-e",
+        "x",
+        &format!("coaps://{addr}/ps/t"),
+    ])
+    .await;
+    assert_eq!(out.libcoap_codes(), vec!["2.04"], "{}", out.text());
+    let p = sub.recv(WAIT).await.expect("cloud").expect("published");
+    assert_eq!(&*p.topic, "dev/sensor-7/t");
+    let m = gw.metrics_text();
+    assert_eq!(
+        labeled(
+            &m,
+            "sluice_coap_dtls_sessions_ended_total",
+            "reason=\"evicted\""
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_observers{"),
+        0.0,
+        "the evicted peer's observer is deregistered"
+    );
+    gw.shutdown();
+}

@@ -271,6 +271,10 @@ pub struct CoapDtlsConfig {
     /// DTLS sessions (handshaking or established) held at once, whole gateway; beyond, the
     /// least recently active one is closed (counted).
     pub max_sessions: usize,
+    /// Of those, handshakes in progress at once, whole gateway (a handshake may hold far more
+    /// memory than an established session: OpenSSL reassembles fragmented messages); beyond,
+    /// the oldest handshake is abandoned (counted).
+    pub max_handshakes: usize,
     /// A session with no datagram either way for this long is closed.
     #[serde(with = "units::duration")]
     pub idle_timeout: Duration,
@@ -289,7 +293,8 @@ impl Default for CoapDtlsConfig {
             cert_file: None,
             key_file: None,
             client_ca_file: None,
-            max_sessions: 4096,
+            max_sessions: 1024,
+            max_handshakes: 64,
             idle_timeout: Duration::from_secs(300),
             handshake_timeout: Duration::from_secs(30),
             mtu: ByteSize(1280),

@@ -50,6 +50,12 @@ pub(in crate::config) fn check_coap_dtls(config: &Config, files: Files) -> Resul
     if d.max_sessions == 0 {
         return invalid("coap.dtls.max_sessions", "must be at least 1");
     }
+    if d.max_handshakes == 0 || d.max_handshakes > d.max_sessions {
+        return invalid(
+            "coap.dtls.max_handshakes",
+            "must be from 1 to coap.dtls.max_sessions",
+        );
+    }
     if d.idle_timeout.is_zero() || d.handshake_timeout.is_zero() {
         return invalid(
             "coap.dtls.idle_timeout",

@@ -25,8 +25,12 @@
 //!   certificate-mode device not asked for a certificate (no `client_ca_file`) has none and
 //!   is named as a plain CoAP device is.
 //! - A session ending (close_notify, idle, eviction, failure) deregisters its observers.
-//! - Sessions per shard ≤ `max_sessions / shards`; a new one beyond closes the oldest
-//!   handshaking session, else the least recently active one (counted).
+//! - Sessions per shard ≤ `max_sessions / shards`, of which handshaking ≤
+//!   `max_handshakes / shards`; a new one beyond closes the oldest handshaking session, else
+//!   the least recently active one (counted). A session costs ≈ 50 KB of OpenSSL state
+//!   established (measured, `session::tests::memory_per_established_session_is_bounded`); a
+//!   handshake at most ≈ 1.2 MB (OpenSSL buffers the current and up to 10 future handshake
+//!   messages of up to its 100 KiB `max_cert_list`).
 
 pub mod context;
 pub mod hello;
@@ -85,6 +89,8 @@ pub struct DtlsShard {
     budget: RefCell<SourceBudget>,
     /// This shard's share of `max_sessions`.
     limit: usize,
+    /// This shard's share of `max_handshakes`.
+    handshake_limit: usize,
     /// Paces the failure log lines (at most one a second per shard).
     log_pace: RefCell<SweepPace>,
 }
@@ -130,6 +136,7 @@ pub fn start(
     let shards = ctx.mailboxes.len().max(1);
     let cfg = &ctx.config.coap;
     let limit = (context.config.max_sessions / shards).max(1);
+    let handshake_limit = (context.config.max_handshakes / shards).max(1);
     let budget = SourceBudget::new(cfg.source_rate, cfg.source_burst, limit.max(1024));
     let (ack_timeout, max_retransmit) = (cfg.ack_timeout, cfg.max_retransmit);
     let dtls = Rc::new_cyclic(|me: &Weak<DtlsShard>| {
@@ -149,6 +156,7 @@ pub fn start(
             metrics,
             budget: RefCell::new(budget),
             limit,
+            handshake_limit,
             log_pace: RefCell::new(SweepPace::default()),
         }
     });
@@ -353,18 +361,27 @@ impl DtlsShard {
         self.gauges();
     }
 
-    /// At the shard's share of `max_sessions`: close the oldest handshaking session, else the
-    /// least recently active one.
+    /// At the shard's share of `max_handshakes`: abandon the oldest handshake; at its share of
+    /// `max_sessions`: close the oldest handshaking session, else the least recently active
+    /// one.
     fn make_room(&self) {
         let victim = {
             let sessions = self.sessions.borrow();
-            if sessions.len() < self.limit {
-                return;
+            let handshaking = sessions.values().filter(|s| !s.is_established()).count();
+            if handshaking >= self.handshake_limit {
+                sessions
+                    .iter()
+                    .filter(|(_, s)| !s.is_established())
+                    .min_by_key(|(_, s)| s.started)
+                    .map(|(p, _)| *p)
+            } else if sessions.len() >= self.limit {
+                sessions
+                    .iter()
+                    .min_by_key(|(_, s)| (s.is_established(), s.last_active))
+                    .map(|(p, _)| *p)
+            } else {
+                None
             }
-            sessions
-                .iter()
-                .min_by_key(|(_, s)| (s.is_established(), s.last_active))
-                .map(|(p, _)| *p)
         };
         if let Some(peer) = victim {
             self.end(peer, Some(SessionEnd::Evicted));
