@@ -32,6 +32,8 @@ mod validate;
 mod tests;
 #[cfg(test)]
 mod tests_coap;
+#[cfg(test)]
+mod tests_coap_dtls;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
