@@ -93,6 +93,8 @@ pub struct DtlsShard {
     handshake_limit: usize,
     /// Paces the failure log lines (at most one a second per shard).
     log_pace: RefCell<SweepPace>,
+    /// Paces the log lines of dropped datagrams (at most one a second per shard).
+    drop_log_pace: RefCell<SweepPace>,
 }
 
 /// The DTLS CoAP edge's way out: through the peer's established session, or nowhere.
@@ -158,6 +160,7 @@ pub fn start(
             limit,
             handshake_limit,
             log_pace: RefCell::new(SweepPace::default()),
+            drop_log_pace: RefCell::new(SweepPace::default()),
         }
     });
     tokio::task::spawn_local(receive(dtls.clone(), socket, shutdown));
@@ -230,8 +233,7 @@ impl DtlsShard {
     fn on_datagram(&self, peer: SocketAddr, d: &[u8], now: Instant) {
         self.metrics.datagrams_in.inc();
         if !self.budget.borrow_mut().allow(peer, now) {
-            self.metrics.dropped(Dropped::Throttled);
-            return;
+            return self.drop(peer, Dropped::Throttled, now);
         }
         let established = self
             .sessions
@@ -243,7 +245,7 @@ impl DtlsShard {
             // No session, or a new handshake from an established peer's address (a device
             // that restarted on the same port): the stateless exchange first.
             (None | Some(true), Some(hello)) => self.on_hello(peer, d, hello, now),
-            (None, None) => self.metrics.dropped(Dropped::NoSession),
+            (None, None) => self.drop(peer, Dropped::NoSession, now),
             (Some(_), _) => {
                 let fed = match self.sessions.borrow_mut().get_mut(&peer) {
                     Some(s) => s.feed(d, now),
@@ -261,7 +263,7 @@ impl DtlsShard {
         let wall = SystemTime::now();
         if !self.tls.cookie_valid(peer, cookie, wall) {
             if !cookie.is_empty() {
-                self.metrics.dropped(Dropped::BadCookie);
+                self.drop(peer, Dropped::BadCookie, now);
             }
             if let Some(c) = self.tls.cookie_for(peer, wall) {
                 self.send_raw(peer, &hello.verify_request(&c));
@@ -331,6 +333,13 @@ impl DtlsShard {
                 }
             }
             _ => {}
+        }
+    }
+
+    fn drop(&self, peer: SocketAddr, why: Dropped, now: Instant) {
+        self.metrics.dropped(why);
+        if self.drop_log_pace.borrow_mut().due(now) {
+            tracing::info!(%peer, ?why, "coap dtls datagram dropped before any session");
         }
     }
 
