@@ -82,6 +82,10 @@ pub struct CoapShard {
     /// Paces sweeps of a full device table.
     devices_swept: RefCell<SweepPace>,
     pub(super) limits: Limits,
+    /// Every peer of this edge finished a DTLS handshake (`super::dtls`): it is authenticated
+    /// and has shown it receives at its address, so answers to it need no amplification
+    /// limit. False for the plain UDP edge.
+    pub(super) secure: bool,
 }
 
 /// This shard's share of the gateway-wide `[coap]` bounds.
@@ -122,7 +126,7 @@ pub fn start(
         cfg.max_retransmit,
         metrics.clone(),
     );
-    let shard = CoapShard::new(ctx, ep, metrics);
+    let shard = CoapShard::new(ctx, ep, metrics, false);
     tokio::task::spawn_local(receive(shard.clone(), socket, shutdown));
     Some(shard)
 }
@@ -134,6 +138,7 @@ impl CoapShard {
         ctx: Rc<ShardContext>,
         ep: Rc<Endpoint>,
         metrics: Arc<CoapMetrics>,
+        secure: bool,
     ) -> Rc<CoapShard> {
         let cfg = &ctx.config.coap;
         let shards = ctx.mailboxes.len().max(1);
@@ -160,6 +165,7 @@ impl CoapShard {
             metrics,
             ep,
             ctx,
+            secure,
         })
     }
 
@@ -172,6 +178,7 @@ impl CoapShard {
         datagram: &[u8],
         identity: Option<ByteString>,
     ) {
+        debug_assert!(self.secure, "decrypted datagrams enter the DTLS edge only");
         self.metrics.datagrams_in.inc();
         if datagram.len() > self.ctx.config.coap.max_message_size.as_usize().max(16) {
             self.metrics.format_error(FormatError::TooLarge);

@@ -151,7 +151,7 @@ pub fn start(
             coap_metrics.clone(),
         );
         DtlsShard {
-            coap: CoapShard::new(ctx.clone(), ep, coap_metrics),
+            coap: CoapShard::new(ctx.clone(), ep, coap_metrics, true),
             tls: context,
             sender,
             sessions: RefCell::new(HashMap::new()),
