@@ -468,3 +468,77 @@ async fn at_max_sessions_the_least_recently_active_session_is_closed_and_its_obs
     );
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_handshaking_again_from_the_same_address_replaces_its_session() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(dir.path(), &[("sensor-7", "secret-key-7")]);
+    let (gw, addr) = dtls_gateway(&cloud, 1, &psk);
+    let port = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("free port");
+        s.local_addr().expect("addr").port().to_string()
+    };
+    // The device observes, then dies without a close_notify (killed) ...
+    let first = Peer::spawn(
+        peer("coap-client-openssl", "libcoap3-bin"),
+        &[
+            "-p".into(),
+            port.clone(),
+            "-s".into(),
+            "30".into(),
+            "-k".into(),
+            "secret-key-7".into(),
+            "-u".into(),
+            "sensor-7".into(),
+            "-m".into(),
+            "get".into(),
+            format!("coaps://{addr}/ps/obs/%23"),
+        ],
+    );
+    wait_until("the first run observes", WAIT, || {
+        metric_sum(&gw.metrics_text(), "sluice_coap_observers{") == 1.0
+    })
+    .await;
+    drop(first);
+    // ... and comes back from the same address: a new handshake replaces the old session.
+    let out = coaps_client(&[
+        "-p",
+        &port,
+        "-k",
+        "secret-key-7",
+        "-u",
+        "sensor-7",
+        "-m",
+        "put",
+        "-e",
+        "back",
+        &format!("coaps://{addr}/ps/boot"),
+    ])
+    .await;
+    assert_eq!(out.libcoap_codes(), vec!["2.04"], "{}", out.text());
+    let p = sub.recv(WAIT).await.expect("cloud").expect("published");
+    assert_eq!(&p.payload[..], b"back");
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_dtls_handshakes_total"),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        labeled(
+            &m,
+            "sluice_coap_dtls_sessions_ended_total",
+            "reason=\"replaced\""
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_observers{"),
+        0.0,
+        "the old session's observer ended"
+    );
+    gw.shutdown();
+}

@@ -80,6 +80,13 @@ impl ClientHello {
         })
     }
 
+    /// The client's random (the same in both ClientHellos of one handshake, RFC 6347
+    /// §4.2.1; a new one means a new handshake).
+    pub fn random<'a>(&self, d: &'a [u8]) -> &'a [u8] {
+        let at = RECORD_HEADER + HANDSHAKE_HEADER + 2;
+        &d[at..at + 32]
+    }
+
     /// The cookie it carries (empty on a first ClientHello).
     pub fn cookie<'a>(&self, d: &'a [u8]) -> &'a [u8] {
         &d[self.cookie_at + 1..self.cookie_at + 1 + self.cookie_len]

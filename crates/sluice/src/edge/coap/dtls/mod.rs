@@ -235,15 +235,18 @@ impl DtlsShard {
         if !self.budget.borrow_mut().allow(peer, now) {
             return self.drop(peer, Dropped::Throttled, now);
         }
-        let established = self
+        let hello = ClientHello::parse(d);
+        // Some(true): a ClientHello with another client random than the one that started the
+        // peer's session: a new handshake (a device that restarted on the same port). A copy
+        // of the session's own ClientHello (a late duplicate, a replay) goes to the session,
+        // which ignores it. Some(false): anything else for its session.
+        let restart = self
             .sessions
             .borrow()
             .get(&peer)
-            .map(Session::is_established);
-        let hello = ClientHello::parse(d);
-        match (established, hello) {
-            // No session, or a new handshake from an established peer's address (a device
-            // that restarted on the same port): the stateless exchange first.
+            .map(|s| hello.is_some_and(|h| h.random(d) != s.hello_random.as_slice()));
+        match (restart, hello) {
+            // No session, or a new handshake: the stateless exchange first.
             (None | Some(true), Some(hello)) => self.on_hello(peer, d, hello, now),
             (None, None) => self.drop(peer, Dropped::NoSession, now),
             (Some(_), _) => {
@@ -281,7 +284,8 @@ impl DtlsShard {
             .map_err(|e| e.to_string())
             .and_then(|ssl| Session::accept(ssl, hello.without_cookie(d), d, now));
         match accepted {
-            Ok((session, fed)) => {
+            Ok((mut session, fed)) => {
+                session.hello_random = hello.random(d).to_vec();
                 self.sessions.borrow_mut().insert(peer, session);
                 self.after(peer, fed);
             }

@@ -84,6 +84,9 @@ pub struct Session {
     pub last_active: Instant,
     /// The authenticated identity (set when established; `None`: an anonymous peer).
     pub identity: Option<bytestring::ByteString>,
+    /// The client random of the ClientHello that started it: a ClientHello with another one
+    /// from the same address is a new handshake, not a retransmission.
+    pub hello_random: Vec<u8>,
 }
 
 impl std::fmt::Debug for Session {
@@ -113,6 +116,7 @@ impl Session {
             started: now,
             last_active: now,
             identity: None,
+            hello_random: Vec::new(),
         };
         s.stream.get_mut().inbound = Some(first);
         let r = s.stream.accept();
