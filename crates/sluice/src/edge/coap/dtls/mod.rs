@@ -24,7 +24,10 @@
 //! - A request's device id is the authenticated identity (a `c=` query is ignored); a
 //!   certificate-mode device not asked for a certificate (no `client_ca_file`) has none and
 //!   is named as a plain CoAP device is.
-//! - A session ending (close_notify, idle, eviction, failure) deregisters its observers.
+//! - A session ending (close_notify, idle, eviction, failure, replacement) deregisters its
+//!   observers. A ClientHello with a new client random from an address with a session is a
+//!   new handshake (a device restarted on the same port): after the cookie exchange it
+//!   replaces the old session; a copy of the old session's own ClientHello does not.
 //! - Sessions per shard ≤ `max_sessions / shards`, of which handshaking ≤
 //!   `max_handshakes / shards`; a new one beyond closes the oldest handshaking session, else
 //!   the least recently active one (counted). A session costs ≈ 50 KB of OpenSSL state
