@@ -63,6 +63,13 @@ fn every_key_set() -> Config {
             .expect("function");
     f.url = Some("http://fn.example".into());
     c.function.push(f);
+    c.coap.dtls = Some(config::CoapDtlsConfig {
+        psk_file: Some("coap-psk.txt".into()),
+        cert_file: Some("server.pem".into()),
+        key_file: Some("server.key".into()),
+        client_ca_file: Some("devices-ca.pem".into()),
+        ..Default::default()
+    });
     c
 }
 

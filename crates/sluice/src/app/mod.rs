@@ -45,6 +45,13 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen for CoAP over DTLS on {addr}: {source}")]
+    BindCoapDtls {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    CoapDtls(#[from] crate::edge::coap::dtls::ContextError),
     #[error("cannot listen for the admin endpoint on {addr}: {source}")]
     BindAdmin {
         addr: SocketAddr,
@@ -83,6 +90,11 @@ pub struct Gateway {
     mqtt_mptcp: Option<bool>,
     /// One per shard, bound with SO_REUSEPORT; empty when `[coap] enabled = false`.
     coap: Vec<std::net::UdpSocket>,
+    /// `[coap.dtls]`: its context and one socket per shard.
+    coap_dtls: Option<(
+        Arc<crate::edge::coap::dtls::DtlsContext>,
+        Vec<std::net::UdpSocket>,
+    )>,
     admin: Option<std::net::TcpListener>,
     /// Who may use the admin endpoint (`[admin] token_file`, TLS).
     admin_access: crate::admin::Access,
@@ -130,6 +142,16 @@ impl Gateway {
             Vec::new()
         };
         let mut admin_access = crate::admin::Access::default();
+        let coap_dtls = match &config.coap.dtls {
+            Some(d) if config.coap.enabled => {
+                let context = crate::edge::coap::dtls::DtlsContext::new(d)?;
+                let addr = d.listen;
+                let sockets = crate::edge::coap::socket::bind(addr, shards)
+                    .map_err(|source| AppError::BindCoapDtls { addr, source })?;
+                Some((context, sockets))
+            }
+            _ => None,
+        };
         let admin = if config.admin.enabled {
             let a = &config.admin;
             admin_access.token = a.read_token().map_err(AppError::AdminToken)?;
@@ -169,12 +191,19 @@ impl Gateway {
             mqtt,
             mqtt_mptcp,
             coap,
+            coap_dtls,
             admin,
             admin_access,
             phd,
             uplink_tls,
             spools,
         })
+    }
+
+    /// The CoAP over DTLS listener's address (`None` without `[coap.dtls]`).
+    pub fn coap_dtls_addr(&self) -> Option<SocketAddr> {
+        let (_, sockets) = self.coap_dtls.as_ref()?;
+        sockets.first().and_then(|s| s.local_addr().ok())
     }
 
     /// The CoAP listener's address (`None` when `[coap] enabled = false`).
@@ -197,6 +226,7 @@ impl Gateway {
             mqtt,
             mqtt_mptcp,
             coap,
+            coap_dtls,
             admin,
             admin_access,
             phd,
@@ -208,6 +238,23 @@ impl Gateway {
         let mut coap = coap.into_iter();
         let coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>> =
             (0..shards).map(|_| Arc::default()).collect();
+        let coap_dtls_addr = coap_dtls
+            .as_ref()
+            .and_then(|(_, s)| s.first())
+            .and_then(|s| s.local_addr().ok());
+        // Per shard: the DTLS listener's counters and those of the CoAP requests over it.
+        let coap_dtls_metrics: Vec<(
+            Arc<crate::edge::coap::dtls::DtlsMetrics>,
+            Arc<crate::edge::coap::CoapMetrics>,
+        )> = match &coap_dtls {
+            Some(_) => (0..shards).map(|_| Default::default()).collect(),
+            None => Vec::new(),
+        };
+        let (dtls_context, dtls_sockets) = match coap_dtls {
+            Some((c, s)) => (Some(c), s),
+            None => (None, Vec::new()),
+        };
+        let mut dtls_sockets = dtls_sockets.into_iter();
         let mqtt_addr = mqtt.local_addr().unwrap_or(config.mqtt.listen);
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -361,6 +408,15 @@ impl Gateway {
                 proxy_metrics: proxy_metrics[id].clone(),
                 coap: coap.next(),
                 coap_metrics: coap_metrics[id].clone(),
+                coap_dtls: match (&dtls_context, dtls_sockets.next()) {
+                    (Some(context), Some(socket)) => Some(crate::edge::coap::dtls::DtlsSeed {
+                        socket,
+                        context: context.clone(),
+                        metrics: coap_dtls_metrics[id].0.clone(),
+                        coap_metrics: coap_dtls_metrics[id].1.clone(),
+                    }),
+                    _ => None,
+                },
                 links: links.clone(),
                 phd: phd.as_ref().map(|p| p.shared.clone()),
                 functions: functions.clone(),
@@ -390,6 +446,8 @@ impl Gateway {
             proxy_metrics,
             coap_addr,
             coap_metrics,
+            coap_dtls_addr,
+            coap_dtls_metrics,
             mqtt_mptcp,
             links: link_watcher.as_ref().map(|w| w.metrics.clone()),
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
@@ -441,6 +499,7 @@ impl Gateway {
             link_watcher,
             mqtt_addr,
             coap_addr,
+            coap_dtls_addr,
             admin_addr,
             phd_addr,
             status,
@@ -608,6 +667,8 @@ pub struct RunningGateway {
     pub mqtt_addr: SocketAddr,
     /// The CoAP listener (`None` when `[coap] enabled = false`).
     pub coap_addr: Option<SocketAddr>,
+    /// The CoAP over DTLS listener (`None` without `[coap.dtls]`).
+    pub coap_dtls_addr: Option<SocketAddr>,
     pub admin_addr: Option<SocketAddr>,
     /// The PHD listener (`None` without `[phd] listen`).
     pub phd_addr: Option<SocketAddr>,

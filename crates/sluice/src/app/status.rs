@@ -35,6 +35,13 @@ pub(super) struct GatewayStatus {
     pub(super) coap_addr: Option<SocketAddr>,
     /// Per shard.
     pub(super) coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>>,
+    pub(super) coap_dtls_addr: Option<SocketAddr>,
+    /// Per shard (empty without `[coap.dtls]`): the DTLS listener's counters, and the CoAP
+    /// counters of the requests that came over it.
+    pub(super) coap_dtls_metrics: Vec<(
+        Arc<crate::edge::coap::dtls::DtlsMetrics>,
+        Arc<crate::edge::coap::CoapMetrics>,
+    )>,
     /// `[mqtt] mptcp`: whether the device listener is an MPTCP one (`None`: not asked).
     pub(super) mqtt_mptcp: Option<bool>,
     /// The watched links (`None`: no watcher).
@@ -119,6 +126,11 @@ impl AdminSource for GatewayStatus {
                 m.render(w, &i.to_string());
             }
         }
+        for (i, (dtls, coap)) in self.coap_dtls_metrics.iter().enumerate() {
+            let shard = i.to_string();
+            coap.render_labeled(w, &[("shard", &shard), ("transport", "dtls")]);
+            dtls.render(w, &shard);
+        }
     }
 
     fn status(&self) -> serde_json::Value {
@@ -194,6 +206,12 @@ impl AdminSource for GatewayStatus {
                     "listen": addr.to_string(),
                     "devices": self.coap_metrics.iter().map(|c| c.devices.get()).sum::<i64>(),
                     "observers": self.shard_metrics.iter().map(|m| m.coap_observe.observers.get()).sum::<i64>(),
+                    "dtls": self.coap_dtls_addr.map(|addr| serde_json::json!({
+                        "listen": addr.to_string(),
+                        "sessions": self.coap_dtls_metrics.iter().map(|(d, _)| d.sessions.get()).sum::<i64>(),
+                        "handshaking": self.coap_dtls_metrics.iter().map(|(d, _)| d.handshaking.get()).sum::<i64>(),
+                        "devices": self.coap_dtls_metrics.iter().map(|(_, c)| c.devices.get()).sum::<i64>(),
+                    })),
                 }),
             },
             "shards": shards,

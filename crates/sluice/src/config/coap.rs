@@ -101,6 +101,9 @@ pub struct CoapConfig {
     /// Upstream CoAP servers reached over TCP/TLS (reverse or forward proxy).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub proxy: Vec<CoapProxyConfig>,
+    /// `[coap.dtls]`: CoAP over DTLS 1.2 (`coaps://`) with per-device PSKs or certificates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtls: Option<CoapDtlsConfig>,
 }
 
 impl Default for CoapConfig {
@@ -134,6 +137,7 @@ impl Default for CoapConfig {
             source_rate: 2000,
             source_burst: 500,
             proxy: Vec::new(),
+            dtls: None,
         }
     }
 }
@@ -283,6 +287,153 @@ impl CoapProxyConfig {
             tls,
             host: host.to_ascii_lowercase(),
             port,
+        })
+    }
+}
+
+/// `[coap.dtls]`: a second CoAP listener, over DTLS 1.2 (RFC 6347, `coaps://`, RFC 7252
+/// §9), whose devices are identified by their PSK identity or client certificate CN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoapDtlsConfig {
+    #[serde(with = "units::socket_addr")]
+    pub listen: SocketAddr,
+    /// `identity:hex-key` per line (`#` comments, blank lines): the identity is the device
+    /// id. Read at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psk_file: Option<PathBuf>,
+    /// PEM server certificate chain (certificate mode; with `key_file`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// PEM CAs a device's client certificate must chain to; its subject CN is the device
+    /// id. Absent: certificate-mode devices are not asked for a certificate (encrypted but
+    /// anonymous).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ca_file: Option<PathBuf>,
+    /// DTLS sessions (handshaking or established) held at once, whole gateway; beyond, the
+    /// least recently active one is closed (counted).
+    pub max_sessions: usize,
+    /// Of those, handshakes in progress at once, whole gateway (a handshake may hold far more
+    /// memory than an established session: OpenSSL reassembles fragmented messages); beyond,
+    /// the oldest handshake is abandoned (counted).
+    pub max_handshakes: usize,
+    /// A session with no datagram either way for this long is closed.
+    #[serde(with = "units::duration")]
+    pub idle_timeout: Duration,
+    /// A handshake not finished within this is abandoned (counted as a failure).
+    #[serde(with = "units::duration")]
+    pub handshake_timeout: Duration,
+    /// Largest DTLS datagram sluice sends (records and handshake fragments fit in it).
+    pub mtu: ByteSize,
+}
+
+impl Default for CoapDtlsConfig {
+    fn default() -> Self {
+        CoapDtlsConfig {
+            listen: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5684)),
+            psk_file: None,
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            max_sessions: 1024,
+            max_handshakes: 64,
+            idle_timeout: Duration::from_secs(300),
+            handshake_timeout: Duration::from_secs(30),
+            mtu: ByteSize(1280),
+        }
+    }
+}
+
+/// The pre-shared keys of `psk_file`, by identity. `Debug` prints identities, not keys.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct PskTable(std::collections::HashMap<String, Vec<u8>>);
+
+impl PskTable {
+    /// The key of `identity`.
+    pub fn key(&self, identity: &[u8]) -> Option<&[u8]> {
+        std::str::from_utf8(identity)
+            .ok()
+            .and_then(|i| self.0.get(i))
+            .map(Vec::as_slice)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Parse `identity:hex-key` lines. The error names the line (never the key).
+    pub fn parse(text: &str) -> Result<PskTable, String> {
+        let mut keys = std::collections::HashMap::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let n = n + 1;
+            let (identity, hex) = line
+                .rsplit_once(':')
+                .ok_or_else(|| format!("line {n}: expected identity:hex-key"))?;
+            if identity.is_empty() || identity.len() > 128 {
+                return Err(format!("line {n}: the identity must be 1 to 128 bytes"));
+            }
+            if identity
+                .chars()
+                .any(|c| c.is_control() || matches!(c, '+' | '#'))
+            {
+                return Err(format!(
+                    "line {n}: the identity (a device id) must not contain control characters, '+' or '#'"
+                ));
+            }
+            let key = decode_hex(hex.trim())
+                .filter(|k| (1..=64).contains(&k.len()))
+                .ok_or_else(|| format!("line {n}: the key must be 1 to 64 bytes in hex"))?;
+            if keys.insert(identity.to_string(), key).is_some() {
+                return Err(format!("line {n}: identity {identity:?} appears twice"));
+            }
+        }
+        Ok(PskTable(keys))
+    }
+}
+
+impl std::fmt::Debug for PskTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut ids: Vec<&String> = self.0.keys().collect();
+        ids.sort();
+        write!(f, "PskTable({ids:?}, keys redacted)")
+    }
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    let s = s.strip_prefix("0x").unwrap_or(s);
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl CoapDtlsConfig {
+    /// Reads and parses `psk_file` (empty table without one).
+    pub fn read_psk_file(&self) -> Result<PskTable, super::ConfigError> {
+        let Some(path) = &self.psk_file else {
+            return Ok(PskTable::default());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| super::ConfigError::File {
+            key: "coap.dtls.psk_file".into(),
+            path: path.clone(),
+            source,
+        })?;
+        PskTable::parse(&text).map_err(|reason| super::ConfigError::Invalid {
+            key: "coap.dtls.psk_file".into(),
+            reason: format!("{}: {reason}", path.display()),
         })
     }
 }

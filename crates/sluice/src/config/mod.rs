@@ -34,6 +34,8 @@ mod validate;
 mod tests;
 #[cfg(test)]
 mod tests_coap;
+#[cfg(test)]
+mod tests_coap_dtls;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -43,7 +45,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use acl::{read_acl_file, AclAction, AclConfig, AclFile, AclPermission, AclRuleConfig};
-pub use coap::{CoapConfig, CoapProxyConfig, ProxyTarget};
+pub use coap::{CoapConfig, CoapDtlsConfig, CoapProxyConfig, ProxyTarget, PskTable};
 pub use function::{
     dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl, SocketMode,
     FUNCTION_SINK_PREFIX,
@@ -270,6 +272,12 @@ impl Config {
                 }
             }
             resolve(&mut t.client_ca_file);
+        }
+        if let Some(d) = &mut self.coap.dtls {
+            resolve(&mut d.psk_file);
+            resolve(&mut d.cert_file);
+            resolve(&mut d.key_file);
+            resolve(&mut d.client_ca_file);
         }
     }
 }

@@ -16,6 +16,7 @@ use sluice_proto::mqtt::topic::valid_topic_filter;
 
 use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
 
+mod coap_dtls;
 mod coap_proxy;
 mod function;
 mod multipath;
@@ -66,6 +67,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
         }
     }
     coap_proxy::check_coap_proxy(config, files)?;
+    coap_dtls::check_coap_dtls(config, files)?;
     multipath::check_multipath(config)?;
     phd::check_phd(config, files)?;
     function::check_functions(config, files)?;

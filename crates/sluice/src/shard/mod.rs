@@ -181,6 +181,8 @@ pub struct ShardSeed {
     /// This shard's CoAP socket (`[coap] enabled`), bound with SO_REUSEPORT.
     pub coap: Option<std::net::UdpSocket>,
     pub coap_metrics: Arc<crate::edge::coap::CoapMetrics>,
+    /// This shard's DTLS listener (`[coap.dtls]`).
+    pub coap_dtls: Option<crate::edge::coap::dtls::DtlsSeed>,
     /// Link state of the watched interfaces, for per-path sessions (`None`: no watcher).
     pub links: Option<crate::net::links::LinkWatch>,
     /// The PHD edge (`[phd] listen`), for agents handed to this shard.
@@ -242,6 +244,7 @@ async fn run(seed: ShardSeed) {
         proxy_metrics,
         coap,
         coap_metrics,
+        coap_dtls,
         links,
         phd,
         functions,
@@ -438,6 +441,9 @@ async fn run(seed: ShardSeed) {
     let coap = coap.and_then(|socket| {
         crate::edge::coap::start(ctx.clone(), socket, coap_metrics, local_shutdown.clone())
     });
+    // Serves its own peers (no steering): kept alive by its receive task.
+    let _coap_dtls = coap_dtls
+        .and_then(|seed| crate::edge::coap::dtls::start(ctx.clone(), seed, local_shutdown.clone()));
     tracing::debug!(shard = id, uplinks = uplink_tasks.len(), "shard started");
 
     loop {

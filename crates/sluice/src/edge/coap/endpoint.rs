@@ -25,12 +25,25 @@ use super::metrics::CoapMetrics;
 use super::verify::Verified;
 use super::{CoapOut, ConOutcome};
 
+/// Where an endpoint's datagrams go: the shard's UDP socket, or (`super::dtls`) the peer's
+/// DTLS session.
+pub trait Egress {
+    fn send_to(&self, bytes: &[u8], peer: SocketAddr) -> std::io::Result<()>;
+}
+
+impl Egress for std::net::UdpSocket {
+    fn send_to(&self, bytes: &[u8], peer: SocketAddr) -> std::io::Result<()> {
+        std::net::UdpSocket::send_to(self, bytes, peer).map(drop)
+    }
+}
+
 /// The sending half of a shard's CoAP socket.
 pub struct Endpoint {
     me: Weak<Endpoint>,
     /// A duplicate of the shard's socket, written to directly: a non-blocking send that
-    /// does not depend on the reactor having seen the socket writable yet.
-    socket: std::net::UdpSocket,
+    /// does not depend on the reactor having seen the socket writable yet. For the DTLS
+    /// edge, its sessions.
+    socket: Box<dyn Egress>,
     shard: u32,
     shards: u32,
     /// Message ids of this shard: `shard + k * shards` for `k` in `0..mid_slots`.
@@ -49,6 +62,28 @@ pub struct Endpoint {
 impl Endpoint {
     pub fn new(
         socket: std::net::UdpSocket,
+        shard: usize,
+        shards: usize,
+        ack_timeout: Duration,
+        max_retransmit: u8,
+        verified_bytes: usize,
+        metrics: Arc<CoapMetrics>,
+    ) -> Rc<Endpoint> {
+        let socket: Box<dyn Egress> = Box::new(socket);
+        Endpoint::with_egress(
+            socket,
+            shard,
+            shards,
+            ack_timeout,
+            max_retransmit,
+            verified_bytes,
+            metrics,
+        )
+    }
+
+    /// An endpoint that sends through `socket`.
+    pub fn with_egress(
+        socket: Box<dyn Egress>,
         shard: usize,
         shards: usize,
         ack_timeout: Duration,
@@ -85,7 +120,7 @@ impl Endpoint {
     /// Send raw bytes; a full socket buffer drops them (counted): UDP, a CON is resent.
     pub fn send_bytes(&self, peer: SocketAddr, bytes: &[u8]) {
         match self.socket.send_to(bytes, peer) {
-            Ok(_) => self.metrics.datagrams_out.inc(),
+            Ok(()) => self.metrics.datagrams_out.inc(),
             Err(error) => {
                 self.metrics.send_dropped.inc();
                 tracing::debug!(%peer, %error, "coap datagram not sent");

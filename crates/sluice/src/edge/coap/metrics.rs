@@ -202,9 +202,20 @@ impl CoapMetrics {
     }
 
     pub fn render(&self, w: &mut PromWriter, shard: &str) {
-        let l = [("shard", shard)];
+        self.render_labeled(w, &[("shard", shard)]);
+    }
+
+    /// Render with `labels` on every sample (`shard`, and `transport="dtls"` for the DTLS
+    /// edge's counters).
+    pub fn render_labeled(&self, w: &mut PromWriter, labels: &[(&str, &str)]) {
+        let l = labels;
+        let with = |k: &'static str, v: &'static str| {
+            let mut all = labels.to_vec();
+            all.push((k, v));
+            all
+        };
         let c = |w: &mut PromWriter, name: &str, help: &str, v: &Counter| {
-            w.counter(name, help, &l, v.get())
+            w.counter(name, help, l, v.get())
         };
         c(
             w,
@@ -228,7 +239,7 @@ impl CoapMetrics {
             w.counter(
                 "sluice_coap_requests_total",
                 "CoAP requests from devices, by method",
-                &[("shard", shard), ("method", m)],
+                &with("method", m),
                 self.requests[i].get(),
             );
         }
@@ -236,20 +247,20 @@ impl CoapMetrics {
             w.counter(
                 "sluice_coap_responses_total",
                 "CoAP responses to devices, by code class",
-                &[("shard", shard), ("class", class)],
+                &with("class", class),
                 self.responses[i].get(),
             );
         }
         w.counter(
             "sluice_coap_duplicates_total",
             "Duplicate CoAP messages (same peer and message id)",
-            &[("shard", shard), ("type", "con")],
+            &with("type", "con"),
             self.duplicates_con.get(),
         );
         w.counter(
             "sluice_coap_duplicates_total",
             "Duplicate CoAP messages (same peer and message id)",
-            &[("shard", shard), ("type", "non")],
+            &with("type", "non"),
             self.duplicates_non.get(),
         );
         c(
@@ -268,7 +279,7 @@ impl CoapMetrics {
             w.counter(
                 "sluice_coap_format_errors_total",
                 "CoAP datagrams or requests refused, by reason",
-                &[("shard", shard), ("reason", name)],
+                &with("reason", name),
                 self.format_errors[reason as usize].get(),
             );
         }
@@ -276,7 +287,7 @@ impl CoapMetrics {
             w.counter(
                 "sluice_coap_refused_total",
                 "CoAP requests refused by a hostile-network bound, by reason",
-                &[("shard", shard), ("reason", name)],
+                &with("reason", name),
                 self.refusals[why as usize].get(),
             );
         }
@@ -284,7 +295,7 @@ impl CoapMetrics {
             w.counter(
                 "sluice_coap_verified_total",
                 "Addresses that proved they receive, by how",
-                &[("shard", shard), ("how", how)],
+                &with("how", how),
                 v.get(),
             );
         }
@@ -381,13 +392,13 @@ impl CoapMetrics {
         w.gauge(
             "sluice_coap_devices",
             "CoAP devices seen within EXCHANGE_LIFETIME",
-            &l,
+            l,
             self.devices.get(),
         );
         w.gauge(
             "sluice_coap_exchanges",
             "Exchanges in the de-duplication table",
-            &l,
+            l,
             self.exchanges.get(),
         );
     }

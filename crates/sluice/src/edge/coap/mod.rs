@@ -11,7 +11,9 @@
 //! loop, steering, de-duplication, answering), `endpoint` (sending, CON retransmission,
 //! message ids, the per-source budget), `resources` (dispatch by path, /.well-known/core),
 //! `publish` (the pub/sub resource's POST/PUT, Block1), `observe` (GET + Observe),
-//! `verify` (RFC 9175 Echo and the addresses that proved they receive), `metrics`.
+//! `verify` (RFC 9175 Echo and the addresses that proved they receive), `metrics`, `dtls`
+//! (CoAP over DTLS 1.2: its own listener and sessions, feeding a second `CoapShard` whose
+//! egress is the peers' sessions).
 //!
 //! Hostile network rules (issue 28): no answer larger than 3× its request goes to an address
 //! that has not proven it receives (`verify`; larger answers become 4.01 Unauthorized with
@@ -28,8 +30,9 @@
 //! counts as proof that the address receives, and is what `coap.allow_anonymous` checks:
 //! without one, publish and observe are refused (4.01) when anonymous peers are not allowed.
 //! The answer still leaves through this shard's [`CoapOut`]; a DTLS transport must wrap
-//! that side too.
+//! that side too: the DTLS edge's `CoapShard` has a session egress (`endpoint::Egress`).
 
+pub mod dtls;
 pub mod endpoint;
 pub mod metrics;
 pub mod observe;

@@ -111,6 +111,10 @@ pub struct CoapShard {
     /// Paces sweeps of a full device table.
     devices_swept: RefCell<SweepPace>,
     pub(super) limits: Limits,
+    /// Every peer of this edge finished a DTLS handshake (`super::dtls`): it is authenticated
+    /// and has shown it receives at its address, so answers to it need no amplification
+    /// limit. False for the plain UDP edge.
+    pub(super) secure: bool,
 }
 
 /// This shard's share of the gateway-wide `[coap]` bounds.
@@ -156,38 +160,87 @@ pub fn start(
         (cfg.max_verified_bytes.as_usize() / shards).max(1),
         metrics.clone(),
     );
-    let out: Rc<dyn CoapOut> = ep.clone();
-    let per_shard = |n: usize| (n / shards).max(1);
-    let shard = Rc::new(CoapShard {
-        observers: Observers::new(ctx.clone(), out),
-        exchanges: RefCell::new(DedupTable::with_bytes(
-            per_shard(cfg.max_exchanges),
-            per_shard(cfg.max_exchange_bytes.as_usize()),
-            EXCHANGE_OVERHEAD,
-        )),
-        evictions_seen: Cell::new(0),
-        budget: RefCell::new(SourceBudget::new(
-            cfg.source_rate,
-            cfg.source_burst,
-            per_shard(cfg.max_exchanges),
-        )),
-        transfers: RefCell::new(HashMap::new()),
-        pending_publishes: Cell::new(0),
-        devices: RefCell::new(HashMap::new()),
-        devices_swept: RefCell::new(SweepPace::default()),
-        limits: Limits {
-            max_pending: per_shard(cfg.max_pending),
-            max_transfers: per_shard(cfg.max_block_transfers),
-            max_devices: per_shard(cfg.max_exchanges),
-            max_block_bytes: per_shard(cfg.max_block_bytes.as_usize()),
-            anonymous: cfg.anonymous_allowed(&ctx.config.mqtt),
-        },
-        metrics,
-        ep,
-        ctx,
-    });
+    let shard = CoapShard::new(ctx, ep, metrics, false);
     tokio::task::spawn_local(receive(shard.clone(), socket, shutdown));
     Some(shard)
+}
+
+impl CoapShard {
+    /// The edge of shard `ctx.id` sending through `ep`, without a receive loop (the plain
+    /// socket's is started by [`start`]; the DTLS listener feeds [`CoapShard::on_secure`]).
+    pub(super) fn new(
+        ctx: Rc<ShardContext>,
+        ep: Rc<Endpoint>,
+        metrics: Arc<CoapMetrics>,
+        secure: bool,
+    ) -> Rc<CoapShard> {
+        let cfg = &ctx.config.coap;
+        let shards = ctx.mailboxes.len().max(1);
+        let out: Rc<dyn CoapOut> = ep.clone();
+        let per_shard = |n: usize| (n / shards).max(1);
+        Rc::new(CoapShard {
+            observers: Observers::new(ctx.clone(), out),
+            exchanges: RefCell::new(DedupTable::with_bytes(
+                per_shard(cfg.max_exchanges),
+                per_shard(cfg.max_exchange_bytes.as_usize()),
+                EXCHANGE_OVERHEAD,
+            )),
+            evictions_seen: Cell::new(0),
+            budget: RefCell::new(SourceBudget::new(
+                cfg.source_rate,
+                cfg.source_burst,
+                per_shard(cfg.max_exchanges),
+            )),
+            transfers: RefCell::new(HashMap::new()),
+            pending_publishes: Cell::new(0),
+            devices: RefCell::new(HashMap::new()),
+            devices_swept: RefCell::new(SweepPace::default()),
+            limits: Limits {
+                max_pending: per_shard(cfg.max_pending),
+                max_transfers: per_shard(cfg.max_block_transfers),
+                max_devices: per_shard(cfg.max_exchanges),
+                max_block_bytes: per_shard(cfg.max_block_bytes.as_usize()),
+                anonymous: cfg.anonymous_allowed(&ctx.config.mqtt),
+            },
+            metrics,
+            ep,
+            ctx,
+            secure,
+        })
+    }
+
+    /// A CoAP datagram decrypted by `peer`'s DTLS session (`super::dtls`): served on this
+    /// shard, where the session is; a request's device id is the session's authenticated
+    /// `identity` (any `c=` query ignored), or as for plain CoAP when it has none.
+    pub(super) fn on_secure(
+        self: &Rc<Self>,
+        peer: SocketAddr,
+        datagram: &[u8],
+        identity: Option<ByteString>,
+    ) {
+        debug_assert!(self.secure, "decrypted datagrams enter the DTLS edge only");
+        self.metrics.datagrams_in.inc();
+        if datagram.len() > self.ctx.config.coap.max_message_size.as_usize().max(16) {
+            self.metrics.format_error(FormatError::TooLarge);
+            return;
+        }
+        let size = datagram.len();
+        let bytes = Bytes::copy_from_slice(datagram);
+        let message = match Message::decode_udp(&bytes) {
+            Ok(m) => m,
+            Err(e) => return self.on_message(peer, Err(e), None, None, size),
+        };
+        // Not steered: the session (and so the only way to answer) is on this shard.
+        let identity = identity.map(|device_id| DeviceIdentity { device_id });
+        let device = match message.mtype {
+            MsgType::Ack | MsgType::Rst => None,
+            MsgType::Con | MsgType::Non => Some(match &identity {
+                Some(id) => id.device_id.clone(),
+                None => device_id(&message, peer),
+            }),
+        };
+        self.on_message(peer, Ok(message), device, identity.as_ref(), size);
+    }
 }
 
 /// The device id of a request: its `c=` Uri-Query, else the source address.
@@ -343,7 +396,7 @@ impl CoapShard {
 
     /// Whether `peer` has proven it receives.
     pub(super) fn is_verified(&self, peer: SocketAddr) -> bool {
-        self.ep.is_verified(peer)
+        self.secure || self.ep.is_verified(peer)
     }
 
     fn mark_verified(&self, peer: SocketAddr) {

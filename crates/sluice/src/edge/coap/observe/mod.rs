@@ -207,6 +207,20 @@ impl Observers {
         }
     }
 
+    /// End every registration of `peer` (its DTLS session ended: nothing can reach it).
+    pub fn forget_peer(&self, peer: SocketAddr) {
+        let gone: Vec<Rc<Registration>> = self
+            .regs
+            .borrow()
+            .values()
+            .filter(|r| r.peer == peer)
+            .cloned()
+            .collect();
+        for reg in gone {
+            self.remove(&reg, Deregistration::Silence);
+        }
+    }
+
     /// Observers registered on this shard.
     pub fn len(&self) -> usize {
         self.regs.borrow().len()
