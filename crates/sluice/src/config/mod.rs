@@ -20,6 +20,7 @@
 mod coap;
 mod function;
 mod lanes;
+mod mqtt_tls;
 mod multipath;
 mod onem2m;
 mod phd;
@@ -46,6 +47,7 @@ pub use function::{
     FUNCTION_SINK_PREFIX,
 };
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
+pub use mqtt_tls::{MqttTlsConfig, MqttWsConfig, MqttWssConfig, DEFAULT_WS_PATH};
 pub use multipath::MultipathConfig;
 pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,
@@ -240,6 +242,14 @@ impl Config {
             }
             resolve(&mut f.dir);
         }
+        if let Some(tls) = &mut self.mqtt.tls {
+            for path in [&mut tls.cert_file, &mut tls.key_file] {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+            resolve(&mut tls.client_ca_file);
+        }
         for p in &mut self.coap.proxy {
             resolve(&mut p.ca_file);
             resolve(&mut p.cert_file);
@@ -373,6 +383,17 @@ pub struct MqttConfig {
     /// devices cannot be told, and keep their own.
     #[serde(with = "units::duration")]
     pub max_keep_alive: Duration,
+
+    // --- Listeners besides plain TCP (`config/mqtt_tls.rs`, `edge/mqtt/stream/`) ---
+    /// `[mqtt.tls]`: MQTT over TLS. Absent: no TLS listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<MqttTlsConfig>,
+    /// `[mqtt.ws]`: MQTT over WebSocket. Absent: no WebSocket listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ws: Option<MqttWsConfig>,
+    /// `[mqtt.wss]`: MQTT over WebSocket over TLS (with `[mqtt.tls]`'s certificate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wss: Option<MqttWssConfig>,
 }
 
 // --- admission (`control/admission.rs`) ---
@@ -414,6 +435,9 @@ impl Default for MqttConfig {
             mptcp: false,
             users: Vec::new(),
             max_keep_alive: Duration::ZERO,
+            tls: None,
+            ws: None,
+            wss: None,
         }
     }
 }

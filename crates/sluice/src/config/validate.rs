@@ -18,6 +18,7 @@ use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
 
 mod coap_proxy;
 mod function;
+mod mqtt_tls;
 mod multipath;
 mod phd;
 
@@ -68,6 +69,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     coap_proxy::check_coap_proxy(config, files)?;
     multipath::check_multipath(config)?;
     phd::check_phd(config)?;
+    mqtt_tls::check_mqtt_listeners(config, files)?;
     function::check_functions(config, files)?;
     Ok(())
 }

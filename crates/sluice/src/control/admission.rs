@@ -122,6 +122,21 @@ impl AdmissionMetrics {
     }
 }
 
+/// What the device's transport proved about it before its CONNECT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportIdentity {
+    /// Nothing: the CONNECT's username and password decide (plain TCP, WebSocket, TLS
+    /// without `identity_from_cert`).
+    Login,
+    /// `identity_from_cert`: a verified client certificate names the device. This name is its
+    /// username (the CONNECT's username and password are ignored, no password is checked, and
+    /// the device is not anonymous), as Mosquitto's `use_identity_as_username`.
+    Certificate(ByteString),
+    /// `identity_from_cert`, but the device presented no certificate, or one naming nothing:
+    /// refused as not authorized.
+    MissingCertificate,
+}
+
 /// Logs a busy refusal at most this often.
 const BUSY_LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -188,6 +203,21 @@ impl Admission {
         deadline: tokio::time::Instant,
         metrics: &Arc<AdmissionMetrics>,
     ) -> Result<bool, Refusal> {
+        self.admit_as(connect, TransportIdentity::Login, deadline, metrics)
+            .await
+    }
+
+    /// [`Admission::admit`] for a device whose transport may have named it already. With a
+    /// certificate identity, `connect.username` becomes that name and `connect.password` is
+    /// dropped, so whoever reads the CONNECT after admission (the shard, ACLs) sees the
+    /// identity the gateway trusts.
+    pub async fn admit_as(
+        &self,
+        connect: &mut Connect,
+        identity: TransportIdentity,
+        deadline: tokio::time::Instant,
+        metrics: &Arc<AdmissionMetrics>,
+    ) -> Result<bool, Refusal> {
         if connect.properties.authentication_method.is_some() {
             return Err(Refusal::BadAuthMethod);
         }
@@ -216,6 +246,15 @@ impl Admission {
             {
                 return Err(Refusal::ClientIdRejected);
             }
+        }
+        match identity {
+            TransportIdentity::Login => {}
+            TransportIdentity::Certificate(name) => {
+                connect.username = Some(name);
+                connect.password = None;
+                return Ok(assigned);
+            }
+            TransportIdentity::MissingCertificate => return Err(Refusal::NotAuthorized),
         }
         match &connect.username {
             None if self.allow_anonymous => Ok(assigned),

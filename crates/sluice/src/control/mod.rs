@@ -89,6 +89,8 @@ pub struct ControlMetrics {
     pub admission: Arc<admission::AdmissionMetrics>,
     /// Input bounds: bytes of the retained store (topic + payload + 256 B each).
     pub retained_bytes: Gauge,
+    /// The TLS and WebSocket listeners' refusals before CONNECT, certificate identities.
+    pub listeners: crate::edge::mqtt::listener::ListenerMetrics,
 }
 
 impl ControlMetrics {
@@ -154,6 +156,7 @@ impl ControlMetrics {
             self.devices_connected.get(),
         );
         self.admission.render(w);
+        self.listeners.render(w);
     }
 }
 

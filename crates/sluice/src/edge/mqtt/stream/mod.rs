@@ -1,0 +1,314 @@
+//! The byte streams an MQTT device connection runs over: plain TCP, TLS over TCP, WebSocket
+//! over TCP (ws) and WebSocket over TLS (wss).
+//!
+//! Owns: the read and write halves the connection code uses ([`DeviceReader`],
+//! [`DeviceWriter`]), the hand-over form that moves a connection from the listener's thread
+//! to its shard ([`DetachedStream`]), the TLS record layer after the handshake (`tls.rs`) and
+//! the WebSocket upgrade and framing glue (`ws.rs`). Does not own: MQTT (the bytes are opaque
+//! here), the listener's accept loop or admission (`listener.rs`), the TLS configuration's
+//! policy (`config/mqtt_tls.rs`).
+//!
+//! Shape: an enum, not a generic, so the connection task is compiled once and the plain
+//! variant is exactly the code that ran before TLS existed (`OwnedReadHalf` /
+//! `OwnedWriteHalf`, the same readiness-first read). TLS and WebSocket state is shared by the
+//! two halves of one connection through an `Rc` (a shard is single-threaded and both halves
+//! live in the same task): rustls' `ServerConnection` reads and writes one state machine, and
+//! a WebSocket ping read must be answered on the write side.
+//!
+//! Invariants:
+//! - Idle, no half holds a read buffer of its own beyond what rustls keeps (its record
+//!   buffer, see `tls.rs`); the WebSocket layer's frame buffer is released when empty.
+//! - Every read is cancel-safe (the connection selects on it): state lives in the halves,
+//!   and a read only awaits socket readiness.
+//! - Reads and writes of one connection never overlap in time (one task does both in turn);
+//!   control frames a read must answer are queued and written at once if the socket takes
+//!   them, else before the next write.
+
+pub mod tls;
+pub mod ws;
+
+use std::io;
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use tls::TlsCore;
+use ws::WsCore;
+
+/// Read buffer growth step.
+pub const READ_CHUNK: usize = 2 * 1024;
+
+/// What a connection runs over; for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    Tcp,
+    Tls,
+    Ws,
+    Wss,
+}
+
+impl StreamKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamKind::Tcp => "tcp",
+            StreamKind::Tls => "tls",
+            StreamKind::Ws => "ws",
+            StreamKind::Wss => "wss",
+        }
+    }
+}
+
+/// A connection between two runtimes: the listener's thread has done the TLS handshake and
+/// the WebSocket upgrade and read the CONNECT; the shard registers the socket with its own
+/// runtime ([`DetachedStream::attach`]). `Send`: rustls' `ServerConnection` is.
+pub struct DetachedStream {
+    tcp: std::net::TcpStream,
+    layer: DetachedLayer,
+}
+
+enum DetachedLayer {
+    Plain,
+    Tls(Box<rustls::ServerConnection>),
+    Ws(Box<ws::WsDetached>),
+}
+
+impl std::fmt::Debug for DetachedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DetachedStream")
+            .field("tcp", &self.tcp)
+            .field("kind", &self.kind())
+            .finish()
+    }
+}
+
+impl DetachedStream {
+    /// A plain TCP connection (tests and the plain listener).
+    pub fn plain(tcp: std::net::TcpStream) -> DetachedStream {
+        DetachedStream {
+            tcp,
+            layer: DetachedLayer::Plain,
+        }
+    }
+
+    pub fn kind(&self) -> StreamKind {
+        match &self.layer {
+            DetachedLayer::Plain => StreamKind::Tcp,
+            DetachedLayer::Tls(_) => StreamKind::Tls,
+            DetachedLayer::Ws(w) => w.kind(),
+        }
+    }
+
+    /// Register the socket with the calling runtime and split it into its halves.
+    pub fn attach(self) -> io::Result<(DeviceReader, DeviceWriter)> {
+        let tcp = TcpStream::from_std(self.tcp)?;
+        let _ = tcp.set_nodelay(true);
+        Ok(match self.layer {
+            DetachedLayer::Plain => {
+                let (rd, wr) = tcp.into_split();
+                (DeviceReader::Tcp(rd), DeviceWriter::Tcp(wr))
+            }
+            DetachedLayer::Tls(conn) => {
+                let core = Rc::new(TlsCore::new(tcp, conn));
+                (DeviceReader::Tls(core.clone()), DeviceWriter::Tls(core))
+            }
+            DetachedLayer::Ws(detached) => {
+                let core = Rc::new(detached.attach(tcp));
+                (DeviceReader::Ws(core.clone()), DeviceWriter::Ws(core))
+            }
+        })
+    }
+}
+
+/// The read half of a device connection.
+pub enum DeviceReader {
+    Tcp(OwnedReadHalf),
+    Tls(Rc<TlsCore>),
+    Ws(Rc<WsCore>),
+}
+
+/// The write half of a device connection.
+pub enum DeviceWriter {
+    Tcp(OwnedWriteHalf),
+    Tls(Rc<TlsCore>),
+    Ws(Rc<WsCore>),
+}
+
+impl DeviceReader {
+    /// Wait until there is something to read, then read it into `buf`. The buffer is only
+    /// grown once there is something to read, so an idle connection holds no read buffer.
+    /// `Ok(0)`: the device closed. Cancel-safe.
+    pub async fn read_more(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            DeviceReader::Tcp(rd) => {
+                rd.readable().await?;
+                if buf.capacity() - buf.len() < READ_CHUNK {
+                    buf.reserve(READ_CHUNK);
+                }
+                // `read_buf` (unlike `try_read_buf`) clears the readiness after a short read,
+                // saving an EAGAIN read per message.
+                rd.read_buf(buf).await
+            }
+            DeviceReader::Tls(core) => core.read_plain(buf).await,
+            DeviceReader::Ws(core) => core.read_payload(buf).await,
+        }
+    }
+
+    /// Read whatever comes next into `buf` (the listener's CONNECT read: plain TCP reads
+    /// into the buffer it is given, as it always did). `Ok(0)`: the device closed.
+    pub async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            DeviceReader::Tcp(rd) => rd.read_buf(buf).await,
+            other => other.read_more(buf).await,
+        }
+    }
+
+    /// Read and discard (after the gateway closed): returns how many bytes went.
+    pub async fn discard(&mut self, scratch: &mut [u8]) -> io::Result<usize> {
+        match self {
+            DeviceReader::Tcp(rd) => rd.read(scratch).await,
+            other => {
+                let mut buf = BytesMut::new();
+                other.read_more(&mut buf).await
+            }
+        }
+    }
+
+    /// Put the halves back together as a [`DetachedStream`] for another runtime. Fails if
+    /// the halves are not of one connection.
+    pub fn detach(self, writer: DeviceWriter) -> io::Result<DetachedStream> {
+        let mismatch = || io::Error::other("read and write halves of different connections");
+        match (self, writer) {
+            (DeviceReader::Tcp(rd), DeviceWriter::Tcp(wr)) => {
+                let tcp = rd.reunite(wr).map_err(|_| mismatch())?.into_std()?;
+                Ok(DetachedStream::plain(tcp))
+            }
+            (DeviceReader::Tls(rd), DeviceWriter::Tls(wr)) => {
+                drop(wr);
+                let core = Rc::try_unwrap(rd).map_err(|_| mismatch())?;
+                let (tcp, conn) = core.into_parts()?;
+                Ok(DetachedStream {
+                    tcp,
+                    layer: DetachedLayer::Tls(conn),
+                })
+            }
+            (DeviceReader::Ws(rd), DeviceWriter::Ws(wr)) => {
+                drop(wr);
+                let core = Rc::try_unwrap(rd).map_err(|_| mismatch())?;
+                let (tcp, detached) = core.into_parts()?;
+                Ok(DetachedStream {
+                    tcp,
+                    layer: DetachedLayer::Ws(Box::new(detached)),
+                })
+            }
+            _ => Err(mismatch()),
+        }
+    }
+}
+
+impl DeviceWriter {
+    /// Write all of `data` (one WebSocket binary frame on ws/wss).
+    pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            DeviceWriter::Tcp(wr) => wr.write_all(data).await,
+            DeviceWriter::Tls(core) => core.write_all(data).await,
+            DeviceWriter::Ws(core) => core.write_frame(data).await,
+        }
+    }
+
+    /// Close the sending direction (TLS: close_notify first; WebSocket: a close frame).
+    pub async fn shutdown(&mut self) -> io::Result<()> {
+        match self {
+            DeviceWriter::Tcp(wr) => wr.shutdown().await,
+            DeviceWriter::Tls(core) => core.shutdown().await,
+            DeviceWriter::Ws(core) => core.shutdown().await,
+        }
+    }
+}
+
+/// The byte carrier under a WebSocket: TCP or TLS. Plaintext in and out.
+pub(crate) enum Link {
+    Tcp(TcpStream),
+    Tls(TlsCore),
+}
+
+impl Link {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Link::Tcp(t) => t,
+            Link::Tls(core) => core.tcp(),
+        }
+    }
+
+    /// Read what is there without waiting; `WouldBlock` when nothing is.
+    fn try_read(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Link::Tcp(t) => {
+                if buf.capacity() - buf.len() < READ_CHUNK {
+                    buf.reserve(READ_CHUNK);
+                }
+                t.try_read_buf(buf)
+            }
+            Link::Tls(core) => core.try_read_plain(buf),
+        }
+    }
+
+    /// Read, waiting for the socket as needed. Cancel-safe.
+    async fn read(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        loop {
+            match self.try_read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp().readable().await?,
+                other => return other,
+            }
+        }
+    }
+
+    /// Write as much of `data` as the socket takes now.
+    fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        match self {
+            Link::Tcp(t) => t.try_write(data),
+            Link::Tls(core) => core.try_write(data),
+        }
+    }
+
+    async fn write_all(&self, data: &[u8]) -> io::Result<()> {
+        match self {
+            Link::Tcp(t) => {
+                let mut data = data;
+                while !data.is_empty() {
+                    match t.try_write(data) {
+                        Ok(n) => data = &data[n..],
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => t.writable().await?,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+            Link::Tls(core) => core.write_all(data).await,
+        }
+    }
+
+    async fn shutdown(&self) -> io::Result<()> {
+        match self {
+            Link::Tcp(t) => shutdown_write(t),
+            Link::Tls(core) => core.shutdown().await,
+        }
+    }
+
+    fn into_std(self) -> io::Result<(std::net::TcpStream, Option<Box<rustls::ServerConnection>>)> {
+        match self {
+            Link::Tcp(t) => Ok((t.into_std()?, None)),
+            Link::Tls(core) => {
+                let (tcp, conn) = core.into_parts()?;
+                Ok((tcp, Some(conn)))
+            }
+        }
+    }
+}
+
+/// Half-close a socket shared by reference (tokio's `shutdown` wants it owned).
+fn shutdown_write(tcp: &TcpStream) -> io::Result<()> {
+    socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write)
+}
