@@ -411,11 +411,12 @@ ctx = None
 if ca != "-":
     ctx = ssl.create_default_context(cafile=ca)
 socks = []
+prefix = os.urandom(4).hex()
 for i in range(n):
     s = socket.create_connection((host, port))
     if ctx:
         s = ctx.wrap_socket(s, server_hostname="localhost")
-    cid = ("idle-%d" % i).encode()
+    cid = ("idle-%s-%d" % (prefix, i)).encode()
     body = b"\x00\x04MQTT\x04\x02\x00\x00" + len(cid).to_bytes(2, "big") + cid
     pkt = bytes([0x10, len(body)]) + body
     if ws:
@@ -445,10 +446,16 @@ fn rss_kib() -> u64 {
         .expect("VmRSS")
 }
 
-/// RSS growth of this process (the gateway) per idle connection of one kind.
-async fn idle_cost(gw: &RunningGateway, addr: SocketAddr, n: usize, ca: Option<&Path>, ws: bool) -> f64 {
+/// Opens `n` idle connections of one kind from a python child; returns the child (the
+/// connections close when it is dropped) once the gateway has registered every device.
+async fn open_idle(
+    gw: &RunningGateway,
+    addr: SocketAddr,
+    n: usize,
+    ca: Option<&Path>,
+    ws: bool,
+) -> tokio::process::Child {
     let before_devices = gw.status_json()["devices"].as_i64().unwrap_or(0);
-    let before = rss_kib();
     let mut child = tokio::process::Command::new("python3")
         .arg("-c")
         .arg(PY_IDLE_CLIENTS)
@@ -459,6 +466,7 @@ async fn idle_cost(gw: &RunningGateway, addr: SocketAddr, n: usize, ca: Option<&
         .arg(if ws { "ws" } else { "tcp" })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .expect("python3");
     let mut out = child.stdout.take().expect("stdout");
@@ -477,14 +485,33 @@ async fn idle_cost(gw: &RunningGateway, addr: SocketAddr, n: usize, ca: Option<&
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    child
+}
+
+/// RSS growth per connection while `n` more idle connections of one kind are held (those
+/// opened before stay open, so no freed memory is reused).
+async fn idle_cost(
+    gw: &RunningGateway,
+    addr: SocketAddr,
+    n: usize,
+    ca: Option<&Path>,
+    ws: bool,
+) -> (f64, tokio::process::Child) {
+    let before = rss_kib();
+    let child = open_idle(gw, addr, n, ca, ws).await;
     let after = rss_kib();
-    drop(child.stdin.take());
-    let _ = child.wait().await;
+    ((after.saturating_sub(before)) as f64 * 1024.0 / n as f64, child)
+}
+
+async fn close_idle(gw: &RunningGateway, children: Vec<tokio::process::Child>) {
+    for mut c in children {
+        drop(c.stdin.take());
+        let _ = c.wait().await;
+    }
     common::wait_until("devices gone", Duration::from_secs(20), || {
-        gw.status_json()["devices"].as_i64().unwrap_or(0) <= before_devices
+        gw.status_json()["devices"].as_i64().unwrap_or(0) == 0
     })
     .await;
-    (after.saturating_sub(before)) as f64 * 1024.0 / n as f64
 }
 
 /// Measures this process's RSS, so it must run alone:
@@ -496,12 +523,19 @@ async fn idle_connection_memory_by_transport() {
     let pki = TestPki::generate();
     let extra = format!("{}[mqtt.ws]\nlisten = \"127.0.0.1:0\"\n", tls_section(&pki, ""));
     let gw = start("", &extra);
-    // Warm up allocator arenas and lazily built state on each path with a first round.
-    let _ = idle_cost(&gw, gw.mqtt_addr, 50, None, false).await;
-    let _ = idle_cost(&gw, gw.tls_addr.expect("tls"), 50, Some(pki.ca_path()), false).await;
-    let plain = idle_cost(&gw, gw.mqtt_addr, N, None, false).await;
-    let tls = idle_cost(&gw, gw.tls_addr.expect("tls"), N, Some(pki.ca_path()), false).await;
-    let ws = idle_cost(&gw, gw.ws_addr.expect("ws"), N, None, true).await;
+    // Warm up allocator arenas and lazily built state on each path with a first round,
+    // kept open: memory freed before a measurement would be reused by it and hide its cost.
+    let warm = vec![
+        open_idle(&gw, gw.mqtt_addr, 50, None, false).await,
+        open_idle(&gw, gw.tls_addr.expect("tls"), 50, Some(pki.ca_path()), false).await,
+        open_idle(&gw, gw.ws_addr.expect("ws"), 50, None, true).await,
+    ];
+    let (plain, a) = idle_cost(&gw, gw.mqtt_addr, N, None, false).await;
+    let (tls, b) = idle_cost(&gw, gw.tls_addr.expect("tls"), N, Some(pki.ca_path()), false).await;
+    let (ws, c) = idle_cost(&gw, gw.ws_addr.expect("ws"), N, None, true).await;
+    let mut all = warm;
+    all.extend([a, b, c]);
+    close_idle(&gw, all).await;
     println!(
         "idle connection cost over {N} connections (RSS growth / N): plain {:.0} B, tls {:.0} B, ws {:.0} B",
         plain, tls, ws
