@@ -63,6 +63,14 @@ fn every_key_set() -> Config {
             .expect("function");
     f.url = Some("http://fn.example".into());
     c.function.push(f);
+    c.mqtt.tls = Some(
+        toml::from_str(
+            "cert_file = \"s.pem\"\nkey_file = \"s.key\"\nclient_ca_file = \"ca.pem\"\n",
+        )
+        .expect("tls"),
+    );
+    c.mqtt.ws = Some(Default::default());
+    c.mqtt.wss = Some(Default::default());
     c
 }
 

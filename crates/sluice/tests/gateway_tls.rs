@@ -546,3 +546,31 @@ async fn idle_connection_memory_by_transport() {
     assert!(ws < 24.0 * 1024.0, "idle WebSocket connection costs {ws:.0} B");
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_1_2_is_offered_by_default_and_refused_with_min_version_1_3() {
+    use sluice_testkit::{ConnectOpts, TestClient};
+    let pki = TestPki::generate();
+    let tls12_only = pki.rustls_client_config_with_versions(false, &[&rustls::version::TLS12]);
+    let gw = start("", &tls_section(&pki, ""));
+    let opts = ConnectOpts::v311("old-stack").with_tls(tls12_only.clone(), "localhost");
+    let (c, ack) = TestClient::connect(gw.tls_addr.expect("tls"), opts)
+        .await
+        .expect("a TLS 1.2 device connects by default");
+    assert_eq!(ack.code, 0);
+    drop(c);
+    gw.shutdown();
+
+    let gw = start("", &tls_section(&pki, "min_version = \"1.3\"\n"));
+    let opts = ConnectOpts::v311("old-stack").with_tls(tls12_only, "localhost");
+    assert!(TestClient::connect(gw.tls_addr.expect("tls"), opts).await.is_err());
+    let counted = common::eventually(Duration::from_secs(2), || {
+        metric_sum(
+            &gw.metrics_text(),
+            "sluice_mqtt_tls_handshake_failures_total{reason=\"protocol\"}",
+        ) == 1.0
+    })
+    .await;
+    assert!(counted, "{}", gw.metrics_text());
+    gw.shutdown();
+}

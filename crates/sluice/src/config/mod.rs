@@ -33,6 +33,8 @@ mod validate;
 mod tests;
 #[cfg(test)]
 mod tests_coap;
+#[cfg(test)]
+mod tests_mqtt_tls;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -47,7 +49,7 @@ pub use function::{
     FUNCTION_SINK_PREFIX,
 };
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
-pub use mqtt_tls::{MqttTlsConfig, MqttWsConfig, MqttWssConfig, DEFAULT_WS_PATH};
+pub use mqtt_tls::{MqttTlsConfig, MqttWsConfig, MqttWssConfig, TlsMinVersion, DEFAULT_WS_PATH};
 pub use multipath::MultipathConfig;
 pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,

@@ -38,9 +38,20 @@ pub struct MqttTlsConfig {
     /// without a certificate is refused (CONNACK not authorized). Needs `client_ca_file`.
     #[serde(default)]
     pub identity_from_cert: bool,
-    /// Also offer TLS 1.2 (TLS 1.3 is always offered). Default true, for older device stacks.
-    #[serde(default = "yes")]
-    pub tls12: bool,
+    /// Oldest TLS version offered: `"1.2"` (the default, for older device stacks; TLS 1.3 is
+    /// always offered) or `"1.3"`.
+    #[serde(default)]
+    pub min_version: TlsMinVersion,
+}
+
+/// `[mqtt.tls] min_version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum TlsMinVersion {
+    #[default]
+    #[serde(rename = "1.2")]
+    Tls12,
+    #[serde(rename = "1.3")]
+    Tls13,
 }
 
 /// `[mqtt.ws]`: MQTT over WebSocket (RFC 6455), plain, for browser and JS clients.
@@ -93,8 +104,4 @@ fn local(port: u16) -> SocketAddr {
 
 fn default_tls_listen() -> SocketAddr {
     local(8883)
-}
-
-fn yes() -> bool {
-    true
 }

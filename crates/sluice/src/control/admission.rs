@@ -374,6 +374,63 @@ pub fn hash_password(password: &[u8]) -> Result<String, String> {
 mod tests {
     use super::*;
 
+    fn connect(username: Option<&str>, password: Option<&[u8]>) -> Connect {
+        Connect {
+            protocol: ProtocolVersion::V311,
+            clean_start: true,
+            keep_alive: 30,
+            client_id: ByteString::from("dev-1"),
+            will: None,
+            username: username.map(ByteString::from),
+            password: password.map(bytes::Bytes::copy_from_slice),
+            properties: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_certificate_identity_is_the_username_and_no_password_is_checked() {
+        let mut cfg = MqttConfig::default();
+        cfg.users.push(crate::config::UserConfig {
+            username: "someone".into(),
+            password_hash: hash_password(b"pw").expect("hash"),
+        });
+        let admission = Admission::new(&cfg);
+        let metrics = Arc::new(AdmissionMetrics::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        // Anonymous is refused here (users configured)...
+        let mut c = connect(None, None);
+        assert_eq!(
+            admission.admit(&mut c, deadline, &metrics).await,
+            Err(Refusal::NotAuthorized)
+        );
+        // ...but a certificate names the device: admitted, the CN is now its username, the
+        // CONNECT's username and password are gone, and no hash was computed.
+        let mut c = connect(Some("someone"), Some(b"wrong"));
+        let cn = TransportIdentity::Certificate(ByteString::from("sensor-7"));
+        assert_eq!(admission.admit_as(&mut c, cn, deadline, &metrics).await, Ok(false));
+        assert_eq!(c.username.as_deref(), Some("sensor-7"));
+        assert_eq!(c.password, None);
+        assert_eq!(metrics.checks.get(), 0);
+        // Where the certificate is the identity, none is none: not authorized.
+        let mut c = connect(Some("someone"), Some(b"pw"));
+        assert_eq!(
+            admission
+                .admit_as(&mut c, TransportIdentity::MissingCertificate, deadline, &metrics)
+                .await,
+            Err(Refusal::NotAuthorized)
+        );
+        // Client-id rules still apply to certificate-identified devices.
+        let mut cfg = cfg.clone();
+        cfg.client_id_prefixes = vec!["meter-".into()];
+        let admission = Admission::new(&cfg);
+        let mut c = connect(None, None);
+        let cn = TransportIdentity::Certificate(ByteString::from("sensor-7"));
+        assert_eq!(
+            admission.admit_as(&mut c, cn, deadline, &metrics).await,
+            Err(Refusal::ClientIdRejected)
+        );
+    }
+
     #[test]
     fn hashed_password_verifies_and_wrong_one_does_not() {
         let h = hash_password(b"s3cret").expect("hash");

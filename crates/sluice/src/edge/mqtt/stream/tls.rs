@@ -2,7 +2,7 @@
 //! record layer on the shard, and the identity a client certificate gives.
 //!
 //! Owns: building the rustls `ServerConfig` from `[mqtt.tls]` (TLS 1.3, and 1.2 unless
-//! `tls12 = false`; the `ring` provider; client certificates verified against
+//! `min_version = "1.3"`; the `ring` provider; client certificates verified against
 //! `client_ca_file` with rustls' `WebPkiClientVerifier`, optional unless
 //! `require_client_cert`), driving a handshake within a deadline, and [`TlsCore`]: one
 //! tokio `TcpStream` plus one rustls `ServerConnection`, read and written without
@@ -34,7 +34,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection};
 use tokio::net::TcpStream;
 
-use crate::config::MqttTlsConfig;
+use crate::config::{MqttTlsConfig, TlsMinVersion};
 
 /// Why the TLS listener cannot be set up (at start-up).
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +85,7 @@ impl HandshakeError {
 /// The rustls configuration of `[mqtt.tls]` (shared by the tls and wss listeners).
 pub fn server_config(cfg: &MqttTlsConfig) -> Result<Arc<ServerConfig>, TlsSetupError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&'static rustls::SupportedProtocolVersion] = if cfg.tls12 {
+    let versions: &[&'static rustls::SupportedProtocolVersion] = if cfg.min_version == TlsMinVersion::Tls12 {
         &[&rustls::version::TLS13, &rustls::version::TLS12]
     } else {
         &[&rustls::version::TLS13]
