@@ -312,3 +312,20 @@ impl Link {
 fn shutdown_write(tcp: &TcpStream) -> io::Result<()> {
     socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    /// What plain TCP pays for the other stream kinds: the enum's tag next to the half it
+    /// always had (the halves sit in every connection's task, idle or not).
+    #[test]
+    fn the_plain_halves_grow_by_at_most_a_word() {
+        let (rd, wr) = (size_of::<DeviceReader>(), size_of::<DeviceWriter>());
+        let (plain_rd, plain_wr) = (size_of::<OwnedReadHalf>(), size_of::<OwnedWriteHalf>());
+        println!("DeviceReader {rd} B (OwnedReadHalf {plain_rd} B), DeviceWriter {wr} B (OwnedWriteHalf {plain_wr} B)");
+        assert!(rd <= plain_rd + 8, "{rd} vs {plain_rd}");
+        assert!(wr <= plain_wr + 8, "{wr} vs {plain_wr}");
+    }
+}
