@@ -574,3 +574,34 @@ async fn tls_1_2_is_offered_by_default_and_refused_with_min_version_1_3() {
     assert!(counted, "{}", gw.metrics_text());
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_devices_are_identified_by_their_certificate_too() {
+    let pki = TestPki::generate();
+    let hash = sluice::control::admission::hash_password(b"secret").expect("hash");
+    let mqtt = format!(
+        "allow_anonymous = false\n[[mqtt.users]]\nusername = \"someone-else\"\npassword_hash = \"{hash}\"\n"
+    );
+    let extra = format!(
+        "{}[mqtt.wss]\nlisten = \"127.0.0.1:0\"\n",
+        tls_section(&pki, &format!("{}identity_from_cert = true\n", client_ca(&pki)))
+    );
+    let gw = start(&mqtt, &extra);
+    let wss = gw.wss_addr.expect("wss listener");
+    let (with_cert, without) = tokio::task::block_in_place(|| {
+        (
+            paho(
+                wss,
+                "websockets",
+                Some((pki.ca_path(), Some((pki.client_cert_path(), pki.client_key_path())))),
+            ),
+            paho(wss, "websockets", Some((pki.ca_path(), None))),
+        )
+    });
+    assert_eq!(with_cert, "hello-websockets");
+    assert!(without.starts_with("refused"), "{without}");
+    let m = gw.metrics_text();
+    assert_eq!(metric_sum(&m, "sluice_mqtt_cert_identities_total"), 1.0, "{m}");
+    assert_eq!(metric_sum(&m, "sluice_mqtt_cert_missing_total"), 1.0, "{m}");
+    gw.shutdown();
+}

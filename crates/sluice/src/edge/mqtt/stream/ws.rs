@@ -15,7 +15,8 @@
 //! close with a close (and the connection ends as if the device closed it), a frame
 //! breaking RFC 6455 (unmasked, text, fragmented control, ...) or larger than
 //! `mqtt.max_packet_size` with a close carrying 1002/1003/1009 and the connection ends.
-//! Each server write is one binary frame.
+//! Each server write is one binary frame. Pongs waiting for a socket that does not take them
+//! are bounded (256 B; later pings go unanswered until they are written).
 //!
 //! Memory: the state is a few integers and two byte buffers that are empty, and released,
 //! while the connection is idle; see README's memory budget for the measured figure.
@@ -33,6 +34,8 @@ use super::{Link, StreamKind};
 pub const MAX_HEAD: usize = 8 * 1024;
 /// Most request headers parsed.
 const MAX_HEADERS: usize = 32;
+/// Control frames (pongs) waiting for the socket, at most; more pings go unanswered.
+const MAX_PENDING_CONTROL: usize = 256;
 /// The GUID of RFC 6455 §1.3.
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
@@ -308,7 +311,12 @@ impl WsCore {
                 match result {
                     Ok(None) => {}
                     Ok(Some(Control::Ping(payload))) => {
-                        websocket::encode_pong(&payload, &mut st.ctl_out);
+                        // A client that pings and never reads must not grow the queue: with
+                        // a pong still unsent, later pings go unanswered (RFC 6455 §5.5.3
+                        // allows answering only the most recent one).
+                        if st.ctl_out.len() < MAX_PENDING_CONTROL {
+                            websocket::encode_pong(&payload, &mut st.ctl_out);
+                        }
                         self.try_flush_ctl(st);
                         if got > 0 {
                             return Ok(got);
