@@ -93,8 +93,7 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     // future stays small, which is most of an idle connection's memory.
     let mut conn = Box::pin(Connection::start(
         ctx.clone(),
-        rd,
-        wr,
+        (rd, wr),
         connect,
         buffered,
         assigned_client_id,
@@ -172,8 +171,7 @@ struct Close(CloseReason, Option<u8>);
 impl Connection {
     async fn start(
         ctx: Rc<ShardContext>,
-        rd: DeviceReader,
-        wr: DeviceWriter,
+        (rd, wr): (DeviceReader, DeviceWriter),
         connect: sluice_proto::mqtt::Connect,
         buffered: BytesMut,
         assigned_client_id: bool,
