@@ -134,11 +134,17 @@ async fn mosquitto_clients_with_client_certificates_and_a_certificate_from_anoth
     // No certificate at all, where one is required: refused too.
     let refused = mosquitto_pub_once(port, &mosquitto_tls(pki.ca_path(), None), &[]);
     assert!(!refused.status.success(), "a device without a certificate was accepted");
+    // Counted once the gateway's handshake task ends, which may be just after the client
+    // read the alert and exited.
+    let counted = common::eventually(Duration::from_secs(2), || {
+        metric_sum(
+            &gw.metrics_text(),
+            "sluice_mqtt_tls_handshake_failures_total{reason=\"certificate\"}",
+        ) >= 2.0
+    })
+    .await;
     let m = gw.metrics_text();
-    assert!(
-        metric_sum(&m, "sluice_mqtt_tls_handshake_failures_total{reason=\"certificate\"}") >= 2.0,
-        "{m}"
-    );
+    assert!(counted, "{m}");
     assert_eq!(metric_sum(&m, "sluice_control_admitted_total"), admitted);
     gw.shutdown();
 }
@@ -367,12 +373,25 @@ async fn websocket_frames_split_packets_pings_are_answered_and_bad_upgrades_refu
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
     assert!(rest.starts_with(b"\x88\x02\x03\xea"), "{rest:x?}");
 
-    let m = gw.metrics_text();
-    assert_eq!(
-        metric_sum(&m, "sluice_mqtt_ws_upgrade_failures_total{reason=\"not_found\"}"),
-        1.0,
-        "{m}"
-    );
+    // The refusal is counted after its 404 is written (the client may read it first).
+    let counted = common::eventually(Duration::from_secs(2), || {
+        metric_sum(
+            &gw.metrics_text(),
+            "sluice_mqtt_ws_upgrade_failures_total{reason=\"not_found\"}",
+        ) == 1.0
+    })
+    .await;
+    assert!(counted, "{}", gw.metrics_text());
+    // The device that broke the framing was closed as a protocol error.
+    let counted = common::eventually(Duration::from_secs(2), || {
+        gw.metrics_text().lines().any(|l| {
+            l.starts_with("sluice_mqtt_connections_closed_total{")
+                && l.contains("reason=\"protocol_error\"")
+                && !l.ends_with(" 0")
+        })
+    })
+    .await;
+    assert!(counted, "{}", gw.metrics_text());
     gw.shutdown();
 }
 
