@@ -70,6 +70,14 @@ fn every_key_set() -> Config {
         client_ca_file: Some("devices-ca.pem".into()),
         ..Default::default()
     });
+    c.mqtt.tls = Some(
+        toml::from_str(
+            "cert_file = \"s.pem\"\nkey_file = \"s.key\"\nclient_ca_file = \"ca.pem\"\n",
+        )
+        .expect("tls"),
+    );
+    c.mqtt.ws = Some(Default::default());
+    c.mqtt.wss = Some(Default::default());
     c
 }
 

@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::control::admission::Admission;
 use crate::control::priority::PriorityTable;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
-use crate::edge::mqtt::listener::MqttListener;
+use crate::edge::mqtt::listener::{DeviceListener, ListenerKind, MqttListener, TlsPolicy};
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::{self, ShardSeed};
 use crate::sink::LaneMetrics;
@@ -40,6 +40,8 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("mqtt.tls: {0}")]
+    Tls(#[from] crate::edge::mqtt::stream::tls::TlsSetupError),
     #[error("cannot listen for CoAP devices on udp {addr}: {source}")]
     BindCoap {
         addr: SocketAddr,
@@ -88,6 +90,8 @@ pub struct Gateway {
     mqtt: std::net::TcpListener,
     /// Whether the device listener is MPTCP (`None`: `[mqtt] mptcp` not asked).
     mqtt_mptcp: Option<bool>,
+    /// The TLS, ws and wss device listeners (`[mqtt.tls]`, `[mqtt.ws]`, `[mqtt.wss]`).
+    mqtt_more: Vec<DeviceListener>,
     /// One per shard, bound with SO_REUSEPORT; empty when `[coap] enabled = false`.
     coap: Vec<std::net::UdpSocket>,
     /// `[coap.dtls]`: its context and one socket per shard.
@@ -134,6 +138,7 @@ impl Gateway {
         let addr = config.mqtt.listen;
         let (mqtt, mqtt_mptcp) = crate::net::listen::bind_devices(addr, config.mqtt.mptcp)
             .map_err(|source| AppError::BindDevices { addr, source })?;
+        let mqtt_more = bind_secure_listeners(&config)?;
         let coap = if config.coap.enabled {
             let addr = config.coap.listen;
             crate::edge::coap::socket::bind(addr, shards)
@@ -190,6 +195,7 @@ impl Gateway {
             shards,
             mqtt,
             mqtt_mptcp,
+            mqtt_more,
             coap,
             coap_dtls,
             admin,
@@ -225,6 +231,7 @@ impl Gateway {
             shards,
             mqtt,
             mqtt_mptcp,
+            mqtt_more,
             coap,
             coap_dtls,
             admin,
@@ -234,6 +241,18 @@ impl Gateway {
             spools,
             acl,
         } = self;
+        let addr_of = |kind: crate::edge::mqtt::stream::StreamKind| {
+            mqtt_more
+                .iter()
+                .find(|l| l.kind.stream_kind() == kind)
+                .and_then(|l| l.socket.local_addr().ok())
+        };
+        use crate::edge::mqtt::stream::StreamKind;
+        let (tls_addr, ws_addr, wss_addr) = (
+            addr_of(StreamKind::Tls),
+            addr_of(StreamKind::Ws),
+            addr_of(StreamKind::Wss),
+        );
         let coap_addr = coap.first().and_then(|s| s.local_addr().ok());
         let mut coap = coap.into_iter();
         let coap_metrics: Vec<Arc<crate::edge::coap::CoapMetrics>> =
@@ -486,11 +505,16 @@ impl Gateway {
             );
         }
         // Joined first on shutdown: accepting stops before the shards drain.
+        let mut listeners = vec![DeviceListener {
+            socket: mqtt,
+            kind: ListenerKind::Plain,
+        }];
+        listeners.extend(mqtt_more);
         threads.insert(
             0,
-            spawn_listener(listener, mqtt, shutdown_rx, config.gateway.control_core)?,
+            spawn_listener(listener, listeners, shutdown_rx, config.gateway.control_core)?,
         );
-        tracing::info!(%mqtt_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
+        tracing::info!(%mqtt_addr, mqtt_tls = ?tls_addr, mqtt_ws = ?ws_addr, mqtt_wss = ?wss_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
             config: config.clone(),
             shutdown: shutdown_tx,
@@ -498,6 +522,9 @@ impl Gateway {
             tc,
             link_watcher,
             mqtt_addr,
+            tls_addr,
+            ws_addr,
+            wss_addr,
             coap_addr,
             coap_dtls_addr,
             admin_addr,
@@ -559,7 +586,7 @@ fn spawn_control(
 /// so a reconnect storm costs this thread and never the control plane or the admin endpoint.
 fn spawn_listener(
     listener: MqttListener,
-    mqtt: std::net::TcpListener,
+    listeners: Vec<DeviceListener>,
     shutdown: watch::Receiver<bool>,
     core: Option<usize>,
 ) -> Result<std::thread::JoinHandle<()>, AppError> {
@@ -568,12 +595,7 @@ fn spawn_listener(
         let Some(rt) = current_thread_runtime("device listener") else {
             return;
         };
-        tokio::task::LocalSet::new().block_on(&rt, async move {
-            match tokio::net::TcpListener::from_std(mqtt) {
-                Ok(mqtt) => listener.serve(mqtt, shutdown).await,
-                Err(error) => tracing::error!(%error, "cannot register the device listener"),
-            }
-        });
+        tokio::task::LocalSet::new().block_on(&rt, listener.serve(listeners, shutdown));
         // Handshakes still reading a CONNECT were dropped with the LocalSet; a password check
         // still hashing on the blocking pool gets a moment to return its slot.
         rt.shutdown_timeout(std::time::Duration::from_secs(5));
@@ -582,6 +604,46 @@ fn spawn_listener(
         .name("sluice-listener".into())
         .spawn(thread)
         .map_err(AppError::Thread)
+}
+
+/// Bind `[mqtt.tls]`, `[mqtt.ws]` and `[mqtt.wss]` (each when configured) and build the TLS
+/// configuration they share.
+fn bind_secure_listeners(config: &Config) -> Result<Vec<DeviceListener>, AppError> {
+    let bind = |addr: SocketAddr| {
+        crate::net::listen::bind(addr).map_err(|source| AppError::BindDevices { addr, source })
+    };
+    let mut out = Vec::new();
+    let policy = match &config.mqtt.tls {
+        Some(tls) => Some(Arc::new(TlsPolicy {
+            config: crate::edge::mqtt::stream::tls::server_config(tls)?,
+            identity_from_cert: tls.identity_from_cert,
+        })),
+        None => None,
+    };
+    if let (Some(tls), Some(policy)) = (&config.mqtt.tls, &policy) {
+        out.push(DeviceListener {
+            socket: bind(tls.listen)?,
+            kind: ListenerKind::Tls(policy.clone()),
+        });
+    }
+    if let Some(ws) = &config.mqtt.ws {
+        out.push(DeviceListener {
+            socket: bind(ws.listen)?,
+            kind: ListenerKind::Ws {
+                path: ws.path.clone(),
+            },
+        });
+    }
+    if let (Some(wss), Some(policy)) = (&config.mqtt.wss, &policy) {
+        out.push(DeviceListener {
+            socket: bind(wss.listen)?,
+            kind: ListenerKind::Wss {
+                path: wss.path.clone(),
+                tls: policy.clone(),
+            },
+        });
+    }
+    Ok(out)
 }
 
 /// A current-thread runtime for one of the gateway's own threads; logs and returns `None` if
@@ -665,6 +727,12 @@ pub struct RunningGateway {
     /// The `sluice-links` thread (`[multipath]`, uplink paths); stopped after the shards.
     link_watcher: Option<crate::net::links::LinkWatcher>,
     pub mqtt_addr: SocketAddr,
+    /// `[mqtt.tls]`'s listener, if configured.
+    pub tls_addr: Option<SocketAddr>,
+    /// `[mqtt.ws]`'s listener, if configured.
+    pub ws_addr: Option<SocketAddr>,
+    /// `[mqtt.wss]`'s listener, if configured.
+    pub wss_addr: Option<SocketAddr>,
     /// The CoAP listener (`None` when `[coap] enabled = false`).
     pub coap_addr: Option<SocketAddr>,
     /// The CoAP over DTLS listener (`None` without `[coap.dtls]`).

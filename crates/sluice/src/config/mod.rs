@@ -22,6 +22,7 @@ mod coap;
 mod function;
 mod lanes;
 mod limits;
+mod mqtt_tls;
 mod multipath;
 mod onem2m;
 mod phd;
@@ -36,6 +37,8 @@ mod tests;
 mod tests_coap;
 #[cfg(test)]
 mod tests_coap_dtls;
+#[cfg(test)]
+mod tests_mqtt_tls;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -52,6 +55,7 @@ pub use function::{
 };
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use limits::LimitsConfig;
+pub use mqtt_tls::{MqttTlsConfig, MqttWsConfig, MqttWssConfig, TlsMinVersion, DEFAULT_WS_PATH};
 pub use multipath::MultipathConfig;
 pub use onem2m::{
     mbs_bytes as onem2m_mbs_bytes, DEFAULT_CONTAINER as ONEM2M_DEFAULT_CONTAINER, MQTT_ONLY_KEYS,
@@ -260,6 +264,14 @@ impl Config {
         resolve(&mut self.admin.token_file);
         resolve(&mut self.admin.cert_file);
         resolve(&mut self.admin.key_file);
+        if let Some(tls) = &mut self.mqtt.tls {
+            for path in [&mut tls.cert_file, &mut tls.key_file] {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+            resolve(&mut tls.client_ca_file);
+        }
         for p in &mut self.coap.proxy {
             resolve(&mut p.ca_file);
             resolve(&mut p.cert_file);
@@ -407,6 +419,17 @@ pub struct MqttConfig {
     /// devices cannot be told, and keep their own.
     #[serde(with = "units::duration")]
     pub max_keep_alive: Duration,
+
+    // --- Listeners besides plain TCP (`config/mqtt_tls.rs`, `edge/mqtt/stream/`) ---
+    /// `[mqtt.tls]`: MQTT over TLS. Absent: no TLS listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<MqttTlsConfig>,
+    /// `[mqtt.ws]`: MQTT over WebSocket. Absent: no WebSocket listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ws: Option<MqttWsConfig>,
+    /// `[mqtt.wss]`: MQTT over WebSocket over TLS (with `[mqtt.tls]`'s certificate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wss: Option<MqttWssConfig>,
 }
 
 // --- admission (`control/admission.rs`) ---
@@ -448,6 +471,9 @@ impl Default for MqttConfig {
             mptcp: false,
             users: Vec::new(),
             max_keep_alive: Duration::ZERO,
+            tls: None,
+            ws: None,
+            wss: None,
         }
     }
 }

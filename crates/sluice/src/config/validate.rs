@@ -19,6 +19,7 @@ use super::{Config, ConfigError, MqttProtocol, UplinkConfig};
 mod coap_dtls;
 mod coap_proxy;
 mod function;
+mod mqtt_tls;
 mod multipath;
 mod phd;
 
@@ -70,6 +71,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     coap_dtls::check_coap_dtls(config, files)?;
     multipath::check_multipath(config)?;
     phd::check_phd(config, files)?;
+    mqtt_tls::check_mqtt_listeners(config, files)?;
     function::check_functions(config, files)?;
     check_acl(config, files)?;
     check_limits(config)?;

@@ -140,6 +140,21 @@ impl AdmissionMetrics {
     }
 }
 
+/// What the device's transport proved about it before its CONNECT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportIdentity {
+    /// Nothing: the CONNECT's username and password decide (plain TCP, WebSocket, TLS
+    /// without `identity_from_cert`).
+    Login,
+    /// `identity_from_cert`: a verified client certificate names the device. This name is its
+    /// username (the CONNECT's username and password are ignored, no password is checked, and
+    /// the device is not anonymous), as Mosquitto's `use_identity_as_username`.
+    Certificate(ByteString),
+    /// `identity_from_cert`, but the device presented no certificate, or one naming nothing:
+    /// refused as not authorized.
+    MissingCertificate,
+}
+
 /// Logs a busy refusal at most this often.
 const BUSY_LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -224,6 +239,21 @@ impl Admission {
         deadline: tokio::time::Instant,
         metrics: &Arc<AdmissionMetrics>,
     ) -> Result<bool, Refusal> {
+        self.admit_as(connect, TransportIdentity::Login, deadline, metrics)
+            .await
+    }
+
+    /// [`Admission::admit`] for a device whose transport may have named it already. With a
+    /// certificate identity, `connect.username` becomes that name and `connect.password` is
+    /// dropped, so whoever reads the CONNECT after admission (the shard, ACLs) sees the
+    /// identity the gateway trusts.
+    pub async fn admit_as(
+        &self,
+        connect: &mut Connect,
+        identity: TransportIdentity,
+        deadline: tokio::time::Instant,
+        metrics: &Arc<AdmissionMetrics>,
+    ) -> Result<bool, Refusal> {
         if connect.properties.authentication_method.is_some() {
             return Err(Refusal::BadAuthMethod);
         }
@@ -258,7 +288,28 @@ impl Admission {
                 return Err(Refusal::ClientIdRejected);
             }
         }
-        let admitted = self.login(connect, assigned, deadline, metrics).await?;
+        let admitted = match identity {
+            TransportIdentity::Login => {
+                let admitted = self.login(connect, assigned, deadline, metrics).await?;
+                if connect
+                    .username
+                    .as_deref()
+                    .is_some_and(|u| !self.users.contains_key(u))
+                {
+                    // Admitted without a password check (no users configured, anonymous
+                    // allowed): a username nobody verified names no one. Dropped, so that
+                    // ACL rules by `users` never trust a self-asserted name.
+                    connect.username = None;
+                }
+                admitted
+            }
+            TransportIdentity::Certificate(name) => {
+                connect.username = Some(name);
+                connect.password = None;
+                assigned
+            }
+            TransportIdentity::MissingCertificate => return Err(Refusal::NotAuthorized),
+        };
         if let (Some(acl), Some(will)) = (&self.acl, &connect.will) {
             let username = crate::shard::Adopted::acl_username(connect);
             if !acl.allows_publish(
@@ -273,7 +324,7 @@ impl Admission {
         Ok(admitted)
     }
 
-    /// The login part of [`Admission::admit`]: anonymous or a checked password.
+    /// The login part of [`Admission::admit_as`]: anonymous or a checked password.
     async fn login(
         &self,
         connect: &Connect,
@@ -398,6 +449,63 @@ pub fn hash_password(password: &[u8]) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn connect(username: Option<&str>, password: Option<&[u8]>) -> Connect {
+        Connect {
+            protocol: ProtocolVersion::V311,
+            clean_start: true,
+            keep_alive: 30,
+            client_id: ByteString::from("dev-1"),
+            will: None,
+            username: username.map(ByteString::from),
+            password: password.map(bytes::Bytes::copy_from_slice),
+            properties: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_certificate_identity_is_the_username_and_no_password_is_checked() {
+        let mut cfg = MqttConfig::default();
+        cfg.users.push(crate::config::UserConfig {
+            username: "someone".into(),
+            password_hash: hash_password(b"pw").expect("hash"),
+        });
+        let admission = Admission::new(&cfg);
+        let metrics = Arc::new(AdmissionMetrics::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        // Anonymous is refused here (users configured)...
+        let mut c = connect(None, None);
+        assert_eq!(
+            admission.admit(&mut c, deadline, &metrics).await,
+            Err(Refusal::NotAuthorized)
+        );
+        // ...but a certificate names the device: admitted, the CN is now its username, the
+        // CONNECT's username and password are gone, and no hash was computed.
+        let mut c = connect(Some("someone"), Some(b"wrong"));
+        let cn = TransportIdentity::Certificate(ByteString::from("sensor-7"));
+        assert_eq!(admission.admit_as(&mut c, cn, deadline, &metrics).await, Ok(false));
+        assert_eq!(c.username.as_deref(), Some("sensor-7"));
+        assert_eq!(c.password, None);
+        assert_eq!(metrics.checks.get(), 0);
+        // Where the certificate is the identity, none is none: not authorized.
+        let mut c = connect(Some("someone"), Some(b"pw"));
+        assert_eq!(
+            admission
+                .admit_as(&mut c, TransportIdentity::MissingCertificate, deadline, &metrics)
+                .await,
+            Err(Refusal::NotAuthorized)
+        );
+        // Client-id rules still apply to certificate-identified devices.
+        let mut cfg = cfg.clone();
+        cfg.client_id_prefixes = vec!["meter-".into()];
+        let admission = Admission::new(&cfg);
+        let mut c = connect(None, None);
+        let cn = TransportIdentity::Certificate(ByteString::from("sensor-7"));
+        assert_eq!(
+            admission.admit_as(&mut c, cn, deadline, &metrics).await,
+            Err(Refusal::ClientIdRejected)
+        );
+    }
 
     #[test]
     fn hashed_password_verifies_and_wrong_one_does_not() {

@@ -97,6 +97,8 @@ pub struct ControlMetrics {
     pub acl: Arc<acl::AclMetrics>,
     /// `[limits]` refusals and drops.
     pub limits: Arc<limits::LimitsMetrics>,
+    /// The TLS and WebSocket listeners' refusals before CONNECT, certificate identities.
+    pub listeners: crate::edge::mqtt::listener::ListenerMetrics,
 }
 
 impl ControlMetrics {
@@ -164,6 +166,7 @@ impl ControlMetrics {
         self.admission.render(w);
         self.acl.render(w);
         self.limits.render(w);
+        self.listeners.render(w);
     }
 }
 

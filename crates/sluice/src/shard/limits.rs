@@ -552,9 +552,11 @@ async fn evict_idlest_offline(ctx: &Rc<ShardContext>, for_device: &str, keep_slo
 }
 
 /// Refuse a device before its session exists: CONNACK with `code`, then close.
-pub async fn refuse_connect(stream: tokio::net::TcpStream, version: ProtocolVersion, code: u8) {
-    use tokio::io::AsyncWriteExt;
-    let mut stream = stream;
+pub async fn refuse_connect(
+    mut stream: crate::edge::mqtt::stream::DeviceWriter,
+    version: ProtocolVersion,
+    code: u8,
+) {
     let mut out = bytes::BytesMut::new();
     let ack = sluice_proto::mqtt::Packet::ConnAck(sluice_proto::mqtt::ConnAck {
         session_present: false,

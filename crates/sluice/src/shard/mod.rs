@@ -42,8 +42,15 @@ pub type ShardId = usize;
 /// A device connection admitted by the control plane, handed to its shard.
 #[derive(Debug)]
 pub struct Adopted {
-    pub stream: std::net::TcpStream,
+    /// The socket, with its TLS session and WebSocket state when it has them
+    /// (`edge::mqtt::stream`).
+    pub stream: crate::edge::mqtt::stream::DetachedStream,
     pub peer: SocketAddr,
+    /// The identity admission trusts: the CONNECT's username, or with `identity_from_cert`
+    /// the client certificate's name.
+    pub username: Option<bytestring::ByteString>,
+    /// `username` came from a verified client certificate (`[mqtt.tls] identity_from_cert`).
+    pub username_from_cert: bool,
     pub connect: Connect,
     /// Bytes read after the CONNECT packet (the device may pipeline).
     pub buffered: BytesMut,

@@ -39,9 +39,7 @@ use sluice_proto::mqtt::{
     encode, reason, ConnAck, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse,
     QoS, Will,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use crate::edge::mqtt::stream::{DeviceReader, DeviceWriter};
 
 use crate::control::acl::Subject;
 use crate::control::priority::Priority;
@@ -53,8 +51,14 @@ use crate::shard::{Adopted, ShardContext};
 
 /// How long a write to a device may stall before the device counts as a slow consumer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Read buffer growth step.
-const READ_CHUNK: usize = 2 * 1024;
+/// Who the device is, as admission decided (see `Adopted`): ACL rules with `%u` read it.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    /// The CONNECT's username, or the client certificate's name (`identity_from_cert`).
+    pub username: Option<ByteString>,
+    /// `username` came from a verified client certificate.
+    pub from_cert: bool,
+}
 
 pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     // Boxed on purpose: an async fn keeps its arguments for its whole life, and `Adopted`
@@ -62,43 +66,49 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
     let Adopted {
         stream,
         peer,
+        username,
+        username_from_cert,
         connect,
         buffered,
         assigned_client_id,
     } = *adopted;
-    let stream = match TcpStream::from_std(stream) {
-        Ok(s) => s,
+    // Plain TCP: `from_std`, nodelay and `into_split`, as always; TLS and WebSocket share
+    // their session state between the halves (`edge/mqtt/stream/`).
+    let (rd, wr) = match stream.attach() {
+        Ok(halves) => halves,
         Err(error) => {
             tracing::warn!(%peer, %error, "cannot register device socket on shard");
             return;
         }
     };
-    let _ = stream.set_nodelay(true);
     // Input bounds: room in the session table (mqtt.max_sessions), or a refusing CONNACK.
     if let Err(code) =
         crate::shard::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol)
             .await
     {
-        return crate::shard::limits::refuse_connect(stream, connect.protocol, code).await;
+        return crate::shard::limits::refuse_connect(wr, connect.protocol, code).await;
     }
     ctx.metrics.connections.add(1);
     let client_id = connect.client_id.clone();
-    let (rd, wr) = stream.into_split();
     // Cold paths are boxed so their state exists only while they run: the connection task's
     // future stays small, which is most of an idle connection's memory.
     let mut conn = Box::pin(Connection::start(
         ctx.clone(),
-        rd,
-        wr,
+        (rd, wr),
         connect,
         buffered,
         assigned_client_id,
         peer,
+        Identity {
+            username,
+            from_cert: username_from_cert,
+        },
     ))
     .await;
     let reason = conn.serve().await;
     Box::pin(conn.finish(reason)).await;
-    tracing::debug!(%peer, client_id = %client_id, reason = ?reason, "device connection closed");
+    tracing::debug!(%peer, client_id = %client_id, username = ?conn.identity.username,
+        username_from_cert = conn.identity.from_cert, reason = ?reason, "device connection closed");
     ctx.metrics.connections.sub(1);
     ctx.metrics.close(reason);
     // The socket still counts against max_connections until this returns.
@@ -126,6 +136,8 @@ struct Connection {
     generation: u64,
     version: ProtocolVersion,
     client_id: ByteString,
+    /// Its username as admission trusted it (beside the client id, for ACLs: `%u`, `%c`).
+    identity: Identity,
     /// The device's own priority (from the priority table, fixed for the connection).
     priority: Priority,
     /// The username the ACL sees (`Adopted::acl_username`).
@@ -135,8 +147,8 @@ struct Connection {
     /// `[limits]` publish rate; `None` when no rate is set.
     rate: Option<Box<crate::control::limits::PublishRate>>,
     peer: std::net::SocketAddr,
-    rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
+    rd: DeviceReader,
+    wr: DeviceWriter,
     rbuf: BytesMut,
     wbuf: BytesMut,
     decoder: Decoder,
@@ -166,12 +178,12 @@ struct Close(CloseReason, Option<u8>);
 impl Connection {
     async fn start(
         ctx: Rc<ShardContext>,
-        rd: OwnedReadHalf,
-        wr: OwnedWriteHalf,
+        (rd, wr): (DeviceReader, DeviceWriter),
         connect: sluice_proto::mqtt::Connect,
         buffered: BytesMut,
         assigned_client_id: bool,
         peer: std::net::SocketAddr,
+        identity: Identity,
     ) -> Connection {
         let cfg = &ctx.config.mqtt;
         let version = connect.protocol;
@@ -246,6 +258,7 @@ impl Connection {
             generation,
             version,
             client_id: client_id.clone(),
+            identity,
             priority: ctx.priority.device(&client_id),
             peer,
             rd,
@@ -382,7 +395,7 @@ impl Connection {
                 // Outbox, takeover, shutdown and cloud acks all wake this one Notify; the top
                 // of the loop looks at each.
                 _ = self.session.notify.notified() => {}
-                read = read_more(&mut self.rd, &mut self.rbuf), if !paused => {
+                read = self.rd.read_more(&mut self.rbuf), if !paused => {
                     match read {
                         Ok(0) => return CloseReason::PeerClosed,
                         Ok(n) => {
@@ -395,6 +408,13 @@ impl Connection {
                                 // Release it, so an idle connection holds no read buffer.
                                 self.rbuf = BytesMut::new();
                             }
+                        }
+                        Err(error) if error.kind() == std::io::ErrorKind::InvalidData => {
+                            // TLS alert or WebSocket frame breaking RFC 6455: the stream
+                            // layer has queued its own close (alert, close frame).
+                            tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error,
+                                "bad TLS record or WebSocket frame from device; closing its connection");
+                            return CloseReason::ProtocolError;
                         }
                         Err(error) => {
                             tracing::debug!(client_id = %self.client_id, %error, "device read failed");
@@ -550,31 +570,19 @@ impl Connection {
 /// After the gateway closed a connection (write half shut down): discard what the device
 /// still sends until it closes too, for at most 2 s and 64 KiB, so the socket closes without
 /// a reset and the device can read everything written before it, DISCONNECT included.
-async fn linger(rd: &mut OwnedReadHalf) {
+async fn linger(rd: &mut DeviceReader) {
     const MAX: usize = 64 * 1024;
     let mut buf = [0u8; 2048];
     let mut total = 0;
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while total < MAX {
-            match rd.read(&mut buf).await {
+            match rd.discard(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => total += n,
             }
         }
     })
     .await;
-}
-
-/// Wait until the socket is readable, then read. The buffer is only grown once there is
-/// something to read, so an idle connection holds no read buffer at all.
-async fn read_more(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> std::io::Result<usize> {
-    rd.readable().await?;
-    if buf.capacity() - buf.len() < READ_CHUNK {
-        buf.reserve(READ_CHUNK);
-    }
-    // `read_buf` (unlike `try_read_buf`) clears the readiness after a short read, saving an
-    // EAGAIN read per message.
-    rd.read_buf(buf).await
 }
 
 fn resp(packet_id: u16) -> PubResponse {

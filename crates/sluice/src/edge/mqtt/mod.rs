@@ -3,3 +3,4 @@
 pub(crate) mod connection;
 pub mod listener;
 pub mod session;
+pub mod stream;

@@ -12,7 +12,6 @@ use bytes::BytesMut;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{Packet, Publish, QoS};
 use std::time::Instant;
-use tokio::io::AsyncWriteExt;
 
 use super::{resp, Connection, WRITE_TIMEOUT};
 use crate::edge::mqtt::session::{OutMessage, OutStage};
