@@ -294,7 +294,7 @@ async fn a_phd_measurement_on_a_denied_topic_is_not_published() {
     .await
     .unwrap();
     agent.associate().await.unwrap();
-    let took = agent
+    let answer = agent
         .report(
             &Reading::Oximeter {
                 spo2: (98, 0),
@@ -303,11 +303,13 @@ async fn a_phd_measurement_on_a_denied_topic_is_not_published() {
             bcd_time(2024, 1, 2, 3, 4, 5, 0),
             T,
         )
-        .await
-        .unwrap();
+        .await;
+    // Refused data is refused to the agent in its protocol: ROER access-denied (2), never a
+    // confirmation as if all of it were safe.
+    let error = answer.expect_err("a report with a refused measurement is not confirmed");
     assert!(
-        took.is_some(),
-        "refused by policy is refused, not lost: the report is confirmed"
+        error.to_string().contains("ROER error-value Some(2)"),
+        "{error}"
     );
     let (topic, _) = next(&mut watcher, T).await.expect("spo2");
     assert_eq!(topic, "devices/001b2c3d4e5f6001/spo2");

@@ -276,7 +276,7 @@ impl Task {
                     invoke_id = w.invoke_id,
                     reason_code = code,
                     roer = error,
-                    "PHD report refused by an uplink; answered ROER instead of confirming"
+                    "PHD report refused (by an uplink or the ACL); answered ROER instead of confirming"
                 );
             }
             out.push(report_refused(w.invoke_id, error));
@@ -350,7 +350,8 @@ impl Task {
                             .acl
                             .allows_publish(Edge::Phd, &device, None, &topic)
                         {
-                            // [acl]: dropped, counted; refused, not lost (ADR 0008).
+                            // [acl]: dropped, counted; the report is answered ROER
+                            // access-denied, not confirmed (ADR 0008, 0009).
                             if let Some(t) = &token {
                                 t.share().complete_with(0x87);
                             }
