@@ -34,7 +34,7 @@ pub(crate) struct HostileArgs {
     /// The "during" window lasts at least this long.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     min_attack_window: Duration,
-    /// RSS growth allowed above the control's (cases 2, 3, 10), MiB.
+    /// RSS growth allowed above the control's (cases 2, 3), MiB.
     #[arg(long, default_value_t = 32)]
     rss_bound_mib: u64,
     /// Case 7: how long a legitimate observer keeps trying (every 5 s).

@@ -24,9 +24,12 @@
 //!
 //! Rules (stated in the report): healthy devices kept their p99 when p99(during) ≤
 //! [`KEPT_FACTOR`] × p99(baseline) + [`KEPT_SLACK_MS`] ms and no healthy device lost its
-//! connection. RSS growth is bounded when the hostile growth ≤ the growth of the same number
-//! of well-formed requests (the case's control, run first on the same sluice) +
-//! `rss_bound_kib`.
+//! connection. RSS growth (cases 2, 3) is bounded when the hostile growth ≤ the growth of the
+//! same number of well-formed requests (the case's control, run first on the same sluice) +
+//! `rss_bound_kib`; case 10 allows per hostile agent a normal agent's growth + 64 KiB (one
+//! `max_apdu` read buffer). Answers to the attacker: bytes out ≤ [`AMPLIFICATION`] × bytes in
+//! (no address here ever proves it receives: the attacker's sockets never run an Echo or
+//! complete exchange unless a case says so).
 #![allow(clippy::too_many_lines)]
 
 pub mod cases;
@@ -583,7 +586,7 @@ pub fn markdown(report: &HostileReport) -> String {
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(
         out,
-        "Healthy load: {} MQTT 3.1.1 devices × {} msg/s × {} B, QoS 1, through sluice to a TLS 1.3 cloud Mosquitto; p99 of PUBLISH → PUBACK (sluice acknowledges after the cloud's PUBACK) over {} s baseline vs during the attack (≥ {} s). Kept = p99 during ≤ {KEPT_FACTOR} × baseline + {KEPT_SLACK_MS} ms, no healthy device lost, no PUBACK refused. In/out = bytes the attacker sent to sluice / bytes that came back to the attacker's addresses (at its sockets). RSS bound: hostile growth ≤ control growth + {} MiB. A fresh cloud and sluice per case.\n",
+        "Healthy load: {} MQTT 3.1.1 devices × {} msg/s × {} B, QoS 1, through sluice to a TLS 1.3 cloud Mosquitto; p99 of PUBLISH → PUBACK (sluice acknowledges after the cloud's PUBACK) over {} s baseline vs during the attack (≥ {} s). Kept = p99 during ≤ {KEPT_FACTOR} × baseline + {KEPT_SLACK_MS} ms, no healthy device lost, no PUBACK refused. In/out = bytes the attacker sent to sluice / bytes that came back to the attacker's addresses (at its sockets). RSS bound (cases 2, 3): hostile growth ≤ control growth + {} MiB. A fresh cloud and sluice per case.\n",
         p.healthy_devices,
         p.healthy_rate,
         p.healthy_payload,
