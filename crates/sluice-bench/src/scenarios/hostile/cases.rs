@@ -30,9 +30,9 @@ pub fn title(n: u8) -> &'static str {
         4 => "anonymous CoAP with [[mqtt.users]] and allow_anonymous = false",
         5 => "PHD report whose data the cloud refuses for good (MQTT 5 0x87)",
         6 => "PHD agent claiming another's system id with another configuration",
-        7 => "40 NON Observe registrations (max_observers = 40)",
+        7 => "NON Observe registrations until max_observers (40) refuses",
         8 => "block-0 datagrams never continued",
-        9 => "publish to a topic of 0x01 bytes",
+        9 => "publish to an invalid topic of 0x01 bytes",
         10 => "200 PHD agents with 64 KB model strings",
         11 => "kill -HUP",
         12 => "CoAP proxy: upstream answers 65,000 B, and late",
@@ -179,6 +179,15 @@ async fn spray(
         }
     }
     Ok(attackers)
+}
+
+fn mtype_text(t: MsgType) -> &'static str {
+    match t {
+        MsgType::Con => "CON",
+        MsgType::Non => "NON",
+        MsgType::Ack => "ACK",
+        MsgType::Rst => "RST",
+    }
 }
 
 fn codes(attackers: &[Attacker]) -> String {
@@ -563,6 +572,12 @@ async fn case6(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
 
 // 7 ----------------------------------------------------------------------------------------
 
+/// Fresh sources tried at most (cases 7, 8).
+const MAX_SOURCES: u64 = 200;
+/// Sources refused in a row that say every shard's share is full (cases 7, 8): a source lands
+/// on a shard with room with probability ≥ 1/2 per try while one has room.
+const REFUSED_IN_A_ROW: usize = 8;
+
 fn observe(a: &Attacker, t: Token, mtype: MsgType, path: &[&[u8]]) -> Message {
     let mut m = request(mtype, Code::GET, a.mid(), t, path);
     m.add_uint_option(opt::OBSERVE, 0);
@@ -572,18 +587,29 @@ fn observe(a: &Attacker, t: Token, mtype: MsgType, path: &[&[u8]]) -> Message {
 async fn case7(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let bed = ctx.bed;
     let traffic = Arc::new(Traffic::default());
+    // One NON Observe per fresh source until REFUSED_IN_A_ROW in a row are not admitted: the
+    // observer table may be split over the shards (SO_REUSEPORT picks the shard by source), so
+    // a fixed 40 may leave one shard room; this fills every shard's share.
     let mut squatters = Vec::new();
-    for i in 0..40u64 {
+    let mut refused_in_a_row = 0;
+    let mut admitted = 0;
+    for i in 0..MAX_SOURCES {
+        if refused_in_a_row >= REFUSED_IN_A_ROW {
+            break;
+        }
         let a = Attacker::new(bed.coap, traffic.clone(), false).await?;
         a.send(&observe(&a, tok(i), MsgType::Non, &[b"ps", b"obs"]))
             .await?;
+        let answer = a.wait_for(Duration::from_secs(1), |g| g.token == tok(i)).await;
+        if answer.is_some_and(|g| g.observe.is_some()) {
+            admitted += 1;
+            refused_in_a_row = 0;
+        } else {
+            refused_in_a_row += 1;
+        }
         squatters.push(a);
     }
-    sleep(Duration::from_millis(500)).await;
-    let admitted = squatters
-        .iter()
-        .filter(|a| a.received().iter().any(|g| g.observe.is_some()))
-        .count();
+    let sent = squatters.len();
     // Notifications flow to the squatters meanwhile (QoS 1 publishes every 500 ms).
     let mut publisher = bed.device("obs-publisher").await?;
     let legit_traffic = Arc::new(Traffic::default());
@@ -628,7 +654,7 @@ async fn case7(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     Ok(Outcome {
         met: admitted_after.is_some_and(|d| d <= ctx.s.expiry_wait),
         observed: vec![
-            format!("40 NON Observes of ps/obs from 40 sources that never answer: {admitted} admitted; {notified} datagrams sent to them in all"),
+            format!("NON Observes of ps/obs, one per fresh source (never answering), until {REFUSED_IN_A_ROW} in a row were refused: {sent} sent, {admitted} admitted; {notified} datagrams sent to them in all"),
             match admitted_after {
                 Some(d) => format!(
                     "a legitimate CON observer (ACKing) was admitted after {:.1} s ({attempts} attempt(s), 5 s apart; first refusal: {})",
@@ -659,21 +685,41 @@ fn block1(num: u32, more: bool, szx: u32) -> u32 {
 async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let bed = ctx.bed;
     let traffic = Arc::new(Traffic::default());
-    let n = 1100;
-    let attackers = spray(ctx, &traffic, 4, n, 1000.0, |i, a| {
-        let mut m = request(
-            MsgType::Con,
-            Code::POST,
-            a.mid(),
-            tok(i as u64),
-            &[b"ps", b"blk", format!("{i}").as_bytes()],
-        );
-        m.add_uint_option(opt::BLOCK1, block1(0, true, 6));
-        m.payload = Bytes::from(vec![b'b'; 1024]);
-        m
-    })
-    .await?;
-    sleep(Duration::from_secs(1)).await;
+    // Each fresh source sends PER_SOURCE block-0s at once, until REFUSED_IN_A_ROW sources in a
+    // row got no 2.31 (the slots may be split over the shards, which pick by source).
+    const PER_SOURCE: usize = 50;
+    let mut attackers: Vec<Attacker> = Vec::new();
+    let mut refused_in_a_row = 0;
+    let mut n = 0usize;
+    for src in 0..MAX_SOURCES as usize {
+        if refused_in_a_row >= REFUSED_IN_A_ROW {
+            break;
+        }
+        let a = Attacker::new(bed.coap, traffic.clone(), false).await?;
+        for k in 0..PER_SOURCE {
+            let i = src * PER_SOURCE + k;
+            let mut m = request(
+                MsgType::Con,
+                Code::POST,
+                a.mid(),
+                tok(i as u64),
+                &[b"ps", b"blk", format!("{i}").as_bytes()],
+            );
+            m.add_uint_option(opt::BLOCK1, block1(0, true, 6));
+            m.payload = Bytes::from(vec![b'b'; 1024]);
+            a.send(&m).await?;
+            n += 1;
+        }
+        let last = tok((src * PER_SOURCE + PER_SOURCE - 1) as u64);
+        let _ = a.wait_for(Duration::from_secs(2), |g| g.token == last).await;
+        if a.received().iter().any(|g| g.code == Code::CONTINUE) {
+            refused_in_a_row = 0;
+        } else {
+            refused_in_a_row += 1;
+        }
+        attackers.push(a);
+    }
+    sleep(Duration::from_millis(500)).await;
     let held = attackers
         .iter()
         .flat_map(|a| a.received())
@@ -716,7 +762,8 @@ async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         met,
         observed: vec![
             format!(
-                "{n} CON POSTs with Block1 0/M=1 (1 KiB) from 4 sources, never continued: {held} answered 2.31 Continue (slots taken); answers {}; RSS {} with them held",
+                "{n} CON POSTs with Block1 0/M=1 (1 KiB), {PER_SOURCE} per fresh source until {REFUSED_IN_A_ROW} sources in a row got no 2.31 ({} sources), never continued: {held} answered 2.31 Continue (slots taken); answers {}; RSS {} with them held",
+                attackers.len(),
                 codes(&attackers),
                 mib(rss_held as i64)
             ),
@@ -732,22 +779,44 @@ async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
 async fn case9(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let traffic = Arc::new(Traffic::default());
     let a = Attacker::new(ctx.bed.coap, traffic.clone(), false).await?;
-    // Within max_topic_length (1 KiB), so it is not refused for its length first.
-    let topic = vec![0x01u8; 1020];
+    // Within max_topic_length (1 KiB), and invalid (a '#' in a topic name), so it is refused
+    // with the name in the diagnostic.
+    let mut topic = vec![0x01u8; 1000];
+    topic.push(b'#');
     let mut m = request(MsgType::Con, Code::POST, a.mid(), tok(9), &[b"ps", &topic]);
     m.payload = Bytes::from(vec![b'x'; 77]);
     let size = a.send(&m).await?;
-    let answer = a.wait_for(Duration::from_secs(2), |_| true).await;
-    sleep(Duration::from_millis(300)).await;
+    // The final answer may come as a separate response after an empty ACK (QoS 1: after the
+    // cloud); the attacker never acknowledges it, so it is counted once.
+    let answer = a
+        .wait_for(Duration::from_secs(10), |g| g.token == tok(9) && g.code != Code::EMPTY)
+        .await;
+    sleep(Duration::from_millis(500)).await;
     let t = traffic.snapshot();
+    let seen = a
+        .received()
+        .iter()
+        .map(|g| format!("{} {} {} B", mtype_text(g.mtype), code_text(g.code), g.len))
+        .collect::<Vec<_>>()
+        .join(", ");
     Ok(Outcome {
         met: t.bytes_out as f64 <= AMPLIFICATION * t.bytes_in as f64,
-        observed: vec![format!(
-            "CON POST /ps/<1,020 × 0x01> with 77 B payload ({size} B): answered {}",
-            answer
-                .map(|g| format!("{} {} B", code_text(g.code), g.len))
-                .unwrap_or_else(|| "nothing".to_string())
-        )],
+        observed: vec![
+            format!(
+                "CON POST /ps/<1,000 × 0x01>#, 77 B payload ({size} B): final answer {}",
+                answer
+                    .as_ref()
+                    .map(|g| format!("{} {} B", code_text(g.code), g.len))
+                    .unwrap_or_else(|| "none within 10 s".to_string())
+            ),
+            format!("datagrams back: {seen}"),
+            format!(
+                "answer payload starts {:?}",
+                answer
+                    .map(|g| String::from_utf8_lossy(&g.payload).chars().take(80).collect::<String>())
+                    .unwrap_or_default()
+            ),
+        ],
         traffic: Some(t),
         target: String::new(),
     })
@@ -907,6 +976,17 @@ async fn case10(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
 async fn case11(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let bed = ctx.bed;
     let pid = bed.pid();
+    // A SIGHUP ignored by this tool (started under `nohup`) is inherited by sluice: the case
+    // would then say nothing about sluice's own handling.
+    let sig_ign = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:").map(|v| v.trim().to_string()))
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .unwrap_or(0);
+    if sig_ign & 1 != 0 {
+        bail!("this tool ignores SIGHUP (started under nohup?), and sluice inherits that: run it without nohup");
+    }
     let status = std::process::Command::new("kill")
         .arg("-HUP")
         .arg(pid.to_string())

@@ -5,8 +5,8 @@
 //! Owns: those sockets and servers and their byte counters. Does not own: what a case makes of
 //! the figures (the cases), sluice or the cloud (the bed).
 //!
-//! Bounds: an attacker socket keeps at most [`MAX_KEPT`] decoded answers (payloads above
-//! [`KEEP_PAYLOAD`] bytes are counted but not kept); the servers serve one thread per
+//! Bounds: an attacker socket keeps at most [`MAX_KEPT`] decoded answers and of each payload
+//! its first [`KEEP_PAYLOAD`] bytes (sizes are counted whole); the servers serve one thread per
 //! connection and stop with their guard.
 
 use std::io::{self, Read as _, Write as _};
@@ -26,7 +26,7 @@ use tokio::time::{sleep, Instant};
 
 /// Decoded answers kept per attacker socket.
 pub const MAX_KEPT: usize = 20_000;
-/// Payloads up to this size are kept with the answer (larger ones only counted).
+/// Bytes of each answer's payload kept (the rest only counted).
 pub const KEEP_PAYLOAD: usize = 4096;
 
 /// What the attacker sent and what came back to its addresses, as seen at its sockets.
@@ -81,7 +81,7 @@ pub struct Got {
     /// Datagram size.
     pub len: usize,
     pub observe: Option<u32>,
-    /// The payload when at most [`KEEP_PAYLOAD`] bytes, else empty.
+    /// The payload's first [`KEEP_PAYLOAD`] bytes.
     pub payload: Bytes,
 }
 
@@ -145,11 +145,7 @@ impl Attacker {
                             token: m.token,
                             len: n,
                             observe: m.uint_option(opt::OBSERVE),
-                            payload: if m.payload.len() <= KEEP_PAYLOAD {
-                                m.payload.clone()
-                            } else {
-                                Bytes::new()
-                            },
+                            payload: m.payload.slice(..m.payload.len().min(KEEP_PAYLOAD)),
                         });
                     }
                 }
