@@ -22,7 +22,7 @@ async fn two_cases_run_and_are_reported() -> anyhow::Result<()> {
     let nine = &report.cases[0];
     assert_eq!(nine.error, None, "{nine:?}");
     let t = nine.traffic.expect("case 9 counts the attacker's bytes");
-    assert!(t.bytes_in > 1100, "{t:?}");
+    assert!(t.bytes_in > 1000, "{t:?}");
     assert!(t.bytes_out > 0, "sluice answers the POST: {t:?}");
     let h = nine.healthy.as_ref().expect("healthy devices measured");
     assert!(h.baseline.count > 0 && h.during.count > 0, "{h:?}");
