@@ -31,7 +31,10 @@ async fn two_cases_run_and_are_reported() -> anyhow::Result<()> {
     assert_eq!(eleven.error, None, "{eleven:?}");
     assert_eq!(eleven.observed.len(), 1);
     let table = markdown(&report);
-    assert!(table.contains("| 9 | publish to an invalid topic of 0x01 bytes |"), "{table}");
+    assert!(
+        table.contains("| 9 | publish to an invalid topic of 0x01 bytes |"),
+        "{table}"
+    );
     assert!(table.contains("| 11 | kill -HUP |"), "{table}");
     Ok(())
 }

@@ -11,7 +11,12 @@ use super::{command_line, write_outputs};
 #[derive(Args)]
 pub(crate) struct HostileArgs {
     /// The sluice binary under test (any build: main before or after the fixes).
-    #[arg(long, alias = "sluice-bin", default_value = "target/release/sluice", value_name = "FILE")]
+    #[arg(
+        long,
+        alias = "sluice-bin",
+        default_value = "target/release/sluice",
+        value_name = "FILE"
+    )]
     sluice: PathBuf,
     /// What the binary is, for the report (e.g. "main 887093d").
     #[arg(long, default_value = "")]

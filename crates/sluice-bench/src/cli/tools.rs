@@ -253,7 +253,9 @@ pub(crate) async fn devices(args: DevicesArgs) -> anyhow::Result<()> {
             .tls_server_name
             .clone()
             .unwrap_or_else(|| sluice_bench::conn::host_part(&args.target).to_string());
-        config.tls = Some(sluice_bench::load::devices::DeviceTls::from_ca_file(ca, &name)?);
+        config.tls = Some(sluice_bench::load::devices::DeviceTls::from_ca_file(
+            ca, &name,
+        )?);
     }
     if config.high_share > 0.0 {
         eprintln!(

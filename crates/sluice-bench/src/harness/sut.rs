@@ -228,13 +228,14 @@ pub async fn start_bridge_with(
     let mut builder = Mosquitto::builder();
     if device_tls {
         builder = builder.tls(pki);
-        config_text.push_str("\n# plus a TLS 1.3 device listener (cafile/certfile/keyfile of the run's PKI)");
+        config_text.push_str(
+            "\n# plus a TLS 1.3 device listener (cafile/certfile/keyfile of the run's PKI)",
+        );
     }
-    let edge =
-        tokio::task::spawn_blocking(move || builder.config_lines(lines).start())
-            .await
-            .context("edge start-up panicked")?
-            .context("starting the edge Mosquitto bridge")?;
+    let edge = tokio::task::spawn_blocking(move || builder.config_lines(lines).start())
+        .await
+        .context("edge start-up panicked")?
+        .context("starting the edge Mosquitto bridge")?;
     Ok((edge, config_text))
 }
 

@@ -3,9 +3,9 @@
 //!
 //! Owns: the bed of one case (cloud Mosquitto, sluice with the case's config, the healthy
 //! devices), its phases, what is measured around every case and the report. The cases
-//! themselves (what the attacker does and the case's verdict) are in [`cases`]; the hostile
-//! peers (attacker sockets, a CoAP-over-TCP upstream, a oneM2M CSE) in [`peers`]. Does not
-//! own: sluice (any binary: `--sluice PATH`), Mosquitto.
+//! themselves (what the attacker does and the case's verdict) are in [`cases`] (and its
+//! folder); the hostile peers (attacker sockets, a CoAP-over-TCP upstream, a oneM2M CSE) in
+//! [`peers`]. Does not own: sluice (any binary: `--sluice PATH`), Mosquitto.
 //!
 //! Per case, a fresh bed: a TLS 1.3 cloud Mosquitto (with an ACL for case 5), sluice started
 //! from `sluice_bin` with a generated config (MQTT, CoAP, PHD, admin; one MQTT 5 uplink to the
@@ -30,7 +30,6 @@
 //! `max_apdu` read buffer). Answers to the attacker: bytes out ≤ [`AMPLIFICATION`] × bytes in
 //! (no address here ever proves it receives: the attacker's sockets never run an Echo or
 //! complete exchange unless a case says so).
-#![allow(clippy::too_many_lines)]
 
 pub mod cases;
 pub mod peers;
@@ -212,11 +211,16 @@ impl Bed {
 
     /// A client of the cloud broker (TLS), as an operator's subscriber.
     pub async fn cloud_client(&self, id: &str) -> anyhow::Result<TestClient> {
-        let opts = ConnectOpts::v311(id).with_tls(self.pki.rustls_client_config(false), "127.0.0.1");
+        let opts =
+            ConnectOpts::v311(id).with_tls(self.pki.rustls_client_config(false), "127.0.0.1");
         let (client, connack) = TestClient::connect(self.cloud.tls_addr(), opts)
             .await
             .context("connecting to the cloud broker")?;
-        anyhow::ensure!(connack.code == 0, "the cloud refused {id}: {}", connack.code);
+        anyhow::ensure!(
+            connack.code == 0,
+            "the cloud refused {id}: {}",
+            connack.code
+        );
         Ok(client)
     }
 
@@ -254,7 +258,11 @@ fn toml_str(s: &str) -> String {
 }
 
 fn random_password() -> String {
-    format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>())
+    format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
 }
 
 /// Start the cloud, sluice with `spec`, and the healthy devices (connected, not yet sending).

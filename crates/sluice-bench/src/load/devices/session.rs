@@ -152,7 +152,9 @@ pub(super) async fn session(st: &mut DeviceState, shared: &Shared) -> SessionEnd
 }
 
 /// A connection's streams, plain or TLS: split into halves the publish loop drives at once.
-pub(super) trait DeviceStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {
+pub(super) trait DeviceStream:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send
+{
     fn halves(
         &mut self,
     ) -> (

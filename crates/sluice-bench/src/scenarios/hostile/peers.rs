@@ -220,13 +220,7 @@ impl Drop for Attacker {
 }
 
 /// A CoAP request with `path` segments (each one Uri-Path option, as bytes).
-pub fn request(
-    mtype: MsgType,
-    code: Code,
-    mid: u16,
-    token: Token,
-    path: &[&[u8]],
-) -> Message {
+pub fn request(mtype: MsgType, code: Code, mid: u16, token: Token, path: &[&[u8]]) -> Message {
     let mut m = Message::new(mtype, code, mid, token);
     for seg in path {
         m.add_option(opt::URI_PATH, Bytes::copy_from_slice(seg));
@@ -313,14 +307,22 @@ fn serve_upstream(conn: TcpStream, stop: &AtomicBool) -> io::Result<()> {
     let mut reader = conn;
     let mut out = BytesMut::new();
     encode_tcp(&csm(128 * 1024, false), &mut out);
-    writer.lock().unwrap_or_else(|p| p.into_inner()).write_all(&out)?;
+    writer
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .write_all(&out)?;
     let mut inbuf = BytesMut::with_capacity(64 * 1024);
     let mut chunk = vec![0u8; 64 * 1024];
     while !stop.load(Relaxed) {
         let n = match reader.read(&mut chunk) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 continue
             }
             Err(e) => return Err(e),
@@ -563,7 +565,12 @@ fn serve_cse(
         let n = match conn.read(&mut chunk) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 continue
             }
             Err(e) => return Err(e),
