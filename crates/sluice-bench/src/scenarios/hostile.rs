@@ -27,9 +27,11 @@
 //! connection. RSS growth (cases 2, 3) is bounded when the hostile growth ≤ the growth of the
 //! same number of well-formed requests (the case's control, run first on the same sluice) +
 //! `rss_bound_kib`; case 10 allows per hostile agent a normal agent's growth + 64 KiB (one
-//! `max_apdu` read buffer). Answers to the attacker: bytes out ≤ [`AMPLIFICATION`] × bytes in
-//! (no address here ever proves it receives: the attacker's sockets never run an Echo or
-//! complete exchange unless a case says so).
+//! `max_apdu` read buffer). Answers to the attacker: bytes out ≤ [`AMPLIFICATION`] × bytes in.
+//! Who answers what ([`peers::Behaviour`]): a reflection's source is spoofed, so it answers
+//! nothing (cases 1, 9, 12); an attacker holding memory or slots owns its addresses, so it
+//! answers RFC 9175 Echo challenges but never acknowledges (2, 3, 7, 8); the anonymous client
+//! of case 4 and the legitimate clients of 7 and 8 answer Echo and acknowledge.
 
 pub mod cases;
 pub mod peers;

@@ -18,8 +18,8 @@ use sluice_testkit::phd::{aare_result, AgentSpec, PhdAgent, PhdDevice, Reading};
 use tokio::time::{sleep, Instant};
 
 use super::peers::{
-    code_text, request, Attacker, BodyMode, HostileUpstream, SlowCse, Traffic, BIG_PAYLOAD,
-    CSE_BODY, SLOW_PAYLOAD,
+    code_text, request, Attacker, BodyMode, HostileUpstream, SlowCse, Traffic, BIG_PAYLOAD, CLIENT,
+    CSE_BODY, SLOW_PAYLOAD, SPOOFED, SQUATTER,
 };
 use super::{Bed, BedSpec, HostileScenario, Outcome, AMPLIFICATION};
 
@@ -165,8 +165,9 @@ fn mib(kib: i64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
-/// `count` requests made by `make(i, attacker)` spread over `sockets` attacker sockets, paced at
-/// `per_second` in total (sluice's per-source limit is 2,000/s with a burst of 500).
+/// `count` requests made by `make(i, attacker)` spread over `sockets` attacker sockets (on their
+/// own addresses: they answer Echo challenges, never acknowledge), paced at `per_second` in
+/// total (sluice's per-source limit is 2,000/s with a burst of 500).
 async fn spray(
     ctx: &Ctx<'_>,
     traffic: &Arc<Traffic>,
@@ -177,7 +178,7 @@ async fn spray(
 ) -> anyhow::Result<Vec<Attacker>> {
     let mut attackers = Vec::with_capacity(sockets);
     for _ in 0..sockets {
-        attackers.push(Attacker::new(ctx.bed.coap, traffic.clone(), false).await?);
+        attackers.push(Attacker::new(ctx.bed.coap, traffic.clone(), SQUATTER).await?);
     }
     let started = Instant::now();
     for i in 0..count {

@@ -71,6 +71,35 @@ impl TrafficSnapshot {
     }
 }
 
+/// The Echo option (RFC 9175 §2.2.1): a server's challenge to an address that has not proven
+/// it receives; a client proves it by repeating the request with the value.
+pub const ECHO: u16 = 252;
+
+/// How an attacker socket treats what comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Behaviour {
+    /// Acknowledge confirmable messages (notifications, separate responses).
+    pub ack_con: bool,
+    /// Answer a 4.01 carrying Echo by repeating the request with it (RFC 9175).
+    pub answer_echo: bool,
+}
+
+/// A spoofed source: the victim at that address never answers anything.
+pub const SPOOFED: Behaviour = Behaviour {
+    ack_con: false,
+    answer_echo: false,
+};
+/// An attacker on its own address: proves it receives (Echo) but never acknowledges.
+pub const SQUATTER: Behaviour = Behaviour {
+    ack_con: false,
+    answer_echo: true,
+};
+/// A well-behaved client: answers Echo challenges and acknowledges confirmable messages.
+pub const CLIENT: Behaviour = Behaviour {
+    ack_con: true,
+    answer_echo: true,
+};
+
 /// One answer as the attacker saw it.
 #[derive(Debug, Clone)]
 pub struct Got {
@@ -81,27 +110,39 @@ pub struct Got {
     /// Datagram size.
     pub len: usize,
     pub observe: Option<u32>,
+    /// A 4.01 with an Echo option: a return-routability challenge, not a final answer.
+    pub echo_challenge: bool,
     /// The payload's first [`KEEP_PAYLOAD`] bytes.
     pub payload: Bytes,
 }
 
+impl Got {
+    /// A final answer to the request with `token` (not an empty ACK, not an Echo challenge).
+    pub fn answers(&self, token: Token) -> bool {
+        self.token == token && self.code != Code::EMPTY && !self.echo_challenge
+    }
+}
+
 /// One attacker UDP socket aimed at sluice's CoAP listener. A reader task counts and keeps
-/// what comes back; with `auto_ack` it acknowledges confirmable messages (an attacker that
-/// wants to keep receiving), else it never answers.
+/// what comes back and answers per its [`Behaviour`]: acknowledging confirmable messages and
+/// repeating a request challenged with Echo (requests are remembered by token for that, at most
+/// [`MAX_KEPT`]).
 pub struct Attacker {
     sock: Arc<UdpSocket>,
     target: SocketAddr,
     traffic: Arc<Traffic>,
     got: Arc<Mutex<Vec<Got>>>,
+    sent: Arc<Mutex<std::collections::HashMap<Token, Message>>>,
+    behaviour: Behaviour,
     reader: tokio::task::JoinHandle<()>,
-    next_mid: std::sync::atomic::AtomicU32,
+    next_mid: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Attacker {
     pub async fn new(
         target: SocketAddr,
         traffic: Arc<Traffic>,
-        auto_ack: bool,
+        behaviour: Behaviour,
     ) -> anyhow::Result<Attacker> {
         let std_sock = socket2::Socket::new(
             socket2::Domain::IPV4,
@@ -116,8 +157,15 @@ impl Attacker {
         std_sock.set_nonblocking(true)?;
         let sock = Arc::new(UdpSocket::from_std(std_sock.into())?);
         let got = Arc::new(Mutex::new(Vec::new()));
+        let sent = Arc::new(Mutex::new(
+            std::collections::HashMap::<Token, Message>::new(),
+        ));
+        let next_mid = Arc::new(std::sync::atomic::AtomicU32::new(u32::from(
+            rand::random::<u16>(),
+        )));
         let reader = {
             let (sock, traffic, got) = (sock.clone(), traffic.clone(), got.clone());
+            let (sent, next_mid) = (sent.clone(), next_mid.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 70_000];
                 loop {
@@ -130,11 +178,32 @@ impl Attacker {
                     let Ok(m) = Message::decode_udp(&Bytes::copy_from_slice(&buf[..n])) else {
                         continue;
                     };
-                    if auto_ack && m.mtype == MsgType::Con {
+                    if behaviour.ack_con && m.mtype == MsgType::Con {
                         let ack = Message::empty(MsgType::Ack, m.message_id).to_udp();
                         let _ = sock.send_to(&ack, from).await;
                         traffic.bytes_in.fetch_add(ack.len() as u64, Relaxed);
                         traffic.datagrams_in.fetch_add(1, Relaxed);
+                    }
+                    let echo = (m.code == Code::UNAUTHORIZED)
+                        .then(|| m.option(ECHO).cloned())
+                        .flatten();
+                    if behaviour.answer_echo {
+                        if let Some(value) = &echo {
+                            let again = sent
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get(&m.token)
+                                .cloned();
+                            if let Some(mut again) = again {
+                                again.remove_option(ECHO);
+                                again.add_option(ECHO, value.clone());
+                                again.message_id = next_mid.fetch_add(1, Relaxed) as u16;
+                                let bytes = again.to_udp();
+                                let _ = sock.send_to(&bytes, from).await;
+                                traffic.bytes_in.fetch_add(bytes.len() as u64, Relaxed);
+                                traffic.datagrams_in.fetch_add(1, Relaxed);
+                            }
+                        }
                     }
                     let mut kept = got.lock().unwrap_or_else(|p| p.into_inner());
                     if kept.len() < MAX_KEPT {
@@ -145,6 +214,7 @@ impl Attacker {
                             token: m.token,
                             len: n,
                             observe: m.uint_option(opt::OBSERVE),
+                            echo_challenge: echo.is_some(),
                             payload: m.payload.slice(..m.payload.len().min(KEEP_PAYLOAD)),
                         });
                     }
@@ -156,8 +226,10 @@ impl Attacker {
             target,
             traffic,
             got,
+            sent,
+            behaviour,
             reader,
-            next_mid: std::sync::atomic::AtomicU32::new(rand::random::<u16>() as u32),
+            next_mid,
         })
     }
 
@@ -168,6 +240,12 @@ impl Attacker {
 
     /// Send `msg` to sluice; its size.
     pub async fn send(&self, msg: &Message) -> anyhow::Result<usize> {
+        if self.behaviour.answer_echo {
+            let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+            if sent.len() < MAX_KEPT || sent.contains_key(&msg.token) {
+                sent.insert(msg.token, msg.clone());
+            }
+        }
         let bytes = msg.to_udp();
         self.sock
             .send_to(&bytes, self.target)

@@ -11,7 +11,7 @@ use super::*;
 pub(super) async fn case1(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     retain(ctx.bed, "big", Bytes::from(vec![b'R'; 60_000])).await?;
     let traffic = Arc::new(Traffic::default());
-    let a = Attacker::new(ctx.bed.coap, traffic.clone(), false).await?;
+    let a = Attacker::new(ctx.bed.coap, traffic.clone(), SPOOFED).await?;
     let req = request(MsgType::Non, Code::GET, a.mid(), tok(1), &[b"ps", b"big"]);
     let size = a.send(&req).await?;
     let answer = a.wait_for(Duration::from_secs(2), |_| true).await;
@@ -161,14 +161,14 @@ pub(super) async fn case3(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
 pub(super) async fn case4(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let bed = ctx.bed;
     let traffic = Arc::new(Traffic::default());
-    let spy = Attacker::new(bed.coap, traffic.clone(), true).await?;
+    let spy = Attacker::new(bed.coap, traffic.clone(), CLIENT).await?;
     let mut obs = Message::new(MsgType::Con, Code::GET, spy.mid(), tok(4));
     obs.add_uint_option(opt::OBSERVE, 0);
     obs.add_option(opt::URI_PATH, Bytes::from_static(b"ps"));
     obs.add_option(opt::URI_PATH, Bytes::from_static(b"#"));
     spy.send(&obs).await?;
     let first = spy
-        .wait_for(Duration::from_secs(2), |g| g.token == tok(4))
+        .wait_for(Duration::from_secs(2), |g| g.answers(tok(4)))
         .await;
     let mut subscriber = bed.device("sensor-sub").await?;
     subscriber.subscribe(&[("cmd/#", QoS::AtLeastOnce)]).await?;
@@ -191,7 +191,7 @@ pub(super) async fn case4(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         .count();
     let notifications = got.iter().filter(|g| g.observe.is_some()).count();
     // The anonymous publish of a retained command.
-    let intruder = Attacker::new(bed.coap, traffic.clone(), false).await?;
+    let intruder = Attacker::new(bed.coap, traffic.clone(), CLIENT).await?;
     let mut post = request(
         MsgType::Con,
         Code::POST,
@@ -203,7 +203,7 @@ pub(super) async fn case4(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     post.payload = Bytes::from_static(b"hostile-command");
     intruder.send(&post).await?;
     let answer = intruder
-        .wait_for(Duration::from_secs(3), |g| g.token == tok(44))
+        .wait_for(Duration::from_secs(3), |g| g.answers(tok(44)))
         .await;
     let mut live = 0;
     while let Some(p) = subscriber.recv(Duration::from_secs(2)).await? {
@@ -266,11 +266,11 @@ pub(super) async fn case7(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         if refused_in_a_row >= REFUSED_IN_A_ROW {
             break;
         }
-        let a = Attacker::new(bed.coap, traffic.clone(), false).await?;
+        let a = Attacker::new(bed.coap, traffic.clone(), SQUATTER).await?;
         a.send(&observe(&a, tok(i), MsgType::Non, &[b"ps", b"obs"]))
             .await?;
         let answer = a
-            .wait_for(Duration::from_secs(1), |g| g.token == tok(i))
+            .wait_for(Duration::from_secs(1), |g| g.answers(tok(i)))
             .await;
         if answer.is_some_and(|g| g.observe.is_some()) {
             admitted += 1;
@@ -284,7 +284,7 @@ pub(super) async fn case7(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     // Notifications flow to the squatters meanwhile (QoS 1 publishes every 500 ms).
     let mut publisher = bed.device("obs-publisher").await?;
     let legit_traffic = Arc::new(Traffic::default());
-    let legit = Attacker::new(bed.coap, legit_traffic, true).await?;
+    let legit = Attacker::new(bed.coap, legit_traffic, CLIENT).await?;
     let started = Instant::now();
     let mut attempts = 0u32;
     let mut admitted_after = None;
@@ -303,7 +303,7 @@ pub(super) async fn case7(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
                 .send(&observe(&legit, t, MsgType::Con, &[b"ps", b"obs"]))
                 .await?;
             if let Some(g) = legit
-                .wait_for(Duration::from_secs(2), |g| g.token == t)
+                .wait_for(Duration::from_secs(2), |g| g.answers(t))
                 .await
             {
                 if g.observe.is_some() {
@@ -369,7 +369,7 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         if refused_in_a_row >= REFUSED_IN_A_ROW {
             break;
         }
-        let a = Attacker::new(bed.coap, traffic.clone(), false).await?;
+        let a = Attacker::new(bed.coap, traffic.clone(), SQUATTER).await?;
         for k in 0..PER_SOURCE {
             let i = src * PER_SOURCE + k;
             let mut m = request(
@@ -386,7 +386,7 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         }
         let last = tok((src * PER_SOURCE + PER_SOURCE - 1) as u64);
         let _ = a
-            .wait_for(Duration::from_secs(2), |g| g.token == last)
+            .wait_for(Duration::from_secs(2), |g| g.answers(last))
             .await;
         if a.received().iter().any(|g| g.code == Code::CONTINUE) {
             refused_in_a_row = 0;
@@ -403,7 +403,7 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         .count();
     let rss_held = bed.rss();
     // A legitimate block-wise publish: two 64-byte blocks.
-    let legit = Attacker::new(bed.coap, Arc::new(Traffic::default()), true).await?;
+    let legit = Attacker::new(bed.coap, Arc::new(Traffic::default()), CLIENT).await?;
     let t0 = tok(800_000);
     let mut b0 = request(
         MsgType::Con,
@@ -416,9 +416,7 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     b0.payload = Bytes::from(vec![b'l'; 64]);
     legit.send(&b0).await?;
     let first = legit
-        .wait_for(Duration::from_secs(3), |g| {
-            g.token == t0 && g.mtype != MsgType::Con
-        })
+        .wait_for(Duration::from_secs(3), |g| g.answers(t0))
         .await;
     let mut outcome = first
         .as_ref()
@@ -438,9 +436,7 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         b1.payload = Bytes::from_static(b"end");
         legit.send(&b1).await?;
         let last = legit
-            .wait_for(Duration::from_secs(5), |g| {
-                g.token == t1 && g.code != Code::EMPTY
-            })
+            .wait_for(Duration::from_secs(5), |g| g.answers(t1))
             .await;
         let c = last.map(|g| g.code);
         met = c == Some(Code::CHANGED);
@@ -470,7 +466,7 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
 
 pub(super) async fn case9(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let traffic = Arc::new(Traffic::default());
-    let a = Attacker::new(ctx.bed.coap, traffic.clone(), false).await?;
+    let a = Attacker::new(ctx.bed.coap, traffic.clone(), SPOOFED).await?;
     // Within max_topic_length (1 KiB), and invalid (a '#' in a topic name), so it is refused
     // with the name in the diagnostic.
     let mut topic = vec![0x01u8; 1000];

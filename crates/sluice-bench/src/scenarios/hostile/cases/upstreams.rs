@@ -12,7 +12,7 @@ pub(super) async fn case12(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let bed = ctx.bed;
     let traffic = Arc::new(Traffic::default());
     // (a) a 65,000-byte upstream answer, NON and CON, to sources that never proved anything.
-    let a = Attacker::new(bed.coap, traffic.clone(), false).await?;
+    let a = Attacker::new(bed.coap, traffic.clone(), SPOOFED).await?;
     let non = request(
         MsgType::Non,
         Code::GET,
@@ -37,7 +37,7 @@ pub(super) async fn case12(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         .await;
     // (b) a late answer: sluice sends an empty ACK, then the response as a separate CON that
     // the source never acknowledges.
-    let b = Attacker::new(bed.coap, traffic.clone(), false).await?;
+    let b = Attacker::new(bed.coap, traffic.clone(), SPOOFED).await?;
     let slow = request(
         MsgType::Con,
         Code::GET,
