@@ -60,7 +60,7 @@ pub fn target(n: u8) -> &'static str {
         5 => "refused data not confirmed to the agent",
         6 => "genuine agent's data not mislabelled",
         7 => "a legitimate observer admitted within the expiry wait",
-        8 => "a legitimate block-wise publish answered 2.04",
+        8 => "a legitimate block-wise publish ends 2.04 within the expiry wait",
         10 => "RSS per agent ≤ normal + 64 KiB, status ≤ 2× control + 64 KiB",
         11 => "process alive and serving after SIGHUP",
         12 => "bytes out ≤ 3× bytes in (unverified source)",

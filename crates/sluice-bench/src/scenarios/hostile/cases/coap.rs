@@ -402,49 +402,36 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         .filter(|g| g.code == Code::CONTINUE)
         .count();
     let rss_held = bed.rss();
-    // A legitimate block-wise publish: two 64-byte blocks.
+    // A legitimate block-wise publish (two 64-byte blocks), tried at once and then every 5 s
+    // until it ends 2.04 or the expiry wait is over.
     let legit = Attacker::new(bed.coap, Arc::new(Traffic::default()), CLIENT).await?;
-    let t0 = tok(800_000);
-    let mut b0 = request(
-        MsgType::Con,
-        Code::POST,
-        legit.mid(),
-        t0,
-        &[b"ps", b"legit", b"blockwise"],
-    );
-    b0.add_uint_option(opt::BLOCK1, block1(0, true, 2));
-    b0.payload = Bytes::from(vec![b'l'; 64]);
-    legit.send(&b0).await?;
-    let first = legit
-        .wait_for(Duration::from_secs(3), |g| g.answers(t0))
-        .await;
-    let mut outcome = first
-        .as_ref()
-        .map(|g| code_text(g.code))
-        .unwrap_or_else(|| "nothing".to_string());
-    let mut met = false;
-    if first.as_ref().is_some_and(|g| g.code == Code::CONTINUE) {
-        let t1 = tok(800_001);
-        let mut b1 = request(
-            MsgType::Con,
-            Code::POST,
-            legit.mid(),
-            t1,
-            &[b"ps", b"legit", b"blockwise"],
-        );
-        b1.add_uint_option(opt::BLOCK1, block1(1, false, 2));
-        b1.payload = Bytes::from_static(b"end");
-        legit.send(&b1).await?;
-        let last = legit
-            .wait_for(Duration::from_secs(5), |g| g.answers(t1))
-            .await;
-        let c = last.map(|g| g.code);
-        met = c == Some(Code::CHANGED);
-        outcome = format!(
-            "{outcome} then {}",
-            c.map(code_text).unwrap_or_else(|| "nothing".to_string())
-        );
+    let started = Instant::now();
+    let mut attempts = 0u64;
+    let mut first_outcome = String::new();
+    let mut done_after = None;
+    while started.elapsed() <= ctx.s.expiry_wait {
+        attempts += 1;
+        let outcome = legit_blockwise(&legit, attempts).await?;
+        if first_outcome.is_empty() {
+            first_outcome = outcome.0.clone();
+        }
+        if outcome.1 {
+            done_after = Some(started.elapsed());
+            break;
+        }
+        sleep(Duration::from_secs(5)).await;
     }
+    let met = done_after.is_some_and(|d| d <= ctx.s.expiry_wait);
+    let outcome = match done_after {
+        Some(d) => format!(
+            "first attempt {first_outcome}; ended 2.04 after {:.1} s ({attempts} attempt(s), 5 s apart)",
+            d.as_secs_f64()
+        ),
+        None => format!(
+            "first attempt {first_outcome}; still refused after {:.0} s ({attempts} attempts, 5 s apart)",
+            started.elapsed().as_secs_f64()
+        ),
+    };
     let t = traffic.snapshot();
     Ok(Outcome {
         met,
@@ -460,6 +447,43 @@ pub(super) async fn case8(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         traffic: Some(t),
         target: String::new(),
     })
+}
+
+/// One legitimate two-block publish (attempt `n`): what it was answered, and whether it ended
+/// 2.04.
+async fn legit_blockwise(legit: &Attacker, n: u64) -> anyhow::Result<(String, bool)> {
+    let path: [&[u8]; 3] = [b"ps", b"legit", b"blockwise"];
+    let t0 = tok(800_000 + 2 * n);
+    let mut b0 = request(MsgType::Con, Code::POST, legit.mid(), t0, &path);
+    b0.add_uint_option(opt::BLOCK1, block1(0, true, 2));
+    b0.payload = Bytes::from(vec![b'l'; 64]);
+    legit.send(&b0).await?;
+    let first = legit
+        .wait_for(Duration::from_secs(3), |g| g.answers(t0))
+        .await;
+    let outcome = first
+        .as_ref()
+        .map(|g| code_text(g.code))
+        .unwrap_or_else(|| "nothing".to_string());
+    if !first.as_ref().is_some_and(|g| g.code == Code::CONTINUE) {
+        return Ok((outcome, false));
+    }
+    let t1 = tok(800_001 + 2 * n);
+    let mut b1 = request(MsgType::Con, Code::POST, legit.mid(), t1, &path);
+    b1.add_uint_option(opt::BLOCK1, block1(1, false, 2));
+    b1.payload = Bytes::from_static(b"end");
+    legit.send(&b1).await?;
+    let last = legit
+        .wait_for(Duration::from_secs(5), |g| g.answers(t1))
+        .await
+        .map(|g| g.code);
+    Ok((
+        format!(
+            "{outcome} then {}",
+            last.map(code_text).unwrap_or_else(|| "nothing".to_string())
+        ),
+        last == Some(Code::CHANGED),
+    ))
 }
 
 // 9 ----------------------------------------------------------------------------------------
