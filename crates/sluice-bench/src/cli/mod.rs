@@ -8,6 +8,7 @@
 pub(crate) mod coap;
 pub(crate) mod control_storm;
 pub(crate) mod functions;
+pub(crate) mod hostile;
 pub(crate) mod multipath;
 pub(crate) mod scenarios;
 pub(crate) mod storage;

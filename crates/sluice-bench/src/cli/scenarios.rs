@@ -59,6 +59,12 @@ pub(crate) struct CoreArgs {
     /// PUBACKs before they disconnect.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     drain_max: Duration,
+    /// Devices speak MQTT over TLS 1.3 (rustls, the run's CA) to the SUT's TLS listener:
+    /// sluice gets `[mqtt.tls]` listen/cert_file/key_file, the edge Mosquitto a TLS 1.3
+    /// listener with the same certificate. Not with the floor. Run once with and once without
+    /// for CPU per message over TLS vs plain.
+    #[arg(long)]
+    device_tls: bool,
     /// Write the JSON report here (e.g. docs/perf/core-path.json).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -426,6 +432,7 @@ pub(crate) async fn core(args: CoreArgs) -> anyhow::Result<()> {
         drain_max: args.drain_max,
         command_line: command_line(),
         progress_every: progress(args.load.progress),
+        device_tls: args.device_tls,
     };
     let report = run_core(&config).await?;
     let table = markdown(&report);

@@ -48,6 +48,13 @@ pub(crate) struct DevicesArgs {
     /// they send, not in timing).
     #[arg(long, default_value_t = 0x5111_CE00)]
     seed: u64,
+    /// MQTT over TLS 1.3 (rustls): trust only the CA certificates in this PEM file. The
+    /// target is then the broker's or gateway's TLS listener.
+    #[arg(long, value_name = "CA_FILE")]
+    device_tls: Option<PathBuf>,
+    /// Name the server certificate is verified for (default: the host part of --target).
+    #[arg(long, requires = "device_tls")]
+    tls_server_name: Option<String>,
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -241,6 +248,15 @@ pub(crate) async fn devices(args: DevicesArgs) -> anyhow::Result<()> {
     config.max_inflight = args.max_inflight;
     config.drain_timeout = args.drain_timeout;
     config.seed = args.seed;
+    if let Some(ca) = &args.device_tls {
+        let name = args
+            .tls_server_name
+            .clone()
+            .unwrap_or_else(|| sluice_bench::conn::host_part(&args.target).to_string());
+        config.tls = Some(sluice_bench::load::devices::DeviceTls::from_ca_file(
+            ca, &name,
+        )?);
+    }
     if config.high_share > 0.0 {
         eprintln!(
             "devices: {} of {} are high-priority (client ids {}-hi-0 …)",

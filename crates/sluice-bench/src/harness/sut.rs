@@ -23,6 +23,10 @@ pub struct SutSpec {
     pub sluice_aggregate: AggregateOpts,
     /// Devices expected (sizes sluice's `max_connections`).
     pub devices: u32,
+    /// Devices speak MQTT over TLS 1.3: sluice gets `[mqtt.tls]` (listen, cert_file, key_file:
+    /// the run's server certificate) and the edge Mosquitto a TLS 1.3 listener with the same
+    /// certificate; [`RunningSut::device_addr`] is then that TLS listener. The floor has none.
+    pub device_tls: bool,
 }
 
 /// The systems that can be put under test.
@@ -131,9 +135,14 @@ pub async fn start_sut(
 ) -> anyhow::Result<RunningSut> {
     match kind {
         Sut::Sluice => {
-            let child = SluiceChild::start(config, pki, cloud.tls_port())?;
-            let device_addr = child.device_addr;
+            let mut child = SluiceChild::start(config, pki, cloud.tls_port())?;
             child.wait_ready().await?;
+            if let Some(tls) = child.device_tls_addr {
+                // Ready = the plain port accepts; from now on the devices use the TLS one.
+                child.device_addr = tls;
+                child.wait_ready().await?;
+            }
+            let device_addr = child.device_addr;
             child.wait_uplink(cloud).await?;
             Ok(RunningSut {
                 pid: child.pid(),
@@ -143,7 +152,8 @@ pub async fn start_sut(
             })
         }
         Sut::MosquittoBridge => {
-            let (edge, config_text) = start_bridge(cloud.tls_port(), pki).await?;
+            let (edge, config_text) =
+                start_bridge_with(cloud.tls_port(), pki, config.device_tls).await?;
             cloud
                 .wait_for_log_async("sluice-edge-bridge", Duration::from_secs(15))
                 .await
@@ -154,12 +164,19 @@ pub async fn start_sut(
                 .ok_or_else(|| anyhow!("the edge Mosquitto is not running"))?;
             Ok(RunningSut {
                 pid,
-                device_addr: edge.plain_addr(),
+                device_addr: if config.device_tls {
+                    edge.tls_addr()
+                } else {
+                    edge.plain_addr()
+                },
                 config_text,
                 _process: SutProcess::Bridge { _edge: edge },
             })
         }
         Sut::Floor => {
+            if config.device_tls {
+                bail!("the floor has no TLS listener: leave it out of a --device-tls run");
+            }
             let bin = config.floor_bin.clone();
             let args = ["floor", "--listen", "127.0.0.1:0"].map(String::from);
             let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin, &args))
@@ -196,13 +213,29 @@ pub async fn start_bridge(
     cloud_tls_port: u16,
     pki: &TestPki,
 ) -> anyhow::Result<(Mosquitto, String)> {
+    start_bridge_with(cloud_tls_port, pki, false).await
+}
+
+/// [`start_bridge`], with `device_tls` also a TLS 1.3 listener for the devices (the run's
+/// server certificate, no client certificate required) beside the plain one.
+pub async fn start_bridge_with(
+    cloud_tls_port: u16,
+    pki: &TestPki,
+    device_tls: bool,
+) -> anyhow::Result<(Mosquitto, String)> {
     let lines = Mosquitto::bridge_config_lines(cloud_tls_port, pki);
-    let config_text = lines.join("\n");
-    let edge =
-        tokio::task::spawn_blocking(move || Mosquitto::builder().config_lines(lines).start())
-            .await
-            .context("edge start-up panicked")?
-            .context("starting the edge Mosquitto bridge")?;
+    let mut config_text = lines.join("\n");
+    let mut builder = Mosquitto::builder();
+    if device_tls {
+        builder = builder.tls(pki);
+        config_text.push_str(
+            "\n# plus a TLS 1.3 device listener (cafile/certfile/keyfile of the run's PKI)",
+        );
+    }
+    let edge = tokio::task::spawn_blocking(move || builder.config_lines(lines).start())
+        .await
+        .context("edge start-up panicked")?
+        .context("starting the edge Mosquitto bridge")?;
     Ok((edge, config_text))
 }
 
@@ -264,6 +297,8 @@ impl Drop for FloorChild {
 pub struct SluiceChild {
     child: Child,
     device_addr: std::net::SocketAddr,
+    /// The `[mqtt.tls]` listener, when the config has one (see [`SutSpec::device_tls`]).
+    device_tls_addr: Option<std::net::SocketAddr>,
     config_text: String,
     stderr_path: PathBuf,
     _dir: tempfile::TempDir,
@@ -273,8 +308,22 @@ impl SluiceChild {
     fn start(config: &SutSpec, pki: &TestPki, cloud_tls_port: u16) -> anyhow::Result<SluiceChild> {
         let mqtt_port = sluice_testkit::free_port()?;
         let admin_port = sluice_testkit::free_port()?;
-        let toml = sluice_config(config, mqtt_port, admin_port, cloud_tls_port, pki.ca_path());
-        SluiceChild::spawn(&config.sluice_bin, mqtt_port, toml)
+        let mut toml = sluice_config(config, mqtt_port, admin_port, cloud_tls_port, pki.ca_path());
+        let tls_port = if config.device_tls {
+            let port = sluice_testkit::free_port()?;
+            let table = format!(
+                "\n[mqtt.tls]\nlisten = \"127.0.0.1:{port}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n[coap]",
+                toml_path(pki.server_cert_path()),
+                toml_path(pki.server_key_path())
+            );
+            toml = toml.replacen("\n[coap]", &table, 1);
+            Some(port)
+        } else {
+            None
+        };
+        let mut child = SluiceChild::spawn(&config.sluice_bin, mqtt_port, toml)?;
+        child.device_tls_addr = tls_port.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)));
+        Ok(child)
     }
 
     /// Start `sluice run -c <config>` with the given config text, whose device listener is
@@ -301,6 +350,7 @@ impl SluiceChild {
         Ok(SluiceChild {
             child,
             device_addr: std::net::SocketAddr::from(([127, 0, 0, 1], mqtt_port)),
+            device_tls_addr: None,
             config_text: toml,
             stderr_path,
             _dir: dir,
@@ -368,6 +418,14 @@ impl SluiceChild {
             sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A path as a TOML basic string's content.
+fn toml_path(path: &Path) -> String {
+    path.display()
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
 }
 
 fn is_zombie(pid: u32) -> bool {

@@ -167,6 +167,35 @@ pub struct DevicesConfig {
     pub progress_every: Option<Duration>,
     /// Seed of the per-device random generators (phase, sizes, filler, back-off jitter).
     pub seed: u64,
+    /// MQTT over TLS: the devices open a TLS 1.3 session (rustls) verified against this
+    /// config's roots for this server name before CONNECT. `None`: plain TCP.
+    pub tls: Option<DeviceTls>,
+}
+
+/// The TLS the devices speak ([`DevicesConfig::tls`]).
+#[derive(Clone)]
+pub struct DeviceTls {
+    pub config: std::sync::Arc<rustls::ClientConfig>,
+    /// The name the server's certificate is verified for (an IP address checks IP SANs).
+    pub server_name: String,
+}
+
+impl std::fmt::Debug for DeviceTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceTls {
+    /// TLS 1.3 trusting only the CA certificates in `ca_file`, verified for `server_name`.
+    pub fn from_ca_file(ca_file: &std::path::Path, server_name: &str) -> anyhow::Result<DeviceTls> {
+        Ok(DeviceTls {
+            config: crate::conn::tls_client_config(ca_file, None)?,
+            server_name: server_name.to_string(),
+        })
+    }
 }
 
 impl DevicesConfig {
@@ -196,6 +225,7 @@ impl DevicesConfig {
             connect_timeout: Duration::from_secs(10),
             progress_every: Some(Duration::from_secs(5)),
             seed: 0x5111_CE00,
+            tls: None,
         }
     }
 

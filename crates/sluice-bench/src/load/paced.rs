@@ -70,6 +70,8 @@ pub struct FleetConfig {
     pub pacing_tick: Duration,
     pub connect_timeout: Duration,
     pub seed: u64,
+    /// MQTT username and password every device logs in with (`None`: anonymous).
+    pub credentials: Option<(String, String)>,
 }
 
 impl FleetConfig {
@@ -86,6 +88,7 @@ impl FleetConfig {
             pacing_tick: Duration::from_millis(5),
             connect_timeout: Duration::from_secs(10),
             seed: 0x5111_CE01,
+            credentials: None,
         }
     }
 }
@@ -366,8 +369,14 @@ async fn run_device(
             keep_alive: 0,
             client_id: format!("{}-{index}", config.client_prefix).into(),
             will: None,
-            username: None,
-            password: None,
+            username: config
+                .credentials
+                .as_ref()
+                .map(|(user, _)| user.as_str().into()),
+            password: config
+                .credentials
+                .as_ref()
+                .map(|(_, password)| Bytes::copy_from_slice(password.as_bytes())),
             properties: Properties::default(),
         };
         let connack = handshake(

@@ -44,7 +44,7 @@ use crate::harness::phases::{cloud_sink, Phases, RssSampler};
 use crate::harness::procfs::{self, round1, round3, CpuMeter, Pid};
 use crate::harness::sut::{require_sluice_bin, start_sut, AggregateOpts, Sut, SutSpec};
 use crate::load::devices::{
-    spawn_devices, version_name, Arrivals, DevicesConfig, DevicesReport, PayloadSize,
+    spawn_devices, version_name, Arrivals, DeviceTls, DevicesConfig, DevicesReport, PayloadSize,
 };
 use crate::report::markdown::{loadavg_item, machine_line, sluice_line};
 use crate::sinks::sink::SinkReport;
@@ -80,6 +80,9 @@ pub struct CoreScenario {
     pub command_line: String,
     /// Progress lines on stderr.
     pub progress_every: Option<Duration>,
+    /// Devices speak MQTT over TLS 1.3 to the SUT's TLS listener (sluice `[mqtt.tls]`, the edge
+    /// Mosquitto's TLS listener; not the floor), with the run's PKI.
+    pub device_tls: bool,
 }
 
 impl CoreScenario {
@@ -97,6 +100,7 @@ impl CoreScenario {
             sluice_shards: self.sluice_shards,
             sluice_aggregate: self.sluice_aggregate.clone(),
             devices: self.devices,
+            device_tls: self.device_tls,
         }
     }
 }
@@ -121,6 +125,8 @@ pub struct Params {
     pub sluice_aggregate: AggregateOpts,
     pub drain_idle_s: f64,
     pub drain_max_s: f64,
+    /// Devices spoke MQTT over TLS 1.3 to the SUT's TLS listener.
+    pub device_tls: bool,
 }
 
 /// Resident memory of the SUT, KiB.
@@ -271,6 +277,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
             sluice_aggregate: config.sluice_aggregate.clone(),
             drain_idle_s: config.drain_idle.as_secs_f64(),
             drain_max_s: config.drain_max.as_secs_f64(),
+            device_tls: config.device_tls,
         },
         runs,
         comparison,
@@ -303,6 +310,9 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     devices_config.qos = config.qos;
     devices_config.arrivals = config.arrivals;
     devices_config.progress_every = config.progress_every;
+    if config.device_tls {
+        devices_config.tls = Some(DeviceTls::from_ca_file(pki.ca_path(), "127.0.0.1")?);
+    }
     let devices = spawn_devices(devices_config)?;
     let started = devices.started();
 
@@ -463,8 +473,10 @@ pub fn markdown(report: &ScenarioReport) -> String {
     // `write!` into a String cannot fail.
     let _ = writeln!(
         out,
-        "### core path: {} devices × {} msg/s ({} msg/s offered), {}..{} B, QoS {}, MQTT {}, {} s ({} s ramp, steady-state window {} s)\n",
-        p.devices, p.rate_per_device, p.offered_rate, p.payload_min, p.payload_max, p.qos, p.mqtt, p.duration_s, p.ramp_s, p.steady_window_s
+        "### core path: {} devices × {} msg/s ({} msg/s offered), {}..{} B, QoS {}, MQTT {}{}, {} s ({} s ramp, steady-state window {} s)\n",
+        p.devices, p.rate_per_device, p.offered_rate, p.payload_min, p.payload_max, p.qos, p.mqtt,
+        if p.device_tls { " over TLS 1.3" } else { "" },
+        p.duration_s, p.ramp_s, p.steady_window_s
     );
     let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
     let _ = writeln!(out, "`{}`\n", m.command_line);

@@ -714,6 +714,7 @@ async fn start(
         sluice_shards: config.sluice_shards,
         sluice_aggregate: config.sluice_aggregate.clone(),
         devices: n,
+        device_tls: false,
     };
     let running = sut::start_sut(core_sut, &spec, pki, cloud).await?;
     Ok(StartedSut {

@@ -128,12 +128,73 @@ pub(super) async fn session(st: &mut DeviceState, shared: &Shared) -> SessionEnd
         0 => config.target,
         n => config.targets[st.index as usize % n],
     };
-    let mut tcp = match timeout(config.connect_timeout, TcpStream::connect(target)).await {
+    let tcp = match timeout(config.connect_timeout, TcpStream::connect(target)).await {
         Ok(Ok(tcp)) => tcp,
         Ok(Err(e)) => return failed(false, anyhow!(e).context("TCP connect")),
         Err(_) => return failed(false, anyhow!("TCP connect timed out")),
     };
     let _ = tcp.set_nodelay(true);
+    match &config.tls {
+        None => session_on(st, shared, tcp, &mut decoder).await,
+        Some(tls) => {
+            let name = match rustls::pki_types::ServerName::try_from(tls.server_name.clone()) {
+                Ok(name) => name,
+                Err(e) => return failed(false, anyhow!(e).context("the TLS server name")),
+            };
+            let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+            match timeout(config.connect_timeout, connector.connect(name, tcp)).await {
+                Ok(Ok(stream)) => session_on(st, shared, stream, &mut decoder).await,
+                Ok(Err(e)) => failed(false, anyhow!(e).context("TLS handshake")),
+                Err(_) => failed(false, anyhow!("TLS handshake timed out")),
+            }
+        }
+    }
+}
+
+/// A connection's streams, plain or TLS: split into halves the publish loop drives at once.
+pub(super) trait DeviceStream:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send
+{
+    fn halves(
+        &mut self,
+    ) -> (
+        Box<dyn tokio::io::AsyncRead + Unpin + Send + '_>,
+        Box<dyn tokio::io::AsyncWrite + Unpin + Send + '_>,
+    );
+}
+
+impl DeviceStream for TcpStream {
+    fn halves(
+        &mut self,
+    ) -> (
+        Box<dyn tokio::io::AsyncRead + Unpin + Send + '_>,
+        Box<dyn tokio::io::AsyncWrite + Unpin + Send + '_>,
+    ) {
+        let (rd, wr) = self.split();
+        (Box::new(rd), Box::new(wr))
+    }
+}
+
+impl DeviceStream for tokio_rustls::client::TlsStream<TcpStream> {
+    fn halves(
+        &mut self,
+    ) -> (
+        Box<dyn tokio::io::AsyncRead + Unpin + Send + '_>,
+        Box<dyn tokio::io::AsyncWrite + Unpin + Send + '_>,
+    ) {
+        let (rd, wr) = tokio::io::split(self);
+        (Box::new(rd), Box::new(wr))
+    }
+}
+
+/// CONNECT/CONNACK and the publish loop on an open connection.
+async fn session_on<S: DeviceStream>(
+    st: &mut DeviceState,
+    shared: &Shared,
+    mut tcp: S,
+    decoder: &mut Decoder,
+) -> SessionEnd {
+    let config = &shared.config;
     st.rbuf.clear();
     let connect = Connect {
         protocol: config.protocol,
@@ -150,7 +211,7 @@ pub(super) async fn session(st: &mut DeviceState, shared: &Shared) -> SessionEnd
         connect,
         &mut st.rbuf,
         &mut st.wbuf,
-        &mut decoder,
+        decoder,
         config.connect_timeout,
     )
     .await
@@ -159,7 +220,7 @@ pub(super) async fn session(st: &mut DeviceState, shared: &Shared) -> SessionEnd
         Err(e) => return failed(false, e),
     };
     shared.counters.connected.fetch_add(1, Relaxed);
-    let result = publish_loop(st, shared, &mut tcp, &mut decoder, &connack).await;
+    let result = publish_loop(st, shared, &mut tcp, decoder, &connack).await;
     shared.counters.connected.fetch_sub(1, Relaxed);
     match result {
         Ok(()) => SessionEnd::Finished,
@@ -171,10 +232,10 @@ pub(super) fn failed(connected: bool, error: anyhow::Error) -> SessionEnd {
     SessionEnd::Failed { connected, error }
 }
 
-pub(super) async fn publish_loop(
+pub(super) async fn publish_loop<S: DeviceStream>(
     st: &mut DeviceState,
     shared: &Shared,
-    tcp: &mut TcpStream,
+    tcp: &mut S,
     decoder: &mut Decoder,
     connack: &sluice_proto::mqtt::ConnAck,
 ) -> anyhow::Result<()> {
@@ -192,7 +253,7 @@ pub(super) async fn publish_loop(
         st.next_send = first_send(st, config, now);
     }
     let mut last_write = now;
-    let (mut rd, mut wr) = tcp.split();
+    let (mut rd, mut wr) = tcp.halves();
     let sleep = sleep_until(wake_at(
         st.next_send,
         last_write + ping_after,
