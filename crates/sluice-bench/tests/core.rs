@@ -37,6 +37,7 @@ async fn four_devices_through_sluice_the_bridge_and_the_floor() -> anyhow::Resul
         command_line: "test".to_string(),
         progress_every: None,
         device_tls: false,
+        sluice_extra: None,
     };
     let report = run_core(&config).await?;
     assert_eq!(report.runs.len(), 3);
@@ -109,6 +110,7 @@ async fn devices_over_tls_through_the_bridge() -> anyhow::Result<()> {
         command_line: "test".to_string(),
         progress_every: None,
         device_tls: true,
+        sluice_extra: None,
     };
     let report = run_core(&config).await?;
     let run = &report.runs[0];

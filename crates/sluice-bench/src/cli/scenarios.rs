@@ -65,6 +65,10 @@ pub(crate) struct CoreArgs {
     /// for CPU per message over TLS vs plain.
     #[arg(long)]
     device_tls: bool,
+    /// A TOML file appended to sluice's generated config (extra tables such as `[acl]` with
+    /// its rules, for the cost of a config feature in the same run shape). Not for the bridge.
+    #[arg(long, value_name = "FILE")]
+    sluice_extra: Option<PathBuf>,
     /// Write the JSON report here (e.g. docs/perf/core-path.json).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -433,6 +437,13 @@ pub(crate) async fn core(args: CoreArgs) -> anyhow::Result<()> {
         command_line: command_line(),
         progress_every: progress(args.load.progress),
         device_tls: args.device_tls,
+        sluice_extra: match &args.sluice_extra {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --sluice-extra {}", path.display()))?,
+            ),
+            None => None,
+        },
     };
     let report = run_core(&config).await?;
     let table = markdown(&report);

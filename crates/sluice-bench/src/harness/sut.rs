@@ -27,6 +27,9 @@ pub struct SutSpec {
     /// the run's server certificate) and the edge Mosquitto a TLS 1.3 listener with the same
     /// certificate; [`RunningSut::device_addr`] is then that TLS listener. The floor has none.
     pub device_tls: bool,
+    /// TOML appended to sluice's generated config (`--sluice-extra`: e.g. `[acl]` rules for
+    /// the ACL cost run); `None`: nothing.
+    pub sluice_extra: Option<String>,
 }
 
 /// The systems that can be put under test.
@@ -321,6 +324,10 @@ impl SluiceChild {
         } else {
             None
         };
+        if let Some(extra) = &config.sluice_extra {
+            toml.push('\n');
+            toml.push_str(extra);
+        }
         let mut child = SluiceChild::spawn(&config.sluice_bin, mqtt_port, toml)?;
         child.device_tls_addr = tls_port.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)));
         Ok(child)

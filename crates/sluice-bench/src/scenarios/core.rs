@@ -83,6 +83,8 @@ pub struct CoreScenario {
     /// Devices speak MQTT over TLS 1.3 to the SUT's TLS listener (sluice `[mqtt.tls]`, the edge
     /// Mosquitto's TLS listener; not the floor), with the run's PKI.
     pub device_tls: bool,
+    /// TOML appended to sluice's generated config (its text; `--sluice-extra FILE`).
+    pub sluice_extra: Option<String>,
 }
 
 impl CoreScenario {
@@ -101,6 +103,7 @@ impl CoreScenario {
             sluice_aggregate: self.sluice_aggregate.clone(),
             devices: self.devices,
             device_tls: self.device_tls,
+            sluice_extra: self.sluice_extra.clone(),
         }
     }
 }
@@ -127,6 +130,8 @@ pub struct Params {
     pub drain_max_s: f64,
     /// Devices spoke MQTT over TLS 1.3 to the SUT's TLS listener.
     pub device_tls: bool,
+    /// TOML appended to sluice's generated config, as given.
+    pub sluice_extra_bytes: usize,
 }
 
 /// Resident memory of the SUT, KiB.
@@ -278,6 +283,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
             drain_idle_s: config.drain_idle.as_secs_f64(),
             drain_max_s: config.drain_max.as_secs_f64(),
             device_tls: config.device_tls,
+            sluice_extra_bytes: config.sluice_extra.as_ref().map_or(0, String::len),
         },
         runs,
         comparison,

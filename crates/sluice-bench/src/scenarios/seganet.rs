@@ -715,6 +715,7 @@ async fn start(
         sluice_aggregate: config.sluice_aggregate.clone(),
         devices: n,
         device_tls: false,
+        sluice_extra: None,
     };
     let running = sut::start_sut(core_sut, &spec, pki, cloud).await?;
     Ok(StartedSut {

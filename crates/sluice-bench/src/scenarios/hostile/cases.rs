@@ -64,7 +64,7 @@ pub fn target(n: u8) -> &'static str {
         10 => "RSS per agent ≤ normal + 64 KiB, status ≤ 2× control + 64 KiB",
         11 => "process alive and serving after SIGHUP",
         12 => "bytes out ≤ 3× bytes in (unverified source)",
-        13 => "chunked CPU ≤ 2× Content-Length CPU + 50 ms",
+        13 => "chunked CPU per wire byte ≤ 2× Content-Length CPU per wire byte (linear)",
         _ => "",
     }
 }
