@@ -507,6 +507,29 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_username_nobody_checked_is_dropped_so_acl_user_rules_never_trust_it() {
+        // No users configured: anonymous devices are admitted, and so is any claimed username,
+        // unchecked. It must not reach the ACL as if it named someone.
+        let admission = Admission::new(&MqttConfig::default());
+        let metrics = Arc::new(AdmissionMetrics::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut c = connect(Some("ops-admin"), Some(b"anything"));
+        assert_eq!(admission.admit(&mut c, deadline, &metrics).await, Ok(false));
+        assert_eq!(c.username, None, "an unchecked username names no one");
+        assert_eq!(crate::shard::Adopted::acl_username(&c), None);
+        // A checked one stays.
+        let mut cfg = MqttConfig::default();
+        cfg.users.push(crate::config::UserConfig {
+            username: "ops-admin".into(),
+            password_hash: hash_password(b"pw").expect("hash"),
+        });
+        let admission = Admission::new(&cfg);
+        let mut c = connect(Some("ops-admin"), Some(b"pw"));
+        assert_eq!(admission.admit(&mut c, deadline, &metrics).await, Ok(false));
+        assert_eq!(crate::shard::Adopted::acl_username(&c), Some("ops-admin"));
+    }
+
     #[test]
     fn hashed_password_verifies_and_wrong_one_does_not() {
         let h = hash_password(b"s3cret").expect("hash");
