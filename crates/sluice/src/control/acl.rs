@@ -796,19 +796,30 @@ impl Acl {
 }
 
 /// One MQTT connection's view: the snapshot it was built from and the rules naming the
-/// device, so a check walks only the rules that can apply. Rebuilt when a new snapshot is
-/// published.
+/// device, so a check walks only the rules that can apply, and the last publish decision: a
+/// device publishing to the topic it published to last (the common telemetry pattern) is
+/// answered without walking any rule. Rebuilt (and the decision forgotten) when a new
+/// snapshot is published. The remembered topic reuses one buffer: no allocation per message
+/// once it has grown to the device's longest topic (at most `mqtt.max_topic_length`).
 #[derive(Debug)]
 pub struct DeviceAcl {
     snapshot: Arc<AclSnapshot>,
     named: [Box<[u32]>; 2],
+    /// The topic of the last publish decided, and the decision (`None`: none yet).
+    last_topic: String,
+    last_publish: Option<bool>,
 }
 
 impl DeviceAcl {
     pub fn new(acl: &Acl, s: &Subject) -> DeviceAcl {
         let snapshot = acl.current.load_full();
         let named = snapshot.named(s);
-        DeviceAcl { snapshot, named }
+        DeviceAcl {
+            snapshot,
+            named,
+            last_topic: String::new(),
+            last_publish: None,
+        }
     }
 
     fn fresh(&mut self, acl: &Acl, s: &Subject) {
@@ -822,9 +833,18 @@ impl DeviceAcl {
     /// [`Acl::allows_publish`] for this connection's device.
     pub fn allows_publish(&mut self, acl: &Acl, s: &Subject, topic: &str) -> bool {
         self.fresh(acl, s);
-        let ok = self
-            .snapshot
-            .decide(Action::Publish, s, topic, Some(&self.named[0]));
+        let ok = match self.last_publish {
+            Some(ok) if self.last_topic == topic => ok,
+            _ => {
+                let ok = self
+                    .snapshot
+                    .decide(Action::Publish, s, topic, Some(&self.named[0]));
+                self.last_topic.clear();
+                self.last_topic.push_str(topic);
+                self.last_publish = Some(ok);
+                ok
+            }
+        };
         if !ok {
             acl.denied(Edge::Mqtt, Action::Publish, s.client_id, topic);
         }

@@ -243,7 +243,12 @@ fn the_device_view_decides_as_the_lookup_does() {
         "the earlier allow wins"
     );
     assert!(!view.allows_publish(&a, &D1, "x/deny"));
-    // A new snapshot is picked up.
+    // The same topic again: the remembered decision (no rule walked), still the same answer;
+    // then another topic and back.
+    assert!(!view.allows_publish(&a, &D1, "x/deny"));
+    assert!(view.allows_publish(&a, &D1, "all/x"));
+    assert!(!view.allows_publish(&a, &D1, "x/deny"));
+    // A new snapshot is picked up, even for the topic whose decision was remembered.
     a.publish(AclSnapshot::default());
     assert!(view.allows_publish(&a, &D1, "x/deny"));
 }
