@@ -849,6 +849,141 @@ async fn a_second_agent_cannot_reteach_a_known_system_ids_configuration_even_aft
     gw.shutdown();
 }
 
+/// Issue 28 finding 6, the other order: an impostor on another host (127.0.0.2) claims the
+/// genuine oximeter's system id and teaches FIRST, with the oximeter's config id 0x4000 and a
+/// glucometer's table (handle 1 = glucose). When the genuine oximeter (127.0.0.1) then
+/// associates with 0x4000, the gateway does not trust the impostor's table for it: it is asked
+/// for its configuration (accepted-unknown-config), which differs, so it is refused
+/// (unsupported-config, ABRT, counted) — and none of its SpO2 is published as glucose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_taught_first_from_another_address_is_not_used_for_the_genuine_agent() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 1, "");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2024, 3, 4, 5, 6, 7, 0);
+    let genuine = spec(PhdDevice::PulseOximeter, 0x61, 0x4000, true);
+    let impostor = AgentSpec {
+        device: PhdDevice::Glucometer,
+        ..genuine.clone()
+    };
+    let elsewhere: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let mut evil = PhdAgent::connect_from(phd_addr(&gw), elsewhere, impostor)
+        .await
+        .unwrap();
+    let a = evil.associate().await.unwrap();
+    assert_eq!(
+        (a.aare_result, a.config_result),
+        (3, Some(0)),
+        "it taught first"
+    );
+    evil.release().await.unwrap();
+    drop(evil);
+
+    let mut ox = PhdAgent::connect(phd_addr(&gw), genuine.clone())
+        .await
+        .unwrap();
+    let a = ox.associate().await.unwrap();
+    assert_eq!(
+        (a.aare_result, a.config_result),
+        (3, Some(1)),
+        "asked for its configuration (not trusted from another address), then refused: it differs"
+    );
+    let aborted = match ox.read_apdu(T).await {
+        Ok(Some(apdu)) => apdu[..2] == [0xE6, 0x00],
+        Ok(None) => true,
+        Err(_) => false,
+    };
+    assert!(aborted, "the association ends");
+    // Whatever it sends now is not decoded with the impostor's table.
+    let _ = ox
+        .report(
+            &Reading::Oximeter {
+                spo2: (98, 0),
+                pulse: (61, 0),
+            },
+            at,
+            Duration::from_millis(500),
+        )
+        .await;
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), "sluice_phd_config_conflicts_total"),
+        1.0
+    );
+    // A marker from another agent on the same shard: the first message at the cloud is its.
+    let mut marker = PhdAgent::connect(
+        phd_addr(&gw),
+        spec(PhdDevice::PulseOximeter, 0x62, 0x0190, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(marker.associate().await.unwrap().aare_result, 0);
+    marker
+        .report(
+            &Reading::Oximeter {
+                spo2: (97, 0),
+                pulse: (60, 0),
+            },
+            at,
+            T,
+        )
+        .await
+        .unwrap();
+    let (topic, _) = next(&mut sub).await;
+    assert_eq!(
+        topic, "phd/001b2c3d4e5f6062/spo2",
+        "nothing published for the refused agent's system id"
+    );
+    gw.shutdown();
+}
+
+/// The cost of the fix above: the same agent moving to another address sends its
+/// configuration again (once per association from there); an identical table is accepted
+/// (counted as reconfirmed) and the teacher stays the original address, where the agent is
+/// still trusted without re-teaching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_configuration_from_a_new_address_is_accepted_after_it_is_sent_again() {
+    let cloud = Cloud::start();
+    let gw = start(&cloud, 1, "");
+    let mut sub = cloud.subscriber("app", "phd/#").await;
+    let at = bcd_time(2024, 3, 4, 5, 6, 7, 0);
+    let reading = Reading::Oximeter {
+        spo2: (98, 0),
+        pulse: (61, 0),
+    };
+    let genuine = spec(PhdDevice::PulseOximeter, 0x63, 0x4000, true);
+    let home: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let elsewhere: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    for (from, expect, reconfirmed) in [
+        (home, (3, Some(0)), 0.0),      // taught
+        (elsewhere, (3, Some(0)), 1.0), // asked again, identical: accepted
+        (home, (0, None), 1.0),         // the teacher: known
+        (elsewhere, (3, Some(0)), 2.0), // still asked: the teacher did not move
+    ] {
+        let mut ox = PhdAgent::connect_from(phd_addr(&gw), from, genuine.clone())
+            .await
+            .unwrap();
+        let a = ox.associate().await.unwrap();
+        assert_eq!((a.aare_result, a.config_result), expect, "from {from}");
+        ox.report(&reading, at, T).await.unwrap();
+        let (topic, r) = next(&mut sub).await;
+        assert_eq!(topic, "phd/001b2c3d4e5f6063/spo2");
+        assert_eq!(r[0]["v"].as_f64(), Some(0.98));
+        next(&mut sub).await;
+        ox.release().await.unwrap();
+        drop(ox);
+        let text = gw.metrics_text();
+        assert_eq!(
+            metric_sum(&text, "sluice_phd_config_reconfirmed_total"),
+            reconfirmed,
+            "from {from}"
+        );
+    }
+    let text = gw.metrics_text();
+    assert_eq!(metric_sum(&text, "sluice_phd_configs_learnt_total"), 1.0);
+    assert_eq!(metric_sum(&text, "sluice_phd_config_conflicts_total"), 0.0);
+    gw.shutdown();
+}
+
 /// Item 4 of issue 28: with `[phd] agents`, only the listed system ids associate; the others
 /// get AARE rejected-unauthorized (7) and are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

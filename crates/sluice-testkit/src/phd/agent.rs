@@ -58,6 +58,31 @@ impl PhdAgent {
         Ok(Self::with_stream(Box::new(stream), addr, spec))
     }
 
+    /// Open a TCP connection to the manager at `addr` from the local address `bind_ip` (any
+    /// port): an agent on another host, e.g. `127.0.0.2` (all of 127.0.0.0/8 is loopback on
+    /// Linux). Nothing is sent yet.
+    pub async fn connect_from(
+        addr: SocketAddr,
+        bind_ip: std::net::IpAddr,
+        spec: AgentSpec,
+    ) -> anyhow::Result<PhdAgent> {
+        let socket = match bind_ip {
+            std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .context("TCP socket")?;
+        socket
+            .bind(SocketAddr::new(bind_ip, 0))
+            .with_context(|| format!("binding the agent's socket to {bind_ip}"))?;
+        let deadline = Instant::now() + DEFAULT_TIMEOUT;
+        let stream = timeout_at(deadline, socket.connect(addr))
+            .await
+            .map_err(|_| anyhow!("TCP connect to PHD manager {addr} timed out"))?
+            .with_context(|| format!("TCP connect to PHD manager {addr} from {bind_ip}"))?;
+        stream.set_nodelay(true).context("setting TCP_NODELAY")?;
+        Ok(Self::with_stream(Box::new(stream), addr, spec))
+    }
+
     /// Open a TLS connection (over TCP) to the manager at `addr` with `tls` (e.g.
     /// [`crate::TestPki::rustls_client_config`], with or without a client certificate),
     /// verifying the server as `server_name`; the handshake completes before this returns.

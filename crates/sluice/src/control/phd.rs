@@ -23,15 +23,26 @@
 //!
 //! # Who owns a configuration
 //! A configuration learnt is bound to the agent that taught it, and on plain TCP an agent
-//! has no identity but the system id its AARQ claims: **the first agent to teach a
-//! configuration for a system id and config id owns it**. A later config report with a
+//! has no identity but the system id its AARQ claims and the address it comes from: **the
+//! first agent to teach a configuration for a system id and config id owns it**, and the
+//! learnt table is **trusted without re-teaching only from the identity that taught it** —
+//! the teacher's IP address (not its port) on plain TCP, its certificate CN with `[phd.tls]`
+//! client certificates. An AARQ claiming a learnt (system id, config id) from another
+//! address (and no certificate identity that matches) is answered accepted-unknown-config,
+//! as for an unknown configuration ([`Claim`]), so the agent sends its table: an identical
+//! one is accepted (the teacher stays the original one; counted in
+//! `sluice_phd_config_reconfirmed_total`), a different one is a conflict (below). So an
+//! impostor that teaches *first*, from another address, cannot make the genuine agent's
+//! reports be decoded with its table: the genuine agent is asked, differs, and is refused
+//! rather than misread. A later config report with a
 //! *different* table for the same (system id, config id) — another device claiming that
 //! system id — is refused ([`ConfigLookup::may_learn`]: unsupported-config, then ABRT),
 //! counted in `sluice_phd_config_conflicts_total` and logged with both addresses (the
 //! refused connection's and the teacher's), unless `[phd] allow_relearn`. The binding is the
 //! stored table itself, so it survives restarts with `phd-configs.json`; a configuration
 //! forgotten (beyond `max_configs`, oldest first) is unbound and may be taught anew. The
-//! same table taught again is accepted (an agent that lost its association). A device
+//! same table taught again is accepted (an agent that lost its association, or moved to
+//! another address). A device
 //! whose table really changed must use a new config id (20601 requires it) or the operator
 //! sets `allow_relearn` (or deletes its entry). `[phd] agents` limits which system ids
 //! associate at all.
@@ -47,7 +58,9 @@
 //! # `phd-configs.json`
 //! `{"version":1,"configs":[{"system_id":"<16 hex>","config":<ConfigReport event-info as
 //! hex>,"taught_by":"<ip:port>","identity":"<client certificate CN>"}, …]}` (`taught_by`
-//! optional, for the log; `identity` present when a certificate identity taught it), oldest
+//! optional: the log, and its IP is the address trusted after a restart — without it every
+//! agent is asked for its table once; `identity` present when a certificate identity taught
+//! it), oldest
 //! first; rewritten (temp file + rename) when a configuration is learnt,
 //! at most once a second (what is learnt meanwhile is saved by the next learn, or when the
 //! room is dropped at shutdown: a crash may forget the last second's, whose agents then
@@ -55,7 +68,7 @@
 //! A file that does not parse is logged and ignored (the agents then configure again).
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -91,6 +104,9 @@ struct Learned {
     /// The certificate identity (CN) of the agent that taught it (`None`: plain TCP or no
     /// client certificate): the owner of its system id.
     owner: Option<Arc<str>>,
+    /// The IP address the teacher's connection came from (`None`: not known): without a
+    /// certificate identity, the only address from which the table is trusted at the AARQ.
+    teacher_ip: Option<IpAddr>,
 }
 
 impl Default for PhdSnapshot {
@@ -124,6 +140,30 @@ impl PhdSnapshot {
             && self.buckets[bucket(system_id)]
                 .iter()
                 .any(|(k, l)| k.0 == *system_id && l.owner.as_deref() != identity)
+    }
+
+    /// Whether the learnt configuration `(system_id, config_id)` may be used for an agent
+    /// connecting from `peer` with certificate identity `identity` without asking it for its
+    /// table: yes for a standard configuration and for nothing learnt (nothing to trust); for
+    /// a table taught with a certificate identity, when `identity` is that one; otherwise
+    /// when `peer` is the teacher's IP address (module docs).
+    pub fn trusted(
+        &self,
+        system_id: &[u8; 8],
+        config_id: u16,
+        peer: Option<IpAddr>,
+        identity: Option<&str>,
+    ) -> bool {
+        if standard_table(config_id).is_some() {
+            return true;
+        }
+        let Some(l) = self.buckets[bucket(system_id)].get(&(*system_id, config_id)) else {
+            return true;
+        };
+        match &l.owner {
+            Some(owner) => identity == Some(&**owner),
+            None => l.teacher_ip.is_some() && l.teacher_ip == peer,
+        }
     }
 
     /// A copy with `key` set (`Some`) or removed (`None`), sharing every other part.
@@ -169,6 +209,48 @@ impl ConfigLookup for PhdSnapshot {
         };
         !self.conflicts(&id, table)
     }
+}
+
+/// What an agent's association sees of the learnt configurations: the snapshot, except that
+/// a learnt table is not [`ConfigLookup::known`] to an agent from another address (or
+/// certificate identity) than its teacher's — that agent is answered accepted-unknown-config
+/// and must send its table, which [`ConfigLookup::may_learn`] then compares with the stored
+/// one (module docs).
+pub struct Claim<'a> {
+    pub snapshot: &'a PhdSnapshot,
+    /// The agent connection's peer IP address (`None`: not known, never trusted).
+    pub peer: Option<IpAddr>,
+    /// The agent's certificate identity (CN), with `[phd.tls]` client certificates.
+    pub identity: Option<&'a str>,
+}
+
+impl ConfigLookup for Claim<'_> {
+    fn known(&self, system_id: &[u8], config_id: u16) -> Option<Arc<ObjectTable>> {
+        let id: [u8; 8] = system_id.try_into().ok()?;
+        if !self
+            .snapshot
+            .trusted(&id, config_id, self.peer, self.identity)
+        {
+            return None;
+        }
+        self.snapshot.known(system_id, config_id)
+    }
+
+    fn may_learn(&self, system_id: &[u8], table: &ObjectTable) -> bool {
+        self.snapshot.may_learn(system_id, table)
+    }
+}
+
+/// What [`PhdRoom::learn`] did with a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taught {
+    /// Stored (or a standard table, known to everybody already).
+    New,
+    /// The same table was stored already: nothing changes, its teacher stays.
+    Same,
+    /// A different table is stored for the same key (and re-learning is not allowed): the
+    /// stored one stays.
+    Conflict,
 }
 
 /// The built-in tables, shared (one allocation each for the gateway's life).
@@ -243,6 +325,7 @@ pub struct PhdMetrics {
     pub associations: Counter,
     pub rejected: Counter,
     pub configs_learnt: Counter,
+    pub config_reconfirmed: Counter,
     pub configs_refused: Counter,
     pub config_conflicts: Counter,
     pub agents_not_allowed: Counter,
@@ -321,7 +404,8 @@ impl PhdMetrics {
         for (name, help, v) in [
             ("sluice_phd_associations_total", "Associations accepted (known configuration or after configuring)", &self.associations),
             ("sluice_phd_rejected_total", "Association requests rejected", &self.rejected),
-            ("sluice_phd_configs_learnt_total", "Configuration reports accepted", &self.configs_learnt),
+            ("sluice_phd_configs_learnt_total", "Configuration reports accepted and stored (a new table)", &self.configs_learnt),
+            ("sluice_phd_config_reconfirmed_total", "Configuration reports identical to the stored table, sent by an agent asked again (from another address than its teacher's): accepted, the teacher stays", &self.config_reconfirmed),
             ("sluice_phd_configs_refused_total", "Configuration reports answered unsupported-config", &self.configs_refused),
             ("sluice_phd_config_conflicts_total", "Configuration reports refused (then aborted): another table for a system id and config id another agent taught first", &self.config_conflicts),
             ("sluice_phd_agents_not_allowed_total", "Association requests rejected-unauthorized: system id not in [phd] agents", &self.agents_not_allowed),
@@ -468,7 +552,15 @@ impl PhdRoom {
                     taught_by.insert(key, by);
                 }
                 let table = Arc::new(table);
-                snapshot = snapshot.with(key, Some(Learned { table, owner }));
+                let teacher_ip = by.map(|a| a.ip());
+                snapshot = snapshot.with(
+                    key,
+                    Some(Learned {
+                        table,
+                        owner,
+                        teacher_ip,
+                    }),
+                );
             }
             while order.len() > max_configs.max(1) {
                 if let Some(k) = order.pop_front() {
@@ -501,25 +593,31 @@ impl PhdRoom {
     }
 
     /// Store a configuration accepted from `system_id` (taught over the connection from
-    /// `by`, by the agent with certificate identity `owner`) and publish a new snapshot. `false` when a different table for the same key was
-    /// learnt meanwhile and re-learning is not allowed: the first one stays (the association
-    /// tasks check [`ConfigLookup::may_learn`] first; this closes the race between two
-    /// single-plane shards).
+    /// `by`, by the agent with certificate identity `owner`) and publish a new snapshot.
+    /// [`Taught::Same`] when that very table is stored already: nothing changes (its teacher
+    /// stays: an agent re-sending it from another address does not move the trust there).
+    /// [`Taught::Conflict`] when a different table for the same key was learnt meanwhile and
+    /// re-learning is not allowed: the first one stays (the association tasks check
+    /// [`ConfigLookup::may_learn`] first; this closes the race between two single-plane
+    /// shards).
     pub fn learn(
         &self,
         system_id: [u8; 8],
         table: Arc<ObjectTable>,
         by: Option<SocketAddr>,
         owner: Option<Arc<str>>,
-    ) -> bool {
+    ) -> Taught {
         if standard_table(table.config_id).is_some_and(|t| *t == *table) {
-            return true; // a standard table: known to everybody already
+            return Taught::New; // a standard table: known to everybody already
         }
         let mut learnt = self.learnt.lock().unwrap_or_else(|e| e.into_inner());
         let key = (system_id, table.config_id);
         let current = self.snapshot.load();
+        if current.get(&key).is_some_and(|known| **known == *table) {
+            return Taught::Same;
+        }
         if current.conflicts(&system_id, &table) {
-            return false;
+            return Taught::Conflict;
         }
         if current.get(&key).is_none() {
             learnt.order.push_back(key);
@@ -528,7 +626,15 @@ impl PhdRoom {
             Some(by) => learnt.taught_by.insert(key, by),
             None => learnt.taught_by.remove(&key),
         };
-        let mut next = current.with(key, Some(Learned { table, owner }));
+        let teacher_ip = by.map(|a| a.ip());
+        let mut next = current.with(
+            key,
+            Some(Learned {
+                table,
+                owner,
+                teacher_ip,
+            }),
+        );
         while learnt.order.len() > learnt.max {
             if let Some(old) = learnt.order.pop_front() {
                 next = next.with(old, None);
@@ -541,7 +647,7 @@ impl PhdRoom {
         if learnt.saved_at.is_none_or(|t| t.elapsed() >= SAVE_EVERY) {
             self.save(&mut learnt);
         }
-        true
+        Taught::New
     }
 
     /// The address of a connection that taught one of `system_id`'s configurations (for the
@@ -767,7 +873,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let room = PhdRoom::new(10, 2, Some(dir.path().to_path_buf()), false);
         for (i, id) in [0x4000u16, 0x4001, 0x4002].into_iter().enumerate() {
-            assert!(room.learn([i as u8; 8], table(id), None, None));
+            assert_eq!(room.learn([i as u8; 8], table(id), None, None), Taught::New);
         }
         room.flush(); // the last ones came within a second of the first save
         let snap = room.snapshot();
@@ -796,7 +902,10 @@ mod tests {
         other.objects[0].unit = Some(0x17A0); // the same handle in °C
         let other = Arc::new(other);
         let room = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), false);
-        assert!(room.learn([7; 8], table(0x4000), Some(by), Some(Arc::from("ox-1"))));
+        assert_eq!(
+            room.learn([7; 8], table(0x4000), Some(by), Some(Arc::from("ox-1"))),
+            Taught::New
+        );
         let snap = room.snapshot();
         assert!(
             snap.may_learn(&[7; 8], &table(0x4000)),
@@ -804,7 +913,10 @@ mod tests {
         );
         assert!(!snap.may_learn(&[7; 8], &other), "another table: refused");
         assert!(snap.may_learn(&[8; 8], &other), "another agent's own");
-        assert!(!room.learn([7; 8], other.clone(), None, None));
+        assert_eq!(
+            room.learn([7; 8], other.clone(), None, None),
+            Taught::Conflict
+        );
         assert!(!snap.owned_by_another(&[7; 8], Some("ox-1")));
         assert!(
             snap.owned_by_another(&[7; 8], Some("ox-2")),
@@ -830,8 +942,74 @@ mod tests {
         drop(again);
         let open = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), true);
         assert!(open.snapshot().may_learn(&[7; 8], &other));
-        assert!(open.learn([7; 8], other.clone(), None, None));
+        assert_eq!(open.learn([7; 8], other.clone(), None, None), Taught::New);
         assert_eq!(open.snapshot().known(&[7; 8], 0x4000), Some(other));
+    }
+
+    #[test]
+    fn a_learnt_configuration_is_known_only_to_its_teachers_address_or_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let by: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let same_ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let other_ip: IpAddr = "192.0.2.2".parse().unwrap();
+        let room = PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), false);
+        assert_eq!(
+            room.learn([7; 8], table(0x4000), Some(by), None),
+            Taught::New
+        );
+        assert_eq!(
+            room.learn([9; 8], table(0x4000), Some(by), Some(Arc::from("ox-9"))),
+            Taught::New
+        );
+        let check = |room: &PhdRoom| {
+            let snap = room.snapshot();
+            let claim = |peer: IpAddr, identity: Option<&'static str>| {
+                Claim {
+                    snapshot: &snap,
+                    peer: Some(peer),
+                    identity,
+                }
+                .known(&[7; 8], 0x4000)
+                .is_some()
+            };
+            assert!(claim(same_ip, None), "the teacher's IP (any port)");
+            assert!(!claim(other_ip, None), "another IP: asked for its table");
+            let unknown_peer = Claim {
+                snapshot: &snap,
+                peer: None,
+                identity: None,
+            };
+            assert!(unknown_peer.known(&[7; 8], 0x4000).is_none());
+            let far = Claim {
+                snapshot: &snap,
+                peer: Some(other_ip),
+                identity: Some("ox-9"),
+            };
+            assert!(
+                far.known(&[9; 8], 0x4000).is_some(),
+                "a certificate identity is trusted from anywhere"
+            );
+            assert!(far.known(&[1; 8], 0x0190).is_some(), "standard: everybody");
+            let not_ox9 = Claim {
+                snapshot: &snap,
+                peer: Some(same_ip),
+                identity: Some("ox-8"),
+            };
+            assert!(not_ox9.known(&[9; 8], 0x4000).is_none());
+            assert!(far.may_learn(&[7; 8], &table(0x4000)), "the same table");
+        };
+        check(&room);
+        // The same table from another address: nothing changes, the teacher stays.
+        let moved: SocketAddr = "192.0.2.2:5000".parse().unwrap();
+        assert_eq!(
+            room.learn([7; 8], table(0x4000), Some(moved), None),
+            Taught::Same
+        );
+        assert_eq!(room.taught_by(&[7; 8], 0x4000), Some(by));
+        check(&room);
+        room.flush();
+        drop(room);
+        check(&PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), false));
     }
 
     #[test]

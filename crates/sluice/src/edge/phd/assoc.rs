@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::conn::{Conn, Read, Secure};
 use super::{Handover, PhdShared};
-use crate::control::phd::{hex, AgentEntry};
+use crate::control::phd::{hex, AgentEntry, Claim, Taught};
 use crate::shard::ShardCmd;
 
 /// What the connection's task does next.
@@ -139,8 +139,15 @@ pub async fn signal(
                     return apply(shared, conn, m, out, shard, conn_id).await;
                 }
             }
+            // A learnt table is trusted only from its teacher's address or identity: any
+            // other agent claiming it is asked for its table (control::phd module docs).
             let snapshot = shared.room.snapshot();
-            m.on_apdu(apdu, now, &*snapshot, &mut out);
+            let claim = Claim {
+                snapshot: &snapshot,
+                peer: conn.peer.map(|p| p.ip()),
+                identity: conn.identity().map(|i| &**i),
+            };
+            m.on_apdu(apdu, now, &claim, &mut out);
         }
         Some(Err(e)) => m.on_decode_error(&e, now, &mut out),
         None => {
@@ -193,16 +200,26 @@ async fn apply(
                 );
             }
             Output::ConfigAccepted { agent, table } => {
-                metrics.configs_learnt.inc();
-                tracing::debug!(system_id = %hex(&agent.system_id), config_id = agent.config_id, objects = table.objects.len(), "PHD configuration accepted and stored");
                 metrics.associations.inc();
                 let spec = specialization(&table);
                 let config_id = table.config_id;
-                if !room.learn(agent.system_id, table, conn.peer, conn.identity().cloned()) {
-                    // Lost a race with another connection teaching a different table
-                    // (single-plane shards only): the first stays stored; this connection
-                    // goes on with its own table for its own reports.
-                    conflict(shared, &agent.system_id, config_id, conn.peer);
+                let objects = table.objects.len();
+                match room.learn(agent.system_id, table, conn.peer, conn.identity().cloned()) {
+                    Taught::New => {
+                        metrics.configs_learnt.inc();
+                        tracing::debug!(system_id = %hex(&agent.system_id), config_id, objects, "PHD configuration accepted and stored");
+                    }
+                    Taught::Same => {
+                        // Asked again (another address than the teacher's): the same table.
+                        metrics.config_reconfirmed.inc();
+                        tracing::debug!(system_id = %hex(&agent.system_id), config_id, peer = ?conn.peer, "PHD configuration re-sent unchanged; accepted, its teacher stays");
+                    }
+                    Taught::Conflict => {
+                        // Lost a race with another connection teaching a different table
+                        // (single-plane shards only): the first stays stored; this
+                        // connection goes on with its own table for its own reports.
+                        conflict(shared, &agent.system_id, config_id, conn.peer);
+                    }
                 }
                 room.update(&agent.system_id, |e| {
                     e.state = "operating";

@@ -27,7 +27,9 @@
 //! allow-list of system ids) rejects the others at the AARQ (rejected-unauthorized); a
 //! configuration learnt is bound to the first agent that taught it for that system id
 //! (see [`crate::control::phd`]): another table for the same system id and config id is
-//! refused.
+//! refused, and the learnt table is used without asking only for an agent from the
+//! teacher's IP address (or with its certificate CN) — any other is answered
+//! accepted-unknown-config and must send its table, which must be the same.
 //!
 //! Bounds: `phd.max_connections` open connections (more closed at accept, counted),
 //! `phd.max_apdu` per APDU (ABRT buffer-overflow), `phd.max_agents` in the table (AARQ
