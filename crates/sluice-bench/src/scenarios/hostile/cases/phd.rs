@@ -63,6 +63,9 @@ pub(super) async fn case5(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
 
 // 6 ----------------------------------------------------------------------------------------
 
+/// Where case 6's impostor connects from (the genuine agent: 127.0.0.1).
+const IMPOSTOR_IP: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+
 pub(super) async fn case6(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
     let bed = ctx.bed;
     let system_id: u64 = 0x1122_3344_5566_7788;
@@ -78,7 +81,10 @@ pub(super) async fn case6(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         config_id: 0x4000,
         ..AgentSpec::new(PhdDevice::Glucometer)
     };
-    let mut a = PhdAgent::connect(bed.phd, impostor).await?;
+    // From another host (127.0.0.2: all of 127/8 is loopback): an impostor is another device
+    // on the network. One on the genuine agent's own IP cannot be told apart without TLS
+    // client certificates ([phd.tls]; ADR 0009).
+    let mut a = PhdAgent::connect_from(bed.phd, IMPOSTOR_IP, impostor).await?;
     let taught = a.associate().await?;
     let _ = a.release().await;
     drop(a);
@@ -123,7 +129,7 @@ pub(super) async fn case6(ctx: &Ctx<'_>) -> anyhow::Result<Outcome> {
         met: mislabelled == 0,
         observed: vec![
             format!(
-                "impostor (system id {hex}, config 0x4000, glucometer table): AARE {}, config result {:?}",
+                "impostor from 127.0.0.2 (system id {hex}, config 0x4000, glucometer table): AARE {}, config result {:?}",
                 taught.aare_result, taught.config_result
             ),
             format!(
