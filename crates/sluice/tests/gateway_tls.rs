@@ -278,6 +278,54 @@ async fn identity_from_cert_admits_a_device_by_its_cn_where_passwords_are_requir
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_certificate_identity_is_the_username_acl_rules_see() {
+    let pki = TestPki::generate();
+    // Default deny; devices whose verified username matches `sluice-test-*` may use their own
+    // tree `devices/%u/#`. The CONNECT carries no username: only the certificate names it.
+    let acl = "[acl]\ndefault = \"deny\"\n[[acl.rule]]\nusers = \"sluice-test-*\"\n\
+               action = \"all\"\ntopics = [\"devices/%u/#\"]\npermission = \"allow\"\n";
+    let tls = tls_section(&pki, &format!("{}identity_from_cert = true\n", client_ca(&pki)));
+    let gw = start("", &format!("{tls}{acl}"));
+    let port = gw.tls_addr.expect("tls listener").port();
+    let with_cert = mosquitto_tls(
+        pki.ca_path(),
+        Some((pki.client_cert_path(), pki.client_key_path())),
+    );
+    let own = format!("devices/{CLIENT_COMMON_NAME}/t");
+    let out = mosquitto_round_trip(port, &with_cert, &own, "mine").await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "mine",
+        "the certificate's own tree: stderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let denied = |m: &str| {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("sluice_acl_denied_total")
+                    && l.contains("edge=\"mqtt\"")
+                    && l.contains("action=\"publish\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert_eq!(denied(&gw.metrics_text()), 0.0);
+    // Another device's tree, with its name claimed as the CONNECT's username: denied.
+    Command::new("mosquitto_pub")
+        .args(["-h", "localhost", "-p", &port.to_string(), "-V", "mqttv5", "-q", "1"])
+        .args(["-t", "devices/sluice-test-other/t", "-m", "x", "-u", "sluice-test-other"])
+        .args(&with_cert)
+        .output()
+        .expect("mosquitto_pub");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while denied(&gw.metrics_text()) < 1.0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(denied(&gw.metrics_text()), 1.0, "{}", gw.metrics_text());
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paho_round_trips_over_websocket_and_secure_websocket() {
     let pki = TestPki::generate();
     let extra = format!(
