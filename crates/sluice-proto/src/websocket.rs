@@ -148,9 +148,7 @@ impl FrameDecoder {
                         OP_CONTINUATION if !self.in_message => {
                             return Err(FrameError::StrayContinuation)
                         }
-                        OP_BINARY if self.in_message => {
-                            return Err(FrameError::InterleavedMessage)
-                        }
+                        OP_BINARY if self.in_message => return Err(FrameError::InterleavedMessage),
                         _ => {}
                     }
                     if header.len > self.max_frame {
@@ -314,7 +312,9 @@ mod tests {
     #[test]
     fn rfc6455_masked_example_is_unmasked() {
         // RFC 6455 §5.7 "A single-frame masked text message" with the opcode made binary.
-        let frame = [0x82, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58];
+        let frame = [
+            0x82, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58,
+        ];
         let (data, controls) = decode_all(&mut FrameDecoder::new(1024), &frame);
         assert_eq!(data, b"Hello");
         assert!(controls.is_empty());
@@ -344,12 +344,27 @@ mod tests {
         let mask = [0; 4];
         let cases: Vec<(Vec<u8>, u16)> = vec![
             (vec![0x82, 0x01, b'x'], CLOSE_PROTOCOL_ERROR), // unmasked
-            (client_frame(true, OP_TEXT, b"x", mask), CLOSE_UNSUPPORTED_DATA),
-            (client_frame(true, OP_CONTINUATION, b"x", mask), CLOSE_PROTOCOL_ERROR),
+            (
+                client_frame(true, OP_TEXT, b"x", mask),
+                CLOSE_UNSUPPORTED_DATA,
+            ),
+            (
+                client_frame(true, OP_CONTINUATION, b"x", mask),
+                CLOSE_PROTOCOL_ERROR,
+            ),
             (client_frame(true, 0x3, b"x", mask), CLOSE_PROTOCOL_ERROR),
-            (client_frame(false, OP_PING, b"x", mask), CLOSE_PROTOCOL_ERROR),
-            (client_frame(true, OP_PING, &[0; 126], mask), CLOSE_PROTOCOL_ERROR),
-            (client_frame(true, OP_CLOSE, b"x", mask), CLOSE_PROTOCOL_ERROR),
+            (
+                client_frame(false, OP_PING, b"x", mask),
+                CLOSE_PROTOCOL_ERROR,
+            ),
+            (
+                client_frame(true, OP_PING, &[0; 126], mask),
+                CLOSE_PROTOCOL_ERROR,
+            ),
+            (
+                client_frame(true, OP_CLOSE, b"x", mask),
+                CLOSE_PROTOCOL_ERROR,
+            ),
             (client_frame(true, OP_BINARY, &[0; 65], mask), CLOSE_TOO_BIG),
         ];
         for (bytes, code) in cases {

@@ -55,10 +55,23 @@ fn mosquitto_tls(ca: &Path, cert: Option<(&Path, &Path)>) -> Vec<String> {
 /// Returns what the subscriber printed.
 async fn mosquitto_round_trip(port: u16, tls: &[String], topic: &str, payload: &str) -> Output {
     let mut sub = tokio::process::Command::new("mosquitto_sub");
-    sub.args(["-h", "localhost", "-p", &port.to_string(), "-t", topic, "-C", "1", "-W", "15", "-q", "1"])
-        .args(tls)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    sub.args([
+        "-h",
+        "localhost",
+        "-p",
+        &port.to_string(),
+        "-t",
+        topic,
+        "-C",
+        "1",
+        "-W",
+        "15",
+        "-q",
+        "1",
+    ])
+    .args(tls)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let sub = sub.spawn().expect("mosquitto_sub");
     let waiting = tokio::spawn(sub.wait_with_output());
     for _ in 0..50 {
@@ -66,7 +79,18 @@ async fn mosquitto_round_trip(port: u16, tls: &[String], topic: &str, payload: &
             break;
         }
         let _ = tokio::process::Command::new("mosquitto_pub")
-            .args(["-h", "localhost", "-p", &port.to_string(), "-t", topic, "-m", payload, "-q", "1"])
+            .args([
+                "-h",
+                "localhost",
+                "-p",
+                &port.to_string(),
+                "-t",
+                topic,
+                "-m",
+                payload,
+                "-q",
+                "1",
+            ])
             .args(tls)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -80,7 +104,16 @@ async fn mosquitto_round_trip(port: u16, tls: &[String], topic: &str, payload: &
 /// A mosquitto_pub that should be refused; returns its exit status and stderr.
 fn mosquitto_pub_once(port: u16, tls: &[String], extra: &[&str]) -> Output {
     Command::new("mosquitto_pub")
-        .args(["-h", "localhost", "-p", &port.to_string(), "-t", "t/refused", "-m", "x"])
+        .args([
+            "-h",
+            "localhost",
+            "-p",
+            &port.to_string(),
+            "-t",
+            "t/refused",
+            "-m",
+            "x",
+        ])
         .args(tls)
         .args(extra)
         .output()
@@ -92,7 +125,13 @@ async fn mosquitto_clients_publish_and_subscribe_over_tls_without_client_certifi
     let pki = TestPki::generate();
     let gw = start("", &tls_section(&pki, ""));
     let port = gw.tls_addr.expect("tls listener").port();
-    let out = mosquitto_round_trip(port, &mosquitto_tls(pki.ca_path(), None), "tls/plain", "over-tls").await;
+    let out = mosquitto_round_trip(
+        port,
+        &mosquitto_tls(pki.ca_path(), None),
+        "tls/plain",
+        "over-tls",
+    )
+    .await;
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "over-tls",
@@ -108,7 +147,10 @@ async fn mosquitto_clients_with_client_certificates_and_a_certificate_from_anoth
     let other = TestPki::generate();
     let gw = start(
         "",
-        &tls_section(&pki, &format!("{}require_client_cert = true\n", client_ca(&pki))),
+        &tls_section(
+            &pki,
+            &format!("{}require_client_cert = true\n", client_ca(&pki)),
+        ),
     );
     let port = gw.tls_addr.expect("tls listener").port();
     let with_cert = mosquitto_tls(
@@ -130,10 +172,16 @@ async fn mosquitto_clients_with_client_certificates_and_a_certificate_from_anoth
         Some((other.client_cert_path(), other.client_key_path())),
     );
     let refused = mosquitto_pub_once(port, &foreign, &[]);
-    assert!(!refused.status.success(), "a foreign CA's certificate was accepted");
+    assert!(
+        !refused.status.success(),
+        "a foreign CA's certificate was accepted"
+    );
     // No certificate at all, where one is required: refused too.
     let refused = mosquitto_pub_once(port, &mosquitto_tls(pki.ca_path(), None), &[]);
-    assert!(!refused.status.success(), "a device without a certificate was accepted");
+    assert!(
+        !refused.status.success(),
+        "a device without a certificate was accepted"
+    );
     // Counted once the gateway's handshake task ends, which may be just after the client
     // read the alert and exited.
     let counted = common::eventually(Duration::from_secs(2), || {
@@ -219,7 +267,10 @@ async fn paho_round_trips_over_tls_with_and_without_a_client_certificate() {
             paho(
                 addr,
                 "tcp",
-                Some((pki.ca_path(), Some((pki.client_cert_path(), pki.client_key_path())))),
+                Some((
+                    pki.ca_path(),
+                    Some((pki.client_cert_path(), pki.client_key_path())),
+                )),
             ),
         )
     });
@@ -239,7 +290,10 @@ async fn identity_from_cert_admits_a_device_by_its_cn_where_passwords_are_requir
     );
     let gw = start(
         &mqtt,
-        &tls_section(&pki, &format!("{}identity_from_cert = true\n", client_ca(&pki))),
+        &tls_section(
+            &pki,
+            &format!("{}identity_from_cert = true\n", client_ca(&pki)),
+        ),
     );
     let port = gw.tls_addr.expect("tls listener").port();
     let with_cert = mosquitto_tls(
@@ -263,15 +317,30 @@ async fn identity_from_cert_admits_a_device_by_its_cn_where_passwords_are_requir
     );
     // Without a certificate on this listener the device is not authorized (CONNACK 5).
     let out = mosquitto_pub_once(port, &mosquitto_tls(pki.ca_path(), None), &[]);
-    assert!(!out.status.success(), "a device without a certificate was admitted");
+    assert!(
+        !out.status.success(),
+        "a device without a certificate was admitted"
+    );
     // And on the plain listener, the same anonymous device is refused as before.
     let plain = Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &gw.mqtt_addr.port().to_string(), "-t", "t", "-m", "x"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &gw.mqtt_addr.port().to_string(),
+            "-t",
+            "t",
+            "-m",
+            "x",
+        ])
         .output()
         .expect("mosquitto_pub");
     assert!(!plain.status.success());
     let m = gw.metrics_text();
-    assert!(metric_sum(&m, "sluice_mqtt_cert_identities_total") >= 2.0, "{m}");
+    assert!(
+        metric_sum(&m, "sluice_mqtt_cert_identities_total") >= 2.0,
+        "{m}"
+    );
     assert_eq!(metric_sum(&m, "sluice_mqtt_cert_missing_total"), 1.0, "{m}");
     assert_eq!(CLIENT_COMMON_NAME, "sluice-test-client");
     gw.shutdown();
@@ -284,7 +353,10 @@ async fn the_certificate_identity_is_the_username_acl_rules_see() {
     // tree `devices/%u/#`. The CONNECT carries no username: only the certificate names it.
     let acl = "[acl]\ndefault = \"deny\"\n[[acl.rule]]\nusers = \"sluice-test-*\"\n\
                action = \"all\"\ntopics = [\"devices/%u/#\"]\npermission = \"allow\"\n";
-    let tls = tls_section(&pki, &format!("{}identity_from_cert = true\n", client_ca(&pki)));
+    let tls = tls_section(
+        &pki,
+        &format!("{}identity_from_cert = true\n", client_ca(&pki)),
+    );
     let gw = start("", &format!("{tls}{acl}"));
     let port = gw.tls_addr.expect("tls listener").port();
     let with_cert = mosquitto_tls(
@@ -312,8 +384,24 @@ async fn the_certificate_identity_is_the_username_acl_rules_see() {
     assert_eq!(denied(&gw.metrics_text()), 0.0);
     // Another device's tree, with its name claimed as the CONNECT's username: denied.
     Command::new("mosquitto_pub")
-        .args(["-h", "localhost", "-p", &port.to_string(), "-V", "mqttv5", "-q", "1"])
-        .args(["-t", "devices/sluice-test-other/t", "-m", "x", "-u", "sluice-test-other"])
+        .args([
+            "-h",
+            "localhost",
+            "-p",
+            &port.to_string(),
+            "-V",
+            "mqttv5",
+            "-q",
+            "1",
+        ])
+        .args([
+            "-t",
+            "devices/sluice-test-other/t",
+            "-m",
+            "x",
+            "-u",
+            "sluice-test-other",
+        ])
         .args(&with_cert)
         .output()
         .expect("mosquitto_pub");
@@ -384,15 +472,26 @@ async fn websocket_frames_split_packets_pings_are_answered_and_bad_upgrades_refu
 
     let (mut s, head) = ws_upgrade(ws, "/mqtt").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
+    assert!(
+        head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        "{head}"
+    );
     assert!(head.contains("Sec-WebSocket-Protocol: mqtt"), "{head}");
     // A CONNECT split over two frames (the first not final), a ping between them, then a
     // PINGREQ in the same frame as nothing else.
     let connect: &[u8] = b"\x10\x0f\x00\x04MQTT\x04\x02\x00\x3c\x00\x03ws1";
-    s.write_all(&masked_frame(0x2, false, &connect[..5])).await.expect("w");
-    s.write_all(&masked_frame(0x9, true, b"hi")).await.expect("w");
-    s.write_all(&masked_frame(0x0, true, &connect[5..])).await.expect("w");
-    s.write_all(&masked_frame(0x2, true, b"\xc0\x00")).await.expect("w");
+    s.write_all(&masked_frame(0x2, false, &connect[..5]))
+        .await
+        .expect("w");
+    s.write_all(&masked_frame(0x9, true, b"hi"))
+        .await
+        .expect("w");
+    s.write_all(&masked_frame(0x0, true, &connect[5..]))
+        .await
+        .expect("w");
+    s.write_all(&masked_frame(0x2, true, b"\xc0\x00"))
+        .await
+        .expect("w");
     // Server frames (unmasked, short): the pong, and binary frames whose payloads together
     // are CONNACK then PINGRESP (in one frame or two, as the writes happen to go).
     let mut pongs = Vec::new();
@@ -567,7 +666,10 @@ async fn idle_cost(
     let before = rss_kib();
     let child = open_idle(gw, addr, n, ca, ws).await;
     let after = rss_kib();
-    ((after.saturating_sub(before)) as f64 * 1024.0 / n as f64, child)
+    (
+        (after.saturating_sub(before)) as f64 * 1024.0 / n as f64,
+        child,
+    )
 }
 
 async fn close_idle(gw: &RunningGateway, children: Vec<tokio::process::Child>) {
@@ -588,17 +690,34 @@ async fn close_idle(gw: &RunningGateway, children: Vec<tokio::process::Child>) {
 async fn idle_connection_memory_by_transport() {
     const N: usize = 500;
     let pki = TestPki::generate();
-    let extra = format!("{}[mqtt.ws]\nlisten = \"127.0.0.1:0\"\n", tls_section(&pki, ""));
+    let extra = format!(
+        "{}[mqtt.ws]\nlisten = \"127.0.0.1:0\"\n",
+        tls_section(&pki, "")
+    );
     let gw = start("", &extra);
     // Warm up allocator arenas and lazily built state on each path with a first round,
     // kept open: memory freed before a measurement would be reused by it and hide its cost.
     let warm = vec![
         open_idle(&gw, gw.mqtt_addr, 50, None, false).await,
-        open_idle(&gw, gw.tls_addr.expect("tls"), 50, Some(pki.ca_path()), false).await,
+        open_idle(
+            &gw,
+            gw.tls_addr.expect("tls"),
+            50,
+            Some(pki.ca_path()),
+            false,
+        )
+        .await,
         open_idle(&gw, gw.ws_addr.expect("ws"), 50, None, true).await,
     ];
     let (plain, a) = idle_cost(&gw, gw.mqtt_addr, N, None, false).await;
-    let (tls, b) = idle_cost(&gw, gw.tls_addr.expect("tls"), N, Some(pki.ca_path()), false).await;
+    let (tls, b) = idle_cost(
+        &gw,
+        gw.tls_addr.expect("tls"),
+        N,
+        Some(pki.ca_path()),
+        false,
+    )
+    .await;
     let (ws, c) = idle_cost(&gw, gw.ws_addr.expect("ws"), N, None, true).await;
     let mut all = warm;
     all.extend([a, b, c]);
@@ -610,7 +729,10 @@ async fn idle_connection_memory_by_transport() {
     // Loose bounds: a regression that holds a read buffer or rustls' handshake state per idle
     // connection would show.
     assert!(tls < 48.0 * 1024.0, "idle TLS connection costs {tls:.0} B");
-    assert!(ws < 24.0 * 1024.0, "idle WebSocket connection costs {ws:.0} B");
+    assert!(
+        ws < 24.0 * 1024.0,
+        "idle WebSocket connection costs {ws:.0} B"
+    );
     gw.shutdown();
 }
 
@@ -630,7 +752,9 @@ async fn tls_1_2_is_offered_by_default_and_refused_with_min_version_1_3() {
 
     let gw = start("", &tls_section(&pki, "min_version = \"1.3\"\n"));
     let opts = ConnectOpts::v311("old-stack").with_tls(tls12_only, "localhost");
-    assert!(TestClient::connect(gw.tls_addr.expect("tls"), opts).await.is_err());
+    assert!(TestClient::connect(gw.tls_addr.expect("tls"), opts)
+        .await
+        .is_err());
     let counted = common::eventually(Duration::from_secs(2), || {
         metric_sum(
             &gw.metrics_text(),
@@ -651,7 +775,10 @@ async fn wss_devices_are_identified_by_their_certificate_too() {
     );
     let extra = format!(
         "{}[mqtt.wss]\nlisten = \"127.0.0.1:0\"\n",
-        tls_section(&pki, &format!("{}identity_from_cert = true\n", client_ca(&pki)))
+        tls_section(
+            &pki,
+            &format!("{}identity_from_cert = true\n", client_ca(&pki))
+        )
     );
     let gw = start(&mqtt, &extra);
     let wss = gw.wss_addr.expect("wss listener");
@@ -660,7 +787,10 @@ async fn wss_devices_are_identified_by_their_certificate_too() {
             paho(
                 wss,
                 "websockets",
-                Some((pki.ca_path(), Some((pki.client_cert_path(), pki.client_key_path())))),
+                Some((
+                    pki.ca_path(),
+                    Some((pki.client_cert_path(), pki.client_key_path())),
+                )),
             ),
             paho(wss, "websockets", Some((pki.ca_path(), None))),
         )
@@ -668,7 +798,11 @@ async fn wss_devices_are_identified_by_their_certificate_too() {
     assert_eq!(with_cert, "hello-websockets");
     assert!(without.starts_with("refused"), "{without}");
     let m = gw.metrics_text();
-    assert_eq!(metric_sum(&m, "sluice_mqtt_cert_identities_total"), 1.0, "{m}");
+    assert_eq!(
+        metric_sum(&m, "sluice_mqtt_cert_identities_total"),
+        1.0,
+        "{m}"
+    );
     assert_eq!(metric_sum(&m, "sluice_mqtt_cert_missing_total"), 1.0, "{m}");
     gw.shutdown();
 }

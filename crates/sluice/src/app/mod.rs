@@ -512,7 +512,12 @@ impl Gateway {
         listeners.extend(mqtt_more);
         threads.insert(
             0,
-            spawn_listener(listener, listeners, shutdown_rx, config.gateway.control_core)?,
+            spawn_listener(
+                listener,
+                listeners,
+                shutdown_rx,
+                config.gateway.control_core,
+            )?,
         );
         tracing::info!(%mqtt_addr, mqtt_tls = ?tls_addr, mqtt_ws = ?ws_addr, mqtt_wss = ?wss_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {

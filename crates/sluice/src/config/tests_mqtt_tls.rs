@@ -24,7 +24,10 @@ fn tls_ws_and_wss_sections_take_their_defaults() {
     assert!(!tls.require_client_cert && !tls.identity_from_cert);
     assert_eq!(tls.client_ca_file, None);
     let ws = c.mqtt.ws.expect("ws");
-    assert_eq!((ws.listen, ws.path.as_str()), ("127.0.0.1:8080".parse().unwrap(), "/mqtt"));
+    assert_eq!(
+        (ws.listen, ws.path.as_str()),
+        ("127.0.0.1:8080".parse().unwrap(), "/mqtt")
+    );
     let wss = c.mqtt.wss.expect("wss");
     assert_eq!(wss.listen, "127.0.0.1:8081".parse().unwrap());
     // Absent sections: no listener.
@@ -35,7 +38,10 @@ fn tls_ws_and_wss_sections_take_their_defaults() {
 #[test]
 fn unknown_and_missing_tls_keys_are_named() {
     let e = err(&format!("{TLS}verify = true\n"));
-    assert!(e.starts_with("mqtt.tls.verify: unknown field `verify`"), "{e}");
+    assert!(
+        e.starts_with("mqtt.tls.verify: unknown field `verify`"),
+        "{e}"
+    );
     let e = err("[mqtt.tls]\ncert_file = \"s.pem\"\n");
     assert!(e.contains("mqtt.tls") && e.contains("key_file"), "{e}");
     let e = err("[mqtt.ws]\nlisten = \"127.0.0.1:9\"\npth = \"/x\"\n");
@@ -60,10 +66,18 @@ fn wss_needs_tls_and_paths_and_addresses_are_checked() {
     assert!(e.starts_with("mqtt.wss: needs [mqtt.tls]"), "{e}");
     let e = err("[mqtt.ws]\npath = \"mqtt\"\n");
     assert!(e.starts_with("mqtt.ws.path: "), "{e}");
-    let e = err(&format!("[mqtt]\nlisten = \"127.0.0.1:1883\"\n{TLS}listen = \"127.0.0.1:1883\"\n"));
-    assert!(e.starts_with("mqtt.tls.listen: is the same address as mqtt.listen"), "{e}");
+    let e = err(&format!(
+        "[mqtt]\nlisten = \"127.0.0.1:1883\"\n{TLS}listen = \"127.0.0.1:1883\"\n"
+    ));
+    assert!(
+        e.starts_with("mqtt.tls.listen: is the same address as mqtt.listen"),
+        "{e}"
+    );
     let e = err("[mqtt.ws]\nlisten = \"127.0.0.1:9100\"\n");
-    assert!(e.starts_with("mqtt.ws.listen: is the same address as admin.listen"), "{e}");
+    assert!(
+        e.starts_with("mqtt.ws.listen: is the same address as admin.listen"),
+        "{e}"
+    );
     // Port 0 (tests) never clashes.
     assert!(parse_unchecked_files(&format!(
         "[mqtt]\nlisten = \"127.0.0.1:0\"\n{TLS}listen = \"127.0.0.1:0\"\n[mqtt.ws]\nlisten = \"127.0.0.1:0\"\n"
@@ -77,7 +91,10 @@ fn tls_files_must_exist_and_hold_pem_and_relative_paths_follow_the_config_file()
     let path = dir.path().join("sluice.toml");
     fs::write(&path, format!("{TLS}client_ca_file = \"devices/ca.pem\"\n")).unwrap();
     let e = load(Some(&path)).unwrap_err().to_string();
-    assert!(e.starts_with("mqtt.tls.cert_file: cannot read ") && e.contains("s.pem"), "{e}");
+    assert!(
+        e.starts_with("mqtt.tls.cert_file: cannot read ") && e.contains("s.pem"),
+        "{e}"
+    );
     fs::write(dir.path().join("s.pem"), PEM_CERT).unwrap();
     fs::write(dir.path().join("s.key"), "no key here\n").unwrap();
     let e = load(Some(&path)).unwrap_err().to_string();
@@ -98,6 +115,9 @@ fn listeners_print_back_and_reparse_equal() {
     );
     let c = parse_unchecked_files(&text).expect("valid");
     let printed = c.to_toml();
-    assert!(printed.contains("[mqtt.tls]") && printed.contains("[mqtt.wss]"), "{printed}");
+    assert!(
+        printed.contains("[mqtt.tls]") && printed.contains("[mqtt.wss]"),
+        "{printed}"
+    );
     assert_eq!(parse_unchecked_files(&printed).expect("reparses"), c);
 }

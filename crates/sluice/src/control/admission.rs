@@ -483,7 +483,10 @@ mod tests {
         // CONNECT's username and password are gone, and no hash was computed.
         let mut c = connect(Some("someone"), Some(b"wrong"));
         let cn = TransportIdentity::Certificate(ByteString::from("sensor-7"));
-        assert_eq!(admission.admit_as(&mut c, cn, deadline, &metrics).await, Ok(false));
+        assert_eq!(
+            admission.admit_as(&mut c, cn, deadline, &metrics).await,
+            Ok(false)
+        );
         assert_eq!(c.username.as_deref(), Some("sensor-7"));
         assert_eq!(c.password, None);
         assert_eq!(metrics.checks.get(), 0);
@@ -491,7 +494,12 @@ mod tests {
         let mut c = connect(Some("someone"), Some(b"pw"));
         assert_eq!(
             admission
-                .admit_as(&mut c, TransportIdentity::MissingCertificate, deadline, &metrics)
+                .admit_as(
+                    &mut c,
+                    TransportIdentity::MissingCertificate,
+                    deadline,
+                    &metrics
+                )
                 .await,
             Err(Refusal::NotAuthorized)
         );

@@ -53,7 +53,9 @@ pub(in crate::config) fn check_mqtt_listeners(
             if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c == '?') {
                 return invalid(
                     key,
-                    &format!("{path:?} must be an absolute HTTP path without a query, e.g. \"/mqtt\""),
+                    &format!(
+                        "{path:?} must be an absolute HTTP path without a query, e.g. \"/mqtt\""
+                    ),
                 );
             }
         }

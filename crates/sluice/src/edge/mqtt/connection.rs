@@ -33,13 +33,13 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use crate::edge::mqtt::stream::{DeviceReader, DeviceWriter};
 use bytes::BytesMut;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{
     encode, reason, ConnAck, Decoder, Disconnect, Packet, Properties, ProtocolVersion, PubResponse,
     QoS, Will,
 };
-use crate::edge::mqtt::stream::{DeviceReader, DeviceWriter};
 
 use crate::control::acl::Subject;
 use crate::control::priority::Priority;

@@ -31,7 +31,6 @@
 //! pool, `auth_queue` waiting, each wait ending at the CONNECT deadline); logins beyond are
 //! refused as busy.
 
-
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -294,7 +293,9 @@ impl MqttListener {
                             TransportIdentity::Login
                         } else {
                             match core.identity() {
-                                Some(name) => TransportIdentity::Certificate(ByteString::from(name)),
+                                Some(name) => {
+                                    TransportIdentity::Certificate(ByteString::from(name))
+                                }
                                 None => TransportIdentity::MissingCertificate,
                             }
                         };
@@ -343,12 +344,19 @@ impl MqttListener {
 
     /// A refusal before CONNECT: logged at most once a second (a scanner or a storm of bad
     /// handshakes must not flood the log); counted by the caller.
-    fn log_refusal(&self, peer: std::net::SocketAddr, what: &'static str, error: &dyn std::fmt::Display) {
+    fn log_refusal(
+        &self,
+        peer: std::net::SocketAddr,
+        what: &'static str,
+        error: &dyn std::fmt::Display,
+    ) {
         thread_local! {
             static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
         }
         let due = LAST.with(|last| {
-            let due = last.get().is_none_or(|t| t.elapsed() > Duration::from_secs(1));
+            let due = last
+                .get()
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(1));
             if due {
                 last.set(Some(Instant::now()));
             }

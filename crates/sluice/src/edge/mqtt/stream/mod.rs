@@ -227,7 +227,9 @@ impl DeviceWriter {
         match self {
             DeviceWriter::Tcp(wr) => Either::Left(wr.write_all(data)),
             DeviceWriter::Tls(core) => Either::Right(Box::pin(core.write_all(data)) as BoxedIo<'a>),
-            DeviceWriter::Ws(core) => Either::Right(Box::pin(core.write_frame(data)) as BoxedIo<'a>),
+            DeviceWriter::Ws(core) => {
+                Either::Right(Box::pin(core.write_frame(data)) as BoxedIo<'a>)
+            }
         }
     }
 
@@ -363,7 +365,9 @@ mod plain_future_sizes {
 
     #[tokio::test]
     async fn plain_reads_and_writes_hold_futures_no_larger_than_before() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let (mut rd, mut wr) = TcpStream::connect(l.local_addr().expect("addr"))
             .await
             .expect("connect")

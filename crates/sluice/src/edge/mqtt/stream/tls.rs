@@ -85,13 +85,14 @@ impl HandshakeError {
 /// The rustls configuration of `[mqtt.tls]` (shared by the tls and wss listeners).
 pub fn server_config(cfg: &MqttTlsConfig) -> Result<Arc<ServerConfig>, TlsSetupError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&'static rustls::SupportedProtocolVersion] = if cfg.min_version == TlsMinVersion::Tls12 {
-        &[&rustls::version::TLS13, &rustls::version::TLS12]
-    } else {
-        &[&rustls::version::TLS13]
-    };
-    let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(versions)?;
+    let versions: &[&'static rustls::SupportedProtocolVersion] =
+        if cfg.min_version == TlsMinVersion::Tls12 {
+            &[&rustls::version::TLS13, &rustls::version::TLS12]
+        } else {
+            &[&rustls::version::TLS13]
+        };
+    let builder =
+        ServerConfig::builder_with_provider(provider.clone()).with_protocol_versions(versions)?;
     let builder = match &cfg.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(path) => {
@@ -165,7 +166,9 @@ pub async fn handshake(
         while conn.wants_write() {
             match conn.write_tls(&mut TcpIo(&tcp)) {
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => within(deadline, tcp.writable()).await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    within(deadline, tcp.writable()).await?
+                }
                 Err(e) => return Err(HandshakeError::Io(e)),
             }
         }
@@ -181,7 +184,9 @@ pub async fn handshake(
                     return Err(classify(error));
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => within(deadline, tcp.readable()).await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                within(deadline, tcp.readable()).await?
+            }
             Err(e) => return Err(HandshakeError::Io(e)),
         }
     }
@@ -331,9 +336,7 @@ impl TlsCore {
             .is_some_and(|c| !c.is_empty())
     }
 
-    pub(super) fn into_parts(
-        self,
-    ) -> io::Result<(std::net::TcpStream, Box<ServerConnection>)> {
+    pub(super) fn into_parts(self) -> io::Result<(std::net::TcpStream, Box<ServerConnection>)> {
         Ok((self.tcp.into_std()?, self.tls.into_inner()))
     }
 

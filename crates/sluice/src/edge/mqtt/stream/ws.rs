@@ -427,19 +427,27 @@ mod tests {
 
     #[test]
     fn upgrade_requests_are_checked() {
-        let ok = request("/mqtt", "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n");
+        let ok = request(
+            "/mqtt",
+            "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n",
+        );
         let (len, accept, protocol) = parse_request(ok.as_bytes(), "/mqtt")
             .expect("valid")
             .expect("complete");
         assert_eq!(len, ok.len());
         assert_eq!(accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
         assert_eq!(protocol, "mqtt");
-        assert!(parse_request(&ok.as_bytes()[..20], "/mqtt").expect("partial").is_none());
+        assert!(parse_request(&ok.as_bytes()[..20], "/mqtt")
+            .expect("partial")
+            .is_none());
         assert!(matches!(
             parse_request(ok.as_bytes(), "/other"),
             Err(UpgradeError::NotFound)
         ));
-        let v8 = request("/mqtt", "Sec-WebSocket-Version: 8\r\nSec-WebSocket-Protocol: mqtt\r\n");
+        let v8 = request(
+            "/mqtt",
+            "Sec-WebSocket-Version: 8\r\nSec-WebSocket-Protocol: mqtt\r\n",
+        );
         assert!(matches!(
             parse_request(v8.as_bytes(), "/mqtt"),
             Err(UpgradeError::Version)
