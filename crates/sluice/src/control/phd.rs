@@ -1012,10 +1012,9 @@ mod tests {
         check(&PhdRoom::new(10, 10, Some(dir.path().to_path_buf()), false));
     }
 
-    #[test]
-    fn agent_strings_are_cut_to_64_bytes_and_the_table_counts_its_bytes() {
-        let room = PhdRoom::new(10, 1, None, false);
-        let entry = AgentEntry {
+    /// An operating pulse oximeter on connection 1, no model string.
+    fn oximeter() -> AgentEntry {
+        AgentEntry {
             specialization: "pulse-oximeter",
             config_id: 0x0190,
             state: "operating",
@@ -1023,7 +1022,13 @@ mod tests {
             shard: None,
             since: Instant::now(),
             conn: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn agent_strings_are_cut_to_64_bytes_and_the_table_counts_its_bytes() {
+        let room = PhdRoom::new(10, 1, None, false);
+        let entry = oximeter();
         assert!(room.agent_up([1; 8], entry.clone()));
         let empty = room.metrics.agent_table_bytes.get();
         assert!(empty > 0 && empty as usize <= AGENT_BYTES_MAX);
@@ -1051,13 +1056,8 @@ mod tests {
             room.agent_up(
                 id,
                 AgentEntry {
-                    specialization: "pulse-oximeter",
-                    config_id: 0x0190,
-                    state: "operating",
                     model: Some("M".repeat(1000)),
-                    shard: None,
-                    since: Instant::now(),
-                    conn: 1,
+                    ..oximeter()
                 },
             );
         }
@@ -1071,15 +1071,7 @@ mod tests {
     #[test]
     fn the_agent_table_is_bounded() {
         let room = PhdRoom::new(1, 1, None, false);
-        let entry = AgentEntry {
-            specialization: "pulse-oximeter",
-            config_id: 0x0190,
-            state: "operating",
-            model: None,
-            shard: None,
-            since: Instant::now(),
-            conn: 1,
-        };
+        let entry = oximeter();
         assert!(room.agent_up([1; 8], entry.clone()));
         assert!(!room.agent_up([2; 8], entry.clone()));
         assert!(

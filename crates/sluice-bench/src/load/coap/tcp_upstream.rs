@@ -115,18 +115,10 @@ fn serve(mut conn: TcpStream, stop: &AtomicBool, requests: &AtomicU64) -> io::Re
     let mut chunk = vec![0u8; 64 * 1024];
     let body = Bytes::from_static(b"22.5");
     while !stop.load(Relaxed) {
-        let n = match conn.read(&mut chunk) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(e) => return Err(e),
+        let n = match read_within(&mut conn, &mut chunk)? {
+            None => continue,
+            Some(0) => return Ok(()),
+            Some(n) => n,
         };
         inbuf.extend_from_slice(&chunk[..n]);
         out.clear();
@@ -155,4 +147,21 @@ fn serve(mut conn: TcpStream, stop: &AtomicBool, requests: &AtomicU64) -> io::Re
         }
     }
     Ok(())
+}
+
+/// One read from a blocking socket with a read timeout: `None` when the timeout passed with
+/// nothing to read (so the caller can look at its stop flag), `Some(0)` when the peer closed.
+pub(crate) fn read_within(conn: &mut TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    match conn.read(buf) {
+        Ok(n) => Ok(Some(n)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }

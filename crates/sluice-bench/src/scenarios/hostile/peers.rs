@@ -9,7 +9,7 @@
 //! its first [`KEEP_PAYLOAD`] bytes (sizes are counted whole); the servers serve one thread per
 //! connection and stop with their guard.
 
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,8 @@ use serde::Serialize;
 use sluice_proto::coap::tcp::{csm, decode_tcp, encode_tcp, pong};
 use sluice_proto::coap::{opt, Code, Message, MsgType, Token};
 use tokio::net::UdpSocket;
+
+use crate::load::coap::tcp_upstream::read_within;
 use tokio::time::{sleep, Instant};
 
 /// Decoded answers kept per attacker socket.
@@ -392,18 +394,10 @@ fn serve_upstream(conn: TcpStream, stop: &AtomicBool) -> io::Result<()> {
     let mut inbuf = BytesMut::with_capacity(64 * 1024);
     let mut chunk = vec![0u8; 64 * 1024];
     while !stop.load(Relaxed) {
-        let n = match reader.read(&mut chunk) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(e) => return Err(e),
+        let n = match read_within(&mut reader, &mut chunk)? {
+            None => continue,
+            Some(0) => return Ok(()),
+            Some(n) => n,
         };
         inbuf.extend_from_slice(&chunk[..n]);
         loop {
@@ -640,18 +634,10 @@ fn serve_cse(
                 continue;
             }
         }
-        let n = match conn.read(&mut chunk) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(e) => return Err(e),
+        let n = match read_within(&mut conn, &mut chunk)? {
+            None => continue,
+            Some(0) => return Ok(()),
+            Some(n) => n,
         };
         inbuf.extend_from_slice(&chunk[..n]);
     }
