@@ -35,6 +35,8 @@
 //! [`DRAIN_TIMEOUT`] for them before returning.
 
 pub mod coap_proxy;
+pub mod dashboard;
+pub mod events;
 
 use std::convert::Infallible;
 use std::io;
@@ -63,6 +65,23 @@ pub trait AdminSource: Send + Sync + 'static {
     fn render_metrics(&self, w: &mut PromWriter);
     /// The document served at `/api/v1/status`.
     fn status(&self) -> serde_json::Value;
+    /// The live overview (`/api/v1/overview`, `/api/v1/events`, the dashboard). Called once
+    /// per [`events::TICK`] by the event hub only, so an implementation may keep state between
+    /// calls (rates are differences to the previous call). Its `series` object (name → number)
+    /// is kept as history for the dashboard's charts.
+    fn overview(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+}
+
+/// The body of every admin response: a whole one, or a server-sent event stream.
+pub type AdminBody = http_body_util::Either<Full<Bytes>, events::EventBody>;
+
+/// What a request may use beyond the source: the event hub, and the notification that closes
+/// this connection (a stalled event stream).
+struct Live {
+    hub: Arc<events::EventHub>,
+    kill: Arc<tokio::sync::Notify>,
 }
 
 /// Most admin connections served at once.
@@ -183,6 +202,12 @@ impl Guard {
 
     /// `None` when `request` may go on to routing.
     fn check(&self, request: &Request<Incoming>) -> Option<Refusal> {
+        // The dashboard's page, script and style sheet are the same compiled-in bytes for
+        // everyone and carry no gateway data: a browser must be able to load them before it
+        // can send the token (ADR 0010, issue 29 addendum). Every data endpoint needs it.
+        if request.method() == Method::GET && dashboard::is_asset(request.uri().path()) {
+            return None;
+        }
         match &self.token {
             Some(token) => {
                 let carried = request
@@ -240,7 +265,7 @@ fn bearer_matches(value: &[u8], token: &[u8]) -> bool {
     scheme.eq_ignore_ascii_case(b"bearer ") && rest.trim_ascii().ct_eq(token).into()
 }
 
-fn refusal_response(why: Refusal) -> Response<Full<Bytes>> {
+fn refusal_response(why: Refusal) -> Response<AdminBody> {
     match why {
         Refusal::Unauthorized => {
             let mut response = text(
@@ -267,8 +292,12 @@ fn refusal_response(why: Refusal) -> Response<Full<Bytes>> {
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const INDEX: &str = "sluice admin endpoint\n\
 \n\
-GET /metrics         Prometheus metrics (text format 0.0.4)\n\
-GET /api/v1/status   gateway status (JSON)\n";
+GET /                  the dashboard (in a browser; this list otherwise)\n\
+GET /metrics           Prometheus metrics (text format 0.0.4)\n\
+GET /api/v1/status     gateway status (JSON)\n\
+GET /api/v1/overview   the dashboard's numbers, with rates (JSON, new each second)\n\
+GET /api/v1/history    the last minutes of the overview's series (JSON)\n\
+GET /api/v1/events     the overview as server-sent events, one per second\n";
 
 /// Serves the admin endpoint on `listener` until `shutdown` becomes `true`, under `access`.
 ///
@@ -303,6 +332,8 @@ async fn serve_with(
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let guard = Arc::new(Guard::new(access.token));
+    let hub = events::EventHub::new();
+    tokio::task::spawn(hub.clone().run(source.clone(), shutdown.clone()));
     let tls = access.tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let permit = tokio::select! {
@@ -331,11 +362,14 @@ async fn serve_with(
         };
         let source = source.clone();
         let guard = guard.clone();
+        let hub = hub.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         tokio::task::spawn(async move {
             match tls {
-                None => serve_connection(stream, peer, source, guard, shutdown, limits).await,
+                None => {
+                    serve_connection(stream, peer, source, guard, hub, shutdown, limits).await
+                }
                 Some(acceptor) => {
                     // Fallible: on failure the socket comes back, so it is counted before
                     // the peer sees it close.
@@ -345,7 +379,8 @@ async fn serve_with(
                     );
                     match handshake.await {
                         Ok(Ok(stream)) => {
-                            serve_connection(stream, peer, source, guard, shutdown, limits).await
+                            serve_connection(stream, peer, source, guard, hub, shutdown, limits)
+                                .await
                         }
                         Ok(Err((_error, stream))) => {
                             guard.refuse(Refusal::TlsHandshake, peer, "-");
@@ -392,18 +427,24 @@ async fn serve_connection<S>(
     peer: SocketAddr,
     source: Arc<dyn AdminSource>,
     guard: Arc<Guard>,
+    hub: Arc<events::EventHub>,
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let kill = Arc::new(tokio::sync::Notify::new());
+    let live = Live {
+        hub,
+        kill: kill.clone(),
+    };
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let response = match guard.check(&request) {
             Some(why) => {
                 guard.refuse(why, peer, request.method().as_str());
                 refusal_response(why)
             }
-            None => respond(&request, source.as_ref(), &guard),
+            None => respond(&request, source.as_ref(), &guard, &live),
         };
         async move { Ok::<_, Infallible>(response) }
     });
@@ -421,6 +462,8 @@ async fn serve_connection<S>(
             connection.as_mut().graceful_shutdown();
             connection.await
         }
+        // An event stream that stopped reading (`events::STALL_TIMEOUT`): drop the connection.
+        () = kill.notified() => Ok(()),
     };
     if let Err(error) = result {
         tracing::debug!(%error, "admin connection ended with an error");
@@ -432,7 +475,8 @@ fn respond(
     request: &Request<Incoming>,
     source: &dyn AdminSource,
     guard: &Guard,
-) -> Response<Full<Bytes>> {
+    live: &Live,
+) -> Response<AdminBody> {
     if request.method() != Method::GET {
         let mut response = text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -448,6 +492,7 @@ fn respond(
             let mut w = PromWriter::new();
             source.render_metrics(&mut w);
             guard.render(&mut w);
+            live.hub.render(&mut w);
             with_type(
                 StatusCode::OK,
                 METRICS_CONTENT_TYPE,
@@ -459,7 +504,11 @@ fn respond(
             body.push(b'\n');
             with_type(StatusCode::OK, "application/json", body)
         }
-        "/" => text(StatusCode::OK, INDEX.to_string()),
+        "/api/v1/overview" => with_bytes(StatusCode::OK, "application/json", live.hub.latest_json()),
+        "/api/v1/history" => with_bytes(StatusCode::OK, "application/json", live.hub.history_json()),
+        "/api/v1/events" => dashboard::event_stream(&live.hub, live.kill.clone()),
+        "/" if !dashboard::wants_html(request) => text(StatusCode::OK, INDEX.to_string()),
+        path if dashboard::is_asset(path) => dashboard::asset(path),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found; GET / lists the endpoints\n".to_string(),
@@ -467,16 +516,16 @@ fn respond(
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+fn text(status: StatusCode, body: String) -> Response<AdminBody> {
     with_type(status, "text/plain; charset=utf-8", body.into_bytes())
 }
 
-fn with_type(
-    status: StatusCode,
-    content_type: &'static str,
-    body: Vec<u8>,
-) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn with_type(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<AdminBody> {
+    with_bytes(status, content_type, Bytes::from(body))
+}
+
+fn with_bytes(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<AdminBody> {
+    let mut response = Response::new(http_body_util::Either::Left(Full::new(body)));
     *response.status_mut() = status;
     response
         .headers_mut()

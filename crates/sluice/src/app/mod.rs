@@ -28,6 +28,7 @@ use crate::shard::{self, ShardSeed};
 use crate::sink::LaneMetrics;
 use crate::telemetry::metrics::PromWriter;
 
+mod overview;
 mod reload;
 mod status;
 pub use reload::ReloadOutcome;
@@ -473,6 +474,7 @@ impl Gateway {
             functions: functions.clone(),
             function_runtime: function_runtime.clone(),
             reloads: reload::ReloadMetrics::default(),
+            overview: Default::default(),
         });
         let listener = MqttListener {
             admission: Admission::new(&config.mqtt)

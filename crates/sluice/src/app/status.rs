@@ -54,6 +54,8 @@ pub(super) struct GatewayStatus {
     pub(super) function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
     /// `SIGHUP`s and what they found (`reload.rs`).
     pub(super) reloads: super::reload::ReloadMetrics,
+    /// The previous tick's totals, for the overview's rates (`overview.rs`).
+    pub(super) overview: super::overview::OverviewState,
 }
 
 impl GatewayStatus {
@@ -131,6 +133,10 @@ impl AdminSource for GatewayStatus {
             coap.render_labeled(w, &[("shard", &shard), ("transport", "dtls")]);
             dtls.render(w, &shard);
         }
+    }
+
+    fn overview(&self) -> serde_json::Value {
+        self.overview_doc()
     }
 
     fn status(&self) -> serde_json::Value {

@@ -765,6 +765,21 @@ impl PhdRoom {
     }
 }
 
+impl PhdRoom {
+    /// Agents whose data goes to each of `shards` shards (operating agents only), for the
+    /// dashboard's devices-per-shard view. Walks the (bounded) table under its lock.
+    pub fn agents_per_shard(&self, shards: usize) -> Vec<u64> {
+        let mut counts = vec![0u64; shards];
+        let t = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        for a in t.map.values() {
+            if let Some(c) = a.shard.and_then(|s| counts.get_mut(s)) {
+                *c += 1;
+            }
+        }
+        counts
+    }
+}
+
 impl Drop for PhdRoom {
     fn drop(&mut self) {
         self.flush();

@@ -134,6 +134,9 @@ pub struct UplinkMetrics {
     pub queue_messages: Gauge,
     /// Bytes reserved in the queue: waiting *and* inflight messages (the bounded quantity).
     pub queue_bytes: Gauge,
+    /// When the oldest message waiting in the queue was read from its device: microseconds
+    /// since [`queue_epoch`] plus one; 0 when nothing waits. See [`UplinkMetrics::queue_oldest_age`].
+    pub queue_oldest: Gauge,
     drops: [Counter; DropReason::ALL.len()],
     /// Device messages the cloud refused for good, by [`RejectReason`] (a pack counts each of
     /// its messages).
@@ -161,6 +164,8 @@ pub struct UplinkMetrics {
 
 impl Default for UplinkMetrics {
     fn default() -> Self {
+        // Fix the epoch before any message can be received.
+        let _ = queue_epoch();
         UplinkMetrics {
             state: Gauge::default(),
             connects: Counter::default(),
@@ -177,6 +182,7 @@ impl Default for UplinkMetrics {
             inflight: Gauge::default(),
             queue_messages: Gauge::default(),
             queue_bytes: Gauge::default(),
+            queue_oldest: Gauge::default(),
             drops: Default::default(),
             rejected: Default::default(),
             refusals_retried: Counter::default(),
@@ -196,9 +202,34 @@ impl Default for UplinkMetrics {
     }
 }
 
+/// The instant [`UplinkMetrics::queue_oldest`] counts from (fixed at first use; metrics are
+/// built before any message is read, so a message's receive time is never before it).
+pub fn queue_epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
 impl UplinkMetrics {
     pub fn new() -> UplinkMetrics {
         UplinkMetrics::default()
+    }
+
+    /// Record when the oldest waiting message was received (`None`: the queue is empty).
+    pub(crate) fn set_queue_oldest(&self, received_at: Option<std::time::Instant>) {
+        let v = received_at.map_or(0, |t| {
+            t.saturating_duration_since(queue_epoch()).as_micros() as i64 + 1
+        });
+        self.queue_oldest.set(v);
+    }
+
+    /// How long the oldest message waiting in the queue has waited since its device sent it
+    /// (`None`: nothing waits).
+    pub fn queue_oldest_age(&self) -> Option<std::time::Duration> {
+        let v = self.queue_oldest.get();
+        (v > 0).then(|| {
+            let at = queue_epoch() + std::time::Duration::from_micros(v as u64 - 1);
+            at.elapsed()
+        })
     }
 
     pub fn record_drop(&self, reason: DropReason) {

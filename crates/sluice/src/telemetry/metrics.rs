@@ -82,8 +82,8 @@ impl Histogram {
     pub fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }
-    /// Per-bucket (non-cumulative) counts, then the overflow count.
-    fn snapshot(&self) -> (Vec<u64>, u64, u64, u64) {
+    /// Per-bucket (non-cumulative) counts, then the overflow count, the sum (µs) and count.
+    pub(crate) fn snapshot(&self) -> (Vec<u64>, u64, u64, u64) {
         let b = self
             .buckets
             .iter()

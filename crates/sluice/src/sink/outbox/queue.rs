@@ -318,6 +318,12 @@ impl UplinkQueue {
             m.queue_messages
                 .set((st.waiting.len() + st.backlog.len()) as i64);
             m.queue_bytes.set(st.reserved_bytes as i64);
+            let live = st.waiting.front().map(|q| q.msg.received_at);
+            let backlog = st.backlog.front().map(|q| q.msg.received_at);
+            m.set_queue_oldest(match (live, backlog) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            });
         }
     }
 
