@@ -764,7 +764,7 @@ mod tests {
                 "HTTP/1.1 200 OK",
             ),
         ] {
-            for path in ["/metrics", "/api/v1/status", "/"] {
+            for path in ["/metrics", "/api/v1/status", "/api/v1/overview"] {
                 let mut stream = TcpStream::connect(server.addr).await.unwrap();
                 let reply = exchange_with(&mut stream, "GET", path, &headers).await;
                 assert_eq!(reply.status_line, want, "{path} with {headers:?}");
@@ -798,6 +798,94 @@ mod tests {
             m.contains("sluice_admin_refused_total{reason=\"unauthorized\"} 15\n"),
             "{m}"
         );
+    }
+
+    #[tokio::test]
+    async fn with_a_token_the_dashboard_assets_load_but_its_data_needs_the_token() {
+        let server = start_with_token().await;
+        for path in ["/", "/app.js", "/style.css"] {
+            let mut stream = TcpStream::connect(server.addr).await.unwrap();
+            let reply =
+                exchange_with(&mut stream, "GET", path, "Accept: text/html,*/*\r\n").await;
+            assert_eq!(reply.status_line, "HTTP/1.1 200 OK", "{path}");
+            assert!(reply
+                .header("content-security-policy")
+                .is_some_and(|c| c.contains("default-src 'none'")));
+        }
+        for path in ["/api/v1/events", "/api/v1/history", "/api/v1/overview"] {
+            let mut stream = TcpStream::connect(server.addr).await.unwrap();
+            let reply = exchange(&mut stream, "GET", path).await;
+            assert_eq!(reply.status_line, "HTTP/1.1 401 Unauthorized", "{path}");
+        }
+        // Writing to an asset path is not exempt.
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange(&mut stream, "POST", "/").await;
+        assert_eq!(reply.status_line, "HTTP/1.1 401 Unauthorized");
+    }
+
+    #[tokio::test]
+    async fn a_browser_gets_the_dashboard_at_the_root_and_curl_the_list() {
+        let server = start_default().await;
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange_with(&mut stream, "GET", "/", "Accept: text/html\r\n").await;
+        assert_eq!(reply.header("content-type"), Some("text/html; charset=utf-8"));
+        assert!(reply.body.contains("<script src=\"app.js\">"), "{}", reply.body);
+        let reply = get(server.addr, "/").await;
+        assert!(reply.body.contains("/api/v1/events"), "{}", reply.body);
+    }
+
+    /// Reads from `stream` until `want` complete events (blank-line separated) arrived.
+    async fn read_events(stream: &mut TcpStream, want: usize) -> String {
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        while String::from_utf8_lossy(&raw).matches("event: overview").count() < want {
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .expect("an event within 5 s")
+                .unwrap();
+            assert!(n > 0, "stream closed: {}", String::from_utf8_lossy(&raw));
+            raw.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&raw).into_owned()
+    }
+
+    #[tokio::test]
+    async fn the_event_stream_sends_an_overview_each_tick_and_refuses_streams_beyond_its_bound() {
+        let server = start_default().await;
+        let mut streams = Vec::new();
+        for _ in 0..events::MAX_STREAMS {
+            let mut s = TcpStream::connect(server.addr).await.unwrap();
+            s.write_all(b"GET /api/v1/events HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await
+                .unwrap();
+            streams.push(s);
+        }
+        let text = read_events(&mut streams[0], 2).await;
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        assert!(text.contains("content-type: text/event-stream"), "{text}");
+        assert!(text.contains("data: {"), "{text}");
+        let mut extra = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange(&mut extra, "GET", "/api/v1/events").await;
+        assert_eq!(reply.status_line, "HTTP/1.1 503 Service Unavailable");
+        assert_eq!(reply.header("retry-after"), Some("5"));
+        drop(streams.pop());
+        // The closed stream's place is free again once the server noticed (next tick).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut s = TcpStream::connect(server.addr).await.unwrap();
+            s.write_all(b"GET /api/v1/events HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await
+                .unwrap();
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head).await.unwrap();
+            if &head == b"HTTP/1.1 200" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the freed stream slot was not reused");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let m = get(server.addr, "/metrics").await.body;
+        assert!(m.contains("sluice_admin_event_streams_refused_total "), "{m}");
     }
 
     #[test]
