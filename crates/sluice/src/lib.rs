@@ -12,3 +12,4 @@ pub mod proxy;
 pub mod shard;
 pub mod sink;
 pub mod telemetry;
+pub mod top;

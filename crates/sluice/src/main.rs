@@ -34,6 +34,22 @@ enum Command {
     },
     /// Print an argon2id hash of a password read from standard input, for [[mqtt.users]].
     Passwd,
+    /// Show a running gateway's devices, rates, uplinks, queue and spool, and drops, read
+    /// from its admin endpoint (GET /api/v1/overview). Exits 1 when it cannot be reached.
+    Status {
+        /// The admin endpoint (admin.listen), as http://host:port.
+        #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9100")]
+        admin: String,
+        /// File holding the bearer token (admin.token_file), when the endpoint has one.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Redraw the table until interrupted, like `top`.
+        #[arg(long)]
+        watch: bool,
+        /// Time between redraws with --watch (e.g. 1s, 500ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+    },
     /// Inspect a durable spool directory offline (read-only: never modifies it).
     Spool {
         #[command(subcommand)]
@@ -100,6 +116,21 @@ fn main() -> ExitCode {
             }
         }
         Command::Run { config } => run(config),
+        Command::Status {
+            admin,
+            token_file,
+            watch,
+            interval,
+        } => match sluice::top::Target::new(&admin, token_file.as_deref()) {
+            Ok(target) => {
+                let code = sluice::top::run(&target, watch.then_some(interval));
+                ExitCode::from(u8::try_from(code).unwrap_or(1))
+            }
+            Err(error) => {
+                eprintln!("sluice status: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Spool { action } => spool(action),
     }
 }
