@@ -1,0 +1,147 @@
+//! `sluice status` (issue 29 item 2) against a running gateway: the real `sluice` binary reads
+//! the admin endpoint of an in-process gateway whose devices publish to a real cloud Mosquitto,
+//! and prints its devices, rates, uplink, queue and drops; `--watch` redraws; an unreachable
+//! gateway and a missing token are clear errors with exit status 1.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn status(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(SLUICE)
+        .arg("status")
+        .args(args)
+        .output()
+        .expect("run sluice status");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_prints_devices_rates_uplink_queue_and_drops_of_a_running_gateway() {
+    let cloud = Cloud::start();
+    let gw = gateway(2, &cloud.uplink_toml(None, ""));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for d in 0..5 {
+        let mut c = device(&gw, &format!("st-{d}"), ProtocolVersion::V311).await;
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                c.publish("fleet/st", bytes::Bytes::from_static(b"x"), QoS::AtLeastOnce, false)
+                    .await
+                    .expect("publish acked");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+    }
+    let url = format!("http://{}", gw.admin_addr.expect("admin"));
+    // Rates need two ticks of the gateway's overview; wait until one shows traffic.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let url = url.clone();
+        let (code, out, err) = tokio::task::spawn_blocking(move || status(&["--admin", &url]))
+            .await
+            .unwrap();
+        assert_eq!(code, 0, "{err}");
+        let moving = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("devices → sluice"))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .is_some_and(|rate| rate != "0");
+        if moving {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "no device traffic shown:\n{out}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    println!("{text}");
+    for want in ["DEVICES  5", "mqtt 5", "cloud", "connected 2/2", "QUEUE", "no spool", "DROPS"] {
+        assert!(text.contains(want), "{want:?} missing:\n{text}");
+    }
+
+    // --watch redraws (clear screen, table) until killed.
+    let mut child = Command::new(SLUICE)
+        .args(["status", "--admin", &url, "--watch", "--interval", "200ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice status --watch");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            match stdout.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            if String::from_utf8_lossy(&buf).matches("\x1b[H\x1b[2J").count() >= 3 {
+                break;
+            }
+        }
+        buf
+    });
+    let seen = tokio::task::spawn_blocking(move || reader.join().unwrap())
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.matches("\x1b[H\x1b[2J").count() >= 3, "no redraws:\n{seen}");
+    assert!(seen.matches("DEVICES  5").count() >= 3, "{seen}");
+
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[test]
+fn status_of_a_gateway_that_is_not_running_says_so_and_fails() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (code, out, err) = status(&["--admin", &format!("http://127.0.0.1:{port}")]);
+    assert_eq!(code, 1);
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("cannot reach the admin endpoint at 127.0.0.1:")
+            && err.contains("is the gateway running"),
+        "{err}"
+    );
+}
+
+#[test]
+fn status_with_an_admin_token_needs_the_token_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "status-cli-token-0c4b9e\n").unwrap();
+    let wrong = dir.path().join("wrong.token");
+    std::fs::write(&wrong, "not-the-token-at-all-000\n").unwrap();
+    let gw = gateway(1, &format!("token_file = \"{}\"\n", token.display()));
+    let url = format!("http://{}", gw.admin_addr.expect("admin"));
+    let (code, _, err) = status(&["--admin", &url]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--token-file"), "{err}");
+    let (code, _, err) = status(&["--admin", &url, "--token-file", wrong.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused the token"), "{err}");
+    let (code, out, err) = status(&["--admin", &url, "--token-file", token.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("DEVICES  0"), "{out}");
+}
