@@ -69,6 +69,11 @@ pub(crate) struct CoreArgs {
     /// its rules, for the cost of a config feature in the same run shape). Not for the bridge.
     #[arg(long, value_name = "FILE")]
     sluice_extra: Option<PathBuf>,
+    /// Hold N dashboards open on sluice's admin endpoint during the run (each loads the page
+    /// and history, then reads /api/v1/events, one overview per second), to measure what
+    /// watching costs (docs/perf/dashboard.md). sluice only.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    dashboards: u32,
     /// Write the JSON report here (e.g. docs/perf/core-path.json).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -444,6 +449,7 @@ pub(crate) async fn core(args: CoreArgs) -> anyhow::Result<()> {
             ),
             None => None,
         },
+        dashboards: args.dashboards,
     };
     let report = run_core(&config).await?;
     let table = markdown(&report);

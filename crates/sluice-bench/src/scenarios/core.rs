@@ -85,6 +85,9 @@ pub struct CoreScenario {
     pub device_tls: bool,
     /// TOML appended to sluice's generated config (its text; `--sluice-extra FILE`).
     pub sluice_extra: Option<String>,
+    /// Dashboards held open on sluice's admin endpoint during the run (`--dashboards N`;
+    /// sluice only): each loads the page, then reads `/api/v1/events`.
+    pub dashboards: u32,
 }
 
 impl CoreScenario {
@@ -132,6 +135,8 @@ pub struct Params {
     pub device_tls: bool,
     /// TOML appended to sluice's generated config, as given.
     pub sluice_extra_bytes: usize,
+    /// Dashboards open during the run (sluice only).
+    pub dashboards: u32,
 }
 
 /// Resident memory of the SUT, KiB.
@@ -182,8 +187,27 @@ pub struct SutRun {
     pub drain_s: f64,
     /// `/proc/loadavg` at the end of the steady-state window (includes this run's own load).
     pub loadavg_at_window_end: String,
+    /// sluice's `sluice-control` thread (control plane and admin endpoint, where the
+    /// dashboards' streams are served) over the window, % of one core; `None` for other SUTs.
+    pub control_thread_cpu_percent: Option<f64>,
+    /// Dashboards open during the run, and what they received in the window.
+    pub dashboards: Option<DashboardsReport>,
     pub devices: DevicesReport,
     pub sink: SinkReport,
+}
+
+/// What the open dashboards received during the steady-state window.
+#[derive(Debug, Clone, Serialize)]
+pub struct DashboardsReport {
+    pub open: u32,
+    /// Server-sent events received in the window, all dashboards together.
+    pub events_in_window: u64,
+    /// Stream bytes received in the window, all dashboards together.
+    pub stream_bytes_in_window: u64,
+    /// Bytes of one page load (assets and history), all dashboards together.
+    pub page_load_bytes: u64,
+    /// Streams that ended before the run did (should be 0).
+    pub streams_ended: u64,
 }
 
 /// A row of the sluice-vs-bridge comparison.
@@ -284,6 +308,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
             drain_max_s: config.drain_max.as_secs_f64(),
             device_tls: config.device_tls,
             sluice_extra_bytes: config.sluice_extra.as_ref().map_or(0, String::len),
+            dashboards: config.dashboards,
         },
         runs,
         comparison,
@@ -321,9 +346,29 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     }
     let devices = spawn_devices(devices_config)?;
     let started = devices.started();
+    let dashboards = if sut_kind == Sut::Sluice && config.dashboards > 0 {
+        let admin = crate::load::dashboards::admin_addr_from_config(&sut.config_text)?;
+        Some(crate::load::dashboards::open(admin, config.dashboards))
+    } else {
+        None
+    };
+    let control_cpu = || {
+        (sut_kind == Sut::Sluice)
+            .then(|| crate::load::dashboards::thread_cpu_time(sut.pid, "sluice-control").ok())
+            .flatten()
+    };
 
     phases.until_steady(started).await;
     sink.set_steady_from(crate::payload::unix_now_ns());
+    let dash_before = dashboards.as_ref().map(|d| {
+        (
+            d.counters.events.load(std::sync::atomic::Ordering::Relaxed),
+            d.counters
+                .stream_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    });
+    let control_before = control_cpu();
     let sut_cpu = CpuMeter::start(sut_pid)?;
     let cloud_cpu = CpuMeter::start(Pid::Other(cloud_pid))?;
     let tool_cpu = CpuMeter::start(Pid::OwnProcess)?;
@@ -335,6 +380,24 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let sut_usage = sut_cpu.usage()?;
     let cloud_usage = cloud_cpu.usage()?;
     let tool_usage = tool_cpu.usage()?;
+    let control_thread_cpu_percent = match (control_before, control_cpu()) {
+        (Some(a), Some(b)) => Some(round1(
+            b.saturating_sub(a).as_secs_f64() * 100.0 / window.as_secs_f64().max(1e-9),
+        )),
+        _ => None,
+    };
+    let dashboards_report = dashboards.as_ref().zip(dash_before).map(|(d, (e0, b0))| {
+        let c = &d.counters;
+        let o = std::sync::atomic::Ordering::Relaxed;
+        DashboardsReport {
+            open: config.dashboards,
+            events_in_window: c.events.load(o) - e0,
+            stream_bytes_in_window: c.stream_bytes.load(o) - b0,
+            page_load_bytes: c.page_bytes.load(o),
+            streams_ended: c.stream_ends.load(o),
+        }
+    });
+    drop(dashboards);
     let loadavg_at_window_end = loadavg();
     let devices_report = devices.wait().await?;
 
@@ -393,6 +456,8 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
         tool_cpu_percent: tool_usage.percent_of_one_core,
         drain_s: round3(drain.as_secs_f64()),
         loadavg_at_window_end,
+        control_thread_cpu_percent,
+        dashboards: dashboards_report,
         devices: devices_report,
         sink: sink_report,
     })
@@ -561,6 +626,28 @@ pub fn markdown(report: &ScenarioReport) -> String {
             "SUT CPU per message, µs",
             |r| format!("{:.2}", r.sut_cpu_us_per_msg),
             Some(|r| r.sut_cpu_us_per_msg),
+        ),
+        (
+            "sluice-control thread CPU (control plane, admin), % of one core",
+            |r| {
+                r.control_thread_cpu_percent
+                    .map_or("–".into(), |c| format!("{c:.2}"))
+            },
+            None,
+        ),
+        (
+            "dashboards open / events received in the window / stream KiB",
+            |r| {
+                r.dashboards.as_ref().map_or("0".into(), |d| {
+                    format!(
+                        "{} / {} / {:.0}",
+                        d.open,
+                        d.events_in_window,
+                        d.stream_bytes_in_window as f64 / 1024.0
+                    )
+                })
+            },
+            None,
         ),
         (
             "SUT RSS start / peak / end, MiB",
