@@ -1,4 +1,4 @@
-//! The admin HTTP endpoint: Prometheus metrics, a JSON status document, and an index.
+//! The admin HTTP endpoint: Prometheus metrics, JSON documents, and the dashboard.
 //!
 //! Owns: the HTTP/1.1 server on the admin listener (optionally over TLS), who may use it
 //! ([`Access`]), routing, and its resource bounds. Does not own: what is measured or reported
@@ -6,16 +6,20 @@
 //! module only serves them (and adds its own refusal counters to `/metrics`).
 //!
 //! Routes (GET only; any other method gets 405 with `Allow: GET` once it passed the access
-//! rules below):
+//! rules below; docs/api.md has examples):
 //! - `/metrics` — Prometheus text exposition format 0.0.4.
 //! - `/api/v1/status` — `application/json`, the source's status document.
-//! - `/` — a plain-text list of these endpoints.
+//! - `/api/v1/overview`, `/api/v1/history`, `/api/v1/events` — the live overview, its recent
+//!   history, and its server-sent event stream ([`events`]).
+//! - `/` — the dashboard ([`dashboard`]) for a client that accepts `text/html`; a plain-text
+//!   list of these endpoints otherwise. `/index.html`, `/app.js`, `/style.css` — its assets.
 //! - anything else — 404 with a one-line body.
 //!
 //! Access (issue 28 item 7), checked before routing:
 //! - With a token (`admin.token_file`), every request must carry `Authorization: Bearer
 //!   <token>` (scheme case-insensitive, token compared in constant time); otherwise 401 with
-//!   `WWW-Authenticate: Bearer`. The config refuses a non-loopback `admin.listen` without a
+//!   `WWW-Authenticate: Bearer`. Exception: `GET` of the dashboard's assets, which hold no
+//!   gateway data (ADR 0010 addendum). The config refuses a non-loopback `admin.listen` without a
 //!   token, so reading without one is possible on loopback only.
 //! - Writing (any method but GET) always needs the token: without a token configured it gets
 //!   403 saying to configure one, even on loopback. (No writing endpoint exists yet; with the
