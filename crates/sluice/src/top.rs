@@ -98,11 +98,7 @@ impl Target {
             addr: self.addr.clone(),
             source,
         };
-        let addrs: Vec<_> = self
-            .addr
-            .to_socket_addrs()
-            .map_err(unreachable)?
-            .collect();
+        let addrs: Vec<_> = self.addr.to_socket_addrs().map_err(unreachable)?.collect();
         let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
         let mut stream = None;
         for a in addrs {
@@ -164,7 +160,11 @@ impl Target {
             _ => Err(StatusError::Http {
                 addr: self.addr.clone(),
                 status,
-                body: String::from_utf8_lossy(&body).trim().chars().take(200).collect(),
+                body: String::from_utf8_lossy(&body)
+                    .trim()
+                    .chars()
+                    .take(200)
+                    .collect(),
             }),
         }
     }
@@ -322,13 +322,25 @@ pub fn render(doc: &Value, addr: &str) -> String {
         let _ = writeln!(
             o,
             "\n{:<16} {:<18} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
-            "UPLINK", "STATE", "sent/s", "acked/s", "inflight", "queued", "oldest", "ack p50", "ack p99"
+            "UPLINK",
+            "STATE",
+            "sent/s",
+            "acked/s",
+            "inflight",
+            "queued",
+            "oldest",
+            "ack p50",
+            "ack p99"
         );
         for u in &uplinks {
             let lanes = u["lanes"].as_array().cloned().unwrap_or_default();
             for l in &lanes {
                 let name = if lanes.len() > 1 {
-                    format!("{}/{}", u["name"].as_str().unwrap_or("?"), l["lane"].as_str().unwrap_or("?"))
+                    format!(
+                        "{}/{}",
+                        u["name"].as_str().unwrap_or("?"),
+                        l["lane"].as_str().unwrap_or("?")
+                    )
                 } else {
                     u["name"].as_str().unwrap_or("?").to_string()
                 };
@@ -485,16 +497,28 @@ mod tests {
 
     #[test]
     fn urls_are_host_and_port_over_plain_http() {
-        assert_eq!(Target::new("http://127.0.0.1:9100/", None).unwrap().addr, "127.0.0.1:9100");
-        assert_eq!(Target::new("localhost:9100", None).unwrap().addr, "localhost:9100");
+        assert_eq!(
+            Target::new("http://127.0.0.1:9100/", None).unwrap().addr,
+            "127.0.0.1:9100"
+        );
+        assert_eq!(
+            Target::new("localhost:9100", None).unwrap().addr,
+            "localhost:9100"
+        );
         for bad in ["https://gw:9100", "http://gw", "http://gw:9100/api", ""] {
-            assert!(matches!(Target::new(bad, None), Err(StatusError::BadUrl(_))), "{bad}");
+            assert!(
+                matches!(Target::new(bad, None), Err(StatusError::BadUrl(_))),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn chunked_bodies_are_joined() {
-        assert_eq!(dechunk(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n").unwrap(), b"abcde");
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n").unwrap(),
+            b"abcde"
+        );
         assert!(dechunk(b"5\r\nab").is_none());
     }
 
@@ -508,7 +532,10 @@ mod tests {
             .port();
         let t = Target::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
         let e = t.overview().unwrap_err().to_string();
-        assert!(e.contains("cannot reach the admin endpoint") && e.contains("admin.listen"), "{e}");
+        assert!(
+            e.contains("cannot reach the admin endpoint") && e.contains("admin.listen"),
+            "{e}"
+        );
     }
 
     #[test]

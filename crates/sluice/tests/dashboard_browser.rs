@@ -54,7 +54,10 @@ async fn publishing_devices(
 }
 
 fn run_browser(url: &str, outdir: &std::path::Path, token: Option<&str>) -> serde_json::Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/dashboard_support/browser.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/dashboard_support/browser.py"
+    );
     let mut cmd = Command::new("python3");
     cmd.arg(script).arg(url).arg(outdir);
     if let Some(t) = token {
@@ -67,8 +70,9 @@ fn run_browser(url: &str, outdir: &std::path::Path, token: Option<&str>) -> serd
         panic!("selenium is not installed for python3: run scripts/test (pip install selenium)");
     }
     let line = stdout.lines().last().unwrap_or("");
-    let result: serde_json::Value = serde_json::from_str(line)
-        .unwrap_or_else(|_| panic!("browser.py printed no result\nstdout: {stdout}\nstderr: {stderr}"));
+    let result: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|_| {
+        panic!("browser.py printed no result\nstdout: {stdout}\nstderr: {stderr}")
+    });
     assert!(
         result.get("error").is_none() && out.status.success(),
         "browser check failed: {result}\nstderr: {stderr}"
@@ -86,13 +90,25 @@ fn assert_page_ok(r: &serde_json::Value) {
         total[1].as_u64().unwrap_or(0) > total[0].as_u64().unwrap_or(0),
         "the device message total did not move: {r}"
     );
-    assert!(r["uplink_state"].as_str().unwrap_or("").starts_with("connected"), "{r}");
-    assert!(r["chart_points"].as_u64().unwrap_or(0) >= 2, "no chart drawn: {r}");
+    assert!(
+        r["uplink_state"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("connected"),
+        "{r}"
+    );
+    assert!(
+        r["chart_points"].as_u64().unwrap_or(0) >= 2,
+        "no chart drawn: {r}"
+    );
     assert_eq!(r["console_errors"], serde_json::json!([]), "{r}");
     assert_eq!(r["foreign_requests"], serde_json::json!([]), "{r}");
     let w = r["width_390"].as_array().unwrap();
     assert_eq!(w[0], 390, "{r}");
-    assert!(w[1].as_u64().unwrap() <= 390, "the page scrolls sideways at 390 px: {r}");
+    assert!(
+        w[1].as_u64().unwrap() <= 390,
+        "the page scrolls sideways at 390 px: {r}"
+    );
     assert_eq!(r["devices_390"], DEVICES, "{r}");
     for shot in r["screenshots"].as_array().unwrap() {
         let path = shot.as_str().unwrap();

@@ -40,9 +40,14 @@ async fn status_prints_devices_rates_uplink_queue_and_drops_of_a_running_gateway
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                c.publish("fleet/st", bytes::Bytes::from_static(b"x"), QoS::AtLeastOnce, false)
-                    .await
-                    .expect("publish acked");
+                c.publish(
+                    "fleet/st",
+                    bytes::Bytes::from_static(b"x"),
+                    QoS::AtLeastOnce,
+                    false,
+                )
+                .await
+                .expect("publish acked");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }));
@@ -68,7 +73,15 @@ async fn status_prints_devices_rates_uplink_queue_and_drops_of_a_running_gateway
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     println!("{text}");
-    for want in ["DEVICES  5", "mqtt 5", "cloud", "connected 2/2", "QUEUE", "no spool", "DROPS"] {
+    for want in [
+        "DEVICES  5",
+        "mqtt 5",
+        "cloud",
+        "connected 2/2",
+        "QUEUE",
+        "no spool",
+        "DROPS",
+    ] {
         assert!(text.contains(want), "{want:?} missing:\n{text}");
     }
 
@@ -88,7 +101,11 @@ async fn status_prints_devices_rates_uplink_queue_and_drops_of_a_running_gateway
                 Ok(0) | Err(_) => break,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
-            if String::from_utf8_lossy(&buf).matches("\x1b[H\x1b[2J").count() >= 3 {
+            if String::from_utf8_lossy(&buf)
+                .matches("\x1b[H\x1b[2J")
+                .count()
+                >= 3
+            {
                 break;
             }
         }
@@ -100,7 +117,10 @@ async fn status_prints_devices_rates_uplink_queue_and_drops_of_a_running_gateway
     let _ = child.kill();
     let _ = child.wait();
     let seen = String::from_utf8_lossy(&seen);
-    assert!(seen.matches("\x1b[H\x1b[2J").count() >= 3, "no redraws:\n{seen}");
+    assert!(
+        seen.matches("\x1b[H\x1b[2J").count() >= 3,
+        "no redraws:\n{seen}"
+    );
     assert!(seen.matches("DEVICES  5").count() >= 3, "{seen}");
 
     stop.store(true, Ordering::Relaxed);

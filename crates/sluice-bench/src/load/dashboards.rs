@@ -69,7 +69,9 @@ pub fn admin_addr_from_config(config_text: &str) -> anyhow::Result<SocketAddr> {
 /// One whole `GET` (Connection: close): the body's length.
 async fn get(addr: SocketAddr, path: &str, accept: &str) -> anyhow::Result<usize> {
     let mut s = TcpStream::connect(addr).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).await?;
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw)).await??;
@@ -93,7 +95,8 @@ async fn dashboard(addr: SocketAddr, counters: Arc<DashboardCounters>) -> anyhow
         counters.page_bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
     let mut s = TcpStream::connect(addr).await?;
-    let req = format!("GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
+    let req =
+        format!("GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
     s.write_all(req.as_bytes()).await?;
     let mut buf = vec![0u8; 64 * 1024];
     let mut tail: Vec<u8> = Vec::new();
@@ -102,9 +105,7 @@ async fn dashboard(addr: SocketAddr, counters: Arc<DashboardCounters>) -> anyhow
         if n == 0 {
             bail!("event stream closed");
         }
-        counters
-            .stream_bytes
-            .fetch_add(n as u64, Ordering::Relaxed);
+        counters.stream_bytes.fetch_add(n as u64, Ordering::Relaxed);
         // Count "event: overview" lines, also when split across reads.
         tail.extend_from_slice(&buf[..n]);
         let text = String::from_utf8_lossy(&tail);

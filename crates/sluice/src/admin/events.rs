@@ -329,7 +329,8 @@ impl EventHub {
     }
 }
 
-type Next = Pin<Box<dyn Future<Output = Option<(watch::Receiver<Arc<Published>>, Arc<Published>)>> + Send>>;
+type Next =
+    Pin<Box<dyn Future<Output = Option<(watch::Receiver<Arc<Published>>, Arc<Published>)>> + Send>>;
 
 /// The current frame at once (a new viewer sees data without waiting for the next tick).
 async fn first(

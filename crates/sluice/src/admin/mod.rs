@@ -371,9 +371,7 @@ async fn serve_with(
         let tls = tls.clone();
         tokio::task::spawn(async move {
             match tls {
-                None => {
-                    serve_connection(stream, peer, source, guard, hub, shutdown, limits).await
-                }
+                None => serve_connection(stream, peer, source, guard, hub, shutdown, limits).await,
                 Some(acceptor) => {
                     // Fallible: on failure the socket comes back, so it is counted before
                     // the peer sees it close.
@@ -508,8 +506,12 @@ fn respond(
             body.push(b'\n');
             with_type(StatusCode::OK, "application/json", body)
         }
-        "/api/v1/overview" => with_bytes(StatusCode::OK, "application/json", live.hub.latest_json()),
-        "/api/v1/history" => with_bytes(StatusCode::OK, "application/json", live.hub.history_json()),
+        "/api/v1/overview" => {
+            with_bytes(StatusCode::OK, "application/json", live.hub.latest_json())
+        }
+        "/api/v1/history" => {
+            with_bytes(StatusCode::OK, "application/json", live.hub.history_json())
+        }
         "/api/v1/events" => dashboard::event_stream(&live.hub, live.kill.clone()),
         "/" if !dashboard::wants_html(request) => text(StatusCode::OK, INDEX.to_string()),
         path if dashboard::is_asset(path) => dashboard::asset(path),
@@ -809,8 +811,7 @@ mod tests {
         let server = start_with_token().await;
         for path in ["/", "/app.js", "/style.css"] {
             let mut stream = TcpStream::connect(server.addr).await.unwrap();
-            let reply =
-                exchange_with(&mut stream, "GET", path, "Accept: text/html,*/*\r\n").await;
+            let reply = exchange_with(&mut stream, "GET", path, "Accept: text/html,*/*\r\n").await;
             assert_eq!(reply.status_line, "HTTP/1.1 200 OK", "{path}");
             assert!(reply
                 .header("content-security-policy")
@@ -832,8 +833,15 @@ mod tests {
         let server = start_default().await;
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
         let reply = exchange_with(&mut stream, "GET", "/", "Accept: text/html\r\n").await;
-        assert_eq!(reply.header("content-type"), Some("text/html; charset=utf-8"));
-        assert!(reply.body.contains("<script src=\"app.js\">"), "{}", reply.body);
+        assert_eq!(
+            reply.header("content-type"),
+            Some("text/html; charset=utf-8")
+        );
+        assert!(
+            reply.body.contains("<script src=\"app.js\">"),
+            "{}",
+            reply.body
+        );
         let reply = get(server.addr, "/").await;
         assert!(reply.body.contains("/api/v1/events"), "{}", reply.body);
     }
@@ -842,7 +850,11 @@ mod tests {
     async fn read_events(stream: &mut TcpStream, want: usize) -> String {
         let mut raw = Vec::new();
         let mut buf = [0u8; 4096];
-        while String::from_utf8_lossy(&raw).matches("event: overview").count() < want {
+        while String::from_utf8_lossy(&raw)
+            .matches("event: overview")
+            .count()
+            < want
+        {
             let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
                 .await
                 .expect("an event within 5 s")
@@ -885,11 +897,17 @@ mod tests {
             if &head == b"HTTP/1.1 200" {
                 break;
             }
-            assert!(Instant::now() < deadline, "the freed stream slot was not reused");
+            assert!(
+                Instant::now() < deadline,
+                "the freed stream slot was not reused"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let m = get(server.addr, "/metrics").await.body;
-        assert!(m.contains("sluice_admin_event_streams_refused_total "), "{m}");
+        assert!(
+            m.contains("sluice_admin_event_streams_refused_total "),
+            "{m}"
+        );
     }
 
     #[test]

@@ -106,7 +106,11 @@ impl GatewayStatus {
     /// The overview (see the module docs and docs/api.md). Called once per tick.
     pub(super) fn overview_doc(&self) -> Value {
         let now = Instant::now();
-        let mut inner = self.overview.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self
+            .overview
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let dt = inner
             .last
             .map_or(0.0, |l| now.saturating_duration_since(l).as_secs_f64());
@@ -164,7 +168,11 @@ impl GatewayStatus {
             .coap_metrics
             .iter()
             .map(|c| c.publishes.get())
-            .chain(self.coap_dtls_metrics.iter().map(|(_, c)| c.publishes.get()))
+            .chain(
+                self.coap_dtls_metrics
+                    .iter()
+                    .map(|(_, c)| c.publishes.get()),
+            )
             .sum();
         let phd_in = self
             .phd
@@ -243,7 +251,10 @@ impl GatewayStatus {
                     lsum += s;
                     lcount += c;
                 }
-                let latency = match inner.latency.insert(key.clone(), (buckets.clone(), lsum, lcount)) {
+                let latency = match inner
+                    .latency
+                    .insert(key.clone(), (buckets.clone(), lsum, lcount))
+                {
                     Some((pb, ps, pc)) if lcount > pc => {
                         let deltas: Vec<u64> = buckets
                             .iter()
@@ -482,7 +493,8 @@ impl GatewayStatus {
             let mut v = p.status(PHD_LISTED);
             v["connections"] = json!(m.connections.get());
             v["reports_per_second"] = json!(rates.rate("phd/reports".into(), m.reports.get()));
-            v["observations_per_second"] = json!(rates.rate("phd/obs".into(), m.observations.get()));
+            v["observations_per_second"] =
+                json!(rates.rate("phd/obs".into(), m.observations.get()));
             v["violations"] = json!(m.violations.get());
             v
         });

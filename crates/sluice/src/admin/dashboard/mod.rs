@@ -58,9 +58,7 @@ pub fn asset(path: &str) -> Response<AdminBody> {
         "/style.css" => (STYLE_CSS, "text/css; charset=utf-8"),
         _ => (INDEX_HTML, "text/html; charset=utf-8"),
     };
-    let mut response = Response::new(Either::Left(Full::new(Bytes::from_static(
-        body.as_bytes(),
-    ))));
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from_static(body.as_bytes()))));
     let h = response.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -120,7 +118,11 @@ mod tests {
             "{} bytes",
             page_weight()
         );
-        for (name, text) in [("index.html", INDEX_HTML), ("app.js", APP_JS), ("style.css", STYLE_CSS)] {
+        for (name, text) in [
+            ("index.html", INDEX_HTML),
+            ("app.js", APP_JS),
+            ("style.css", STYLE_CSS),
+        ] {
             for needle in ["http://", "https://", "//cdn", "@import", "url("] {
                 // The SVG namespace is an identifier, not a request.
                 let hits = text
