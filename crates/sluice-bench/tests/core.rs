@@ -1,6 +1,6 @@
 //! `scenario core` at tiny scale against all three systems under test: sluice and the bridge
 //! deliver everything, the floor acknowledges everything and forwards nothing, and the report
-//! sets each gateway's CPU against the floor's.
+//! sets each gateway's CPU against the floor's; two dashboards held open on sluice stream.
 
 mod sluice_binary;
 
@@ -38,9 +38,24 @@ async fn four_devices_through_sluice_the_bridge_and_the_floor() -> anyhow::Resul
         progress_every: None,
         device_tls: false,
         sluice_extra: None,
+        dashboards: 2,
     };
     let report = run_core(&config).await?;
     assert_eq!(report.runs.len(), 3);
+    // `dashboards` holds two open on sluice (only): each loaded the page and streamed.
+    for run in &report.runs {
+        match (&run.dashboards, run.sut) {
+            (Some(d), Sut::Sluice) => {
+                assert_eq!(d.open, 2);
+                assert!(d.events_in_window >= 2, "{d:?}");
+                assert!(d.page_load_bytes > 2 * 20_000, "{d:?}");
+                assert_eq!(d.streams_ended, 0, "{d:?}");
+                assert!(run.control_thread_cpu_percent.is_some());
+            }
+            (None, Sut::Sluice) => panic!("no dashboards report for sluice"),
+            (d, _) => assert!(d.is_none()),
+        }
+    }
     for run in &report.runs {
         let name = run.sut.name();
         assert!(run.sent >= 4 * 20 * 2, "{name}: sent only {}", run.sent);
@@ -111,6 +126,7 @@ async fn devices_over_tls_through_the_bridge() -> anyhow::Result<()> {
         progress_every: None,
         device_tls: true,
         sluice_extra: None,
+        dashboards: 0,
     };
     let report = run_core(&config).await?;
     let run = &report.runs[0];
