@@ -381,7 +381,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let cloud_usage = cloud_cpu.usage()?;
     let tool_usage = tool_cpu.usage()?;
     let control_thread_cpu_percent = match (control_before, control_cpu()) {
-        (Some(a), Some(b)) => Some(round1(
+        (Some(a), Some(b)) => Some(round3(
             b.saturating_sub(a).as_secs_f64() * 100.0 / window.as_secs_f64().max(1e-9),
         )),
         _ => None,
@@ -631,7 +631,7 @@ pub fn markdown(report: &ScenarioReport) -> String {
             "sluice-control thread CPU (control plane, admin), % of one core",
             |r| {
                 r.control_thread_cpu_percent
-                    .map_or("–".into(), |c| format!("{c:.2}"))
+                    .map_or("–".into(), |c| format!("{c:.3}"))
             },
             None,
         ),
