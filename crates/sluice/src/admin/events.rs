@@ -125,7 +125,8 @@ impl EventHub {
         source: Arc<dyn AdminSource>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let mut interval = tokio::time::interval(TICK);
+        // The caller published the first tick (`serve_with`); the next one is a tick away.
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

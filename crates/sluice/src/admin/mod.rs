@@ -337,6 +337,8 @@ async fn serve_with(
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let guard = Arc::new(Guard::new(access.token));
     let hub = events::EventHub::new();
+    // The first overview before the first request, so no reader ever sees an empty one.
+    hub.tick(source.as_ref());
     tokio::task::spawn(hub.clone().run(source.clone(), shutdown.clone()));
     let tls = access.tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
@@ -844,6 +846,15 @@ mod tests {
         );
         let reply = get(server.addr, "/").await;
         assert!(reply.body.contains("/api/v1/events"), "{}", reply.body);
+    }
+
+    #[tokio::test]
+    async fn the_overview_is_there_from_the_first_request() {
+        let server = start_default().await;
+        let reply = get(server.addr, "/api/v1/overview").await;
+        assert_eq!(reply.status_line, "HTTP/1.1 200 OK");
+        let doc: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert!(doc["seq"].as_u64() >= Some(1), "{doc}");
     }
 
     /// Reads from `stream` until `want` complete events (blank-line separated) arrived.
