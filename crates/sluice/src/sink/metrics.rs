@@ -135,7 +135,8 @@ pub struct UplinkMetrics {
     /// Bytes reserved in the queue: waiting *and* inflight messages (the bounded quantity).
     pub queue_bytes: Gauge,
     /// When the oldest message waiting in the queue was read from its device: microseconds
-    /// since [`queue_epoch`] plus one; 0 when nothing waits. See [`UplinkMetrics::queue_oldest_age`].
+    /// from [`queue_epoch`] (negative before it: a spool record from an earlier run);
+    /// [`NOTHING_WAITS`] when nothing waits. See [`UplinkMetrics::queue_oldest_age`].
     pub queue_oldest: Gauge,
     drops: [Counter; DropReason::ALL.len()],
     /// Device messages the cloud refused for good, by [`RejectReason`] (a pack counts each of
@@ -164,7 +165,7 @@ pub struct UplinkMetrics {
 
 impl Default for UplinkMetrics {
     fn default() -> Self {
-        // Fix the epoch before any message can be received.
+        // Fix the epoch early, so offsets stay small.
         let _ = queue_epoch();
         UplinkMetrics {
             state: Gauge::default(),
@@ -182,7 +183,11 @@ impl Default for UplinkMetrics {
             inflight: Gauge::default(),
             queue_messages: Gauge::default(),
             queue_bytes: Gauge::default(),
-            queue_oldest: Gauge::default(),
+            queue_oldest: {
+                let g = Gauge::default();
+                g.set(NOTHING_WAITS);
+                g
+            },
             drops: Default::default(),
             rejected: Default::default(),
             refusals_retried: Counter::default(),
@@ -202,8 +207,12 @@ impl Default for UplinkMetrics {
     }
 }
 
-/// The instant [`UplinkMetrics::queue_oldest`] counts from (fixed at first use; metrics are
-/// built before any message is read, so a message's receive time is never before it).
+/// [`UplinkMetrics::queue_oldest`] when the queue is empty.
+pub const NOTHING_WAITS: i64 = i64::MIN;
+
+/// The instant [`UplinkMetrics::queue_oldest`] counts from (fixed at first use, when the
+/// first metrics are built; a receive time before it — a spool record from an earlier run — is
+/// a negative offset).
 pub fn queue_epoch() -> std::time::Instant {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     *EPOCH.get_or_init(std::time::Instant::now)
@@ -216,8 +225,13 @@ impl UplinkMetrics {
 
     /// Record when the oldest waiting message was received (`None`: the queue is empty).
     pub(crate) fn set_queue_oldest(&self, received_at: Option<std::time::Instant>) {
-        let v = received_at.map_or(0, |t| {
-            t.saturating_duration_since(queue_epoch()).as_micros() as i64 + 1
+        let epoch = queue_epoch();
+        let v = received_at.map_or(NOTHING_WAITS, |t| {
+            if t >= epoch {
+                t.duration_since(epoch).as_micros() as i64
+            } else {
+                -(epoch.duration_since(t).as_micros() as i64)
+            }
         });
         self.queue_oldest.set(v);
     }
@@ -226,9 +240,16 @@ impl UplinkMetrics {
     /// (`None`: nothing waits).
     pub fn queue_oldest_age(&self) -> Option<std::time::Duration> {
         let v = self.queue_oldest.get();
-        (v > 0).then(|| {
-            let at = queue_epoch() + std::time::Duration::from_micros(v as u64 - 1);
-            at.elapsed()
+        if v == NOTHING_WAITS {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        let since_epoch = now.saturating_duration_since(queue_epoch());
+        let offset = std::time::Duration::from_micros(v.unsigned_abs());
+        Some(if v >= 0 {
+            since_epoch.saturating_sub(offset)
+        } else {
+            since_epoch + offset
         })
     }
 

@@ -504,6 +504,25 @@ mod tests {
     }
 
     #[test]
+    fn the_oldest_waiting_messages_age_is_reported_and_cleared_when_none_waits() {
+        let m = Arc::new(UplinkMetrics::new());
+        let q = UplinkQueue::with_metrics(1 << 20, m.clone());
+        assert_eq!(m.queue_oldest_age(), None);
+        let mut old = msg("t", 1, QoS::AtLeastOnce);
+        old.received_at = Instant::now() - std::time::Duration::from_secs(3);
+        q.try_push(old).unwrap();
+        q.try_push(msg("t", 1, QoS::AtLeastOnce)).unwrap();
+        let age = m.queue_oldest_age().expect("a message waits");
+        assert!(age >= std::time::Duration::from_secs(3), "{age:?}");
+        assert!(age < std::time::Duration::from_secs(10), "{age:?}");
+        // The old one leaves (inflight): the age is the younger one's.
+        let _inflight = q.take_front(true).unwrap();
+        assert!(m.queue_oldest_age().unwrap() < std::time::Duration::from_secs(3));
+        let _second = q.take_front(true).unwrap();
+        assert_eq!(m.queue_oldest_age(), None, "nothing waits");
+    }
+
+    #[test]
     fn bytes_stay_reserved_while_inflight_and_are_freed_on_release() {
         let m = Arc::new(UplinkMetrics::new());
         let one = 1 + 36 + MESSAGE_OVERHEAD_BYTES;
