@@ -19,8 +19,8 @@
 //! - With a token (`admin.token_file`), every request must carry `Authorization: Bearer
 //!   <token>` (scheme case-insensitive, token compared in constant time); otherwise 401 with
 //!   `WWW-Authenticate: Bearer`. Exception: `GET` of the dashboard's assets, which hold no
-//!   gateway data (ADR 0010 addendum). The config refuses a non-loopback `admin.listen` without a
-//!   token, so reading without one is possible on loopback only.
+//!   gateway data (ADR 0010 addendum). The config refuses a non-loopback `admin.listen`
+//!   without a token, so reading without one is possible on loopback only.
 //! - Writing (any method but GET) always needs the token: without a token configured it gets
 //!   403 saying to configure one, even on loopback. (No writing endpoint exists yet; with the
 //!   token such a request reaches routing and gets 405.)
