@@ -47,17 +47,17 @@ pub(super) fn error(code: Code, diagnostic: impl Into<Bytes>) -> Message {
 
 /// 5.03 Service Unavailable with Max-Age = `retry_after`.
 pub(super) fn unavailable(shard: &CoapShard, why: &'static str) -> Message {
+    unavailable_for(shard.ctx.config.coap.retry_after, why)
+}
+
+/// 5.03 Service Unavailable with Max-Age = `retry` (whole seconds, rounded up, at least 1):
+/// when the device may try again (RFC 7252 §5.9.3.4).
+pub(super) fn unavailable_for(retry: std::time::Duration, why: &'static str) -> Message {
     let mut m = error(
         Code::SERVICE_UNAVAILABLE,
         Bytes::from_static(why.as_bytes()),
     );
-    let secs = shard
-        .ctx
-        .config
-        .coap
-        .retry_after
-        .as_secs()
-        .clamp(1, u32::MAX as u64);
+    let secs = retry.as_millis().div_ceil(1000).clamp(1, u32::MAX as u128);
     m.add_uint_option(opt::MAX_AGE, secs as u32);
     m
 }
@@ -140,7 +140,9 @@ pub(super) fn dispatch(
             ))
         }
         [first, rest @ ..] if *first == ps => match req.code {
-            Code::POST | Code::PUT => super::publish::publish(shard, peer, req, device, rest),
+            Code::POST | Code::PUT => {
+                super::publish::publish(shard, peer, req, device, caller.identity, rest)
+            }
             Code::GET => {
                 let filter = rest.join("/");
                 if limits.check(&filter).is_err() {

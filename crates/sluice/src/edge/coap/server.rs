@@ -111,6 +111,8 @@ pub struct CoapShard {
     /// Paces sweeps of a full device table.
     devices_swept: RefCell<SweepPace>,
     pub(super) limits: Limits,
+    /// `[limits]` publish rates of this edge's devices on this shard (`None`: no rate set).
+    pub(super) rates: RefCell<Option<crate::control::limits::DeviceRates>>,
     /// Every peer of this edge finished a DTLS handshake (`super::dtls`): it is authenticated
     /// and has shown it receives at its address, so answers to it need no amplification
     /// limit. False for the plain UDP edge.
@@ -176,6 +178,9 @@ impl CoapShard {
     ) -> Rc<CoapShard> {
         let cfg = &ctx.config.coap;
         let shards = ctx.mailboxes.len().max(1);
+        if secure {
+            ep.set_secure();
+        }
         let out: Rc<dyn CoapOut> = ep.clone();
         let per_shard = |n: usize| (n / shards).max(1);
         Rc::new(CoapShard {
@@ -202,6 +207,12 @@ impl CoapShard {
                 max_block_bytes: per_shard(cfg.max_block_bytes.as_usize()),
                 anonymous: cfg.anonymous_allowed(&ctx.config.mqtt),
             },
+            rates: RefCell::new(crate::control::limits::DeviceRates::new(
+                &ctx.config.limits,
+                cfg.max_body_size.as_u64(),
+                per_shard(ctx.config.limits.coap_rates_memory.as_usize()),
+                ctx.limits.clone(),
+            )),
             metrics,
             ep,
             ctx,
