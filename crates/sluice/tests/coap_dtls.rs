@@ -542,3 +542,84 @@ async fn a_device_handshaking_again_from_the_same_address_replaces_its_session()
     );
     gw.shutdown();
 }
+
+/// Issue 28 item 6 for CoAP over DTLS: a device's `[limits]` publish rate follows its PSK
+/// identity whatever address or session it comes from (each `coap-client-openssl` run is a
+/// new session from a new port). Over the rate its CON publish is answered 5.03 with Max-Age
+/// and not delivered; another identity is not held back; the refusals are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dtls_identity_over_its_publish_rate_gets_5_03_from_any_session_and_others_do_not() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(
+        dir.path(),
+        &[("fast-1", "key-fast"), ("calm-2", "key-calm")],
+    );
+    let extra = format!(
+        "[coap]\nlisten = \"127.0.0.1:0\"\n[coap.dtls]\nlisten = \"127.0.0.1:0\"\n{psk}\n\
+         [limits]\npublish_rate = 1\npublish_burst = 1\n{}",
+        cloud.uplink_toml(
+            None,
+            "topic_template = \"dev/{device}/{topic}\"\n[uplink.aggregate]\nenabled = false"
+        )
+    );
+    let gw = gateway_sections("shards = 2", "", &extra);
+    let addr = gw.coap_dtls_addr.expect("[coap.dtls] listening");
+    let uri = format!("coaps://{addr}/ps/room/temp");
+    let runs = (0..6).map(|i| {
+        let uri = uri.clone();
+        async move {
+            let payload = format!("fast-{i}");
+            let out = coaps_client(&[
+                "-k", "key-fast", "-u", "fast-1", "-m", "put", "-e", &payload, &uri,
+            ])
+            .await;
+            out.libcoap_codes()
+        }
+    });
+    let all = futures_util::future::join_all(runs).await;
+    let ok = all
+        .iter()
+        .filter(|c| c.contains(&"2.04".to_string()))
+        .count();
+    let held = all
+        .iter()
+        .filter(|c| c.contains(&"5.03".to_string()))
+        .count();
+    assert!(
+        held >= 1,
+        "six sessions of one identity within seconds share its bucket: {all:?}"
+    );
+    assert_eq!(ok + held, 6, "{all:?}");
+    let calm = coaps_client(&[
+        "-k", "key-calm", "-u", "calm-2", "-m", "put", "-e", "calm", &uri,
+    ])
+    .await;
+    assert_eq!(calm.libcoap_codes(), vec!["2.04"], "{}", calm.text());
+    let mut got = Vec::new();
+    while let Some(p) = sub.recv(Duration::from_secs(2)).await.expect("cloud") {
+        got.push((
+            p.topic.to_string(),
+            String::from_utf8_lossy(&p.payload).into_owned(),
+        ));
+    }
+    assert_eq!(
+        got.iter()
+            .filter(|(t, _)| t == "dev/fast-1/room/temp")
+            .count(),
+        ok,
+        "{got:?}"
+    );
+    assert!(
+        got.contains(&("dev/calm-2/room/temp".into(), "calm".into())),
+        "{got:?}"
+    );
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_limits_publish_throttled_total"),
+        held as f64,
+        "{m}"
+    );
+    gw.shutdown();
+}

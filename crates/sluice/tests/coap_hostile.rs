@@ -631,3 +631,93 @@ async fn an_observer_at_an_unverified_address_gets_little_and_goes_when_silent()
     assert_eq!(metric(&gw, "sluice_coap_observers{"), 1.0);
     gw.shutdown();
 }
+
+/// A publish to `ps/{topic}?c={id}` carrying `payload`.
+fn publish_as(mtype: MsgType, mid: u16, topic: &str, id: &str, payload: &[u8]) -> Message {
+    let mut m = req(mtype, Code::POST, mid, topic);
+    m.add_option(opt::URI_QUERY, Bytes::from(format!("c={id}")));
+    m.payload = Bytes::copy_from_slice(payload);
+    m
+}
+
+/// Issue 28 item 6 for CoAP: `[limits]` publish rates apply to plain CoAP devices, charged to
+/// the source address (the `c=` id is the device's own claim: changing it does not refill
+/// the bucket, and claiming another's id does not drain that one's). Over the rate a CON is
+/// answered 5.03 with Max-Age (when to retry) and not routed; a NON is dropped (answered
+/// 5.03 as a NON), counted; another address keeps its own rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_coap_address_over_its_publish_rate_gets_5_03_and_nothing_is_routed() {
+    let gw = common::gateway(
+        1,
+        "[coap]\nlisten = \"127.0.0.1:0\"\n[limits]\npublish_rate = 1\npublish_burst = 2\n",
+    );
+    let addr = gw.coap_addr.expect("coap");
+    let mut sub = common::device(&gw, "watcher", ProtocolVersion::V5).await;
+    sub.subscribe(&[("r/#", QoS::AtLeastOnce)])
+        .await
+        .expect("subscribe");
+    let mut dev = Dev::new(addr).await;
+    let mut codes = Vec::new();
+    for (i, id) in ["a1", "a2", "a3"].iter().enumerate() {
+        let m = publish_as(
+            MsgType::Con,
+            dev.next_mid(),
+            "r/t",
+            id,
+            format!("con-{i}").as_bytes(),
+        );
+        let (_, _, r) = dev.ask(&m).await;
+        codes.push((r.code, r.uint_option(opt::MAX_AGE)));
+    }
+    assert_eq!(codes[0].0, Code::CHANGED, "{codes:?}");
+    assert_eq!(codes[1].0, Code::CHANGED, "{codes:?}");
+    assert_eq!(
+        codes[2].0,
+        Code::SERVICE_UNAVAILABLE,
+        "a third id from the same address shares its bucket: {codes:?}"
+    );
+    assert!(
+        codes[2].1.is_some_and(|s| (1..=2).contains(&s)),
+        "Max-Age says when: {codes:?}"
+    );
+    let non = publish_as(MsgType::Non, dev.next_mid(), "r/t", "a4", b"non-dropped");
+    let (_, _, r) = dev.ask(&non).await;
+    assert_eq!((r.mtype, r.code), (MsgType::Non, Code::SERVICE_UNAVAILABLE));
+    // Another address, even claiming a1's id, has its own bucket.
+    let mut other = Dev::on("127.0.0.2", addr).await;
+    let m = publish_as(
+        MsgType::Con,
+        other.next_mid(),
+        "r/t",
+        "a1",
+        b"other-address",
+    );
+    assert_eq!(other.ask(&m).await.2.code, Code::CHANGED);
+
+    let mut got = Vec::new();
+    while let Some(p) = sub
+        .recv(Duration::from_millis(500))
+        .await
+        .expect("subscriber")
+    {
+        got.push(String::from_utf8_lossy(&p.payload).into_owned());
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        ["con-0", "con-1", "other-address"],
+        "nothing refused was routed"
+    );
+    let m = gw.metrics_text();
+    assert_eq!(
+        common::metric_sum(&m, "sluice_limits_publish_throttled_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        common::metric_sum(&m, "sluice_limits_publish_dropped_total"),
+        1.0,
+        "{m}"
+    );
+    gw.shutdown();
+}

@@ -429,7 +429,10 @@ impl PublishRate {
         let short = |b: &TokenBucket, need: f64| {
             Duration::from_secs_f64(((need - b.tokens) / b.rate).max(0.0))
         };
-        let m = self.messages.as_ref().map_or(Duration::ZERO, |b| short(b, 1.0));
+        let m = self
+            .messages
+            .as_ref()
+            .map_or(Duration::ZERO, |b| short(b, 1.0));
         let b = self
             .bytes
             .as_ref()
@@ -531,7 +534,10 @@ impl DeviceRates {
         if !self.entries.contains_key(key) {
             let cost = key.cost();
             if self.bytes + cost > self.max_bytes {
-                if self.swept.is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY) {
+                if self
+                    .swept
+                    .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
+                {
                     let mut freed = 0;
                     self.entries.retain(|k, r| {
                         let keep = !r.is_full(now);
@@ -685,18 +691,28 @@ mod tests {
         let dev = RateKey::Identity("sensor-7".into());
         assert_eq!(r.admit(&dev, 10, true, &"sensor-7"), Ok(()));
         let wait = r.admit(&dev, 10, true, &"sensor-7").unwrap_err();
-        assert!(wait > Duration::from_millis(400) && wait <= Duration::from_millis(500), "{wait:?}");
+        assert!(
+            wait > Duration::from_millis(400) && wait <= Duration::from_millis(500),
+            "{wait:?}"
+        );
         assert!(r.admit(&dev, 10, false, &"sensor-7").is_err());
         assert_eq!(metrics.get(Limited::PublishThrottled), 1);
         assert_eq!(metrics.get(Limited::PublishDropped), 1);
         let other = RateKey::address("10.0.0.1".parse().unwrap());
-        assert_eq!(r.admit(&other, 10, true, &"10.0.0.1"), Ok(()), "its own bucket");
+        assert_eq!(
+            r.admit(&other, 10, true, &"10.0.0.1"),
+            Ok(()),
+            "its own bucket"
+        );
         for i in 0..100 {
             let k = RateKey::Identity(format!("id-{i:05}").into());
             let _ = r.admit(&k, 10, false, &"x");
         }
         let (n, bytes) = r.usage();
-        assert!(bytes <= 10 * (RATE_ENTRY_BYTES + 8) && n <= 10, "{n} entries, {bytes} B");
+        assert!(
+            bytes <= 10 * (RATE_ENTRY_BYTES + 8) && n <= 10,
+            "{n} entries, {bytes} B"
+        );
         assert!(metrics.table_full[2].get() > 0);
         assert!(
             DeviceRates::new(&LimitsConfig::default(), 1024, 1 << 20, metrics).is_none(),

@@ -119,7 +119,10 @@ pub(super) fn publish(
     }
     if let Some(rates) = shard.rates.borrow_mut().as_mut() {
         let (key, who) = match identity {
-            Some(id) => (RateKey::Identity(id.device_id.clone()), Who::Identity(device)),
+            Some(id) => (
+                RateKey::Identity(id.device_id.clone()),
+                Who::Identity(device),
+            ),
             None => (RateKey::address(peer.ip()), Who::Address(peer, device)),
         };
         let confirmable = req.mtype == MsgType::Con;
