@@ -623,3 +623,75 @@ async fn a_dtls_identity_over_its_publish_rate_gets_5_03_from_any_session_and_ot
     );
     gw.shutdown();
 }
+
+/// `coap-client-openssl` observing `uri` for `secs` as PSK `identity`, left running.
+fn dtls_observer(identity: &str, key: &str, uri: &str, secs: u32) -> Peer {
+    Peer::spawn(
+        peer("coap-client-openssl", "libcoap3-bin"),
+        &[
+            "-v".into(),
+            "7".into(),
+            "-s".into(),
+            secs.to_string(),
+            "-k".into(),
+            key.into(),
+            "-u".into(),
+            identity.into(),
+            "-m".into(),
+            "get".into(),
+            uri.into(),
+        ],
+    )
+}
+
+/// Issue 28 item 6 for CoAP observers: a DTLS device holds at most
+/// `mqtt.max_subscriptions_per_session` observers (as an MQTT session holds that many
+/// subscriptions) whatever session or port they come from; one more is answered 5.03
+/// (counted); another device is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dtls_device_holds_at_most_its_subscription_quota_of_observers() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(dir.path(), &[("w-1", "key-1"), ("w-2", "key-2")]);
+    let extra = format!(
+        "[coap]\nlisten = \"127.0.0.1:0\"\n[coap.dtls]\nlisten = \"127.0.0.1:0\"\n{psk}\n{}",
+        cloud.uplink_toml(None, "[uplink.aggregate]\nenabled = false")
+    );
+    let gw = gateway_sections("shards = 1", "max_subscriptions_per_session = 2", &extra);
+    let addr = gw.coap_dtls_addr.expect("[coap.dtls] listening");
+    let observers = |gw: &RunningGateway| metric_sum(&gw.metrics_text(), "sluice_coap_observers{");
+    let _a = dtls_observer("w-1", "key-1", &format!("coaps://{addr}/ps/a"), 30);
+    let _b = dtls_observer("w-1", "key-1", &format!("coaps://{addr}/ps/b/%23"), 30);
+    wait_until("two observers of w-1", WAIT, || observers(&gw) == 2.0).await;
+    let third = coaps_client(&[
+        "-s",
+        "3",
+        "-k",
+        "key-1",
+        "-u",
+        "w-1",
+        "-m",
+        "get",
+        &format!("coaps://{addr}/ps/c"),
+    ])
+    .await;
+    assert!(
+        third.libcoap_codes().contains(&"5.03".to_string()),
+        "a third observer of w-1 is refused: {}",
+        third.text()
+    );
+    let _other = dtls_observer("w-2", "key-2", &format!("coaps://{addr}/ps/c"), 30);
+    wait_until("w-2 observes", WAIT, || observers(&gw) == 3.0).await;
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_observe_refused_per_device_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_observe_refused_per_source_total"),
+        0.0,
+        "{m}"
+    );
+    gw.shutdown();
+}

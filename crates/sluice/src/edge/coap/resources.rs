@@ -151,10 +151,13 @@ pub(super) fn dispatch(
                 }
                 let observers = shard.observers.clone();
                 let (device, req) = (device.clone(), req.clone());
+                let authenticated = caller.identity.is_some();
                 let max = shard.ctx.config.coap.max_message_size.as_usize();
                 let limit = caller.limit.map(|l| l.min(max));
                 Reply::Later(Box::pin(async move {
-                    let resp = observers.on_get(peer, &device, &req, &filter).await;
+                    let resp = observers
+                        .on_get_from(peer, &device, authenticated, &req, &filter)
+                        .await;
                     // A registration whose first answer is too large for an address not
                     // verified gets 4.01 + Echo instead (`server::fit`): it does not stay
                     // registered; the client registers again with the Echo.

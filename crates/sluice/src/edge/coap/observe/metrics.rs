@@ -60,6 +60,9 @@ pub struct ObserveMetrics {
     pub refused: Counter,
     /// Registrations refused at `coap.max_observers_per_source` (answered 5.03).
     pub refused_per_source: Counter,
+    /// Registrations of an authenticated (DTLS) device refused at
+    /// `mqtt.max_subscriptions_per_session` (answered 5.03).
+    pub refused_per_device: Counter,
     pub deregistrations: [Counter; DEREGISTRATIONS.len()],
     pub notifications_non: Counter,
     pub notifications_con: Counter,
@@ -99,6 +102,12 @@ impl ObserveMetrics {
             "CoAP Observe registrations refused at coap.max_observers_per_source (5.03)",
             &l,
             self.refused_per_source.get(),
+        );
+        w.counter(
+            "sluice_coap_observe_refused_per_device_total",
+            "CoAP Observe registrations of a DTLS-authenticated device refused at mqtt.max_subscriptions_per_session (5.03)",
+            &l,
+            self.refused_per_device.get(),
         );
         for (why, name) in DEREGISTRATIONS {
             w.counter(

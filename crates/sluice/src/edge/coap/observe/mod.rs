@@ -21,8 +21,12 @@
 //! the registration request (larger ones are dropped, counted), retransmitted only within
 //! 3×; the first one not acknowledged ends the registration. Its ACK verifies the address.
 //!
-//! Invariants: at most `coap.max_observers / shards` registrations, and at most
-//! `coap.max_observers_per_source` of one IP address on a shard (beyond: 5.03 with Max-Age);
+//! Invariants: at most `coap.max_observers / shards` registrations, at most
+//! `coap.max_observers_per_source` of one IP address on a shard, and at most
+//! `mqtt.max_subscriptions_per_session` of one DTLS-authenticated device on a shard (its
+//! identity is the device; a plain CoAP device's `c=` id is only a claim, so it is bounded
+//! by its address alone) — beyond each: 5.03 with Max-Age, counted, logged naming the
+//! address or device;
 //! an observer not confirmed (a CON notification ACKed, or a registration) for
 //! `coap.observer_check` gets a CON notification — the next one due, or its last state
 //! again when none is — and is removed when that CON is not acknowledged, so a NON observer
@@ -72,6 +76,9 @@ struct Registration {
     peer: SocketAddr,
     token: Token,
     filter: ByteString,
+    /// The device's authenticated identity (DTLS), for the per-device cap; `None` for a
+    /// plain CoAP observer.
+    identity: Option<ByteString>,
     session: Rc<Session>,
     /// The last Observe value sent (response or notification).
     seq: Cell<u32>,
@@ -143,6 +150,19 @@ impl Observers {
         req: &Message,
         filter: &str,
     ) -> Message {
+        self.on_get_from(peer, device, false, req, filter).await
+    }
+
+    /// [`Observers::on_get`] from a device that is `authenticated` (over DTLS: `device` is
+    /// its identity, and its registrations count against `mqtt.max_subscriptions_per_session`).
+    pub async fn on_get_from(
+        self: &Rc<Self>,
+        peer: SocketAddr,
+        device: &ByteString,
+        authenticated: bool,
+        req: &Message,
+        filter: &str,
+    ) -> Message {
         if filter.is_empty()
             || !topic::valid_topic_filter(filter)
             || topic::shared_subscription(filter).is_some()
@@ -155,7 +175,10 @@ impl Observers {
         let plain = topic::valid_topic_name(filter);
         let key = (peer, req.token);
         if req.uint_option(opt::OBSERVE) == Some(0) {
-            return self.register(key, device, req, filter, plain).await;
+            let identity = authenticated.then(|| device.clone());
+            return self
+                .register(key, device, identity, req, filter, plain)
+                .await;
         }
         // No Observe, Observe = 1, or a value RFC 7641 does not define: a plain GET, which
         // also ends a registration of this endpoint and token (§3.6, §4.1) — except a GET
@@ -247,6 +270,7 @@ impl Observers {
         self: &Rc<Self>,
         key: Key,
         device: &ByteString,
+        identity: Option<ByteString>,
         req: &Message,
         filter: &str,
         plain: bool,
@@ -276,6 +300,23 @@ impl Observers {
                 }
                 return self.busy(req, "too many observers from this address");
             }
+            None if identity.as_ref().is_some_and(|id| {
+                self.of_device(id) >= self.ctx.config.mqtt.max_subscriptions_per_session
+            }) =>
+            {
+                metrics.refused_per_device.inc();
+                let now = Instant::now();
+                if self
+                    .refusal_logged
+                    .get()
+                    .is_none_or(|t| now.duration_since(t).as_secs() >= 1)
+                {
+                    self.refusal_logged.set(Some(now));
+                    tracing::info!(device = %device, peer = %key.0, max = self.ctx.config.mqtt.max_subscriptions_per_session,
+                        "coap observe refused: the device holds mqtt.max_subscriptions_per_session observers");
+                }
+                return self.busy(req, "too many observers for this device");
+            }
             None => (self.epoch.elapsed().as_millis() / 8) as u32 & SEQ_MASK,
         };
         let id = self.next_id.get() + 1;
@@ -296,6 +337,7 @@ impl Observers {
             peer: key.0,
             token: key.1,
             filter: ByteString::from(filter),
+            identity,
             session: session.clone(),
             seq: Cell::new(start),
             since_con: Cell::new(0),
@@ -350,6 +392,15 @@ impl Observers {
             .borrow()
             .keys()
             .filter(|(p, _)| p.ip() == ip)
+            .count()
+    }
+
+    /// Registrations of the authenticated device `identity` on this shard.
+    fn of_device(&self, identity: &ByteString) -> usize {
+        self.regs
+            .borrow()
+            .values()
+            .filter(|r| r.identity.as_ref() == Some(identity))
             .count()
     }
 
