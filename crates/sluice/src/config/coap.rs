@@ -92,6 +92,14 @@ pub struct CoapConfig {
     /// Notifications queued per observer while earlier ones are unacknowledged; beyond,
     /// the oldest is dropped (counted): an observer wants the latest state.
     pub max_queued_notifications: usize,
+    /// Bytes of the representations of notifications larger than `max_message_size`, whole
+    /// gateway (for each CoAP edge, plain and DTLS): such a notification goes to a verified
+    /// observer as its first Block2 block with an ETag (RFC 7959 §2.6), and the rest is
+    /// fetched with GETs answered from the copy kept here (the latest per observer address and
+    /// filter; each charged its body, its filter and 128 B; oldest forgotten first, none kept
+    /// longer than `exchange_lifetime`). A notification that cannot be kept is dropped,
+    /// counted; 0B: every such notification is.
+    pub max_snapshot_bytes: ByteSize,
     /// Datagrams per second one source address (ip:port) may send; beyond, its datagrams
     /// are dropped (counted) so a flood from one source cannot starve other devices. 0: no
     /// limit.
@@ -134,6 +142,7 @@ impl Default for CoapConfig {
             max_observers_per_source: 64,
             observer_check: Duration::from_secs(120),
             max_queued_notifications: 16,
+            max_snapshot_bytes: ByteSize::mib(4),
             source_rate: 2000,
             source_burst: 500,
             proxy: Vec::new(),

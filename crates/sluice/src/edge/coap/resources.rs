@@ -217,6 +217,19 @@ pub(super) fn with_block2(
     slice_block2(asked, ours, resp, body)
 }
 
+/// The ETag of a representation sent block-wise (RFC 7959 §2.4: every block of one
+/// representation carries the same ETag, so a client can tell when blocks come from
+/// different ones): 8 bytes of a hash of its bytes and Content-Format. A digest of the
+/// content, so the same bytes keep their ETag on every shard (and across restarts of one
+/// build: `DefaultHasher::new` has fixed keys).
+pub(super) fn etag_of(body: &[u8], format: Option<u32>) -> [u8; 8] {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    body.hash(&mut h);
+    format.hash(&mut h);
+    h.finish().to_be_bytes()
+}
+
 /// Put block `asked` (a request's Block2 value; block 0 when absent) of `body` into `resp`,
 /// in blocks of at most SZX `ours`; Size2 with block 0.
 pub(super) fn slice_block2(

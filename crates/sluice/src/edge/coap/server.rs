@@ -629,6 +629,13 @@ impl CoapShard {
         if resp.code.class() == 2 && !resp.payload.is_empty() && resp.option(opt::BLOCK2).is_none()
         {
             let body = std::mem::take(&mut resp.payload);
+            if resp.option(opt::ETAG).is_none() {
+                // Every block carries it: a client sees when the representation changed
+                // between its block requests.
+                let format = resp.uint_option(opt::CONTENT_FORMAT);
+                let etag = super::resources::etag_of(&body, format);
+                resp.add_option(opt::ETAG, Bytes::copy_from_slice(&etag));
+            }
             // Block2 (≤ 3 bytes), Size2 (≤ 4), their headers (≤ 2 each) and the marker.
             let room = max.saturating_sub(size(&resp) + 12);
             let ours = Block::szx_for(self.ctx.config.coap.block_size.as_usize());

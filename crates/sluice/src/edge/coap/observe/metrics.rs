@@ -37,10 +37,11 @@ pub enum NotificationDrop {
     QueueFull = 0,
     /// Its MQTT 5 Message Expiry Interval passed while it waited.
     Expired = 1,
-    /// Larger than `coap.max_message_size` (notifications are not sent block-wise).
+    /// Larger than `coap.max_message_size` and its representation could not be kept for
+    /// the later blocks (larger than this shard's share of `coap.max_snapshot_bytes`).
     TooLarge = 2,
-    /// Larger than 3× the registration request while the observer's address has not
-    /// proven it receives.
+    /// Larger than 3× the registration request (or than `max_message_size`: block-wise)
+    /// while the observer's address has not proven it receives.
     Unverified = 3,
 }
 
@@ -66,6 +67,10 @@ pub struct ObserveMetrics {
     pub deregistrations: [Counter; DEREGISTRATIONS.len()],
     pub notifications_non: Counter,
     pub notifications_con: Counter,
+    /// Notifications sent block-wise (block 0 with an ETag; the rest fetched by the client).
+    pub blockwise: Counter,
+    /// Bytes charged to this shard's snapshots of block-wise notifications.
+    pub snapshot_bytes: Gauge,
     pub dropped: [Counter; NOTIFICATION_DROPS.len()],
 }
 
@@ -128,6 +133,18 @@ impl ObserveMetrics {
                 value,
             );
         }
+        w.counter(
+            "sluice_coap_notifications_blockwise_total",
+            "CoAP notifications larger than coap.max_message_size sent as their Block2 block 0 with an ETag",
+            &l,
+            self.blockwise.get(),
+        );
+        w.gauge(
+            "sluice_coap_snapshot_bytes",
+            "Bytes held for the later blocks of block-wise notifications (coap.max_snapshot_bytes)",
+            &l,
+            self.snapshot_bytes.get(),
+        );
         for (why, name) in NOTIFICATION_DROPS {
             w.counter(
                 "sluice_coap_notifications_dropped_total",
