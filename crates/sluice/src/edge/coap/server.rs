@@ -2,8 +2,9 @@
 //! datagram to the shard that owns its device, message-id de-duplication, and answering a
 //! request piggybacked, separately, or as a NON.
 //!
-//! Owns: the shard's exchange table, per-source budget, Block1 transfers, device table and
-//! verified addresses, and the size rule every answer passes (`fit`: at most 3× the request
+//! Owns: the shard's exchange table, per-source budget, Block1 transfers, device table,
+//! `[limits]` publish-rate table (`rates`, used by `publish`) and verified addresses, and the
+//! size rule every answer passes (`fit`: at most 3× the request
 //! to an address not verified, at most `max_message_size` to any, Block2 beyond).
 //! Does not own: what a request means (`resources`, `publish`), the observers (`observe`),
 //! or sending/retransmitting (`endpoint`).
