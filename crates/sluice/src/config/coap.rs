@@ -96,8 +96,8 @@ pub struct CoapConfig {
     /// gateway (for each CoAP edge, plain and DTLS): such a notification goes to a verified
     /// observer as its first Block2 block with an ETag (RFC 7959 §2.6), and the rest is
     /// fetched with GETs answered from the copy kept here (the latest per observer address and
-    /// filter; each charged its body, its filter and 128 B; oldest forgotten first, none kept
-    /// longer than `exchange_lifetime`). A notification that cannot be kept is dropped,
+    /// filter; each charged its body, its filter and 128 B; oldest forgotten first, none used
+    /// after `exchange_lifetime`). A notification that cannot be kept is dropped,
     /// counted; 0B: every such notification is.
     pub max_snapshot_bytes: ByteSize,
     /// Datagrams per second one source address (ip:port) may send; beyond, its datagrams

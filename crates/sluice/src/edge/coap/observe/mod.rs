@@ -160,7 +160,9 @@ impl Snapshots {
         }
         self.remove(peer, filter);
         let now = snap.at;
-        if self.bytes + cost > self.max {
+        {
+            // Expired copies go whenever a new one comes (a linear pass: the table holds at
+            // most `max / (max_message_size + 128 B)` of them).
             let mut freed = 0;
             self.map.retain(|(_, f), s| {
                 let keep = now.duration_since(s.at) < lifetime;
