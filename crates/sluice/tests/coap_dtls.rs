@@ -695,3 +695,68 @@ async fn a_dtls_device_holds_at_most_its_subscription_quota_of_observers() {
     );
     gw.shutdown();
 }
+
+/// A DTLS observer proved its address in its handshake: its very first notification may be
+/// larger than a datagram, and reaches it block-wise (libcoap fetches the later blocks in the
+/// same session), nothing in clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dtls_observer_gets_a_large_first_notification_block_wise() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(dir.path(), &[("cam-1", "cam-key")]);
+    let (gw, addr) = dtls_gateway(&cloud, 2, &psk);
+    // No message dumps: libcoap logs on stdout, between the parts of the body it prints.
+    let observer = Peer::spawn(
+        peer("coap-client-openssl", "libcoap3-bin"),
+        &[
+            "-s".into(),
+            "20".into(),
+            "-k".into(),
+            "cam-key".into(),
+            "-u".into(),
+            "cam-1".into(),
+            "-m".into(),
+            "get".into(),
+            format!("coaps://{addr}/ps/cam/image"),
+        ],
+    );
+    wait_until("observing", WAIT, || {
+        metric_sum(&gw.metrics_text(), "sluice_coap_observers{") == 1.0
+    })
+    .await;
+    let big: String = (0..500).map(|i| format!("px-{i:06}|")).collect();
+    let mut dev = device(&gw, "mqtt-cam", ProtocolVersion::V5).await;
+    dev.publish(
+        "cam/image",
+        Bytes::from(big.clone()),
+        QoS::AtLeastOnce,
+        false,
+    )
+    .await
+    .expect("MQTT publish");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !observer.stdout_text().contains(&big) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the whole {} B body over DTLS; stdout {:?} metrics {}",
+            big.len(),
+            observer.stdout_text(),
+            gw.metrics_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_notifications_blockwise_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        labeled(&m, "sluice_coap_datagrams_sent_total", "")
+            - labeled(&m, "sluice_coap_datagrams_sent_total", "transport=\"dtls\""),
+        0.0,
+        "nothing left the plain socket"
+    );
+    drop(observer);
+    gw.shutdown();
+}
