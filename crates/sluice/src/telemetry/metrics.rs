@@ -138,11 +138,49 @@ impl ValueHistogram {
     }
 }
 
-/// Writes the Prometheus text exposition format (version 0.0.4).
+/// The metric type of a family, as written on its `# TYPE` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl MetricKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricKind::Counter => "counter",
+            MetricKind::Gauge => "gauge",
+            MetricKind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric family being collected: its description and its sample lines so far.
+#[derive(Debug)]
+struct Family {
+    name: String,
+    kind: MetricKind,
+    help: String,
+    samples: String,
+}
+
+/// Writes the Prometheus text exposition format (version 0.0.4), one group per family.
+///
+/// Subsystems render into it in any order — shard by shard, uplink by uplink — and the writer
+/// collects each sample under its family; [`PromWriter::finish`] then writes every family once:
+/// `# HELP`, `# TYPE`, then all its samples, families in the order they were first seen. This
+/// is the format's rule ("all lines for a given metric must be provided as one single group")
+/// that `promtool check metrics` enforces. Scraping only reads the subsystems' atomics: the
+/// collection happens here, on the admin thread, never on the data path
+/// (docs/adr/0011-metrics-exposition.md).
+///
+/// A family named again with another type is a programming error: debug builds panic naming
+/// it; release builds drop the offending sample so the exposition stays parseable.
 #[derive(Debug, Default)]
 pub struct PromWriter {
-    out: String,
-    described: std::collections::HashSet<String>,
+    families: Vec<Family>,
+    index: std::collections::HashMap<String, usize>,
 }
 
 impl PromWriter {
@@ -150,11 +188,33 @@ impl PromWriter {
         Self::default()
     }
 
-    fn describe(&mut self, name: &str, kind: &str, help: &str) {
-        if self.described.insert(name.to_string()) {
-            let _ = writeln!(self.out, "# HELP {name} {help}");
-            let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    /// The sample buffer of family `name`, created on first use; `None` when the name is
+    /// already a family of another type.
+    fn family(&mut self, name: &str, kind: MetricKind, help: &str) -> Option<&mut String> {
+        let i = match self.index.get(name) {
+            Some(&i) => i,
+            None => {
+                self.families.push(Family {
+                    name: name.to_string(),
+                    kind,
+                    help: help.to_string(),
+                    samples: String::new(),
+                });
+                self.index.insert(name.to_string(), self.families.len() - 1);
+                self.families.len() - 1
+            }
+        };
+        let family = &mut self.families[i];
+        if family.kind != kind {
+            debug_assert!(
+                false,
+                "metric family {name} rendered as {} and as {}",
+                family.kind.as_str(),
+                kind.as_str()
+            );
+            return None;
         }
+        Some(&mut family.samples)
     }
 
     fn labels(labels: &[(&str, &str)], extra: Option<(&str, &str)>) -> String {
@@ -173,31 +233,70 @@ impl PromWriter {
     }
 
     pub fn counter(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: u64) {
-        self.describe(name, "counter", help);
         let l = Self::labels(labels, None);
-        let _ = writeln!(self.out, "{name}{l} {value}");
+        if let Some(out) = self.family(name, MetricKind::Counter, help) {
+            let _ = writeln!(out, "{name}{l} {value}");
+        }
     }
 
     pub fn gauge(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: i64) {
-        self.describe(name, "gauge", help);
         let l = Self::labels(labels, None);
-        let _ = writeln!(self.out, "{name}{l} {value}");
+        if let Some(out) = self.family(name, MetricKind::Gauge, help) {
+            let _ = writeln!(out, "{name}{l} {value}");
+        }
+    }
+
+    /// A gauge with a fractional value (seconds, ratios).
+    pub fn gauge_f64(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
+        let l = Self::labels(labels, None);
+        if let Some(out) = self.family(name, MetricKind::Gauge, help) {
+            let _ = writeln!(out, "{name}{l} {}", float(value));
+        }
+    }
+
+    /// A state as labels rather than a number: one sample per state in `states`, `1` for
+    /// `current` and `0` for the others, each with `label="<state>"` added to `labels` (the
+    /// OpenMetrics StateSet shape; `max by (…) (family{state="connected"})` reads it).
+    pub fn state(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        label: &str,
+        states: &[&str],
+        current: &str,
+    ) {
+        for s in states {
+            let l = Self::labels(labels, Some((label, s)));
+            if let Some(out) = self.family(name, MetricKind::Gauge, help) {
+                let _ = writeln!(out, "{name}{l} {}", u8::from(*s == current));
+            }
+        }
+    }
+
+    /// Declares a family with no sample yet (so HELP/TYPE are present and every family a
+    /// dashboard names exists from the start).
+    pub fn describe(&mut self, name: &str, kind: MetricKind, help: &str) {
+        let _ = self.family(name, kind, help);
     }
 
     pub fn histogram(&mut self, name: &str, help: &str, labels: &[(&str, &str)], h: &Histogram) {
-        self.describe(name, "histogram", help);
         let (buckets, overflow, sum_micros, count) = h.snapshot();
+        let mut lines = String::new();
         let mut cumulative = 0;
         for (i, b) in LATENCY_BUCKETS_SECONDS.iter().enumerate() {
             cumulative += buckets[i];
             let l = Self::labels(labels, Some(("le", &b.to_string())));
-            let _ = writeln!(self.out, "{name}_bucket{l} {cumulative}");
+            let _ = writeln!(lines, "{name}_bucket{l} {cumulative}");
         }
         let l = Self::labels(labels, Some(("le", "+Inf")));
-        let _ = writeln!(self.out, "{name}_bucket{l} {}", cumulative + overflow);
+        let _ = writeln!(lines, "{name}_bucket{l} {}", cumulative + overflow);
         let l = Self::labels(labels, None);
-        let _ = writeln!(self.out, "{name}_sum{l} {}", sum_micros as f64 / 1e6);
-        let _ = writeln!(self.out, "{name}_count{l} {count}");
+        let _ = writeln!(lines, "{name}_sum{l} {}", sum_micros as f64 / 1e6);
+        let _ = writeln!(lines, "{name}_count{l} {count}");
+        if let Some(out) = self.family(name, MetricKind::Histogram, help) {
+            out.push_str(&lines);
+        }
     }
 
     pub fn value_histogram(
@@ -207,24 +306,59 @@ impl PromWriter {
         labels: &[(&str, &str)],
         h: &ValueHistogram,
     ) {
-        self.describe(name, "histogram", help);
+        let mut lines = String::new();
         let mut cumulative = 0;
         for (bound, bucket) in h.bounds.iter().zip(h.buckets.iter()) {
             cumulative += bucket.load(Ordering::Relaxed);
             let l = Self::labels(labels, Some(("le", &bound.to_string())));
-            let _ = writeln!(self.out, "{name}_bucket{l} {cumulative}");
+            let _ = writeln!(lines, "{name}_bucket{l} {cumulative}");
         }
         let l = Self::labels(labels, Some(("le", "+Inf")));
         let total = cumulative + h.overflow.load(Ordering::Relaxed);
-        let _ = writeln!(self.out, "{name}_bucket{l} {total}");
+        let _ = writeln!(lines, "{name}_bucket{l} {total}");
         let l = Self::labels(labels, None);
-        let _ = writeln!(self.out, "{name}_sum{l} {}", h.sum());
-        let _ = writeln!(self.out, "{name}_count{l} {}", h.count());
+        let _ = writeln!(lines, "{name}_sum{l} {}", h.sum());
+        let _ = writeln!(lines, "{name}_count{l} {}", h.count());
+        if let Some(out) = self.family(name, MetricKind::Histogram, help) {
+            out.push_str(&lines);
+        }
     }
 
+    /// The exposition: every family once, `# HELP` and `# TYPE` then its samples.
     pub fn finish(self) -> String {
-        self.out
+        let len = self
+            .families
+            .iter()
+            .map(|f| f.samples.len() + f.help.len() + 2 * f.name.len() + 24)
+            .sum();
+        let mut out = String::with_capacity(len);
+        for f in &self.families {
+            let _ = writeln!(out, "# HELP {} {}", f.name, escape_help(&f.help));
+            let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind.as_str());
+            out.push_str(&f.samples);
+        }
+        out
     }
+}
+
+/// A float sample value as the text format spells it.
+fn float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
+    } else {
+        v.to_string()
+    }
+}
+
+/// HELP text escaping: backslash and line feed.
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
 fn escape(v: &str) -> String {
@@ -237,6 +371,68 @@ fn escape(v: &str) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Two shards rendered in turn, as the app does: each family is written once, HELP and
+    /// TYPE then all its samples (the text format's one-group rule; before, the second shard's
+    /// lines formed a second group of every family).
+    #[test]
+    fn families_rendered_shard_by_shard_come_out_as_one_group_each() {
+        let c = Counter::default();
+        c.add(3);
+        let h = Histogram::default();
+        h.observe(Duration::from_millis(1));
+        let mut w = PromWriter::new();
+        for shard in ["0", "1"] {
+            w.counter(
+                "sluice_test_messages_total",
+                "test",
+                &[("shard", shard)],
+                c.get(),
+            );
+            w.gauge("sluice_test_queue_bytes", "test", &[("shard", shard)], 7);
+            w.histogram(
+                "sluice_test_latency_seconds",
+                "test",
+                &[("shard", shard)],
+                &h,
+            );
+            w.state(
+                "sluice_test_state",
+                "test",
+                &[("shard", shard)],
+                "state",
+                &["down", "up"],
+                "up",
+            );
+        }
+        let text = w.finish();
+        let exp = sluice_testkit::prom::check(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(exp.families.len(), 4, "{text}");
+        assert_eq!(
+            exp.family("sluice_test_messages_total")
+                .unwrap()
+                .samples
+                .len(),
+            2
+        );
+        assert!(
+            text.contains("sluice_test_state{shard=\"1\",state=\"up\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_test_state{shard=\"1\",state=\"down\"} 0"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# TYPE").count(), 4, "{text}");
+    }
+
+    #[test]
+    #[should_panic(expected = "metric family sluice_test_x rendered as counter and as gauge")]
+    fn one_name_with_two_types_is_caught_in_tests() {
+        let mut w = PromWriter::new();
+        w.counter("sluice_test_x", "test", &[], 1);
+        w.gauge("sluice_test_x", "test", &[], 1);
+    }
 
     #[test]
     fn histogram_renders_cumulative_buckets_and_inf() {

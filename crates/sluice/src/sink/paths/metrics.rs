@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
+use crate::telemetry::metrics::{Counter, Gauge, MetricKind, PromWriter};
 
 /// Why a path was declared dead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl PathMetrics {
         self.failovers[why as usize].get()
     }
 
-    fn state_str(&self) -> &'static str {
+    pub(crate) fn state_str(&self) -> &'static str {
         match self.state.get() {
             2 => "up",
             1 => "connecting",
@@ -143,18 +143,29 @@ impl PathsMetrics {
         for p in self.list() {
             let mut l: Vec<(&str, &str)> = labels.to_vec();
             l.push(("path", &p.name));
-            w.gauge(
+            w.state(
                 "sluice_uplink_path_state",
-                "Path state of a per-path session: 0 down, 1 connecting, 2 up.",
+                "Path state of a per-path session: 1 for the current state label (down, connecting, up), 0 for the others.",
                 &l,
-                p.state.get(),
+                "state",
+                &["down", "connecting", "up"],
+                p.state_str(),
             );
-            w.gauge(
-                "sluice_uplink_path_srtt_microseconds",
-                "Smoothed send-to-ack time of the path (-1 before the first ack).",
-                &l,
-                p.srtt_us.get(),
-            );
+            let srtt = p.srtt_us.get();
+            if srtt >= 0 {
+                w.gauge_f64(
+                    "sluice_uplink_path_srtt_seconds",
+                    "Smoothed send-to-ack time of the path (no sample before the first ack).",
+                    &l,
+                    srtt as f64 / 1e6,
+                );
+            } else {
+                w.describe(
+                    "sluice_uplink_path_srtt_seconds",
+                    MetricKind::Gauge,
+                    "Smoothed send-to-ack time of the path (no sample before the first ack).",
+                );
+            }
             w.gauge(
                 "sluice_uplink_path_inflight",
                 "Messages unacknowledged on the path.",

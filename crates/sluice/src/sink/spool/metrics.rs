@@ -7,6 +7,8 @@ use crate::telemetry::metrics::{Counter, Gauge, Histogram, PromWriter};
 pub struct SpoolMetrics {
     /// Bytes of all segment files.
     pub bytes: Gauge,
+    /// The spool's size limit (its share of `spool.max_size`), the bound `bytes` grows to.
+    pub max_bytes: Gauge,
     pub records_appended: Counter,
     /// Records acknowledged by the cloud (or given up by the uplink, counted there).
     pub records_acked: Counter,
@@ -49,6 +51,12 @@ impl SpoolMetrics {
             "Bytes of the spool's segment files.",
             l,
             self.bytes.get(),
+        );
+        w.gauge(
+            "sluice_spool_max_bytes",
+            "Size limit of the spool (its share of spool.max_size); bytes / max_bytes is how full it is.",
+            l,
+            self.max_bytes.get(),
         );
         w.counter(
             "sluice_spool_records_appended_total",
