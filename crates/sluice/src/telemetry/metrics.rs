@@ -181,6 +181,8 @@ struct Family {
 pub struct PromWriter {
     families: Vec<Family>,
     index: std::collections::HashMap<String, usize>,
+    /// The family written last.
+    last: Option<usize>,
 }
 
 impl PromWriter {
@@ -189,21 +191,26 @@ impl PromWriter {
     }
 
     /// The sample buffer of family `name`, created on first use; `None` when the name is
-    /// already a family of another type.
+    /// already a family of another type. Consecutive samples of one family (the common case)
+    /// skip the map.
     fn family(&mut self, name: &str, kind: MetricKind, help: &str) -> Option<&mut String> {
-        let i = match self.index.get(name) {
-            Some(&i) => i,
-            None => {
-                self.families.push(Family {
-                    name: name.to_string(),
-                    kind,
-                    help: help.to_string(),
-                    samples: String::new(),
-                });
-                self.index.insert(name.to_string(), self.families.len() - 1);
-                self.families.len() - 1
-            }
+        let i = match self.last {
+            Some(i) if self.families[i].name == name => i,
+            _ => match self.index.get(name) {
+                Some(&i) => i,
+                None => {
+                    self.families.push(Family {
+                        name: name.to_string(),
+                        kind,
+                        help: help.to_string(),
+                        samples: String::new(),
+                    });
+                    self.index.insert(name.to_string(), self.families.len() - 1);
+                    self.families.len() - 1
+                }
+            },
         };
+        self.last = Some(i);
         let family = &mut self.families[i];
         if family.kind != kind {
             debug_assert!(
@@ -217,46 +224,28 @@ impl PromWriter {
         Some(&mut family.samples)
     }
 
-    fn labels(labels: &[(&str, &str)], extra: Option<(&str, &str)>) -> String {
-        let mut parts: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-            .collect();
-        if let Some((k, v)) = extra {
-            parts.push(format!("{k}=\"{v}\""));
-        }
-        if parts.is_empty() {
-            String::new()
-        } else {
-            format!("{{{}}}", parts.join(","))
-        }
-    }
-
     pub fn counter(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: u64) {
-        let l = Self::labels(labels, None);
         if let Some(out) = self.family(name, MetricKind::Counter, help) {
-            let _ = writeln!(out, "{name}{l} {value}");
+            sample(out, name, "", labels, None, value);
         }
     }
 
     pub fn gauge(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: i64) {
-        let l = Self::labels(labels, None);
         if let Some(out) = self.family(name, MetricKind::Gauge, help) {
-            let _ = writeln!(out, "{name}{l} {value}");
+            sample(out, name, "", labels, None, value);
         }
     }
 
     /// A gauge with a fractional value (seconds, ratios).
     pub fn gauge_f64(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
-        let l = Self::labels(labels, None);
         if let Some(out) = self.family(name, MetricKind::Gauge, help) {
-            let _ = writeln!(out, "{name}{l} {}", float(value));
+            sample(out, name, "", labels, None, Float(value));
         }
     }
 
     /// A state as labels rather than a number: one sample per state in `states`, `1` for
     /// `current` and `0` for the others, each with `label="<state>"` added to `labels` (the
-    /// OpenMetrics StateSet shape; `max by (…) (family{state="connected"})` reads it).
+    /// OpenMetrics StateSet shape; `family{state="connected"} == 1` selects it).
     pub fn state(
         &mut self,
         name: &str,
@@ -266,10 +255,16 @@ impl PromWriter {
         states: &[&str],
         current: &str,
     ) {
-        for s in states {
-            let l = Self::labels(labels, Some((label, s)));
-            if let Some(out) = self.family(name, MetricKind::Gauge, help) {
-                let _ = writeln!(out, "{name}{l} {}", u8::from(*s == current));
+        if let Some(out) = self.family(name, MetricKind::Gauge, help) {
+            for s in states {
+                sample(
+                    out,
+                    name,
+                    "",
+                    labels,
+                    Some((label, s)),
+                    u8::from(*s == current),
+                );
             }
         }
     }
@@ -282,21 +277,20 @@ impl PromWriter {
 
     pub fn histogram(&mut self, name: &str, help: &str, labels: &[(&str, &str)], h: &Histogram) {
         let (buckets, overflow, sum_micros, count) = h.snapshot();
-        let mut lines = String::new();
+        let Some(out) = self.family(name, MetricKind::Histogram, help) else {
+            return;
+        };
         let mut cumulative = 0;
         for (i, b) in LATENCY_BUCKETS_SECONDS.iter().enumerate() {
             cumulative += buckets[i];
-            let l = Self::labels(labels, Some(("le", &b.to_string())));
-            let _ = writeln!(lines, "{name}_bucket{l} {cumulative}");
+            let le = Float(*b).to_string();
+            sample(out, name, "_bucket", labels, Some(("le", &le)), cumulative);
         }
-        let l = Self::labels(labels, Some(("le", "+Inf")));
-        let _ = writeln!(lines, "{name}_bucket{l} {}", cumulative + overflow);
-        let l = Self::labels(labels, None);
-        let _ = writeln!(lines, "{name}_sum{l} {}", sum_micros as f64 / 1e6);
-        let _ = writeln!(lines, "{name}_count{l} {count}");
-        if let Some(out) = self.family(name, MetricKind::Histogram, help) {
-            out.push_str(&lines);
-        }
+        let total = cumulative + overflow;
+        sample(out, name, "_bucket", labels, Some(("le", "+Inf")), total);
+        let sum = Float(sum_micros as f64 / 1e6);
+        sample(out, name, "_sum", labels, None, sum);
+        sample(out, name, "_count", labels, None, count);
     }
 
     pub fn value_histogram(
@@ -306,22 +300,19 @@ impl PromWriter {
         labels: &[(&str, &str)],
         h: &ValueHistogram,
     ) {
-        let mut lines = String::new();
+        let Some(out) = self.family(name, MetricKind::Histogram, help) else {
+            return;
+        };
         let mut cumulative = 0;
         for (bound, bucket) in h.bounds.iter().zip(h.buckets.iter()) {
             cumulative += bucket.load(Ordering::Relaxed);
-            let l = Self::labels(labels, Some(("le", &bound.to_string())));
-            let _ = writeln!(lines, "{name}_bucket{l} {cumulative}");
+            let le = bound.to_string();
+            sample(out, name, "_bucket", labels, Some(("le", &le)), cumulative);
         }
-        let l = Self::labels(labels, Some(("le", "+Inf")));
         let total = cumulative + h.overflow.load(Ordering::Relaxed);
-        let _ = writeln!(lines, "{name}_bucket{l} {total}");
-        let l = Self::labels(labels, None);
-        let _ = writeln!(lines, "{name}_sum{l} {}", h.sum());
-        let _ = writeln!(lines, "{name}_count{l} {}", h.count());
-        if let Some(out) = self.family(name, MetricKind::Histogram, help) {
-            out.push_str(&lines);
-        }
+        sample(out, name, "_bucket", labels, Some(("le", "+Inf")), total);
+        sample(out, name, "_sum", labels, None, h.sum());
+        sample(out, name, "_count", labels, None, h.count());
     }
 
     /// The exposition: every family once, `# HELP` and `# TYPE` then its samples.
@@ -341,18 +332,46 @@ impl PromWriter {
     }
 }
 
-/// A float sample value as the text format spells it.
-fn float(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 {
-            "+Inf".into()
-        } else {
-            "-Inf".into()
+/// One sample line: `{name}{suffix}{labels…,extra} {value}`.
+fn sample(
+    out: &mut String,
+    name: &str,
+    suffix: &str,
+    labels: &[(&str, &str)],
+    extra: Option<(&str, &str)>,
+    value: impl std::fmt::Display,
+) {
+    out.push_str(name);
+    out.push_str(suffix);
+    if !labels.is_empty() || extra.is_some() {
+        out.push('{');
+        for (i, (k, v)) in labels.iter().copied().chain(extra).enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push_str("=\"");
+            escape_into(out, v);
+            out.push('"');
         }
-    } else {
-        v.to_string()
+        out.push('}');
+    }
+    let _ = writeln!(out, " {value}");
+}
+
+/// A float sample value as the text format spells it (`+Inf`, `-Inf`, `NaN`).
+struct Float(f64);
+
+impl std::fmt::Display for Float {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.0;
+        if v.is_nan() {
+            f.write_str("NaN")
+        } else if v.is_infinite() {
+            f.write_str(if v > 0.0 { "+Inf" } else { "-Inf" })
+        } else {
+            write!(f, "{v}")
+        }
     }
 }
 
@@ -361,10 +380,16 @@ fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// Label value escaping: backslash, double quote, line feed.
+fn escape_into(out: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -424,6 +449,29 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.matches("# TYPE").count(), 4, "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut w = PromWriter::new();
+        w.gauge(
+            "sluice_test_g",
+            "a \\ help\nline",
+            &[("uplink", "a\"b\\c\nd")],
+            1,
+        );
+        let text = w.finish();
+        assert!(
+            text.contains("sluice_test_g{uplink=\"a\\\"b\\\\c\\nd\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP sluice_test_g a \\\\ help\\nline\n"),
+            "{text}"
+        );
+        let exp = sluice_testkit::prom::check(&text).unwrap();
+        let s = &exp.family("sluice_test_g").unwrap().samples[0];
+        assert_eq!(s.label("uplink"), Some("a\"b\\c\nd"));
     }
 
     #[test]
