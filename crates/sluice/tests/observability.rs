@@ -1,6 +1,7 @@
 //! What a Prometheus server, a Grafana dashboard and a log shipper see of a real gateway
-//! (issue 29 item 6). A gateway with two shards, MQTT, CoAP and IEEE 11073 (PHD) devices, a
-//! spool, a cloud uplink (a real Mosquitto over TLS 1.3) and a function is started and fed;
+//! (issue 29 item 6). A gateway with two shards, MQTT, CoAP and IEEE 11073 (PHD) devices, a CoAP
+//! proxy upstream, a spool, a cloud uplink (a real Mosquitto over TLS 1.3) and a function is
+//! started and fed;
 //! its `/metrics` body, fetched over HTTP like a scraper does, must
 //! - pass the strict reader of `sluice_testkit::prom` (one group per family, HELP and TYPE
 //!   once, no series twice, counters `_total`, base units), which names the family at fault,
@@ -72,10 +73,12 @@ async fn busy_gateway() -> (Cloud, RunningGateway, tempfile::TempDir) {
     let mut sub = cloud.subscriber("cloud-app", "#").await;
     let extra = format!(
         "[coap]\nlisten = \"127.0.0.1:0\"\n\
+         [[coap.proxy]]\nname = \"cloud\"\nurl = \"coap+tcp://127.0.0.1:{}\"\nprefix = \"px\"\n\
          [phd]\nlisten = \"127.0.0.1:0\"\nresponse_timeout = \"2s\"\n\
          [spool]\ndir = \"{}\"\nfsync = \"never\"\n\
          {}\n\
          [[function]]\nname = \"enrich\"\ntopics = [\"fn/#\"]\nurl = \"http://127.0.0.1:{}\"\n",
+        closed_port(),
         spool.path().display(),
         cloud.uplink_toml(None, ""),
         closed_port(),
@@ -181,6 +184,7 @@ async fn a_busy_gateways_metrics_pass_promtool_with_one_group_per_family() {
         "sluice_spool_max_bytes",
         "sluice_function_dead_letters_total",
         "sluice_admin_refused_total",
+        "sluice_coap_proxy_state",
     ] {
         let f = exp
             .family(family)
@@ -208,6 +212,15 @@ async fn a_busy_gateways_metrics_pass_promtool_with_one_group_per_family() {
             &[("uplink", "cloud"), ("state", "disconnected")]
         ),
         0.0
+    );
+    // The proxy upstream nothing has asked for yet is disconnected, as a label.
+    assert_eq!(
+        exp.sum(
+            "sluice_coap_proxy_state",
+            &[("upstream", "cloud"), ("state", "disconnected")]
+        ),
+        2.0,
+        "one upstream connection per shard, none connected"
     );
     // Base units: the ack latency histogram is in seconds (a loopback ack takes well under 1 s).
     let fast = exp.sum(
