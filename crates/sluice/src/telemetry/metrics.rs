@@ -1,7 +1,15 @@
-//! Lock-free counters, gauges and histograms, and a Prometheus text renderer.
+//! Lock-free counters, gauges and histograms, and the Prometheus text writer.
 //!
-//! Naming: `sluice_<subsystem>_<what>_<unit>`; no per-device labels (cardinality stays
-//! bounded by shards × uplinks × fixed reasons).
+//! Owns: the metric primitives every subsystem embeds (relaxed atomics: recording never locks
+//! or allocates) and [`PromWriter`], which subsystems render into at scrape time and which
+//! writes each family once — HELP, TYPE, then all its samples — whatever order they were
+//! rendered in (docs/adr/0011-metrics-exposition.md). Does not own: which metrics exist (each
+//! subsystem's `metrics.rs`) or serving them (admin/).
+//!
+//! Naming: `sluice_<subsystem>_<what>_<unit>` in base units (`_seconds`, `_bytes`), counters
+//! `_total`, states as a label ([`PromWriter::state`]) rather than a number; no per-device
+//! labels (cardinality stays bounded by shards × uplinks × lanes × fixed reasons). The
+//! families are listed in docs/observability.md.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

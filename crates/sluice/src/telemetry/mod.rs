@@ -1,6 +1,7 @@
 //! Telemetry: logging set-up and the metrics primitives every subsystem uses.
 //!
-//! Owns: the `tracing` subscriber initialisation and lock-free metric types. Does not own:
+//! Owns: the `tracing` subscriber initialisation (`[log] level` and `format`: text or JSON
+//! lines) and lock-free metric types with their Prometheus writer. Does not own:
 //! what is measured (each subsystem keeps its own metric structs) or how they are served
 //! (admin/). Invariant: recording a metric is a few relaxed atomic operations — no lock, no
 //! allocation — so it is safe on the per-message path of every shard.
