@@ -1,7 +1,7 @@
 //! What a Prometheus server, a Grafana dashboard and a log shipper see of a real gateway
 //! (issue 29 item 6). A gateway with two shards, MQTT, CoAP and IEEE 11073 (PHD) devices, a CoAP
-//! proxy upstream, a spool, a cloud uplink (a real Mosquitto over TLS 1.3) and a function is
-//! started and fed; its `/metrics` body, fetched over HTTP like a scraper does, must
+//! proxy upstream, a spool, two cloud uplinks (a real Mosquitto over TLS 1.3; one over two
+//! paths) and a function is started and fed; its `/metrics` body, fetched over HTTP like a scraper does, must
 //! - pass the strict reader of `sluice_testkit::prom` (one group per family, HELP and TYPE
 //!   once, no series twice, counters `_total`, base units), which names the family at fault,
 //! - pass `promtool check metrics` (Debian's `prometheus` package; scripts/test installs it),
@@ -75,11 +75,12 @@ async fn busy_gateway() -> (Cloud, RunningGateway, tempfile::TempDir) {
          [[coap.proxy]]\nname = \"cloud\"\nurl = \"coap+tcp://127.0.0.1:{}\"\nprefix = \"px\"\n\
          [phd]\nlisten = \"127.0.0.1:0\"\nresponse_timeout = \"2s\"\n\
          [spool]\ndir = \"{}\"\nfsync = \"never\"\n\
-         {}\n\
+         {}\n{}\n\
          [[function]]\nname = \"enrich\"\ntopics = [\"fn/#\"]\nurl = \"http://127.0.0.1:{}\"\n",
         closed_port(),
         spool.path().display(),
         cloud.uplink_toml(None, ""),
+        multipath_uplink(&cloud),
         closed_port(),
     );
     let gw = gateway_sections("shards = 2", "", &extra);
@@ -144,8 +145,33 @@ async fn busy_gateway() -> (Cloud, RunningGateway, tempfile::TempDir) {
         common::metric_sum(&m(), "sluice_uplink_ack_latency_seconds_count") >= 1.0
     })
     .await;
+    wait_until(
+        "both paths of the multipath uplink are up on both shards",
+        T,
+        || {
+            prom::check(&m()).is_ok_and(|e| {
+                e.sum(
+                    "sluice_uplink_path_state",
+                    &[("uplink", "multi"), ("state", "up")],
+                ) == 4.0
+            })
+        },
+    )
+    .await;
     drop(ox);
     (cloud, gw, spool)
+}
+
+/// A second uplink to the same broker over two paths (source addresses 127.0.0.2 and
+/// 127.0.0.3), so the per-path families are written too.
+fn multipath_uplink(cloud: &Cloud) -> String {
+    format!(
+        "[[uplink]]\nname = \"multi\"\nurl = \"mqtts://{}\"\nca_file = \"{}\"\n\
+         server_name = \"localhost\"\nclient_id = \"gw-multi\"\n\
+         paths = [{{ name = \"lte\", bind = \"127.0.0.2\" }}, {{ name = \"dsl\", bind = \"127.0.0.3\" }}]\n",
+        cloud.broker.tls_addr(),
+        cloud.pki.ca_path().display()
+    )
 }
 
 /// A loopback port nothing listens on.
@@ -184,6 +210,7 @@ async fn a_busy_gateways_metrics_pass_promtool_with_one_group_per_family() {
         "sluice_function_dead_letters_total",
         "sluice_admin_refused_total",
         "sluice_coap_proxy_state",
+        "sluice_uplink_path_state",
     ] {
         let f = exp
             .family(family)
@@ -220,6 +247,24 @@ async fn a_busy_gateways_metrics_pass_promtool_with_one_group_per_family() {
         ),
         2.0,
         "one upstream connection per shard, none connected"
+    );
+    // Both paths of the multipath uplink are up on every shard, and their ack time is in
+    // seconds.
+    assert_eq!(
+        exp.sum(
+            "sluice_uplink_path_state",
+            &[("uplink", "multi"), ("state", "up")]
+        ),
+        4.0,
+        "two paths on each of two shards"
+    );
+    let srtt = exp
+        .family("sluice_uplink_path_srtt_seconds")
+        .expect("the paths' ack times");
+    assert!(
+        srtt.samples.iter().all(|s| s.value > 0.0 && s.value < 5.0),
+        "{:?}",
+        srtt.samples
     );
     // Base units: the ack latency histogram is in seconds (a loopback ack takes well under 1 s).
     let fast = exp.sum(
