@@ -178,9 +178,10 @@ struct Family {
 /// Subsystems render into it in any order — shard by shard, uplink by uplink — and the writer
 /// collects each sample under its family; [`PromWriter::finish`] then writes every family once:
 /// `# HELP`, `# TYPE`, then all its samples, families in the order they were first seen. This
-/// is the format's rule ("all lines for a given metric must be provided as one single group")
-/// that `promtool check metrics` enforces. Scraping only reads the subsystems' atomics: the
-/// collection happens here, on the admin thread, never on the data path
+/// is the format's rule ("all lines for a given metric must be provided as one single group");
+/// Prometheus' own parser tolerates a split family, stricter readers do not, and
+/// `sluice_testkit::prom` checks it in the tests. Scraping only reads the subsystems' atomics:
+/// the collection happens here, on the admin thread, never on the data path
 /// (docs/adr/0011-metrics-exposition.md).
 ///
 /// A family named again with another type is a programming error: debug builds panic naming
