@@ -12,9 +12,9 @@
 //!   the samples;
 //! - no series twice (same name and label set);
 //! - histograms: every `_bucket` has `le`, buckets are cumulative, `+Inf` equals `_count`;
-//! - the lint rules promtool applies to names: counters end in `_total`, no `_total`/`_count`/
-//!   `_sum`/`_bucket` on other kinds, base units (no `milliseconds`, `microseconds`, `kilobytes`…),
-//!   every family has HELP text.
+//! - the lint rules promtool applies to names: counters end in `_total`, no `_total`/
+//!   `_count`/`_sum`/`_bucket` on other kinds, base units (no `milliseconds`, `microseconds`,
+//!   `kilobytes`…), every family has HELP text.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

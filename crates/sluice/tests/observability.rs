@@ -1,7 +1,8 @@
 //! What a Prometheus server, a Grafana dashboard and a log shipper see of a real gateway
 //! (issue 29 item 6). A gateway with two shards, MQTT, CoAP and IEEE 11073 (PHD) devices, a CoAP
 //! proxy upstream, a spool, two cloud uplinks (a real Mosquitto over TLS 1.3; one over two
-//! paths) and a function is started and fed; its `/metrics` body, fetched over HTTP like a scraper does, must
+//! paths) and a function is started and fed; its `/metrics` body, fetched over HTTP like a
+//! scraper does, must
 //! - pass the strict reader of `sluice_testkit::prom` (one group per family, HELP and TYPE
 //!   once, no series twice, counters `_total`, base units), which names the family at fault,
 //! - pass `promtool check metrics` (Debian's `prometheus` package; scripts/test installs it),
