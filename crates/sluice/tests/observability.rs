@@ -297,6 +297,41 @@ async fn a_busy_gateways_metrics_pass_promtool_with_one_group_per_family() {
     gw.shutdown();
 }
 
+/// The values of `sluice_spool_oldest_unacked_age_seconds`, one per spool.
+fn spool_ages(gw: &RunningGateway) -> Vec<f64> {
+    checked(&gw.metrics_text())
+        .family("sluice_spool_oldest_unacked_age_seconds")
+        .map(|f| f.samples.iter().map(|s| s.value).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spools_oldest_unacked_age_grows_while_the_uplink_is_down() {
+    let spool = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\n\
+         [[uplink]]\nname = \"down\"\nurl = \"mqtt://127.0.0.1:{}\"\nallow_plaintext = true\n\
+         client_id = \"gw\"\nreconnect_min = \"1s\"\nreconnect_max = \"1s\"\n",
+        spool.path().display(),
+        closed_port()
+    );
+    let gw = common::gateway(1, &extra);
+    assert_eq!(spool_ages(&gw), vec![0.0], "an empty spool is 0 s old");
+    let mut dev = common::device(&gw, "meter-1", ProtocolVersion::V311).await;
+    let sent = Instant::now();
+    dev.publish("sensors/meter-1/power", &b"42"[..], QoS::AtLeastOnce, false)
+        .await
+        .expect("the spool takes it");
+    wait_until("the unsent record is 0.5 s old", T, || {
+        spool_ages(&gw).first().is_some_and(|a| *a >= 0.5)
+    })
+    .await;
+    let age = spool_ages(&gw)[0];
+    let bound = sent.elapsed().as_secs_f64();
+    assert!(age <= bound, "{age} s, but it was sent {bound} s ago");
+    gw.shutdown();
+}
+
 /// Every `sluice_…` name in a deploy file.
 fn metric_names(path: &Path) -> BTreeSet<String> {
     let text =
