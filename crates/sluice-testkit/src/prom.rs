@@ -283,13 +283,16 @@ fn check_family(f: &Family, problems: &mut Vec<String>) {
     }
 }
 
+/// A label set, sorted.
+type LabelSet = Vec<(String, String)>;
+
 fn check_histogram(f: &Family, problems: &mut Vec<String>) {
     let name = &f.name;
-    // Per label set (without `le`): the buckets in order, the count.
-    let mut buckets: HashMap<Vec<(String, String)>, Vec<(f64, f64)>> = HashMap::new();
-    let mut counts: HashMap<Vec<(String, String)>, f64> = HashMap::new();
+    // Per label set (without `le`): the buckets in order (le, cumulative count), the count.
+    let mut buckets: HashMap<LabelSet, Vec<(f64, f64)>> = HashMap::new();
+    let mut counts: HashMap<LabelSet, f64> = HashMap::new();
     for s in &f.samples {
-        let mut rest: Vec<(String, String)> = s
+        let mut rest: LabelSet = s
             .labels
             .iter()
             .filter(|(k, _)| k != "le")
@@ -358,9 +361,7 @@ fn valid_label_name(name: &str) -> bool {
 
 /// `name{k="v",…} value [timestamp]`.
 fn parse_sample(line: &str) -> Result<Sample, String> {
-    let name_end = line
-        .find(|c: char| c == '{' || c == ' ')
-        .ok_or("no value")?;
+    let name_end = line.find(['{', ' ']).ok_or("no value")?;
     let name = &line[..name_end];
     if !valid_name(name) {
         return Err(format!("invalid metric name {name:?}"));

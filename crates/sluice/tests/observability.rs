@@ -8,6 +8,7 @@
 //! - pass `promtool check metrics` (Debian's `prometheus` package; scripts/test installs it),
 //! - contain every metric name that `deploy/grafana/sluice.json` and
 //!   `deploy/prometheus/alerts.yml` use.
+//!
 //! The alert rules pass `promtool check rules` and their unit tests (`promtool test rules
 //! deploy/prometheus/alerts.test.yml`), and `[log] format = "json"` makes the `sluice` binary
 //! write one JSON object per line.
