@@ -175,7 +175,7 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    sluice::telemetry::init_logging(&config.log.level);
+    sluice::telemetry::init_logging(&config.log);
     for warning in config.warnings() {
         tracing::warn!(%warning, "config");
     }

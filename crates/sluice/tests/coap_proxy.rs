@@ -535,7 +535,9 @@ async fn the_gateway_reports_each_shards_upstream_connection() {
     }
     let metrics = gw.metrics_text();
     assert!(
-        metrics.contains("sluice_coap_proxy_state{shard=\"1\",upstream=\"cloud\"} 0"),
+        metrics.contains(
+            "sluice_coap_proxy_state{shard=\"1\",upstream=\"cloud\",state=\"disconnected\"} 1"
+        ),
         "{metrics}"
     );
     gw.shutdown();

@@ -103,11 +103,13 @@ impl UpstreamMetrics {
             l,
             self.retries.get(),
         );
-        w.gauge(
+        w.state(
             "sluice_coap_proxy_state",
-            "Upstream connection state: 0 disconnected, 1 connecting, 2 connected.",
+            "Upstream connection state: 1 for the current state label (disconnected, connecting, connected), 0 for the others.",
             l,
-            self.state.get(),
+            "state",
+            &["disconnected", "connecting", "connected"],
+            self.state_name(),
         );
         w.gauge(
             "sluice_coap_proxy_outstanding",
