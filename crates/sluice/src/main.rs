@@ -52,7 +52,7 @@ Examples:
       printf '%s' 's3cret' | sluice passwd
 
   Look into a spool directory offline (read-only):
-      sluice spool stat /var/lib/sluice/spool/cloud/0
+      sluice spool stat /var/lib/sluice/spool/cloud/shard-0
 
   As a service (Debian package): systemctl start sluice; after editing
   /etc/sluice/sluice.toml, `systemctl reload sluice` sends SIGHUP.
@@ -93,7 +93,7 @@ enum Command {
     #[command(after_help = "Example:\n    printf '%s' 's3cret' | sluice passwd")]
     Passwd,
     /// Inspect a durable spool directory offline (read-only: never modifies it).
-    #[command(after_help = "Example:\n    sluice spool verify /var/lib/sluice/spool/cloud/0")]
+    #[command(after_help = "Example:\n    sluice spool verify /var/lib/sluice/spool/cloud/shard-0")]
     Spool {
         #[command(subcommand)]
         action: SpoolAction,
