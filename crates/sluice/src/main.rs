@@ -83,7 +83,9 @@ enum Command {
     /// Exits 0 when valid, 1 when not; the reason names the key path (e.g.
     /// `uplink[0].ca_file`). Files the config names (certificates, keys, password files)
     /// are read, so run it as the user the service runs as.
-    #[command(after_help = "Example:\n    sluice check -c /etc/sluice/sluice.toml && systemctl reload sluice")]
+    #[command(
+        after_help = "Example:\n    sluice check -c /etc/sluice/sluice.toml && systemctl reload sluice"
+    )]
     Check {
         /// Config file (TOML).
         #[arg(short, long, value_name = "FILE")]
@@ -93,7 +95,9 @@ enum Command {
     #[command(after_help = "Example:\n    printf '%s' 's3cret' | sluice passwd")]
     Passwd,
     /// Inspect a durable spool directory offline (read-only: never modifies it).
-    #[command(after_help = "Example:\n    sluice spool verify /var/lib/sluice/spool/cloud/shard-0")]
+    #[command(
+        after_help = "Example:\n    sluice spool verify /var/lib/sluice/spool/cloud/shard-0"
+    )]
     Spool {
         #[command(subcommand)]
         action: SpoolAction,

@@ -134,7 +134,11 @@ async fn the_arm64_binary_under_qemu_forwards_device_messages_to_a_tls_cloud_mos
     let mut got = std::collections::BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while got.len() < DEVICES * PER_DEVICE && Instant::now() < deadline {
-        if let Some(p) = cloud.recv(Duration::from_secs(5)).await.expect("cloud recv") {
+        if let Some(p) = cloud
+            .recv(Duration::from_secs(5))
+            .await
+            .expect("cloud recv")
+        {
             assert!(p.topic.starts_with("site/sensors/"), "{}", p.topic);
             got.insert(String::from_utf8_lossy(&p.payload).into_owned());
         }

@@ -269,7 +269,10 @@ fn healthz_stays_200_and_readyz_follows_the_cloud_mosquitto_down_and_up() {
     assert_eq!(ready["ready"], true, "{ready}");
     let sessions = ready["uplinks"].as_array().expect("uplinks");
     assert_eq!(sessions.len(), 2, "one session per shard: {ready}");
-    assert!(sessions.iter().all(|s| s["state"] == "connected"), "{ready}");
+    assert!(
+        sessions.iter().all(|s| s["state"] == "connected"),
+        "{ready}"
+    );
     let live = wait_for_answer(admin, "/healthz", 200, Duration::from_secs(5), &mut guard.0);
     assert_eq!(live["live"], true, "{live}");
 

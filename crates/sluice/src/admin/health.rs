@@ -54,10 +54,17 @@ pub fn readyz(source: &dyn AdminSource) -> Response<Full<Bytes>> {
 pub fn readiness(status: &serde_json::Value) -> serde_json::Value {
     let mut sessions = Vec::new();
     let mut reason: Option<String> = None;
-    let shards = status["shards"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let shards = status["shards"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
     for shard in shards {
         let id = &shard["shard"];
-        for uplink in shard["uplinks"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        for uplink in shard["uplinks"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
             let name = uplink["name"].as_str().unwrap_or("?");
             let state = uplink["state"].as_str().unwrap_or("unknown");
             if state != "connected" && reason.is_none() {

@@ -109,7 +109,10 @@ impl Notifier {
 
     /// Every listener is bound and every thread started.
     pub fn ready(&self, status: &str) {
-        self.send(&format!("READY=1\nSTATUS={status}\nMAINPID={}", std::process::id()));
+        self.send(&format!(
+            "READY=1\nSTATUS={status}\nMAINPID={}",
+            std::process::id()
+        ));
     }
 
     /// A SIGHUP reload begins; `ready` follows when it is done.
