@@ -303,6 +303,11 @@ fn run(
         }
     };
     let notifier = manager.notifier.map(std::sync::Arc::new);
+    // READY=1 before the first watchdog ping.
+    let serving = format!("serving devices on {}", gateway.mqtt_addr);
+    if let Some(n) = &notifier {
+        n.ready(&serving);
+    }
     let watchdog = match (&notifier, manager.watchdog) {
         (Some(notifier), Some(period)) => {
             match sluice::app::notify::Watchdog::start(notifier.clone(), gateway.liveness(), period)
@@ -316,10 +321,6 @@ fn run(
         }
         _ => None,
     };
-    let serving = format!("serving devices on {}", gateway.mqtt_addr);
-    if let Some(n) = &notifier {
-        n.ready(&serving);
-    }
     let signal = rt.block_on(async {
         loop {
             tokio::select! {
