@@ -344,3 +344,38 @@ fn unit_file_passes_systemd_analyze_verify() {
         out.status
     );
 }
+
+/// `--help` teaches (what sluice is, examples, exit statuses), and the man page packaged from
+/// `sluice man` is roff made from the same definitions.
+#[test]
+fn help_teaches_with_examples_and_the_man_page_is_generated_from_it() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .output()
+            .expect("run sluice");
+        assert!(out.status.success(), "sluice {args:?}: {}", out.status);
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let help = run(&["--help"]);
+    for needle in [
+        "Examples:",
+        "sluice check -c /etc/sluice/sluice.toml",
+        "sluice run -c /etc/sluice/sluice.toml",
+        "systemctl reload sluice",
+        "Exit status:",
+        "/healthz",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
+    }
+    assert!(run(&["check", "--help"]).contains("Example:"));
+    let man = run(&["man"]);
+    assert!(
+        man.starts_with(".ie") || man.contains("\n.TH sluice 1"),
+        "{man}"
+    );
+    assert!(
+        man.contains(".SH NAME") && man.contains("Examples:"),
+        "{man}"
+    );
+}
