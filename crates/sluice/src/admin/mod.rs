@@ -35,6 +35,7 @@
 //! [`DRAIN_TIMEOUT`] for them before returning.
 
 pub mod coap_proxy;
+pub mod health;
 
 use std::convert::Infallible;
 use std::io;
@@ -459,6 +460,8 @@ fn respond(
             body.push(b'\n');
             with_type(StatusCode::OK, "application/json", body)
         }
+        "/healthz" => health::healthz(source),
+        "/readyz" => health::readyz(source),
         "/" => text(StatusCode::OK, INDEX.to_string()),
         _ => text(
             StatusCode::NOT_FOUND,

@@ -28,6 +28,8 @@ use crate::shard::{self, ShardSeed};
 use crate::sink::LaneMetrics;
 use crate::telemetry::metrics::PromWriter;
 
+pub mod liveness;
+pub mod notify;
 mod reload;
 mod status;
 pub use reload::ReloadOutcome;
@@ -396,6 +398,9 @@ impl Gateway {
         let mut shard_spools = shard_spools.into_iter();
         let mut shard_former = shard_former.into_iter();
         let mut threads = Vec::new();
+        let liveness = Arc::new(liveness::Liveness::new());
+        // The shards, the control plane and the device listener.
+        liveness.expect(shards + 2);
         // Input bounds: sessions on all shards, against mqtt.max_sessions.
         let sessions_total = Arc::new(AtomicUsize::new(0));
         for (id, inbox) in rxs.into_iter().enumerate() {
@@ -439,6 +444,7 @@ impl Gateway {
                 links: links.clone(),
                 phd: phd.as_ref().map(|p| p.shared.clone()),
                 functions: functions.clone(),
+                liveness: liveness.clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -496,6 +502,7 @@ impl Gateway {
             status.clone(),
             shutdown_rx.clone(),
             config.gateway.control_core,
+            liveness.clone(),
         )?);
         if let Some(phd) = phd {
             threads.insert(
@@ -517,6 +524,7 @@ impl Gateway {
                 listeners,
                 shutdown_rx,
                 config.gateway.control_core,
+                liveness.clone(),
             )?,
         );
         tracing::info!(%mqtt_addr, mqtt_tls = ?tls_addr, mqtt_ws = ?ws_addr, mqtt_wss = ?wss_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
@@ -536,6 +544,7 @@ impl Gateway {
             phd_addr,
             status,
             function_runtime,
+            liveness,
         })
     }
 }
@@ -550,12 +559,14 @@ fn spawn_control(
     status: Arc<GatewayStatus>,
     mut shutdown: watch::Receiver<bool>,
     core: Option<usize>,
+    liveness: Arc<liveness::Liveness>,
 ) -> Result<std::thread::JoinHandle<()>, AppError> {
     let thread = move || {
         pin_control_thread(core, "sluice-control");
         let Some(rt) = current_thread_runtime("control-plane") else {
             return;
         };
+        liveness.register("control", rt.handle().clone());
         tokio::task::LocalSet::new().block_on(&rt, async move {
             if let Some((admin, access)) = admin {
                 match tokio::net::TcpListener::from_std(admin) {
@@ -594,12 +605,14 @@ fn spawn_listener(
     listeners: Vec<DeviceListener>,
     shutdown: watch::Receiver<bool>,
     core: Option<usize>,
+    liveness: Arc<liveness::Liveness>,
 ) -> Result<std::thread::JoinHandle<()>, AppError> {
     let thread = move || {
         pin_control_thread(core, "sluice-listener");
         let Some(rt) = current_thread_runtime("device listener") else {
             return;
         };
+        liveness.register("listener", rt.handle().clone());
         tokio::task::LocalSet::new().block_on(&rt, listener.serve(listeners, shutdown));
         // Handshakes still reading a CONNECT were dropped with the LocalSet; a password check
         // still hashing on the blocking pool gets a moment to return its slot.
@@ -748,6 +761,8 @@ pub struct RunningGateway {
     status: Arc<GatewayStatus>,
     /// Stopped after the shards (their dispatchers are gone), killing every instance.
     function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
+    /// Every gateway thread's runtime, for the watchdog's probe (`notify::Watchdog`).
+    liveness: Arc<liveness::Liveness>,
 }
 
 impl RunningGateway {
@@ -767,6 +782,12 @@ impl RunningGateway {
 
     pub fn status_json(&self) -> serde_json::Value {
         self.status.status()
+    }
+
+    /// The runtimes of every gateway thread (shards, control plane, device listener), for a
+    /// liveness probe.
+    pub fn liveness(&self) -> Arc<liveness::Liveness> {
+        self.liveness.clone()
     }
 
     /// Stop every thread: devices get DISCONNECT (MQTT 5), uplinks disconnect cleanly.

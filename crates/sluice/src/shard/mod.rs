@@ -196,6 +196,8 @@ pub struct ShardSeed {
     pub phd: Option<Arc<crate::edge::phd::PhdShared>>,
     /// Every `[[function]]`'s handle (its sink entries are in `config.uplink`).
     pub functions: Vec<Arc<crate::functions::FunctionHandle>>,
+    /// The watchdog's liveness table: the shard registers its runtime there.
+    pub liveness: Arc<crate::app::liveness::Liveness>,
 }
 
 /// Start a shard thread.
@@ -222,6 +224,8 @@ pub fn spawn(seed: ShardSeed) -> std::io::Result<std::thread::JoinHandle<()>> {
                     return;
                 }
             };
+            seed.liveness
+                .register(format!("shard-{}", seed.id), rt.handle().clone());
             let local = tokio::task::LocalSet::new();
             local.block_on(&rt, run(seed));
         })
