@@ -72,6 +72,9 @@ pub struct Runtime {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct FunctionStatus {
     pub name: String,
+    /// How its next instance gets its socket: `inherit` (fd 3), `port` (binds `$PORT`), or
+    /// `detecting` (`socket = "auto"`, before its first instance served one of them).
+    pub socket: &'static str,
     /// Oldest first.
     pub instances: Vec<InstanceStatus>,
     /// Instances that exited on their own (or failed to start), since sluice started.
@@ -102,6 +105,7 @@ pub struct InstanceStatus {
 #[derive(Debug)]
 struct FunctionSnapshot {
     handle: Arc<FunctionHandle>,
+    socket: &'static str,
     instances: Vec<InstanceSnapshot>,
     backoff: Backoff,
 }
@@ -172,6 +176,7 @@ impl Runtime {
                 let now_ms = f.handle.now_ms();
                 FunctionStatus {
                     name: f.handle.name().to_owned(),
+                    socket: f.socket,
                     instances: f
                         .instances
                         .iter()
