@@ -100,7 +100,23 @@ fn get(addr: SocketAddr) -> String {
 /// One request as a dispatcher makes it: a slot, the request, the first answer moves the
 /// instance from starting to running.
 fn invoke(h: &Arc<FunctionHandle>) -> String {
-    let slot = h.acquire().expect("an instance with room");
+    // A dispatcher waits for the instance set to change; an instance started with
+    // `socket = "auto"` (the default) is published once it serves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let slot = loop {
+        if let Some(slot) = h.acquire() {
+            break slot;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an instance with room: starts {} stops {} crashes {} waiting {}",
+            h.metrics.starts.get(),
+            h.metrics.stops.get(),
+            h.metrics.crashes.get(),
+            h.waiting()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
     let body = get(slot.instance().addr.unwrap());
     if slot.instance().mark_answered() {
         h.metrics.instances_starting.sub(1);
@@ -258,10 +274,12 @@ fn port_mode_publishes_the_instance_once_it_accepts_connections() {
     let fx = fixture();
     let h = python_function(fx.dir.path(), "socket = \"port\"\n");
     let rt = runtime::start(vec![h.clone()]).unwrap();
+    h.wait_begin(1);
     h.demand();
-    wait_until(Duration::from_secs(5), "a published instance", || {
+    wait_until(Duration::from_secs(10), "a published instance", || {
         !h.instances().is_empty()
     });
+    h.wait_end(1);
     let addr = h.instances()[0].addr.unwrap();
     TcpStream::connect(addr).expect("published only once it accepts");
     let body = invoke(&h);
@@ -287,16 +305,15 @@ fn auto_finds_a_function_serving_fd3_and_keeps_the_fast_start_for_later_instance
     std::thread::sleep(Duration::from_millis(100));
     assert!(h.instances().is_empty(), "no standby before it is known");
     assert_eq!(rt.status()[0].socket, "detecting");
+    h.wait_begin(1); // an event waits, as a dispatcher's would: no idle stop meanwhile
     h.demand();
-    wait_until(Duration::from_secs(5), "a published instance", || {
-        !h.instances().is_empty()
-    });
     let body = invoke(&h);
+    h.wait_end(1);
     let st = instances(&rt);
     assert_eq!(field(&body, "listen_pid"), st[0].pid.to_string(), "fd 3");
     assert_eq!(rt.status()[0].socket, "inherit");
     let pid = st[0].pid;
-    wait_until(Duration::from_secs(3), "the idle stop", || !alive(pid));
+    wait_until(Duration::from_secs(5), "the idle stop", || !alive(pid));
     assert_standby_only(&h);
     let body = invoke(&h);
     assert_eq!(
@@ -319,12 +336,11 @@ fn auto_lets_a_function_bind_port_itself_and_later_instances_get_only_port() {
         "idle = \"300ms\"\nenv = { BIND_PORT = \"1\" }\n",
     );
     let rt = runtime::start(vec![h.clone()]).unwrap();
+    h.wait_begin(1);
     h.demand();
-    wait_until(Duration::from_secs(5), "a published instance", || {
-        !h.instances().is_empty()
-    });
-    let addr = h.instances()[0].addr.unwrap();
     let body = invoke(&h);
+    h.wait_end(1);
+    let addr = h.instances()[0].addr.unwrap();
     assert_eq!(
         field(&body, "port"),
         addr.port().to_string(),
@@ -333,14 +349,13 @@ fn auto_lets_a_function_bind_port_itself_and_later_instances_get_only_port() {
     assert_eq!(rt.status()[0].socket, "port");
     assert_eq!(h.metrics.crashes.get(), 0);
     let pid = instances(&rt)[0].pid;
-    wait_until(Duration::from_secs(3), "the idle stop", || !alive(pid));
+    wait_until(Duration::from_secs(5), "the idle stop", || !alive(pid));
     std::thread::sleep(Duration::from_millis(100));
     assert!(h.instances().is_empty(), "no standby for a $PORT function");
+    h.wait_begin(1);
     h.demand();
-    wait_until(Duration::from_secs(5), "a second instance", || {
-        !h.instances().is_empty()
-    });
     let body = invoke(&h);
+    h.wait_end(1);
     assert_eq!(field(&body, "listen_pid"), "", "no fd 3 once it is known");
     assert_eq!(h.metrics.crashes.get(), 0);
     rt.stop();
