@@ -10,7 +10,9 @@
 //!
 //! # One event
 //! `encode` builds the request (head + payload) and returns a [`SendId`]; the outbox's window
-//! bounds how many are held here. The event waits in `ready` until a slot is free, then a task
+//! bounds how many are held here. The event waits in `ready` until a slot is free (a local
+//! function's event at most `start_timeout.max(timeout)`: then no instance became ready, which
+//! counts as a failed attempt, outcome `timeout`), then a task
 //! writes it on a pooled connection and reads the answer, bounded by `timeout` (by
 //! `start_timeout` on an instance that has not answered yet: its start-up is part of the wait).
 //! - **2xx**: acknowledged ([`Feedback::Acked`]: the device's QoS 1 ack follows the outbox's
@@ -63,6 +65,9 @@ struct Job {
     received_at: Instant,
     /// Attempts made so far.
     attempts: u32,
+    /// When it last joined `ready` (a local function's event waits there at most
+    /// `start_timeout.max(timeout)` for an instance: see [`FunctionTransport::expire_waiting`]).
+    ready_since: Instant,
 }
 
 /// A request task's result.
@@ -281,6 +286,15 @@ impl FunctionTransport {
                 (true, e.to_string())
             }
         };
+        self.failed(id, retryable, error);
+    }
+
+    /// An attempt of `id` failed: retry it after a backoff, or dead-letter it.
+    fn failed(&mut self, id: SendId, retryable: bool, error: String) {
+        let m = &self.handle.metrics;
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
         let attempts = job.attempts;
         if retryable && attempts <= self.cfg.retries {
             m.retries.inc();
@@ -382,6 +396,45 @@ impl FunctionTransport {
         }
     }
 
+    /// How long a local function's event waits in `ready` for an instance to take it.
+    fn wait_limit(&self) -> Option<Duration> {
+        self.target_remote
+            .is_none()
+            .then(|| self.cfg.start_timeout.max(self.cfg.timeout))
+    }
+
+    /// When the oldest waiting event's wait ends (`ready` is in the order events joined it).
+    fn wait_deadline(&self) -> Option<Instant> {
+        let limit = self.wait_limit()?;
+        let job = self.jobs.get(self.ready.front()?)?;
+        Some(job.ready_since + limit)
+    }
+
+    /// A local function's events that waited `start_timeout.max(timeout)` for an instance
+    /// (none became ready: one that crashes on start, or never serves) count a failed attempt
+    /// each — retried, then dead-lettered — as they would have against an instance published
+    /// before it started (`socket = "inherit"`).
+    fn expire_waiting(&mut self) {
+        let Some(limit) = self.wait_limit() else {
+            return;
+        };
+        let now = Instant::now();
+        while let Some(&id) = self.ready.front() {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                self.ready.pop_front();
+                continue;
+            };
+            if now < job.ready_since + limit {
+                break;
+            }
+            self.ready.pop_front();
+            job.attempts += 1;
+            self.handle.metrics.invocation(Outcome::Timeout);
+            self.failed(id, true, format!("no instance ready within {limit:?}"));
+        }
+        self.sync_waiting();
+    }
+
     fn due_retries(&mut self) {
         let now = Instant::now();
         while let Some(std::cmp::Reverse((at, id))) = self.retries.peek().copied() {
@@ -389,7 +442,8 @@ impl FunctionTransport {
                 break;
             }
             self.retries.pop();
-            if self.jobs.contains_key(&id) {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.ready_since = now;
                 self.ready.push_back(id);
             }
         }
@@ -475,6 +529,7 @@ impl Transport for FunctionTransport {
                 qos: msg.qos,
                 received_at: msg.received_at,
                 attempts: 0,
+                ready_since: Instant::now(),
             },
         );
         self.ready.push_back(id);
@@ -498,6 +553,7 @@ impl Transport for FunctionTransport {
         }
         self.due_retries();
         self.dispatch();
+        self.expire_waiting();
         let handle = self.handle.clone();
         let changed = handle.changed();
         tokio::pin!(changed);
@@ -507,6 +563,10 @@ impl Transport for FunctionTransport {
             self.dispatch();
         }
         let next_retry = self.retries.peek().map(|r| r.0 .0);
+        let next_retry = match (next_retry, self.wait_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let waiting = !self.ready.is_empty();
         let overflow = self.overflow.clone();
         tokio::select! {
@@ -521,7 +581,10 @@ impl Transport for FunctionTransport {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
                     None => std::future::pending().await,
                 }
-            } => self.due_retries(),
+            } => {
+                self.due_retries();
+                self.expire_waiting();
+            }
             _ = changed, if waiting => {}
             _ = overflow.wake.notified() => {}
         }
