@@ -40,7 +40,10 @@
 pub mod replay;
 pub mod scaler;
 
-mod process;
+/// Public for `examples/spawn_cost.rs` (the same-run measurement behind ADR 0004's addendum);
+/// not an API.
+#[doc(hidden)]
+pub mod process;
 mod shell;
 
 use std::sync::Arc;
