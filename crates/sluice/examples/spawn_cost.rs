@@ -18,7 +18,8 @@
 //! longest gap between two of its checkpoints (every 256 pages), against a phase with no
 //! spawns.
 //!
-//! `cargo run -p sluice --example spawn_cost -- [--rss-mib 256] [--spawns 200]`
+//! `cargo run -p sluice --example spawn_cost -- [--rss-mib 256] [--spawns 200] [--writer 0]`
+//! (`--writer 0`: no writing thread, the spawn alone).
 #![allow(unsafe_code)]
 
 use std::os::fd::AsRawFd;
@@ -54,12 +55,14 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 fn main() {
     let mut rss_mib = 256usize;
     let mut spawns = 200usize;
+    let mut with_writer = true;
     let args: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
             "--rss-mib" => rss_mib = args[i + 1].parse().expect("MiB"),
             "--spawns" => spawns = args[i + 1].parse().expect("count"),
+            "--writer" => with_writer = args[i + 1] != "0",
             a => panic!("unknown argument {a}"),
         }
         i += 2;
@@ -80,7 +83,7 @@ fn main() {
         let mut at = 0usize;
         let mut last = Instant::now();
         let mut n = 0u64;
-        while !sh.stop.load(Ordering::Relaxed) {
+        while with_writer && !sh.stop.load(Ordering::Relaxed) {
             for _ in 0..256 {
                 // SAFETY (bench): `base..base+len` is the live Vec owned by main, which joins
                 // this thread before dropping it.
@@ -101,7 +104,8 @@ fn main() {
             .expect("config");
     let devnull = || Stdio::null();
     println!(
-        "spawn_cost: rss {rss_mib} MiB touched, {spawns} spawns of /bin/true per way, one writer thread; {} build",
+        "spawn_cost: rss {rss_mib} MiB touched, {spawns} spawns of /bin/true per way, {} writer thread; {} build",
+        if with_writer { "one" } else { "no" },
         if cfg!(debug_assertions) { "debug" } else { "release" }
     );
     println!(
