@@ -103,33 +103,12 @@ pub fn encode(value: &str) -> String {
     out
 }
 
-/// `time` as RFC 3339 in UTC with milliseconds, e.g. `2024-01-02T03:04:05.500Z`.
+/// `time` as RFC 3339 in UTC with milliseconds, e.g. `2024-01-02T03:04:05.500Z`
+/// (`humantime`). Clamped to 1970-01-01 … 9999-12-31T23:59:59 (humantime panics before the
+/// epoch and fails after year 9999; a gateway without a real-time clock may be anywhere).
 pub fn rfc3339(time: SystemTime) -> String {
-    let d = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
-/// The civil date of a day count since 1970-01-01 (proleptic Gregorian).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    let last = UNIX_EPOCH + std::time::Duration::from_secs(253_402_300_799);
+    humantime::format_rfc3339_millis(time.clamp(UNIX_EPOCH, last)).to_string()
 }
 
 #[cfg(test)]
@@ -144,6 +123,18 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+        let before = UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(
+            rfc3339(before),
+            "1970-01-01T00:00:00.000Z",
+            "clamped, no panic"
+        );
+        let far = UNIX_EPOCH + Duration::from_secs(300_000_000_000);
+        assert_eq!(
+            rfc3339(far),
+            "9999-12-31T23:59:59.000Z",
+            "clamped, no panic"
+        );
     }
 
     #[test]
