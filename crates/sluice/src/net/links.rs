@@ -14,14 +14,21 @@
 //! carrier: a modem that lost its signal, or a veth whose peer is down, is not).
 //!
 //! Bounds: the table holds the host's interfaces (what the kernel lists); one `ip addr`
-//! read per event. If `ip` is missing or fails, the watcher logs one ERROR and ends: per-path
-//! sessions still notice dead paths by their own timeouts.
+//! read per event. If `ip` is missing at start, the watcher does not start (logged by the
+//! caller). If `ip monitor` later ends on its own (killed, crashed) or the links cannot be
+//! re-read, that is logged at ERROR and counted (`sluice_link_monitor_exits_total`), and the
+//! monitor is started again after a backoff (1 s doubling to 60 s; reset after it ran 60 s),
+//! the links re-read at once; meanwhile per-path sessions notice dead paths by their own
+//! timeouts. (Issue 29 asks for netlink here, `rtnetlink`/`mptcp-pm`, instead of spawning
+//! `ip`: not done yet.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
@@ -75,6 +82,8 @@ struct Watched {
 pub struct LinkMetrics {
     watched: Mutex<BTreeMap<String, Arc<Watched>>>,
     addrs: Mutex<BTreeMap<String, Vec<IpAddr>>>,
+    /// `ip monitor` ended on its own (or the links could not be re-read): restarted.
+    pub monitor_exits: Counter,
 }
 
 impl LinkMetrics {
@@ -109,6 +118,12 @@ impl LinkMetrics {
     }
 
     pub fn render(&self, w: &mut PromWriter) {
+        w.counter(
+            "sluice_link_monitor_exits_total",
+            "The link monitor (ip monitor) ended on its own or the links could not be re-read; it is restarted after a backoff.",
+            &[],
+            self.monitor_exits.get(),
+        );
         let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
         for (name, m) in watched.iter() {
             let l: &[(&str, &str)] = &[("interface", name)];
@@ -147,12 +162,38 @@ pub struct WatchSpec {
     pub refresh_endpoints: bool,
 }
 
+/// First and longest wait before `ip monitor` is started again after it ended on its own.
+const MONITOR_RESTART_MIN: Duration = Duration::from_secs(1);
+const MONITOR_RESTART_MAX: Duration = Duration::from_secs(60);
+/// A monitor that ran this long resets the backoff.
+const MONITOR_HEALTHY: Duration = Duration::from_secs(60);
+
 /// The running watcher; stopping it (or dropping it) ends `ip monitor` and the thread.
 pub struct LinkWatcher {
     rx: LinkWatch,
     child: Arc<Mutex<Option<Child>>>,
+    stopping: Arc<AtomicBool>,
+    /// Dropped to wake the thread out of a restart backoff.
+    stop_tx: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub metrics: Arc<LinkMetrics>,
+}
+
+fn spawn_monitor() -> std::io::Result<(Child, ChildStdout)> {
+    let mut child = Command::new("ip")
+        .args(["-o", "monitor", "link", "address"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .spawn()?;
+    match child.stdout.take() {
+        Some(out) => Ok((child, out)),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(std::io::Error::other("ip monitor has no stdout"))
+        }
+    }
 }
 
 impl LinkWatcher {
@@ -162,41 +203,92 @@ impl LinkWatcher {
         let mut table = LinkTable::default();
         apply(&mut table, read_links()?, &spec, &metrics, false);
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(table.clone()));
-        let mut child = Command::new("ip")
-            .args(["-o", "monitor", "link", "address"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .stdin(Stdio::null())
-            .spawn()?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| std::io::Error::other("ip monitor has no stdout"))?;
+        let (child, stdout) = spawn_monitor()?;
         let child = Arc::new(Mutex::new(Some(child)));
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let m = metrics.clone();
+        let (slot, stop_flag) = (child.clone(), stopping.clone());
         let thread = std::thread::Builder::new()
             .name("sluice-links".into())
             .spawn(move || {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Some(Ok(_event)) = lines.next() {
-                    // Several lines come per change; the table is re-read at each and only a
-                    // real difference is published.
-                    match read_links() {
-                        Ok(now) => {
-                            if apply(&mut table, now, &spec, &m, true) {
-                                tx.send_replace(Arc::new(table.clone()));
+                let mut stdout = Some(stdout);
+                let mut backoff = MONITOR_RESTART_MIN;
+                loop {
+                    let started = Instant::now();
+                    let mut why = "ip monitor ended".to_owned();
+                    if let Some(out) = stdout.take() {
+                        let mut lines = BufReader::new(out).lines();
+                        while let Some(Ok(_event)) = lines.next() {
+                            // Several lines come per change; the table is re-read at each and
+                            // only a real difference is published.
+                            match read_links() {
+                                Ok(now) => {
+                                    if apply(&mut table, now, &spec, &m, true) {
+                                        tx.send_replace(Arc::new(table.clone()));
+                                    }
+                                }
+                                Err(error) => {
+                                    why = format!("cannot read the links: {error}");
+                                    break;
+                                }
                             }
                         }
-                        Err(error) => {
-                            tracing::error!(%error, "link watcher: cannot read the links; paths fall back to their own timeouts");
+                    }
+                    // The monitor ended (or is abandoned): reap it, unless stop() did.
+                    let status = {
+                        let mut c = slot.lock().unwrap_or_else(|p| p.into_inner());
+                        if stop_flag.load(Ordering::Acquire) {
                             return;
                         }
+                        c.take().map(|mut c| {
+                            let _ = c.kill();
+                            c.wait().map_or_else(|e| e.to_string(), |s| s.to_string())
+                        })
+                    };
+                    if started.elapsed() >= MONITOR_HEALTHY {
+                        backoff = MONITOR_RESTART_MIN;
+                    }
+                    m.monitor_exits.inc();
+                    tracing::error!(
+                        reason = %why,
+                        status = status.as_deref().unwrap_or("not running"),
+                        restart_in_ms = backoff.as_millis() as u64,
+                        "link monitor stopped following link changes; restarting it (paths rely on their own timeouts meanwhile)"
+                    );
+                    match stop_rx.recv_timeout(backoff) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                    backoff = (backoff * 2).min(MONITOR_RESTART_MAX);
+                    match spawn_monitor() {
+                        Ok((child, out)) => {
+                            let mut c = slot.lock().unwrap_or_else(|p| p.into_inner());
+                            if stop_flag.load(Ordering::Acquire) {
+                                let mut child = child;
+                                let _ = child.kill();
+                                let _ = child.wait();
+                                return;
+                            }
+                            *c = Some(child);
+                            drop(c);
+                            stdout = Some(out);
+                            // Changes while it was down were missed: read the links now.
+                            if let Ok(now) = read_links() {
+                                if apply(&mut table, now, &spec, &m, true) {
+                                    tx.send_replace(Arc::new(table.clone()));
+                                }
+                            }
+                        }
+                        Err(error) => why = format!("cannot start ip monitor: {error}"),
                     }
                 }
             })?;
         Ok(LinkWatcher {
             rx,
             child,
+            stopping,
+            stop_tx: Some(stop_tx),
             thread: Some(thread),
             metrics,
         })
@@ -204,6 +296,15 @@ impl LinkWatcher {
 
     pub fn watch(&self) -> LinkWatch {
         self.rx.clone()
+    }
+
+    /// The running `ip monitor`'s pid (none between a failure and its restart).
+    pub fn monitor_pid(&self) -> Option<u32> {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Child::id)
     }
 
     /// End `ip monitor` and join the thread.
@@ -214,7 +315,9 @@ impl LinkWatcher {
         }
     }
 
-    fn kill(&self) {
+    fn kill(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        self.stop_tx = None;
         if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -451,6 +554,41 @@ mod tests {
         assert!(!l[1].up, "UP without LOWER_UP is down (no carrier)");
         assert_eq!(l[1].addrs, vec!["10.0.1.2".parse::<IpAddr>().unwrap()]);
         assert!(parse_links(b"not json").is_empty());
+    }
+
+    /// Issue 29: a dead `ip monitor` was silent (the thread ended, link changes no longer
+    /// followed). Now it is counted, logged and restarted after the backoff.
+    #[test]
+    fn a_killed_monitor_is_counted_and_restarted() {
+        let w = LinkWatcher::start(WatchSpec::default()).expect("ip is installed");
+        let first = w.monitor_pid().expect("a running monitor");
+        std::process::Command::new("kill")
+            .args(["-KILL", &first.to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while w.monitor_pid().is_none_or(|p| p == first) {
+            assert!(Instant::now() < deadline, "no restart");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(w.metrics.monitor_exits.get(), 1);
+        let mut text = PromWriter::default();
+        w.metrics.render(&mut text);
+        assert!(
+            text.finish().contains("sluice_link_monitor_exits_total 1"),
+            "counted in /metrics"
+        );
+        let second = w.monitor_pid().unwrap();
+        let t = Instant::now();
+        w.stop();
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "stop does not wait out a backoff"
+        );
+        assert!(
+            !std::path::Path::new(&format!("/proc/{second}")).exists(),
+            "the restarted monitor is stopped with the watcher"
+        );
     }
 
     #[test]
