@@ -50,16 +50,20 @@ impl CloudEvent {
         }
     }
 
-    /// The request head of a binary-mode POST of this event to `path` on `host` with a body of
-    /// `body_len` bytes (keep-alive).
-    pub fn request_head(&self, host: &str, path: &str, body_len: usize) -> String {
-        let mut h = String::with_capacity(256);
-        let _ = write!(h, "POST {path} HTTP/1.1\r\nHost: {host}\r\n");
-        for (name, value) in self.headers() {
-            let _ = write!(h, "{name}: {value}\r\n");
+    /// The headers of a binary-mode POST of this event to `host` (hyper adds
+    /// `Content-Length`). Values are percent-encoded or checked ASCII without CR/LF, so every
+    /// one is a valid header value; one that were not would be left out rather than sent.
+    pub fn header_map(&self, host: &str) -> hyper::HeaderMap {
+        let mut map = hyper::HeaderMap::with_capacity(8);
+        if let Ok(v) = hyper::header::HeaderValue::from_str(host) {
+            map.insert(hyper::header::HOST, v);
         }
-        let _ = write!(h, "Content-Length: {body_len}\r\n\r\n");
-        h
+        for (name, value) in self.headers() {
+            if let Ok(v) = hyper::header::HeaderValue::try_from(value) {
+                map.insert(name, v);
+            }
+        }
+        map
     }
 
     /// The binary-mode headers: `ce-*` (percent-encoded) and `Content-Type`.
@@ -155,9 +159,25 @@ mod tests {
             UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             &content_type(None, br#"[{"n":"t","v":21.5}]"#),
         );
-        let head = e.request_head("127.0.0.1:8080", "/", 20);
-        let want = "POST / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nce-specversion: 1.0\r\nce-id: 0-42-1700000000\r\nce-source: sluice://gw1/dev%207\r\nce-type: io.sluice.message\r\nce-subject: sensors/7/temp\r\nce-time: 2023-11-14T22:13:20.000Z\r\nContent-Type: application/senml+json\r\nContent-Length: 20\r\n\r\n";
-        assert_eq!(head, want);
+        let map = e.header_map("127.0.0.1:8080");
+        let got: Vec<(String, String)> = map
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let want = [
+            ("host", "127.0.0.1:8080"),
+            ("ce-specversion", "1.0"),
+            ("ce-id", "0-42-1700000000"),
+            ("ce-source", "sluice://gw1/dev%207"),
+            ("ce-type", "io.sluice.message"),
+            ("ce-subject", "sensors/7/temp"),
+            ("ce-time", "2023-11-14T22:13:20.000Z"),
+            ("content-type", "application/senml+json"),
+        ];
+        assert_eq!(
+            got,
+            want.map(|(k, v)| (k.to_owned(), v.to_owned())).to_vec()
+        );
         assert_eq!(content_type(Some("text/plain"), b"x"), "text/plain");
         assert_eq!(content_type(None, b"\x00\x01"), "application/octet-stream");
         assert_eq!(

@@ -45,7 +45,7 @@ use sluice_proto::mqtt::{Properties, QoS};
 use tokio::sync::mpsc;
 
 use super::cloudevents::{self, CloudEvent};
-use super::conn::{Answer, CallError, Conn, Pool, Target};
+use super::conn::{Answer, CallError, Conn, Outgoing, Pool, Target};
 use super::{Overflow, Publish};
 use crate::config::FunctionConfig;
 use crate::edge::DeviceMessage;
@@ -56,8 +56,8 @@ use crate::sink::{UplinkError, UplinkMessage};
 
 /// What one event keeps while it is here.
 struct Job {
-    /// The whole request, head and payload, written in one call.
-    request: Bytes,
+    /// The request, built once (headers and body shared by every attempt).
+    request: Rc<Outgoing>,
     body: Bytes,
     device: ByteString,
     topic: ByteString,
@@ -90,7 +90,8 @@ pub struct FunctionTransport {
     cfg: Arc<FunctionConfig>,
     gateway: String,
     host: String,
-    path: String,
+    /// The request target (a remote function's path and query; `/` for a local one).
+    uri: hyper::Uri,
     target_remote: Option<Target>,
     id_prefix: String,
     next_id: u64,
@@ -132,13 +133,17 @@ impl FunctionTransport {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let uri = path.parse().unwrap_or_else(|error| {
+            tracing::warn!(function = %cfg.name, %path, %error, "function url path is not a valid request target; using /");
+            hyper::Uri::from_static("/")
+        });
         FunctionTransport {
             window: (cfg.max_in_flight() * 2).max(2),
             cfg,
             handle,
             gateway: gateway_name(),
             host,
-            path,
+            uri,
             target_remote,
             id_prefix: format!("{start:x}-{shard}-"),
             next_id: 0,
@@ -456,7 +461,7 @@ async fn exchange(
     pool: &Rc<RefCell<Pool>>,
     instance: u64,
     target: &Target,
-    request: &Bytes,
+    request: &Outgoing,
     written: impl Fn(Instant),
 ) -> Result<Answer, CallError> {
     // Not borrowed across the connect: other requests on this shard use the pool meanwhile.
@@ -515,14 +520,15 @@ impl Transport for FunctionTransport {
             &cloudevents::content_type(msg.content_type.as_deref(), &msg.payload),
         );
         // The head's own buffer grows to hold the payload: one allocation, no copy of the head.
-        let mut request = event
-            .request_head(&self.host, &self.path, msg.payload.len())
-            .into_bytes();
-        request.extend_from_slice(&msg.payload);
+        let request = Rc::new(Outgoing {
+            path: self.uri.clone(),
+            headers: event.header_map(&self.host),
+            body: msg.payload.clone(),
+        });
         self.jobs.insert(
             id,
             Job {
-                request: Bytes::from(request),
+                request,
                 body: msg.payload.clone(),
                 device: msg.device.clone(),
                 topic: msg.topic.clone(),
