@@ -8,7 +8,7 @@
 //! `tokio::sync::watch` channel (per-path sessions read it: a path whose link went down is
 //! declared dead at once, one whose link came back is retried at once); and, when a watched
 //! link comes back up, deleting and re-adding its MPTCP endpoints (`ip mptcp endpoint`: still
-//! iproute2, not yet `mptcp-pm`), so the kernel's path manager re-creates the subflow within a
+//! iproute2; the `mptcp-pm` crate only reads endpoints, it cannot delete or add), so the kernel's path manager re-creates the subflow within a
 //! second instead of many seconds later. Does not own: deciding what a path does
 //! (`sink::paths`), MPTCP itself (the kernel).
 //!
