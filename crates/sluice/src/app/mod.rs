@@ -728,7 +728,7 @@ fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher>
     match crate::net::links::LinkWatcher::start(spec) {
         Ok(w) => Some(w),
         Err(error) => {
-            tracing::error!(%error, "cannot watch the links (is iproute2's `ip` installed?); paths notice dead links by their own timeouts only");
+            tracing::error!(%error, "cannot watch the links (no netlink socket?); paths notice dead links by their own timeouts only");
             None
         }
     }

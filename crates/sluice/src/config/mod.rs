@@ -50,8 +50,8 @@ use serde::{Deserialize, Serialize};
 pub use acl::{read_acl_file, AclAction, AclConfig, AclFile, AclPermission, AclRuleConfig};
 pub use coap::{CoapConfig, CoapDtlsConfig, CoapProxyConfig, ProxyTarget, PskTable};
 pub use function::{
-    dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl, SocketMode,
-    FUNCTION_SINK_PREFIX,
+    command_takes_fd3, dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl,
+    SocketMode, FUNCTION_SINK_PREFIX,
 };
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use limits::LimitsConfig;
