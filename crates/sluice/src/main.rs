@@ -18,9 +18,11 @@ struct Cli {
 enum Command {
     /// Run the gateway. Without -c, embedded defaults: MQTT devices on 127.0.0.1:1883, CoAP
     /// devices on udp 127.0.0.1:5683, admin on 127.0.0.1:9100, no uplink until one is
-    /// configured. SIGTERM or SIGINT stops it gracefully; SIGHUP re-reads and checks the
-    /// config file and logs what differs (live reload is not supported yet: changes take
-    /// effect at the next restart).
+    /// configured. SIGTERM or SIGINT stops it gracefully; SIGHUP (or POST /api/v1/reload)
+    /// re-reads the config file and applies what can change without closing device
+    /// connections (filters, topic mapping, priorities, users, ACL, limits, log level,
+    /// certificates); a bad file changes nothing; what needs a restart is logged
+    /// (docs/reload.md).
     Run {
         /// Config file (TOML); see config/sluice.example.toml for every option.
         #[arg(short, long, value_name = "FILE")]
@@ -208,7 +210,9 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let gateway = match sluice::app::Gateway::build(config).and_then(|g| g.start()) {
+    let gateway = match sluice::app::Gateway::build(config)
+        .and_then(|g| g.with_config_file(path.clone()).start())
+    {
         Ok(g) => g,
         Err(error) => {
             tracing::error!(%error, "cannot start");
@@ -233,8 +237,8 @@ fn run(path: Option<PathBuf>) -> ExitCode {
 }
 
 /// The signals `sluice run` handles: SIGINT and SIGTERM stop it gracefully (devices and
-/// uplinks are disconnected cleanly, spools closed); SIGHUP re-reads and checks the config
-/// file (`RunningGateway::reload`) and never stops it.
+/// uplinks are disconnected cleanly, spools closed); SIGHUP reloads the config file
+/// (`RunningGateway::reload`) and never stops it.
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,

@@ -10,6 +10,8 @@
 //! - `/metrics` — Prometheus text exposition format 0.0.4.
 //! - `/api/v1/status` — `application/json`, the source's status document.
 //! - `/` — a plain-text list of these endpoints.
+//! - `POST /api/v1/reload` — re-read the config file and apply what can change live
+//!   (`reload.rs`; a writing request: it always needs the token, see below).
 //! - anything else — 404 with a one-line body.
 //!
 //! Access (issue 28 item 7), checked before routing:
@@ -35,6 +37,7 @@
 //! [`DRAIN_TIMEOUT`] for them before returning.
 
 pub mod coap_proxy;
+mod reload;
 
 use std::convert::Infallible;
 use std::io;
@@ -63,6 +66,12 @@ pub trait AdminSource: Send + Sync + 'static {
     fn render_metrics(&self, w: &mut PromWriter);
     /// The document served at `/api/v1/status`.
     fn status(&self) -> serde_json::Value;
+    /// `POST /api/v1/reload`: re-read the config file and apply what can change live
+    /// (blocking: called on the blocking pool). The answer's status and JSON body; `None`:
+    /// this source does not reload (404).
+    fn reload(&self) -> Option<(StatusCode, serde_json::Value)> {
+        None
+    }
 }
 
 /// Most admin connections served at once.
@@ -268,7 +277,8 @@ const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const INDEX: &str = "sluice admin endpoint\n\
 \n\
 GET /metrics         Prometheus metrics (text format 0.0.4)\n\
-GET /api/v1/status   gateway status (JSON)\n";
+GET /api/v1/status   gateway status (JSON)\n\
+POST /api/v1/reload  re-read the config file, apply what can change live (bearer token)\n";
 
 /// Serves the admin endpoint on `listener` until `shutdown` becomes `true`, under `access`.
 ///
@@ -398,14 +408,20 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let response = match guard.check(&request) {
-            Some(why) => {
-                guard.refuse(why, peer, request.method().as_str());
-                refusal_response(why)
-            }
-            None => respond(&request, source.as_ref(), &guard),
-        };
-        async move { Ok::<_, Infallible>(response) }
+        let (source, guard) = (source.clone(), guard.clone());
+        async move {
+            let response = match guard.check(&request) {
+                Some(why) => {
+                    guard.refuse(why, peer, request.method().as_str());
+                    refusal_response(why)
+                }
+                None if request.uri().path() == reload::PATH => {
+                    reload::answer(request.method(), source).await
+                }
+                None => respond(&request, source.as_ref(), &guard),
+            };
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder

@@ -105,6 +105,9 @@ pub struct SessionSeed {
     pub links: Option<crate::net::links::LinkWatch>,
     /// `Some` for a function's sink (`crate::sink::http`).
     pub function: Option<crate::sink::http::FunctionSeed>,
+    /// The uplink's forward filters and topic mapping, shared with its sink on every shard
+    /// and replaced by a reload (`UplinkRoute::replace`).
+    pub route: UplinkRoute,
 }
 
 /// Start the outbox of one uplink lane on this shard, with an MQTT transport. Must be called
@@ -125,9 +128,11 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         feeders,
         links: _,
         function: _,
+        route,
     } = seed;
     let transport = MqttTransport::new(shard, lane, cfg.clone(), tls, downlink, metrics.clone())
-        .with_port_observer(on_port);
+        .with_port_observer(on_port)
+        .with_route(route);
     let outbox = Outbox::new(
         OutboxSeed {
             shard,
@@ -256,6 +261,13 @@ impl MqttTransport {
     /// it ends): the high lane's source ports for `install_tc`.
     pub fn with_port_observer(mut self, on_port: Option<Box<dyn Fn(Option<u16>)>>) -> Self {
         self.on_port = on_port;
+        self
+    }
+
+    /// Name messages by `route`, the uplink's shared route (which a reload replaces), instead
+    /// of this transport's own copy of its configuration's.
+    pub fn with_route(mut self, route: UplinkRoute) -> Self {
+        self.route = route;
         self
     }
 

@@ -4,14 +4,30 @@
 //! local topic unchanged by default (the same `ByteString` is returned: no allocation),
 //! otherwise `topic_prefix` + (`topic_template` with `{device}` and `{topic}` substituted, or
 //! the local topic). The template is parsed once, at construction.
+//!
+//! A reload changes these rules while devices stay connected (`app/reload.rs`): an
+//! [`UplinkRoute`] is a handle on one uplink's rules, shared (cloned) by that uplink's sink and
+//! transports on every shard, and [`UplinkRoute::replace`] publishes new rules with `arc-swap`.
+//! Each question loads the current rules with one atomic load, without a lock; a message
+//! already queued or spooled is named by the rules current when its transport encodes it.
 
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use bytestring::ByteString;
 use sluice_proto::mqtt::topic;
 
 use crate::config::UplinkConfig;
 
+/// One uplink's forward filters and topic mapping, as a shared, replaceable handle.
 #[derive(Debug, Clone)]
 pub struct UplinkRoute {
+    rules: Arc<ArcSwap<RouteRules>>,
+}
+
+/// The rules themselves (immutable once built).
+#[derive(Debug)]
+struct RouteRules {
     forward: Vec<String>,
     prefix: String,
     template: Option<Vec<Piece>>,
@@ -36,31 +52,47 @@ impl UplinkRoute {
     /// The same as [`UplinkRoute::new`] from the individual settings.
     pub fn from_parts(forward: Vec<String>, prefix: String, template: Option<&str>) -> UplinkRoute {
         UplinkRoute {
-            forward,
-            prefix,
-            template: template.map(parse_template),
+            rules: Arc::new(ArcSwap::from_pointee(RouteRules::new(
+                forward, prefix, template,
+            ))),
         }
+    }
+
+    /// Publish `cfg`'s `forward`, `topic_prefix` and `topic_template` to every holder of this
+    /// handle (a reload). Messages offered from now on are filtered by them, and every
+    /// message encoded from now on (queued and spooled ones included) is named by them.
+    pub fn replace(&self, cfg: &UplinkConfig) {
+        self.rules.store(Arc::new(RouteRules::new(
+            cfg.forward.clone(),
+            cfg.topic_prefix.clone(),
+            cfg.topic_template.as_deref(),
+        )));
     }
 
     /// Whether any `forward` filter matches the local `topic`.
     pub fn forwards(&self, topic: &str) -> bool {
-        self.forward.iter().any(|f| topic::matches(f, topic))
+        self.rules
+            .load()
+            .forward
+            .iter()
+            .any(|f| topic::matches(f, topic))
     }
 
     /// The cloud topic for a message `device` published on local `topic`.
     pub fn cloud_topic(&self, device: &str, topic: &ByteString) -> ByteString {
-        match &self.template {
-            None if self.prefix.is_empty() => topic.clone(),
+        let rules = self.rules.load();
+        match &rules.template {
+            None if rules.prefix.is_empty() => topic.clone(),
             None => {
-                let mut s = String::with_capacity(self.prefix.len() + topic.len());
-                s.push_str(&self.prefix);
+                let mut s = String::with_capacity(rules.prefix.len() + topic.len());
+                s.push_str(&rules.prefix);
                 s.push_str(topic);
                 ByteString::from(s)
             }
             Some(pieces) => {
                 let mut s =
-                    String::with_capacity(self.prefix.len() + topic.len() + device.len() + 32);
-                s.push_str(&self.prefix);
+                    String::with_capacity(rules.prefix.len() + topic.len() + device.len() + 32);
+                s.push_str(&rules.prefix);
                 for p in pieces {
                     match p {
                         Piece::Literal(l) => s.push_str(l),
@@ -70,6 +102,16 @@ impl UplinkRoute {
                 }
                 ByteString::from(s)
             }
+        }
+    }
+}
+
+impl RouteRules {
+    fn new(forward: Vec<String>, prefix: String, template: Option<&str>) -> RouteRules {
+        RouteRules {
+            forward,
+            prefix,
+            template: template.map(parse_template),
         }
     }
 }
@@ -152,5 +194,19 @@ mod tests {
             !none.forwards("sensors/1/temp"),
             "an empty forward list forwards nothing"
         );
+    }
+
+    #[test]
+    fn a_replaced_route_is_seen_by_every_clone() {
+        let r = UplinkRoute::from_parts(vec!["a/#".into()], String::new(), None);
+        let held_by_a_transport = r.clone();
+        let mut cfg = crate::config::parse(
+            "[[uplink]]\nname = \"c\"\nurl = \"mqtt://127.0.0.1:1883\"\nallow_plaintext = true\nforward = [\"b/#\"]\ntopic_prefix = \"site/\"\n",
+        )
+        .unwrap();
+        r.replace(&cfg.uplink.remove(0));
+        assert!(!held_by_a_transport.forwards("a/1"));
+        assert!(held_by_a_transport.forwards("b/1"));
+        assert_eq!(held_by_a_transport.cloud_topic("d", &bs("b/1")), "site/b/1");
     }
 }

@@ -77,6 +77,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         feeders,
         links,
         function: _,
+        route,
     } = seed;
     let make = {
         let (cfg, metrics) = (cfg.clone(), metrics.clone());
@@ -93,6 +94,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
                 downlink.clone(),
                 metrics.clone(),
             )
+            .with_route(route.clone())
             .for_path(
                 cfg.path_client_id(shard, lane == Lane::High, path),
                 Dial {
