@@ -598,3 +598,53 @@ async fn a_certificate_swap_serves_new_tls_connects_while_old_connections_stay()
     assert_eq!(ack.code, 0);
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregation_is_switched_on_and_off_live_between_packs() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let write = |aggregate: &str| {
+        let uplink = cloud.uplink_toml(None, &format!("forward = [\"#\"]\n{aggregate}"));
+        std::fs::write(&path, base_config(dir.path(), &uplink)).unwrap();
+    };
+    write("");
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen = watch_cloud(cloud.subscriber("watch", "#").await);
+    let load = Load::start(gw.mqtt_addr, 2).await;
+    wait_cloud(&seen, 0, 20, "messages on their own topics", |t| {
+        t.starts_with("a/")
+    })
+    .await;
+
+    // On: every message packed into SenML on the aggregate topic (min_devices 0).
+    write("[uplink.aggregate]\nenabled = true\nmin_devices = 0\nmax_delay = \"50ms\"\ntopic = \"packs/senml\"\n");
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.cloud.aggregate", "{answer}");
+    let first = wait_cloud(&seen, 0, 1, "packs", |t| t == "packs/senml").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mark = seen.lock().unwrap().len().max(first);
+    wait_cloud(&seen, mark, 5, "packs", |t| t == "packs/senml").await;
+    assert!(
+        since(&seen, mark).iter().all(|t| t == "packs/senml"),
+        "while aggregating, only packs: {:?}",
+        since(&seen, mark)
+    );
+
+    // Off again: messages on their own topics.
+    write("");
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    let first = wait_cloud(&seen, mark, 1, "single messages", |t| t.starts_with("b/")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mark = seen.lock().unwrap().len().max(first);
+    wait_cloud(&seen, mark, 20, "single messages", |t| t.starts_with("a/")).await;
+    assert!(
+        since(&seen, mark).iter().all(|t| t != "packs/senml"),
+        "aggregation is off again"
+    );
+    load.stop_and_check().await;
+    gw.shutdown();
+}

@@ -373,11 +373,12 @@ impl Reloader {
             let Some(before) = old.uplink.iter().find(|o| o.name == u.name) else {
                 continue;
             };
-            if (&u.forward, &u.topic_prefix, &u.topic_template)
+            if (&u.forward, &u.topic_prefix, &u.topic_template, &u.aggregate)
                 != (
                     &before.forward,
                     &before.topic_prefix,
                     &before.topic_template,
+                    &before.aggregate,
                 )
             {
                 route.replace(u);
@@ -385,6 +386,7 @@ impl Reloader {
                     ("forward", u.forward != before.forward),
                     ("topic_prefix", u.topic_prefix != before.topic_prefix),
                     ("topic_template", u.topic_template != before.topic_template),
+                    ("aggregate", u.aggregate != before.aggregate),
                 ] {
                     if changed {
                         applied.push(format!("uplink.{}.{key}", u.name));
@@ -485,9 +487,12 @@ fn is_live(key: &str) -> bool {
     }
     match key.strip_prefix("uplink.") {
         // `uplink.{name}.{key}`; a name may contain dots, the key does not.
-        Some(rest) => rest
-            .rsplit_once('.')
-            .is_some_and(|(_, k)| LIVE_UPLINK.contains(&k)),
+        Some(rest) => {
+            rest.contains(".aggregate.")
+                || rest
+                    .rsplit_once('.')
+                    .is_some_and(|(_, k)| LIVE_UPLINK.contains(&k))
+        }
         None => false,
     }
 }
@@ -633,6 +638,8 @@ mod tests {
             "uplink.cloud.topic_template",
             "uplink.a.b.forward",
             "uplink.cloud.ca_file",
+            "uplink.cloud.aggregate.enabled",
+            "uplink.cloud.aggregate.min_devices",
         ] {
             assert!(is_live(live), "{live}");
         }
@@ -644,7 +651,6 @@ mod tests {
             "spool.dir",
             "uplink.cloud.url",
             "uplink.cloud.receive",
-            "uplink.cloud.aggregate.enabled",
             "uplink.new (added)",
             "function",
             "coap.listen",

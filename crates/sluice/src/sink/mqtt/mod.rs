@@ -132,7 +132,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
     } = seed;
     let transport = MqttTransport::new(shard, lane, cfg.clone(), tls, downlink, metrics.clone())
         .with_port_observer(on_port)
-        .with_route(route);
+        .with_route(route.clone());
     let outbox = Outbox::new(
         OutboxSeed {
             shard,
@@ -144,7 +144,8 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
             feeders,
         },
         transport,
-    );
+    )
+    .with_route(route);
     tokio::task::spawn_local(outbox.run(shutdown))
 }
 

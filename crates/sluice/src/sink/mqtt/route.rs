@@ -6,18 +6,24 @@
 //! the local topic). The template is parsed once, at construction.
 //!
 //! A reload changes these rules while devices stay connected (`app/reload.rs`): an
-//! [`UplinkRoute`] is a handle on one uplink's rules, shared (cloned) by that uplink's sink and
-//! transports on every shard, and [`UplinkRoute::replace`] publishes new rules with `arc-swap`.
-//! Each question loads the current rules with one atomic load, without a lock; a message
-//! already queued or spooled is named by the rules current when its transport encodes it.
+//! [`UplinkRoute`] is a handle on one uplink's rules, shared (cloned) by that uplink's sink,
+//! outboxes and transports on every shard, and [`UplinkRoute::replace`] publishes new rules
+//! with `arc-swap`. Each question loads the current rules with one atomic load, without a
+//! lock; a message already queued or spooled is named by the rules current when its
+//! transport encodes it. The handle also carries `[uplink.aggregate]`, which each outbox
+//! picks up between packs ([`UplinkRoute::aggregate_if_changed`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use bytestring::ByteString;
 use sluice_proto::mqtt::topic;
 
-use crate::config::UplinkConfig;
+use crate::config::{AggregateConfig, UplinkConfig};
+
+/// Numbers every set of rules built, so a holder tells a replaced set from the one it saw.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
 /// One uplink's forward filters and topic mapping, as a shared, replaceable handle.
 #[derive(Debug, Clone)]
@@ -31,6 +37,8 @@ struct RouteRules {
     forward: Vec<String>,
     prefix: String,
     template: Option<Vec<Piece>>,
+    aggregate: AggregateConfig,
+    generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,11 +50,9 @@ enum Piece {
 
 impl UplinkRoute {
     pub fn new(cfg: &UplinkConfig) -> UplinkRoute {
-        UplinkRoute::from_parts(
-            cfg.forward.clone(),
-            cfg.topic_prefix.clone(),
-            cfg.topic_template.as_deref(),
-        )
+        UplinkRoute {
+            rules: Arc::new(ArcSwap::from_pointee(RouteRules::of(cfg))),
+        }
     }
 
     /// The same as [`UplinkRoute::new`] from the individual settings.
@@ -58,15 +64,23 @@ impl UplinkRoute {
         }
     }
 
-    /// Publish `cfg`'s `forward`, `topic_prefix` and `topic_template` to every holder of this
-    /// handle (a reload). Messages offered from now on are filtered by them, and every
-    /// message encoded from now on (queued and spooled ones included) is named by them.
+    /// Publish `cfg`'s `forward`, `topic_prefix`, `topic_template` and `aggregate` to every
+    /// holder of this handle (a reload). Messages offered from now on are filtered by them,
+    /// and every message encoded from now on (queued and spooled ones included) is named by
+    /// them; each outbox packs by the new `aggregate` from its next pack on.
     pub fn replace(&self, cfg: &UplinkConfig) {
-        self.rules.store(Arc::new(RouteRules::new(
-            cfg.forward.clone(),
-            cfg.topic_prefix.clone(),
-            cfg.topic_template.as_deref(),
-        )));
+        self.rules.store(Arc::new(RouteRules::of(cfg)));
+    }
+
+    /// The current `[uplink.aggregate]` and its generation, if the generation is not `seen`.
+    pub fn aggregate_if_changed(&self, seen: u64) -> Option<(u64, AggregateConfig)> {
+        let rules = self.rules.load();
+        (rules.generation != seen).then(|| (rules.generation, rules.aggregate.clone()))
+    }
+
+    /// Answer `f` from the current `[uplink.aggregate]`.
+    pub fn with_aggregate<R>(&self, f: impl FnOnce(&AggregateConfig) -> R) -> R {
+        f(&self.rules.load().aggregate)
     }
 
     /// Whether any `forward` filter matches the local `topic`.
@@ -112,6 +126,19 @@ impl RouteRules {
             forward,
             prefix,
             template: template.map(parse_template),
+            aggregate: AggregateConfig::default(),
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    fn of(cfg: &UplinkConfig) -> RouteRules {
+        RouteRules {
+            aggregate: cfg.aggregate.clone(),
+            ..RouteRules::new(
+                cfg.forward.clone(),
+                cfg.topic_prefix.clone(),
+                cfg.topic_template.as_deref(),
+            )
         }
     }
 }

@@ -102,7 +102,9 @@ impl MqttTransport {
                 QoS::AtMostOnce
             },
             retain: false,
-            topic: ByteString::from(self.cfg.aggregate.topic.as_str()),
+            topic: self
+                .route
+                .with_aggregate(|a| ByteString::from(a.topic.as_str())),
             packet_id,
             properties,
             payload,
@@ -112,11 +114,12 @@ impl MqttTransport {
     /// Most payload bytes a pack may have so that its PUBLISH stays within `max_packet`: the
     /// PUBLISH around an empty payload, plus 3 for the remaining-length field growing.
     pub(super) fn pack_payload_limit(&self, max_packet: usize) -> usize {
-        let packs = self.lane == crate::sink::Lane::Normal && self.cfg.aggregate.enabled;
+        let (enabled, format) = self.route.with_aggregate(|a| (a.enabled, a.format));
+        let packs = self.lane == crate::sink::Lane::Normal && enabled;
         if max_packet == usize::MAX || !packs {
             return usize::MAX;
         }
-        let format = match self.cfg.aggregate.format {
+        let format = match format {
             PackFormat::Json => Format::Json,
             PackFormat::Cbor => Format::Cbor,
         };

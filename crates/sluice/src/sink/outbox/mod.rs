@@ -160,6 +160,10 @@ pub struct Outbox<T: Transport> {
     feeders: Feeders,
     /// `Some` on the normal lane when aggregation is enabled.
     packer: Option<Packer>,
+    /// `[uplink.aggregate]` as this outbox packs by it, and where a reload's new one comes
+    /// from (`with_route`; its generation as last seen).
+    aggregate: crate::config::AggregateConfig,
+    route: Option<(crate::sink::UplinkRoute, u64)>,
     /// A pack sealed and waiting for the window; nothing more is taken meanwhile.
     sealed: Option<SealedPack>,
     /// Messages to send on their own before anything taken after them: one too big for any
@@ -224,6 +228,8 @@ impl<T: Transport> Outbox<T> {
             shard,
             lane,
             packer,
+            aggregate: cfg.aggregate.clone(),
+            route: None,
             sealed: None,
             alone: VecDeque::new(),
             inflight: HashMap::new(),
@@ -251,6 +257,13 @@ impl<T: Transport> Outbox<T> {
     /// Run until `shutdown` becomes `true` (or its sender is dropped): connect, serve,
     /// reconnect. At shutdown the transport closes gracefully; unacknowledged messages stay
     /// in the queue.
+    /// Follow `route`'s `[uplink.aggregate]`, which a reload may replace
+    /// (`UplinkRoute::replace`), instead of keeping the configuration's own for good.
+    pub fn with_route(mut self, route: crate::sink::UplinkRoute) -> Self {
+        self.route = Some((route, 0));
+        self
+    }
+
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut backoff = Backoff::new(self.cfg.reconnect_min, self.cfg.reconnect_max);
         let stable_after = self.cfg.reconnect_max.max(STABLE_CONNECTION);

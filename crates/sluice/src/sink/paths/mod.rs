@@ -79,6 +79,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         function: _,
         route,
     } = seed;
+    let outbox_route = route.clone();
     let make = {
         let (cfg, metrics) = (cfg.clone(), metrics.clone());
         move |path: usize| {
@@ -125,7 +126,8 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
             feeders,
         },
         transport,
-    );
+    )
+    .with_route(outbox_route);
     tokio::task::spawn_local(outbox.run(shutdown))
 }
 
