@@ -7,7 +7,7 @@
 //! denial looks like on the wire (each edge answers in its protocol: MQTT 5 0x87, CoAP 4.03,
 //! PHD measurement dropped), nor identity (who the device is: the edges and admission).
 //!
-//! Semantics (README "Access control"):
+//! Semantics (docs/security.md, "Access control"):
 //! - rules are tried in order, the first that matches decides (`permission`); none →
 //!   `default`. The rules file's rules come after the config's;
 //! - a rule matches a device when its `devices` glob matches the client id and its `users`

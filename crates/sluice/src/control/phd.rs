@@ -276,7 +276,7 @@ pub const MAX_AGENT_TEXT: usize = 64;
 const AGENT_ENTRY_BYTES: usize = std::mem::size_of::<([u8; 8], AgentEntry)>() * 9 / 8 + 8;
 
 /// What one agent may take in the table at most, strings included: the agent table is bounded
-/// by `max_agents ×` this (README "Memory bounds").
+/// by `max_agents ×` this (docs/memory.md).
 pub const AGENT_BYTES_MAX: usize = AGENT_ENTRY_BYTES + MAX_AGENT_TEXT;
 
 /// Agents listed in `/api/v1/status` at most (the count covers all of them).

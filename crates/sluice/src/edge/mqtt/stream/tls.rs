@@ -18,7 +18,7 @@
 //!
 //! Memory: rustls keeps a record buffer per connection (4 KiB once a record has been read;
 //! it shrinks back to 4 KiB after a large one but is not released), plus its key schedule
-//! and state; see README's memory budget for the measured cost per idle TLS connection.
+//! and state; see docs/memory.md for the measured cost per idle TLS connection.
 //!
 //! Identity ([`cert_identity`]): the leaf certificate's subject CN, else its first DNS
 //! subject alternative name, else its first URI one — Mosquitto's `use_identity_as_username`

@@ -19,7 +19,7 @@
 //! are bounded (256 B; later pings go unanswered until they are written).
 //!
 //! Memory: the state is a few integers and two byte buffers that are empty, and released,
-//! while the connection is idle; see README's memory budget for the measured figure.
+//! while the connection is idle; see docs/memory.md for the measured figure.
 
 use std::cell::RefCell;
 use std::io;
