@@ -5,8 +5,8 @@
 //! — an [`AdminSource`] (implemented by the app) renders the metrics and the status; this
 //! module only serves them (and adds its own refusal counters to `/metrics`).
 //!
-//! Routes (GET only; any other method gets 405 with `Allow: GET` once it passed the access
-//! rules below):
+//! Routes (GET only but for the reload; any other method gets 405 with `Allow: GET` once it
+//! passed the access rules below):
 //! - `/metrics` — Prometheus text exposition format 0.0.4.
 //! - `/api/v1/status` — `application/json`, the source's status document.
 //! - `/` — a plain-text list of these endpoints.
@@ -20,8 +20,8 @@
 //!   `WWW-Authenticate: Bearer`. The config refuses a non-loopback `admin.listen` without a
 //!   token, so reading without one is possible on loopback only.
 //! - Writing (any method but GET) always needs the token: without a token configured it gets
-//!   403 saying to configure one, even on loopback. (No writing endpoint exists yet; with the
-//!   token such a request reaches routing and gets 405.)
+//!   403 saying to configure one, even on loopback. With the token it reaches routing:
+//!   `POST /api/v1/reload`, or 405 anywhere else.
 //! - Each refusal is counted in `sluice_admin_refused_total{reason}` (`unauthorized`,
 //!   `writes_need_token`, `tls_handshake`) and logged at WARN at most once per
 //!   [`REFUSAL_LOG_EVERY`] per reason, with the peer's address; the token is never logged.
