@@ -648,3 +648,96 @@ async fn aggregation_is_switched_on_and_off_live_between_packs() {
     load.stop_and_check().await;
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uplinks_new_roots_apply_at_its_next_connect_and_its_connection_stays() {
+    let cloud = Cloud::start();
+    let stranger = TestPki::generate();
+    let gate = common::Gate::start(cloud.broker.tls_addr()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = dir.path().join("cloud-ca.pem");
+    std::fs::copy(cloud.pki.ca_path(), &ca).unwrap();
+    let path = dir.path().join("sluice.toml");
+    // The uplink trusts the CA copied to `ca` (replacing `ca_file` below with ours).
+    let uplink = cloud
+        .uplink_toml(Some(gate.addr), "forward = [\"#\"]")
+        .replace(
+            &format!("ca_file = \"{}\"", cloud.pki.ca_path().display()),
+            &format!("ca_file = \"{}\"", ca.display()),
+        );
+    std::fs::write(&path, base_config(dir.path(), &uplink)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen = watch_cloud(cloud.subscriber("watch", "#").await);
+    let (mut device, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v311("dev"))
+        .await
+        .expect("device");
+    let mut n = 0u32;
+    let mut publish_until =
+        async |device: &mut TestClient, what: &str, want: &dyn Fn(&str) -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let from = seen.lock().unwrap().len();
+            loop {
+                device
+                    .publish(&format!("t/{n}"), "x", QoS::AtMostOnce, false)
+                    .await
+                    .expect("the device stays connected");
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if since(&seen, from).iter().any(|t| want(t)) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{what} within 20 s");
+            }
+        };
+    publish_until(&mut device, "the cloud receives", &|_| true).await;
+
+    // Another CA, same file name: applied for the next connect; the connection stays.
+    std::fs::copy(stranger.ca_path(), &ca).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["applied"][0], "uplink.cloud certificates (next connect)",
+        "{answer}"
+    );
+    publish_until(
+        &mut device,
+        "the current uplink connection still carries",
+        &|_| true,
+    )
+    .await;
+
+    // Cut the link: the reconnect meets a server certificate the new roots do not trust.
+    let failures = |text: &str| common::metric_sum(text, "sluice_uplink_connect_failures_total");
+    gate.set_open(false);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gate.set_open(true);
+    // With the gate open, only the roots can make reconnects fail (one failure may still be
+    // the gate's, counted late).
+    let before = failures(&metrics(admin_addr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while failures(&metrics(admin_addr)) < before + 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "reconnects with the stranger CA did not fail:\n{}",
+            metrics(admin_addr)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The right CA again: the next reconnect succeeds and messages flow.
+    std::fs::copy(cloud.pki.ca_path(), &ca).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    publish_until(
+        &mut device,
+        "messages after the right roots came back",
+        &|_| true,
+    )
+    .await;
+    device
+        .ping()
+        .await
+        .expect("the device stayed connected throughout");
+    gw.shutdown();
+}

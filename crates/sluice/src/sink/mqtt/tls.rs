@@ -10,7 +10,9 @@
 //! ([`reloadable_client_tls`]): its configuration then verifies the server and picks its
 //! certificate through a [`ReloadableClientTls`], whose current [`ClientTlsParts`] are read
 //! with one atomic load at each handshake. A connection keeps what it was made with; the next
-//! connect uses the new files.
+//! connect uses the new files. It also keeps the TLS session cache, emptied by a replacement:
+//! a resumed session skips the server's certificate, so new roots would otherwise wait for
+//! the old tickets to run out.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -19,7 +21,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
+use rustls::client::{
+    ClientSessionMemoryCache, ClientSessionStore, ResolvesClientCert, Resumption,
+    Tls12ClientSessionValue, Tls13ClientSessionValue, WebPkiServerVerifier,
+};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
@@ -96,12 +101,57 @@ impl ClientTlsParts {
 #[derive(Debug)]
 pub struct ReloadableClientTls {
     current: ArcSwap<ClientTlsParts>,
+    /// Sessions to resume (rustls' default store, of its default size), forgotten with the
+    /// parts they were verified under.
+    sessions: ArcSwap<ClientSessionMemoryCache>,
 }
 
+/// Sessions kept for resumption per uplink configuration (rustls' default).
+const RESUMABLE_SESSIONS: usize = 256;
+
 impl ReloadableClientTls {
-    /// Use `parts` from the next handshake on (a reload).
+    /// Use `parts` from the next handshake on (a reload), and resume no session made before.
     pub fn replace(&self, parts: ClientTlsParts) {
         self.current.store(Arc::new(parts));
+        self.sessions
+            .store(Arc::new(ClientSessionMemoryCache::new(RESUMABLE_SESSIONS)));
+    }
+}
+
+impl ClientSessionStore for ReloadableClientTls {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: rustls::NamedGroup) {
+        self.sessions.load().set_kx_hint(server_name, group)
+    }
+
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.sessions.load().kx_hint(server_name)
+    }
+
+    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.sessions.load().set_tls12_session(server_name, value)
+    }
+
+    fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.sessions.load().tls12_session(server_name)
+    }
+
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.sessions.load().remove_tls12_session(server_name)
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: Tls13ClientSessionValue,
+    ) {
+        self.sessions.load().insert_tls13_ticket(server_name, value)
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        server_name: &ServerName<'static>,
+    ) -> Option<Tls13ClientSessionValue> {
+        self.sessions.load().take_tls13_ticket(server_name)
     }
 }
 
@@ -173,14 +223,16 @@ pub fn reloadable_client_tls(
 ) -> Result<(Arc<ClientConfig>, Arc<ReloadableClientTls>), UplinkError> {
     let live = Arc::new(ReloadableClientTls {
         current: ArcSwap::from_pointee(ClientTlsParts::load(cfg)?),
+        sessions: ArcSwap::from_pointee(ClientSessionMemoryCache::new(RESUMABLE_SESSIONS)),
     });
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
+    let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| UplinkError::TlsConfig(Box::new(e)))?
         .dangerous()
         .with_custom_certificate_verifier(live.clone())
         .with_client_cert_resolver(live.clone());
+    config.resumption = Resumption::store(live.clone());
     Ok((Arc::new(config), live))
 }
 
