@@ -491,6 +491,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn replaced_logins_decide_the_next_connect() {
+        let admission = Admission::new(&MqttConfig::default());
+        let metrics = Arc::new(AdmissionMetrics::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut c = connect(None, None);
+        assert_eq!(
+            admission.admit(&mut c, deadline, &metrics).await,
+            Ok(false),
+            "no users: anonymous is admitted"
+        );
+        let mut cfg = MqttConfig::default();
+        cfg.users.push(crate::config::UserConfig {
+            username: "new".into(),
+            password_hash: hash_password(b"pw").expect("hash"),
+        });
+        admission.logins().store(Arc::new(Logins::new(&cfg)));
+        let mut c = connect(None, None);
+        assert_eq!(
+            admission.admit(&mut c, deadline, &metrics).await,
+            Err(Refusal::NotAuthorized),
+            "a user configured by the reload: anonymous is refused"
+        );
+        let mut c = connect(Some("new"), Some(b"pw"));
+        assert_eq!(admission.admit(&mut c, deadline, &metrics).await, Ok(false));
+    }
+
+    #[tokio::test]
     async fn a_certificate_identity_is_the_username_and_no_password_is_checked() {
         let mut cfg = MqttConfig::default();
         cfg.users.push(crate::config::UserConfig {

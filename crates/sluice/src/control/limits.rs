@@ -501,6 +501,26 @@ mod tests {
     }
 
     #[test]
+    fn a_reconfigured_rate_applies_to_the_next_connection() {
+        let l = ConnectLimits::new(&cfg(), Arc::default());
+        let a: std::net::SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        assert!(l.admit_source(a));
+        assert!(l.admit_source(a));
+        assert!(!l.admit_source(a), "over the burst of 2");
+        let mut more = cfg();
+        more.connect_burst_per_source = 5;
+        l.reconfigure(&more);
+        for _ in 0..5 {
+            assert!(l.admit_source(a), "a fresh bucket of 5");
+        }
+        assert!(!l.admit_source(a));
+        let mut off = more.clone();
+        off.connect_rate_per_source = 0;
+        l.reconfigure(&off);
+        assert!(l.admit_source(a), "the per-source rate is off");
+    }
+
+    #[test]
     fn ipv6_sources_share_their_slash_64() {
         let l = ConnectLimits::new(&cfg(), Arc::default());
         for host in ["[2001:db8::1]:1", "[2001:db8::2]:1"] {
