@@ -118,7 +118,7 @@ impl Load {
             tasks.push(tokio::spawn(async move {
                 let mut n: u64 = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let topic = if n % 2 == 0 { "a" } else { "b" };
+                    let topic = if n.is_multiple_of(2) { "a" } else { "b" };
                     if let Err(e) = client
                         .publish(&format!("{topic}/{id}/{n}"), "x", QoS::AtLeastOnce, false)
                         .await
@@ -364,10 +364,25 @@ async fn reload_under_load_changes_filters_mapping_and_priority_without_dropping
     };
     assert!(named("restart_needed", "mqtt.listen"), "{answer}");
     assert!(named("applied", "log.level"), "{answer}");
-    let (_probe, ack) = TestClient::connect(mqtt, ConnectOpts::v311("probe"))
+    let (probe, ack) = TestClient::connect(mqtt, ConnectOpts::v311("probe"))
         .await
         .expect("the running listener still accepts");
     assert_eq!(ack.code, 0);
+    // The new log level is in force: a device leaving is logged at DEBUG.
+    probe.disconnect().await.expect("DISCONNECT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default())
+        .lines()
+        .any(|l| {
+            l.contains("DEBUG") && l.contains("device connection closed") && l.contains("probe")
+        })
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no DEBUG line after log.level = \"debug\" was applied"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     load.stop_and_check().await;
     let text = strip_ansi(&std::fs::read_to_string(&log).expect("read the log"));
