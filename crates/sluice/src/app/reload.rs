@@ -282,9 +282,19 @@ impl Reloader {
         } else {
             None
         };
+        // What the handshake uses (not `listen` or `identity_from_cert`: restart-only).
+        let handshake = |t: &crate::config::MqttTlsConfig| {
+            (
+                t.cert_file.clone(),
+                t.key_file.clone(),
+                t.client_ca_file.clone(),
+                t.require_client_cert,
+                t.min_version,
+            )
+        };
         let device_tls = match (&self.handles.device_tls, &fresh.mqtt.tls) {
             (Some(_), Some(tls))
-                if old.mqtt.tls.as_ref() != Some(tls)
+                if old.mqtt.tls.as_ref().map(handshake) != Some(handshake(tls))
                     || [
                         "mqtt.tls.cert_file",
                         "mqtt.tls.key_file",
