@@ -762,3 +762,96 @@ async fn an_uplinks_new_roots_apply_at_its_next_connect_and_its_connection_stays
         .expect("the device stayed connected throughout");
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_filters_follow_a_reload_on_the_running_cloud_session() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let write = |receive: &str| {
+        let uplink = cloud.uplink_toml(None, &format!("forward = []\nreceive = [{receive}]"));
+        std::fs::write(&path, base_config(dir.path(), &uplink)).unwrap();
+    };
+    write("\"cmd/a/#\"");
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let (mut device, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v311("listener"))
+        .await
+        .expect("device");
+    assert_eq!(
+        device
+            .subscribe(&[("cmd/#", QoS::AtLeastOnce)])
+            .await
+            .unwrap(),
+        vec![1]
+    );
+    let mut commander = cloud.client("commander").await;
+    // Publish `probe` from the cloud until the device receives one (the downlink
+    // subscription is made asynchronously); returns the topic received.
+    let mut first_through = async |device: &mut TestClient, probe: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            commander
+                .publish(probe, "x", QoS::AtLeastOnce, false)
+                .await
+                .expect("cloud publish");
+            if let Some(p) = device
+                .recv(Duration::from_millis(200))
+                .await
+                .expect("device")
+            {
+                return p.topic.to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{probe} never reached the device"
+            );
+        }
+    };
+    assert_eq!(first_through(&mut device, "cmd/a/1").await, "cmd/a/1");
+
+    // Reload: cmd/b/# instead of cmd/a/#, on the same cloud connection.
+    let connects = |text: &str| common::metric_sum(text, "sluice_uplink_connects_total");
+    let connects_before = connects(&metrics(admin_addr));
+    write("\"cmd/b/#\"");
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.cloud.receive", "{answer}");
+    // Drain what was still on its way, then: a cmd/b/ message arrives...
+    while device
+        .recv(Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_some()
+    {}
+    let topic = first_through(&mut device, "cmd/b/1").await;
+    assert!(topic.starts_with("cmd/b/"), "{topic}");
+    while device
+        .recv(Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_some()
+    {}
+    // ...and cmd/a/ no longer does: of the two published in this order, only the second.
+    commander
+        .publish("cmd/a/2", "x", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    commander
+        .publish("cmd/b/2", "x", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let next = device
+        .recv(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("cmd/b/2 arrives");
+    assert_eq!(next.topic, "cmd/b/2", "cmd/a/# was unsubscribed");
+    assert_eq!(
+        connects(&metrics(admin_addr)),
+        connects_before,
+        "the cloud session was not reconnected"
+    );
+    device.ping().await.expect("the device stayed connected");
+    gw.shutdown();
+}

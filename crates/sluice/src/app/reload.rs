@@ -383,17 +383,23 @@ impl Reloader {
             let Some(before) = old.uplink.iter().find(|o| o.name == u.name) else {
                 continue;
             };
-            if (&u.forward, &u.topic_prefix, &u.topic_template, &u.aggregate)
-                != (
-                    &before.forward,
-                    &before.topic_prefix,
-                    &before.topic_template,
-                    &before.aggregate,
-                )
-            {
+            if (
+                &u.forward,
+                &u.receive,
+                &u.topic_prefix,
+                &u.topic_template,
+                &u.aggregate,
+            ) != (
+                &before.forward,
+                &before.receive,
+                &before.topic_prefix,
+                &before.topic_template,
+                &before.aggregate,
+            ) {
                 route.replace(u);
                 for (key, changed) in [
                     ("forward", u.forward != before.forward),
+                    ("receive", u.receive != before.receive),
                     ("topic_prefix", u.topic_prefix != before.topic_prefix),
                     ("topic_template", u.topic_template != before.topic_template),
                     ("aggregate", u.aggregate != before.aggregate),
@@ -480,8 +486,9 @@ fn is_live(key: &str) -> bool {
         "mqtt.tls.require_client_cert",
         "mqtt.tls.min_version",
     ];
-    const LIVE_UPLINK: [&str; 6] = [
+    const LIVE_UPLINK: [&str; 7] = [
         "forward",
+        "receive",
         "topic_prefix",
         "topic_template",
         "ca_file",
@@ -650,6 +657,7 @@ mod tests {
             "uplink.cloud.ca_file",
             "uplink.cloud.aggregate.enabled",
             "uplink.cloud.aggregate.min_devices",
+            "uplink.cloud.receive",
         ] {
             assert!(is_live(live), "{live}");
         }
@@ -660,7 +668,6 @@ mod tests {
             "gateway.shards",
             "spool.dir",
             "uplink.cloud.url",
-            "uplink.cloud.receive",
             "uplink.new (added)",
             "function",
             "coap.listen",

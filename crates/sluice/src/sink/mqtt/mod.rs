@@ -169,6 +169,13 @@ pub struct MqttTransport {
     ids: HashSet<u16>,
     next_packet_id: u16,
     pending_subscribe: Option<u16>,
+    /// The filters of the pending SUBSCRIBE (named when the broker refuses one).
+    pending_filters: Vec<String>,
+    pending_unsubscribe: Option<u16>,
+    /// The `receive` filters this session asked the broker for (kept across reconnects: a
+    /// persistent session holds them), and the route generation they were taken from.
+    subscribed: Vec<String>,
+    receive_seen: u64,
     /// Cloud PUBLISHes decoded and not yet delivered (at most what one read decodes: the
     /// broker sends no more than our Receive Maximum of QoS 1 ones unacknowledged).
     downlink_pending: VecDeque<Publish>,
@@ -217,6 +224,10 @@ impl MqttTransport {
             ids: HashSet::new(),
             next_packet_id: 1,
             pending_subscribe: None,
+            pending_filters: Vec::new(),
+            pending_unsubscribe: None,
+            subscribed: Vec::new(),
+            receive_seen: 0,
             downlink_pending: VecDeque::new(),
             dial: crate::net::dial::Dial {
                 mptcp: cfg_mptcp,
@@ -275,10 +286,12 @@ impl MqttTransport {
     /// Whether this link holds the uplink's one downlink subscription: shard 0's normal
     /// lane, when `receive` has filters.
     fn subscribes_downlink(&self) -> bool {
-        self.shard == 0
-            && self.lane == Lane::Normal
-            && !self.cfg.receive.is_empty()
-            && !self.no_downlink
+        self.holds_downlink() && self.route.receives()
+    }
+
+    /// Whether this link is the one that would hold the downlink subscription.
+    fn holds_downlink(&self) -> bool {
+        self.shard == 0 && self.lane == Lane::Normal && !self.no_downlink
     }
 
     /// A packet id not in use. Terminates: the outbox keeps at most the window (≤ 65534)
@@ -287,7 +300,10 @@ impl MqttTransport {
         loop {
             let id = self.next_packet_id;
             self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
-            if !self.ids.contains(&id) && self.pending_subscribe != Some(id) {
+            if !self.ids.contains(&id)
+                && self.pending_subscribe != Some(id)
+                && self.pending_unsubscribe != Some(id)
+            {
                 return id;
             }
         }
@@ -320,6 +336,10 @@ impl Transport for MqttTransport {
         self.read_some(feedback).await
     }
 
+    fn follow_route(&mut self) -> Result<(), crate::sink::UplinkError> {
+        self.follow_receive()
+    }
+
     async fn settle(&mut self) -> Result<(), crate::sink::UplinkError> {
         self.deliver_downlinks().await
     }
@@ -340,5 +360,6 @@ impl Transport for MqttTransport {
         self.out.clear();
         self.ids.clear();
         self.pending_subscribe = None;
+        self.pending_unsubscribe = None;
     }
 }

@@ -11,7 +11,10 @@
 //! with `arc-swap`. Each question loads the current rules with one atomic load, without a
 //! lock; a message already queued or spooled is named by the rules current when its
 //! transport encodes it. The handle also carries `[uplink.aggregate]`, which each outbox
-//! picks up between packs ([`UplinkRoute::aggregate_if_changed`]).
+//! picks up between packs ([`UplinkRoute::aggregate_if_changed`]), and `receive`, which the
+//! session holding the downlink subscription follows with SUBSCRIBE / UNSUBSCRIBE
+//! ([`UplinkRoute::receive_if_changed`]); a replacement wakes the outboxes
+//! ([`UplinkRoute::changed`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,6 +32,8 @@ static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug, Clone)]
 pub struct UplinkRoute {
     rules: Arc<ArcSwap<RouteRules>>,
+    /// Notified (all waiters) after each replacement.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 /// The rules themselves (immutable once built).
@@ -38,6 +43,7 @@ struct RouteRules {
     prefix: String,
     template: Option<Vec<Piece>>,
     aggregate: AggregateConfig,
+    receive: Vec<String>,
     generation: u64,
 }
 
@@ -52,6 +58,7 @@ impl UplinkRoute {
     pub fn new(cfg: &UplinkConfig) -> UplinkRoute {
         UplinkRoute {
             rules: Arc::new(ArcSwap::from_pointee(RouteRules::of(cfg))),
+            changed: Arc::default(),
         }
     }
 
@@ -61,6 +68,7 @@ impl UplinkRoute {
             rules: Arc::new(ArcSwap::from_pointee(RouteRules::new(
                 forward, prefix, template,
             ))),
+            changed: Arc::default(),
         }
     }
 
@@ -70,6 +78,29 @@ impl UplinkRoute {
     /// them; each outbox packs by the new `aggregate` from its next pack on.
     pub fn replace(&self, cfg: &UplinkConfig) {
         self.rules.store(Arc::new(RouteRules::of(cfg)));
+        self.changed.notify_waiters();
+    }
+
+    /// What a holder waits on to hear of a replacement: register (`enable`) the `notified()`
+    /// future before checking the generation, so none is missed in between.
+    pub fn changed(&self) -> Arc<tokio::sync::Notify> {
+        self.changed.clone()
+    }
+
+    /// The current `receive` filters.
+    pub fn receive(&self) -> Vec<String> {
+        self.rules.load().receive.clone()
+    }
+
+    /// The current `receive` filters and their generation, if the generation is not `seen`.
+    pub fn receive_if_changed(&self, seen: u64) -> Option<(u64, Vec<String>)> {
+        let rules = self.rules.load();
+        (rules.generation != seen).then(|| (rules.generation, rules.receive.clone()))
+    }
+
+    /// Whether any `receive` filter is set.
+    pub fn receives(&self) -> bool {
+        !self.rules.load().receive.is_empty()
     }
 
     /// The current `[uplink.aggregate]` and its generation, if the generation is not `seen`.
@@ -127,6 +158,7 @@ impl RouteRules {
             prefix,
             template: template.map(parse_template),
             aggregate: AggregateConfig::default(),
+            receive: Vec::new(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         }
     }
@@ -134,6 +166,7 @@ impl RouteRules {
     fn of(cfg: &UplinkConfig) -> RouteRules {
         RouteRules {
             aggregate: cfg.aggregate.clone(),
+            receive: cfg.receive.clone(),
             ..RouteRules::new(
                 cfg.forward.clone(),
                 cfg.topic_prefix.clone(),

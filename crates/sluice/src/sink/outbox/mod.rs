@@ -207,6 +207,7 @@ enum Event {
     Queued,
     PackDue,
     RetryDue,
+    RouteChanged,
 }
 
 impl<T: Transport> Outbox<T> {
@@ -358,7 +359,18 @@ impl<T: Transport> Outbox<T> {
         let mut feedback: Vec<Feedback> = Vec::new();
         // Whatever the far end sent together with its handshake answer.
         self.transport.settle().await?;
+        // Woken by a reload's new route (`UplinkRoute::changed`); none without a route.
+        let changed = self
+            .route
+            .as_ref()
+            .map_or_else(Default::default, |(r, _)| r.changed());
         loop {
+            // Registered before the route is read (in `fill_batch` and `follow_route`), so a
+            // replacement in between still wakes this loop.
+            let route_changed = changed.notified();
+            tokio::pin!(route_changed);
+            route_changed.as_mut().enable();
+            self.transport.follow_route()?;
             let (sent, resent) = self.fill_batch(&limits, &mut unacked_in_write);
             let bytes = self.transport.pending_bytes();
             if bytes > 0 {
@@ -400,6 +412,7 @@ impl<T: Transport> Outbox<T> {
                 _ = self.queue.wait_ready(), if can_take => Event::Queued,
                 _ = sleep_until_opt(pack_due), if pack_due.is_some() => Event::PackDue,
                 _ = sleep_until_opt(retry_at), if retry_at.is_some() => Event::RetryDue,
+                _ = &mut route_changed => Event::RouteChanged,
             };
             match event {
                 Event::Shutdown => {
@@ -418,6 +431,8 @@ impl<T: Transport> Outbox<T> {
                 Event::Queued => {}
                 Event::PackDue => self.seal_pack(),
                 Event::RetryDue => self.maybe_resume(),
+                // Followed at the top of the loop.
+                Event::RouteChanged => {}
             }
         }
     }
