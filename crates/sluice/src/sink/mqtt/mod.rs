@@ -24,7 +24,11 @@
 //! Expiry Interval of `downlink_session_expiry` (MQTT 5) or clean session = 0 (3.1.1) — so the
 //! broker keeps the subscription and the QoS 1 commands published while the gateway is away.
 //! It subscribes again whenever the CONNACK says the session was not present (MQTT 5 also
-//! re-subscribes with Retain Handling 1 when it was, so changed filters take effect). Every
+//! re-subscribes with Retain Handling 1 when it was, so changed filters take effect). A
+//! reload that changes `receive` (the shared [`UplinkRoute`]) is followed on the running
+//! connection: UNSUBSCRIBE for the filters that went, SUBSCRIBE for the new ones, one change
+//! at a time ([`Transport::follow_route`]); what a kept session still holds from before is
+//! unsubscribed at reconnect. Every
 //! other session starts clean and subscribes to nothing, so each command crosses the WAN
 //! once. A QoS 1 command is acknowledged to the cloud only after the [`crate::sink::Downlink`]
 //! future resolved (the shard accepted it for every local subscriber, see `shard::router`);
