@@ -708,6 +708,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_reload_route_is_a_writing_one_and_only_takes_post() {
+        // No token configured: refused before the source is asked, even on loopback.
+        let server = start_default().await;
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange(&mut stream, "POST", "/api/v1/reload").await;
+        assert_eq!(reply.status_line, "HTTP/1.1 403 Forbidden");
+        // With the token: GET is answered 405 naming POST; a source that does not reload
+        // answers POST with 404.
+        let server = start_with_token().await;
+        let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange_with(&mut stream, "GET", "/api/v1/reload", &bearer).await;
+        assert_eq!(reply.status_line, "HTTP/1.1 405 Method Not Allowed");
+        assert_eq!(reply.header("allow"), Some("POST"));
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange_with(&mut stream, "POST", "/api/v1/reload", &bearer).await;
+        assert_eq!(reply.status_line, "HTTP/1.1 404 Not Found");
+    }
+
+    #[tokio::test]
     async fn with_a_token_every_request_needs_it_and_writing_methods_then_get_405() {
         let server = start_with_token().await;
         let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
