@@ -883,3 +883,54 @@ async fn receive_filters_follow_a_reload_on_the_running_cloud_session() {
     device.ping().await.expect("the device stayed connected");
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_publish_rate_applies_to_devices_connecting_afterwards() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, base_config(dir.path(), "")).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let (mut before, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v311("before"))
+        .await
+        .expect("device");
+    std::fs::write(
+        &path,
+        base_config(
+            dir.path(),
+            "[limits]\npublish_rate = 1\npublish_burst = 1\n",
+        ),
+    )
+    .unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["applied"][0], "limits", "{answer}");
+    let dropped =
+        || common::metric_sum(&metrics(admin_addr), "sluice_limits_publish_dropped_total");
+    // The device connected before keeps its (unlimited) rate.
+    for i in 0..20 {
+        before
+            .publish(&format!("t/{i}"), "x", QoS::AtMostOnce, false)
+            .await
+            .unwrap();
+    }
+    before.ping().await.expect("before is connected");
+    assert_eq!(dropped(), 0.0, "the earlier device is not limited");
+    // A device connecting now meets 1 message a second: a burst of QoS 0 is cut.
+    let (mut after, _) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v311("after"))
+        .await
+        .expect("device");
+    for i in 0..20 {
+        after
+            .publish(&format!("t/{i}"), "x", QoS::AtMostOnce, false)
+            .await
+            .unwrap();
+    }
+    after.ping().await.expect("after is connected");
+    assert!(
+        dropped() >= 10.0,
+        "the new rate drops a burst: {}",
+        dropped()
+    );
+    gw.shutdown();
+}
