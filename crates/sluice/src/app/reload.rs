@@ -345,9 +345,22 @@ impl Reloader {
         let mut applied = Vec::new();
         let mut restart_needed = Vec::new();
 
-        // What differs from the running configuration, key by key.
+        // What differs from the running configuration, key by key. A function's sink entry
+        // (`with_function_sinks`) is named by its `function` key instead: functions restart.
+        let function_sinks: Vec<String> = self
+            .started
+            .uplink
+            .iter()
+            .chain(&fresh.uplink)
+            .filter(|u| u.function.is_some())
+            .map(|u| format!("uplink.{}", u.name))
+            .collect();
         for key in changed_keys(&self.started, &fresh) {
-            if !is_live(&key) {
+            let of_function = function_sinks.iter().any(|f| {
+                key.strip_prefix(f.as_str())
+                    .is_some_and(|r| r.starts_with(['.', ' ']))
+            });
+            if !of_function && !is_live(&key) {
                 restart_needed.push(key);
             }
         }
@@ -374,6 +387,9 @@ impl Reloader {
         }
         // Forward filters and topic mapping, per uplink the gateway runs.
         for (i, running) in self.started.uplink.iter().enumerate() {
+            if running.function.is_some() {
+                continue;
+            }
             let (Some(u), Some(route)) = (
                 fresh.uplink.iter().find(|u| u.name == running.name),
                 self.handles.routes.get(i),
