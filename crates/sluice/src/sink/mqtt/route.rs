@@ -13,8 +13,8 @@
 //! transport encodes it. The handle also carries `[uplink.aggregate]`, which each outbox
 //! picks up between packs ([`UplinkRoute::aggregate_if_changed`]), and `receive`, which the
 //! session holding the downlink subscription follows with SUBSCRIBE / UNSUBSCRIBE
-//! ([`UplinkRoute::receive_if_changed`]); a replacement wakes the outboxes
-//! ([`UplinkRoute::changed`]).
+//! ([`UplinkRoute::receive_if_changed`]); a replacement wakes the outboxes, each through a
+//! `Notify` of its own ([`UplinkRoute::watch`]: no waiter list shared across shards).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,8 +32,9 @@ static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug, Clone)]
 pub struct UplinkRoute {
     rules: Arc<ArcSwap<RouteRules>>,
-    /// Notified (all waiters) after each replacement.
-    changed: Arc<tokio::sync::Notify>,
+    /// One `Notify` per watching outbox, each told (`notify_one`: a permit is kept if it is
+    /// not waiting) after a replacement. Locked only to register and to replace.
+    watchers: Arc<std::sync::Mutex<Vec<std::sync::Weak<tokio::sync::Notify>>>>,
 }
 
 /// The rules themselves (immutable once built).
@@ -58,7 +59,7 @@ impl UplinkRoute {
     pub fn new(cfg: &UplinkConfig) -> UplinkRoute {
         UplinkRoute {
             rules: Arc::new(ArcSwap::from_pointee(RouteRules::of(cfg))),
-            changed: Arc::default(),
+            watchers: Arc::default(),
         }
     }
 
@@ -68,7 +69,7 @@ impl UplinkRoute {
             rules: Arc::new(ArcSwap::from_pointee(RouteRules::new(
                 forward, prefix, template,
             ))),
-            changed: Arc::default(),
+            watchers: Arc::default(),
         }
     }
 
@@ -78,13 +79,23 @@ impl UplinkRoute {
     /// them; each outbox packs by the new `aggregate` from its next pack on.
     pub fn replace(&self, cfg: &UplinkConfig) {
         self.rules.store(Arc::new(RouteRules::of(cfg)));
-        self.changed.notify_waiters();
+        if let Ok(watchers) = self.watchers.lock() {
+            for w in watchers.iter().filter_map(std::sync::Weak::upgrade) {
+                w.notify_one();
+            }
+        }
     }
 
-    /// What a holder waits on to hear of a replacement: register (`enable`) the `notified()`
-    /// future before checking the generation, so none is missed in between.
-    pub fn changed(&self) -> Arc<tokio::sync::Notify> {
-        self.changed.clone()
+    /// A `Notify` of the caller's own, told after every replacement (a permit is kept when
+    /// the caller is not waiting, so a replacement between its check and its wait is not
+    /// missed). Dropped watchers are forgotten at the next registration.
+    pub fn watch(&self) -> Arc<tokio::sync::Notify> {
+        let notify = Arc::new(tokio::sync::Notify::new());
+        if let Ok(mut watchers) = self.watchers.lock() {
+            watchers.retain(|w| w.strong_count() > 0);
+            watchers.push(Arc::downgrade(&notify));
+        }
+        notify
     }
 
     /// The current `receive` filters.

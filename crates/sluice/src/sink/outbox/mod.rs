@@ -164,6 +164,8 @@ pub struct Outbox<T: Transport> {
     /// from (`with_route`; its generation as last seen).
     aggregate: crate::config::AggregateConfig,
     route: Option<(crate::sink::UplinkRoute, u64)>,
+    /// Told when the route is replaced (this outbox's own).
+    route_watch: Option<Arc<tokio::sync::Notify>>,
     /// A pack sealed and waiting for the window; nothing more is taken meanwhile.
     sealed: Option<SealedPack>,
     /// Messages to send on their own before anything taken after them: one too big for any
@@ -231,6 +233,7 @@ impl<T: Transport> Outbox<T> {
             packer,
             aggregate: cfg.aggregate.clone(),
             route: None,
+            route_watch: None,
             sealed: None,
             alone: VecDeque::new(),
             inflight: HashMap::new(),
@@ -261,6 +264,7 @@ impl<T: Transport> Outbox<T> {
     /// Follow `route`'s `[uplink.aggregate]`, which a reload may replace
     /// (`UplinkRoute::replace`), instead of keeping the configuration's own for good.
     pub fn with_route(mut self, route: crate::sink::UplinkRoute) -> Self {
+        self.route_watch = Some(route.watch());
         self.route = Some((route, 0));
         self
     }
@@ -359,17 +363,9 @@ impl<T: Transport> Outbox<T> {
         let mut feedback: Vec<Feedback> = Vec::new();
         // Whatever the far end sent together with its handshake answer.
         self.transport.settle().await?;
-        // Woken by a reload's new route (`UplinkRoute::changed`); none without a route.
-        let changed = self
-            .route
-            .as_ref()
-            .map_or_else(Default::default, |(r, _)| r.changed());
+        // Woken by a reload's new route (`UplinkRoute::watch`); never without a route.
+        let changed = self.route_watch.clone();
         loop {
-            // Registered before the route is read (in `fill_batch` and `follow_route`), so a
-            // replacement in between still wakes this loop.
-            let route_changed = changed.notified();
-            tokio::pin!(route_changed);
-            route_changed.as_mut().enable();
             self.transport.follow_route()?;
             let (sent, resent) = self.fill_batch(&limits, &mut unacked_in_write);
             let bytes = self.transport.pending_bytes();
@@ -412,7 +408,7 @@ impl<T: Transport> Outbox<T> {
                 _ = self.queue.wait_ready(), if can_take => Event::Queued,
                 _ = sleep_until_opt(pack_due), if pack_due.is_some() => Event::PackDue,
                 _ = sleep_until_opt(retry_at), if retry_at.is_some() => Event::RetryDue,
-                _ = &mut route_changed => Event::RouteChanged,
+                _ = notified_opt(changed.as_deref()) => Event::RouteChanged,
             };
             match event {
                 Event::Shutdown => {
@@ -447,6 +443,14 @@ impl<T: Transport> Outbox<T> {
     fn finish(&self, msg: UplinkMessage, code: u8) {
         self.queue.release_msg(&msg);
         msg.complete_with(code);
+    }
+}
+
+/// Waits for `notify`; never resolves for `None`.
+async fn notified_opt(notify: Option<&tokio::sync::Notify>) {
+    match notify {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
 }
 
