@@ -174,9 +174,10 @@ pub struct Reloader {
 
 struct Applied {
     config: Arc<Config>,
-    /// The ACL file's, the device certificates' and each uplink's certificate files' bytes
-    /// when last applied: a file changed under the same name is applied too.
-    files: BTreeMap<String, Vec<u8>>,
+    /// A fingerprint of the ACL file, the device certificates and each uplink's certificate
+    /// files when last applied: a file changed under the same name is applied too. (Not the
+    /// bytes: no second copy of a private key is kept.)
+    files: BTreeMap<String, u64>,
 }
 
 /// Everything built from the fresh file before any handle is touched.
@@ -185,7 +186,9 @@ struct Prepared {
     device_tls: Option<Arc<rustls::ServerConfig>>,
     /// Per running uplink index: the new roots and client certificate.
     uplink_tls: Vec<(usize, crate::sink::ClientTlsParts)>,
-    files: BTreeMap<String, Vec<u8>>,
+    files: BTreeMap<String, u64>,
+    /// `[acl]` or its file changed (a users-only change recompiles the ACL silently).
+    acl_changed: bool,
 }
 
 impl Reloader {
@@ -267,10 +270,8 @@ impl Reloader {
         crate::telemetry::check_log_level(&fresh.log.level)?;
         let files = watched_files(fresh);
         let old = &state.config;
-        let acl = if fresh.acl != old.acl
-            || fresh.mqtt.users != old.mqtt.users
-            || file_changed(&files, &state.files, "acl.file")
-        {
+        let acl_changed = fresh.acl != old.acl || file_changed(&files, &state.files, "acl.file");
+        let acl = if acl_changed || fresh.mqtt.users != old.mqtt.users {
             let file = match &fresh.acl.file {
                 Some(path) => Some(crate::config::read_acl_file(path).map_err(|e| e.to_string())?),
                 None => None,
@@ -332,6 +333,7 @@ impl Reloader {
             }
         }
         Ok(Prepared {
+            acl_changed,
             acl,
             device_tls,
             uplink_tls,
@@ -448,7 +450,9 @@ impl Reloader {
         }
         if let Some(acl) = prepared.acl {
             self.handles.acl.publish(acl);
-            applied.push("acl".to_string());
+            if prepared.acl_changed {
+                applied.push("acl".to_string());
+            }
         }
         if let (Some(policy), Some(config)) = (&self.handles.device_tls, prepared.device_tls) {
             policy.config.store(config);
@@ -586,12 +590,15 @@ fn diff_uplinks(a: &[toml::Value], b: &[toml::Value], out: &mut Vec<String>) {
     }
 }
 
-/// The bytes of the files whose contents a reload applies even under an unchanged name.
-fn watched_files(config: &Config) -> BTreeMap<String, Vec<u8>> {
+/// Fingerprints of the files whose contents a reload applies even under an unchanged name.
+fn watched_files(config: &Config) -> BTreeMap<String, u64> {
+    use std::hash::{Hash, Hasher};
     let mut files = BTreeMap::new();
     let mut add = |key: String, path: Option<&Path>| {
         if let Some(bytes) = path.and_then(|p| std::fs::read(p).ok()) {
-            files.insert(key, bytes);
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            files.insert(key, h.finish());
         }
     };
     add("acl.file".into(), config.acl.file.as_deref());
@@ -614,11 +621,7 @@ fn watched_files(config: &Config) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
-fn file_changed(
-    now: &BTreeMap<String, Vec<u8>>,
-    then: &BTreeMap<String, Vec<u8>>,
-    key: &str,
-) -> bool {
+fn file_changed(now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>, key: &str) -> bool {
     now.get(key) != then.get(key)
 }
 
