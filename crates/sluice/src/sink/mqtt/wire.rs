@@ -114,9 +114,11 @@ impl MqttTransport {
     /// Most payload bytes a pack may have so that its PUBLISH stays within `max_packet`: the
     /// PUBLISH around an empty payload, plus 3 for the remaining-length field growing.
     pub(super) fn pack_payload_limit(&self, max_packet: usize) -> usize {
-        let (enabled, format) = self.route.with_aggregate(|a| (a.enabled, a.format));
-        let packs = self.lane == crate::sink::Lane::Normal && enabled;
-        if max_packet == usize::MAX || !packs {
+        // Worked out whether or not aggregation is on now: a reload may turn it on while this
+        // connection lasts. (A reloaded aggregate topic or format is measured from the next
+        // connect on.)
+        let format = self.route.with_aggregate(|a| a.format);
+        if max_packet == usize::MAX || self.lane != crate::sink::Lane::Normal {
             return usize::MAX;
         }
         let format = match format {
