@@ -68,10 +68,12 @@ enum Command {
     ///
     /// Without -c, embedded defaults: MQTT devices on 127.0.0.1:1883, CoAP devices on udp
     /// 127.0.0.1:5683, admin on 127.0.0.1:9100, no uplink until one is configured.
-    /// SIGTERM or SIGINT stops it gracefully; SIGHUP re-reads the config file (see
-    /// docs for what applies live). Started by systemd with Type=notify, it reports
-    /// readiness (READY=1), reloads (RELOADING=1) and, with WatchdogSec, pings the watchdog
-    /// while every gateway thread answers a liveness probe.
+    /// SIGTERM or SIGINT stops it gracefully; SIGHUP (or POST /api/v1/reload) re-reads the
+    /// config file and applies what can change without closing device connections (filters,
+    /// topic mapping, priorities, users, ACL, limits, log level, certificates); a bad file
+    /// changes nothing; what needs a restart is logged (docs/reload.md). Started by systemd
+    /// with Type=notify, it reports readiness (READY=1), reloads (RELOADING=1) and, with
+    /// WatchdogSec, pings the watchdog while every gateway thread answers a liveness probe.
     #[command(after_help = "Example:\n    sluice run -c /etc/sluice/sluice.toml")]
     Run {
         /// Config file (TOML); see sluice.example.toml for every option.
@@ -294,7 +296,9 @@ fn run(
         tracing::warn!(%error, "not notifying the service manager");
         Default::default()
     });
-    let gateway = match sluice::app::Gateway::build(config).and_then(|g| g.start()) {
+    let gateway = match sluice::app::Gateway::build(config)
+        .and_then(|g| g.with_config_file(path.clone()).start())
+    {
         Ok(g) => g,
         Err(error) => {
             tracing::error!(%error, "cannot start");
@@ -349,8 +353,8 @@ fn run(
 }
 
 /// The signals `sluice run` handles: SIGINT and SIGTERM stop it gracefully (devices and
-/// uplinks are disconnected cleanly, spools closed); SIGHUP re-reads and checks the config
-/// file (`RunningGateway::reload`) and never stops it.
+/// uplinks are disconnected cleanly, spools closed); SIGHUP reloads the config file
+/// (`RunningGateway::reload`) and never stops it.
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,

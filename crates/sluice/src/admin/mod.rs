@@ -5,11 +5,13 @@
 //! — an [`AdminSource`] (implemented by the app) renders the metrics and the status; this
 //! module only serves them (and adds its own refusal counters to `/metrics`).
 //!
-//! Routes (GET only; any other method gets 405 with `Allow: GET` once it passed the access
-//! rules below):
+//! Routes (GET only but for the reload; any other method gets 405 with `Allow: GET` once it
+//! passed the access rules below):
 //! - `/metrics` — Prometheus text exposition format 0.0.4.
 //! - `/api/v1/status` — `application/json`, the source's status document.
 //! - `/` — a plain-text list of these endpoints.
+//! - `POST /api/v1/reload` — re-read the config file and apply what can change live
+//!   (`reload.rs`; a writing request: it always needs the token, see below).
 //! - anything else — 404 with a one-line body.
 //!
 //! Access (issue 28 item 7), checked before routing:
@@ -18,8 +20,8 @@
 //!   `WWW-Authenticate: Bearer`. The config refuses a non-loopback `admin.listen` without a
 //!   token, so reading without one is possible on loopback only.
 //! - Writing (any method but GET) always needs the token: without a token configured it gets
-//!   403 saying to configure one, even on loopback. (No writing endpoint exists yet; with the
-//!   token such a request reaches routing and gets 405.)
+//!   403 saying to configure one, even on loopback. With the token it reaches routing:
+//!   `POST /api/v1/reload`, or 405 anywhere else.
 //! - Each refusal is counted in `sluice_admin_refused_total{reason}` (`unauthorized`,
 //!   `writes_need_token`, `tls_handshake`) and logged at WARN at most once per
 //!   [`REFUSAL_LOG_EVERY`] per reason, with the peer's address; the token is never logged.
@@ -36,6 +38,7 @@
 
 pub mod coap_proxy;
 pub mod health;
+mod reload;
 
 use std::convert::Infallible;
 use std::io;
@@ -64,6 +67,12 @@ pub trait AdminSource: Send + Sync + 'static {
     fn render_metrics(&self, w: &mut PromWriter);
     /// The document served at `/api/v1/status`.
     fn status(&self) -> serde_json::Value;
+    /// `POST /api/v1/reload`: re-read the config file and apply what can change live
+    /// (blocking: called on the blocking pool). The answer's status and JSON body; `None`:
+    /// this source does not reload (404).
+    fn reload(&self) -> Option<(StatusCode, serde_json::Value)> {
+        None
+    }
 }
 
 /// Most admin connections served at once.
@@ -269,7 +278,8 @@ const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const INDEX: &str = "sluice admin endpoint\n\
 \n\
 GET /metrics         Prometheus metrics (text format 0.0.4)\n\
-GET /api/v1/status   gateway status (JSON)\n";
+GET /api/v1/status   gateway status (JSON)\n\
+POST /api/v1/reload  re-read the config file, apply what can change live (bearer token)\n";
 
 /// Serves the admin endpoint on `listener` until `shutdown` becomes `true`, under `access`.
 ///
@@ -399,14 +409,20 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let response = match guard.check(&request) {
-            Some(why) => {
-                guard.refuse(why, peer, request.method().as_str());
-                refusal_response(why)
-            }
-            None => respond(&request, source.as_ref(), &guard),
-        };
-        async move { Ok::<_, Infallible>(response) }
+        let (source, guard) = (source.clone(), guard.clone());
+        async move {
+            let response = match guard.check(&request) {
+                Some(why) => {
+                    guard.refuse(why, peer, request.method().as_str());
+                    refusal_response(why)
+                }
+                None if request.uri().path() == reload::PATH => {
+                    reload::answer(request.method(), source).await
+                }
+                None => respond(&request, source.as_ref(), &guard),
+            };
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -692,6 +708,26 @@ mod tests {
             m.contains("sluice_admin_refused_total{reason=\"writes_need_token\"} 3\n"),
             "{m}"
         );
+    }
+
+    #[tokio::test]
+    async fn the_reload_route_is_a_writing_one_and_only_takes_post() {
+        // No token configured: refused before the source is asked, even on loopback.
+        let server = start_default().await;
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange(&mut stream, "POST", "/api/v1/reload").await;
+        assert_eq!(reply.status_line, "HTTP/1.1 403 Forbidden");
+        // With the token: GET is answered 405 naming POST; a source that does not reload
+        // answers POST with 404.
+        let server = start_with_token().await;
+        let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange_with(&mut stream, "GET", "/api/v1/reload", &bearer).await;
+        assert_eq!(reply.status_line, "HTTP/1.1 405 Method Not Allowed");
+        assert_eq!(reply.header("allow"), Some("POST"));
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange_with(&mut stream, "POST", "/api/v1/reload", &bearer).await;
+        assert_eq!(reply.status_line, "HTTP/1.1 404 Not Found");
     }
 
     #[tokio::test]

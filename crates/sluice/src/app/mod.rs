@@ -20,7 +20,6 @@ use tokio::sync::{mpsc, watch};
 use crate::admin::AdminSource;
 use crate::config::Config;
 use crate::control::admission::Admission;
-use crate::control::priority::PriorityTable;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
 use crate::edge::mqtt::listener::{DeviceListener, ListenerKind, MqttListener, TlsPolicy};
 use crate::shard::metrics::ShardMetrics;
@@ -32,7 +31,7 @@ pub mod liveness;
 pub mod notify;
 mod reload;
 mod status;
-pub use reload::ReloadOutcome;
+pub use reload::{ReloadOutcome, ReloadTrigger};
 use status::GatewayStatus;
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +106,10 @@ pub struct Gateway {
     /// `[phd] listen`.
     phd: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
+    /// Per uplink: the handle through which a reload replaces its roots and certificate.
+    uplink_tls_live: Vec<Option<Arc<crate::sink::ReloadableClientTls>>>,
+    /// The file a reload re-reads (`Gateway::with_config_file`).
+    config_path: Option<std::path::PathBuf>,
     /// Opened and recovered; empty without a spool.
     spools: crate::sink::spool::OpenedSpools,
     /// `[acl]` compiled (its file read).
@@ -124,18 +127,20 @@ impl Gateway {
             n => n,
         };
         let mut uplink_tls = Vec::new();
+        let mut uplink_tls_live = Vec::new();
         for u in &config.uplink {
-            let tls = if u.url.tls {
-                Some(
-                    crate::sink::client_tls_config(u).map_err(|source| AppError::Uplink {
+            let (tls, live) = if u.url.tls {
+                let (tls, live) =
+                    crate::sink::reloadable_client_tls(u).map_err(|source| AppError::Uplink {
                         name: u.name.clone(),
                         source,
-                    })?,
-                )
+                    })?;
+                (Some(tls), Some(live))
             } else {
-                None
+                (None, None)
             };
             uplink_tls.push(tls);
+            uplink_tls_live.push(live);
         }
         let addr = config.mqtt.listen;
         let (mqtt, mqtt_mptcp) = crate::net::listen::bind_devices(addr, config.mqtt.mptcp)
@@ -204,8 +209,17 @@ impl Gateway {
             admin_access,
             phd,
             uplink_tls,
+            uplink_tls_live,
+            config_path: None,
             spools,
         })
+    }
+
+    /// The config file a reload (`SIGHUP`, `POST /api/v1/reload`) re-reads; without one, a
+    /// reload asked over the API is refused (there is nothing to re-read).
+    pub fn with_config_file(mut self, path: Option<std::path::PathBuf>) -> Gateway {
+        self.config_path = path;
+        self
     }
 
     /// The CoAP over DTLS listener's address (`None` without `[coap.dtls]`).
@@ -240,6 +254,8 @@ impl Gateway {
             admin_access,
             phd,
             uplink_tls,
+            uplink_tls_live,
+            config_path,
             spools,
             acl,
         } = self;
@@ -291,7 +307,14 @@ impl Gateway {
         let proxy_metrics: Vec<Arc<crate::proxy::ProxyMetrics>> = (0..shards)
             .map(|_| Arc::new(crate::proxy::ProxyMetrics::new(&config)))
             .collect();
-        let priority = Arc::new(PriorityTable::new(&config.priority));
+        // What a reload replaces under running shards (`control/live.rs`, `reload.rs`).
+        let rules = crate::control::live::Rules::new(&config);
+        let has_high = rules.load().priority.has_high();
+        let routes: Vec<crate::sink::UplinkRoute> = config
+            .uplink
+            .iter()
+            .map(crate::sink::UplinkRoute::new)
+            .collect();
         let acl = crate::control::acl::Acl::new(acl, control_metrics.acl.clone());
         let connect_limits = Arc::new(crate::control::limits::ConnectLimits::new(
             &config.limits,
@@ -302,7 +325,7 @@ impl Gateway {
                 config
                     .uplink
                     .iter()
-                    .map(|_| LaneMetrics::new(priority.has_high()))
+                    .map(|_| LaneMetrics::new(has_high))
                     .collect()
             })
             .collect();
@@ -314,7 +337,7 @@ impl Gateway {
             .uplink
             .iter()
             .map(|u| {
-                if !(u.install_tc && priority.has_high()) {
+                if !(u.install_tc && has_high) {
                     tc_status.push(serde_json::Value::Null);
                     return None;
                 }
@@ -412,7 +435,7 @@ impl Gateway {
                 control: control_tx.clone(),
                 snapshot: snapshot.clone(),
                 metrics: shard_metrics[id].clone(),
-                priority: priority.clone(),
+                rules: rules.clone(),
                 acl: acl.clone(),
                 limits: control_metrics.limits.clone(),
                 uplink_metrics: uplink_metrics[id].clone(),
@@ -445,6 +468,7 @@ impl Gateway {
                 phd: phd.as_ref().map(|p| p.shared.clone()),
                 functions: functions.clone(),
                 liveness: liveness.clone(),
+                routes: routes.clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -456,6 +480,28 @@ impl Gateway {
             control_metrics.clone(),
         )
         .with_max_retained_bytes(config.mqtt.max_retained_bytes.as_usize());
+        let admission = Admission::new(&config.mqtt)
+            .with_acl(acl.clone())
+            .with_limits(connect_limits.clone());
+        let device_tls = mqtt_more.iter().find_map(|l| match &l.kind {
+            ListenerKind::Tls(policy) | ListenerKind::Wss { tls: policy, .. } => {
+                Some(policy.clone())
+            }
+            _ => None,
+        });
+        let reloader = Arc::new(reload::Reloader::new(
+            config_path,
+            config.clone(),
+            reload::LiveHandles {
+                rules,
+                routes,
+                uplink_tls: uplink_tls_live,
+                acl: acl.clone(),
+                logins: admission.logins(),
+                connect_limits: connect_limits.clone(),
+                device_tls,
+            },
+        ));
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),
             uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),
@@ -478,12 +524,10 @@ impl Gateway {
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
             functions: functions.clone(),
             function_runtime: function_runtime.clone(),
-            reloads: reload::ReloadMetrics::default(),
+            reloads: reloader,
         });
         let listener = MqttListener {
-            admission: Admission::new(&config.mqtt)
-                .with_acl(acl.clone())
-                .with_limits(connect_limits.clone()),
+            admission,
             limits: connect_limits,
             shards: txs,
             live_connections: live,
@@ -529,7 +573,6 @@ impl Gateway {
         );
         tracing::info!(%mqtt_addr, mqtt_tls = ?tls_addr, mqtt_ws = ?ws_addr, mqtt_wss = ?wss_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
-            config: config.clone(),
             shutdown: shutdown_tx,
             threads,
             tc,
@@ -633,7 +676,7 @@ fn bind_secure_listeners(config: &Config) -> Result<Vec<DeviceListener>, AppErro
     let mut out = Vec::new();
     let policy = match &config.mqtt.tls {
         Some(tls) => Some(Arc::new(TlsPolicy {
-            config: crate::edge::mqtt::stream::tls::server_config(tls)?,
+            config: arc_swap::ArcSwap::new(crate::edge::mqtt::stream::tls::server_config(tls)?),
             identity_from_cert: tls.identity_from_cert,
         })),
         None => None,
@@ -736,8 +779,6 @@ fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher>
 
 /// A started gateway. Dropping it without `shutdown` leaves the threads running.
 pub struct RunningGateway {
-    /// The configuration it runs with (what a reload compares the file with).
-    config: Arc<Config>,
     shutdown: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Traffic control installed for `install_tc`; removed when the last reference drops.

@@ -223,7 +223,8 @@ struct Tables {
 /// The listener's connection limits.
 #[derive(Debug)]
 pub struct ConnectLimits {
-    cfg: LimitsConfig,
+    /// Replaced by a reload ([`ConnectLimits::reconfigure`]).
+    cfg: arc_swap::ArcSwap<LimitsConfig>,
     tables: Mutex<Tables>,
     pub metrics: Arc<LimitsMetrics>,
 }
@@ -247,11 +248,9 @@ impl ConnectLimits {
     pub fn new(cfg: &LimitsConfig, metrics: Arc<LimitsMetrics>) -> ConnectLimits {
         let now = Instant::now();
         ConnectLimits {
-            cfg: cfg.clone(),
+            cfg: arc_swap::ArcSwap::from_pointee(cfg.clone()),
             tables: Mutex::new(Tables {
-                global: (cfg.connect_rate > 0).then(|| {
-                    TokenBucket::new(cfg.connect_rate as f64, cfg.connect_burst as f64, now)
-                }),
+                global: global_bucket(cfg, now),
                 sources: HashMap::new(),
                 sources_swept: None,
                 flaps: HashMap::new(),
@@ -262,16 +261,56 @@ impl ConnectLimits {
         }
     }
 
+    /// Apply another `[limits]` (a reload). The global bucket starts full at the new rate;
+    /// when the per-source or flapping settings changed, their table is emptied (every
+    /// source and client id starts afresh, a held one released).
+    pub fn reconfigure(&self, cfg: &LimitsConfig) {
+        let old = self.cfg.swap(Arc::new(cfg.clone()));
+        let Ok(mut t) = self.tables.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if (old.connect_rate, old.connect_burst) != (cfg.connect_rate, cfg.connect_burst) {
+            t.global = global_bucket(cfg, now);
+        }
+        if (
+            old.connect_rate_per_source,
+            old.connect_burst_per_source,
+            old.connect_sources_memory,
+        ) != (
+            cfg.connect_rate_per_source,
+            cfg.connect_burst_per_source,
+            cfg.connect_sources_memory,
+        ) {
+            t.sources = HashMap::new();
+        }
+        if (
+            old.flap_connects,
+            old.flap_window,
+            old.flap_hold,
+            old.flap_memory,
+        ) != (
+            cfg.flap_connects,
+            cfg.flap_window,
+            cfg.flap_hold,
+            cfg.flap_memory,
+        ) {
+            t.flaps = HashMap::new();
+            t.flaps_bytes = 0;
+        }
+    }
+
     /// At accept: may a new connection from `peer` go on? Counted and logged when not.
     pub fn admit_source(&self, peer: std::net::SocketAddr) -> bool {
+        let cfg = self.cfg.load();
         let now = Instant::now();
         let Ok(mut t) = self.tables.lock() else {
             return true;
         };
         let t = &mut *t;
-        if self.cfg.connect_rate_per_source > 0 {
+        if cfg.connect_rate_per_source > 0 {
             let key = source_key(peer.ip());
-            let cap = (self.cfg.connect_sources_memory.as_usize() / SOURCE_ENTRY_BYTES).max(1);
+            let cap = (cfg.connect_sources_memory.as_usize() / SOURCE_ENTRY_BYTES).max(1);
             if !t.sources.contains_key(&key)
                 && t.sources.len() >= cap
                 && t.sources_swept
@@ -282,8 +321,8 @@ impl ConnectLimits {
             }
             if t.sources.contains_key(&key) || t.sources.len() < cap {
                 let (rate, burst) = (
-                    self.cfg.connect_rate_per_source as f64,
-                    self.cfg.connect_burst_per_source as f64,
+                    cfg.connect_rate_per_source as f64,
+                    cfg.connect_burst_per_source as f64,
                 );
                 let b = t
                     .sources
@@ -309,7 +348,8 @@ impl ConnectLimits {
     /// At CONNECT: is this client id flapping (more than `flap_connects` CONNECTs within
     /// `flap_window`)? Then it is refused until `flap_hold` has passed.
     pub fn admit_client(&self, client_id: &str) -> bool {
-        let n = self.cfg.flap_connects;
+        let cfg = self.cfg.load();
+        let n = cfg.flap_connects;
         if n == 0 || client_id.is_empty() {
             return true;
         }
@@ -318,9 +358,9 @@ impl ConnectLimits {
             return true;
         };
         let t = &mut *t;
-        let (window, hold) = (self.cfg.flap_window, self.cfg.flap_hold);
+        let (window, hold) = (cfg.flap_window, cfg.flap_hold);
         let cost = FLAP_ENTRY_BYTES + client_id.len();
-        let max = self.cfg.flap_memory.as_usize();
+        let max = cfg.flap_memory.as_usize();
         if !t.flaps.contains_key(client_id) && t.flaps_bytes + cost > max {
             if t.flaps_swept
                 .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
@@ -371,6 +411,12 @@ impl ConnectLimits {
         }
         true
     }
+}
+
+/// The whole-gateway bucket (`connect_rate`), full; `None` when off.
+fn global_bucket(cfg: &LimitsConfig, now: Instant) -> Option<TokenBucket> {
+    (cfg.connect_rate > 0)
+        .then(|| TokenBucket::new(cfg.connect_rate as f64, cfg.connect_burst as f64, now))
 }
 
 /// A device's publish rate (`publish_rate`, `publish_bytes_rate`), kept by its connection.
@@ -604,6 +650,26 @@ mod tests {
         assert!(!l.admit_source(a));
         assert!(l.admit_source(b));
         assert_eq!(l.metrics.get(Limited::SourceRate), 1);
+    }
+
+    #[test]
+    fn a_reconfigured_rate_applies_to_the_next_connection() {
+        let l = ConnectLimits::new(&cfg(), Arc::default());
+        let a: std::net::SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        assert!(l.admit_source(a));
+        assert!(l.admit_source(a));
+        assert!(!l.admit_source(a), "over the burst of 2");
+        let mut more = cfg();
+        more.connect_burst_per_source = 5;
+        l.reconfigure(&more);
+        for _ in 0..5 {
+            assert!(l.admit_source(a), "a fresh bucket of 5");
+        }
+        assert!(!l.admit_source(a));
+        let mut off = more.clone();
+        off.connect_rate_per_source = 0;
+        l.reconfigure(&off);
+        assert!(l.admit_source(a), "the per-source rate is off");
     }
 
     #[test]

@@ -152,7 +152,7 @@ pub(super) fn publish(
     });
     shard.ctx.metrics.messages_received.inc();
     shard.metrics.publishes.inc();
-    let priority = shard.ctx.priority.device(device);
+    let priority = shard.ctx.rules.device(device);
     let pending = Pending::new(shard);
     let ctx = shard.ctx.clone();
     let changed = move || {

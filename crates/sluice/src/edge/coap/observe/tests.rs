@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::notify::CON_EVERY;
 use super::*;
 use crate::config::Config;
-use crate::control::priority::{Priority, PriorityTable};
+use crate::control::priority::Priority;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
 use crate::edge::coap::ConOutcome;
 use crate::edge::DeviceMessage;
@@ -126,7 +126,7 @@ fn shards(config: Config, n: usize) -> (Vec<Rc<ShardContext>>, Vec<mpsc::Receive
                 filter_refs: RefCell::new(HashMap::new()),
                 sessions: RefCell::new(HashMap::new()),
                 uplinks: Vec::new(),
-                priority: Arc::new(PriorityTable::new(&config.priority)),
+                rules: crate::control::live::Rules::new(&config),
                 acl: crate::control::acl::Acl::allow_all(),
                 limits: Arc::default(),
                 metrics: metrics.clone(),
