@@ -69,7 +69,7 @@ fn config(proxies: &str) -> Config {
 
 fn proxies(cfg: &Config) -> (ShardProxies, Arc<ProxyMetrics>) {
     let metrics = Arc::new(ProxyMetrics::new(cfg));
-    (ShardProxies::new(cfg, metrics.clone()), metrics)
+    (ShardProxies::new(cfg, metrics.clone(), None), metrics)
 }
 
 fn request(code: Code, path: &[&str], payload: &[u8]) -> Message {
