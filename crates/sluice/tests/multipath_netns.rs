@@ -237,6 +237,7 @@ fn an_mptcp_uplink_uses_two_subflows_and_survives_a_link_going_down_without_reco
         links: 2,
         rate: Some("20mbit".into()),
         mptcp_endpoints: true,
+        ..BedOptions::default()
     }) else {
         return;
     };
@@ -308,6 +309,7 @@ fn per_path_sessions_lose_nothing_when_a_link_is_cut_and_use_it_again_when_it_re
         links: 3,
         rate: Some("20mbit".into()),
         mptcp_endpoints: false,
+        ..BedOptions::default()
     }) else {
         return;
     };
@@ -367,6 +369,7 @@ fn a_path_whose_link_blackholes_is_declared_dead_within_path_timeout() {
         links: 2,
         rate: None,
         mptcp_endpoints: false,
+        ..BedOptions::default()
     }) else {
         return;
     };
@@ -408,6 +411,7 @@ fn a_returning_link_carries_an_mptcp_subflow_again_within_two_seconds() {
         links: 2,
         rate: None,
         mptcp_endpoints: true,
+        ..BedOptions::default()
     }) else {
         return;
     };
