@@ -33,7 +33,7 @@ for i in 0 1; do
   ip netns exec $G tc qdisc replace dev g$i root tbf rate $RATE burst 32kbit latency $LAT
   ip netns exec $C tc qdisc replace dev c$i root tbf rate $RATE burst 32kbit latency $LAT
 done
-for ns in $G $C; do ip netns exec $ns sysctl -qw net.ipv4.tcp_congestion_control=${CC:-cubic}; done
+for ns in $G $C; do ip netns exec $ns sysctl -qw net.ipv4.tcp_congestion_control=${CC:-$(sysctl -n net.ipv4.tcp_congestion_control)}; done
 for ns in $G $C; do ip -n $ns mptcp limits set subflows 8 add_addr_accepted 8; done
 ip -n $G mptcp endpoint add 10.77.2.2 dev g1 subflow
 echo "== kernel $(uname -r), congestion control $(ip netns exec $G sysctl -n net.ipv4.tcp_congestion_control), scheduler $(ip netns exec $G sysctl -n net.mptcp.scheduler), rate $RATE, tbf latency $LAT, $SIZE B PUTs, $WIN outstanding, $TOTAL total"
