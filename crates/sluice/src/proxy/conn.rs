@@ -309,8 +309,12 @@ impl Upstream {
     async fn exchange(self: &Rc<Self>, mut req: Message) -> Message {
         let seq = self.next_token.get();
         self.next_token.set(seq + 1);
-        let token = Token::from_slice(&sluice_proto::coap::message::encode_uint(seq as u32))
-            .filter(|_| seq <= u32::MAX as u64)
+        // Fixed 4-byte tokens (8 past 2^32): libcoap 4.3's server drops the connection when
+        // many requests with 1- and 2-byte tokens are outstanding at once (issue 30: 250
+        // concurrent 16 B PUTs; tested in tests/coap_proxy.rs).
+        let token = u32::try_from(seq)
+            .ok()
+            .and_then(|s| Token::from_slice(&s.to_be_bytes()))
             .unwrap_or(Token::from_u64(seq));
         let (tx, rx) = oneshot::channel();
         {
