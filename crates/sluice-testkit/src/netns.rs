@@ -455,8 +455,9 @@ impl TestBed {
     /// Link i's root qdisc counters: (gateway side, cloud side). Zeros when unreadable.
     pub fn qdisc(&self, i: usize) -> (QdiscStats, QdiscStats) {
         let read = |(ns, dev): (&str, &str)| -> QdiscStats {
-            let Ok(out) = run(&["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev", dev])
-            else {
+            let Ok(out) = run(&[
+                "ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev", dev,
+            ]) else {
                 return QdiscStats::default();
             };
             let Ok(serde_json::Value::Array(q)) = serde_json::from_str::<serde_json::Value>(&out)

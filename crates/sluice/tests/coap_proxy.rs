@@ -163,7 +163,14 @@ async fn two_hundred_fifty_concurrent_small_puts_through_libcoap_are_all_answere
                 let mut codes = Vec::new();
                 while next.get() < 2000 {
                     next.set(next.get() + 1);
-                    codes.push(call(&p, request(Code::PUT, &["cloud", "example_data"], &[b'x'; 16])).await.code);
+                    codes.push(
+                        call(
+                            &p,
+                            request(Code::PUT, &["cloud", "example_data"], &[b'x'; 16]),
+                        )
+                        .await
+                        .code,
+                    );
                 }
                 codes
             }));

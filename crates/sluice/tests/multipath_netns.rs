@@ -601,7 +601,11 @@ fn the_per_path_coap_proxy_spreads_requests_over_two_queueing_links() {
     let (codes, per_path, elapsed) = bed.gw.run(move || {
         runtime().block_on(tokio::task::LocalSet::new().run_until(async move {
             let metrics = Arc::new(sluice::proxy::ProxyMetrics::new(&cfg));
-            let p = std::rc::Rc::new(sluice::proxy::ShardProxies::new(&cfg, metrics.clone(), None));
+            let p = std::rc::Rc::new(sluice::proxy::ShardProxies::new(
+                &cfg,
+                metrics.clone(),
+                None,
+            ));
             let started = Instant::now();
             let next = std::rc::Rc::new(std::cell::Cell::new(0usize));
             let mut workers = Vec::new();
@@ -782,7 +786,10 @@ fn a_cut_link_under_the_per_path_coap_proxy_retries_idempotent_requests_and_hang
             .iter()
             .all(|(c, _)| *c == sluice_proto::coap::Code::BAD_GATEWAY || c.class() < 5),
         "POSTs are answered by the upstream or 5.02, never 5.04: {:?}",
-        posts.iter().filter(|(c, _)| c.class() == 5).collect::<Vec<_>>()
+        posts
+            .iter()
+            .filter(|(c, _)| c.class() == 5)
+            .collect::<Vec<_>>()
     );
     assert!(
         longest < request_timeout + Duration::from_millis(500),

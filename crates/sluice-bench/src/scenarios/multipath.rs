@@ -240,7 +240,9 @@ pub fn run_multipath(config: &MultipathScenario) -> anyhow::Result<MultipathRepo
                         let per_link: Vec<String> = p
                             .link_counters
                             .iter()
-                            .map(|l| format!("{}/{} B drops {}", l.gw_bytes, l.cloud_bytes, l.drops))
+                            .map(|l| {
+                                format!("{}/{} B drops {}", l.gw_bytes, l.cloud_bytes, l.drops)
+                            })
                             .collect();
                         eprintln!(
                             "{} queue {} {payload} B k={k} N={n}: {:.0} /s, p50/p99 {:.2}/{:.2} ms, subflows/paths {}, mptcp/all up {}, failed {}, stall {:?} ms, sluice CPU {:.1}%, links (gw/cloud sent) {}",

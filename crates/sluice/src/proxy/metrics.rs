@@ -106,7 +106,11 @@ impl ProxyPathMetrics {
     }
 
     fn render(&self, w: &mut PromWriter, shard: &str, upstream: &str) {
-        let l: &[(&str, &str)] = &[("shard", shard), ("upstream", upstream), ("path", &self.name)];
+        let l: &[(&str, &str)] = &[
+            ("shard", shard),
+            ("upstream", upstream),
+            ("path", &self.name),
+        ];
         w.gauge(
             "sluice_coap_proxy_path_state",
             "Path connection state: 0 disconnected, 1 connecting, 2 connected.",
@@ -149,7 +153,11 @@ impl ProxyPathMetrics {
             l,
             self.srtt_us.get(),
         );
-        for why in [PathFailover::Dead, PathFailover::Stalled, PathFailover::LinkDown] {
+        for why in [
+            PathFailover::Dead,
+            PathFailover::Stalled,
+            PathFailover::LinkDown,
+        ] {
             w.counter(
                 "sluice_coap_proxy_path_failovers_total",
                 "Times the path was declared dead, by reason (its requests went to the other paths).",

@@ -63,8 +63,16 @@ mod tests {
 
     #[test]
     fn the_least_loaded_live_path_with_room_wins() {
-        let paths = [v(true, true, 9000, 10), v(true, true, 900, 300), v(false, true, 0, 1)];
-        assert_eq!(pick(&paths, None), Some(1), "fewest bytes outstanding, though slower");
+        let paths = [
+            v(true, true, 9000, 10),
+            v(true, true, 900, 300),
+            v(false, true, 0, 1),
+        ];
+        assert_eq!(
+            pick(&paths, None),
+            Some(1),
+            "fewest bytes outstanding, though slower"
+        );
         let paths = [v(true, true, 900, 50), v(true, true, 900, 20)];
         assert_eq!(pick(&paths, None), Some(1), "equal bytes: lower srtt");
         let paths = [v(true, false, 0, 1), v(false, true, 0, 1)];
@@ -79,6 +87,10 @@ mod tests {
         let paths = [v(true, true, 0, 1), v(true, true, 5000, 100)];
         assert_eq!(pick(&paths, Some(0)), Some(1));
         let paths = [v(true, true, 0, 1), v(false, true, 0, 1)];
-        assert_eq!(pick(&paths, Some(0)), Some(0), "no other path: the same one");
+        assert_eq!(
+            pick(&paths, Some(0)),
+            Some(0),
+            "no other path: the same one"
+        );
     }
 }

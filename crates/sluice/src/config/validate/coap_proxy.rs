@@ -240,7 +240,9 @@ mod tests {
             "{base}paths = [{{ bind = \"10.0.1.2\" }}]\npath_timeout = \"10ms\""
         )));
         assert!(e.starts_with("coap.proxy[0].path_timeout:"), "{e}");
-        let e = err(&proxy(&format!("{base}paths = [{{ bind = \"10.0.1.2\", mtu = 1 }}]")));
+        let e = err(&proxy(&format!(
+            "{base}paths = [{{ bind = \"10.0.1.2\", mtu = 1 }}]"
+        )));
         assert!(e.contains("unknown field"), "{e}");
     }
 
