@@ -750,10 +750,15 @@ fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::sink::tc::TcManage
 
 /// A non-blocking listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as the
 /// standard library sets it, so a restart does not wait out TIME_WAIT).
-/// Start the link watcher when `[multipath] interfaces` are set or an uplink has paths. A
+/// Start the link watcher when `[multipath] interfaces` are set or an uplink or a CoAP proxy
+/// upstream has paths. A
 /// failure (no `ip` command) is logged; paths then rely on their own timeouts.
 fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher> {
-    let paths = config.uplink.iter().flat_map(|u| &u.paths);
+    let paths = config
+        .uplink
+        .iter()
+        .flat_map(|u| &u.paths)
+        .chain(config.coap.proxy.iter().flat_map(|p| &p.paths));
     let spec = crate::net::links::WatchSpec {
         interfaces: config
             .multipath

@@ -336,7 +336,7 @@ async fn run(seed: ShardSeed) {
         delivery_seq: std::cell::Cell::new(0),
         shared: RefCell::new(HashMap::new()),
         share_turn: std::cell::Cell::new(0),
-        proxies: crate::proxy::ShardProxies::new(&config, proxy_metrics),
+        proxies: crate::proxy::ShardProxies::new(&config, proxy_metrics, links.clone()),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
