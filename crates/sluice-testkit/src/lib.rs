@@ -3,7 +3,8 @@
 //! Owns: a throw-away PKI generated at test time ([`certs`]), a real Mosquitto broker as a
 //! child process ([`broker`]), a real ACME oneM2M CSE as a child process ([`acme`]), an MQTT
 //! test client on sluice-proto's codec ([`client`]), free-port helpers ([`ports`]), an IEEE
-//! 11073-20601 (PHD) test agent over TCP with its pure APDU encoders ([`phd`]). Does not own:
+//! 11073-20601 (PHD) test agent over TCP with its pure APDU encoders ([`phd`]), a strict
+//! Prometheus text-format reader that names the family at fault ([`prom`]). Does not own:
 //! any production code path — nothing here is
 //! linked into the `sluice` binary.
 //!
@@ -36,6 +37,7 @@ pub mod client;
 pub mod netns;
 pub mod phd;
 pub mod ports;
+pub mod prom;
 
 pub use acme::{Acme, AcmeBuilder, AcmeResponse};
 pub use broker::{Mosquitto, MosquittoBuilder};

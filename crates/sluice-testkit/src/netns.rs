@@ -3,7 +3,9 @@
 //! bound to link i's gateway address leaves over link i, and optional MPTCP endpoints so the
 //! kernel's path manager adds a subflow per link. Faults: cut a link (carrier loss), blackhole
 //! it (everything dropped silently: a `pfifo limit 0` root qdisc on both ends), change its
-//! rate. Used by the multipath tests and by `sluice-bench scenario multipath`.
+//! rate. The tbf's queue ([`Queue`]) decides whether a link drops early or queues like an LTE
+//! uplink; [`TestBed::qdisc`] reads its counters (bytes sent, drops, overlimits). Used by the
+//! multipath tests and by `sluice-bench scenario multipath`.
 //!
 //! Owns: creating and removing the namespaces (processes inside are killed first), running
 //! code inside one ([`Ns::run`], a thread that entered it with `setns`, so every socket it and
@@ -57,6 +59,62 @@ fn run(argv: &[&str]) -> Result<String, String> {
     }
 }
 
+/// How much a link's tbf queues before it drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queue {
+    /// tbf `latency 200ms` with a 32 kbit burst: the bed's queue before issue 30 (kept for
+    /// the figures measured with it).
+    Legacy,
+    /// tbf `latency 5ms`: a few packets of queue, drops as soon as the link is busy.
+    DropEarly,
+    /// tbf `latency` of this many ms: the link queues that long before it drops (deep
+    /// buffers, as LTE uplinks have).
+    Ms(u32),
+}
+
+impl Queue {
+    /// tbf's `latency` argument.
+    pub fn latency(self) -> String {
+        match self {
+            Queue::Legacy => "200ms".into(),
+            Queue::DropEarly => "5ms".into(),
+            Queue::Ms(ms) => format!("{ms}ms"),
+        }
+    }
+
+    /// `drop`, `legacy`, or `100ms`.
+    pub fn name(self) -> String {
+        match self {
+            Queue::Legacy => "legacy".into(),
+            Queue::DropEarly => "drop".into(),
+            Queue::Ms(ms) => format!("{ms}ms"),
+        }
+    }
+
+    /// Parse [`Queue::name`]'s forms.
+    pub fn parse(s: &str) -> Result<Queue, String> {
+        match s {
+            "legacy" => Ok(Queue::Legacy),
+            "drop" => Ok(Queue::DropEarly),
+            _ => s
+                .strip_suffix("ms")
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|n| (1..=10_000).contains(n))
+                .map(Queue::Ms)
+                .ok_or_else(|| format!("{s:?}: expected drop, legacy or <1..10000>ms")),
+        }
+    }
+}
+
+/// A link's qdisc counters on one end (`tc -s -j qdisc show dev …`, the root qdisc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QdiscStats {
+    pub bytes: u64,
+    pub packets: u64,
+    pub drops: u64,
+    pub overlimits: u64,
+}
+
 /// What to build.
 #[derive(Debug, Clone)]
 pub struct BedOptions {
@@ -67,6 +125,8 @@ pub struct BedOptions {
     /// MPTCP endpoints on the gateway side (`subflow`) for every link but link 0, and
     /// `ip mptcp limits set subflows 8 add_addr_accepted 8` in both namespaces.
     pub mptcp_endpoints: bool,
+    /// The tbf queue of every link (with `rate`).
+    pub queue: Queue,
 }
 
 impl Default for BedOptions {
@@ -75,6 +135,7 @@ impl Default for BedOptions {
             links: 1,
             rate: None,
             mptcp_endpoints: false,
+            queue: Queue::Legacy,
         }
     }
 }
@@ -152,6 +213,7 @@ pub struct TestBed {
     pub cloud: Ns,
     pub links: Vec<Link>,
     rate: Option<String>,
+    queue: Queue,
 }
 
 impl TestBed {
@@ -178,6 +240,7 @@ impl TestBed {
                 })
                 .collect(),
             rate: opts.rate.clone(),
+            queue: opts.queue,
         };
         // From here on, Drop cleans up whatever was made.
         bed.build(&opts)?;
@@ -373,18 +436,47 @@ impl TestBed {
         }
     }
 
-    /// Limit link i to `rate` (tc units, e.g. `"4mbit"`) on both ends with tbf.
+    /// Limit link i to `rate` (tc units, e.g. `"4mbit"`) on both ends with tbf (32 kbit
+    /// burst, the bed's [`Queue`]).
     pub fn set_rate(&self, i: usize, rate: &str) -> Result<(), String> {
+        let latency = self.queue.latency();
         for (ns, dev) in self.ends(i) {
             self.tc(
                 ns,
                 &[
                     "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kbit",
-                    "latency", "200ms",
+                    "latency", &latency,
                 ],
             )?;
         }
         Ok(())
+    }
+
+    /// Link i's root qdisc counters: (gateway side, cloud side). Zeros when unreadable.
+    pub fn qdisc(&self, i: usize) -> (QdiscStats, QdiscStats) {
+        let read = |(ns, dev): (&str, &str)| -> QdiscStats {
+            let Ok(out) = run(&[
+                "ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev", dev,
+            ]) else {
+                return QdiscStats::default();
+            };
+            let Ok(serde_json::Value::Array(q)) = serde_json::from_str::<serde_json::Value>(&out)
+            else {
+                return QdiscStats::default();
+            };
+            let Some(root) = q.iter().find(|x| x["root"] == true) else {
+                return QdiscStats::default();
+            };
+            let n = |k: &str| root[k].as_u64().unwrap_or(0);
+            QdiscStats {
+                bytes: n("bytes"),
+                packets: n("packets"),
+                drops: n("drops"),
+                overlimits: n("overlimits"),
+            }
+        };
+        let [g, c] = self.ends(i);
+        (read(g), read(c))
     }
 
     /// Bytes sent on link i's gateway side (`/sys/class/net/…/statistics/tx_bytes`).

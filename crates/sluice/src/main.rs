@@ -5,34 +5,96 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// sluice — an IoT edge gateway: MQTT and CoAP devices in, a cloud MQTT broker over TLS 1.3
-/// out (and a CoAP-over-TCP/TLS proxy to cloud CoAP servers).
+/// sluice — an IoT edge gateway: MQTT, CoAP and IEEE 11073 (PHD) devices in; a cloud MQTT
+/// broker over TLS 1.3, oneM2M and edge functions out.
 #[derive(Parser)]
-#[command(name = "sluice", version, about, long_about = None)]
+#[command(
+    name = "sluice",
+    version,
+    about,
+    long_about = LONG_ABOUT,
+    after_help = "Run `sluice help <command>` (or `sluice <command> --help`) for a command's options.",
+    after_long_help = EXAMPLES
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+const LONG_ABOUT: &str = "\
+sluice — an IoT edge gateway.
+
+Devices connect to it over MQTT 3.1.1/5 (plain, TLS, WebSocket), CoAP (UDP, DTLS) and IEEE
+11073 (PHD); it answers them at once, keeps their messages in bounded queues and an optional
+crash-safe spool, and forwards them to one or more uplinks: a cloud MQTT broker over TLS 1.3,
+a oneM2M CSE, or edge functions. Its state is served over HTTP by the admin endpoint
+(/metrics, /api/v1/status, /healthz, /readyz).
+
+One TOML file configures it; every option, with its default, is in
+/usr/share/doc/sluice/sluice.example.toml (config/sluice.example.toml in the source tree).
+Validate a file with `sluice check` before (re)starting the service.";
+
+const EXAMPLES: &str = "\
+Examples:
+  Validate a configuration and print it with every default filled in:
+      sluice check -c /etc/sluice/sluice.toml
+
+  Run in the foreground (logs to standard output; RUST_LOG or [log] level sets the level):
+      sluice run -c /etc/sluice/sluice.toml
+
+  Try it without a file: MQTT on 127.0.0.1:1883, CoAP on udp 127.0.0.1:5683, admin on
+  127.0.0.1:9100, no uplink:
+      sluice run
+      mosquitto_pub -h 127.0.0.1 -t sensors/t1 -m 21.5
+      curl -s http://127.0.0.1:9100/api/v1/status
+
+  Hash a password for [[mqtt.users]]:
+      printf '%s' 's3cret' | sluice passwd
+
+  Look into a spool directory offline (read-only):
+      sluice spool stat /var/lib/sluice/spool/cloud/shard-0
+
+  As a service (Debian package): systemctl start sluice; after editing
+  /etc/sluice/sluice.toml, `systemctl reload sluice` sends SIGHUP.
+
+Exit status: 0 on success or after SIGTERM/SIGINT; 1 when a command fails or the gateway
+cannot start; 2 when `sluice run`'s configuration is invalid.
+
+Docs: docs/ in the source tree, /usr/share/doc/sluice in the package; `man sluice`.";
+
 #[derive(Subcommand)]
 enum Command {
-    /// Run the gateway. Without -c, embedded defaults: MQTT devices on 127.0.0.1:1883, CoAP
-    /// devices on udp 127.0.0.1:5683, admin on 127.0.0.1:9100, no uplink until one is
-    /// configured. SIGTERM or SIGINT stops it gracefully; SIGHUP re-reads and checks the
-    /// config file and logs what differs (live reload is not supported yet: changes take
-    /// effect at the next restart).
+    /// Run the gateway (in the foreground; logs to standard output).
+    ///
+    /// Without -c, embedded defaults: MQTT devices on 127.0.0.1:1883, CoAP devices on udp
+    /// 127.0.0.1:5683, admin on 127.0.0.1:9100, no uplink until one is configured.
+    /// SIGTERM or SIGINT stops it gracefully; SIGHUP (or POST /api/v1/reload) re-reads the
+    /// config file and applies what can change without closing device connections (filters,
+    /// topic mapping, priorities, users, ACL, limits, log level, certificates); a bad file
+    /// changes nothing; what needs a restart is logged (docs/reload.md). Started by systemd
+    /// with Type=notify, it reports readiness (READY=1), reloads (RELOADING=1) and, with
+    /// WatchdogSec, pings the watchdog while every gateway thread answers a liveness probe.
+    #[command(after_help = "Example:\n    sluice run -c /etc/sluice/sluice.toml")]
     Run {
-        /// Config file (TOML); see config/sluice.example.toml for every option.
+        /// Config file (TOML); see sluice.example.toml for every option.
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
     /// Validate a config file and print the effective configuration (defaults filled in).
-    /// Exits 0 when valid, 1 when not.
+    ///
+    /// Exits 0 when valid, 1 when not; the reason names the key path (e.g.
+    /// `uplink[0].ca_file`). Files the config names (certificates, keys, password files)
+    /// are read, so run it as the user the service runs as.
+    #[command(
+        after_help = "Example:\n    sluice check -c /etc/sluice/sluice.toml && systemctl reload sluice"
+    )]
     Check {
+        /// Config file (TOML).
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
     /// Print an argon2id hash of a password read from standard input, for [[mqtt.users]].
+    #[command(after_help = "Example:\n    printf '%s' 's3cret' | sluice passwd")]
     Passwd,
     /// Show a running gateway's devices, rates, uplinks, queue and spool, and drops, read
     /// from its admin endpoint (GET /api/v1/overview). Exits 1 when it cannot be reached.
@@ -51,10 +113,16 @@ enum Command {
         interval: std::time::Duration,
     },
     /// Inspect a durable spool directory offline (read-only: never modifies it).
+    #[command(
+        after_help = "Example:\n    sluice spool verify /var/lib/sluice/spool/cloud/shard-0"
+    )]
     Spool {
         #[command(subcommand)]
         action: SpoolAction,
     },
+    /// Print the manual page (roff) to standard output: `sluice man | man -l -`.
+    #[command(hide = true)]
+    Man,
 }
 
 #[derive(Subcommand)]
@@ -77,6 +145,9 @@ struct SpoolArgs {
 }
 
 fn main() -> ExitCode {
+    // First, before any thread starts: what systemd gave us for sd_notify (removed from the
+    // environment, so spawned function instances do not inherit it).
+    let manager = sluice::app::notify::from_env();
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => match sluice::config::load(Some(&config)) {
@@ -115,7 +186,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Run { config } => run(config),
+        Command::Run { config } => run(config, manager),
         Command::Status {
             admin,
             token_file,
@@ -131,6 +202,16 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Man => {
+            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            match page.render(&mut std::io::stdout().lock()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("sluice man: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Spool { action } => spool(action),
     }
 }
@@ -198,7 +279,10 @@ fn spool(action: SpoolAction) -> ExitCode {
     }
 }
 
-fn run(path: Option<PathBuf>) -> ExitCode {
+fn run(
+    path: Option<PathBuf>,
+    manager: Result<sluice::app::notify::ServiceManager, sluice::app::notify::NotifyError>,
+) -> ExitCode {
     let config = match sluice::config::load(path.as_deref()) {
         Ok(c) => c,
         Err(error) => {
@@ -206,7 +290,7 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    sluice::telemetry::init_logging(&config.log.level);
+    sluice::telemetry::init_logging(&config.log);
     for warning in config.warnings() {
         tracing::warn!(%warning, "config");
     }
@@ -239,7 +323,13 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let gateway = match sluice::app::Gateway::build(config).and_then(|g| g.start()) {
+    let manager = manager.unwrap_or_else(|error| {
+        tracing::warn!(%error, "not notifying the service manager");
+        Default::default()
+    });
+    let gateway = match sluice::app::Gateway::build(config)
+        .and_then(|g| g.with_config_file(path.clone()).start())
+    {
         Ok(g) => g,
         Err(error) => {
             tracing::error!(%error, "cannot start");
@@ -247,25 +337,55 @@ fn run(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let notifier = manager.notifier.map(std::sync::Arc::new);
+    // READY=1 before the first watchdog ping.
+    let serving = format!("serving devices on {}", gateway.mqtt_addr);
+    if let Some(n) = &notifier {
+        n.ready(&serving);
+    }
+    let watchdog = match (&notifier, manager.watchdog) {
+        (Some(notifier), Some(period)) => {
+            match sluice::app::notify::Watchdog::start(notifier.clone(), gateway.liveness(), period)
+            {
+                Ok(w) => Some(w),
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the watchdog thread; systemd will restart sluice after WatchdogSec");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let signal = rt.block_on(async {
         loop {
             tokio::select! {
                 _ = signals.interrupt.recv() => break "SIGINT",
                 _ = signals.terminate.recv() => break "SIGTERM",
                 _ = signals.hangup.recv() => {
+                    if let Some(n) = &notifier {
+                        n.reloading();
+                    }
                     gateway.reload(path.as_deref());
+                    if let Some(n) = &notifier {
+                        n.ready(&serving);
+                    }
                 }
             }
         }
     });
     tracing::info!(signal, "shutting down");
+    if let Some(n) = &notifier {
+        n.stopping();
+    }
+    // No pings while the threads stop (the probe would find them gone).
+    drop(watchdog);
     gateway.shutdown();
     ExitCode::SUCCESS
 }
 
 /// The signals `sluice run` handles: SIGINT and SIGTERM stop it gracefully (devices and
-/// uplinks are disconnected cleanly, spools closed); SIGHUP re-reads and checks the config
-/// file (`RunningGateway::reload`) and never stops it.
+/// uplinks are disconnected cleanly, spools closed); SIGHUP reloads the config file
+/// (`RunningGateway::reload`) and never stops it.
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,

@@ -542,3 +542,221 @@ async fn a_device_handshaking_again_from_the_same_address_replaces_its_session()
     );
     gw.shutdown();
 }
+
+/// Issue 28 item 6 for CoAP over DTLS: a device's `[limits]` publish rate follows its PSK
+/// identity whatever address or session it comes from (each `coap-client-openssl` run is a
+/// new session from a new port). Over the rate its CON publish is answered 5.03 with Max-Age
+/// and not delivered; another identity is not held back; the refusals are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dtls_identity_over_its_publish_rate_gets_5_03_from_any_session_and_others_do_not() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("cloud-sub", "dev/#").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(
+        dir.path(),
+        &[("fast-1", "key-fast"), ("calm-2", "key-calm")],
+    );
+    let extra = format!(
+        "[coap]\nlisten = \"127.0.0.1:0\"\n[coap.dtls]\nlisten = \"127.0.0.1:0\"\n{psk}\n\
+         [limits]\npublish_rate = 1\npublish_burst = 1\n{}",
+        cloud.uplink_toml(
+            None,
+            "topic_template = \"dev/{device}/{topic}\"\n[uplink.aggregate]\nenabled = false"
+        )
+    );
+    let gw = gateway_sections("shards = 2", "", &extra);
+    let addr = gw.coap_dtls_addr.expect("[coap.dtls] listening");
+    let uri = format!("coaps://{addr}/ps/room/temp");
+    let runs = (0..6).map(|i| {
+        let uri = uri.clone();
+        async move {
+            let payload = format!("fast-{i}");
+            let out = coaps_client(&[
+                "-k", "key-fast", "-u", "fast-1", "-m", "put", "-e", &payload, &uri,
+            ])
+            .await;
+            out.libcoap_codes()
+        }
+    });
+    let all = futures_util::future::join_all(runs).await;
+    let ok = all
+        .iter()
+        .filter(|c| c.contains(&"2.04".to_string()))
+        .count();
+    let held = all
+        .iter()
+        .filter(|c| c.contains(&"5.03".to_string()))
+        .count();
+    assert!(
+        held >= 1,
+        "six sessions of one identity within seconds share its bucket: {all:?}"
+    );
+    assert_eq!(ok + held, 6, "{all:?}");
+    let calm = coaps_client(&[
+        "-k", "key-calm", "-u", "calm-2", "-m", "put", "-e", "calm", &uri,
+    ])
+    .await;
+    assert_eq!(calm.libcoap_codes(), vec!["2.04"], "{}", calm.text());
+    let mut got = Vec::new();
+    while let Some(p) = sub.recv(Duration::from_secs(2)).await.expect("cloud") {
+        got.push((
+            p.topic.to_string(),
+            String::from_utf8_lossy(&p.payload).into_owned(),
+        ));
+    }
+    assert_eq!(
+        got.iter()
+            .filter(|(t, _)| t == "dev/fast-1/room/temp")
+            .count(),
+        ok,
+        "{got:?}"
+    );
+    assert!(
+        got.contains(&("dev/calm-2/room/temp".into(), "calm".into())),
+        "{got:?}"
+    );
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_limits_publish_throttled_total"),
+        held as f64,
+        "{m}"
+    );
+    gw.shutdown();
+}
+
+/// `coap-client-openssl` observing `uri` for `secs` as PSK `identity`, left running.
+fn dtls_observer(identity: &str, key: &str, uri: &str, secs: u32) -> Peer {
+    Peer::spawn(
+        peer("coap-client-openssl", "libcoap3-bin"),
+        &[
+            "-v".into(),
+            "7".into(),
+            "-s".into(),
+            secs.to_string(),
+            "-k".into(),
+            key.into(),
+            "-u".into(),
+            identity.into(),
+            "-m".into(),
+            "get".into(),
+            uri.into(),
+        ],
+    )
+}
+
+/// Issue 28 item 6 for CoAP observers: a DTLS device holds at most
+/// `mqtt.max_subscriptions_per_session` observers (as an MQTT session holds that many
+/// subscriptions) whatever session or port they come from; one more is answered 5.03
+/// (counted); another device is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dtls_device_holds_at_most_its_subscription_quota_of_observers() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(dir.path(), &[("w-1", "key-1"), ("w-2", "key-2")]);
+    let extra = format!(
+        "[coap]\nlisten = \"127.0.0.1:0\"\n[coap.dtls]\nlisten = \"127.0.0.1:0\"\n{psk}\n{}",
+        cloud.uplink_toml(None, "[uplink.aggregate]\nenabled = false")
+    );
+    let gw = gateway_sections("shards = 1", "max_subscriptions_per_session = 2", &extra);
+    let addr = gw.coap_dtls_addr.expect("[coap.dtls] listening");
+    let observers = |gw: &RunningGateway| metric_sum(&gw.metrics_text(), "sluice_coap_observers{");
+    let _a = dtls_observer("w-1", "key-1", &format!("coaps://{addr}/ps/a"), 30);
+    let _b = dtls_observer("w-1", "key-1", &format!("coaps://{addr}/ps/b/%23"), 30);
+    wait_until("two observers of w-1", WAIT, || observers(&gw) == 2.0).await;
+    let third = coaps_client(&[
+        "-s",
+        "3",
+        "-k",
+        "key-1",
+        "-u",
+        "w-1",
+        "-m",
+        "get",
+        &format!("coaps://{addr}/ps/c"),
+    ])
+    .await;
+    assert!(
+        third.libcoap_codes().contains(&"5.03".to_string()),
+        "a third observer of w-1 is refused: {}",
+        third.text()
+    );
+    let _other = dtls_observer("w-2", "key-2", &format!("coaps://{addr}/ps/c"), 30);
+    wait_until("w-2 observes", WAIT, || observers(&gw) == 3.0).await;
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_observe_refused_per_device_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_observe_refused_per_source_total"),
+        0.0,
+        "{m}"
+    );
+    gw.shutdown();
+}
+
+/// A DTLS observer proved its address in its handshake: its very first notification may be
+/// larger than a datagram, and reaches it block-wise (libcoap fetches the later blocks in the
+/// same session), nothing in clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dtls_observer_gets_a_large_first_notification_block_wise() {
+    let cloud = Cloud::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let psk = psk_file(dir.path(), &[("cam-1", "cam-key")]);
+    let (gw, addr) = dtls_gateway(&cloud, 2, &psk);
+    // No message dumps: libcoap logs on stdout, between the parts of the body it prints.
+    let observer = Peer::spawn(
+        peer("coap-client-openssl", "libcoap3-bin"),
+        &[
+            "-s".into(),
+            "20".into(),
+            "-k".into(),
+            "cam-key".into(),
+            "-u".into(),
+            "cam-1".into(),
+            "-m".into(),
+            "get".into(),
+            format!("coaps://{addr}/ps/cam/image"),
+        ],
+    );
+    wait_until("observing", WAIT, || {
+        metric_sum(&gw.metrics_text(), "sluice_coap_observers{") == 1.0
+    })
+    .await;
+    let big: String = (0..500).map(|i| format!("px-{i:06}|")).collect();
+    let mut dev = device(&gw, "mqtt-cam", ProtocolVersion::V5).await;
+    dev.publish(
+        "cam/image",
+        Bytes::from(big.clone()),
+        QoS::AtLeastOnce,
+        false,
+    )
+    .await
+    .expect("MQTT publish");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !observer.stdout_text().contains(&big) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the whole {} B body over DTLS; stdout {:?} metrics {}",
+            big.len(),
+            observer.stdout_text(),
+            gw.metrics_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = gw.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "sluice_coap_notifications_blockwise_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        labeled(&m, "sluice_coap_datagrams_sent_total", "")
+            - labeled(&m, "sluice_coap_datagrams_sent_total", "transport=\"dtls\""),
+        0.0,
+        "nothing left the plain socket"
+    );
+    drop(observer);
+    gw.shutdown();
+}

@@ -263,3 +263,51 @@ async fn libcoap_client_observes_mqtt_publishes() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 28: a notification larger than `max_message_size` reaches libcoap's client whole:
+/// block 0 comes in the notification (with an ETag), the client fetches the later blocks
+/// itself and prints the body it put together. (Its first, small notification is a CON the
+/// client ACKs, which proves its address receives.)
+#[tokio::test]
+async fn libcoap_client_gets_a_large_notification_block_wise() {
+    let gw = coap_gateway(2);
+    let coap = gw.coap_addr.expect("coap listener");
+    let child = tokio::process::Command::new("coap-client-notls")
+        .args(["-m", "get", "-s", "4", "-B", "5"])
+        .arg(format!("coap://{coap}/ps/plant/+/image?c=libcoap-2"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("coap-client-notls installed");
+    let registered = common::eventually(WAIT, || observers(&gw) == 1.0).await;
+    assert!(registered, "coap-client registered");
+    let mut mqtt = common::device(&gw, "pub-4", ProtocolVersion::V5).await;
+    mqtt.publish(
+        "plant/cam/image",
+        &b"small-first"[..],
+        QoS::AtLeastOnce,
+        false,
+    )
+    .await
+    .expect("publish");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let big: String = (0..400).map(|i| format!("row-{i:05}|")).collect();
+    assert!(big.len() > 3_000);
+    mqtt.publish(
+        "plant/cam/image",
+        Bytes::from(big.clone()),
+        QoS::AtLeastOnce,
+        false,
+    )
+    .await
+    .expect("publish");
+    let out = child.wait_with_output().await.expect("coap-client ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("small-first") && stdout.contains(&big),
+        "stdout: {stdout}\nstderr: {}\nmetrics: {}",
+        String::from_utf8_lossy(&out.stderr),
+        gw.metrics_text()
+    );
+}

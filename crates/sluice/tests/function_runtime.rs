@@ -41,7 +41,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 if os.environ.get("IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if os.environ.get("LISTEN_FDS") == "1":
+if os.environ.get("LISTEN_FDS") == "1" and not os.environ.get("BIND_PORT"):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
     srv.socket.close()
     srv.socket = socket.socket(fileno=3)
@@ -100,7 +100,23 @@ fn get(addr: SocketAddr) -> String {
 /// One request as a dispatcher makes it: a slot, the request, the first answer moves the
 /// instance from starting to running.
 fn invoke(h: &Arc<FunctionHandle>) -> String {
-    let slot = h.acquire().expect("an instance with room");
+    // A dispatcher waits for the instance set to change; an instance started with
+    // `socket = "auto"` (the default) is published once it serves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let slot = loop {
+        if let Some(slot) = h.acquire() {
+            break slot;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an instance with room: starts {} stops {} crashes {} waiting {}",
+            h.metrics.starts.get(),
+            h.metrics.stops.get(),
+            h.metrics.crashes.get(),
+            h.waiting()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
     let body = get(slot.instance().addr.unwrap());
     if slot.instance().mark_answered() {
         h.metrics.instances_starting.sub(1);
@@ -167,7 +183,10 @@ fn switches(tid: &str) -> u64 {
 #[test]
 fn an_instance_starts_on_demand_answers_a_queued_request_then_stops_when_idle_and_nothing_wakes() {
     let fx = fixture();
-    let h = python_function(fx.dir.path(), "idle = \"300ms\"\nconcurrency = 4\n");
+    let h = python_function(
+        fx.dir.path(),
+        "socket = \"inherit\"\nidle = \"300ms\"\nconcurrency = 4\n",
+    );
     let before = runtime_threads();
     let rt = runtime::start(vec![h.clone()]).unwrap();
     let mut tid = None;
@@ -255,10 +274,12 @@ fn port_mode_publishes_the_instance_once_it_accepts_connections() {
     let fx = fixture();
     let h = python_function(fx.dir.path(), "socket = \"port\"\n");
     let rt = runtime::start(vec![h.clone()]).unwrap();
+    h.wait_begin(1);
     h.demand();
-    wait_until(Duration::from_secs(5), "a published instance", || {
+    wait_until(Duration::from_secs(10), "a published instance", || {
         !h.instances().is_empty()
     });
+    h.wait_end(1);
     let addr = h.instances()[0].addr.unwrap();
     TcpStream::connect(addr).expect("published only once it accepts");
     let body = invoke(&h);
@@ -271,6 +292,73 @@ fn port_mode_publishes_the_instance_once_it_accepts_connections() {
     let pid = instances(&rt)[0].pid;
     rt.stop();
     assert!(!alive(pid));
+}
+
+/// The default (`socket = "auto"`) with a server that takes fd 3 when offered: the first
+/// instance is watched (not published before it serves), its fd 3 is found in use, and every
+/// later start is the fd-3 fast start (a standby while scaled to zero).
+#[test]
+fn auto_finds_a_function_serving_fd3_and_keeps_the_fast_start_for_later_instances() {
+    let fx = fixture();
+    let h = python_function(fx.dir.path(), "idle = \"300ms\"\n");
+    let rt = runtime::start(vec![h.clone()]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(h.instances().is_empty(), "no standby before it is known");
+    assert_eq!(rt.status()[0].socket, "detecting");
+    h.wait_begin(1); // an event waits, as a dispatcher's would: no idle stop meanwhile
+    h.demand();
+    let body = invoke(&h);
+    h.wait_end(1);
+    let st = instances(&rt);
+    assert_eq!(field(&body, "listen_pid"), st[0].pid.to_string(), "fd 3");
+    assert_eq!(rt.status()[0].socket, "inherit");
+    let pid = st[0].pid;
+    wait_until(Duration::from_secs(5), "the idle stop", || !alive(pid));
+    assert_standby_only(&h);
+    let body = invoke(&h);
+    assert_eq!(
+        field(&body, "port"),
+        h.instances()[0].addr.unwrap().port().to_string(),
+        "the fast start: PORT is fd 3's port"
+    );
+    rt.stop();
+}
+
+/// The default with a server written to Knative's contract (binds `$PORT`, ignores
+/// `LISTEN_FDS`, as `python -m http.server`, Flask, Express): it starts and answers (with
+/// `socket = "inherit"` it would die on "Address already in use"), and later instances get
+/// only `PORT`.
+#[test]
+fn auto_lets_a_function_bind_port_itself_and_later_instances_get_only_port() {
+    let fx = fixture();
+    let h = python_function(
+        fx.dir.path(),
+        "idle = \"300ms\"\nenv = { BIND_PORT = \"1\" }\n",
+    );
+    let rt = runtime::start(vec![h.clone()]).unwrap();
+    h.wait_begin(1);
+    h.demand();
+    let body = invoke(&h);
+    h.wait_end(1);
+    let addr = h.instances()[0].addr.unwrap();
+    assert_eq!(
+        field(&body, "port"),
+        addr.port().to_string(),
+        "it serves $PORT"
+    );
+    assert_eq!(rt.status()[0].socket, "port");
+    assert_eq!(h.metrics.crashes.get(), 0);
+    let pid = instances(&rt)[0].pid;
+    wait_until(Duration::from_secs(5), "the idle stop", || !alive(pid));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(h.instances().is_empty(), "no standby for a $PORT function");
+    h.wait_begin(1);
+    h.demand();
+    let body = invoke(&h);
+    h.wait_end(1);
+    assert_eq!(field(&body, "listen_pid"), "", "no fd 3 once it is known");
+    assert_eq!(h.metrics.crashes.get(), 0);
+    rt.stop();
 }
 
 #[test]

@@ -159,6 +159,11 @@ async fn a_function_started_by_sluice_gets_valid_events_on_its_inherited_socket_
     assert_eq!(starts[0]["start"], procs[0].0, "the process that answered");
     assert_eq!(instance_count(&gw, "local"), 1);
     assert_eq!(function_status(&gw, "local")["kind"], "local");
+    assert_eq!(
+        function_status(&gw, "local")["socket"],
+        "inherit",
+        "the default (auto) saw it serve fd 3: later instances start the fast way"
+    );
     assert_eq!(function_metric(&gw, "cold_starts_total", "local"), 1.0);
     assert_eq!(function_metric(&gw, "instance_starts_total", "local"), 1.0);
     assert_eq!(invocations(&gw, "local", "ok"), 5.0);
@@ -214,6 +219,76 @@ async fn a_function_with_socket_port_binds_port_itself_and_answers() {
         "socket = \"port\": no LISTEN_FDS, it bound $PORT itself"
     );
     assert_eq!(function_metric(&gw, "cold_starts_total", "ported"), 1.0);
+    gw.shutdown();
+}
+
+/// Issue 29 item 8: a function written to Knative's runtime contract only — it binds `$PORT`
+/// itself and ignores `LISTEN_FDS`, as `python -m http.server $PORT`, Flask or Express do —
+/// under the default config (no `socket` key). Before, sluice held `$PORT` for fd 3 by
+/// default: the function died on "Address already in use" at every start and every event was
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_that_binds_port_itself_works_with_the_default_config_and_nothing_is_dead_lettered(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = FunctionLog::in_dir(dir.path());
+    let tag = "fn-test-contract-port";
+    let gw = gateway(
+        1,
+        &function_toml(
+            "contract",
+            &["sensors/#"],
+            &local_target(tag, &log, &[("FN_BIND", "port")]),
+            "reply_topic = \"{topic}/out\"\nidle = \"1s\"\ngrace = \"1s\"\nretries = 1",
+        ),
+    );
+    let mut dlq = dlq_subscriber(&gw, "contract").await;
+    let mut app = device(&gw, "app").await;
+    app.subscribe(&[("sensors/+/+/out", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    let mut dev = device(&gw, "dev-k").await;
+    let mut sent = BTreeSet::new();
+    // Two cold starts: the first instance (sluice learns it binds $PORT) and, after it went
+    // idle, the next (started with $PORT only).
+    for round in 0..2 {
+        for i in 0..3 {
+            let p = format!("r{round}-{i}");
+            assert_eq!(
+                dev.publish("sensors/dev-k/temp", p.clone(), QoS::AtLeastOnce, false)
+                    .await
+                    .expect("PUBACK once the function answered"),
+                0
+            );
+            sent.insert(p);
+        }
+        if round == 0 {
+            scaled_to_zero(&gw, "contract", tag, Duration::from_secs(10)).await;
+        }
+    }
+    let got: BTreeSet<String> = replies(&mut app, sent.len())
+        .await
+        .into_iter()
+        .map(|(_, r)| r["data"].as_str().expect("text").to_owned())
+        .collect();
+    assert_eq!(got, sent, "every event answered");
+    assert_eq!(function_metric(&gw, "dead_letters_total", "contract"), 0.0);
+    assert!(
+        dlq.recv(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing dead-lettered"
+    );
+    let starts = log.starts();
+    assert_eq!(starts.len(), 2, "two cold starts, no crash: {starts:?}");
+    assert!(starts.iter().all(|s| s["fd3"] == false), "{starts:?}");
+    assert_eq!(
+        function_metric(&gw, "instance_crashes_total", "contract"),
+        0.0
+    );
+    assert_eq!(function_status(&gw, "contract")["socket"], "port");
+    assert_eq!(invocations(&gw, "contract", "ok"), 6.0);
     gw.shutdown();
 }
 

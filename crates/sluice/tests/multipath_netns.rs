@@ -237,6 +237,7 @@ fn an_mptcp_uplink_uses_two_subflows_and_survives_a_link_going_down_without_reco
         links: 2,
         rate: Some("20mbit".into()),
         mptcp_endpoints: true,
+        ..BedOptions::default()
     }) else {
         return;
     };
@@ -308,6 +309,7 @@ fn per_path_sessions_lose_nothing_when_a_link_is_cut_and_use_it_again_when_it_re
         links: 3,
         rate: Some("20mbit".into()),
         mptcp_endpoints: false,
+        ..BedOptions::default()
     }) else {
         return;
     };
@@ -367,6 +369,7 @@ fn a_path_whose_link_blackholes_is_declared_dead_within_path_timeout() {
         links: 2,
         rate: None,
         mptcp_endpoints: false,
+        ..BedOptions::default()
     }) else {
         return;
     };
@@ -408,6 +411,7 @@ fn a_returning_link_carries_an_mptcp_subflow_again_within_two_seconds() {
         links: 2,
         rate: None,
         mptcp_endpoints: true,
+        ..BedOptions::default()
     }) else {
         return;
     };
@@ -489,4 +493,308 @@ fn a_returning_link_carries_an_mptcp_subflow_again_within_two_seconds() {
     check(&got, &acked);
     assert_eq!(metric(&bed, admin, "sluice_uplink_connects_total"), 1.0);
     gw.shutdown();
+}
+
+// --- The CoAP proxy with `paths` (issue 30, ADR 0012) ---
+
+/// libcoap's `coap-server-notls` on the cloud's service address (plain TCP: per-path
+/// connections need no MPTCP), started inside the cloud namespace; killed with the bed.
+/// `None` (with the reason printed) when libcoap is not installed.
+fn libcoap_in_cloud(bed: &TestBed) -> Option<std::process::Child> {
+    if std::process::Command::new("coap-server-notls")
+        .arg("-?")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_err()
+    {
+        println!("skipped: coap-server-notls (libcoap3-bin) is not installed");
+        return None;
+    }
+    let child = bed
+        .cloud
+        .command("coap-server-notls")
+        .args(["-A", &bed.cloud_addr().to_string(), "-p", "5683", "-v", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start coap-server-notls in the cloud namespace");
+    let addr = SocketAddr::from((bed.cloud_addr(), 5683));
+    bed.cloud.run(move || {
+        let from = Instant::now();
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(
+                from.elapsed() < Duration::from_secs(5),
+                "coap-server-notls not listening"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    Some(child)
+}
+
+/// `[[coap.proxy]]` "cloud" to the bed's libcoap with one path per link.
+fn proxy_paths_config(bed: &TestBed, extra: &str) -> sluice::config::Config {
+    let paths: Vec<String> = bed
+        .links
+        .iter()
+        .map(|l| format!("{{ bind = \"{}\" }}", l.gw_addr))
+        .collect();
+    let text = format!(
+        "[[coap.proxy]]\nname = \"cloud\"\nurl = \"coap+tcp://{}:5683\"\nprefix = \"cloud\"\npaths = [{}]\n{extra}\n",
+        bed.cloud_addr(),
+        paths.join(", ")
+    );
+    sluice::config::parse_unchecked_files(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+fn coap_request(
+    code: sluice_proto::coap::Code,
+    path: &[&str],
+    payload: &[u8],
+) -> sluice_proto::coap::Message {
+    use sluice_proto::coap::{opt, Message, MsgType, Token};
+    let mut m = Message::new(MsgType::Con, code, 1, Token::from_slice(b"d").unwrap());
+    for p in path {
+        m.add_option(opt::URI_PATH, bytes::Bytes::copy_from_slice(p.as_bytes()));
+    }
+    m.payload = bytes::Bytes::copy_from_slice(payload);
+    m
+}
+
+/// Route and forward through `p` as the CoAP edge does; returns the answer and how long it took.
+async fn proxy_call(
+    p: &sluice::proxy::ShardProxies,
+    req: sluice_proto::coap::Message,
+) -> (sluice_proto::coap::Message, Duration) {
+    let started = Instant::now();
+    let route = p.route(&req).expect("claimed").expect("routable");
+    let res = p.forward(route, req).await;
+    (res, started.elapsed())
+}
+
+/// Per-path counters of upstream "cloud" on the test's one shard: name → (requests, state).
+fn proxy_paths(m: &sluice::proxy::ProxyMetrics) -> Vec<(String, u64, i64)> {
+    m.upstreams[0]
+        .1
+        .paths
+        .iter()
+        .map(|p| (p.name.clone(), p.requests.get(), p.state.get()))
+        .collect()
+}
+
+#[test]
+fn the_per_path_coap_proxy_spreads_requests_over_two_queueing_links() {
+    let Some(bed) = bed_or_skip(BedOptions {
+        links: 2,
+        rate: Some("2mbit".into()),
+        queue: netns::Queue::Ms(100),
+        ..BedOptions::default()
+    }) else {
+        return;
+    };
+    let Some(_server) = libcoap_in_cloud(&bed) else {
+        return;
+    };
+    let cfg = proxy_paths_config(&bed, "request_timeout = \"30s\"");
+    // The operator's experiment of issue 30: 1,500 PUTs of 900 bytes, 64 at a time.
+    let (codes, per_path, elapsed) = bed.gw.run(move || {
+        runtime().block_on(tokio::task::LocalSet::new().run_until(async move {
+            let metrics = Arc::new(sluice::proxy::ProxyMetrics::new(&cfg));
+            let p = std::rc::Rc::new(sluice::proxy::ShardProxies::new(
+                &cfg,
+                metrics.clone(),
+                None,
+            ));
+            let started = Instant::now();
+            let next = std::rc::Rc::new(std::cell::Cell::new(0usize));
+            let mut workers = Vec::new();
+            for _ in 0..64 {
+                let (p, next) = (p.clone(), next.clone());
+                workers.push(tokio::task::spawn_local(async move {
+                    let mut codes = Vec::new();
+                    while next.get() < 1500 {
+                        next.set(next.get() + 1);
+                        let req = coap_request(
+                            sluice_proto::coap::Code::PUT,
+                            &["cloud", "example_data"],
+                            &[b'x'; 900],
+                        );
+                        codes.push(proxy_call(&p, req).await.0.code);
+                    }
+                    codes
+                }));
+            }
+            let mut codes = Vec::new();
+            for w in workers {
+                codes.extend(w.await.unwrap());
+            }
+            (codes, proxy_paths(&metrics), started.elapsed())
+        }))
+    });
+    let link_bytes: Vec<u64> = (0..2).map(|i| bed.qdisc(i).0.bytes).collect();
+    let drops: Vec<u64> = (0..2)
+        .map(|i| bed.qdisc(i).0.drops + bed.qdisc(i).1.drops)
+        .collect();
+    println!(
+        "1,500 PUTs of 900 B in {elapsed:?} ({:.0} req/s); per path (name, requests, state): {per_path:?}; bytes sent by the gateway per link {link_bytes:?}, drops {drops:?}",
+        1500.0 / elapsed.as_secs_f64()
+    );
+    assert_eq!(codes.len(), 1500);
+    assert!(
+        codes.iter().all(|c| c.class() == 2),
+        "every PUT answered 2.xx by the upstream: {:?}",
+        codes.iter().filter(|c| c.class() != 2).collect::<Vec<_>>()
+    );
+    // 1,500 × 900 B ≈ 1.35 MB of requests: each link must carry a substantial share (the
+    // issue's MPTCP run put 1.37 MB on one link and 1 byte on the other).
+    for (i, b) in link_bytes.iter().enumerate() {
+        assert!(
+            *b > 400_000,
+            "link {i} carried only {b} bytes: {link_bytes:?}"
+        );
+    }
+    for (name, requests, _) in &per_path {
+        assert!(*requests > 400, "path {name}: {per_path:?}");
+    }
+}
+
+#[test]
+fn a_cut_link_under_the_per_path_coap_proxy_retries_idempotent_requests_and_hangs_nothing() {
+    let Some(bed) = bed_or_skip(BedOptions {
+        links: 2,
+        rate: Some("2mbit".into()),
+        queue: netns::Queue::Ms(100),
+        ..BedOptions::default()
+    }) else {
+        return;
+    };
+    let Some(_server) = libcoap_in_cloud(&bed) else {
+        return;
+    };
+    let request_timeout = Duration::from_secs(5);
+    let cfg = proxy_paths_config(
+        &bed,
+        "request_timeout = \"5s\"\npath_timeout = \"1s\"\nconnect_timeout = \"1s\"",
+    );
+    let bed = Arc::new(bed);
+    let bed2 = bed.clone();
+    let (puts, posts, before, after_cut, back) = bed.gw.run(move || {
+        // The link watcher as the gateway runs it, inside the gateway namespace.
+        let watcher = sluice::net::links::LinkWatcher::start(sluice::net::links::WatchSpec {
+            interfaces: vec![],
+            addrs: bed2.links.iter().map(|l| IpAddr::V4(l.gw_addr)).collect(),
+            refresh_endpoints: false,
+        })
+        .expect("link watcher");
+        let links = watcher.watch();
+        runtime().block_on(tokio::task::LocalSet::new().run_until(async move {
+            let metrics = Arc::new(sluice::proxy::ProxyMetrics::new(&cfg));
+            let p = std::rc::Rc::new(sluice::proxy::ShardProxies::new(
+                &cfg,
+                metrics.clone(),
+                Some(links),
+            ));
+            let stop = std::rc::Rc::new(std::cell::Cell::new(false));
+            let mut workers = Vec::new();
+            // 48 PUT workers (idempotent) and 16 POST workers (not), 900 B each, closed loop.
+            for w in 0..64 {
+                let (p, stop) = (p.clone(), stop.clone());
+                let code = if w < 48 {
+                    sluice_proto::coap::Code::PUT
+                } else {
+                    sluice_proto::coap::Code::POST
+                };
+                workers.push(tokio::task::spawn_local(async move {
+                    let mut out = Vec::new();
+                    while !stop.get() {
+                        let req = coap_request(code, &["cloud", "example_data"], &[b'x'; 900]);
+                        let (res, took) = proxy_call(&p, req).await;
+                        out.push((code, res.code, took));
+                    }
+                    out
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let before = proxy_paths(&metrics);
+            bed2.cut(0).unwrap();
+            println!("link 0 cut");
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let after_cut = proxy_paths(&metrics);
+            bed2.restore(0).unwrap();
+            println!("link 0 restored");
+            let restored = Instant::now();
+            let p0_at_restore = after_cut[0].1;
+            let back = loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let now = proxy_paths(&metrics);
+                if now[0].1 > p0_at_restore + 10 {
+                    break Some(restored.elapsed());
+                }
+                if restored.elapsed() > Duration::from_secs(10) {
+                    break None;
+                }
+            };
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            stop.set(true);
+            let mut all = Vec::new();
+            for w in workers {
+                all.extend(w.await.unwrap());
+            }
+            drop(watcher);
+            let puts: Vec<_> = all
+                .iter()
+                .filter(|(c, _, _)| *c == sluice_proto::coap::Code::PUT)
+                .map(|(_, r, t)| (*r, *t))
+                .collect();
+            let posts: Vec<_> = all
+                .iter()
+                .filter(|(c, _, _)| *c == sluice_proto::coap::Code::POST)
+                .map(|(_, r, t)| (*r, *t))
+                .collect();
+            (puts, posts, before, after_cut, back)
+        }))
+    });
+    let longest = puts
+        .iter()
+        .chain(posts.iter())
+        .map(|(_, t)| *t)
+        .max()
+        .unwrap();
+    let put_failed: Vec<_> = puts.iter().filter(|(c, _)| c.class() != 2).collect();
+    let post_502 = posts
+        .iter()
+        .filter(|(c, _)| *c == sluice_proto::coap::Code::BAD_GATEWAY)
+        .count();
+    println!(
+        "{} PUTs ({} not 2.xx), {} POSTs ({post_502} answered 5.02); longest request {longest:?}; paths before the cut {before:?}, 3 s after it {after_cut:?}; p0 carried requests again {back:?} after its link returned",
+        puts.len(),
+        put_failed.len(),
+        posts.len()
+    );
+    assert!(before.iter().all(|(_, n, _)| *n > 0), "{before:?}");
+    assert!(
+        after_cut[1].1 > before[1].1,
+        "p1 kept carrying requests: {after_cut:?}"
+    );
+    assert!(
+        put_failed.is_empty(),
+        "every PUT (idempotent) completed, retried on the other path when its own was cut: {put_failed:?}"
+    );
+    assert!(
+        posts
+            .iter()
+            .all(|(c, _)| *c == sluice_proto::coap::Code::BAD_GATEWAY || c.class() < 5),
+        "POSTs are answered by the upstream or 5.02, never 5.04: {:?}",
+        posts
+            .iter()
+            .filter(|(c, _)| c.class() == 5)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        longest < request_timeout + Duration::from_millis(500),
+        "nothing hangs past request_timeout: {longest:?}"
+    );
+    let back = back.expect("the returned link carries requests again");
+    assert!(back <= Duration::from_secs(3), "{back:?}");
 }

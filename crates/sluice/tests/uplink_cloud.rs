@@ -66,6 +66,7 @@ fn start_uplink(cfg: UplinkConfig, capacity_bytes: usize) -> Uplink {
         uplink::SessionSeed {
             shard: 0,
             lane: uplink::Lane::Normal,
+            route: uplink::UplinkRoute::new(&cfg),
             cfg: Rc::new(cfg),
             tls: Some(tls),
             queue: queue.clone(),

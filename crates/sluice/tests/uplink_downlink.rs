@@ -71,7 +71,7 @@ async fn command_sent_while_cut_off_arrives_after_reconnect(protocol: &str) {
 
     // The fault: the gateway is cut off from a broker that stays up.
     gate.set_open(false);
-    let down = "sluice_uplink_state{shard=\"0\",uplink=\"cloud\",lane=\"normal\"} 0";
+    let down = "sluice_uplink_state{shard=\"0\",uplink=\"cloud\",lane=\"normal\",state=\"disconnected\"} 1";
     assert!(
         eventually(Duration::from_secs(10), || gw.metrics_text().contains(down)).await,
         "the uplink notices it was cut off"

@@ -71,6 +71,7 @@ fn start_uplink(cfg: UplinkConfig, devices: usize) -> Uplink {
         uplink::SessionSeed {
             shard: 0,
             lane: uplink::Lane::Normal,
+            route: uplink::UplinkRoute::new(&cfg),
             cfg: Rc::new(cfg),
             tls,
             queue: queue.clone(),
@@ -378,6 +379,7 @@ fn a_downlink_command_is_acknowledged_to_the_cloud_only_after_local_delivery_was
             uplink::SessionSeed {
                 shard: 0,
                 lane: uplink::Lane::Normal,
+                route: uplink::UplinkRoute::new(&cfg),
                 cfg: Rc::new(cfg),
                 tls,
                 queue,

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use sluice_bench::scenarios::multipath::{
-    markdown, run_multipath, MultipathMode, MultipathScenario,
+    markdown, run_multipath, MultipathMode, MultipathScenario, UpstreamKind,
 };
+use sluice_testkit::netns::Queue;
 
 use super::{command_line, write_outputs};
 
@@ -14,8 +15,18 @@ use super::{command_line, write_outputs};
 pub(crate) enum ModeChoice {
     /// CoAP sensors through sluice's CoAP proxy over an MPTCP coap+tcp:// upstream.
     CoapMptcp,
+    /// CoAP sensors through sluice's CoAP proxy with one TCP connection per link (`paths`).
+    CoapPaths,
     /// MQTT devices through sluice's per-path sessions (one per link) to Mosquitto.
     MqttPaths,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum UpstreamChoice {
+    /// libcoap's coap-server-notls (under `mptcpize run` for coap-mptcp).
+    Libcoap,
+    /// The bench's own CoAP-over-TCP server.
+    Builtin,
 }
 
 #[derive(Args)]
@@ -41,9 +52,17 @@ pub(crate) struct MultipathArgs {
     /// be the bottleneck of one path.
     #[arg(long, default_value = "1mbit")]
     rate: String,
-    /// Payload bytes per request (CoAPBench: 4, 16, 64).
-    #[arg(long, default_value_t = 16)]
-    payload: usize,
+    /// Payload bytes per request, comma-separated (CoAPBench: 4, 16, 64; 900 for large).
+    #[arg(long, value_delimiter = ',', default_value = "16")]
+    payload: Vec<usize>,
+    /// tbf queue of every link, comma-separated: `drop` (5 ms: drops as soon as busy),
+    /// `100ms`, `300ms` (any `<n>ms`: queues like an LTE uplink), `legacy` (200 ms, the
+    /// setting before issue 30).
+    #[arg(long, value_delimiter = ',', default_value = "legacy", value_parser = Queue::parse)]
+    queue: Vec<Queue>,
+    /// The CoAP upstream in the cloud namespace.
+    #[arg(long, value_enum, default_value = "libcoap")]
+    upstream: UpstreamChoice,
     /// Length of each point.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -78,6 +97,7 @@ pub(crate) async fn multipath(args: MultipathArgs) -> anyhow::Result<()> {
         .iter()
         .map(|m| match m {
             ModeChoice::CoapMptcp => MultipathMode::CoapMptcp,
+            ModeChoice::CoapPaths => MultipathMode::CoapPaths,
             ModeChoice::MqttPaths => MultipathMode::MqttPaths,
         })
         .collect();
@@ -85,7 +105,12 @@ pub(crate) async fn multipath(args: MultipathArgs) -> anyhow::Result<()> {
     config.links = args.links;
     config.sensors = args.sensors;
     config.rate = args.rate;
-    config.payload = args.payload;
+    config.payloads = args.payload;
+    config.queues = args.queue;
+    config.upstream = match args.upstream {
+        UpstreamChoice::Libcoap => UpstreamKind::Libcoap,
+        UpstreamChoice::Builtin => UpstreamKind::Builtin,
+    };
     config.duration = args.duration;
     config.warmup = args.warmup;
     config.ramp = args.ramp;

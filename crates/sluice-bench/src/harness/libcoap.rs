@@ -30,30 +30,40 @@ pub struct LibcoapServer {
 impl LibcoapServer {
     /// A plain server on 127.0.0.1:`port` (UDP and TCP).
     pub fn server(port: u16) -> anyhow::Result<LibcoapServer> {
-        LibcoapServer::start(port, &[])
+        LibcoapServer::start(SocketAddr::from(([127, 0, 0, 1], port)), &[], &[])
+    }
+
+    /// A plain server on `addr` (UDP and TCP) run by `launcher` (e.g. `["mptcpize", "run"]`:
+    /// its TCP listener then takes MPTCP), in the calling thread's network namespace.
+    pub fn server_on(addr: SocketAddr, launcher: &[&str]) -> anyhow::Result<LibcoapServer> {
+        LibcoapServer::start(addr, launcher, &[])
     }
 
     /// A forward proxy on 127.0.0.1:`port` that connects directly to each Proxy-Uri's host.
     pub fn proxy(port: u16) -> anyhow::Result<LibcoapServer> {
-        LibcoapServer::start(port, &["-P", ",sluice-bench-proxy"])
+        LibcoapServer::start(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &[],
+            &["-P", ",sluice-bench-proxy"],
+        )
     }
 
-    fn start(port: u16, extra: &[&str]) -> anyhow::Result<LibcoapServer> {
-        let port_s = port.to_string();
-        let mut args = vec!["-A", "127.0.0.1", "-p", &port_s, "-v", "0"];
+    fn start(addr: SocketAddr, launcher: &[&str], extra: &[&str]) -> anyhow::Result<LibcoapServer> {
+        let (ip_s, port_s) = (addr.ip().to_string(), addr.port().to_string());
+        let mut args: Vec<&str> = launcher.to_vec();
+        args.extend_from_slice(&[COAP_SERVER_BIN, "-A", &ip_s, "-p", &port_s, "-v", "0"]);
         args.extend_from_slice(extra);
-        let child = Command::new(COAP_SERVER_BIN)
-            .args(&args)
+        let child = Command::new(args[0])
+            .args(&args[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .with_context(|| format!("starting {COAP_SERVER_BIN} (install libcoap3-bin)"))?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            .with_context(|| format!("starting {} (install libcoap3-bin)", args.join(" ")))?;
         let server = LibcoapServer {
             child,
             addr,
-            command_line: format!("{COAP_SERVER_BIN} {}", args.join(" ")),
+            command_line: args.join(" "),
         };
         probe_coap(addr, Duration::from_secs(5))
             .with_context(|| format!("{} did not answer", server.command_line))?;

@@ -307,8 +307,10 @@ pub fn sluice_toml(
     let command: Vec<String> = f.command.iter().map(|a| quote(a)).collect();
     let (target, min) = match url {
         Some(u) => (format!("url = {}", quote(u)), 0),
+        // Both echo functions take fd 3: `inherit` from the first start, as before issue 29
+        // made `auto` the default (whose first instance is watched, not pre-published).
         None => (
-            format!("command = [{}]", command.join(", ")),
+            format!("command = [{}]\nsocket = \"inherit\"", command.join(", ")),
             f.min_instances,
         ),
     };

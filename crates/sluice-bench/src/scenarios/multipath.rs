@@ -12,6 +12,16 @@
 //! moment: the requests that failed (non-2.xx answers, timeouts, unfinished) and the longest
 //! stall of throughput (consecutive 100 ms buckets under a tenth of the rate before the cut).
 //!
+//! Mode `coap-paths` (issue 30, ADR 0012): the same sensors and proxy, but `[[coap.proxy]]
+//! paths` = one per link (each bound to its link's gateway address), one plain-TCP RFC 8323
+//! connection per path, requests spread by sluice's scheduler instead of the kernel's.
+//!
+//! The upstream (`--upstream`): libcoap's `coap-server-notls` (default; under `mptcpize run`
+//! for coap-mptcp) or the bench's own CoAP-over-TCP server. The links' tbf queue
+//! (`--queue`): `drop` (a few ms: drops as soon as busy), `100ms`/`300ms` (queues like an LTE
+//! uplink), `legacy` (the bed's 200 ms setting before issue 30). Each point also reports the
+//! bytes, drops and overlimits of every link's qdisc on both ends.
+//!
 //! Mode `mqtt-paths`: MQTT devices (the `devices` generator, QoS 1, open loop at
 //! `--mqtt-rate` each) in the gateway namespace publish to sluice, whose `[[uplink]]` has one
 //! path per link (`paths`, each bound to its link's gateway address) to a plain-TCP Mosquitto in
@@ -30,9 +40,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
-use sluice_testkit::netns::{self, BedOptions, TestBed};
+use sluice_testkit::netns::{self, BedOptions, Queue, TestBed};
 
-use crate::harness::libcoap::probe_coap;
+use crate::harness::libcoap::{probe_coap, LibcoapServer};
 use crate::harness::machine::{machine, Machine};
 use crate::harness::procfs::{round3, CpuMeter, CpuUsage, Pid};
 use crate::harness::sut::require_sluice_bin;
@@ -53,6 +63,8 @@ const BUCKET: Duration = Duration::from_millis(100);
 pub enum MultipathMode {
     /// CoAP sensors → sluice's CoAP proxy → MPTCP `coap+tcp://`.
     CoapMptcp,
+    /// CoAP sensors → sluice's CoAP proxy with one TCP connection per path (`paths`).
+    CoapPaths,
     /// MQTT devices → sluice's per-path sessions → Mosquitto.
     MqttPaths,
 }
@@ -61,9 +73,20 @@ impl MultipathMode {
     pub fn name(self) -> &'static str {
         match self {
             MultipathMode::CoapMptcp => "coap-mptcp",
+            MultipathMode::CoapPaths => "coap-paths",
             MultipathMode::MqttPaths => "mqtt-paths",
         }
     }
+}
+
+/// The CoAP upstream in the cloud namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpstreamKind {
+    /// libcoap's `coap-server-notls` (under `mptcpize run` for coap-mptcp).
+    Libcoap,
+    /// The bench's own CoAP-over-TCP server (`load::coap::tcp_upstream`).
+    Builtin,
 }
 
 /// The scenario's parameters.
@@ -77,7 +100,12 @@ pub struct MultipathScenario {
     pub sensors: Vec<u32>,
     /// tbf rate of every link, both directions (tc units).
     pub rate: String,
-    pub payload: usize,
+    /// tbf queue of every link; one set of points per entry.
+    #[serde(serialize_with = "queue_names")]
+    pub queues: Vec<Queue>,
+    /// Payload bytes per request; one set of points per entry.
+    pub payloads: Vec<usize>,
+    pub upstream: UpstreamKind,
     pub duration: Duration,
     pub warmup: Duration,
     pub ramp: Duration,
@@ -96,7 +124,9 @@ impl MultipathScenario {
             links: vec![1, 2, 3],
             sensors: vec![250, 2000],
             rate: "1mbit".into(),
-            payload: 16,
+            queues: vec![Queue::Legacy],
+            payloads: vec![16],
+            upstream: UpstreamKind::Libcoap,
             duration: Duration::from_secs(10),
             warmup: Duration::from_secs(3),
             ramp: Duration::from_secs(1),
@@ -107,10 +137,29 @@ impl MultipathScenario {
     }
 }
 
+fn queue_names<S: serde::Serializer>(q: &[Queue], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(q.iter().map(|q| q.name()))
+}
+
+/// One link's qdisc counters over a point (the bed is new for each point).
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkCounters {
+    /// Bytes the gateway side sent (requests, toward the cloud).
+    pub gw_bytes: u64,
+    /// Bytes the cloud side sent (responses).
+    pub cloud_bytes: u64,
+    /// Packets dropped by the two ends' tbf.
+    pub drops: u64,
+    /// Times the two ends' tbf held a packet back (the queue was used).
+    pub overlimits: u64,
+}
+
 /// One (k, N) point.
 #[derive(Debug, Clone, Serialize)]
 pub struct MultipathPoint {
     pub mode: MultipathMode,
+    pub queue: String,
+    pub payload: usize,
     pub links: usize,
     pub sensors: u32,
     /// Successful requests per second over the steady window.
@@ -130,6 +179,8 @@ pub struct MultipathPoint {
     pub stall_ms: Option<u64>,
     /// Successful requests per 100 ms bucket from the start.
     pub buckets: Vec<u64>,
+    /// Every link's qdisc counters at the end of the point.
+    pub link_counters: Vec<LinkCounters>,
     /// The generator's report.
     pub load: serde_json::Value,
 }
@@ -162,20 +213,44 @@ pub fn run_multipath(config: &MultipathScenario) -> anyhow::Result<MultipathRepo
     let machine = machine(&config.command_line);
     let mut points = Vec::new();
     for &mode in &config.modes {
-        for &n in &config.sensors {
-            for &k in &config.links {
-                eprintln!(
-                    "=== scenario multipath {}: {k} link(s) at {}, N = {n} ===",
-                    mode.name(),
-                    config.rate
-                );
-                let p = run_point(config, mode, k, n)
-                    .with_context(|| format!("{}: {k} links, N = {n}", mode.name()))?;
-                eprintln!(
-                    "{} k={k} N={n}: {:.0} /s, p50/p99 {:.2}/{:.2} ms, subflows/paths {}, mptcp/all up {}, failed {}, stall {:?} ms, sluice CPU {:.1}%",
-                    mode.name(), p.rate, p.latency.p50_ms, p.latency.p99_ms, p.subflows, p.mptcp_active, p.failed, p.stall_ms, p.sluice_cpu.percent_of_one_core
-                );
-                points.push(p);
+        for &queue in &config.queues {
+            for &payload in &config.payloads {
+                for &n in &config.sensors {
+                    for &k in &config.links {
+                        eprintln!(
+                            "=== scenario multipath {}: {k} link(s) at {}, queue {}, {payload} B, N = {n} ===",
+                            mode.name(),
+                            config.rate,
+                            queue.name()
+                        );
+                        let pt = PointSpec {
+                            mode,
+                            queue,
+                            payload,
+                            k,
+                            n,
+                        };
+                        let p = run_point(config, pt).with_context(|| {
+                            format!(
+                                "{}: {k} links, queue {}, {payload} B, N = {n}",
+                                mode.name(),
+                                queue.name()
+                            )
+                        })?;
+                        let per_link: Vec<String> = p
+                            .link_counters
+                            .iter()
+                            .map(|l| {
+                                format!("{}/{} B drops {}", l.gw_bytes, l.cloud_bytes, l.drops)
+                            })
+                            .collect();
+                        eprintln!(
+                            "{} queue {} {payload} B k={k} N={n}: {:.0} /s, p50/p99 {:.2}/{:.2} ms, subflows/paths {}, mptcp/all up {}, failed {}, stall {:?} ms, sluice CPU {:.1}%, links (gw/cloud sent) {}",
+                            mode.name(), queue.name(), p.rate, p.latency.p50_ms, p.latency.p99_ms, p.subflows, p.mptcp_active, p.failed, p.stall_ms, p.sluice_cpu.percent_of_one_core, per_link.join(", ")
+                        );
+                        points.push(p);
+                    }
+                }
             }
         }
     }
@@ -187,6 +262,16 @@ pub fn run_multipath(config: &MultipathScenario) -> anyhow::Result<MultipathRepo
         points,
         verdicts,
     })
+}
+
+/// Which point to run.
+#[derive(Debug, Clone, Copy)]
+struct PointSpec {
+    mode: MultipathMode,
+    queue: Queue,
+    payload: usize,
+    k: usize,
+    n: u32,
 }
 
 fn sluice_config(bed: &TestBed, mode: MultipathMode, broker_port: u16) -> String {
@@ -210,15 +295,27 @@ fn sluice_config(bed: &TestBed, mode: MultipathMode, broker_port: u16) -> String
             paths.join(", ")
         );
     }
+    let how = match mode {
+        MultipathMode::CoapPaths => {
+            let paths: Vec<String> = bed
+                .links
+                .iter()
+                .map(|l| format!("{{ bind = \"{}\" }}", l.gw_addr))
+                .collect();
+            format!("paths = [{}]", paths.join(", "))
+        }
+        _ => "mptcp = true".to_string(),
+    };
     format!(
-        "# generated by sluice-bench scenario multipath\n\
+        "# generated by sluice-bench scenario multipath ({})\n\
          [gateway]\nshards = 0\n\n\
          [mqtt]\nlisten = \"127.0.0.1:1883\"\n\n\
          [coap]\nenabled = true\nlisten = \"127.0.0.1:{COAP_PORT}\"\n\n\
-         [[coap.proxy]]\nname = \"cloud\"\nurl = \"coap+tcp://{}:{COAP_PORT}\"\nprefix = \"cloud\"\nmptcp = true\n\
+         [[coap.proxy]]\nname = \"cloud\"\nurl = \"coap+tcp://{}:{COAP_PORT}\"\nprefix = \"cloud\"\n{how}\n\
          max_outstanding = 1024\nmax_waiting = 8192\nrequest_timeout = \"30s\"\n\n\
          [admin]\nenabled = true\nlisten = \"127.0.0.1:{ADMIN_PORT}\"\n\n\
          [log]\nlevel = \"warn\"\n",
+        mode.name(),
         bed.cloud_addr()
     )
 }
@@ -237,29 +334,41 @@ fn admin_status(bed: &TestBed) -> anyhow::Result<serde_json::Value> {
     })
 }
 
-fn run_point(
-    config: &MultipathScenario,
-    mode: MultipathMode,
-    k: usize,
-    n: u32,
-) -> anyhow::Result<MultipathPoint> {
+fn run_point(config: &MultipathScenario, pt: PointSpec) -> anyhow::Result<MultipathPoint> {
+    let PointSpec { mode, k, .. } = pt;
     let bed = TestBed::new(BedOptions {
         links: k,
         rate: Some(config.rate.clone()),
         mptcp_endpoints: mode == MultipathMode::CoapMptcp,
+        queue: pt.queue,
     })
     .map_err(anyhow::Error::msg)?;
     let mut _upstream = None;
+    let mut _libcoap = None;
     let mut _broker = None;
     let mut broker_port = 0;
     match mode {
-        MultipathMode::CoapMptcp => {
+        MultipathMode::CoapMptcp | MultipathMode::CoapPaths => {
             let up_addr = SocketAddr::from((bed.cloud_addr(), COAP_PORT));
-            _upstream = Some(
-                bed.cloud
-                    .run(move || TcpUpstream::start_on(up_addr, true))
-                    .context("starting the MPTCP CoAP-over-TCP server in the cloud namespace")?,
-            );
+            let mptcp = mode == MultipathMode::CoapMptcp;
+            match config.upstream {
+                UpstreamKind::Builtin => {
+                    _upstream = Some(
+                        bed.cloud
+                            .run(move || TcpUpstream::start_on(up_addr, mptcp))
+                            .context("starting the CoAP-over-TCP server in the cloud namespace")?,
+                    );
+                }
+                UpstreamKind::Libcoap => {
+                    let launcher: &'static [&'static str] =
+                        if mptcp { &["mptcpize", "run"] } else { &[] };
+                    _libcoap = Some(
+                        bed.cloud
+                            .run(move || LibcoapServer::server_on(up_addr, launcher))
+                            .context("starting libcoap's server in the cloud namespace")?,
+                    );
+                }
+            }
         }
         MultipathMode::MqttPaths => {
             let b = sluice_testkit::Mosquitto::builder()
@@ -287,8 +396,10 @@ fn run_point(
         .spawn()
         .context("starting sluice in the gateway namespace")?;
     let result = match mode {
-        MultipathMode::CoapMptcp => measure(config, &bed, sluice.id(), k, n),
-        MultipathMode::MqttPaths => measure_mqtt(config, &bed, sluice.id(), k, n),
+        MultipathMode::CoapMptcp | MultipathMode::CoapPaths => {
+            measure(config, &bed, sluice.id(), pt)
+        }
+        MultipathMode::MqttPaths => measure_mqtt(config, &bed, sluice.id(), pt),
     };
     let _ = sluice.kill();
     let _ = sluice.wait();
@@ -300,13 +411,28 @@ fn run_point(
     })
 }
 
+/// Every link's qdisc counters, both ends.
+fn link_counters(bed: &TestBed) -> Vec<LinkCounters> {
+    (0..bed.links.len())
+        .map(|i| {
+            let (g, c) = bed.qdisc(i);
+            LinkCounters {
+                gw_bytes: g.bytes,
+                cloud_bytes: c.bytes,
+                drops: g.drops + c.drops,
+                overlimits: g.overlimits + c.overlimits,
+            }
+        })
+        .collect()
+}
+
 fn measure(
     config: &MultipathScenario,
     bed: &TestBed,
     pid: u32,
-    k: usize,
-    n: u32,
+    pt: PointSpec,
 ) -> anyhow::Result<MultipathPoint> {
+    let PointSpec { mode, k, n, .. } = pt;
     let target = SocketAddr::from(([127, 0, 0, 1], COAP_PORT));
     bed.gw
         .run(move || probe_coap(target, Duration::from_secs(10)))?;
@@ -316,7 +442,7 @@ fn measure(
     load_config.duration = config.duration;
     load_config.ramp = config.ramp;
     load_config.warmup = config.warmup;
-    load_config.payload = config.payload;
+    load_config.payload = pt.payload;
     load_config.request = RequestShape::fixed(sluice_proto::coap::Code::PUT, "/cloud/example_data");
     let (tx, rx) = std::sync::mpsc::channel();
     let load = bed.gw.spawn(move || -> anyhow::Result<CoapLoadReport> {
@@ -327,6 +453,7 @@ fn measure(
     let (counters, started) = rx.recv().context("the generator did not start")?;
     let sampled = sample(config, bed, pid, started, || counters.snapshot().success)?;
     let status = admin_status(bed).unwrap_or_default();
+    let link_counters = link_counters(bed);
     let load = load
         .join()
         .map_err(|_| anyhow::anyhow!("the generator thread panicked"))??;
@@ -334,15 +461,37 @@ fn measure(
         .as_array()
         .map(|a| a.iter().filter(|u| !u["mptcp"].is_null()).collect())
         .unwrap_or_default();
-    let subflows = conns
-        .iter()
-        .map(|u| u["mptcp"]["subflows"].as_array().map_or(0, Vec::len))
-        .sum();
-    let mptcp_active = !conns.is_empty() && conns.iter().all(|u| u["mptcp"]["active"] == true);
+    let (subflows, mptcp_active) = if mode == MultipathMode::CoapPaths {
+        // Paths that carried requests; "active": every path connected at the end.
+        let paths: Vec<&serde_json::Value> = status["coap_proxy"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|u| u["paths"].as_array().into_iter().flatten())
+            .collect();
+        let used: std::collections::BTreeSet<&str> = paths
+            .iter()
+            .filter(|p| p["requests"].as_u64().unwrap_or(0) > 0)
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        (
+            used.len(),
+            !paths.is_empty() && paths.iter().all(|p| p["state"] == "connected"),
+        )
+    } else {
+        let subflows = conns
+            .iter()
+            .map(|u| u["mptcp"]["subflows"].as_array().map_or(0, Vec::len))
+            .sum();
+        let active = !conns.is_empty() && conns.iter().all(|u| u["mptcp"]["active"] == true);
+        (subflows, active)
+    };
     let steady_s = (config.duration - config.warmup).as_secs_f64();
     let failed = load.totals.requests.saturating_sub(load.totals.success);
     Ok(MultipathPoint {
-        mode: MultipathMode::CoapMptcp,
+        mode,
+        queue: pt.queue.name(),
+        payload: pt.payload,
         links: k,
         sensors: n,
         rate: round3(sampled.window as f64 / steady_s),
@@ -353,6 +502,7 @@ fn measure(
         failed,
         stall_ms: sampled.stall_ms,
         buckets: sampled.buckets,
+        link_counters,
         load: serde_json::to_value(&load)?,
     })
 }
@@ -435,9 +585,9 @@ fn measure_mqtt(
     config: &MultipathScenario,
     bed: &TestBed,
     pid: u32,
-    k: usize,
-    n: u32,
+    pt: PointSpec,
 ) -> anyhow::Result<MultipathPoint> {
+    let PointSpec { k, n, .. } = pt;
     use crate::load::devices::{spawn_devices, DevicesConfig, DevicesReport, PayloadSize};
     // sluice's admin answering means it is up; its paths connect within a second.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -450,8 +600,8 @@ fn measure_mqtt(
     dc.devices = n;
     dc.rate_per_device = config.mqtt_rate;
     dc.payload = PayloadSize {
-        min: config.payload.max(32),
-        max: config.payload.max(32),
+        min: pt.payload.max(32),
+        max: pt.payload.max(32),
     };
     dc.protocol = sluice_proto::mqtt::ProtocolVersion::V5;
     dc.duration = config.duration;
@@ -497,8 +647,11 @@ fn measure_mqtt(
         .filter_map(|p| p["name"].as_str())
         .collect();
     let steady_s = (config.duration - config.warmup).as_secs_f64();
+    let link_counters = link_counters(bed);
     Ok(MultipathPoint {
         mode: MultipathMode::MqttPaths,
+        queue: pt.queue.name(),
+        payload: pt.payload,
         links: k,
         sensors: n,
         rate: round3(sampled.window as f64 / steady_s),
@@ -509,6 +662,7 @@ fn measure_mqtt(
         failed: report.unacknowledged + report.rejected,
         stall_ms: sampled.stall_ms,
         buckets: sampled.buckets,
+        link_counters,
         load: serde_json::to_value(&report)?,
     })
 }
@@ -516,39 +670,49 @@ fn measure_mqtt(
 fn verdicts(config: &MultipathScenario, points: &[MultipathPoint]) -> Vec<Verdict> {
     let mut out = Vec::new();
     for &mode in &config.modes {
-        let find = |k: usize, n: u32| {
-            points
-                .iter()
-                .find(|p| p.mode == mode && p.links == k && p.sensors == n)
-        };
-        for &n in &config.sensors {
-            let Some(one) = find(1, n) else { continue };
-            for &k in config.links.iter().filter(|k| **k > 1) {
-                let Some(p) = find(k, n) else { continue };
-                let ratio = p.rate / (k as f64 * one.rate).max(1e-9);
-                out.push(Verdict {
-                    target: format!(
-                        "{}, N = {n}: {k} paths ≥ 0.9 × {k} × one path's rate",
-                        mode.name()
-                    ),
-                    measured: format!("{:.0} vs {k} × {:.0} req/s: {ratio:.3}", p.rate, one.rate),
-                    met: ratio >= 0.9,
-                });
-            }
-            if let Some(three) = find(3, n) {
-                if n == 2000 {
-                    let ratio = three.latency.p50_ms / one.latency.p50_ms.max(1e-9);
-                    out.push(Verdict {
-                        target: format!(
-                            "{}, N = 2000: p50 latency with 3 paths ≤ 1/3 of one path's",
-                            mode.name()
-                        ),
-                        measured: format!(
-                            "{:.2} vs {:.2} ms: {ratio:.3}",
-                            three.latency.p50_ms, one.latency.p50_ms
-                        ),
-                        met: ratio <= 1.0 / 3.0,
-                    });
+        for queue in config.queues.iter().map(|q| q.name()) {
+            for &payload in &config.payloads {
+                let find = |k: usize, n: u32| {
+                    points.iter().find(|p| {
+                        p.mode == mode
+                            && p.queue == queue
+                            && p.payload == payload
+                            && p.links == k
+                            && p.sensors == n
+                    })
+                };
+                let what = format!("{}, queue {queue}, {payload} B", mode.name());
+                for &n in &config.sensors {
+                    let Some(one) = find(1, n) else { continue };
+                    for &k in config.links.iter().filter(|k| **k > 1) {
+                        let Some(p) = find(k, n) else { continue };
+                        let ratio = p.rate / (k as f64 * one.rate).max(1e-9);
+                        out.push(Verdict {
+                            target: format!(
+                                "{what}, N = {n}: {k} paths ≥ 0.9 × {k} × one path's rate"
+                            ),
+                            measured: format!(
+                                "{:.0} vs {k} × {:.0} req/s: {ratio:.3}",
+                                p.rate, one.rate
+                            ),
+                            met: ratio >= 0.9,
+                        });
+                    }
+                    if let Some(three) = find(3, n) {
+                        if n == 2000 {
+                            let ratio = three.latency.p50_ms / one.latency.p50_ms.max(1e-9);
+                            out.push(Verdict {
+                                target: format!(
+                                    "{what}, N = 2000: p50 latency with 3 paths ≤ 1/3 of one path's"
+                                ),
+                                measured: format!(
+                                    "{:.2} vs {:.2} ms: {ratio:.3}",
+                                    three.latency.p50_ms, one.latency.p50_ms
+                                ),
+                                met: ratio <= 1.0 / 3.0,
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -557,14 +721,14 @@ fn verdicts(config: &MultipathScenario, points: &[MultipathPoint]) -> Vec<Verdic
         for p in points {
             out.push(Verdict {
                 target: format!(
-                    "{}, k = {}, N = {}: a link cut costs 0 acknowledged messages and ≤ 2 s of stalled throughput",
-                    p.mode.name(), p.links, p.sensors
+                    "{}, queue {}, {} B, k = {}, N = {}: a link cut costs 0 acknowledged messages and ≤ 2 s of stalled throughput",
+                    p.mode.name(), p.queue, p.payload, p.links, p.sensors
                 ),
                 measured: format!(
                     "{} {}, longest stall {} ms",
                     p.failed,
                     match p.mode {
-                        MultipathMode::CoapMptcp => "requests failed",
+                        MultipathMode::CoapMptcp | MultipathMode::CoapPaths => "requests failed",
                         MultipathMode::MqttPaths => "messages unacknowledged at the end",
                     },
                     p.stall_ms.unwrap_or(0)
@@ -580,12 +744,15 @@ fn verdicts(config: &MultipathScenario, points: &[MultipathPoint]) -> Vec<Verdic
 pub fn markdown(report: &MultipathReport) -> String {
     let mut out = String::new();
     let p = &report.params;
+    let queues: Vec<String> = p.queues.iter().map(|q| q.name()).collect();
     let _ = writeln!(
         out,
-        "### Multipath over k links of {} each (tbf, both directions): coap-mptcp = closed-loop CoAP sensors → sluice's CoAP proxy → MPTCP `coap+tcp://`; mqtt-paths = MQTT 5 devices at {} msg/s each → sluice's per-path sessions → Mosquitto; {} B payloads, {} s per point ({} s warm-up){}\n",
+        "### Multipath over k links of {} each (tbf, both directions, queue {}): coap-mptcp = closed-loop CoAP sensors → sluice's CoAP proxy → MPTCP `coap+tcp://`; coap-paths = the same with one TCP connection per path; mqtt-paths = MQTT 5 devices at {} msg/s each → sluice's per-path sessions → Mosquitto; upstream {:?}; payloads {:?} B, {} s per point ({} s warm-up){}\n",
         p.rate,
+        queues.join(", "),
         p.mqtt_rate,
-        p.payload,
+        p.upstream,
+        p.payloads,
         p.duration.as_secs_f64(),
         p.warmup.as_secs_f64(),
         p.kill_link_at.map(|d| format!(", link 0 cut at {d:?}")).unwrap_or_default()
@@ -595,18 +762,31 @@ pub fn markdown(report: &MultipathReport) -> String {
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(
         out,
-        "| mode | links k | N | req/s or msg/s | ÷ (k × one link) | p50 / p99 ms | subflows (MPTCP) / paths used (all up) | failed | stall ms | sluice CPU % | paper req/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| mode | queue | payload B | links k | N | req/s or msg/s | ÷ (k × one link) | p50 / p99 ms | subflows (MPTCP) / paths used (all up) | failed | stall ms | kB sent per link, gateway → cloud (drops) | sluice CPU % |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
     );
     for q in &report.points {
         let one = report
             .points
             .iter()
-            .find(|o| o.mode == q.mode && o.links == 1 && o.sensors == q.sensors)
+            .find(|o| {
+                o.mode == q.mode
+                    && o.queue == q.queue
+                    && o.payload == q.payload
+                    && o.links == 1
+                    && o.sensors == q.sensors
+            })
             .map(|o| o.rate);
+        let per_link: Vec<String> = q
+            .link_counters
+            .iter()
+            .map(|l| format!("{:.0} ({})", l.gw_bytes as f64 / 1000.0, l.drops))
+            .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {} | {:.2} / {:.2} | {} ({}) | {} | {} | {:.1} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {} | {:.2} / {:.2} | {} ({}) | {} | {} | {} | {:.1} |",
             q.mode.name(),
+            q.queue,
+            q.payload,
             q.links,
             q.sensors,
             q.rate,
@@ -618,21 +798,26 @@ pub fn markdown(report: &MultipathReport) -> String {
             match (q.mode, q.mptcp_active) {
                 (MultipathMode::CoapMptcp, true) => "active",
                 (MultipathMode::CoapMptcp, false) => "not active",
-                (MultipathMode::MqttPaths, true) => "all up",
-                (MultipathMode::MqttPaths, false) => "not all up",
+                (_, true) => "all up",
+                (_, false) => "not all up",
             },
             q.failed,
             q.stall_ms
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| "–".into()),
+            per_link.join(" / "),
             q.sluice_cpu.percent_of_one_core,
-            PAPER_RATES
-                .iter()
-                .find(|(k, _)| *k == q.links)
-                .map(|(_, r)| *r)
-                .unwrap_or("–"),
         );
     }
+    let _ = writeln!(
+        out,
+        "\nThe paper's CoAP rates over 1/2/3 LTE paths: {}.",
+        PAPER_RATES
+            .iter()
+            .map(|(k, r)| format!("{k}: {r} req/s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let _ = writeln!(out, "\n**Verdicts**\n");
     for v in &report.verdicts {
         let _ = writeln!(

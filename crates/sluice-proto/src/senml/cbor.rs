@@ -12,9 +12,15 @@
 //! before anything is read or allocated: a string needs that many bytes, an array one byte
 //! per element, a map two per entry.
 //!
-//! Encoding: a map per record with only the fields present; text strings and byte strings of
-//! definite length; numbers as integers when integral within [−2^64, 2^64), else as a single
-//! float when that is exact, else a double.
+//! Encoding, through `minicbor`'s `Encoder` (issue 29: the field's library where we are not
+//! faster by hand): a map per record with only the fields present; text strings and byte
+//! strings of definite length; numbers as integers when integral within [−2^64, 2^64), else
+//! as a single float when that is exact, else a double. minicbor writes the shortest head for
+//! every length and integer, which [`head_len`] counts for the pack writer's size.
+
+use minicbor::data::Int;
+use minicbor::encode::{Error, Write};
+use minicbor::Encoder;
 
 use super::fields::{DataEncoding, Field, Label, RawRecord, Resolver, Scalar};
 use super::{Record, SenmlError, Value, MAX_DEPTH};
@@ -30,8 +36,6 @@ const MAJOR_SIMPLE: u8 = 7;
 
 const FALSE: u8 = 20;
 const TRUE: u8 = 21;
-const FLOAT32: u8 = 26;
-const FLOAT64: u8 = 27;
 /// The byte that ends an indefinite-length item.
 const BREAK: u8 = 0xff;
 
@@ -63,56 +67,64 @@ pub(super) fn decode(bytes: &[u8], resolver: &mut Resolver) -> Result<(), SenmlE
     Ok(())
 }
 
-/// Append `record` as a CBOR map.
+/// Append `record` as a CBOR map (minicbor's encoder).
 pub(super) fn write_record(record: &Record, out: &mut Vec<u8>) {
+    let mut e = Encoder::new(out);
+    // Writing to a Vec is infallible (its minicbor error type is `Infallible`).
+    let _ = encode_record(record, &mut e);
+}
+
+fn encode_record<W: Write>(record: &Record, e: &mut Encoder<W>) -> Result<(), Error<W::Error>> {
     let entries = 1
         + usize::from(record.time != 0.0)
         + usize::from(record.unit.is_some())
         + usize::from(record.value.is_some())
         + usize::from(record.sum.is_some())
         + usize::from(record.update_time.is_some());
-    write_head(MAJOR_MAP, entries as u64, out);
-    write_label(Field::Name, out);
-    write_text(&record.name, out);
+    e.map(entries as u64)?;
+    e.i8(Field::Name.cbor_label())?.str(&record.name)?;
     if record.time != 0.0 {
-        write_label(Field::Time, out);
-        write_number(record.time, out);
+        e.i8(Field::Time.cbor_label())?;
+        number(e, record.time)?;
     }
     if let Some(unit) = &record.unit {
-        write_label(Field::Unit, out);
-        write_text(unit, out);
+        e.i8(Field::Unit.cbor_label())?.str(unit)?;
     }
     match &record.value {
         None => {}
         Some(Value::Number(v)) => {
-            write_label(Field::Value, out);
-            write_number(*v, out);
+            e.i8(Field::Value.cbor_label())?;
+            number(e, *v)?;
         }
         Some(Value::String(s)) => {
-            write_label(Field::StringValue, out);
-            write_text(s, out);
+            e.i8(Field::StringValue.cbor_label())?.str(s)?;
         }
         Some(Value::Bool(b)) => {
-            write_label(Field::BoolValue, out);
-            out.push(MAJOR_SIMPLE << 5 | if *b { TRUE } else { FALSE });
+            e.i8(Field::BoolValue.cbor_label())?.bool(*b)?;
         }
         Some(Value::Data(d)) => {
-            write_label(Field::DataValue, out);
-            write_head(MAJOR_BYTES, d.len() as u64, out);
-            out.extend_from_slice(d);
+            e.i8(Field::DataValue.cbor_label())?.bytes(d)?;
         }
     }
     if let Some(sum) = record.sum {
-        write_label(Field::Sum, out);
-        write_number(sum, out);
+        e.i8(Field::Sum.cbor_label())?;
+        number(e, sum)?;
     }
     if let Some(ut) = record.update_time {
-        write_label(Field::UpdateTime, out);
-        write_number(ut, out);
+        e.i8(Field::UpdateTime.cbor_label())?;
+        number(e, ut)?;
     }
+    Ok(())
 }
 
-/// Bytes of the head for `argument`.
+/// Append the head of a definite-length array of `len` items (minicbor's encoder).
+pub(super) fn write_array_head(len: u64, out: &mut Vec<u8>) {
+    // Writing to a Vec is infallible.
+    let _ = Encoder::new(out).array(len);
+}
+
+/// Bytes of the (shortest, as minicbor writes it) head for `argument`: lets the pack writer
+/// know its exact size before the array head is written.
 pub(super) fn head_len(argument: u64) -> usize {
     match argument {
         0..=23 => 1,
@@ -123,59 +135,22 @@ pub(super) fn head_len(argument: u64) -> usize {
     }
 }
 
-pub(super) fn write_head(major: u8, argument: u64, out: &mut Vec<u8>) {
-    let m = major << 5;
-    match head_len(argument) {
-        1 => out.push(m | argument as u8),
-        2 => out.extend_from_slice(&[m | 24, argument as u8]),
-        3 => {
-            out.push(m | 25);
-            out.extend_from_slice(&(argument as u16).to_be_bytes());
-        }
-        5 => {
-            out.push(m | 26);
-            out.extend_from_slice(&(argument as u32).to_be_bytes());
-        }
-        _ => {
-            out.push(m | 27);
-            out.extend_from_slice(&argument.to_be_bytes());
-        }
-    }
-}
-
-fn write_label(field: Field, out: &mut Vec<u8>) {
-    let label = field.cbor_label();
-    if label >= 0 {
-        write_head(MAJOR_UNSIGNED, label as u64, out);
-    } else {
-        write_head(MAJOR_NEGATIVE, (-1 - i64::from(label)) as u64, out);
-    }
-}
-
-fn write_text(s: &str, out: &mut Vec<u8>) {
-    write_head(MAJOR_TEXT, s.len() as u64, out);
-    out.extend_from_slice(s.as_bytes());
-}
-
-/// A finite number (callers check) in the shortest exact form this encoder knows.
-fn write_number(n: f64, out: &mut Vec<u8>) {
+/// A finite number (callers check) in the shortest exact form this encoder knows: an integer
+/// when integral within [−2^64, 2^64), else a single float when that is exact, else a double.
+fn number<W: Write>(e: &mut Encoder<W>, n: f64) -> Result<(), Error<W::Error>> {
     if n.fract() == 0.0 && (-TWO_POW_64..TWO_POW_64).contains(&n) {
-        if n >= 0.0 {
-            // Exact: integral and below 2^64.
-            write_head(MAJOR_UNSIGNED, n as u64, out);
-        } else {
-            // −1 − argument = n, so argument = −n − 1 ∈ [0, 2^64 − 1]. −n is integral and at
-            // most 2^64; compute in u128 so 2^64 itself does not saturate.
-            let magnitude = (-n) as u128;
-            write_head(MAJOR_NEGATIVE, (magnitude - 1) as u64, out);
+        // Integral with |n| ≤ 2^64: exact as an i128, and within CBOR's integer range.
+        if let Ok(i) = Int::try_from(n as i128) {
+            e.int(i)?;
+            return Ok(());
         }
-    } else if f64::from(n as f32) == n {
-        out.push(MAJOR_SIMPLE << 5 | FLOAT32);
-        out.extend_from_slice(&(n as f32).to_bits().to_be_bytes());
-    } else {
-        out.push(MAJOR_SIMPLE << 5 | FLOAT64);
-        out.extend_from_slice(&n.to_bits().to_be_bytes());
     }
+    if f64::from(n as f32) == n {
+        e.f32(n as f32)?;
+    } else {
+        e.f64(n)?;
+    }
+    Ok(())
 }
 
 /// A decoded head (the initial byte and its argument).
@@ -516,4 +491,59 @@ fn half_to_f64(half: u16) -> f64 {
         _ => (mantissa + 1024.0) * 2f64.powi(exponent - 25),
     };
     sign * magnitude
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(value: Value) -> Vec<u8> {
+        let r = Record {
+            name: "t".into(),
+            time: 0.0,
+            unit: None,
+            value: Some(value),
+            sum: None,
+            update_time: None,
+        };
+        let mut out = Vec::new();
+        write_record(&r, &mut out);
+        out
+    }
+
+    /// Byte-exact output (RFC 8949 heads, RFC 8428 labels: 0 name, 2 value, 4 boolean value):
+    /// the number rule the hand-written encoder had, kept through minicbor.
+    #[test]
+    fn numbers_take_the_shortest_exact_form() {
+        let map_name = [0xa2, 0x00, 0x61, b't', 0x02];
+        let with = |tail: &[u8]| [&map_name[..], tail].concat();
+        assert_eq!(encoded(Value::Number(21.0)), with(&[0x15]));
+        assert_eq!(encoded(Value::Number(-500.0)), with(&[0x39, 0x01, 0xf3]));
+        assert_eq!(
+            encoded(Value::Number(21.5)),
+            with(&[0xfa, 0x41, 0xac, 0x00, 0x00])
+        );
+        assert_eq!(
+            encoded(Value::Number(1.1)),
+            with(&[0xfb, 0x3f, 0xf1, 0x99, 0x99, 0x99, 0x99, 0x99, 0x9a])
+        );
+        assert_eq!(
+            encoded(Value::Number(-18_446_744_073_709_551_616.0)),
+            with(&[0x3b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+            "-2^64 is still a CBOR integer"
+        );
+        assert_eq!(
+            encoded(Value::Number(18_446_744_073_709_551_616.0)),
+            with(&[0xfa, 0x5f, 0x80, 0x00, 0x00]),
+            "2^64 is not: a single float"
+        );
+        assert_eq!(
+            encoded(Value::Bool(true)),
+            [0xa2, 0x00, 0x61, b't', 0x04, 0xf5]
+        );
+        let mut head = Vec::new();
+        write_array_head(24, &mut head);
+        assert_eq!(head, [0x98, 24]);
+        assert_eq!(head_len(24), 2);
+    }
 }

@@ -10,8 +10,6 @@ use bytes::Bytes;
 
 use super::{cbor, json, valid_name, Format, Record, SenmlError, Value};
 
-const CBOR_MAJOR_ARRAY: u8 = 4;
-
 /// Where a [`PackWriter`] stood, to go back to with [`PackWriter::rollback`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackMark {
@@ -129,7 +127,7 @@ impl PackWriter {
                 out.push(b']');
             }
             Format::Cbor => {
-                cbor::write_head(CBOR_MAJOR_ARRAY, self.records as u64, &mut out);
+                cbor::write_array_head(self.records as u64, &mut out);
                 out.extend_from_slice(&self.body);
             }
         }

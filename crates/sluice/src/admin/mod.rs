@@ -5,14 +5,17 @@
 //! — an [`AdminSource`] (implemented by the app) renders the metrics and the status; this
 //! module only serves them (and adds its own refusal counters to `/metrics`).
 //!
-//! Routes (GET only; any other method gets 405 with `Allow: GET` once it passed the access
-//! rules below; docs/api.md has examples):
+//! Routes (GET only but for the reload; any other method gets 405 with `Allow: GET` once it
+//! passed the access rules below; docs/api.md has examples):
 //! - `/metrics` — Prometheus text exposition format 0.0.4.
 //! - `/api/v1/status` — `application/json`, the source's status document.
 //! - `/api/v1/overview`, `/api/v1/history`, `/api/v1/events` — the live overview, its recent
 //!   history, and its server-sent event stream ([`events`]).
+//! - `/healthz`, `/readyz` — liveness and readiness ([`health`]).
 //! - `/` — the dashboard ([`dashboard`]) for a client that accepts `text/html`; a plain-text
 //!   list of these endpoints otherwise. `/index.html`, `/app.js`, `/style.css` — its assets.
+//! - `POST /api/v1/reload` — re-read the config file and apply what can change live
+//!   (`reload.rs`; a writing request: it always needs the token, see below).
 //! - anything else — 404 with a one-line body.
 //!
 //! Access (issue 28 item 7), checked before routing:
@@ -22,8 +25,8 @@
 //!   gateway data (ADR 0010 addendum). The config refuses a non-loopback `admin.listen`
 //!   without a token, so reading without one is possible on loopback only.
 //! - Writing (any method but GET) always needs the token: without a token configured it gets
-//!   403 saying to configure one, even on loopback. (No writing endpoint exists yet; with the
-//!   token such a request reaches routing and gets 405.)
+//!   403 saying to configure one, even on loopback. With the token it reaches routing:
+//!   `POST /api/v1/reload`, or 405 anywhere else.
 //! - Each refusal is counted in `sluice_admin_refused_total{reason}` (`unauthorized`,
 //!   `writes_need_token`, `tls_handshake`) and logged at WARN at most once per
 //!   [`REFUSAL_LOG_EVERY`] per reason, with the peer's address; the token is never logged.
@@ -41,6 +44,8 @@
 pub mod coap_proxy;
 pub mod dashboard;
 pub mod events;
+pub mod health;
+mod reload;
 
 use std::convert::Infallible;
 use std::io;
@@ -76,6 +81,12 @@ pub trait AdminSource: Send + Sync + 'static {
     fn overview(&self) -> serde_json::Value {
         serde_json::json!({})
     }
+    /// `POST /api/v1/reload`: re-read the config file and apply what can change live
+    /// (blocking: called on the blocking pool). The answer's status and JSON body; `None`:
+    /// this source does not reload (404).
+    fn reload(&self) -> Option<(StatusCode, serde_json::Value)> {
+        None
+    }
 }
 
 /// The body of every admin response: a whole one, or a server-sent event stream.
@@ -83,6 +94,7 @@ pub type AdminBody = http_body_util::Either<Full<Bytes>, events::EventBody>;
 
 /// What a request may use beyond the source: the event hub, and the notification that closes
 /// this connection (a stalled event stream).
+#[derive(Clone)]
 struct Live {
     hub: Arc<events::EventHub>,
     kill: Arc<tokio::sync::Notify>,
@@ -301,7 +313,10 @@ GET /metrics           Prometheus metrics (text format 0.0.4)\n\
 GET /api/v1/status     gateway status (JSON)\n\
 GET /api/v1/overview   the dashboard's numbers, with rates (JSON, new each second)\n\
 GET /api/v1/history    the last minutes of the overview's series (JSON)\n\
-GET /api/v1/events     the overview as server-sent events, one per second\n";
+GET /api/v1/events     the overview as server-sent events, one per second\n\
+GET /healthz           200 while the process serves (liveness)\n\
+GET /readyz            200 when every uplink is connected, 503 with the reason otherwise\n\
+POST /api/v1/reload    re-read the config file, apply what can change live (bearer token)\n";
 
 /// Serves the admin endpoint on `listener` until `shutdown` becomes `true`, under `access`.
 ///
@@ -443,14 +458,22 @@ async fn serve_connection<S>(
         kill: kill.clone(),
     };
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let response = match guard.check(&request) {
-            Some(why) => {
-                guard.refuse(why, peer, request.method().as_str());
-                refusal_response(why)
-            }
-            None => respond(&request, source.as_ref(), &guard, &live),
-        };
-        async move { Ok::<_, Infallible>(response) }
+        let (source, guard, live) = (source.clone(), guard.clone(), live.clone());
+        async move {
+            let response = match guard.check(&request) {
+                Some(why) => {
+                    guard.refuse(why, peer, request.method().as_str());
+                    refusal_response(why)
+                }
+                None if request.uri().path() == reload::PATH => {
+                    reload::answer(request.method(), source)
+                        .await
+                        .map(http_body_util::Either::Left)
+                }
+                None => respond(&request, source.as_ref(), &guard, &live),
+            };
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -515,6 +538,8 @@ fn respond(
             with_bytes(StatusCode::OK, "application/json", live.hub.history_json())
         }
         "/api/v1/events" => dashboard::event_stream(&live.hub, live.kill.clone()),
+        "/healthz" => health::healthz(source).map(http_body_util::Either::Left),
+        "/readyz" => health::readyz(source).map(http_body_util::Either::Left),
         "/" if !dashboard::wants_html(request) => text(StatusCode::OK, INDEX.to_string()),
         path if dashboard::is_asset(path) => dashboard::asset(path),
         _ => text(
@@ -746,6 +771,26 @@ mod tests {
             m.contains("sluice_admin_refused_total{reason=\"writes_need_token\"} 3\n"),
             "{m}"
         );
+    }
+
+    #[tokio::test]
+    async fn the_reload_route_is_a_writing_one_and_only_takes_post() {
+        // No token configured: refused before the source is asked, even on loopback.
+        let server = start_default().await;
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange(&mut stream, "POST", "/api/v1/reload").await;
+        assert_eq!(reply.status_line, "HTTP/1.1 403 Forbidden");
+        // With the token: GET is answered 405 naming POST; a source that does not reload
+        // answers POST with 404.
+        let server = start_with_token().await;
+        let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange_with(&mut stream, "GET", "/api/v1/reload", &bearer).await;
+        assert_eq!(reply.status_line, "HTTP/1.1 405 Method Not Allowed");
+        assert_eq!(reply.header("allow"), Some("POST"));
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let reply = exchange_with(&mut stream, "POST", "/api/v1/reload", &bearer).await;
+        assert_eq!(reply.status_line, "HTTP/1.1 404 Not Found");
     }
 
     #[tokio::test]

@@ -20,7 +20,6 @@ use tokio::sync::{mpsc, watch};
 use crate::admin::AdminSource;
 use crate::config::Config;
 use crate::control::admission::Admission;
-use crate::control::priority::PriorityTable;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
 use crate::edge::mqtt::listener::{DeviceListener, ListenerKind, MqttListener, TlsPolicy};
 use crate::shard::metrics::ShardMetrics;
@@ -29,9 +28,11 @@ use crate::sink::LaneMetrics;
 use crate::telemetry::metrics::PromWriter;
 
 mod overview;
+pub mod liveness;
+pub mod notify;
 mod reload;
 mod status;
-pub use reload::ReloadOutcome;
+pub use reload::{ReloadOutcome, ReloadTrigger};
 use status::GatewayStatus;
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +107,10 @@ pub struct Gateway {
     /// `[phd] listen`.
     phd: Option<std::net::TcpListener>,
     uplink_tls: Vec<Option<Arc<rustls::ClientConfig>>>,
+    /// Per uplink: the handle through which a reload replaces its roots and certificate.
+    uplink_tls_live: Vec<Option<Arc<crate::sink::ReloadableClientTls>>>,
+    /// The file a reload re-reads (`Gateway::with_config_file`).
+    config_path: Option<std::path::PathBuf>,
     /// Opened and recovered; empty without a spool.
     spools: crate::sink::spool::OpenedSpools,
     /// `[acl]` compiled (its file read).
@@ -123,18 +128,20 @@ impl Gateway {
             n => n,
         };
         let mut uplink_tls = Vec::new();
+        let mut uplink_tls_live = Vec::new();
         for u in &config.uplink {
-            let tls = if u.url.tls {
-                Some(
-                    crate::sink::client_tls_config(u).map_err(|source| AppError::Uplink {
+            let (tls, live) = if u.url.tls {
+                let (tls, live) =
+                    crate::sink::reloadable_client_tls(u).map_err(|source| AppError::Uplink {
                         name: u.name.clone(),
                         source,
-                    })?,
-                )
+                    })?;
+                (Some(tls), Some(live))
             } else {
-                None
+                (None, None)
             };
             uplink_tls.push(tls);
+            uplink_tls_live.push(live);
         }
         let addr = config.mqtt.listen;
         let (mqtt, mqtt_mptcp) = crate::net::listen::bind_devices(addr, config.mqtt.mptcp)
@@ -203,8 +210,17 @@ impl Gateway {
             admin_access,
             phd,
             uplink_tls,
+            uplink_tls_live,
+            config_path: None,
             spools,
         })
+    }
+
+    /// The config file a reload (`SIGHUP`, `POST /api/v1/reload`) re-reads; without one, a
+    /// reload asked over the API is refused (there is nothing to re-read).
+    pub fn with_config_file(mut self, path: Option<std::path::PathBuf>) -> Gateway {
+        self.config_path = path;
+        self
     }
 
     /// The CoAP over DTLS listener's address (`None` without `[coap.dtls]`).
@@ -239,6 +255,8 @@ impl Gateway {
             admin_access,
             phd,
             uplink_tls,
+            uplink_tls_live,
+            config_path,
             spools,
             acl,
         } = self;
@@ -290,7 +308,14 @@ impl Gateway {
         let proxy_metrics: Vec<Arc<crate::proxy::ProxyMetrics>> = (0..shards)
             .map(|_| Arc::new(crate::proxy::ProxyMetrics::new(&config)))
             .collect();
-        let priority = Arc::new(PriorityTable::new(&config.priority));
+        // What a reload replaces under running shards (`control/live.rs`, `reload.rs`).
+        let rules = crate::control::live::Rules::new(&config);
+        let has_high = rules.load().priority.has_high();
+        let routes: Vec<crate::sink::UplinkRoute> = config
+            .uplink
+            .iter()
+            .map(crate::sink::UplinkRoute::new)
+            .collect();
         let acl = crate::control::acl::Acl::new(acl, control_metrics.acl.clone());
         let connect_limits = Arc::new(crate::control::limits::ConnectLimits::new(
             &config.limits,
@@ -301,7 +326,7 @@ impl Gateway {
                 config
                     .uplink
                     .iter()
-                    .map(|_| LaneMetrics::new(priority.has_high()))
+                    .map(|_| LaneMetrics::new(has_high))
                     .collect()
             })
             .collect();
@@ -313,7 +338,7 @@ impl Gateway {
             .uplink
             .iter()
             .map(|u| {
-                if !(u.install_tc && priority.has_high()) {
+                if !(u.install_tc && has_high) {
                     tc_status.push(serde_json::Value::Null);
                     return None;
                 }
@@ -397,6 +422,9 @@ impl Gateway {
         let mut shard_spools = shard_spools.into_iter();
         let mut shard_former = shard_former.into_iter();
         let mut threads = Vec::new();
+        let liveness = Arc::new(liveness::Liveness::new());
+        // The shards, the control plane and the device listener.
+        liveness.expect(shards + 2);
         // Input bounds: sessions on all shards, against mqtt.max_sessions.
         let sessions_total = Arc::new(AtomicUsize::new(0));
         for (id, inbox) in rxs.into_iter().enumerate() {
@@ -408,7 +436,7 @@ impl Gateway {
                 control: control_tx.clone(),
                 snapshot: snapshot.clone(),
                 metrics: shard_metrics[id].clone(),
-                priority: priority.clone(),
+                rules: rules.clone(),
                 acl: acl.clone(),
                 limits: control_metrics.limits.clone(),
                 uplink_metrics: uplink_metrics[id].clone(),
@@ -440,6 +468,8 @@ impl Gateway {
                 links: links.clone(),
                 phd: phd.as_ref().map(|p| p.shared.clone()),
                 functions: functions.clone(),
+                liveness: liveness.clone(),
+                routes: routes.clone(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -451,6 +481,28 @@ impl Gateway {
             control_metrics.clone(),
         )
         .with_max_retained_bytes(config.mqtt.max_retained_bytes.as_usize());
+        let admission = Admission::new(&config.mqtt)
+            .with_acl(acl.clone())
+            .with_limits(connect_limits.clone());
+        let device_tls = mqtt_more.iter().find_map(|l| match &l.kind {
+            ListenerKind::Tls(policy) | ListenerKind::Wss { tls: policy, .. } => {
+                Some(policy.clone())
+            }
+            _ => None,
+        });
+        let reloader = Arc::new(reload::Reloader::new(
+            config_path,
+            config.clone(),
+            reload::LiveHandles {
+                rules,
+                routes,
+                uplink_tls: uplink_tls_live,
+                acl: acl.clone(),
+                logins: admission.logins(),
+                connect_limits: connect_limits.clone(),
+                device_tls,
+            },
+        ));
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),
             uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),
@@ -473,13 +525,11 @@ impl Gateway {
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
             functions: functions.clone(),
             function_runtime: function_runtime.clone(),
-            reloads: reload::ReloadMetrics::default(),
+            reloads: reloader,
             overview: Default::default(),
         });
         let listener = MqttListener {
-            admission: Admission::new(&config.mqtt)
-                .with_acl(acl.clone())
-                .with_limits(connect_limits.clone()),
+            admission,
             limits: connect_limits,
             shards: txs,
             live_connections: live,
@@ -498,6 +548,7 @@ impl Gateway {
             status.clone(),
             shutdown_rx.clone(),
             config.gateway.control_core,
+            liveness.clone(),
         )?);
         if let Some(phd) = phd {
             threads.insert(
@@ -519,11 +570,11 @@ impl Gateway {
                 listeners,
                 shutdown_rx,
                 config.gateway.control_core,
+                liveness.clone(),
             )?,
         );
         tracing::info!(%mqtt_addr, mqtt_tls = ?tls_addr, mqtt_ws = ?ws_addr, mqtt_wss = ?wss_addr, coap = ?coap_addr, admin = ?admin_addr, shards, uplinks = config.uplink.len(), "sluice started");
         Ok(RunningGateway {
-            config: config.clone(),
             shutdown: shutdown_tx,
             threads,
             tc,
@@ -538,6 +589,7 @@ impl Gateway {
             phd_addr,
             status,
             function_runtime,
+            liveness,
         })
     }
 }
@@ -552,12 +604,14 @@ fn spawn_control(
     status: Arc<GatewayStatus>,
     mut shutdown: watch::Receiver<bool>,
     core: Option<usize>,
+    liveness: Arc<liveness::Liveness>,
 ) -> Result<std::thread::JoinHandle<()>, AppError> {
     let thread = move || {
         pin_control_thread(core, "sluice-control");
         let Some(rt) = current_thread_runtime("control-plane") else {
             return;
         };
+        liveness.register("control", rt.handle().clone());
         tokio::task::LocalSet::new().block_on(&rt, async move {
             if let Some((admin, access)) = admin {
                 match tokio::net::TcpListener::from_std(admin) {
@@ -596,12 +650,14 @@ fn spawn_listener(
     listeners: Vec<DeviceListener>,
     shutdown: watch::Receiver<bool>,
     core: Option<usize>,
+    liveness: Arc<liveness::Liveness>,
 ) -> Result<std::thread::JoinHandle<()>, AppError> {
     let thread = move || {
         pin_control_thread(core, "sluice-listener");
         let Some(rt) = current_thread_runtime("device listener") else {
             return;
         };
+        liveness.register("listener", rt.handle().clone());
         tokio::task::LocalSet::new().block_on(&rt, listener.serve(listeners, shutdown));
         // Handshakes still reading a CONNECT were dropped with the LocalSet; a password check
         // still hashing on the blocking pool gets a moment to return its slot.
@@ -622,7 +678,7 @@ fn bind_secure_listeners(config: &Config) -> Result<Vec<DeviceListener>, AppErro
     let mut out = Vec::new();
     let policy = match &config.mqtt.tls {
         Some(tls) => Some(Arc::new(TlsPolicy {
-            config: crate::edge::mqtt::stream::tls::server_config(tls)?,
+            config: arc_swap::ArcSwap::new(crate::edge::mqtt::stream::tls::server_config(tls)?),
             identity_from_cert: tls.identity_from_cert,
         })),
         None => None,
@@ -696,10 +752,15 @@ fn start_tc(u: &crate::config::UplinkConfig) -> Result<crate::sink::tc::TcManage
 
 /// A non-blocking listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as the
 /// standard library sets it, so a restart does not wait out TIME_WAIT).
-/// Start the link watcher when `[multipath] interfaces` are set or an uplink has paths. A
+/// Start the link watcher when `[multipath] interfaces` are set or an uplink or a CoAP proxy
+/// upstream has paths. A
 /// failure (no `ip` command) is logged; paths then rely on their own timeouts.
 fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher> {
-    let paths = config.uplink.iter().flat_map(|u| &u.paths);
+    let paths = config
+        .uplink
+        .iter()
+        .flat_map(|u| &u.paths)
+        .chain(config.coap.proxy.iter().flat_map(|p| &p.paths));
     let spec = crate::net::links::WatchSpec {
         interfaces: config
             .multipath
@@ -717,7 +778,7 @@ fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher>
     match crate::net::links::LinkWatcher::start(spec) {
         Ok(w) => Some(w),
         Err(error) => {
-            tracing::error!(%error, "cannot watch the links (is iproute2's `ip` installed?); paths notice dead links by their own timeouts only");
+            tracing::error!(%error, "cannot watch the links (no netlink socket?); paths notice dead links by their own timeouts only");
             None
         }
     }
@@ -725,8 +786,6 @@ fn start_link_watcher(config: &Config) -> Option<crate::net::links::LinkWatcher>
 
 /// A started gateway. Dropping it without `shutdown` leaves the threads running.
 pub struct RunningGateway {
-    /// The configuration it runs with (what a reload compares the file with).
-    config: Arc<Config>,
     shutdown: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Traffic control installed for `install_tc`; removed when the last reference drops.
@@ -750,6 +809,8 @@ pub struct RunningGateway {
     status: Arc<GatewayStatus>,
     /// Stopped after the shards (their dispatchers are gone), killing every instance.
     function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
+    /// Every gateway thread's runtime, for the watchdog's probe (`notify::Watchdog`).
+    liveness: Arc<liveness::Liveness>,
 }
 
 impl RunningGateway {
@@ -769,6 +830,12 @@ impl RunningGateway {
 
     pub fn status_json(&self) -> serde_json::Value {
         self.status.status()
+    }
+
+    /// The runtimes of every gateway thread (shards, control plane, device listener), for a
+    /// liveness probe.
+    pub fn liveness(&self) -> Arc<liveness::Liveness> {
+        self.liveness.clone()
     }
 
     /// Stop every thread: devices get DISCONNECT (MQTT 5), uplinks disconnect cleanly.

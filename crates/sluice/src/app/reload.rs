@@ -1,30 +1,72 @@
-//! What `SIGHUP` does to a running gateway: re-read and validate the config file, and say
-//! what differs from the running configuration.
+//! Reload without restart: what `SIGHUP` and `POST /api/v1/reload` do to a running gateway.
 //!
-//! Owns: [`RunningGateway::reload`] (the one seam a live reload fills in, issue 29), its
-//! outcome, log line and counter (`sluice_reloads_total{result}`). Does not own: catching the
-//! signal (`main.rs`), or applying anything — live reload is not supported yet, so the
-//! running configuration never changes here; a changed file takes effect at the next restart.
+//! Owns: [`Reloader`] — re-reading and validating the config file (and the files it names:
+//! the ACL file, certificates), deciding which changes can be applied while devices stay
+//! connected and which need a restart, applying the former through the handles the running
+//! threads read, and the outcome ([`ReloadOutcome`]), its log line and its counter
+//! (`sluice_reloads_total{result}`). Does not own: catching the signal (`main.rs`), the HTTP
+//! route and its bearer-token rule (`admin/`), or the snapshots themselves — each is owned by
+//! its module and replaced through its handle: the priority table and `[limits]` publish rate
+//! (`control::live::Rules`), each uplink's forward filters and topic mapping
+//! (`sink::UplinkRoute`), the ACL (`control::acl::Acl`), the logins
+//! (`control::admission::Logins`), the listener's connection limits
+//! (`control::limits::ConnectLimits`), the device listener's TLS configuration
+//! (`edge::mqtt::listener::TlsPolicy`), each TLS uplink's roots and client certificate
+//! (`sink::ReloadableClientTls`) and the log filter (`telemetry::set_log_level`).
 //!
-//! Invariant: a reload never stops the gateway, whatever the file holds (unreadable, invalid,
-//! changed): it only reads the file, compares, logs and counts.
+//! Invariants:
+//! - All or nothing: everything that can fail (reading and validating the file, compiling
+//!   the ACL, reading and parsing certificates, parsing the log filter) is done before the
+//!   first handle is touched; a refused file changes nothing, and the reason is returned,
+//!   logged (WARN) and counted (`result="invalid"`).
+//! - No lock on the data path: the control side builds each new immutable snapshot and
+//!   stores it with `arc-swap`; shards, the listener and transports keep reading with one
+//!   atomic load. No device connection is closed by a reload.
+//! - Restart-only changes (listen addresses, shard count, spool, lanes, uplinks added or
+//!   removed, …) are never half-applied: they are named in the answer and the log
+//!   (`result="restart_needed"`), and the parts of the same file that can change live are
+//!   applied. They are compared with the configuration the gateway started with, so each
+//!   later reload names them again until a restart.
+//! - Reloads are serialized (one mutex, held only by reloads: a signal and a request never
+//!   interleave).
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::config::Config;
 use crate::telemetry::metrics::{Counter, PromWriter};
 
 use super::RunningGateway;
 
-/// What a reload found.
+/// Who asked for a reload (named in the log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadTrigger {
+    Signal,
+    Api,
+}
+
+impl ReloadTrigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            ReloadTrigger::Signal => "SIGHUP",
+            ReloadTrigger::Api => "POST /api/v1/reload",
+        }
+    }
+}
+
+/// What a reload found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReloadOutcome {
-    /// The file is valid and says what the gateway runs with.
-    Unchanged,
-    /// The file is valid and differs in these top-level sections (`mqtt`, `uplink`, …); not
-    /// applied (live reload is not supported yet).
-    NotApplied(Vec<String>),
-    /// The file cannot be read or is not valid; the running configuration stays.
+    /// The file is valid. `applied`: the settings now in force (dotted keys, e.g.
+    /// `uplink.cloud.forward`, `priority`, `mqtt.tls certificate`); `restart_needed`: the
+    /// settings that differ from what the gateway runs with and take effect only at the next
+    /// restart. Both empty: nothing differs.
+    Done {
+        applied: Vec<String>,
+        restart_needed: Vec<String>,
+    },
+    /// The file (or a file it names) cannot be read or is not valid; nothing changed.
     Invalid(String),
 }
 
@@ -32,9 +74,37 @@ impl ReloadOutcome {
     /// The `result` label of `sluice_reloads_total`.
     pub fn label(&self) -> &'static str {
         match self {
-            ReloadOutcome::Unchanged => "unchanged",
-            ReloadOutcome::NotApplied(_) => "not_applied",
+            ReloadOutcome::Done {
+                restart_needed,
+                applied,
+            } => {
+                if !restart_needed.is_empty() {
+                    "restart_needed"
+                } else if !applied.is_empty() {
+                    "applied"
+                } else {
+                    "unchanged"
+                }
+            }
             ReloadOutcome::Invalid(_) => "invalid",
+        }
+    }
+
+    /// The JSON answer of `POST /api/v1/reload`.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            ReloadOutcome::Done {
+                applied,
+                restart_needed,
+            } => serde_json::json!({
+                "result": self.label(),
+                "applied": applied,
+                "restart_needed": restart_needed,
+            }),
+            ReloadOutcome::Invalid(error) => serde_json::json!({
+                "result": "invalid",
+                "error": error,
+            }),
         }
     }
 }
@@ -43,28 +113,31 @@ impl ReloadOutcome {
 #[derive(Debug, Default)]
 pub struct ReloadMetrics {
     unchanged: Counter,
-    not_applied: Counter,
+    applied: Counter,
+    restart_needed: Counter,
     invalid: Counter,
 }
 
 impl ReloadMetrics {
     fn count(&self, outcome: &ReloadOutcome) {
-        match outcome {
-            ReloadOutcome::Unchanged => self.unchanged.inc(),
-            ReloadOutcome::NotApplied(_) => self.not_applied.inc(),
-            ReloadOutcome::Invalid(_) => self.invalid.inc(),
+        match outcome.label() {
+            "unchanged" => self.unchanged.inc(),
+            "applied" => self.applied.inc(),
+            "restart_needed" => self.restart_needed.inc(),
+            _ => self.invalid.inc(),
         }
     }
 
     pub fn render(&self, w: &mut PromWriter) {
         for (result, c) in [
             ("unchanged", &self.unchanged),
-            ("not_applied", &self.not_applied),
+            ("applied", &self.applied),
+            ("restart_needed", &self.restart_needed),
             ("invalid", &self.invalid),
         ] {
             w.counter(
                 "sluice_reloads_total",
-                "Configuration reloads asked for (SIGHUP), by result: unchanged, not_applied (the file differs; live reload is not supported yet), invalid.",
+                "Configuration reloads asked for (SIGHUP, POST /api/v1/reload), by result: unchanged, applied (every change in force), restart_needed (what could change live was applied; some changes wait for a restart), invalid (refused, nothing changed).",
                 &[("result", result)],
                 c.get(),
             );
@@ -72,66 +145,573 @@ impl ReloadMetrics {
     }
 }
 
-impl RunningGateway {
-    /// Re-read the config file at `path` (`None`: the embedded defaults) and compare it with
-    /// the configuration the gateway runs with. Nothing is applied yet; logs the outcome (at
-    /// INFO, WARN when the file is invalid) and counts it.
-    pub fn reload(&self, path: Option<&Path>) -> ReloadOutcome {
+/// The handles through which a reload replaces what the running threads read.
+pub(super) struct LiveHandles {
+    pub rules: Arc<crate::control::live::Rules>,
+    /// Per uplink of the configuration the gateway started with (same order).
+    pub routes: Vec<crate::sink::UplinkRoute>,
+    /// Per uplink (same order): its TLS roots and client certificate (`None`: no TLS).
+    pub uplink_tls: Vec<Option<Arc<crate::sink::ReloadableClientTls>>>,
+    pub acl: Arc<crate::control::acl::Acl>,
+    pub logins: Arc<arc_swap::ArcSwap<crate::control::admission::Logins>>,
+    pub connect_limits: Arc<crate::control::limits::ConnectLimits>,
+    /// `[mqtt.tls]`'s listener policy (shared by the tls and wss listeners), if any.
+    pub device_tls: Option<Arc<crate::edge::mqtt::listener::TlsPolicy>>,
+}
+
+/// Re-reads the config file and applies what can change live (see the module docs).
+pub struct Reloader {
+    /// The file `sluice run -c` was given (`None`: started on the embedded defaults).
+    path: Option<PathBuf>,
+    /// What the gateway started with: restart-only settings are compared with it.
+    started: Arc<Config>,
+    /// The last configuration whose live settings are in force, and what the files it names
+    /// held then; the mutex serializes reloads.
+    state: Mutex<Applied>,
+    handles: LiveHandles,
+    metrics: ReloadMetrics,
+}
+
+struct Applied {
+    config: Arc<Config>,
+    /// A fingerprint of the ACL file, the device certificates and each uplink's certificate
+    /// files when last applied: a file changed under the same name is applied too. (Not the
+    /// bytes: no second copy of a private key is kept.)
+    files: BTreeMap<String, u64>,
+}
+
+/// Everything built from the fresh file before any handle is touched.
+struct Prepared {
+    acl: Option<crate::control::acl::AclSnapshot>,
+    device_tls: Option<Arc<rustls::ServerConfig>>,
+    /// Per running uplink index: the new roots and client certificate.
+    uplink_tls: Vec<(usize, crate::sink::ClientTlsParts)>,
+    files: BTreeMap<String, u64>,
+    /// `[acl]` or its file changed (a users-only change recompiles the ACL silently).
+    acl_changed: bool,
+}
+
+impl Reloader {
+    pub(super) fn new(
+        path: Option<PathBuf>,
+        started: Arc<Config>,
+        handles: LiveHandles,
+    ) -> Reloader {
+        let files = watched_files(&started);
+        Reloader {
+            path,
+            state: Mutex::new(Applied {
+                config: started.clone(),
+                files,
+            }),
+            started,
+            handles,
+            metrics: ReloadMetrics::default(),
+        }
+    }
+
+    pub fn render(&self, w: &mut PromWriter) {
+        self.metrics.render(w);
+    }
+
+    /// Re-read the file the gateway was started with, validate it, apply what can change
+    /// live and report the rest; logs and counts the outcome.
+    pub fn reload(&self, trigger: ReloadTrigger) -> ReloadOutcome {
+        self.reload_from(self.path.as_deref(), trigger)
+    }
+
+    /// [`Reloader::reload`] from `path` (`None`: the embedded defaults).
+    pub fn reload_from(&self, path: Option<&Path>, trigger: ReloadTrigger) -> ReloadOutcome {
+        let mut state = match self.state.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
         let outcome = match crate::config::load(path) {
             Err(error) => ReloadOutcome::Invalid(error.to_string()),
             Ok(fresh) => {
-                let differs = differing_sections(&self.config, &fresh.with_function_sinks());
-                if differs.is_empty() {
-                    ReloadOutcome::Unchanged
-                } else {
-                    ReloadOutcome::NotApplied(differs)
+                let fresh = fresh.with_function_sinks();
+                match self.prepare(&state, &fresh) {
+                    Err(error) => ReloadOutcome::Invalid(error),
+                    Ok(prepared) => self.apply(&mut state, fresh, prepared),
                 }
             }
         };
-        self.status.reloads.count(&outcome);
+        self.metrics.count(&outcome);
+        let trigger = trigger.as_str();
         match &outcome {
-            ReloadOutcome::Unchanged => tracing::info!(
-                "reload asked (SIGHUP): the config file is valid and unchanged; live reload is not supported yet"
+            ReloadOutcome::Done {
+                applied,
+                restart_needed,
+            } if restart_needed.is_empty() => tracing::info!(
+                trigger,
+                applied = %applied.join(", "),
+                "configuration reloaded: every change is in force (no device connection closed)"
             ),
-            ReloadOutcome::NotApplied(sections) => tracing::info!(
-                differs = %sections.join(", "),
-                "reload asked (SIGHUP): the config file is valid but live reload is not supported yet; the changes take effect at the next restart"
+            ReloadOutcome::Done {
+                applied,
+                restart_needed,
+            } => tracing::warn!(
+                trigger,
+                applied = %applied.join(", "),
+                restart_needed = %restart_needed.join(", "),
+                "configuration reloaded: the changes named in restart_needed take effect only at the next restart"
             ),
             ReloadOutcome::Invalid(error) => tracing::warn!(
+                trigger,
                 %error,
-                "reload asked (SIGHUP): the config file is invalid; the running configuration stays"
+                "configuration reload refused: the file is invalid; nothing changed"
             ),
         }
         outcome
     }
+
+    /// Build everything the fresh file needs, failing before anything is applied.
+    fn prepare(&self, state: &Applied, fresh: &Config) -> Result<Prepared, String> {
+        crate::telemetry::check_log_level(&fresh.log.level)?;
+        let files = watched_files(fresh);
+        let old = &state.config;
+        let acl_changed = fresh.acl != old.acl || file_changed(&files, &state.files, "acl.file");
+        let acl = if acl_changed || fresh.mqtt.users != old.mqtt.users {
+            let file = match &fresh.acl.file {
+                Some(path) => Some(crate::config::read_acl_file(path).map_err(|e| e.to_string())?),
+                None => None,
+            };
+            Some(
+                crate::control::acl::AclSnapshot::compile(&fresh.acl, file.as_ref(), &fresh.mqtt)
+                    .map_err(|e| format!("access control list: {e}"))?,
+            )
+        } else {
+            None
+        };
+        // What the handshake uses (not `listen` or `identity_from_cert`: restart-only).
+        let handshake = |t: &crate::config::MqttTlsConfig| {
+            (
+                t.cert_file.clone(),
+                t.key_file.clone(),
+                t.client_ca_file.clone(),
+                t.require_client_cert,
+                t.min_version,
+            )
+        };
+        let device_tls = match (&self.handles.device_tls, &fresh.mqtt.tls) {
+            (Some(_), Some(tls))
+                if old.mqtt.tls.as_ref().map(handshake) != Some(handshake(tls))
+                    || [
+                        "mqtt.tls.cert_file",
+                        "mqtt.tls.key_file",
+                        "mqtt.tls.client_ca_file",
+                    ]
+                    .iter()
+                    .any(|k| file_changed(&files, &state.files, k)) =>
+            {
+                Some(
+                    crate::edge::mqtt::stream::tls::server_config(tls)
+                        .map_err(|e| format!("mqtt.tls: {e}"))?,
+                )
+            }
+            _ => None,
+        };
+        let mut uplink_tls = Vec::new();
+        for (i, running) in self.started.uplink.iter().enumerate() {
+            let (Some(Some(_)), Some(u)) = (
+                self.handles.uplink_tls.get(i),
+                fresh.uplink.iter().find(|u| u.name == running.name),
+            ) else {
+                continue;
+            };
+            let before = old.uplink.iter().find(|o| o.name == u.name);
+            let keys = ["ca_file", "cert_file", "key_file"];
+            let changed = before.is_none_or(|b| {
+                (&b.ca_file, &b.cert_file, &b.key_file) != (&u.ca_file, &u.cert_file, &u.key_file)
+            }) || keys
+                .iter()
+                .any(|k| file_changed(&files, &state.files, &format!("uplink.{}.{k}", u.name)));
+            if changed && u.url.tls {
+                let parts = crate::sink::ClientTlsParts::load(u)
+                    .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
+                uplink_tls.push((i, parts));
+            }
+        }
+        Ok(Prepared {
+            acl_changed,
+            acl,
+            device_tls,
+            uplink_tls,
+            files,
+        })
+    }
+
+    /// Apply the live changes of `fresh` (validated and prepared) and name the rest.
+    fn apply(&self, state: &mut Applied, fresh: Config, prepared: Prepared) -> ReloadOutcome {
+        let old = state.config.clone();
+        let mut applied = Vec::new();
+        let mut restart_needed = Vec::new();
+
+        // What differs from the running configuration, key by key. A function's sink entry
+        // (`with_function_sinks`) is named by its `function` key instead: functions restart.
+        let function_sinks: Vec<String> = self
+            .started
+            .uplink
+            .iter()
+            .chain(&fresh.uplink)
+            .filter(|u| u.function.is_some())
+            .map(|u| format!("uplink.{}", u.name))
+            .collect();
+        for key in changed_keys(&self.started, &fresh) {
+            let of_function = function_sinks.iter().any(|f| {
+                key.strip_prefix(f.as_str())
+                    .is_some_and(|r| r.starts_with(['.', ' ']))
+            });
+            if !of_function && !is_live(&key) {
+                restart_needed.push(key);
+            }
+        }
+        if self.started.priority.has_high() != fresh.priority.has_high() {
+            restart_needed.push(
+                "priority (high lanes are made at start: the first priority-1 entry added or the last removed)"
+                    .to_string(),
+            );
+        }
+        if std::env::var_os("RUST_LOG").is_some() && fresh.log.level != self.started.log.level {
+            restart_needed.push("log.level (RUST_LOG is set and wins)".to_string());
+        }
+
+        // The priority table and the publish rate (shards, per message / per connect).
+        if fresh.priority != old.priority || fresh.limits != old.limits {
+            self.handles.rules.publish(&fresh);
+            if fresh.priority != old.priority {
+                applied.push("priority".to_string());
+            }
+        }
+        if fresh.limits != old.limits {
+            self.handles.connect_limits.reconfigure(&fresh.limits);
+            applied.push("limits".to_string());
+        }
+        // Forward filters and topic mapping, per uplink the gateway runs.
+        for (i, running) in self.started.uplink.iter().enumerate() {
+            if running.function.is_some() {
+                continue;
+            }
+            let (Some(u), Some(route)) = (
+                fresh.uplink.iter().find(|u| u.name == running.name),
+                self.handles.routes.get(i),
+            ) else {
+                continue;
+            };
+            let Some(before) = old.uplink.iter().find(|o| o.name == u.name) else {
+                continue;
+            };
+            if (
+                &u.forward,
+                &u.receive,
+                &u.topic_prefix,
+                &u.topic_template,
+                &u.aggregate,
+            ) != (
+                &before.forward,
+                &before.receive,
+                &before.topic_prefix,
+                &before.topic_template,
+                &before.aggregate,
+            ) {
+                route.replace(u);
+                for (key, changed) in [
+                    ("forward", u.forward != before.forward),
+                    ("receive", u.receive != before.receive),
+                    ("topic_prefix", u.topic_prefix != before.topic_prefix),
+                    ("topic_template", u.topic_template != before.topic_template),
+                    ("aggregate", u.aggregate != before.aggregate),
+                ] {
+                    if changed {
+                        applied.push(format!("uplink.{}.{key}", u.name));
+                    }
+                }
+            }
+        }
+        for (i, parts) in prepared.uplink_tls {
+            if let Some(Some(tls)) = self.handles.uplink_tls.get(i) {
+                tls.replace(parts);
+                applied.push(format!(
+                    "uplink.{} certificates (next connect)",
+                    self.started.uplink[i].name
+                ));
+            }
+        }
+        // Logins, then the ACL that may name them.
+        if fresh.mqtt.users != old.mqtt.users
+            || fresh.mqtt.anonymous_allowed() != old.mqtt.anonymous_allowed()
+        {
+            self.handles
+                .logins
+                .store(Arc::new(crate::control::admission::Logins::new(
+                    &fresh.mqtt,
+                )));
+            applied.push("mqtt.users".to_string());
+        }
+        if let Some(acl) = prepared.acl {
+            self.handles.acl.publish(acl);
+            if prepared.acl_changed {
+                applied.push("acl".to_string());
+            }
+        }
+        if let (Some(policy), Some(config)) = (&self.handles.device_tls, prepared.device_tls) {
+            policy.config.store(config);
+            applied.push("mqtt.tls certificate".to_string());
+        }
+        if fresh.log.level != old.log.level {
+            match crate::telemetry::set_log_level(&fresh.log.level) {
+                Ok(crate::telemetry::LogLevelChange::Applied) => {
+                    applied.push("log.level".to_string())
+                }
+                // Named in restart_needed above.
+                Ok(crate::telemetry::LogLevelChange::EnvWins) => {}
+                Ok(crate::telemetry::LogLevelChange::NotInstalled) | Err(_) => {
+                    restart_needed.push("log.level".to_string())
+                }
+            }
+        }
+        restart_needed.sort();
+        restart_needed.dedup();
+        state.config = Arc::new(fresh);
+        state.files = prepared.files;
+        ReloadOutcome::Done {
+            applied,
+            restart_needed,
+        }
+    }
 }
 
-/// The top-level sections (`gateway`, `mqtt`, `uplink`, …) whose values differ.
-fn differing_sections(running: &Config, fresh: &Config) -> Vec<String> {
+impl RunningGateway {
+    /// Re-read the config file at `path` (`None`: the embedded defaults), apply what can
+    /// change live and report the rest (see [`Reloader`]). What `SIGHUP` calls.
+    pub fn reload(&self, path: Option<&Path>) -> ReloadOutcome {
+        self.status.reloads.reload_from(path, ReloadTrigger::Signal)
+    }
+}
+
+/// Whether a changed key (as [`changed_keys`] names it) can be applied live.
+fn is_live(key: &str) -> bool {
+    const LIVE: [&str; 8] = [
+        "priority",
+        "limits",
+        "acl",
+        "log.level",
+        "mqtt.users",
+        "mqtt.allow_anonymous",
+        "mqtt.tls.cert_file",
+        "mqtt.tls.key_file",
+    ];
+    const LIVE_TLS: [&str; 3] = [
+        "mqtt.tls.client_ca_file",
+        "mqtt.tls.require_client_cert",
+        "mqtt.tls.min_version",
+    ];
+    const LIVE_UPLINK: [&str; 7] = [
+        "forward",
+        "receive",
+        "topic_prefix",
+        "topic_template",
+        "ca_file",
+        "cert_file",
+        "key_file",
+    ];
+    if LIVE
+        .iter()
+        .chain(LIVE_TLS.iter())
+        .any(|l| key == *l || key.starts_with(&format!("{l}.")))
+    {
+        return true;
+    }
+    match key.strip_prefix("uplink.") {
+        // `uplink.{name}.{key}`; a name may contain dots, the key does not.
+        Some(rest) => {
+            rest.contains(".aggregate.")
+                || rest
+                    .rsplit_once('.')
+                    .is_some_and(|(_, k)| LIVE_UPLINK.contains(&k))
+        }
+        None => false,
+    }
+}
+
+/// The settings that differ between `a` and `b`, as dotted keys: tables are compared key by
+/// key, uplinks by name (`uplink.{name}.{key}`; an uplink only one side has is
+/// `uplink.{name} (added)` or `(removed)`), any other array as a whole.
+fn changed_keys(a: &Config, b: &Config) -> Vec<String> {
     // Invariant: every Config serializes (see `Config::to_toml`); an error compares unequal.
     let table = |c: &Config| toml::Table::try_from(c).unwrap_or_default();
-    let (a, b) = (table(running), table(fresh));
+    let (ta, tb) = (table(a), table(b));
+    let mut out = Vec::new();
+    diff_tables("", &ta, &tb, &mut out);
+    out
+}
+
+fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, out: &mut Vec<String>) {
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
     keys.dedup();
-    keys.into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .cloned()
-        .collect()
+    for k in keys {
+        let path = format!("{prefix}{k}");
+        match (a.get(k), b.get(k)) {
+            (Some(x), Some(y)) if x == y => {}
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
+                diff_tables(&format!("{path}."), x, y, out)
+            }
+            (Some(toml::Value::Array(x)), Some(toml::Value::Array(y)))
+                if prefix.is_empty() && k == "uplink" =>
+            {
+                diff_uplinks(x, y, out)
+            }
+            _ => out.push(path),
+        }
+    }
+}
+
+/// Uplinks matched by name.
+fn diff_uplinks(a: &[toml::Value], b: &[toml::Value], out: &mut Vec<String>) {
+    let named = |v: &[toml::Value]| -> BTreeMap<String, toml::Table> {
+        v.iter()
+            .filter_map(|u| u.as_table())
+            .map(|t| {
+                let name = t.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+                (name.to_string(), t.clone())
+            })
+            .collect()
+    };
+    let (na, nb) = (named(a), named(b));
+    for (name, ta) in &na {
+        match nb.get(name) {
+            Some(tb) => diff_tables(&format!("uplink.{name}."), ta, tb, out),
+            None => out.push(format!("uplink.{name} (removed)")),
+        }
+    }
+    for name in nb.keys().filter(|n| !na.contains_key(*n)) {
+        out.push(format!("uplink.{name} (added)"));
+    }
+}
+
+/// Fingerprints of the files whose contents a reload applies even under an unchanged name.
+fn watched_files(config: &Config) -> BTreeMap<String, u64> {
+    use std::hash::{Hash, Hasher};
+    let mut files = BTreeMap::new();
+    let mut add = |key: String, path: Option<&Path>| {
+        if let Some(bytes) = path.and_then(|p| std::fs::read(p).ok()) {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            files.insert(key, h.finish());
+        }
+    };
+    add("acl.file".into(), config.acl.file.as_deref());
+    if let Some(tls) = &config.mqtt.tls {
+        add("mqtt.tls.cert_file".into(), Some(&tls.cert_file));
+        add("mqtt.tls.key_file".into(), Some(&tls.key_file));
+        add(
+            "mqtt.tls.client_ca_file".into(),
+            tls.client_ca_file.as_deref(),
+        );
+    }
+    for u in &config.uplink {
+        add(format!("uplink.{}.ca_file", u.name), u.ca_file.as_deref());
+        add(
+            format!("uplink.{}.cert_file", u.name),
+            u.cert_file.as_deref(),
+        );
+        add(format!("uplink.{}.key_file", u.name), u.key_file.as_deref());
+    }
+    files
+}
+
+fn file_changed(now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>, key: &str) -> bool {
+    now.get(key) != then.get(key)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(text: &str) -> Config {
+        crate::config::parse(text).unwrap()
+    }
+
     #[test]
-    fn sections_that_differ_are_named_once_each() {
-        let running = crate::config::parse("[mqtt]\nmax_connections = 10\n").unwrap();
-        let same = crate::config::parse("[mqtt]\nmax_connections = 10\n").unwrap();
-        assert!(differing_sections(&running, &same).is_empty());
-        let fresh =
-            crate::config::parse("[mqtt]\nmax_connections = 11\n[log]\nlevel = \"debug\"\n")
-                .unwrap();
-        assert_eq!(differing_sections(&running, &fresh), vec!["log", "mqtt"]);
+    fn changed_keys_are_named_down_to_the_setting_and_uplinks_by_name() {
+        let uplink = |name: &str, forward: &str| {
+            format!("[[uplink]]\nname = \"{name}\"\nurl = \"mqtt://10.0.0.1\"\nallow_plaintext = true\nforward = [\"{forward}\"]\n")
+        };
+        let running = parse(&format!(
+            "[mqtt]\nmax_connections = 10\n{}{}",
+            uplink("a", "x/#"),
+            uplink("b", "y/#")
+        ));
+        assert!(changed_keys(&running, &running.clone()).is_empty());
+        let fresh = parse(&format!(
+            "[mqtt]\nmax_connections = 11\n[log]\nlevel = \"debug\"\n{}{}",
+            uplink("a", "z/#"),
+            uplink("c", "y/#")
+        ));
+        assert_eq!(
+            changed_keys(&running, &fresh),
+            vec![
+                "log.level",
+                "mqtt.max_connections",
+                "uplink.a.forward",
+                "uplink.b (removed)",
+                "uplink.c (added)"
+            ]
+        );
+    }
+
+    #[test]
+    fn live_keys_are_told_from_restart_only_ones() {
+        for live in [
+            "priority.devices",
+            "limits.publish_rate",
+            "acl.rules",
+            "log.level",
+            "mqtt.users",
+            "mqtt.tls.cert_file",
+            "uplink.cloud.forward",
+            "uplink.cloud.topic_template",
+            "uplink.a.b.forward",
+            "uplink.cloud.ca_file",
+            "uplink.cloud.aggregate.enabled",
+            "uplink.cloud.aggregate.min_devices",
+            "uplink.cloud.receive",
+        ] {
+            assert!(is_live(live), "{live}");
+        }
+        for restart in [
+            "mqtt.listen",
+            "mqtt.tls.listen",
+            "mqtt.tls.identity_from_cert",
+            "gateway.shards",
+            "spool.dir",
+            "uplink.cloud.url",
+            "uplink.new (added)",
+            "function",
+            "coap.listen",
+            "admin.listen",
+            "log.format",
+        ] {
+            assert!(!is_live(restart), "{restart}");
+        }
+    }
+
+    #[test]
+    fn outcome_labels_follow_what_was_done() {
+        let done = |a: &[&str], r: &[&str]| ReloadOutcome::Done {
+            applied: a.iter().map(|s| s.to_string()).collect(),
+            restart_needed: r.iter().map(|s| s.to_string()).collect(),
+        };
+        assert_eq!(done(&[], &[]).label(), "unchanged");
+        assert_eq!(done(&["priority"], &[]).label(), "applied");
+        assert_eq!(
+            done(&["priority"], &["mqtt.listen"]).label(),
+            "restart_needed"
+        );
+        assert_eq!(ReloadOutcome::Invalid("x".into()).label(), "invalid");
+        let json = done(&["acl"], &["spool.dir"]).to_json();
+        assert_eq!(json["result"], "restart_needed");
+        assert_eq!(json["restart_needed"][0], "spool.dir");
     }
 }

@@ -52,8 +52,9 @@ pub(super) struct GatewayStatus {
     pub(super) functions: Vec<Arc<crate::functions::FunctionHandle>>,
     /// The local functions' runtime (`None` without local functions).
     pub(super) function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
-    /// `SIGHUP`s and what they found (`reload.rs`).
-    pub(super) reloads: super::reload::ReloadMetrics,
+    /// Reloads (`SIGHUP`, `POST /api/v1/reload`): what they do and how many there were
+    /// (`reload.rs`).
+    pub(super) reloads: Arc<super::reload::Reloader>,
     /// The previous tick's totals, for the overview's rates (`overview.rs`).
     pub(super) overview: super::overview::OverviewState,
 }
@@ -137,6 +138,15 @@ impl AdminSource for GatewayStatus {
 
     fn overview(&self) -> serde_json::Value {
         self.overview_doc()
+    }
+
+    fn reload(&self) -> Option<(hyper::StatusCode, serde_json::Value)> {
+        let outcome = self.reloads.reload(super::reload::ReloadTrigger::Api);
+        let status = match outcome {
+            super::ReloadOutcome::Done { .. } => hyper::StatusCode::OK,
+            super::ReloadOutcome::Invalid(_) => hyper::StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        Some((status, outcome.to_json()))
     }
 
     fn status(&self) -> serde_json::Value {

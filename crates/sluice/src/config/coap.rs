@@ -92,6 +92,14 @@ pub struct CoapConfig {
     /// Notifications queued per observer while earlier ones are unacknowledged; beyond,
     /// the oldest is dropped (counted): an observer wants the latest state.
     pub max_queued_notifications: usize,
+    /// Bytes of the representations of notifications larger than `max_message_size`, whole
+    /// gateway (for each CoAP edge, plain and DTLS): such a notification goes to a verified
+    /// observer as its first Block2 block with an ETag (RFC 7959 §2.6), and the rest is
+    /// fetched with GETs answered from the copy kept here (the latest per observer address and
+    /// filter; each charged its body, its filter and 128 B; oldest forgotten first, none used
+    /// after `exchange_lifetime`). A notification that cannot be kept is dropped,
+    /// counted; 0B: every such notification is.
+    pub max_snapshot_bytes: ByteSize,
     /// Datagrams per second one source address (ip:port) may send; beyond, its datagrams
     /// are dropped (counted) so a flood from one source cannot starve other devices. 0: no
     /// limit.
@@ -134,6 +142,7 @@ impl Default for CoapConfig {
             max_observers_per_source: 64,
             observer_check: Duration::from_secs(120),
             max_queued_notifications: 16,
+            max_snapshot_bytes: ByteSize::mib(4),
             source_rate: 2000,
             source_burst: 500,
             proxy: Vec::new(),
@@ -143,7 +152,7 @@ impl Default for CoapConfig {
 }
 
 /// `[[coap.proxy]]`: one upstream CoAP server over TCP or TLS (RFC 8323). Each shard keeps
-/// one connection to it, shared by every device on the shard.
+/// one connection to it (one per path with `paths`), shared by every device on the shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CoapProxyConfig {
@@ -184,9 +193,23 @@ pub struct CoapProxyConfig {
     #[serde(default = "default_connect_timeout", with = "units::duration")]
     pub connect_timeout: Duration,
     /// Open the upstream connections with IPPROTO_MPTCP (falls back to TCP, logged once
-    /// and shown in status, when the kernel or the server lacks it).
+    /// and shown in status, when the kernel or the server lacks it). Not with `paths`.
     #[serde(default)]
     pub mptcp: bool,
+    /// Per-path connections (ADR 0012): one RFC 8323 connection per path per shard, each
+    /// socket bound to the path's `bind` address and/or `interface`; requests go to the live
+    /// path with the fewest bytes outstanding (÷ weight) that has room (`max_outstanding`
+    /// per path). Empty: one connection, routed by the kernel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<super::PathConfig>,
+    /// With `paths`: a path with requests outstanding that read nothing for this long is
+    /// declared dead (a blackhole sends no RST); its requests go to the other paths.
+    #[serde(default = "default_path_timeout", with = "units::duration")]
+    pub path_timeout: Duration,
+}
+
+fn default_path_timeout() -> Duration {
+    Duration::from_secs(3)
 }
 
 fn default_max_outstanding() -> usize {

@@ -48,15 +48,46 @@ pub enum Prewarm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SocketMode {
-    /// sluice binds `127.0.0.1:{port}` and hands the listening socket to the instance as fd 3
-    /// (systemd socket activation: `LISTEN_FDS=1`, `LISTEN_PID`; `PORT` is set too). Requests
-    /// queue in the kernel while the instance starts: no readiness polling.
+    /// Knative's runtime contract first (default): the instance may bind `$PORT` itself (as
+    /// `python -m http.server`, Flask or Express do) or take the socket sluice offers as fd 3;
+    /// sluice finds out which. If the command says it takes fd 3 (an argument `fd://3`, as in
+    /// `gunicorn --bind fd://3`, or `--fd 3` / `--fd=3`, as in `uvicorn --fd 3`), it is
+    /// `Inherit` from the first start. Otherwise the first instance gets both — a listening
+    /// socket as fd 3 (`LISTEN_FDS=1`, `LISTEN_PID`) and `PORT` naming another, free port —
+    /// and whichever it serves first (its accept queue on fd 3 drains, or `$PORT` accepts a
+    /// connection) decides the mode of every later instance of this run of sluice.
     #[default]
+    Auto,
+    /// sluice binds `127.0.0.1:{port}` and hands the listening socket to the instance as fd 3
+    /// (systemd socket activation: `LISTEN_FDS=1`, `LISTEN_PID`; `PORT` is the same port).
+    /// Requests queue in the kernel while the instance starts: no readiness polling. A
+    /// program that binds `$PORT` itself fails with "Address already in use" in this mode.
     Inherit,
-    /// The instance binds `$PORT` itself (Knative's runtime contract, for programs that cannot
-    /// take a socket); sluice learns it is up by connecting, retrying with backoff only while
-    /// the instance starts.
+    /// The instance binds `$PORT` itself (Knative's runtime contract); sluice learns it is up
+    /// by connecting, retrying with backoff only while the instance starts.
     Port,
+}
+
+impl SocketMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SocketMode::Auto => "auto",
+            SocketMode::Inherit => "inherit",
+            SocketMode::Port => "port",
+        }
+    }
+}
+
+/// True if `command`'s arguments say the program serves on an inherited fd 3: an argument
+/// `fd://3` (or ending in `=fd://3`: gunicorn's `--bind`), or `--fd 3` / `--fd=3` (uvicorn).
+pub fn command_takes_fd3(command: &[String]) -> bool {
+    command.iter().enumerate().any(|(i, a)| {
+        a == "fd://3"
+            || a.ends_with("=fd://3")
+            || a == "--fd=3"
+            || (a == "--fd" && command.get(i + 1).is_some_and(|n| n == "3"))
+    })
 }
 
 /// One `[[function]]`.
@@ -307,5 +338,35 @@ mod tests {
         assert!(parse_remote_url("http://x:0").is_err());
         assert!(parse_remote_url("ftp://x").is_err());
         assert!(parse_remote_url("http://u:p@x").is_err());
+    }
+
+    #[test]
+    fn commands_that_name_fd3_take_the_inherited_socket_and_others_do_not() {
+        let c = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(command_takes_fd3(&c(&[
+            "gunicorn", "--bind", "fd://3", "app:app"
+        ])));
+        assert!(command_takes_fd3(&c(&[
+            "gunicorn",
+            "--bind=fd://3",
+            "app:app"
+        ])));
+        assert!(command_takes_fd3(&c(&["uvicorn", "--fd", "3", "app:app"])));
+        assert!(command_takes_fd3(&c(&["uvicorn", "--fd=3", "app:app"])));
+        assert!(!command_takes_fd3(&c(&[
+            "python3",
+            "-m",
+            "http.server",
+            "8080"
+        ])));
+        assert!(!command_takes_fd3(&c(&["uvicorn", "--fd", "4", "app:app"])));
+        assert!(!command_takes_fd3(&c(&["node", "server.js", "3"])));
+        let d: FunctionConfig =
+            toml::from_str("name = \"f\"\ntopics = [\"#\"]\ncommand = [\"x\"]").unwrap();
+        assert_eq!(
+            d.socket,
+            SocketMode::Auto,
+            "the default follows Knative's contract"
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! `[limits]`: per-device rates, connection rates at accept, flapping devices (ADR 0008).
 //!
 //! Owns: the config type and its defaults. Does not own: applying them
-//! (`crate::control::limits` for connections and flapping, the MQTT connection for publish
-//! rates).
+//! (`crate::control::limits` for connections and flapping, the MQTT connection and the CoAP
+//! edge for publish rates).
 
 use std::time::Duration;
 
@@ -45,6 +45,9 @@ pub struct LimitsConfig {
     pub flap_hold: Duration,
     /// Memory for the table of recently connecting client ids.
     pub flap_memory: ByteSize,
+    /// Memory for the CoAP edge's per-device publish-rate table (CoAP has no connection to
+    /// keep a device's buckets), whole gateway, for each CoAP edge (plain and DTLS).
+    pub coap_rates_memory: ByteSize,
 }
 
 impl Default for LimitsConfig {
@@ -63,6 +66,7 @@ impl Default for LimitsConfig {
             flap_window: Duration::from_secs(60),
             flap_hold: Duration::from_secs(60),
             flap_memory: ByteSize::mib(1),
+            coap_rates_memory: ByteSize::mib(1),
         }
     }
 }

@@ -50,8 +50,8 @@ use serde::{Deserialize, Serialize};
 pub use acl::{read_acl_file, AclAction, AclConfig, AclFile, AclPermission, AclRuleConfig};
 pub use coap::{CoapConfig, CoapDtlsConfig, CoapProxyConfig, ProxyTarget, PskTable};
 pub use function::{
-    dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl, SocketMode,
-    FUNCTION_SINK_PREFIX,
+    command_takes_fd3, dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl,
+    SocketMode, FUNCTION_SINK_PREFIX,
 };
 pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
 pub use limits::LimitsConfig;
@@ -582,14 +582,27 @@ pub struct LogConfig {
     /// A level (`error`, `warn`, `info`, `debug`, `trace`) or an EnvFilter directive list
     /// such as `"info,sluice::sink=debug"`.
     pub level: String,
+    /// How each line is written to standard output.
+    pub format: LogFormat,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             level: "info".to_string(),
+            format: LogFormat::Text,
         }
     }
+}
+
+/// `log.format`: one human-readable line per event, or one JSON object per line (for Loki,
+/// Elasticsearch, journald's `JSON=` tooling, `jq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// TOML text → `Config` without semantic checks; errors carry the key path.

@@ -98,6 +98,7 @@ fn everything_set() -> Config {
         key_file: Some("certs/admin.key".into()),
     };
     c.log.level = "info,sluice::sink=debug".into();
+    c.log.format = LogFormat::Json;
     let mut u = UplinkConfig::new("cloud-1", "mqtts://[2001:db8::1]:8884".parse().unwrap());
     u.ca_file = Some("certs/ca.pem".into());
     u.cert_file = Some("certs/gw.pem".into());
@@ -418,6 +419,7 @@ fn range_rules_name_the_offending_key() {
         ("[mqtt]\nallow_anonymous = false", "mqtt.allow_anonymous: "),
         ("[mqtt]\nauth_concurrency = 0", "mqtt.auth_concurrency: "),
         ("[log]\nlevel = \" \"", "log.level: "),
+        ("[log]\nformat = \"xml\"", "log.format: "),
         ("[admin]\nlisten = \"127.0.0.1:1883\"", "admin.listen: "),
         ("[phd]\nagents = [\"00112233\"]", "phd.agents: "),
         (

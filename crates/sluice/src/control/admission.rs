@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{reason, Connect, ProtocolVersion};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -162,8 +163,9 @@ pub struct Admission {
     max_client_id_len: usize,
     allow_empty_client_id: bool,
     prefixes: Vec<String>,
-    allow_anonymous: bool,
-    users: Arc<HashMap<String, String>>,
+    /// `[[mqtt.users]]` and whether anonymous devices are admitted; a reload replaces them
+    /// ([`Admission::logins`]), for CONNECTs read from then on.
+    logins: Arc<ArcSwap<Logins>>,
     /// Input bounds: a will topic must be within them.
     topic_limits: TopicLimits,
     /// One permit per check allowed to run (`auth_concurrency`).
@@ -193,19 +195,34 @@ impl Drop for CheckSlot {
     }
 }
 
+/// Who may log in: `[[mqtt.users]]` (username → PHC password hash) and
+/// `mqtt.allow_anonymous` (its effective value). Immutable; replaced whole by a reload.
+#[derive(Debug, Default)]
+pub struct Logins {
+    users: HashMap<String, String>,
+    allow_anonymous: bool,
+}
+
+impl Logins {
+    pub fn new(cfg: &MqttConfig) -> Logins {
+        Logins {
+            users: cfg
+                .users
+                .iter()
+                .map(|u| (u.username.clone(), u.password_hash.clone()))
+                .collect(),
+            allow_anonymous: cfg.anonymous_allowed(),
+        }
+    }
+}
+
 impl Admission {
     pub fn new(cfg: &MqttConfig) -> Admission {
         Admission {
             max_client_id_len: cfg.max_client_id_len,
             allow_empty_client_id: cfg.allow_empty_client_id,
             prefixes: cfg.client_id_prefixes.clone(),
-            allow_anonymous: cfg.anonymous_allowed(),
-            users: Arc::new(
-                cfg.users
-                    .iter()
-                    .map(|u| (u.username.clone(), u.password_hash.clone()))
-                    .collect(),
-            ),
+            logins: Arc::new(ArcSwap::from_pointee(Logins::new(cfg))),
             check_slots: Arc::new(Semaphore::new(cfg.auth_concurrency.max(1))),
             concurrency: cfg.auth_concurrency.max(1),
             max_waiting: cfg.auth_queue,
@@ -216,6 +233,11 @@ impl Admission {
             acl: None,
             limits: None,
         }
+    }
+
+    /// The handle through which a reload replaces the users and `allow_anonymous`.
+    pub fn logins(&self) -> Arc<ArcSwap<Logins>> {
+        self.logins.clone()
     }
 
     /// Check will topics against this ACL.
@@ -290,11 +312,15 @@ impl Admission {
         }
         let admitted = match identity {
             TransportIdentity::Login => {
-                let admitted = self.login(connect, assigned, deadline, metrics).await?;
+                // One set of logins for the whole CONNECT, even if a reload lands meanwhile.
+                let logins = self.logins.load_full();
+                let admitted = self
+                    .login(&logins, connect, assigned, deadline, metrics)
+                    .await?;
                 if connect
                     .username
                     .as_deref()
-                    .is_some_and(|u| !self.users.contains_key(u))
+                    .is_some_and(|u| !logins.users.contains_key(u))
                 {
                     // Admitted without a password check (no users configured, anonymous
                     // allowed): a username nobody verified names no one. Dropped, so that
@@ -327,16 +353,17 @@ impl Admission {
     /// The login part of [`Admission::admit_as`]: anonymous or a checked password.
     async fn login(
         &self,
+        logins: &Logins,
         connect: &Connect,
         assigned: bool,
         deadline: tokio::time::Instant,
         metrics: &Arc<AdmissionMetrics>,
     ) -> Result<bool, Refusal> {
         match &connect.username {
-            None if self.allow_anonymous => Ok(assigned),
+            None if logins.allow_anonymous => Ok(assigned),
             None => Err(Refusal::NotAuthorized),
-            Some(user) => match self.users.get(&user[..]) {
-                None if self.users.is_empty() && self.allow_anonymous => Ok(assigned),
+            Some(user) => match logins.users.get(&user[..]) {
+                None if logins.users.is_empty() && logins.allow_anonymous => Ok(assigned),
                 None => Err(Refusal::BadCredentials),
                 Some(hash) => {
                     let slot = self.check_slot(deadline, metrics).await?;
@@ -461,6 +488,33 @@ mod tests {
             password: password.map(bytes::Bytes::copy_from_slice),
             properties: Default::default(),
         }
+    }
+
+    #[tokio::test]
+    async fn replaced_logins_decide_the_next_connect() {
+        let admission = Admission::new(&MqttConfig::default());
+        let metrics = Arc::new(AdmissionMetrics::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut c = connect(None, None);
+        assert_eq!(
+            admission.admit(&mut c, deadline, &metrics).await,
+            Ok(false),
+            "no users: anonymous is admitted"
+        );
+        let mut cfg = MqttConfig::default();
+        cfg.users.push(crate::config::UserConfig {
+            username: "new".into(),
+            password_hash: hash_password(b"pw").expect("hash"),
+        });
+        admission.logins().store(Arc::new(Logins::new(&cfg)));
+        let mut c = connect(None, None);
+        assert_eq!(
+            admission.admit(&mut c, deadline, &metrics).await,
+            Err(Refusal::NotAuthorized),
+            "a user configured by the reload: anonymous is refused"
+        );
+        let mut c = connect(Some("new"), Some(b"pw"));
+        assert_eq!(admission.admit(&mut c, deadline, &metrics).await, Ok(false));
     }
 
     #[tokio::test]

@@ -3,13 +3,14 @@
 //! Owns: the token bucket, the connection limits the device listener asks at accept (per
 //! source address and whole gateway, [`ConnectLimits::admit_source`]) and at CONNECT
 //! (flapping client ids, [`ConnectLimits::admit_client`]), the per-device publish rate an MQTT
-//! connection keeps ([`PublishRate`]), and their metrics (`sluice_limits_*`) and rate-limited
-//! log lines. Does not own: acting on a refusal (the listener closes the socket or answers
+//! connection keeps ([`PublishRate`]), the CoAP edge's per-device table of them
+//! ([`DeviceRates`], one per shard and CoAP edge: CoAP has no connection to keep them), and
+//! their metrics (`sluice_limits_*`) and rate-limited log lines. Does not own: acting on a refusal (the listener closes the socket or answers
 //! CONNACK 0x9F / 3.1.1 0x03; the connection drops a QoS 0 message or stops reading).
 //!
-//! Invariants: both tables are bounded in bytes (`connect_sources_memory`, `flap_memory`,
-//! each entry charged [`SOURCE_ENTRY_BYTES`] / [`FLAP_ENTRY_BYTES`] + its id), never in
-//! entries alone. A full table is swept of entries that no longer matter (a source whose
+//! Invariants: every table is bounded in bytes (`connect_sources_memory`, `flap_memory`,
+//! `coap_rates_memory`; each entry charged [`SOURCE_ENTRY_BYTES`] / [`FLAP_ENTRY_BYTES`] /
+//! [`RATE_ENTRY_BYTES`] + its id), never in entries alone. A full table is swept of entries that no longer matter (a source whose
 //! bucket is full again, an id whose window ended and that is not held) at most every
 //! [`SWEEP_EVERY`]; while it stays full, new sources meet only the global bucket and new ids
 //! are not tracked (counted, `table_full`). IPv6 sources are keyed by their /64, since one
@@ -86,6 +87,9 @@ pub const SOURCE_ENTRY_BYTES: usize = 96;
 pub const FLAP_ENTRY_BYTES: usize = 96;
 /// A full table is swept at most this often.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// Bytes charged per CoAP device-rate entry besides its id: the key, the boxed buckets
+/// (two 32 B buckets and the box) and the map's own slot.
+pub const RATE_ENTRY_BYTES: usize = 160;
 /// Log lines of one kind at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -136,8 +140,8 @@ const LIMITED: [(Limited, &str, &str); 5] = [
 #[derive(Debug, Default)]
 pub struct LimitsMetrics {
     counts: [Counter; 5],
-    /// Tables full: a source or id not tracked.
-    pub table_full: [Counter; 2],
+    /// Tables full: a source, client id or CoAP device not tracked.
+    pub table_full: [Counter; 3],
     logged_ms: [AtomicU64; 5],
     started: std::sync::OnceLock<Instant>,
 }
@@ -178,17 +182,20 @@ impl LimitsMetrics {
                 Limited::SourceRate | Limited::GlobalRate | Limited::Flapping => {
                     "MQTT connections refused by [limits], by reason (source_rate and global_rate: closed at accept; flapping: CONNACK 0x9F / 0x03)"
                 }
-                Limited::PublishDropped => "QoS 0 messages dropped over a device's [limits] publish rate",
+                Limited::PublishDropped => "Messages dropped over a device's [limits] publish rate (MQTT QoS 0; CoAP NON, answered 5.03)",
                 Limited::PublishThrottled => {
-                    "Times a device's reads were paused for its [limits] publish rate (QoS 1/2)"
+                    "Times a device was held back for its [limits] publish rate (MQTT QoS 1/2: reads paused; CoAP CON: answered 5.03 with Max-Age, not accepted)"
                 }
             };
             w.counter(name, help, &[("reason", reason)], self.get(what));
         }
-        for (i, table) in ["sources", "flapping"].into_iter().enumerate() {
+        for (i, table) in ["sources", "flapping", "coap_devices"]
+            .into_iter()
+            .enumerate()
+        {
             w.counter(
                 "sluice_limits_table_full_total",
-                "New sources or client ids not tracked because their [limits] table was full",
+                "New sources, client ids or CoAP devices not tracked because their [limits] table was full",
                 &[("table", table)],
                 self.table_full[i].get(),
             );
@@ -216,7 +223,8 @@ struct Tables {
 /// The listener's connection limits.
 #[derive(Debug)]
 pub struct ConnectLimits {
-    cfg: LimitsConfig,
+    /// Replaced by a reload ([`ConnectLimits::reconfigure`]).
+    cfg: arc_swap::ArcSwap<LimitsConfig>,
     tables: Mutex<Tables>,
     pub metrics: Arc<LimitsMetrics>,
 }
@@ -240,11 +248,9 @@ impl ConnectLimits {
     pub fn new(cfg: &LimitsConfig, metrics: Arc<LimitsMetrics>) -> ConnectLimits {
         let now = Instant::now();
         ConnectLimits {
-            cfg: cfg.clone(),
+            cfg: arc_swap::ArcSwap::from_pointee(cfg.clone()),
             tables: Mutex::new(Tables {
-                global: (cfg.connect_rate > 0).then(|| {
-                    TokenBucket::new(cfg.connect_rate as f64, cfg.connect_burst as f64, now)
-                }),
+                global: global_bucket(cfg, now),
                 sources: HashMap::new(),
                 sources_swept: None,
                 flaps: HashMap::new(),
@@ -255,16 +261,56 @@ impl ConnectLimits {
         }
     }
 
+    /// Apply another `[limits]` (a reload). The global bucket starts full at the new rate;
+    /// when the per-source or flapping settings changed, their table is emptied (every
+    /// source and client id starts afresh, a held one released).
+    pub fn reconfigure(&self, cfg: &LimitsConfig) {
+        let old = self.cfg.swap(Arc::new(cfg.clone()));
+        let Ok(mut t) = self.tables.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if (old.connect_rate, old.connect_burst) != (cfg.connect_rate, cfg.connect_burst) {
+            t.global = global_bucket(cfg, now);
+        }
+        if (
+            old.connect_rate_per_source,
+            old.connect_burst_per_source,
+            old.connect_sources_memory,
+        ) != (
+            cfg.connect_rate_per_source,
+            cfg.connect_burst_per_source,
+            cfg.connect_sources_memory,
+        ) {
+            t.sources = HashMap::new();
+        }
+        if (
+            old.flap_connects,
+            old.flap_window,
+            old.flap_hold,
+            old.flap_memory,
+        ) != (
+            cfg.flap_connects,
+            cfg.flap_window,
+            cfg.flap_hold,
+            cfg.flap_memory,
+        ) {
+            t.flaps = HashMap::new();
+            t.flaps_bytes = 0;
+        }
+    }
+
     /// At accept: may a new connection from `peer` go on? Counted and logged when not.
     pub fn admit_source(&self, peer: std::net::SocketAddr) -> bool {
+        let cfg = self.cfg.load();
         let now = Instant::now();
         let Ok(mut t) = self.tables.lock() else {
             return true;
         };
         let t = &mut *t;
-        if self.cfg.connect_rate_per_source > 0 {
+        if cfg.connect_rate_per_source > 0 {
             let key = source_key(peer.ip());
-            let cap = (self.cfg.connect_sources_memory.as_usize() / SOURCE_ENTRY_BYTES).max(1);
+            let cap = (cfg.connect_sources_memory.as_usize() / SOURCE_ENTRY_BYTES).max(1);
             if !t.sources.contains_key(&key)
                 && t.sources.len() >= cap
                 && t.sources_swept
@@ -275,8 +321,8 @@ impl ConnectLimits {
             }
             if t.sources.contains_key(&key) || t.sources.len() < cap {
                 let (rate, burst) = (
-                    self.cfg.connect_rate_per_source as f64,
-                    self.cfg.connect_burst_per_source as f64,
+                    cfg.connect_rate_per_source as f64,
+                    cfg.connect_burst_per_source as f64,
                 );
                 let b = t
                     .sources
@@ -302,7 +348,8 @@ impl ConnectLimits {
     /// At CONNECT: is this client id flapping (more than `flap_connects` CONNECTs within
     /// `flap_window`)? Then it is refused until `flap_hold` has passed.
     pub fn admit_client(&self, client_id: &str) -> bool {
-        let n = self.cfg.flap_connects;
+        let cfg = self.cfg.load();
+        let n = cfg.flap_connects;
         if n == 0 || client_id.is_empty() {
             return true;
         }
@@ -311,9 +358,9 @@ impl ConnectLimits {
             return true;
         };
         let t = &mut *t;
-        let (window, hold) = (self.cfg.flap_window, self.cfg.flap_hold);
+        let (window, hold) = (cfg.flap_window, cfg.flap_hold);
         let cost = FLAP_ENTRY_BYTES + client_id.len();
-        let max = self.cfg.flap_memory.as_usize();
+        let max = cfg.flap_memory.as_usize();
         if !t.flaps.contains_key(client_id) && t.flaps_bytes + cost > max {
             if t.flaps_swept
                 .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
@@ -366,6 +413,12 @@ impl ConnectLimits {
     }
 }
 
+/// The whole-gateway bucket (`connect_rate`), full; `None` when off.
+fn global_bucket(cfg: &LimitsConfig, now: Instant) -> Option<TokenBucket> {
+    (cfg.connect_rate > 0)
+        .then(|| TokenBucket::new(cfg.connect_rate as f64, cfg.connect_burst as f64, now))
+}
+
 /// A device's publish rate (`publish_rate`, `publish_bytes_rate`), kept by its connection.
 #[derive(Debug)]
 pub struct PublishRate {
@@ -413,6 +466,32 @@ impl PublishRate {
         true
     }
 
+    /// May a message of `len` bytes go now? If so its tokens are taken; if not, nothing is
+    /// taken and the answer is how long until it could (CoAP: the 5.03's Max-Age).
+    pub fn try_send_or_wait(&mut self, len: usize, now: Instant) -> Result<(), Duration> {
+        if self.try_send(len, now) {
+            return Ok(());
+        }
+        let short = |b: &TokenBucket, need: f64| {
+            Duration::from_secs_f64(((need - b.tokens) / b.rate).max(0.0))
+        };
+        let m = self
+            .messages
+            .as_ref()
+            .map_or(Duration::ZERO, |b| short(b, 1.0));
+        let b = self
+            .bytes
+            .as_ref()
+            .map_or(Duration::ZERO, |b| short(b, (len as f64).min(b.burst)));
+        Err(m.max(b))
+    }
+
+    /// Both buckets full again at `now` (the entry can be forgotten).
+    fn is_full(&self, now: Instant) -> bool {
+        self.messages.as_ref().is_none_or(|b| b.is_full(now))
+            && self.bytes.as_ref().is_none_or(|b| b.is_full(now))
+    }
+
     /// QoS 1/2: take the message's tokens; how long to stop reading the device.
     pub fn send(&mut self, len: usize, now: Instant) -> Duration {
         let m = self
@@ -424,6 +503,125 @@ impl PublishRate {
             .as_mut()
             .map_or(Duration::ZERO, |b| b.take(len as f64, now));
         m.max(b)
+    }
+}
+
+/// Whose publish rate a CoAP request is charged to (ADR 0008, "CoAP devices"): a DTLS
+/// device by its authenticated identity; a plain CoAP device by its source address (IPv6:
+/// its /64), the one thing it cannot change at will (its `c=` id and its port are free).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RateKey {
+    Identity(bytestring::ByteString),
+    Address(IpAddr),
+}
+
+impl RateKey {
+    /// The key of a plain CoAP request from `ip`.
+    pub fn address(ip: IpAddr) -> RateKey {
+        RateKey::Address(source_key(ip))
+    }
+
+    fn cost(&self) -> usize {
+        RATE_ENTRY_BYTES
+            + match self {
+                RateKey::Identity(id) => id.len(),
+                RateKey::Address(_) => 0,
+            }
+    }
+}
+
+/// The publish rates of the CoAP devices seen by one shard's CoAP edge, at most
+/// `max_bytes` of entries. Full, it is swept (at most every [`SWEEP_EVERY`]) of devices whose
+/// buckets are full again; if it stays full a new device is not tracked (it meets no rate,
+/// counted in `table_full{table="coap_devices"}`), as the other `[limits]` tables do.
+#[derive(Debug)]
+pub struct DeviceRates {
+    cfg: LimitsConfig,
+    max_packet: u64,
+    entries: HashMap<RateKey, Box<PublishRate>>,
+    bytes: usize,
+    max_bytes: usize,
+    swept: Option<Instant>,
+    metrics: Arc<LimitsMetrics>,
+}
+
+impl DeviceRates {
+    /// `None` when no publish rate is set (then nothing is kept). `max_packet`: the largest
+    /// publish, which the bytes bucket always lets through once.
+    pub fn new(
+        cfg: &LimitsConfig,
+        max_packet: u64,
+        max_bytes: usize,
+        metrics: Arc<LimitsMetrics>,
+    ) -> Option<DeviceRates> {
+        PublishRate::new(cfg, max_packet)?;
+        Some(DeviceRates {
+            cfg: cfg.clone(),
+            max_packet,
+            entries: HashMap::new(),
+            bytes: 0,
+            max_bytes,
+            swept: None,
+            metrics,
+        })
+    }
+
+    /// May `key`'s publish of `len` bytes go now? `Err(wait)`: not taken; the caller answers
+    /// 5.03 with Max-Age `wait` and counts it (`confirmable`: throttled, else dropped), and
+    /// this logs it (at most once a second per kind) naming `who`.
+    pub fn admit(
+        &mut self,
+        key: &RateKey,
+        len: usize,
+        confirmable: bool,
+        who: &dyn std::fmt::Display,
+    ) -> Result<(), Duration> {
+        let now = Instant::now();
+        if !self.entries.contains_key(key) {
+            let cost = key.cost();
+            if self.bytes + cost > self.max_bytes {
+                if self
+                    .swept
+                    .is_none_or(|s| now.duration_since(s) >= SWEEP_EVERY)
+                {
+                    let mut freed = 0;
+                    self.entries.retain(|k, r| {
+                        let keep = !r.is_full(now);
+                        if !keep {
+                            freed += k.cost();
+                        }
+                        keep
+                    });
+                    self.bytes -= freed;
+                    self.swept = Some(now);
+                }
+                if self.bytes + cost > self.max_bytes {
+                    self.metrics.table_full[2].inc();
+                    return Ok(());
+                }
+            }
+            let Some(rate) = PublishRate::new(&self.cfg, self.max_packet) else {
+                return Ok(());
+            };
+            self.bytes += cost;
+            self.entries.insert(key.clone(), rate);
+        }
+        let Some(rate) = self.entries.get_mut(key) else {
+            return Ok(());
+        };
+        rate.try_send_or_wait(len, now).inspect_err(|_| {
+            let what = if confirmable {
+                Limited::PublishThrottled
+            } else {
+                Limited::PublishDropped
+            };
+            self.metrics.hit(what, who);
+        })
+    }
+
+    /// Devices tracked and the bytes charged for them.
+    pub fn usage(&self) -> (usize, usize) {
+        (self.entries.len(), self.bytes)
     }
 }
 
@@ -452,6 +650,26 @@ mod tests {
         assert!(!l.admit_source(a));
         assert!(l.admit_source(b));
         assert_eq!(l.metrics.get(Limited::SourceRate), 1);
+    }
+
+    #[test]
+    fn a_reconfigured_rate_applies_to_the_next_connection() {
+        let l = ConnectLimits::new(&cfg(), Arc::default());
+        let a: std::net::SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        assert!(l.admit_source(a));
+        assert!(l.admit_source(a));
+        assert!(!l.admit_source(a), "over the burst of 2");
+        let mut more = cfg();
+        more.connect_burst_per_source = 5;
+        l.reconfigure(&more);
+        for _ in 0..5 {
+            assert!(l.admit_source(a), "a fresh bucket of 5");
+        }
+        assert!(!l.admit_source(a));
+        let mut off = more.clone();
+        off.connect_rate_per_source = 0;
+        l.reconfigure(&off);
+        assert!(l.admit_source(a), "the per-source rate is off");
     }
 
     #[test]
@@ -522,6 +740,49 @@ mod tests {
         );
         assert!(
             PublishRate::new(&LimitsConfig::default(), 1024).is_none(),
+            "off by default"
+        );
+    }
+
+    #[test]
+    fn a_coap_device_over_its_rate_waits_and_the_table_stays_within_its_bytes() {
+        let c = LimitsConfig {
+            publish_rate: 1,
+            publish_burst: 1,
+            ..LimitsConfig::default()
+        };
+        let metrics = Arc::new(LimitsMetrics::default());
+        let mut r = DeviceRates::new(&c, 1024, 10 * (RATE_ENTRY_BYTES + 8), metrics.clone())
+            .expect("a rate is set");
+        let dev = RateKey::Identity("sensor-7".into());
+        assert_eq!(r.admit(&dev, 10, true, &"sensor-7"), Ok(()));
+        let wait = r.admit(&dev, 10, true, &"sensor-7").unwrap_err();
+        assert!(
+            // About a second, less whatever time passed (a loaded machine) since the take.
+            wait > Duration::ZERO && wait <= Duration::from_secs(1),
+            "{wait:?}"
+        );
+        assert!(r.admit(&dev, 10, false, &"sensor-7").is_err());
+        assert_eq!(metrics.get(Limited::PublishThrottled), 1);
+        assert_eq!(metrics.get(Limited::PublishDropped), 1);
+        let other = RateKey::address("10.0.0.1".parse().unwrap());
+        assert_eq!(
+            r.admit(&other, 10, true, &"10.0.0.1"),
+            Ok(()),
+            "its own bucket"
+        );
+        for i in 0..100 {
+            let k = RateKey::Identity(format!("id-{i:05}").into());
+            let _ = r.admit(&k, 10, false, &"x");
+        }
+        let (n, bytes) = r.usage();
+        assert!(
+            bytes <= 10 * (RATE_ENTRY_BYTES + 8) && n <= 10,
+            "{n} entries, {bytes} B"
+        );
+        assert!(metrics.table_full[2].get() > 0);
+        assert!(
+            DeviceRates::new(&LimitsConfig::default(), 1024, 1 << 20, metrics).is_none(),
             "off by default"
         );
     }

@@ -9,7 +9,8 @@
 //!   read-mostly [`SubscriptionSnapshot`] through `arc-swap`, which shards read without locks
 //!   to route messages to each other (shared subscriptions kept apart, each group once);
 //! - [`retained`] — the bounded retained store and its replay to new subscribers;
-//! - [`priority`] — the immutable priority table;
+//! - [`priority`] — the priority table (immutable; a reload publishes a new one through
+//!   [`live`], with `[limits]`' publish rate);
 //! - [`acl`] — authorization for every edge, an immutable snapshot published with `arc-swap`;
 //! - [`limits`] — connection rates at accept and flapping client ids (the listener asks);
 //! - [`phd`] — IEEE 11073 agents and their learnt configurations (the association room; its
@@ -30,6 +31,7 @@
 pub mod acl;
 pub mod admission;
 pub mod limits;
+pub mod live;
 pub mod phd;
 pub mod priority;
 pub mod registry;

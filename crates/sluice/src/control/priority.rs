@@ -1,14 +1,14 @@
 //! The priority table: which devices and topics are urgent (SegaNet §4.3).
 //!
 //! Owns: compiling `[priority]` into a lookup structure and answering two questions — a
-//! device's priority (asked once, when its connection lands on a shard) and a message's
-//! priority (asked per message, cheap when there are no topic rules). Does not own: what a
-//! priority does (shards pick the uplink lane from it; the uplink keeps lanes apart).
+//! device's priority (asked when its connection lands on a shard, and again after a reload
+//! published another table) and a message's priority (asked per message, cheap when there
+//! are no topic rules). Does not own: what a priority does (shards pick the uplink lane from
+//! it; the uplink keeps lanes apart), or publishing a reloaded table (`live.rs`).
 //!
-//! Invariants: the table comes from the config file and is immutable once built, shared as
-//! `Arc`, so shards read it without locks (should it ever change at run time, the control
-//! plane would publish it as a snapshot like the subscription table). A device's priority is
-//! never lowered by a topic rule.
+//! Invariants: the table comes from the config file and is immutable once built; a reload
+//! builds a new one and publishes it as a snapshot (`live::Rules`, `arc-swap`), so shards
+//! read it without locks. A device's priority is never lowered by a topic rule.
 
 use std::collections::HashMap;
 

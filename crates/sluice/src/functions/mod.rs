@@ -103,6 +103,13 @@ impl Instance {
         i.standby.store(true, Ordering::Release);
         i
     }
+    /// The same instance (id, capacity, start time, pre-warm mark) at another address: for
+    /// the runtime, while it is not published, once it knows which socket its process serves.
+    pub fn moved_to(&self, addr: SocketAddr) -> Instance {
+        let i = Instance::new(self.id, Some(addr), self.capacity, self.prewarmed());
+        *i.started_at.lock().unwrap_or_else(|e| e.into_inner()) = self.started_at();
+        i
+    }
     /// Its process was just started (the runtime, once, for a standby).
     pub fn activate(&self, prewarmed: bool) {
         self.prewarmed.store(prewarmed, Ordering::Release);
@@ -342,6 +349,7 @@ pub fn status(
             });
             if let Some(r) = local.iter().find(|r| r.name == f.name()) {
                 v["instances"] = serde_json::to_value(&r.instances).unwrap_or_default();
+                v["socket"] = serde_json::json!(r.socket);
                 v["crashes"] = serde_json::json!(r.crashes);
                 v["restart_backoff_ms"] = serde_json::json!(r.restart_backoff_ms);
             } else if f.remote.is_some() {

@@ -1,27 +1,40 @@
 //! Link state of the host's interfaces for multipath uplinks, and the MPTCP endpoint refresh.
 //!
 //! Owns: the `sluice-links` thread, which follows the kernel's link and address events
-//! (netlink RTMGRP_LINK / IFADDR, read through iproute2's `ip -o monitor link address`, the
-//! same tool `install_tc` uses for tc) and after each event re-reads every interface's flags
-//! and addresses (`ip -j addr show`); the [`LinkTable`] it publishes through a
+//! through rtnetlink (`rtnetlink` crate: a netlink socket subscribed to RTNLGRP_LINK,
+//! RTNLGRP_IPV4_IFADDR and RTNLGRP_IPV6_IFADDR) and after each burst of events re-reads every
+//! interface's flags and addresses over the same socket (an RTM_GETLINK and an RTM_GETADDR
+//! dump; no process is spawned); the [`LinkTable`] it publishes through a
 //! `tokio::sync::watch` channel (per-path sessions read it: a path whose link went down is
 //! declared dead at once, one whose link came back is retried at once); and, when a watched
-//! link comes back up, deleting and re-adding its MPTCP endpoints (`ip mptcp endpoint`), so
-//! the kernel's path manager re-creates the subflow within a second instead of many seconds
-//! later. Does not own: deciding what a path does (`sink::paths`), MPTCP itself (the kernel).
+//! link comes back up, deleting and re-adding its MPTCP endpoints (`ip mptcp endpoint`: still
+//! iproute2; the `mptcp-pm` crate only reads endpoints, it cannot delete or add), so the kernel's path manager re-creates the subflow within a
+//! second instead of many seconds later. Does not own: deciding what a path does
+//! (`sink::paths`), MPTCP itself (the kernel).
 //!
-//! A link is *up* when its flags carry both `UP` and `LOWER_UP` (administratively up and a
-//! carrier: a modem that lost its signal, or a veth whose peer is down, is not).
+//! A link is *up* when its flags carry both `IFF_UP` and `IFF_LOWER_UP` (administratively up
+//! and a carrier: a modem that lost its signal, or a veth whose peer is down, is not).
 //!
-//! Bounds: the table holds the host's interfaces (what the kernel lists); one `ip addr`
-//! read per event. If `ip` is missing or fails, the watcher logs one ERROR and ends: per-path
-//! sessions still notice dead paths by their own timeouts.
+//! Bounds: the table holds the host's interfaces (what the kernel lists); one dump per burst
+//! of events (the events queued meanwhile are drained first). If the netlink socket cannot be
+//! opened at start, the watcher does not start (logged by the caller). If the connection later
+//! ends (socket error, e.g. ENOBUFS after a flood of events) or a dump fails, that is logged
+//! at ERROR and counted (`sluice_link_monitor_exits_total`), and the monitor reconnects after
+//! a backoff (1 s doubling to 60 s; reset after it ran 60 s), the links re-read at once;
+//! meanwhile per-path sessions notice dead paths by their own timeouts.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{StreamExt, TryStreamExt};
+use rtnetlink::packet_core::NetlinkMessage;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::{new_multicast_connection, Handle, MulticastGroup};
 
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
@@ -75,6 +88,8 @@ struct Watched {
 pub struct LinkMetrics {
     watched: Mutex<BTreeMap<String, Arc<Watched>>>,
     addrs: Mutex<BTreeMap<String, Vec<IpAddr>>>,
+    /// The netlink monitor ended (or the links could not be re-read): reconnected.
+    pub monitor_exits: Counter,
 }
 
 impl LinkMetrics {
@@ -109,6 +124,12 @@ impl LinkMetrics {
     }
 
     pub fn render(&self, w: &mut PromWriter) {
+        w.counter(
+            "sluice_link_monitor_exits_total",
+            "The link monitor (netlink) ended or the links could not be re-read; it reconnects after a backoff.",
+            &[],
+            self.monitor_exits.get(),
+        );
         let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
         for (name, m) in watched.iter() {
             let l: &[(&str, &str)] = &[("interface", name)];
@@ -147,56 +168,104 @@ pub struct WatchSpec {
     pub refresh_endpoints: bool,
 }
 
-/// The running watcher; stopping it (or dropping it) ends `ip monitor` and the thread.
+/// First and longest wait before the monitor reconnects after it ended.
+const MONITOR_RESTART_MIN: Duration = Duration::from_secs(1);
+const MONITOR_RESTART_MAX: Duration = Duration::from_secs(60);
+/// A monitor that ran this long resets the backoff.
+const MONITOR_HEALTHY: Duration = Duration::from_secs(60);
+
+/// The running watcher; stopping it (or dropping it) closes its netlink socket and ends the
+/// thread.
 pub struct LinkWatcher {
     rx: LinkWatch,
-    child: Arc<Mutex<Option<Child>>>,
+    stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Ends the current netlink connection as if it had failed (tests of the restart path).
+    fault: Arc<tokio::sync::Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub metrics: Arc<LinkMetrics>,
 }
 
+/// One netlink connection: requests go through `handle`, multicast events arrive on
+/// `events`, `task` drives the socket.
+struct Monitor {
+    handle: Handle,
+    events: futures_channel::mpsc::UnboundedReceiver<(
+        NetlinkMessage<RouteNetlinkMessage>,
+        rtnetlink::sys::SocketAddr,
+    )>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Opens the socket, subscribed to link and address events (call inside the runtime).
+fn connect() -> std::io::Result<Monitor> {
+    let (conn, handle, events) = new_multicast_connection(&[
+        MulticastGroup::Link,
+        MulticastGroup::Ipv4Ifaddr,
+        MulticastGroup::Ipv6Ifaddr,
+    ])?;
+    Ok(Monitor {
+        handle,
+        events,
+        task: tokio::spawn(conn),
+    })
+}
+
 impl LinkWatcher {
-    /// Read the links once and start following them. Fails when `ip` cannot be run.
+    /// Read the links once and start following them. Fails when the netlink socket cannot be
+    /// opened or the links cannot be read.
     pub fn start(spec: WatchSpec) -> std::io::Result<LinkWatcher> {
+        // The socket and the first read are made on the thread itself (its own runtime), so
+        // start may be called from inside another runtime; start waits for that first read.
         let metrics = Arc::new(LinkMetrics::default());
-        let mut table = LinkTable::default();
-        apply(&mut table, read_links()?, &spec, &metrics, false);
-        let (tx, rx) = tokio::sync::watch::channel(Arc::new(table.clone()));
-        let mut child = Command::new("ip")
-            .args(["-o", "monitor", "link", "address"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .stdin(Stdio::null())
-            .spawn()?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| std::io::Error::other("ip monitor has no stdout"))?;
-        let child = Arc::new(Mutex::new(Some(child)));
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let fault = Arc::new(tokio::sync::Notify::new());
         let m = metrics.clone();
+        let f = fault.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-links".into())
             .spawn(move || {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Some(Ok(_event)) = lines.next() {
-                    // Several lines come per change; the table is re-read at each and only a
-                    // real difference is published.
-                    match read_links() {
-                        Ok(now) => {
-                            if apply(&mut table, now, &spec, &m, true) {
-                                tx.send_replace(Arc::new(table.clone()));
-                            }
-                        }
-                        Err(error) => {
-                            tracing::error!(%error, "link watcher: cannot read the links; paths fall back to their own timeouts");
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = first_tx.send(Err(e));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut table = LinkTable::default();
+                    let first = async {
+                        let monitor = connect()?;
+                        let now = read_links(&monitor.handle).await?;
+                        apply(&mut table, now, &spec, &m, false);
+                        Ok::<_, std::io::Error>(monitor)
+                    }
+                    .await;
+                    let monitor = match first {
+                        Ok(monitor) => monitor,
+                        Err(e) => {
+                            let _ = first_tx.send(Err(e));
                             return;
                         }
+                    };
+                    let (tx, rx) = tokio::sync::watch::channel(Arc::new(table.clone()));
+                    if first_tx.send(Ok(rx)).is_err() {
+                        return;
                     }
-                }
+                    follow(monitor, table, spec, m, tx, stop_rx, f).await;
+                });
             })?;
+        let rx = first_rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the link watcher thread ended at start"))??;
         Ok(LinkWatcher {
             rx,
-            child,
+            stop_tx: Some(stop_tx),
+            fault,
             thread: Some(thread),
             metrics,
         })
@@ -206,29 +275,110 @@ impl LinkWatcher {
         self.rx.clone()
     }
 
-    /// End `ip monitor` and join the thread.
-    pub fn stop(mut self) {
-        self.kill();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    /// End the current netlink connection as a socket error would (for tests).
+    pub fn break_monitor(&self) {
+        self.fault.notify_one();
     }
 
-    fn kill(&self) {
-        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = c.kill();
-            let _ = c.wait();
+    /// Close the socket and join the thread.
+    pub fn stop(mut self) {
+        self.stop_tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
 
 impl Drop for LinkWatcher {
     fn drop(&mut self) {
-        self.kill();
+        self.stop_tx = None; // the thread sees the channel closed and ends
     }
 }
 
-/// One interface as `ip -j addr show` lists it.
+/// The thread's loop: follow events, re-read the links at each burst, reconnect with backoff
+/// when the connection ends; returns when `stop` fires or its sender is dropped.
+async fn follow(
+    first: Monitor,
+    mut table: LinkTable,
+    spec: WatchSpec,
+    m: Arc<LinkMetrics>,
+    tx: tokio::sync::watch::Sender<Arc<LinkTable>>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    fault: Arc<tokio::sync::Notify>,
+) {
+    let mut monitor = Some(first);
+    let mut backoff = MONITOR_RESTART_MIN;
+    loop {
+        if let Some(mut mon) = monitor.take() {
+            let started = Instant::now();
+            let why = loop {
+                tokio::select! {
+                    _ = &mut stop => {
+                        mon.task.abort();
+                        return;
+                    }
+                    _ = fault.notified() => break "connection broken on purpose".to_owned(),
+                    event = mon.events.next() => {
+                        if event.is_none() {
+                            break "the netlink connection ended".to_owned();
+                        }
+                        // A change comes as several messages: drain what is queued, then
+                        // read once; only a real difference is published.
+                        while mon.events.try_recv().is_ok() {}
+                        match read_links(&mon.handle).await {
+                            Ok(now) => {
+                                if apply(&mut table, now, &spec, &m, true) {
+                                    tx.send_replace(Arc::new(table.clone()));
+                                }
+                            }
+                            Err(error) => break format!("cannot read the links: {error}"),
+                        }
+                    }
+                }
+            };
+            mon.task.abort();
+            if started.elapsed() >= MONITOR_HEALTHY {
+                backoff = MONITOR_RESTART_MIN;
+            }
+            m.monitor_exits.inc();
+            tracing::error!(
+                reason = %why,
+                restart_in_ms = backoff.as_millis() as u64,
+                "link monitor stopped following link changes; reconnecting (paths rely on their own timeouts meanwhile)"
+            );
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MONITOR_RESTART_MAX);
+        let reconnected = match connect() {
+            Ok(mon) => match read_links(&mon.handle).await {
+                // Changes while it was down were missed: read the links now.
+                Ok(now) => {
+                    if apply(&mut table, now, &spec, &m, true) {
+                        tx.send_replace(Arc::new(table.clone()));
+                    }
+                    Ok(mon)
+                }
+                Err(error) => {
+                    mon.task.abort();
+                    Err(format!("cannot read the links: {error}"))
+                }
+            },
+            Err(error) => Err(format!("cannot open the netlink socket: {error}")),
+        };
+        match reconnected {
+            Ok(mon) => monitor = Some(mon),
+            Err(reason) => {
+                m.monitor_exits.inc();
+                tracing::error!(%reason, restart_in_ms = backoff.as_millis() as u64, "link monitor cannot reconnect; retrying");
+            }
+        }
+    }
+}
+
+/// One interface as the kernel lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Listed {
     name: String,
@@ -236,49 +386,46 @@ struct Listed {
     addrs: Vec<IpAddr>,
 }
 
-fn read_links() -> std::io::Result<Vec<Listed>> {
-    let out = Command::new("ip").args(["-j", "addr", "show"]).output()?;
-    if !out.status.success() {
-        return Err(std::io::Error::other(format!(
-            "`ip -j addr show` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(parse_links(&out.stdout))
-}
-
-/// Parse `ip -j addr show`; anything unexpected is skipped.
-fn parse_links(json: &[u8]) -> Vec<Listed> {
-    let Ok(serde_json::Value::Array(items)) = serde_json::from_slice::<serde_json::Value>(json)
-    else {
-        return Vec::new();
-    };
-    items
-        .iter()
-        .filter_map(|i| {
-            let name = i.get("ifname")?.as_str()?.to_string();
-            let flags: Vec<&str> = i
-                .get("flags")?
-                .as_array()?
-                .iter()
-                .filter_map(|f| f.as_str())
-                .collect();
-            let addrs = i
-                .get("addr_info")
-                .and_then(|a| a.as_array())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.get("local")?.as_str()?.parse().ok())
-                        .collect()
-                })
-                .unwrap_or_default();
-            Some(Listed {
-                up: flags.contains(&"UP") && flags.contains(&"LOWER_UP"),
+/// Every interface with its flags (RTM_GETLINK dump) and addresses (RTM_GETADDR dump; an
+/// address's IFA_LOCAL, else its IFA_ADDRESS, as `ip addr` shows).
+async fn read_links(handle: &Handle) -> std::io::Result<Vec<Listed>> {
+    let err = |e: rtnetlink::Error| std::io::Error::other(e.to_string());
+    let mut by_index: BTreeMap<u32, Listed> = BTreeMap::new();
+    let mut links = handle.link().get().execute();
+    while let Some(l) = links.try_next().await.map_err(err)? {
+        let Some(name) = l.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let flags = l.header.flags;
+        by_index.insert(
+            l.header.index,
+            Listed {
                 name,
-                addrs,
+                up: flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::LowerUp),
+                addrs: Vec::new(),
+            },
+        );
+    }
+    let mut addrs = handle.address().get().execute();
+    while let Some(a) = addrs.try_next().await.map_err(err)? {
+        let pick = |want_local: bool| {
+            a.attributes.iter().find_map(|x| match x {
+                AddressAttribute::Local(ip) if want_local => Some(*ip),
+                AddressAttribute::Address(ip) if !want_local => Some(*ip),
+                _ => None,
             })
-        })
-        .collect()
+        };
+        if let (Some(l), Some(ip)) = (
+            by_index.get_mut(&a.header.index),
+            pick(true).or_else(|| pick(false)),
+        ) {
+            l.addrs.push(ip);
+        }
+    }
+    Ok(by_index.into_values().collect())
 }
 
 /// Bring `table` up to date with `now`; returns whether anything changed. Watched links
@@ -441,16 +588,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn links_parse_from_ip_json_and_up_needs_a_carrier() {
-        let json = br#"[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"],"addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8}]},
-            {"ifindex":5,"ifname":"wwan0","flags":["NO-CARRIER","BROADCAST","UP"],"addr_info":[{"family":"inet","local":"10.0.1.2"}]},
-            {"bogus":true}]"#;
-        let l = parse_links(json);
-        assert_eq!(l.len(), 2);
-        assert!(l[0].up);
-        assert!(!l[1].up, "UP without LOWER_UP is down (no carrier)");
-        assert_eq!(l[1].addrs, vec!["10.0.1.2".parse::<IpAddr>().unwrap()]);
-        assert!(parse_links(b"not json").is_empty());
+    fn the_links_are_read_over_netlink_and_loopback_is_up_with_its_address() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let links = rt.block_on(async {
+            let mon = connect().unwrap();
+            let l = read_links(&mon.handle).await.unwrap();
+            mon.task.abort();
+            l
+        });
+        let lo = links.iter().find(|l| l.name == "lo").expect("lo is listed");
+        assert!(lo.up, "lo has IFF_UP and IFF_LOWER_UP");
+        assert!(lo.addrs.contains(&"127.0.0.1".parse::<IpAddr>().unwrap()));
+    }
+
+    /// Issue 29: a dead monitor was silent (the thread ended, link changes no longer
+    /// followed). Now it is counted, logged and reconnected after the backoff.
+    #[test]
+    fn a_broken_monitor_is_counted_and_reconnected_and_stop_does_not_wait_out_the_backoff() {
+        let w = LinkWatcher::start(WatchSpec::default()).expect("a netlink socket");
+        w.break_monitor();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while w.metrics.monitor_exits.get() == 0 {
+            assert!(Instant::now() < deadline, "not counted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut text = PromWriter::default();
+        w.metrics.render(&mut text);
+        assert!(
+            text.finish().contains("sluice_link_monitor_exits_total 1"),
+            "counted in /metrics"
+        );
+        // Reconnected after 1 s: a second break is counted again.
+        std::thread::sleep(Duration::from_millis(1300));
+        w.break_monitor();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while w.metrics.monitor_exits.get() < 2 {
+            assert!(Instant::now() < deadline, "not reconnected");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let t = Instant::now();
+        w.stop();
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "stop waited out a backoff"
+        );
     }
 
     #[test]

@@ -88,9 +88,10 @@ pub struct MptcpInfo {
     pub bytes_received: Option<u64>,
 }
 
-/// The crate's one `unsafe` (ADR 0004): `getsockopt` into a byte buffer.
+/// The crate's one `unsafe` (ADR 0004): `getsockopt` into a byte buffer. Also used by the
+/// function runtime to read a listening socket's accept queue (`TCP_INFO`).
 #[allow(unsafe_code)]
-fn getsockopt(
+pub(crate) fn getsockopt(
     fd: BorrowedFd<'_>,
     level: libc::c_int,
     name: libc::c_int,

@@ -1,15 +1,26 @@
-//! One upstream of one shard: the requests waiting for it and outstanding on it, and the task
-//! that keeps its CoAP-over-TCP/TLS connection (RFC 8323) and moves requests over it.
+//! One upstream of one shard: the requests waiting for it and outstanding on it, and the
+//! tasks that keep its CoAP-over-TCP/TLS connections (RFC 8323) and move requests over them:
+//! one connection, routed by the kernel, or with `paths` one per path (ADR 0012).
 //!
-//! Owns: the connection (lazily opened on the first request, CSM exchange first, Ping when
+//! Owns: the connections (each opened on the first request, CSM exchange first, Ping when
 //! idle, Pong to Pings, closed on Release/Abort, reopened with exponential backoff), token
 //! allocation (unique per upstream, so per connection), the outstanding bound and the waiting
 //! queue, retry-once of idempotent requests lost with a connection, and the 5.02/5.03/5.04
-//! answers the proxy makes up. Does not own: which requests come here (`route.rs`).
+//! answers the proxy makes up. With `paths`: which path takes a waiting request (pulled by
+//! the path [`sched::pick`] names, when it has room), a path declared dead when its
+//! connection ends, when it has requests outstanding and read nothing for `path_timeout`
+//! (stalled: a blackhole sends no RST) or when the link watcher reports its interface down;
+//! a dead path keeps reconnecting with backoff (at once when its link comes back) and takes
+//! requests again when it is up. Does not own: which requests come here (`route.rs`).
+//!
+//! Idempotent (RFC 7252 §5.8, RFC 8132 §2 for FETCH): GET, FETCH, PUT, DELETE; written again
+//! once, on another path when there is one, if their connection is lost before the answer.
+//! POST, PATCH, iPATCH are not (the server may have acted): answered 5.02 Bad Gateway.
 //!
 //! Invariants: every request handed to [`Upstream::forward`] resolves exactly once (upstream
-//! response, or made-up 5.02/5.03/5.04/4.13); at most `max_outstanding` requests are written
-//! and unanswered; a request is written at most twice, the second time only if idempotent.
+//! response, or made-up 5.02/5.03/5.04/4.13) within `request_timeout`; at most
+//! `max_outstanding` requests are written and unanswered per connection; a request is written
+//! at most twice, the second time only if idempotent.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -24,8 +35,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
 
-use super::metrics::{ProxyMetrics, UpstreamMetrics, CONNECTED, CONNECTING, DISCONNECTED};
+use super::metrics::{
+    PathFailover, ProxyMetrics, ProxyPathMetrics, UpstreamMetrics, CONNECTED, CONNECTING,
+    DISCONNECTED,
+};
+use super::sched::{self, PathView};
 use crate::config::{CoapProxyConfig, ProxyTarget};
+use crate::net::dial::Dial;
+use crate::net::links::{LinkTable, LinkWatch};
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -58,6 +75,20 @@ enum ConnError {
     Tls(String),
     #[error("bad url")]
     BadUrl,
+    #[error("requests outstanding and nothing read for path_timeout")]
+    Stalled,
+    #[error("the path's link went down")]
+    LinkDown,
+}
+
+impl ConnError {
+    fn failover(&self) -> PathFailover {
+        match self {
+            ConnError::Stalled => PathFailover::Stalled,
+            ConnError::LinkDown => PathFailover::LinkDown,
+            _ => PathFailover::Dead,
+        }
+    }
 }
 
 struct Pending {
@@ -66,12 +97,60 @@ struct Pending {
     retried: bool,
     written_at: Instant,
     seq: u64,
+    /// The path that lost it (a retry goes elsewhere when it can).
+    avoid: Option<usize>,
+    /// Encoded size, while outstanding.
+    size: usize,
 }
 
-#[derive(Default)]
-struct Queues {
-    waiting: VecDeque<(Token, Pending)>,
-    outstanding: HashMap<Token, Pending>,
+/// One connection of an upstream: the only one, or one path's.
+struct PathConn {
+    name: String,
+    dial: Dial,
+    weight: u32,
+    /// Requests written on this connection and unanswered.
+    outstanding: RefCell<HashMap<Token, Pending>>,
+    /// Their encoded bytes.
+    bytes: Cell<usize>,
+    /// When `outstanding` last became non-empty (for the stall deadline).
+    busy_since: Cell<Instant>,
+    srtt: Cell<Option<Duration>>,
+    /// DISCONNECTED, CONNECTING or CONNECTED (CSM exchanged, serving).
+    state: Cell<i64>,
+    /// The link watcher's view of the path's interface (`None`: unknown or not watched).
+    link_up: Cell<Option<bool>>,
+    /// Work for this connection (a request waits, a slot freed, another path went down).
+    work: Notify,
+    /// The path's link changed.
+    link: Notify,
+    /// The connection's key in the metrics' MPTCP state (0: none kept).
+    mptcp_key: Cell<u64>,
+}
+
+impl PathConn {
+    fn new(name: String, dial: Dial, weight: u32) -> PathConn {
+        PathConn {
+            name,
+            dial,
+            weight,
+            outstanding: RefCell::new(HashMap::new()),
+            bytes: Cell::new(0),
+            busy_since: Cell::new(Instant::now()),
+            srtt: Cell::new(None),
+            state: Cell::new(DISCONNECTED),
+            link_up: Cell::new(None),
+            work: Notify::new(),
+            link: Notify::new(),
+            mptcp_key: Cell::new(0),
+        }
+    }
+
+    /// Remove `token` from the outstanding requests.
+    fn take(&self, token: &Token) -> Option<Pending> {
+        let p = self.outstanding.borrow_mut().remove(token)?;
+        self.bytes.set(self.bytes.get().saturating_sub(p.size));
+        Some(p)
+    }
 }
 
 /// One upstream on one shard.
@@ -85,12 +164,14 @@ pub struct Upstream {
     max_message_size: usize,
     metrics: Arc<ProxyMetrics>,
     index: usize,
-    queues: RefCell<Queues>,
-    notify: Notify,
+    /// Requests not written yet, oldest first (a retry goes first).
+    waiting: RefCell<VecDeque<(Token, Pending)>>,
+    /// One entry without `paths`; else one per path.
+    conns: Vec<PathConn>,
     next_token: Cell<u64>,
     task_running: Cell<bool>,
-    /// The connection's key in the metrics' MPTCP state (0: none kept).
-    mptcp_key: Cell<u64>,
+    /// Link state, for `paths` (`None`: no watcher).
+    links: Option<LinkWatch>,
 }
 
 /// A response the proxy makes up.
@@ -100,7 +181,8 @@ pub fn made_up(code: Code, diagnostic: &'static str) -> Message {
     m
 }
 
-fn idempotent(code: Code) -> bool {
+/// RFC 7252 §5.8 (GET, PUT, DELETE) and RFC 8132 §2 (FETCH); POST, PATCH and iPATCH are not.
+pub fn idempotent(code: Code) -> bool {
     matches!(code, Code::GET | Code::PUT | Code::DELETE | Code::FETCH)
 }
 
@@ -111,6 +193,7 @@ impl Upstream {
         max_message_size: usize,
         metrics: Arc<ProxyMetrics>,
         index: usize,
+        links: Option<LinkWatch>,
     ) -> Upstream {
         let target = cfg.target().ok();
         let tls = target.as_ref().filter(|t| t.tls).map(|_| {
@@ -125,6 +208,32 @@ impl Upstream {
                 e.to_string()
             })
         });
+        let conns = if cfg.paths.is_empty() {
+            vec![PathConn::new(
+                String::new(),
+                Dial {
+                    mptcp: cfg.mptcp,
+                    ..Default::default()
+                },
+                1,
+            )]
+        } else {
+            cfg.paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    PathConn::new(
+                        p.label(i),
+                        Dial {
+                            mptcp: false,
+                            bind: p.bind,
+                            interface: p.interface.clone(),
+                        },
+                        p.weight,
+                    )
+                })
+                .collect()
+        };
         Upstream {
             cfg: cfg.clone(),
             target,
@@ -133,11 +242,11 @@ impl Upstream {
             max_message_size,
             metrics,
             index,
-            queues: RefCell::new(Queues::default()),
-            notify: Notify::new(),
+            waiting: RefCell::new(VecDeque::new()),
+            conns,
             next_token: Cell::new(1),
             task_running: Cell::new(false),
-            mptcp_key: Cell::new(0),
+            links: if cfg.paths.is_empty() { None } else { links },
         }
     }
 
@@ -145,9 +254,46 @@ impl Upstream {
         &self.metrics.upstreams[self.index].1
     }
 
-    fn gauges(&self, q: &Queues) {
-        self.m().outstanding.set(q.outstanding.len() as i64);
-        self.m().waiting.set(q.waiting.len() as i64);
+    /// Path `i`'s metrics (`None` without `paths`).
+    fn pm(&self, i: usize) -> Option<&ProxyPathMetrics> {
+        self.m().paths.get(i)
+    }
+
+    fn multipath(&self) -> bool {
+        !self.cfg.paths.is_empty()
+    }
+
+    fn gauges(&self) {
+        let outstanding: usize = self
+            .conns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let n = c.outstanding.borrow().len();
+                if let Some(pm) = self.pm(i) {
+                    pm.outstanding.set(n as i64);
+                }
+                n
+            })
+            .sum();
+        self.m().outstanding.set(outstanding as i64);
+        self.m().waiting.set(self.waiting.borrow().len() as i64);
+    }
+
+    fn set_state(&self, i: usize, state: i64) {
+        self.conns[i].state.set(state);
+        if let Some(pm) = self.pm(i) {
+            pm.state.set(state);
+        }
+        let best = self.conns.iter().map(|c| c.state.get()).max();
+        self.m().state.set(best.unwrap_or(DISCONNECTED));
+    }
+
+    /// Wake every connection's task: one of them takes the work.
+    fn kick(&self) {
+        for c in &self.conns {
+            c.work.notify_one();
+        }
     }
 
     /// Send `req` (already rewritten for the upstream) and resolve with the response; the
@@ -163,14 +309,23 @@ impl Upstream {
     async fn exchange(self: &Rc<Self>, mut req: Message) -> Message {
         let seq = self.next_token.get();
         self.next_token.set(seq + 1);
-        let token = Token::from_slice(&sluice_proto::coap::message::encode_uint(seq as u32))
-            .filter(|_| seq <= u32::MAX as u64)
+        // Fixed 4-byte tokens (8 past 2^32): libcoap 4.3's server drops the connection when
+        // many requests with 1- and 2-byte tokens are outstanding at once (issue 30: 250
+        // concurrent 16 B PUTs; tested in tests/coap_proxy.rs).
+        let token = u32::try_from(seq)
+            .ok()
+            .and_then(|s| Token::from_slice(&s.to_be_bytes()))
             .unwrap_or(Token::from_u64(seq));
         let (tx, rx) = oneshot::channel();
         {
-            let mut q = self.queues.borrow_mut();
-            if q.outstanding.len() + q.waiting.len()
-                >= self.cfg.max_outstanding + self.cfg.max_waiting
+            let outstanding: usize = self
+                .conns
+                .iter()
+                .map(|c| c.outstanding.borrow().len())
+                .sum();
+            let mut waiting = self.waiting.borrow_mut();
+            if outstanding + waiting.len()
+                >= self.cfg.max_outstanding * self.conns.len() + self.cfg.max_waiting
             {
                 self.m().unavailable.inc();
                 let mut res = made_up(Code::SERVICE_UNAVAILABLE, "upstream busy");
@@ -178,7 +333,7 @@ impl Upstream {
                 return res;
             }
             req.token = token;
-            q.waiting.push_back((
+            waiting.push_back((
                 token,
                 Pending {
                     req,
@@ -186,12 +341,14 @@ impl Upstream {
                     retried: false,
                     written_at: Instant::now(),
                     seq,
+                    avoid: None,
+                    size: 0,
                 },
             ));
-            self.gauges(&q);
         }
+        self.gauges();
         self.ensure_task();
-        self.notify.notify_one();
+        self.kick();
         match tokio::time::timeout(self.cfg.request_timeout, rx).await {
             Ok(Ok(res)) => res,
             Ok(Err(_)) => {
@@ -199,13 +356,12 @@ impl Upstream {
                 made_up(Code::BAD_GATEWAY, "upstream connection lost")
             }
             Err(_) => {
-                {
-                    let mut q = self.queues.borrow_mut();
-                    q.outstanding.remove(&token);
-                    q.waiting.retain(|(t, _)| *t != token);
-                    self.gauges(&q);
+                for c in &self.conns {
+                    c.take(&token);
                 }
-                self.notify.notify_one(); // a slot may have freed
+                self.waiting.borrow_mut().retain(|(t, _)| *t != token);
+                self.gauges();
+                self.kick(); // a slot may have freed
                 self.m().timeouts.inc();
                 made_up(Code::GATEWAY_TIMEOUT, "upstream did not answer in time")
             }
@@ -214,62 +370,113 @@ impl Upstream {
 
     fn ensure_task(self: &Rc<Self>) {
         if !self.task_running.replace(true) {
-            tokio::task::spawn_local(self.clone().run());
+            for i in 0..self.conns.len() {
+                tokio::task::spawn_local(self.clone().run(i));
+            }
+            if let Some(links) = self.links.clone() {
+                tokio::task::spawn_local(self.clone().watch_links(links));
+            }
         }
     }
 
-    async fn run(self: Rc<Self>) {
+    /// Follow the link table: a path whose link went down ends its connection at once (its
+    /// requests go elsewhere); one whose link came back reconnects at once.
+    async fn watch_links(self: Rc<Self>, mut links: LinkWatch) {
+        loop {
+            let table = links.borrow_and_update().clone();
+            self.apply_links(&table);
+            if links.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn apply_links(&self, table: &LinkTable) {
+        for c in &self.conns {
+            let Some((_, st)) = table.find(c.dial.interface.as_deref(), c.dial.bind) else {
+                continue;
+            };
+            if c.link_up.replace(Some(st.up)) != Some(st.up) {
+                c.link.notify_one();
+            }
+        }
+    }
+
+    /// Connection `i`'s task: connect, serve, and after a loss wait out the backoff (a
+    /// returning link cuts it short). Without `paths` a connection that failed to open
+    /// waits for work before trying again; a path keeps trying, so it is ready when needed.
+    async fn run(self: Rc<Self>, i: usize) {
+        let c = &self.conns[i];
         let mut backoff = MIN_BACKOFF;
         loop {
-            let idle = {
-                let q = self.queues.borrow();
-                q.waiting.is_empty() && q.outstanding.is_empty()
-            };
-            if idle && backoff > MIN_BACKOFF {
-                // Lost the connection with nothing to do: reconnect when there is.
-                self.notify.notified().await;
+            while c.link_up.get() == Some(false) {
+                c.link.notified().await;
+                backoff = MIN_BACKOFF;
             }
-            self.m().state.set(CONNECTING);
-            match tokio::time::timeout(self.cfg.connect_timeout, self.connect()).await {
+            let idle = self.waiting.borrow().is_empty() && c.outstanding.borrow().is_empty();
+            if idle && backoff > MIN_BACKOFF && !self.multipath() {
+                // Lost the connection with nothing to do: reconnect when there is.
+                c.work.notified().await;
+            }
+            self.set_state(i, CONNECTING);
+            match tokio::time::timeout(self.cfg.connect_timeout, self.connect(i)).await {
                 Ok(Ok((mut io, mut rbuf, caps))) => {
                     backoff = MIN_BACKOFF;
                     self.m().connects.inc();
-                    self.m().state.set(CONNECTED);
-                    tracing::info!(upstream = %self.cfg.name, "CoAP upstream connected");
-                    let why = self.serve(&mut io, &mut rbuf, caps).await;
+                    if let Some(pm) = self.pm(i) {
+                        pm.connects.inc();
+                    }
+                    self.set_state(i, CONNECTED);
+                    tracing::info!(upstream = %self.cfg.name, path = %c.name, "CoAP upstream connected");
+                    self.kick();
+                    let why = self.serve(i, &mut io, &mut rbuf, caps).await;
                     self.m().disconnects.inc();
-                    tracing::warn!(upstream = %self.cfg.name, reason = %why, "CoAP upstream connection ended");
+                    if let Some(pm) = self.pm(i) {
+                        pm.failover(why.failover());
+                    }
+                    tracing::warn!(upstream = %self.cfg.name, path = %c.name, reason = %why, "CoAP upstream connection ended");
                 }
                 Ok(Err(e)) => {
                     self.m().connect_failures.inc();
-                    tracing::warn!(upstream = %self.cfg.name, error = %e, "CoAP upstream connect failed");
+                    tracing::warn!(upstream = %self.cfg.name, path = %c.name, error = %e, "CoAP upstream connect failed");
                 }
                 Err(_) => {
                     self.m().connect_failures.inc();
-                    tracing::warn!(upstream = %self.cfg.name, error = %ConnError::Timeout, "CoAP upstream connect failed");
+                    tracing::warn!(upstream = %self.cfg.name, path = %c.name, error = %ConnError::Timeout, "CoAP upstream connect failed");
                 }
             }
-            self.m().state.set(DISCONNECTED);
-            self.connection_lost();
-            tokio::time::sleep(backoff).await;
+            self.set_state(i, DISCONNECTED);
+            self.connection_lost(i);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = c.link.notified() => {
+                    // Down: wait above; up again: try at once.
+                    backoff = MIN_BACKOFF;
+                    continue;
+                }
+            }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
-    /// TCP (or MPTCP with `mptcp = true`) to the upstream, trying each resolved address; the
-    /// connection's MPTCP state is kept for status until `connection_lost`.
-    async fn dial(&self, target: &ProxyTarget) -> std::io::Result<TcpStream> {
-        let dial = crate::net::dial::Dial {
-            mptcp: self.cfg.mptcp,
-            ..Default::default()
-        };
+    /// TCP (or MPTCP with `mptcp = true`) to the upstream from connection `i`'s place,
+    /// trying each resolved address; the connection's MPTCP state is kept for status until
+    /// `connection_lost`.
+    async fn dial(&self, i: usize, target: &ProxyTarget) -> std::io::Result<TcpStream> {
+        let c = &self.conns[i];
         let mut last = None;
         for addr in tokio::net::lookup_host((target.host.as_str(), target.port)).await? {
-            let (socket, mptcp_socket) = crate::net::dial::socket_for(addr, &dial)?;
+            let (socket, mptcp_socket) = match crate::net::dial::socket_for(addr, &c.dial) {
+                Ok(s) => s,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
             match socket.connect(addr).await {
                 Ok(tcp) => {
-                    let key = self.m().mptcp.on_connect(&tcp, dial.mptcp, mptcp_socket);
-                    self.m().mptcp.on_close(self.mptcp_key.replace(key));
+                    let key = self.m().mptcp.on_connect(&tcp, c.dial.mptcp, mptcp_socket);
+                    self.m().mptcp.on_close(c.mptcp_key.replace(key));
                     return Ok(tcp);
                 }
                 Err(e) => last = Some(e),
@@ -283,9 +490,9 @@ impl Upstream {
         }))
     }
 
-    async fn connect(&self) -> Result<(Box<dyn Io>, BytesMut, Capabilities), ConnError> {
+    async fn connect(&self, i: usize) -> Result<(Box<dyn Io>, BytesMut, Capabilities), ConnError> {
         let target = self.target.as_ref().ok_or(ConnError::BadUrl)?;
-        let tcp = self.dial(target).await?;
+        let tcp = self.dial(i, target).await?;
         tcp.set_nodelay(true)?;
         let mut io: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
@@ -344,9 +551,10 @@ impl Upstream {
         io.flush().await
     }
 
-    /// Move requests over a connected `io` until it ends.
+    /// Move requests over connection `i`'s connected `io` until it ends.
     async fn serve(
         &self,
+        i: usize,
         io: &mut Box<dyn Io>,
         rbuf: &mut BytesMut,
         mut caps: Capabilities,
@@ -354,17 +562,24 @@ impl Upstream {
         enum Ev {
             Read(std::io::Result<usize>),
             Work,
+            Link,
             Idle,
+            Stall,
         }
+        let c = &self.conns[i];
         let mut last_read = tokio::time::Instant::now();
         let mut ping_sent = false;
         let mut wbuf = BytesMut::new();
         loop {
+            if c.link_up.get() == Some(false) {
+                return ConnError::LinkDown;
+            }
             // Frames already buffered (the server may send more right behind its CSM).
             loop {
                 match decode_tcp(rbuf, self.max_message_size) {
                     Ok(Some(m)) => {
-                        if let Err(e) = self.on_message(m, &mut caps, &mut ping_sent, &mut wbuf) {
+                        if let Err(e) = self.on_message(i, m, &mut caps, &mut ping_sent, &mut wbuf)
+                        {
                             return e;
                         }
                     }
@@ -375,22 +590,43 @@ impl Upstream {
                     }
                 }
             }
-            self.fill(&caps, &mut wbuf);
+            self.fill(i, &caps, &mut wbuf);
             if !wbuf.is_empty() {
                 let written = async {
                     io.write_all(&wbuf).await?;
                     io.flush().await
                 };
-                if let Err(e) = written.await {
+                // A path whose link stalls must not hold its task in a write forever.
+                let written = if self.multipath() {
+                    match tokio::time::timeout(self.cfg.path_timeout, written).await {
+                        Ok(r) => r,
+                        Err(_) => return ConnError::Stalled,
+                    }
+                } else {
+                    written.await
+                };
+                if let Err(e) = written {
                     return ConnError::Io(e);
                 }
                 wbuf.clear();
             }
             let deadline = last_read + self.cfg.ping_interval;
+            // With paths: requests outstanding and nothing read since they went out.
+            let stall_at = (self.multipath() && !c.outstanding.borrow().is_empty()).then(|| {
+                last_read.max(tokio::time::Instant::from_std(c.busy_since.get()))
+                    + self.cfg.path_timeout
+            });
             let ev = tokio::select! {
                 r = io.read_buf(rbuf) => Ev::Read(r),
-                _ = self.notify.notified() => Ev::Work,
+                _ = c.work.notified() => Ev::Work,
+                _ = c.link.notified() => Ev::Link,
                 _ = tokio::time::sleep_until(deadline) => Ev::Idle,
+                _ = async {
+                    match stall_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => Ev::Stall,
             };
             match ev {
                 Ev::Read(Ok(0)) => return ConnError::Closed,
@@ -399,7 +635,8 @@ impl Upstream {
                     last_read = tokio::time::Instant::now();
                     ping_sent = false;
                 }
-                Ev::Work => {}
+                Ev::Work | Ev::Link => {}
+                Ev::Stall => return ConnError::Stalled,
                 Ev::Idle if ping_sent => return ConnError::PingTimeout,
                 Ev::Idle => {
                     encode_tcp(&tcp::ping(Token::EMPTY), &mut wbuf);
@@ -410,9 +647,10 @@ impl Upstream {
         }
     }
 
-    /// One frame from the upstream.
+    /// One frame from the upstream on connection `i`.
     fn on_message(
         &self,
+        i: usize,
         m: Message,
         caps: &mut Capabilities,
         ping_sent: &mut bool,
@@ -425,39 +663,89 @@ impl Upstream {
             Code::ABORT => return Err(ConnError::Abort),
             Code::CSM => *caps = tcp::read_csm(&m, *caps).map_err(ConnError::BadCsm)?,
             c if c.is_response() => {
-                let mut q = self.queues.borrow_mut();
-                let Some(p) = q.outstanding.remove(&m.token) else {
+                let conn = &self.conns[i];
+                let Some(p) = conn.take(&m.token) else {
                     // Answered after its 5.04, or not ours.
                     return Ok(());
                 };
-                self.gauges(&q);
-                drop(q);
-                self.m().latency.observe(p.written_at.elapsed());
+                self.gauges();
+                let rtt = p.written_at.elapsed();
+                let srtt = match conn.srtt.get() {
+                    Some(s) => (s * 7 + rtt) / 8,
+                    None => rtt,
+                };
+                conn.srtt.set(Some(srtt));
+                if let Some(pm) = self.pm(i) {
+                    pm.responses.inc();
+                    pm.srtt_us.set(srtt.as_micros() as i64);
+                }
+                self.m().latency.observe(rtt);
                 self.m().responses[c.class() as usize].inc();
                 let mut res = m;
                 res.remove_option(opt::OBSERVE);
                 let _ = p.reply.send(res);
-                // A slot freed: more may go out.
-                self.notify.notify_one();
+                // A slot freed: more may go out, here or on another path.
+                self.kick();
             }
             _ => {} // empty (keep-alive), requests to the proxy, unknown signals: ignored
         }
         Ok(())
     }
 
-    /// Move waiting requests to outstanding while slots allow, encoding them into `wbuf`.
-    fn fill(&self, caps: &Capabilities, wbuf: &mut BytesMut) {
-        let mut q = self.queues.borrow_mut();
-        while q.outstanding.len() < self.cfg.max_outstanding {
-            let Some((token, mut p)) = q.waiting.pop_front() else {
+    fn views(&self) -> Vec<PathView> {
+        self.conns
+            .iter()
+            .map(|c| PathView {
+                up: c.state.get() == CONNECTED && c.link_up.get() != Some(false),
+                room: c.outstanding.borrow().len() < self.cfg.max_outstanding,
+                bytes: c.bytes.get(),
+                srtt: c.srtt.get(),
+                weight: c.weight,
+            })
+            .collect()
+    }
+
+    /// Move waiting requests to connection `i`'s outstanding while it has room and the
+    /// scheduler picks it, encoding them into `wbuf`. A request the scheduler gives to
+    /// another path stays first in line (that path was woken).
+    fn fill(&self, i: usize, caps: &Capabilities, wbuf: &mut BytesMut) {
+        let c = &self.conns[i];
+        let multipath = self.multipath();
+        loop {
+            let mut waiting = self.waiting.borrow_mut();
+            let Some((closed, avoid)) = waiting
+                .front()
+                .map(|(_, head)| (head.reply.is_closed(), head.avoid))
+            else {
                 break;
             };
-            if p.reply.is_closed() {
-                continue; // timed out while waiting
+            if closed {
+                waiting.pop_front(); // timed out while waiting
+                continue;
             }
+            if c.outstanding.borrow().len() >= self.cfg.max_outstanding {
+                break;
+            }
+            if multipath {
+                drop(waiting);
+                match sched::pick(&self.views(), avoid) {
+                    Some(j) if j == i => {}
+                    Some(j) => {
+                        self.conns[j].work.notify_one();
+                        break;
+                    }
+                    None => break,
+                }
+                waiting = self.waiting.borrow_mut();
+            }
+            let Some((token, mut p)) = waiting.pop_front() else {
+                break;
+            };
+            drop(waiting);
             let before = wbuf.len();
             encode_tcp(&p.req, wbuf);
-            if wbuf.len() - before > caps.max_message_size {
+            let size = wbuf.len() - before;
+            if size > caps.max_message_size {
                 wbuf.truncate(before);
                 let mut res = made_up(
                     Code::REQUEST_ENTITY_TOO_LARGE,
@@ -471,26 +759,40 @@ impl Upstream {
                 continue;
             }
             p.written_at = Instant::now();
-            q.outstanding.insert(token, p);
+            p.size = size;
+            if let Some(pm) = self.pm(i) {
+                pm.requests.inc();
+                pm.bytes.add(size as u64);
+            }
+            let mut out = c.outstanding.borrow_mut();
+            if out.is_empty() {
+                c.busy_since.set(Instant::now());
+            }
+            out.insert(token, p);
+            c.bytes.set(c.bytes.get() + size);
         }
-        self.gauges(&q);
+        self.gauges();
     }
 
-    /// The connection is gone: idempotent requests written once go first in line again,
-    /// others are answered 5.02.
-    fn connection_lost(&self) {
-        self.m().mptcp.on_close(self.mptcp_key.take());
-        let mut q = self.queues.borrow_mut();
-        let mut lost: Vec<(Token, Pending)> = q.outstanding.drain().collect();
+    /// Connection `i` is gone: idempotent requests written once go first in line again (to
+    /// another path when there is one), others are answered 5.02.
+    fn connection_lost(&self, i: usize) {
+        let c = &self.conns[i];
+        self.m().mptcp.on_close(c.mptcp_key.take());
+        let mut lost: Vec<(Token, Pending)> = c.outstanding.borrow_mut().drain().collect();
+        c.bytes.set(0);
         lost.sort_by_key(|(_, p)| p.seq);
+        let mut waiting = self.waiting.borrow_mut();
         for (token, mut p) in lost.into_iter().rev() {
             if p.reply.is_closed() {
                 continue;
             }
             if idempotent(p.req.code) && !p.retried {
                 p.retried = true;
+                p.avoid = Some(i);
+                p.size = 0;
                 self.m().retries.inc();
-                q.waiting.push_front((token, p));
+                waiting.push_front((token, p));
             } else {
                 self.m().bad_gateway.inc();
                 let _ = p
@@ -498,6 +800,8 @@ impl Upstream {
                     .send(made_up(Code::BAD_GATEWAY, "upstream connection lost"));
             }
         }
-        self.gauges(&q);
+        drop(waiting);
+        self.gauges();
+        self.kick();
     }
 }

@@ -1,6 +1,7 @@
 //! Counters of the CoAP proxy, per shard and upstream: requests by response class, upstream
 //! latency, connects and reconnects, retries, and the 5.0x answers the proxy made up; the
-//! connection state for `/api/v1/status`.
+//! connection state for `/api/v1/status`; with `paths`, the same per path (state, requests
+//! and bytes written, outstanding, smoothed RTT, failovers by reason).
 //!
 //! Owns: the numbers and how they render (Prometheus text and status JSON). Does not own:
 //! serving them (`crate::admin`) or deciding what happened (`conn.rs`).
@@ -39,6 +40,157 @@ pub struct UpstreamMetrics {
     pub waiting: Gauge,
     /// MPTCP state of the connection (`mptcp = true`).
     pub mptcp: crate::net::mptcp::MptcpMetrics,
+    /// One per `paths` entry (empty without `paths`).
+    pub paths: Vec<ProxyPathMetrics>,
+}
+
+/// Why a path was declared dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathFailover {
+    /// The connection failed or was closed (RST, Abort, Release, write error, no Pong).
+    Dead,
+    /// Requests outstanding and nothing read for `path_timeout`.
+    Stalled,
+    /// The link watcher saw its interface lose its carrier.
+    LinkDown,
+}
+
+impl PathFailover {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathFailover::Dead => "dead",
+            PathFailover::Stalled => "stalled",
+            PathFailover::LinkDown => "link_down",
+        }
+    }
+}
+
+/// One path of one upstream on one shard.
+#[derive(Debug, Default)]
+pub struct ProxyPathMetrics {
+    pub name: String,
+    /// 0 disconnected, 1 connecting, 2 connected.
+    pub state: Gauge,
+    pub connects: Counter,
+    /// Requests written on this path (a retry counts on the path it is written to).
+    pub requests: Counter,
+    /// Bytes of requests written on this path.
+    pub bytes: Counter,
+    /// Responses read on this path.
+    pub responses: Counter,
+    pub outstanding: Gauge,
+    /// Smoothed request → response time on this path, µs (0: none yet).
+    pub srtt_us: Gauge,
+    /// Failovers by [`PathFailover`]: dead, stalled, link_down.
+    pub failovers: [Counter; 3],
+}
+
+impl ProxyPathMetrics {
+    pub fn new(name: String) -> ProxyPathMetrics {
+        ProxyPathMetrics {
+            name,
+            ..Default::default()
+        }
+    }
+
+    pub fn failover(&self, why: PathFailover) {
+        self.failovers[why as usize].inc();
+    }
+
+    fn state_name(&self) -> &'static str {
+        match self.state.get() {
+            CONNECTED => "connected",
+            CONNECTING => "connecting",
+            _ => "disconnected",
+        }
+    }
+
+    fn render(&self, w: &mut PromWriter, shard: &str, upstream: &str) {
+        let l: &[(&str, &str)] = &[
+            ("shard", shard),
+            ("upstream", upstream),
+            ("path", &self.name),
+        ];
+        w.state(
+            "sluice_coap_proxy_path_state",
+            "Path connection state: 1 for the current state label (disconnected, connecting, connected), 0 for the others.",
+            l,
+            "state",
+            &["disconnected", "connecting", "connected"],
+            self.state_name(),
+        );
+        w.counter(
+            "sluice_coap_proxy_path_connects_total",
+            "Path connections whose CSM exchange completed.",
+            l,
+            self.connects.get(),
+        );
+        w.counter(
+            "sluice_coap_proxy_path_requests_total",
+            "Requests written on the path.",
+            l,
+            self.requests.get(),
+        );
+        w.counter(
+            "sluice_coap_proxy_path_bytes_total",
+            "Request bytes written on the path.",
+            l,
+            self.bytes.get(),
+        );
+        w.counter(
+            "sluice_coap_proxy_path_responses_total",
+            "Responses read on the path.",
+            l,
+            self.responses.get(),
+        );
+        w.gauge(
+            "sluice_coap_proxy_path_outstanding",
+            "Requests written on the path and not answered yet.",
+            l,
+            self.outstanding.get(),
+        );
+        w.gauge_f64(
+            "sluice_coap_proxy_path_srtt_seconds",
+            "Smoothed request-to-response time on the path.",
+            l,
+            self.srtt_us.get() as f64 / 1e6,
+        );
+        for why in [
+            PathFailover::Dead,
+            PathFailover::Stalled,
+            PathFailover::LinkDown,
+        ] {
+            w.counter(
+                "sluice_coap_proxy_path_failovers_total",
+                "Times the path was declared dead, by reason (its requests went to the other paths).",
+                &[
+                    ("shard", shard),
+                    ("upstream", upstream),
+                    ("path", &self.name),
+                    ("reason", why.as_str()),
+                ],
+                self.failovers[why as usize].get(),
+            );
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "state": self.state_name(),
+            "connects": self.connects.get(),
+            "requests": self.requests.get(),
+            "bytes": self.bytes.get(),
+            "responses": self.responses.get(),
+            "outstanding": self.outstanding.get(),
+            "srtt_ms": self.srtt_us.get() as f64 / 1000.0,
+            "failovers": {
+                "dead": self.failovers[0].get(),
+                "stalled": self.failovers[1].get(),
+                "link_down": self.failovers[2].get(),
+            },
+        })
+    }
 }
 
 impl UpstreamMetrics {
@@ -103,11 +255,13 @@ impl UpstreamMetrics {
             l,
             self.retries.get(),
         );
-        w.gauge(
+        w.state(
             "sluice_coap_proxy_state",
-            "Upstream connection state: 0 disconnected, 1 connecting, 2 connected.",
+            "Upstream connection state: 1 for the current state label (disconnected, connecting, connected), 0 for the others.",
             l,
-            self.state.get(),
+            "state",
+            &["disconnected", "connecting", "connected"],
+            self.state_name(),
         );
         w.gauge(
             "sluice_coap_proxy_outstanding",
@@ -122,6 +276,9 @@ impl UpstreamMetrics {
             self.waiting.get(),
         );
         self.mptcp.render(w, "sluice_coap_proxy", l);
+        for p in &self.paths {
+            p.render(w, shard, upstream);
+        }
     }
 
     /// The status entry of this upstream on one shard.
@@ -135,6 +292,7 @@ impl UpstreamMetrics {
             "connects": self.connects.get(),
             "retries": self.retries.get(),
             "mptcp": self.mptcp.status(),
+            "paths": self.paths.iter().map(ProxyPathMetrics::status).collect::<Vec<_>>(),
         })
     }
 }
@@ -152,7 +310,18 @@ impl ProxyMetrics {
                 .coap
                 .proxy
                 .iter()
-                .map(|p| (p.name.clone(), UpstreamMetrics::default()))
+                .map(|p| {
+                    let m = UpstreamMetrics {
+                        paths: p
+                            .paths
+                            .iter()
+                            .enumerate()
+                            .map(|(i, path)| ProxyPathMetrics::new(path.label(i)))
+                            .collect(),
+                        ..Default::default()
+                    };
+                    (p.name.clone(), m)
+                })
                 .collect(),
         }
     }

@@ -1,19 +1,21 @@
 //! The CoAP proxy: device requests forwarded to upstream CoAP servers over TCP or TLS
 //! (RFC 8323), the multipath-proxy paper's end-to-end mode.
 //!
-//! Owns: per shard, one connection per `[[coap.proxy]]` upstream, shared by every device of
-//! the shard (tokens multiplexed), and which upstream a request is for (reverse proxy by path
+//! Owns: per shard, one connection per `[[coap.proxy]]` upstream (one per path with `paths`,
+//! ADR 0012), shared by every device of the shard (tokens multiplexed), and which upstream a request is for (reverse proxy by path
 //! prefix, forward proxy by Proxy-Uri / Proxy-Scheme). Does not own: the device side (the
 //! CoAP edge, `crate::edge::coap`, answers the device with what [`ShardProxies::forward`]
 //! returns) or routing of published messages (a proxied request is not a publish).
 //!
-//! Modules: `route` (matching and rewriting), `conn` (the connection task, bounds, retries),
+//! Modules: `route` (matching and rewriting), `conn` (the connection tasks, bounds, retries,
+//! path failover), `sched` (which path a request goes to),
 //! `tls` (rustls client config), `metrics` (counters and status). Lives on one shard thread:
 //! `forward` must be polled inside the shard's `LocalSet` (it spawns the connection task there).
 
 mod conn;
 pub mod metrics;
 mod route;
+mod sched;
 
 use std::future::Future;
 use std::rc::Rc;
@@ -61,7 +63,12 @@ impl std::fmt::Debug for ShardProxies {
 impl ShardProxies {
     /// The upstreams of `config.coap.proxy`, counting into `metrics` (made by
     /// [`ProxyMetrics::new`] from the same config). Nothing connects until a request comes.
-    pub fn new(config: &Config, metrics: Arc<ProxyMetrics>) -> ShardProxies {
+    /// `links`: the link watcher's table, which per-path upstreams follow (`None`: none).
+    pub fn new(
+        config: &Config,
+        metrics: Arc<ProxyMetrics>,
+        links: Option<crate::net::links::LinkWatch>,
+    ) -> ShardProxies {
         let max_message_size =
             MIN_UPSTREAM_MESSAGE.max(config.coap.max_body_size.0 as usize + 1024);
         ShardProxies {
@@ -83,6 +90,7 @@ impl ShardProxies {
                         max_message_size,
                         metrics.clone(),
                         i,
+                        links.clone(),
                     ))
                 })
                 .collect(),

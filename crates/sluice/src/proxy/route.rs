@@ -268,6 +268,8 @@ mod tests {
             ping_interval: std::time::Duration::from_secs(1),
             connect_timeout: std::time::Duration::from_secs(1),
             mptcp: false,
+            paths: Vec::new(),
+            path_timeout: std::time::Duration::from_secs(3),
         };
         vec![
             RouteEntry::new(&cfg("a", "coap+tcp://cloud.example", Some("cloud"), false)),

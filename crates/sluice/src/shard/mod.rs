@@ -30,7 +30,6 @@ use sluice_proto::mqtt::{Connect, Properties, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, UplinkConfig};
-use crate::control::priority::PriorityTable;
 use crate::control::{ControlCmd, SharedSnapshot};
 use crate::edge::mqtt::session::Session;
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
@@ -131,7 +130,9 @@ pub struct ShardContext {
     pub filter_refs: RefCell<HashMap<ByteString, usize>>,
     pub sessions: RefCell<HashMap<ByteString, Rc<Session>>>,
     pub uplinks: Vec<ShardUplink>,
-    pub priority: Arc<PriorityTable>,
+    /// The priority table and `[limits]` publish rate, read without a lock; a reload
+    /// publishes new ones (`control/live.rs`).
+    pub rules: Arc<crate::control::live::Rules>,
     /// `[acl]`, read without a lock (`control/acl.rs`).
     pub acl: Arc<crate::control::acl::Acl>,
     /// `[limits]` counters (per-device publish rates).
@@ -165,7 +166,7 @@ pub struct ShardSeed {
     pub control: mpsc::Sender<ControlCmd>,
     pub snapshot: SharedSnapshot,
     pub metrics: Arc<ShardMetrics>,
-    pub priority: Arc<PriorityTable>,
+    pub rules: Arc<crate::control::live::Rules>,
     pub acl: Arc<crate::control::acl::Acl>,
     pub limits: Arc<crate::control::limits::LimitsMetrics>,
     pub uplink_metrics: Vec<LaneMetrics>,
@@ -196,6 +197,11 @@ pub struct ShardSeed {
     pub phd: Option<Arc<crate::edge::phd::PhdShared>>,
     /// Every `[[function]]`'s handle (its sink entries are in `config.uplink`).
     pub functions: Vec<Arc<crate::functions::FunctionHandle>>,
+    /// The watchdog's liveness table: the shard registers its runtime there.
+    pub liveness: Arc<crate::app::liveness::Liveness>,
+    /// Per uplink, its forward filters and topic mapping: one handle shared by every shard,
+    /// replaced by a reload (`app/reload.rs`).
+    pub routes: Vec<UplinkRoute>,
 }
 
 /// Start a shard thread.
@@ -222,6 +228,8 @@ pub fn spawn(seed: ShardSeed) -> std::io::Result<std::thread::JoinHandle<()>> {
                     return;
                 }
             };
+            seed.liveness
+                .register(format!("shard-{}", seed.id), rt.handle().clone());
             let local = tokio::task::LocalSet::new();
             local.block_on(&rt, run(seed));
         })
@@ -236,7 +244,7 @@ async fn run(seed: ShardSeed) {
         control,
         snapshot,
         metrics,
-        priority,
+        rules,
         acl,
         limits: limits_metrics,
         uplink_metrics,
@@ -255,11 +263,18 @@ async fn run(seed: ShardSeed) {
         links,
         phd,
         functions,
+        routes,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
     // max_buffered is split evenly over shards, uplinks and lanes.
-    let lanes = if priority.has_high() { 2 } else { 1 };
+    // Lanes are made once: a reload that adds the first high entry (or removes the last)
+    // needs a restart to add (or remove) the high lanes (`app/reload.rs` says so).
+    let lanes = if rules.load().priority.has_high() {
+        2
+    } else {
+        1
+    };
     let per_lane_bytes = if config.uplink.is_empty() {
         0
     } else {
@@ -280,7 +295,10 @@ async fn run(seed: ShardSeed) {
                 crate::sink::spool::UplinkSpool::new(id, &u.name, &config, opened, queue.clone())
             });
             ShardUplink {
-                route: UplinkRoute::new(u),
+                route: routes
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| UplinkRoute::new(u)),
                 queue,
                 high: uplink_metrics[i].high.as_ref().map(|m| {
                     Rc::new(UplinkQueue::with_metrics(
@@ -307,7 +325,7 @@ async fn run(seed: ShardSeed) {
         filter_refs: RefCell::new(HashMap::new()),
         sessions: RefCell::new(HashMap::new()),
         uplinks,
-        priority,
+        rules,
         acl,
         limits: limits_metrics,
         metrics,
@@ -318,7 +336,7 @@ async fn run(seed: ShardSeed) {
         delivery_seq: std::cell::Cell::new(0),
         shared: RefCell::new(HashMap::new()),
         share_turn: std::cell::Cell::new(0),
-        proxies: crate::proxy::ShardProxies::new(&config, proxy_metrics),
+        proxies: crate::proxy::ShardProxies::new(&config, proxy_metrics, links.clone()),
     });
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
@@ -411,6 +429,7 @@ async fn run(seed: ShardSeed) {
                 feeders: std::mem::take(&mut feeders[i]),
                 links: links.clone(),
                 function: function.clone(),
+                route: ctx.uplinks[i].route.clone(),
             },
             local_shutdown.clone(),
         ));
@@ -440,6 +459,7 @@ async fn run(seed: ShardSeed) {
                     feeders: Default::default(),
                     links: links.clone(),
                     function,
+                    route: ctx.uplinks[i].route.clone(),
                 },
                 local_shutdown.clone(),
             ));

@@ -48,7 +48,7 @@ pub async fn publish(ctx: &Rc<ShardContext>, msg: Box<DeviceMessage>, device: Pr
 /// Route a function's reply or dead letter (`crate::sink::http`): like a device's message,
 /// but never offered to a function's sink, so functions cannot feed each other in a loop.
 pub async fn publish_from_function(ctx: &Rc<ShardContext>, msg: DeviceMessage) {
-    let device = ctx.priority.device(&msg.device);
+    let device = ctx.rules.device(&msg.device);
     publish_to(ctx, Box::new(msg), device, false).await
 }
 
@@ -85,13 +85,17 @@ async fn publish_to(
         }
     }
     drop(routed);
-    let offer = Offer::new(&msg, device, &ctx.priority, &*ctx.metrics);
+    // The rules current now; held while every sink is offered the message (a reload in the
+    // meantime applies from the next message).
+    let rules = ctx.rules.load();
+    let offer = Offer::new(&msg, device, &rules.priority, &*ctx.metrics);
     for sink in &ctx.uplinks {
         if to_functions || sink.overflow.is_none() {
             sink.offer(&offer).await;
         }
     }
     drop(offer);
+    drop(rules);
     if let Some(ack) = msg.ack {
         ack.complete();
     }

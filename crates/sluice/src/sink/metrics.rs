@@ -4,7 +4,7 @@
 use super::socket::SocketMarks;
 use crate::telemetry::metrics::{Counter, Gauge, Histogram, PromWriter, ValueHistogram};
 
-/// The session's connection state, as the `sluice_uplink_state` gauge value.
+/// The session's connection state: the `state` label of `sluice_uplink_state` whose value is 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UplinkState {
     Disconnected = 0,
@@ -13,6 +13,12 @@ pub enum UplinkState {
 }
 
 impl UplinkState {
+    pub const ALL: [UplinkState; 3] = [
+        UplinkState::Disconnected,
+        UplinkState::Connecting,
+        UplinkState::Connected,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             UplinkState::Disconnected => "disconnected",
@@ -320,11 +326,13 @@ impl UplinkMetrics {
 
     pub fn render(&self, w: &mut PromWriter, shard: &str, uplink: &str, lane: &str) {
         let l: &[(&str, &str)] = &[("shard", shard), ("uplink", uplink), ("lane", lane)];
-        w.gauge(
+        w.state(
             "sluice_uplink_state",
-            "Cloud session state: 0 disconnected, 1 connecting, 2 connected.",
+            "Cloud session state: 1 for the current state label (disconnected, connecting, connected), 0 for the others.",
             l,
-            self.state.get(),
+            "state",
+            &UplinkState::ALL.map(UplinkState::as_str),
+            self.state(),
         );
         w.counter(
             "sluice_uplink_connects_total",
@@ -490,7 +498,10 @@ mod tests {
         let text = w.finish();
         let l = "shard=\"0\",uplink=\"cloud\",lane=\"normal\"";
         assert!(text.contains(&format!("sluice_uplink_messages_sent_total{{{l}}} 10")));
-        assert!(text.contains(&format!("sluice_uplink_state{{{l}}} 2")));
+        assert!(text.contains(&format!("sluice_uplink_state{{{l},state=\"connected\"}} 1")));
+        assert!(text.contains(&format!(
+            "sluice_uplink_state{{{l},state=\"disconnected\"}} 0"
+        )));
         assert!(text.contains(&format!(
             "sluice_uplink_dropped_total{{{l},reason=\"uplink_queue_full\"}} 1"
         )));

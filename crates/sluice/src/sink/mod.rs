@@ -64,7 +64,9 @@ pub mod transport;
 pub use handle::{Offer, OfferCounters, OfferDrop, Sink};
 pub use metrics::{DropReason, RejectReason, UplinkMetrics, UplinkState};
 pub use mqtt::route::UplinkRoute;
-pub use mqtt::tls::client_tls_config;
+pub use mqtt::tls::{
+    client_tls_config, reloadable_client_tls, ClientTlsParts, ReloadableClientTls,
+};
 pub use mqtt::SessionSeed;
 pub use mqtt::{socket, tc};
 pub use outbox::pack::records_of;

@@ -156,6 +156,13 @@ pub trait Transport {
     /// into the pending batch). Cancel-safe.
     async fn poll(&mut self, feedback: &mut Vec<Feedback>) -> Result<(), UplinkError>;
 
+    /// Follow a reloaded route while connected (the MQTT transport: SUBSCRIBE / UNSUBSCRIBE
+    /// the `receive` filters that changed, into the pending batch). Called by the outbox
+    /// before each batch; cheap when nothing changed.
+    fn follow_route(&mut self) -> Result<(), UplinkError> {
+        Ok(())
+    }
+
     /// Work after a poll that must not be cancelled (MQTT: deliver downlink messages, then
     /// queue their acknowledgements into the pending batch). Default: nothing.
     async fn settle(&mut self) -> Result<(), UplinkError> {

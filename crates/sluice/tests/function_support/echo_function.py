@@ -4,6 +4,8 @@ Where it listens:
   LISTEN_FDS set  the listening socket sluice hands over as fd 3 (socket = "inherit"); the
                   start record says so ("fd3": true) and checks LISTEN_PID is this process
   else            binds 127.0.0.1:$PORT itself (PORT=0 or unset: any free port)
+FN_BIND=port makes it bind $PORT even when LISTEN_FDS is set: a function written to
+Knative's runtime contract only (as `python -m http.server $PORT`, Flask or Express are).
 Once it accepts, it prints "listening PORT" on stdout (flushed).
 
 Each POST is parsed with the CloudEvents SDK (cloudevents 2.2.0,
@@ -137,7 +139,7 @@ class Server(ThreadingHTTPServer):
 
 
 def listening_socket():
-    if os.environ.get("LISTEN_FDS"):
+    if os.environ.get("LISTEN_FDS") and os.environ.get("FN_BIND") != "port":
         pid = os.environ.get("LISTEN_PID")
         if pid is not None and pid != str(os.getpid()):
             sys.exit(f"LISTEN_PID {pid} is not this process ({os.getpid()})")

@@ -100,6 +100,18 @@ pub(in crate::config) fn check_coap_proxy(
                 return invalid(&key(field), "must be more than 0");
             }
         }
+        if !p.paths.is_empty() {
+            super::multipath::check_path_list(&key("paths"), &p.paths, "proxy")?;
+            if p.mptcp {
+                return invalid(
+                    &key("mptcp"),
+                    "mptcp = true and paths exclude each other: the kernel would add subflows on every link to each path's connection (ADR 0012)",
+                );
+            }
+            if p.path_timeout < std::time::Duration::from_millis(100) {
+                return invalid(&key("path_timeout"), "must be at least 100ms");
+            }
+        }
         if files == Files::MustExist {
             if let Some(path) = &p.ca_file {
                 check_pem(&key("ca_file"), path, Pem::Certificates)?;
@@ -201,6 +213,37 @@ mod tests {
             "name = \"a\"\nurl = \"coaps+tcp://x\"\nprefix = \"p\"\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"",
         ));
         assert!(e.contains("together"), "{e}");
+    }
+
+    #[test]
+    fn paths_need_a_place_unique_names_and_no_mptcp() {
+        let base = "name = \"a\"\nurl = \"coap+tcp://x\"\nprefix = \"p\"\n";
+        let c = parse_unchecked_files(&proxy(&format!(
+            "{base}paths = [{{ bind = \"10.0.1.2\" }}, {{ interface = \"wwan1\", weight = 2 }}]\npath_timeout = \"2s\""
+        )))
+        .unwrap();
+        let p = &c.coap.proxy[0];
+        assert_eq!(p.paths.len(), 2);
+        assert_eq!(p.paths[1].label(1), "p1");
+        assert_eq!(p.path_timeout, std::time::Duration::from_secs(2));
+        let e = err(&proxy(&format!("{base}paths = [{{ name = \"x\" }}]")));
+        assert!(e.starts_with("coap.proxy[0].paths[0]:"), "{e}");
+        let e = err(&proxy(&format!(
+            "{base}paths = [{{ bind = \"10.0.1.2\", name = \"x\" }}, {{ bind = \"10.0.2.2\", name = \"x\" }}]"
+        )));
+        assert!(e.contains("duplicate path name"), "{e}");
+        let e = err(&proxy(&format!(
+            "{base}mptcp = true\npaths = [{{ bind = \"10.0.1.2\" }}]"
+        )));
+        assert!(e.starts_with("coap.proxy[0].mptcp:"), "{e}");
+        let e = err(&proxy(&format!(
+            "{base}paths = [{{ bind = \"10.0.1.2\" }}]\npath_timeout = \"10ms\""
+        )));
+        assert!(e.starts_with("coap.proxy[0].path_timeout:"), "{e}");
+        let e = err(&proxy(&format!(
+            "{base}paths = [{{ bind = \"10.0.1.2\", mtu = 1 }}]"
+        )));
+        assert!(e.contains("unknown field"), "{e}");
     }
 
     #[test]

@@ -46,40 +46,7 @@ fn check_paths(i: usize, u: &UplinkConfig) -> Result<(), ConfigError> {
         }
         return Ok(());
     }
-    if u.paths.len() > 16 {
-        return invalid(&key("paths"), "at most 16 paths per uplink");
-    }
-    let mut names = HashSet::new();
-    let mut places = HashSet::new();
-    for (j, p) in u.paths.iter().enumerate() {
-        let pkey = |field: &str| format!("uplink[{i}].paths[{j}].{field}");
-        let label = p.label(j);
-        check_label(&pkey("name"), &label)?;
-        if !names.insert(label.clone()) {
-            return invalid(
-                &pkey("name"),
-                &format!("duplicate path name {label:?}; names must be unique within the uplink"),
-            );
-        }
-        if p.bind.is_none() && p.interface.is_none() {
-            return invalid(
-                &format!("uplink[{i}].paths[{j}]"),
-                "a path needs bind (a local address) or interface (a device name), or both",
-            );
-        }
-        if let Some(ifname) = &p.interface {
-            check_ifname(&pkey("interface"), ifname)?;
-        }
-        if !(1..=100).contains(&p.weight) {
-            return invalid(&pkey("weight"), "must be from 1 to 100");
-        }
-        if !places.insert((p.bind, p.interface.clone())) {
-            return invalid(
-                &format!("uplink[{i}].paths[{j}]"),
-                "another path of this uplink has the same bind and interface",
-            );
-        }
-    }
+    let names = check_path_list(&key("paths"), &u.paths, "uplink")?;
     if let Some(lane) = &u.lane_path {
         if !names.contains(lane) {
             return invalid(
@@ -101,4 +68,56 @@ fn check_paths(i: usize, u: &UplinkConfig) -> Result<(), ConfigError> {
         return invalid(&key("path_reconnect_max"), "is less than reconnect_min");
     }
     Ok(())
+}
+
+/// A list of paths (`[[uplink]] paths`, `[[coap.proxy]] paths`) at `key`: at most 16, names
+/// unique labels, a `bind` or an `interface` each, weights 1..=100, no duplicate
+/// bind/interface pair. Returns the names. `owner` words the messages ("uplink", "proxy").
+pub(in crate::config) fn check_path_list(
+    key: &str,
+    paths: &[crate::config::PathConfig],
+    owner: &str,
+) -> Result<HashSet<String>, ConfigError> {
+    if paths.len() > 16 {
+        return Err(invalid_err(key, &format!("at most 16 paths per {owner}")));
+    }
+    let mut names = HashSet::new();
+    let mut places = HashSet::new();
+    for (j, p) in paths.iter().enumerate() {
+        let pkey = |field: &str| format!("{key}[{j}].{field}");
+        let label = p.label(j);
+        check_label(&pkey("name"), &label)?;
+        if !names.insert(label.clone()) {
+            return Err(invalid_err(
+                &pkey("name"),
+                &format!("duplicate path name {label:?}; names must be unique within the {owner}"),
+            ));
+        }
+        if p.bind.is_none() && p.interface.is_none() {
+            return Err(invalid_err(
+                &format!("{key}[{j}]"),
+                "a path needs bind (a local address) or interface (a device name), or both",
+            ));
+        }
+        if let Some(ifname) = &p.interface {
+            check_ifname(&pkey("interface"), ifname)?;
+        }
+        if !(1..=100).contains(&p.weight) {
+            return Err(invalid_err(&pkey("weight"), "must be from 1 to 100"));
+        }
+        if !places.insert((p.bind, p.interface.clone())) {
+            return Err(invalid_err(
+                &format!("{key}[{j}]"),
+                &format!("another path of this {owner} has the same bind and interface"),
+            ));
+        }
+    }
+    Ok(names)
+}
+
+fn invalid_err(key: &str, reason: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.to_string(),
+    }
 }

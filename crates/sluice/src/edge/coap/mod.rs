@@ -21,7 +21,10 @@
 //! at an unverified address gets only CON notifications within 3× its registration, the
 //! first unacknowledged one ending it; every per-peer table is bounded in bytes (the
 //! de-duplication table by `max_exchange_bytes`, Block1 bodies by `max_block_bytes`,
-//! verified addresses by `max_verified_bytes`, observers by count per gateway and per IP).
+//! verified addresses by `max_verified_bytes`, observers by count per gateway, per IP and
+//! per DTLS device, copies of block-wise notifications by `max_snapshot_bytes`, `[limits]`
+//! publish-rate buckets by `limits.coap_rates_memory`). A notification larger than
+//! `max_message_size` goes block-wise to a verified observer only (`observe`).
 //!
 //! Identity seam (for CoAP over DTLS): every datagram enters through
 //! [`CoapShard::on_datagram`] with `identity: Option<DeviceIdentity>` — `None` for plain UDP

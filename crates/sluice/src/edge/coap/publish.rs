@@ -6,12 +6,16 @@
 //! Owns: the query parameters (`qos`, `retain`), Content-Format → MQTT 5 Content Type, the
 //! Block1 transfers of publishes (at most `max_block_transfers_per_source` per IP, their
 //! bodies within `max_block_bytes`, forgotten after `block_idle_timeout` without a block),
-//! and the back-pressure answer (5.03 with Max-Age). Does not
-//! own: routing (`crate::shard::router`) or how the answer travels (`server`).
+//! the back-pressure answer (5.03 with Max-Age), and charging each publish to its device's
+//! `[limits]` publish rate (ADR 0008: a DTLS device by its identity, a plain CoAP one by its
+//! source address; over the rate a CON is answered 5.03 with Max-Age = when its tokens are
+//! back and a NON is dropped and answered 5.03 — neither is routed). Does not own: routing
+//! (`crate::shard::router`), how the answer travels (`server`), or the buckets
+//! (`crate::control::limits::DeviceRates`).
 //!
 //! Invariants: a QoS 1 publish is answered 2.04 only once its token completed; a token
 //! completed with a failure code gets 5.02, an abandoned one 5.03 — never a success for
-//! something not delivered.
+//! something not delivered; a publish over its device's rate is never routed.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -25,8 +29,10 @@ use sluice_proto::coap::{format, opt, Block, Code, Message, MsgType, Token};
 use sluice_proto::mqtt::{topic, Properties, ProtocolVersion, QoS};
 
 use super::metrics::Refusal;
-use super::resources::{bad_request, error, unavailable};
+use super::resources::{bad_request, error, unavailable, unavailable_for};
 use super::server::{CoapShard, Reply, Transfer, TRANSFER_OVERHEAD};
+use super::DeviceIdentity;
+use crate::control::limits::RateKey;
 use crate::edge::ack::{AckToken, DeviceAcks};
 use crate::edge::DeviceMessage;
 use crate::shard::router;
@@ -67,6 +73,7 @@ pub(super) fn publish(
     peer: SocketAddr,
     req: &Message,
     device: &ByteString,
+    identity: Option<&DeviceIdentity>,
     segments: &[&str],
 ) -> Reply {
     let name = segments.join("/");
@@ -110,6 +117,19 @@ pub(super) fn publish(
     if shard.pending_publishes.get() >= shard.limits.max_pending {
         return Reply::Now(unavailable(shard, "gateway busy; retry after Max-Age"));
     }
+    if let Some(rates) = shard.rates.borrow_mut().as_mut() {
+        let (key, who) = match identity {
+            Some(id) => (
+                RateKey::Identity(id.device_id.clone()),
+                Who::Identity(device),
+            ),
+            None => (RateKey::address(peer.ip()), Who::Address(peer, device)),
+        };
+        let confirmable = req.mtype == MsgType::Con;
+        if let Err(wait) = rates.admit(&key, payload.len(), confirmable, &who) {
+            return Reply::Now(unavailable_for(wait, "over this device's publish rate"));
+        }
+    }
     let properties = req
         .uint_option(opt::CONTENT_FORMAT)
         .and_then(content_type)
@@ -132,7 +152,7 @@ pub(super) fn publish(
     });
     shard.ctx.metrics.messages_received.inc();
     shard.metrics.publishes.inc();
-    let priority = shard.ctx.priority.device(device);
+    let priority = shard.ctx.rules.device(device);
     let pending = Pending::new(shard);
     let ctx = shard.ctx.clone();
     let changed = move || {
@@ -170,6 +190,22 @@ pub(super) fn publish(
             acks.notify.notified().await;
         }
     }))
+}
+
+/// The device a `[limits]` log line names.
+enum Who<'a> {
+    Identity(&'a ByteString),
+    /// A plain CoAP device: charged to its address, named with the id it gave.
+    Address(SocketAddr, &'a ByteString),
+}
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Who::Identity(id) => write!(f, "coaps:{id}"),
+            Who::Address(peer, id) => write!(f, "coap:{} (as {id})", peer.ip()),
+        }
+    }
 }
 
 /// Take one Block1 block of a publish to `name`: the whole body with the last block's value

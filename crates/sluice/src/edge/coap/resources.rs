@@ -47,17 +47,17 @@ pub(super) fn error(code: Code, diagnostic: impl Into<Bytes>) -> Message {
 
 /// 5.03 Service Unavailable with Max-Age = `retry_after`.
 pub(super) fn unavailable(shard: &CoapShard, why: &'static str) -> Message {
+    unavailable_for(shard.ctx.config.coap.retry_after, why)
+}
+
+/// 5.03 Service Unavailable with Max-Age = `retry` (whole seconds, rounded up, at least 1):
+/// when the device may try again (RFC 7252 §5.9.3.4).
+pub(super) fn unavailable_for(retry: std::time::Duration, why: &'static str) -> Message {
     let mut m = error(
         Code::SERVICE_UNAVAILABLE,
         Bytes::from_static(why.as_bytes()),
     );
-    let secs = shard
-        .ctx
-        .config
-        .coap
-        .retry_after
-        .as_secs()
-        .clamp(1, u32::MAX as u64);
+    let secs = retry.as_millis().div_ceil(1000).clamp(1, u32::MAX as u128);
     m.add_uint_option(opt::MAX_AGE, secs as u32);
     m
 }
@@ -140,7 +140,9 @@ pub(super) fn dispatch(
             ))
         }
         [first, rest @ ..] if *first == ps => match req.code {
-            Code::POST | Code::PUT => super::publish::publish(shard, peer, req, device, rest),
+            Code::POST | Code::PUT => {
+                super::publish::publish(shard, peer, req, device, caller.identity, rest)
+            }
             Code::GET => {
                 let filter = rest.join("/");
                 if limits.check(&filter).is_err() {
@@ -149,10 +151,13 @@ pub(super) fn dispatch(
                 }
                 let observers = shard.observers.clone();
                 let (device, req) = (device.clone(), req.clone());
+                let authenticated = caller.identity.is_some();
                 let max = shard.ctx.config.coap.max_message_size.as_usize();
                 let limit = caller.limit.map(|l| l.min(max));
                 Reply::Later(Box::pin(async move {
-                    let resp = observers.on_get(peer, &device, &req, &filter).await;
+                    let resp = observers
+                        .on_get_from(peer, &device, authenticated, &req, &filter)
+                        .await;
                     // A registration whose first answer is too large for an address not
                     // verified gets 4.01 + Echo instead (`server::fit`): it does not stay
                     // registered; the client registers again with the Echo.
@@ -210,6 +215,19 @@ pub(super) fn with_block2(
         return resp;
     }
     slice_block2(asked, ours, resp, body)
+}
+
+/// The ETag of a representation sent block-wise (RFC 7959 §2.4: every block of one
+/// representation carries the same ETag, so a client can tell when blocks come from
+/// different ones): 8 bytes of a hash of its bytes and Content-Format. A digest of the
+/// content, so the same bytes keep their ETag on every shard (and across restarts of one
+/// build: `DefaultHasher::new` has fixed keys).
+pub(super) fn etag_of(body: &[u8], format: Option<u32>) -> [u8; 8] {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    body.hash(&mut h);
+    format.hash(&mut h);
+    h.finish().to_be_bytes()
 }
 
 /// Put block `asked` (a request's Block2 value; block 0 when absent) of `body` into `resp`,

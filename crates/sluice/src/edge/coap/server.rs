@@ -2,8 +2,9 @@
 //! datagram to the shard that owns its device, message-id de-duplication, and answering a
 //! request piggybacked, separately, or as a NON.
 //!
-//! Owns: the shard's exchange table, per-source budget, Block1 transfers, device table and
-//! verified addresses, and the size rule every answer passes (`fit`: at most 3× the request
+//! Owns: the shard's exchange table, per-source budget, Block1 transfers, device table,
+//! `[limits]` publish-rate table (`rates`, used by `publish`) and verified addresses, and the
+//! size rule every answer passes (`fit`: at most 3× the request
 //! to an address not verified, at most `max_message_size` to any, Block2 beyond).
 //! Does not own: what a request means (`resources`, `publish`), the observers (`observe`),
 //! or sending/retransmitting (`endpoint`).
@@ -111,6 +112,8 @@ pub struct CoapShard {
     /// Paces sweeps of a full device table.
     devices_swept: RefCell<SweepPace>,
     pub(super) limits: Limits,
+    /// `[limits]` publish rates of this edge's devices on this shard (`None`: no rate set).
+    pub(super) rates: RefCell<Option<crate::control::limits::DeviceRates>>,
     /// Every peer of this edge finished a DTLS handshake (`super::dtls`): it is authenticated
     /// and has shown it receives at its address, so answers to it need no amplification
     /// limit. False for the plain UDP edge.
@@ -176,6 +179,9 @@ impl CoapShard {
     ) -> Rc<CoapShard> {
         let cfg = &ctx.config.coap;
         let shards = ctx.mailboxes.len().max(1);
+        if secure {
+            ep.set_secure();
+        }
         let out: Rc<dyn CoapOut> = ep.clone();
         let per_shard = |n: usize| (n / shards).max(1);
         Rc::new(CoapShard {
@@ -202,6 +208,12 @@ impl CoapShard {
                 max_block_bytes: per_shard(cfg.max_block_bytes.as_usize()),
                 anonymous: cfg.anonymous_allowed(&ctx.config.mqtt),
             },
+            rates: RefCell::new(crate::control::limits::DeviceRates::new(
+                &ctx.config.limits,
+                cfg.max_body_size.as_u64(),
+                per_shard(ctx.config.limits.coap_rates_memory.as_usize()),
+                ctx.limits.clone(),
+            )),
             metrics,
             ep,
             ctx,
@@ -618,6 +630,13 @@ impl CoapShard {
         if resp.code.class() == 2 && !resp.payload.is_empty() && resp.option(opt::BLOCK2).is_none()
         {
             let body = std::mem::take(&mut resp.payload);
+            if resp.option(opt::ETAG).is_none() {
+                // Every block carries it: a client sees when the representation changed
+                // between its block requests.
+                let format = resp.uint_option(opt::CONTENT_FORMAT);
+                let etag = super::resources::etag_of(&body, format);
+                resp.add_option(opt::ETAG, Bytes::copy_from_slice(&etag));
+            }
             // Block2 (≤ 3 bytes), Size2 (≤ 4), their headers (≤ 2 each) and the marker.
             let room = max.saturating_sub(size(&resp) + 12);
             let ours = Block::szx_for(self.ctx.config.coap.block_size.as_usize());

@@ -138,8 +138,10 @@ struct Connection {
     client_id: ByteString,
     /// Its username as admission trusted it (beside the client id, for ACLs: `%u`, `%c`).
     identity: Identity,
-    /// The device's own priority (from the priority table, fixed for the connection).
+    /// The device's own priority, from the priority table of generation
+    /// `priority_generation`; asked again when a reload published another one.
     priority: Priority,
+    priority_generation: u64,
     /// The username the ACL sees (`Adopted::acl_username`).
     username: Option<ByteString>,
     /// `[acl]` rules naming this device (`control/acl.rs`).
@@ -249,17 +251,20 @@ impl Connection {
                 username: username.as_deref(),
             },
         );
+        let rules = ctx.rules.load_full();
         let mut conn = Connection {
             username,
             acl,
-            rate: crate::control::limits::PublishRate::new(&ctx.config.limits, max_packet as u64),
+            // `[limits]` as the last reload left it; fixed for this connection.
+            rate: crate::control::limits::PublishRate::new(&rules.limits, max_packet as u64),
             ctx: ctx.clone(),
             session,
             generation,
             version,
             client_id: client_id.clone(),
             identity,
-            priority: ctx.priority.device(&client_id),
+            priority: rules.priority.device(&client_id),
+            priority_generation: rules.generation,
             peer,
             rd,
             wr,

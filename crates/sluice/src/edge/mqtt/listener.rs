@@ -87,7 +87,9 @@ impl ListenerKind {
 
 /// `[mqtt.tls]` as the listener applies it (shared by the tls and wss listeners).
 pub struct TlsPolicy {
-    pub config: Arc<rustls::ServerConfig>,
+    /// Certificate, key, client CA: a reload replaces it (`app/reload.rs`); each handshake
+    /// takes the current one, and a connection keeps the one it started with.
+    pub config: arc_swap::ArcSwap<rustls::ServerConfig>,
     /// The certificate names the device (`identity_from_cert`).
     pub identity_from_cert: bool,
 }
@@ -287,7 +289,7 @@ impl MqttListener {
             }
             ListenerKind::Ws { .. } => (Link::Tcp(tcp), TransportIdentity::Login),
             ListenerKind::Tls(policy) | ListenerKind::Wss { tls: policy, .. } => {
-                match stream::tls::handshake(tcp, policy.config.clone(), deadline).await {
+                match stream::tls::handshake(tcp, policy.config.load_full(), deadline).await {
                     Ok(core) => {
                         let identity = if !policy.identity_from_cert {
                             TransportIdentity::Login

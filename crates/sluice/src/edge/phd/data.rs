@@ -341,7 +341,7 @@ impl Task {
                             event_type,
                         });
                     }
-                    let priority = self.ctx.priority.device(&device);
+                    let priority = self.ctx.rules.device(&device);
                     for mm in ms {
                         let topic =
                             ByteString::from(topic(&self.shared.topic, &device, &mm.metric));

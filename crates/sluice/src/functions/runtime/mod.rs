@@ -40,7 +40,10 @@
 pub mod replay;
 pub mod scaler;
 
-mod process;
+/// Public for `examples/spawn_cost.rs` (the same-run measurement behind ADR 0004's addendum);
+/// not an API.
+#[doc(hidden)]
+pub mod process;
 mod shell;
 
 use std::sync::Arc;
@@ -72,6 +75,9 @@ pub struct Runtime {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct FunctionStatus {
     pub name: String,
+    /// How its next instance gets its socket: `inherit` (fd 3), `port` (binds `$PORT`), or
+    /// `detecting` (`socket = "auto"`, before its first instance served one of them).
+    pub socket: &'static str,
     /// Oldest first.
     pub instances: Vec<InstanceStatus>,
     /// Instances that exited on their own (or failed to start), since sluice started.
@@ -102,6 +108,7 @@ pub struct InstanceStatus {
 #[derive(Debug)]
 struct FunctionSnapshot {
     handle: Arc<FunctionHandle>,
+    socket: &'static str,
     instances: Vec<InstanceSnapshot>,
     backoff: Backoff,
 }
@@ -172,6 +179,7 @@ impl Runtime {
                 let now_ms = f.handle.now_ms();
                 FunctionStatus {
                     name: f.handle.name().to_owned(),
+                    socket: f.socket,
                     instances: f
                         .instances
                         .iter()

@@ -10,13 +10,19 @@
 //! SIGCHLD), or readiness in `socket = "port"` mode (the shell connects).
 //!
 //! # What a child gets
-//! - `socket = "inherit"`: a TCP socket bound to `127.0.0.1:0` (SO_REUSEADDR) and listening
-//!   (backlog [`BACKLOG`]) as fd 3, with `LISTEN_FDS=1`, `LISTEN_FDNAMES=http` and
+//! The function's `socket` resolved for this start is a [`Plan`]:
+//! - [`Plan::Inherit`] (`socket = "inherit"`, or `"auto"` once detected or when the command
+//!   names fd 3): a TCP socket bound to `127.0.0.1:0` (SO_REUSEADDR) and listening (backlog
+//!   [`BACKLOG`]) as fd 3, with `LISTEN_FDS=1`, `LISTEN_FDNAMES=http` and
 //!   `LISTEN_PID=<its own pid>` (systemd socket activation), and `PORT=<port>`. sluice closes
 //!   its copy once the child is spawned, so the kernel queue belongs to the child alone;
 //!   connections made before the child accepts wait in the backlog.
-//! - `socket = "port"`: `PORT=<a port that was free>` (bound to :0, read, closed); the child
-//!   binds it itself.
+//! - [`Plan::Port`] (`socket = "port"`, or `"auto"` once detected): `PORT=<a port that was
+//!   free>` (bound to :0, read, closed); the child binds it itself (Knative's contract).
+//! - [`Plan::Detect`] (`socket = "auto"` before the first instance told): both — the fd-3
+//!   socket as in `Inherit`, and `PORT` naming *another* free port, so a program that binds
+//!   `$PORT` never finds it taken. sluice keeps a duplicate of the fd-3 socket
+//!   ([`Spawned::detect`]) to see its accept queue drain.
 //! - Always `K_SERVICE`, `K_CONFIGURATION`, `SLUICE_FUNCTION` (= name), `K_REVISION`
 //!   (= `{name}-1`), then the configured `env` (which may override them), on top of sluice's
 //!   own environment minus any `LISTEN_*` sluice itself was given. Working directory `dir`,
@@ -97,8 +103,10 @@ impl Proc {
 pub struct Spawned {
     pub child: Proc,
     pub pid: u32,
-    /// Where it serves (127.0.0.1).
+    /// Where it serves (127.0.0.1); with [`Plan::Detect`], its fd 3's address.
     pub addr: SocketAddr,
+    /// [`Plan::Detect`]: what the runtime watches to learn which socket it serves.
+    pub detect: Option<Detect>,
 }
 
 /// Why an instance could not be started.
@@ -133,12 +141,14 @@ pub struct Prepared {
     devnull: File,
     dir: Option<CString>,
     addr: SocketAddr,
+    /// What `PORT` names: `addr`, except with [`Plan::Detect`].
+    port_addr: SocketAddr,
     function: String,
     program: String,
 }
 
 impl Prepared {
-    /// Where the instance will serve (127.0.0.1).
+    /// Where the instance will serve (127.0.0.1); with [`Plan::Detect`], its fd 3's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -159,18 +169,86 @@ impl Prepared {
             program: self.program,
             source,
         })?;
-        drop(self.listener); // the child has it now: the kernel queue is the child's alone
+        // With Plan::Detect sluice keeps a duplicate to watch the accept queue (dropped once
+        // the runtime knows); otherwise the child has it alone and so does the kernel queue.
+        let detect = match self.listener {
+            Some(l) if self.port_addr != self.addr => Some(Detect {
+                listener: l,
+                fd3: self.addr,
+                port: self.port_addr,
+            }),
+            _ => None,
+        };
         Ok(Spawned {
             child: Proc { pid },
             pid: pid as u32,
             addr: self.addr,
+            detect,
         })
     }
 }
 
-/// Binds the socket and builds the command of one instance of `cfg` (see the module docs for
-/// what it gets), without starting it.
-pub fn prepare(cfg: &FunctionConfig) -> Result<Prepared, SpawnError> {
+/// How one instance gets its socket: the function's `socket` resolved for this start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// A listening socket as fd 3 (`LISTEN_FDS`), `PORT` = its port.
+    Inherit,
+    /// `PORT` names a free port the instance binds itself.
+    Port,
+    /// `socket = "auto"` before sluice knows: a listening socket as fd 3 *and* `PORT` naming
+    /// another free port; the runtime watches which one the instance serves
+    /// ([`Spawned::detect`]).
+    Detect,
+}
+
+impl Plan {
+    /// `cfg.socket` for the next start, given what was detected about the function so far.
+    pub fn of(cfg: &FunctionConfig, detected: Option<SocketMode>) -> Plan {
+        match cfg.socket {
+            SocketMode::Inherit => Plan::Inherit,
+            SocketMode::Port => Plan::Port,
+            SocketMode::Auto => {
+                if crate::config::command_takes_fd3(cfg.command.as_deref().unwrap_or_default()) {
+                    return Plan::Inherit;
+                }
+                match detected {
+                    Some(SocketMode::Inherit) => Plan::Inherit,
+                    Some(SocketMode::Port) => Plan::Port,
+                    Some(SocketMode::Auto) | None => Plan::Detect,
+                }
+            }
+        }
+    }
+}
+
+/// What the runtime needs to find out which socket a [`Plan::Detect`] instance serves.
+#[derive(Debug)]
+pub struct Detect {
+    /// sluice's own duplicate of the instance's fd 3: its accept queue drains when the
+    /// instance accepts there.
+    pub listener: Socket,
+    /// The fd-3 socket's address.
+    pub fd3: SocketAddr,
+    /// The address `PORT` names.
+    pub port: SocketAddr,
+}
+
+/// Connections waiting in a listening socket's accept queue (`TCP_INFO`: for a listening
+/// socket Linux reports the queue length in `tcpi_unacked`, the u32 at byte 24).
+pub fn accept_queue_len(listener: &Socket) -> io::Result<u32> {
+    use std::os::fd::AsFd;
+    let mut buf = [0u8; 32];
+    let n =
+        crate::net::mptcp::getsockopt(listener.as_fd(), libc::SOL_TCP, libc::TCP_INFO, &mut buf)?;
+    match buf.get(24..28).filter(|_| n >= 28) {
+        Some(b) => Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+        None => Err(io::Error::other("short TCP_INFO")),
+    }
+}
+
+/// Binds the socket(s) and builds the command of one instance of `cfg` (see the module docs
+/// for what it gets), without starting it.
+pub fn prepare(cfg: &FunctionConfig, plan: Plan) -> Result<Prepared, SpawnError> {
     let function = || cfg.name.clone();
     let command = cfg.command.as_deref().unwrap_or_default();
     let Some(program) = command.first() else {
@@ -182,8 +260,12 @@ pub fn prepare(cfg: &FunctionConfig) -> Result<Prepared, SpawnError> {
         function: function(),
         source,
     };
-    let (listener, addr) = match cfg.socket {
-        SocketMode::Inherit => {
+    let free_port = || -> Result<SocketAddr, SpawnError> {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(socket_err)?;
+        l.local_addr().map_err(socket_err)
+    };
+    let (listener, addr) = match plan {
+        Plan::Inherit | Plan::Detect => {
             let s = listening_socket().map_err(socket_err)?;
             let addr = s
                 .local_addr()
@@ -192,10 +274,11 @@ pub fn prepare(cfg: &FunctionConfig) -> Result<Prepared, SpawnError> {
                 .ok_or_else(|| socket_err(io::Error::other("not an inet socket")))?;
             (Some(s), addr)
         }
-        SocketMode::Port => {
-            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(socket_err)?;
-            (None, l.local_addr().map_err(socket_err)?)
-        }
+        Plan::Port => (None, free_port()?),
+    };
+    let port_addr = match plan {
+        Plan::Detect => free_port()?,
+        Plan::Inherit | Plan::Port => addr,
     };
 
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
@@ -205,7 +288,7 @@ pub fn prepare(cfg: &FunctionConfig) -> Result<Prepared, SpawnError> {
         env.retain(|(ek, _)| ek != k);
         env.push((k.into(), v.into()));
     };
-    set("PORT", &addr.port().to_string());
+    set("PORT", &port_addr.port().to_string());
     set("K_SERVICE", &cfg.name);
     set("K_CONFIGURATION", &cfg.name);
     set("K_REVISION", &format!("{}-1", cfg.name));
@@ -251,6 +334,7 @@ pub fn prepare(cfg: &FunctionConfig) -> Result<Prepared, SpawnError> {
         devnull,
         dir,
         addr,
+        port_addr,
         function: function(),
         program: program.clone(),
     })
@@ -577,6 +661,57 @@ mod tests {
         write_digits(&mut buf, u64::MAX);
         assert_eq!(&buf[..PID_ROOM], b"18446744073709551615");
         assert_eq!(buf[PID_ROOM], 0);
+    }
+
+    #[test]
+    fn the_accept_queue_length_counts_connections_not_yet_accepted() {
+        let s = listening_socket().unwrap();
+        assert_eq!(accept_queue_len(&s).unwrap(), 0);
+        let addr = s.local_addr().unwrap().as_socket().unwrap();
+        let _a = std::net::TcpStream::connect(addr).unwrap();
+        let _b = std::net::TcpStream::connect(addr).unwrap();
+        assert_eq!(accept_queue_len(&s).unwrap(), 2);
+        let _taken = s.accept().unwrap();
+        assert_eq!(accept_queue_len(&s).unwrap(), 1);
+    }
+
+    #[test]
+    fn auto_detects_unless_the_command_names_fd3_or_a_mode_was_detected() {
+        let cfg = |socket: &str, cmd: &str| -> FunctionConfig {
+            toml::from_str(&format!(
+                "name = \"f\"\ntopics = [\"#\"]\ncommand = {cmd}\n{socket}"
+            ))
+            .unwrap()
+        };
+        let py = "[\"python3\", \"fn.py\"]";
+        let uv = "[\"uvicorn\", \"--fd\", \"3\", \"app:app\"]";
+        assert_eq!(Plan::of(&cfg("", py), None), Plan::Detect);
+        assert_eq!(Plan::of(&cfg("", py), Some(SocketMode::Port)), Plan::Port);
+        assert_eq!(
+            Plan::of(&cfg("", py), Some(SocketMode::Inherit)),
+            Plan::Inherit
+        );
+        assert_eq!(Plan::of(&cfg("", uv), None), Plan::Inherit);
+        assert_eq!(Plan::of(&cfg("socket = \"port\"", uv), None), Plan::Port);
+        assert_eq!(
+            Plan::of(&cfg("socket = \"inherit\"", py), None),
+            Plan::Inherit
+        );
+    }
+
+    #[test]
+    fn detect_gives_port_another_free_port_than_fd3() {
+        let cfg: FunctionConfig =
+            toml::from_str("name = \"f\"\ntopics = [\"#\"]\ncommand = [\"sh\"]").unwrap();
+        let p = prepare(&cfg, Plan::Detect).unwrap();
+        assert!(p.listener.is_some());
+        assert_ne!(
+            p.port_addr, p.addr,
+            "PORT must not name the port fd 3 holds"
+        );
+        std::net::TcpListener::bind(p.port_addr).expect("PORT is free to bind");
+        let p = prepare(&cfg, Plan::Inherit).unwrap();
+        assert_eq!(p.port_addr, p.addr);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!   wait) the scaler wants `ceil(load / concurrency)` instances, clamped to
 //!   `[1, max_instances]`, and never fewer than `min_instances`.
 //! - An instance with nothing in flight is stopped `idle` after its last use (its start when
-//!   never used), newest first, down to `min_instances`. Its wake-up is armed at that exact
+//!   never used), newest first, down to `min_instances` — but not one that never answered
+//!   while events wait (it only just became ready: its start took longer than `idle`). Its wake-up is armed at that exact
 //!   deadline and re-armed from the stored last use when it fires; an instance busy at a check
 //!   is re-checked `idle` later (it cannot become stoppable before). With no instance above
 //!   the floor and no predictor deadline, [`Scaler::next_wake`] is `None`: nothing wakes.
@@ -360,7 +361,11 @@ impl Scaler {
                 .max(t.started_ms)
                 .saturating_add(self.cfg.idle_ms);
             let by_policy = policy_stop && (t.prewarmed || u.last_used_ms > 0);
-            let by_idle = remaining > keep_floor && now >= idle_deadline;
+            // An instance that never answered while events wait is not idle, it just became
+            // ready (a `$PORT` function whose start took longer than `idle`): those events
+            // are about to be sent to it. Re-checked `idle` later.
+            let unserved_with_events = view.waiting > 0 && !u.answered;
+            let by_idle = remaining > keep_floor && now >= idle_deadline && !unserved_with_events;
             if by_policy || by_idle {
                 t.stopping = true;
                 remaining -= 1;
@@ -373,7 +378,11 @@ impl Scaler {
                     },
                 });
             } else if remaining > keep_floor || policy_stop {
-                arm(idle_deadline);
+                arm(if unserved_with_events {
+                    idle_deadline.max(now.saturating_add(self.cfg.idle_ms))
+                } else {
+                    idle_deadline
+                });
             }
         }
 

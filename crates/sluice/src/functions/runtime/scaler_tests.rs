@@ -161,6 +161,39 @@ fn an_idle_instance_is_stopped_at_its_exact_deadline_and_then_nothing_wakes() {
     assert_eq!(s.backoff().hold_until_ms, 0, "a stop is no crash");
 }
 
+/// Found by issue 29's `socket = "auto"` test: a `$PORT` function whose start took longer
+/// than `idle` was stopped the moment it became ready, while its event waited, and started
+/// again, forever.
+#[test]
+fn an_instance_that_became_ready_after_idle_is_not_stopped_while_events_wait() {
+    let mut s = Scaler::new(cfg(4, 1, 0, 300), None);
+    let v = View {
+        waiting: 1,
+        inflight: 0,
+        instances: &[],
+    };
+    assert_eq!(starts(&s.step(0, Input::Demand, &v)), vec![1]);
+    let ready = idle(&[1], 0);
+    let v = View {
+        waiting: 1,
+        inflight: 0,
+        instances: &ready,
+    };
+    let a = s.step(500, Input::Wake, &v);
+    assert!(stops(&a).is_empty(), "stopped as it became ready: {a:?}");
+    assert!(
+        s.next_wake().is_some_and(|w| w >= 800),
+        "re-checked idle later"
+    );
+    // Once the event is gone and the instance still never answered, idle applies again.
+    let v = View {
+        waiting: 0,
+        inflight: 0,
+        instances: &ready,
+    };
+    assert_eq!(stops(&s.step(800, Input::Wake, &v)), vec![1]);
+}
+
 #[test]
 fn a_busy_instance_is_rechecked_idle_later_and_never_stopped_busy() {
     let mut s = Scaler::new(cfg(1, 2, 0, 300), None);

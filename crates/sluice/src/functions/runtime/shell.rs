@@ -16,7 +16,11 @@
 //!    listens, before the process is started (requests queue in the kernel backlog while it
 //!    starts). Port mode: a task connects with backoff (1 ms doubling to 50 ms) until it
 //!    succeeds — then published — or `start_timeout` passes — then stopped and counted as a
-//!    crash.
+//!    crash. Detect (`socket = "auto"`, until one instance told): like port mode, but the
+//!    task also watches the fd-3 socket's accept queue (one probe connection waits there);
+//!    the first of "the queue drained" and "`$PORT` accepts" decides the function's mode for
+//!    the rest of the run (logged at info, shown in status), and the instance is published
+//!    at the address it serves.
 //! 2. Stopped by the scaler: retired (dispatchers take no new slot), published without it;
 //!    if a dispatcher took a slot just before (rare), re-checked with a short timer (1 ms
 //!    doubling to 100 ms) until its in-flight count is 0; then SIGTERM to its process group
@@ -129,6 +133,8 @@ struct Function {
     /// Scaled to zero with an inherited socket: the next instance's socket, bound and listening
     /// and published, with no process yet (see [`Instance::standby`]).
     standby: Option<(process::Prepared, Arc<Instance>)>,
+    /// `socket = "auto"`: the socket its first detected instance served (kept for this run).
+    detected: Option<SocketMode>,
 }
 
 struct Local {
@@ -168,12 +174,14 @@ impl Phase {
     }
 }
 
-/// A port-mode instance accepted a connection (`ok`) or did not within `start_timeout`.
+/// A port-mode instance accepted a connection (`ok`) or did not within `start_timeout`; a
+/// detecting one (`socket = "auto"`) also says which socket it served, and its address.
 #[derive(Debug)]
 struct Readiness {
     fi: usize,
     id: u64,
     ok: bool,
+    detected: Option<(SocketMode, SocketAddr)>,
 }
 
 impl Function {
@@ -195,7 +203,13 @@ impl Function {
             handle,
             locals: Vec::new(),
             standby: None,
+            detected: None,
         }
+    }
+
+    /// How its next instance gets its socket.
+    fn plan(&self) -> process::Plan {
+        process::Plan::of(&self.handle.cfg, self.detected)
     }
 
     fn name(&self) -> &str {
@@ -223,13 +237,13 @@ impl Function {
     /// it as a standby; without a process it costs one file descriptor and no CPU.
     fn keep_standby(&mut self) {
         if self.standby.is_some()
-            || self.handle.cfg.socket != SocketMode::Inherit
+            || self.plan() != process::Plan::Inherit
             || self.locals.iter().any(|l| !l.phase.stopping())
         {
             return;
         }
         // A command that cannot be prepared fails again (and is reported) when it is started.
-        let Ok(prepared) = process::prepare(&self.handle.cfg) else {
+        let Ok(prepared) = process::prepare(&self.handle.cfg, process::Plan::Inherit) else {
             return;
         };
         let inst = Arc::new(Instance::standby(
@@ -333,6 +347,7 @@ impl Shell {
         if cold {
             m.cold_starts.inc();
         }
+        let plan = f.plan();
         let (prepared, inst) = match f.standby.take() {
             // The standby was made with the id the scaler gives its next instance.
             Some((prepared, inst)) if inst.id == id => {
@@ -343,7 +358,7 @@ impl Shell {
                 if let Some((_, stale)) = other {
                     stale.retire();
                 }
-                let prepared = process::prepare(&f.handle.cfg)?;
+                let prepared = process::prepare(&f.handle.cfg, plan)?;
                 let inst = Arc::new(Instance::new(
                     id,
                     Some(prepared.addr()),
@@ -356,7 +371,7 @@ impl Shell {
         // An inherited socket listens already: publish the instance before its process starts,
         // so the dispatchers connect and write the waiting requests into its backlog meanwhile
         // (sluice's part of a cold start does not wait for the exec).
-        let early = f.handle.cfg.socket == SocketMode::Inherit;
+        let early = plan == process::Plan::Inherit;
         if early {
             f.publish_with(Some(inst.clone()));
         }
@@ -383,15 +398,33 @@ impl Shell {
             failed_start: false,
             ready_task: None,
         };
-        if f.handle.cfg.socket == SocketMode::Port {
+        if plan != process::Plan::Inherit {
             local.phase = Phase::Starting;
             local.published = false;
             let tx = self.ready_tx.clone();
             let limit = f.handle.cfg.start_timeout;
-            local.ready_task = Some(tokio::spawn(async move {
-                let ok = wait_ready(sp.addr, limit).await;
-                let _ = tx.send(Readiness { fi, id, ok });
-            }));
+            let addr = sp.addr;
+            local.ready_task = Some(match sp.detect {
+                Some(d) => tokio::spawn(async move {
+                    let detected = detect_socket(d, limit).await;
+                    let ok = detected.is_some();
+                    let _ = tx.send(Readiness {
+                        fi,
+                        id,
+                        ok,
+                        detected,
+                    });
+                }),
+                None => tokio::spawn(async move {
+                    let ok = wait_ready(addr, limit).await;
+                    let _ = tx.send(Readiness {
+                        fi,
+                        id,
+                        ok,
+                        detected: None,
+                    });
+                }),
+            });
         }
         let publish = local.published && !early;
         f.locals.push(local);
@@ -428,6 +461,15 @@ impl Shell {
         l.ready_task = None;
         if l.phase != Phase::Starting {
             return;
+        }
+        if let (true, Some((mode, addr))) = (r.ok, r.detected) {
+            if l.inst.addr != Some(addr) {
+                l.inst = Arc::new(l.inst.moved_to(addr));
+            }
+            if f.detected.is_none() {
+                tracing::info!(function = %f.handle.name(), socket = mode.as_str(), port = addr.port(), "function socket detected; later instances use it");
+                f.detected = Some(mode);
+            }
         }
         if r.ok {
             l.phase = Phase::Up;
@@ -529,6 +571,11 @@ impl Shell {
                 .iter()
                 .map(|f| FunctionSnapshot {
                     handle: f.handle.clone(),
+                    socket: match f.plan() {
+                        process::Plan::Inherit => "inherit",
+                        process::Plan::Port => "port",
+                        process::Plan::Detect => "detecting",
+                    },
                     instances: f
                         .locals
                         .iter()
@@ -677,6 +724,34 @@ fn on_exit(f: &Function, mut l: Local, status: Option<ExitStatus>) -> Input {
         id: l.inst.id,
         crashed: !stopped,
         answered,
+    }
+}
+
+/// `socket = "auto"`, first instance: which socket does it serve? Makes one connection to
+/// its fd 3 (it waits in the accept queue) and then, with backoff (as [`wait_ready`]),
+/// checks whether the queue drained (it accepts on fd 3: `Inherit`) or `$PORT` accepts a
+/// connection (it bound `$PORT`: `Port`), until `limit` passes (`None`).
+async fn detect_socket(d: process::Detect, limit: Duration) -> Option<(SocketMode, SocketAddr)> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let _probe = tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(d.fd3))
+        .await
+        .ok()?
+        .ok()?;
+    let mut pause = CONNECT_RETRY_MIN;
+    loop {
+        if process::accept_queue_len(&d.listener).ok()? == 0 {
+            return Some((SocketMode::Inherit, d.fd3));
+        }
+        match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(d.port)).await {
+            Ok(Ok(_)) => return Some((SocketMode::Port, d.port)),
+            Err(_) => return None,
+            Ok(Err(_)) => {}
+        }
+        if tokio::time::Instant::now() + pause >= deadline {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(CONNECT_RETRY_MAX);
     }
 }
 

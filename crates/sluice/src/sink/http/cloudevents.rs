@@ -50,16 +50,20 @@ impl CloudEvent {
         }
     }
 
-    /// The request head of a binary-mode POST of this event to `path` on `host` with a body of
-    /// `body_len` bytes (keep-alive).
-    pub fn request_head(&self, host: &str, path: &str, body_len: usize) -> String {
-        let mut h = String::with_capacity(256);
-        let _ = write!(h, "POST {path} HTTP/1.1\r\nHost: {host}\r\n");
-        for (name, value) in self.headers() {
-            let _ = write!(h, "{name}: {value}\r\n");
+    /// The headers of a binary-mode POST of this event to `host` (hyper adds
+    /// `Content-Length`). Values are percent-encoded or checked ASCII without CR/LF, so every
+    /// one is a valid header value; one that were not would be left out rather than sent.
+    pub fn header_map(&self, host: &str) -> hyper::HeaderMap {
+        let mut map = hyper::HeaderMap::with_capacity(8);
+        if let Ok(v) = hyper::header::HeaderValue::from_str(host) {
+            map.insert(hyper::header::HOST, v);
         }
-        let _ = write!(h, "Content-Length: {body_len}\r\n\r\n");
-        h
+        for (name, value) in self.headers() {
+            if let Ok(v) = hyper::header::HeaderValue::try_from(value) {
+                map.insert(name, v);
+            }
+        }
+        map
     }
 
     /// The binary-mode headers: `ce-*` (percent-encoded) and `Content-Type`.
@@ -103,33 +107,12 @@ pub fn encode(value: &str) -> String {
     out
 }
 
-/// `time` as RFC 3339 in UTC with milliseconds, e.g. `2024-01-02T03:04:05.500Z`.
+/// `time` as RFC 3339 in UTC with milliseconds, e.g. `2024-01-02T03:04:05.500Z`
+/// (`humantime`). Clamped to 1970-01-01 … 9999-12-31T23:59:59 (humantime panics before the
+/// epoch and fails after year 9999; a gateway without a real-time clock may be anywhere).
 pub fn rfc3339(time: SystemTime) -> String {
-    let d = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
-/// The civil date of a day count since 1970-01-01 (proleptic Gregorian).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    let last = UNIX_EPOCH + std::time::Duration::from_secs(253_402_300_799);
+    humantime::format_rfc3339_millis(time.clamp(UNIX_EPOCH, last)).to_string()
 }
 
 #[cfg(test)]
@@ -144,6 +127,18 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+        let before = UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(
+            rfc3339(before),
+            "1970-01-01T00:00:00.000Z",
+            "clamped, no panic"
+        );
+        let far = UNIX_EPOCH + Duration::from_secs(300_000_000_000);
+        assert_eq!(
+            rfc3339(far),
+            "9999-12-31T23:59:59.000Z",
+            "clamped, no panic"
+        );
     }
 
     #[test]
@@ -164,9 +159,25 @@ mod tests {
             UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             &content_type(None, br#"[{"n":"t","v":21.5}]"#),
         );
-        let head = e.request_head("127.0.0.1:8080", "/", 20);
-        let want = "POST / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nce-specversion: 1.0\r\nce-id: 0-42-1700000000\r\nce-source: sluice://gw1/dev%207\r\nce-type: io.sluice.message\r\nce-subject: sensors/7/temp\r\nce-time: 2023-11-14T22:13:20.000Z\r\nContent-Type: application/senml+json\r\nContent-Length: 20\r\n\r\n";
-        assert_eq!(head, want);
+        let map = e.header_map("127.0.0.1:8080");
+        let got: Vec<(String, String)> = map
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let want = [
+            ("host", "127.0.0.1:8080"),
+            ("ce-specversion", "1.0"),
+            ("ce-id", "0-42-1700000000"),
+            ("ce-source", "sluice://gw1/dev%207"),
+            ("ce-type", "io.sluice.message"),
+            ("ce-subject", "sensors/7/temp"),
+            ("ce-time", "2023-11-14T22:13:20.000Z"),
+            ("content-type", "application/senml+json"),
+        ];
+        assert_eq!(
+            got,
+            want.map(|(k, v)| (k.to_owned(), v.to_owned())).to_vec()
+        );
         assert_eq!(content_type(Some("text/plain"), b"x"), "text/plain");
         assert_eq!(content_type(None, b"\x00\x01"), "application/octet-stream");
         assert_eq!(

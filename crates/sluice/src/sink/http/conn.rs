@@ -1,28 +1,37 @@
 //! One HTTP/1.1 exchange on a keep-alive connection to a function, and the shard's pool of
 //! idle connections per instance.
 //!
-//! Owns: connecting (an instance's loopback address, or a remote function's host), writing one
-//! request, reading its response (decoded by the sans-IO parser shared with the oneM2M
-//! transport, `sink::onem2m::http`, plus close-delimited bodies, which a server that answers
-//! one request per connection may send), and keeping idle connections for reuse. Does not own:
-//! timeouts, retries or what an answer means (`dispatch.rs`).
+//! Owns: connecting (an instance's loopback address, or a remote function's host), sending one
+//! request and reading its response through hyper's client connection
+//! (`hyper::client::conn::http1`: the head, fixed-length, chunked and close-delimited bodies,
+//! keep-alive), the body bounded by [`MAX_BODY_BYTES`], and keeping idle connections for
+//! reuse. Does not own: timeouts, retries or what an answer means (`dispatch.rs`).
 //!
 //! A connection is used by one request at a time (no pipelining: Knative's concurrency is
-//! requests in flight, each on its own connection). A response that says `Connection: close`,
-//! or any error, ends the connection; otherwise it goes back to the pool. Connections idle for
-//! more than [`IDLE_REOPEN`] are not reused, so a server's keep-alive timeout never closes one
-//! under a request.
+//! requests in flight, each on its own connection). A response that says `Connection: close`
+//! (or is HTTP/1.0), or any error, ends the connection; otherwise it goes back to the pool.
+//! Connections idle for more than [`IDLE_REOPEN`] are not reused, so a server's keep-alive
+//! timeout never closes one under a request. Each connection's hyper driver is a task of its
+//! own; it ends when the connection's [`Conn`] is dropped or the server closes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderMap, CONNECTION, CONTENT_TYPE};
+use hyper::{Method, Request, Version};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::sink::onem2m::http::{self, HttpError, MAX_BODY_BYTES, MAX_HEAD_BYTES};
+use crate::sink::onem2m::http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
 
 /// An idle connection older than this is closed instead of reused.
 pub const IDLE_REOPEN: Duration = Duration::from_secs(2);
@@ -39,7 +48,28 @@ pub enum CallError {
     #[error("the function closed the connection before answering")]
     Closed,
     #[error("malformed HTTP response: {0}")]
-    Http(#[from] HttpError),
+    Http(#[source] hyper::Error),
+    #[error("response body larger than {MAX_BODY_BYTES} bytes")]
+    BodyTooLarge,
+}
+
+impl From<hyper::Error> for CallError {
+    fn from(e: hyper::Error) -> CallError {
+        if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+            CallError::Closed
+        } else {
+            CallError::Http(e)
+        }
+    }
+}
+
+/// One request as the dispatcher builds it once per event: path, headers (`Host`, `ce-*`,
+/// `Content-Type`; hyper adds `Content-Length`) and body.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub path: hyper::Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
 }
 
 /// A function's answer.
@@ -57,9 +87,9 @@ pub struct Answer {
 /// One open connection.
 #[derive(Debug)]
 pub struct Conn {
-    stream: TcpStream,
-    /// Received bytes and the decoder's progress through them.
-    buf: http::ResponseBuf,
+    sender: SendRequest<Full<Bytes>>,
+    /// When the connection last wrote bytes (set by its socket, read after an exchange).
+    wrote_at: Arc<Mutex<Option<Instant>>>,
     idle_since: Instant,
     /// It carried an exchange before (a failure before any answer byte may be a stale
     /// keep-alive connection the server closed meanwhile).
@@ -82,101 +112,140 @@ impl Conn {
         }
         .map_err(CallError::Connect)?;
         let _ = stream.set_nodelay(true);
-        Ok(Conn {
+        let wrote_at = Arc::new(Mutex::new(None));
+        let io = TokioIo::new(Socket {
             stream,
-            buf: http::ResponseBuf::new(),
+            wrote_at: wrote_at.clone(),
+        });
+        let (sender, driver) = hyper::client::conn::http1::Builder::new()
+            // Bounds the head (hyper reads the body in pieces; `Limited` bounds it).
+            .max_buf_size(MAX_HEAD_BYTES.max(8192))
+            .handshake(io)
+            .await
+            .map_err(|e| CallError::Io(std::io::Error::other(e)))?;
+        tokio::spawn(async move {
+            // Ends with the connection; its errors reach the exchange that was running.
+            let _ = driver.await;
+        });
+        Ok(Conn {
+            sender,
+            wrote_at,
             idle_since: Instant::now(),
             reused: false,
         })
     }
 
-    /// Write `request`, tell `written` when it is in the socket, and read its answer.
+    /// Send `request`, tell `written` when it was in the socket, and read its answer.
     pub async fn call(
         &mut self,
-        request: &[u8],
+        request: &Outgoing,
         written: &dyn Fn(Instant),
     ) -> Result<Answer, CallError> {
-        self.stream
-            .write_all(request)
+        self.sender.ready().await?;
+        let mut req = Request::new(Full::new(request.body.clone()));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = request.path.clone();
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = request.headers.clone();
+        *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let response = self.sender.send_request(req).await?;
+        if let Some(at) = *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) {
+            written(at);
+        }
+        let status = response.status().as_u16();
+        let close = response.version() < Version::HTTP_11
+            || response.headers().get_all(CONNECTION).iter().any(|v| {
+                v.to_str()
+                    .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
+            });
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+            .map(|s| ByteString::from(s.trim()));
+        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+            .collect()
             .await
-            .map_err(CallError::Io)?;
-        written(Instant::now());
-        self.read_answer().await
+            .map_err(|e| match e.downcast::<hyper::Error>() {
+                Ok(h) => CallError::from(*h),
+                Err(_) => CallError::BodyTooLarge,
+            })?
+            .to_bytes();
+        Ok(Answer {
+            status,
+            body,
+            close,
+            content_type,
+        })
+    }
+}
+
+/// The connection's socket for hyper: asks the kernel to acknowledge at once before every
+/// read (a server that writes its head and body apart with Nagle on — Python's http.server —
+/// would otherwise hold the body until our delayed ACK, 40 ms per request; the kernel leaves
+/// quick-ack mode by itself), and notes when it last wrote (the dispatch latency's end).
+struct Socket {
+    stream: TcpStream,
+    wrote_at: Arc<Mutex<Option<Instant>>>,
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let _ = socket2::SockRef::from(&this.stream).set_tcp_quickack(true);
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl Socket {
+    fn wrote(&self, n: usize) {
+        if n > 0 {
+            *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.wrote(n);
+        }
+        r
     }
 
-    async fn read_answer(&mut self) -> Result<Answer, CallError> {
-        self.buf.clear();
-        loop {
-            match self.buf.decode() {
-                Ok(Some(r)) => {
-                    return Ok(Answer {
-                        status: r.status,
-                        body: r.body,
-                        close: r.close,
-                        content_type: r.content_type.and_then(|c| ByteString::try_from(c).ok()),
-                    })
-                }
-                Ok(None) => {}
-                Err(HttpError::Undelimited) => return self.read_to_end().await,
-                Err(e) => return Err(e.into()),
-            }
-            if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
-                return Err(HttpError::HeadTooLarge.into());
-            }
-            self.buf.unparsed_mut().reserve(4096);
-            // Acknowledge at once what the function sends: a server that writes its head and
-            // body apart with Nagle on (Python's http.server) would otherwise hold the body
-            // until our delayed ACK, 40 ms per request. The kernel leaves quick-ack mode by
-            // itself, so it is asked again before every read.
-            let _ = socket2::SockRef::from(&self.stream).set_tcp_quickack(true);
-            let n = self
-                .stream
-                .read_buf(self.buf.unparsed_mut())
-                .await
-                .map_err(CallError::Io)?;
-            if n == 0 {
-                return Err(CallError::Closed);
-            }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.wrote(n);
         }
+        r
     }
 
-    /// A response whose body ends with the connection (HTTP/1.0 style).
-    async fn read_to_end(&mut self) -> Result<Answer, CallError> {
-        loop {
-            if self.buf.len() > MAX_HEAD_BYTES + MAX_BODY_BYTES {
-                return Err(HttpError::BodyTooLarge(self.buf.len() as u64).into());
-            }
-            self.buf.unparsed_mut().reserve(4096);
-            let n = self
-                .stream
-                .read_buf(self.buf.unparsed_mut())
-                .await
-                .map_err(CallError::Io)?;
-            if n == 0 {
-                break;
-            }
-        }
-        let mut headers = [httparse::EMPTY_HEADER; http::MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(self.buf.unparsed_mut()) {
-            Ok(httparse::Status::Complete(head)) => {
-                let status = resp.code.unwrap_or(0);
-                let content_type = resp
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("content-type"))
-                    .and_then(|h| std::str::from_utf8(h.value.trim_ascii()).ok())
-                    .map(ByteString::from);
-                let body = self.buf.unparsed_mut().split_off(head).freeze();
-                Ok(Answer {
-                    status,
-                    body,
-                    close: true,
-                    content_type,
-                })
-            }
-            _ => Err(HttpError::BadHead("incomplete response before close").into()),
-        }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -217,7 +286,18 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
+
+    fn request() -> Outgoing {
+        let mut headers = HeaderMap::new();
+        headers.insert(hyper::header::HOST, "f".parse().unwrap());
+        Outgoing {
+            path: hyper::Uri::from_static("/"),
+            headers,
+            body: Bytes::from_static(b"x"),
+        }
+    }
 
     /// A server that reads one request and answers with `pieces`, one write each (with a
     /// pause between, so they arrive apart), then closes.
@@ -235,13 +315,7 @@ mod tests {
             }
         });
         let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
-        let answer = conn
-            .call(
-                b"POST / HTTP/1.1\r\nHost: f\r\nContent-Length: 0\r\n\r\n",
-                &|_| {},
-            )
-            .await
-            .unwrap();
+        let answer = conn.call(&request(), &|_| {}).await.unwrap();
         server.await.unwrap();
         answer
     }
@@ -270,5 +344,90 @@ mod tests {
             (a.status, &a.body[..], a.close),
             (200, &b"abcde"[..], false)
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_many_times_the_head_limit_is_read_whole() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let n = MAX_BODY_BYTES / 2;
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await.unwrap();
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n");
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(&vec![b'a'; n]).await;
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let a = conn.call(&request(), &|_| {}).await.unwrap();
+        assert_eq!(a.body.len(), n);
+    }
+
+    #[tokio::test]
+    async fn a_head_over_the_limit_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await.unwrap();
+            let big = "a".repeat(MAX_HEAD_BYTES + 1);
+            let head = format!("HTTP/1.1 200 OK\r\nX-Big: {big}\r\nContent-Length: 0\r\n\r\n");
+            let _ = s.write_all(head.as_bytes()).await;
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        assert!(conn.call(&request(), &|_| {}).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await.unwrap();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                MAX_BODY_BYTES + 1
+            );
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(&vec![b'a'; MAX_BODY_BYTES + 1]).await;
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let err = conn.call(&request(), &|_| {}).await.unwrap_err();
+        assert!(matches!(err, CallError::BodyTooLarge), "{err}");
+    }
+
+    #[tokio::test]
+    async fn one_connection_carries_several_requests_and_says_when_each_was_written() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            for _ in 0..3 {
+                let mut req = Vec::new();
+                while !req.ends_with(b"\r\n\r\nx") {
+                    let mut buf = [0u8; 1024];
+                    let n = s.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "closed early");
+                    req.extend_from_slice(&buf[..n]);
+                }
+                assert!(req.starts_with(b"POST / HTTP/1.1\r\n"));
+                s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                    .await
+                    .unwrap();
+            }
+            1
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        for _ in 0..3 {
+            let seen = std::cell::Cell::new(false);
+            let a = conn.call(&request(), &|_| seen.set(true)).await.unwrap();
+            assert_eq!((a.status, a.close), (204, false));
+            assert!(seen.get(), "written reported");
+        }
+        assert_eq!(accepted.await.unwrap(), 1, "one connection");
     }
 }

@@ -10,7 +10,9 @@
 //!
 //! # One event
 //! `encode` builds the request (head + payload) and returns a [`SendId`]; the outbox's window
-//! bounds how many are held here. The event waits in `ready` until a slot is free, then a task
+//! bounds how many are held here. The event waits in `ready` until a slot is free (a local
+//! function's event at most `start_timeout.max(timeout)`: then no instance became ready, which
+//! counts as a failed attempt, outcome `timeout`), then a task
 //! writes it on a pooled connection and reads the answer, bounded by `timeout` (by
 //! `start_timeout` on an instance that has not answered yet: its start-up is part of the wait).
 //! - **2xx**: acknowledged ([`Feedback::Acked`]: the device's QoS 1 ack follows the outbox's
@@ -43,7 +45,7 @@ use sluice_proto::mqtt::{Properties, QoS};
 use tokio::sync::mpsc;
 
 use super::cloudevents::{self, CloudEvent};
-use super::conn::{Answer, CallError, Conn, Pool, Target};
+use super::conn::{Answer, CallError, Conn, Outgoing, Pool, Target};
 use super::{Overflow, Publish};
 use crate::config::FunctionConfig;
 use crate::edge::DeviceMessage;
@@ -54,8 +56,8 @@ use crate::sink::{UplinkError, UplinkMessage};
 
 /// What one event keeps while it is here.
 struct Job {
-    /// The whole request, head and payload, written in one call.
-    request: Bytes,
+    /// The request, built once (headers and body shared by every attempt).
+    request: Rc<Outgoing>,
     body: Bytes,
     device: ByteString,
     topic: ByteString,
@@ -63,6 +65,9 @@ struct Job {
     received_at: Instant,
     /// Attempts made so far.
     attempts: u32,
+    /// When it last joined `ready` (a local function's event waits there at most
+    /// `start_timeout.max(timeout)` for an instance: see [`FunctionTransport::expire_waiting`]).
+    ready_since: Instant,
 }
 
 /// A request task's result.
@@ -85,7 +90,8 @@ pub struct FunctionTransport {
     cfg: Arc<FunctionConfig>,
     gateway: String,
     host: String,
-    path: String,
+    /// The request target (a remote function's path and query; `/` for a local one).
+    uri: hyper::Uri,
     target_remote: Option<Target>,
     id_prefix: String,
     next_id: u64,
@@ -127,13 +133,17 @@ impl FunctionTransport {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let uri = path.parse().unwrap_or_else(|error| {
+            tracing::warn!(function = %cfg.name, %path, %error, "function url path is not a valid request target; using /");
+            hyper::Uri::from_static("/")
+        });
         FunctionTransport {
             window: (cfg.max_in_flight() * 2).max(2),
             cfg,
             handle,
             gateway: gateway_name(),
             host,
-            path,
+            uri,
             target_remote,
             id_prefix: format!("{start:x}-{shard}-"),
             next_id: 0,
@@ -281,6 +291,15 @@ impl FunctionTransport {
                 (true, e.to_string())
             }
         };
+        self.failed(id, retryable, error);
+    }
+
+    /// An attempt of `id` failed: retry it after a backoff, or dead-letter it.
+    fn failed(&mut self, id: SendId, retryable: bool, error: String) {
+        let m = &self.handle.metrics;
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
         let attempts = job.attempts;
         if retryable && attempts <= self.cfg.retries {
             m.retries.inc();
@@ -382,6 +401,45 @@ impl FunctionTransport {
         }
     }
 
+    /// How long a local function's event waits in `ready` for an instance to take it.
+    fn wait_limit(&self) -> Option<Duration> {
+        self.target_remote
+            .is_none()
+            .then(|| self.cfg.start_timeout.max(self.cfg.timeout))
+    }
+
+    /// When the oldest waiting event's wait ends (`ready` is in the order events joined it).
+    fn wait_deadline(&self) -> Option<Instant> {
+        let limit = self.wait_limit()?;
+        let job = self.jobs.get(self.ready.front()?)?;
+        Some(job.ready_since + limit)
+    }
+
+    /// A local function's events that waited `start_timeout.max(timeout)` for an instance
+    /// (none became ready: one that crashes on start, or never serves) count a failed attempt
+    /// each — retried, then dead-lettered — as they would have against an instance published
+    /// before it started (`socket = "inherit"`).
+    fn expire_waiting(&mut self) {
+        let Some(limit) = self.wait_limit() else {
+            return;
+        };
+        let now = Instant::now();
+        while let Some(&id) = self.ready.front() {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                self.ready.pop_front();
+                continue;
+            };
+            if now < job.ready_since + limit {
+                break;
+            }
+            self.ready.pop_front();
+            job.attempts += 1;
+            self.handle.metrics.invocation(Outcome::Timeout);
+            self.failed(id, true, format!("no instance ready within {limit:?}"));
+        }
+        self.sync_waiting();
+    }
+
     fn due_retries(&mut self) {
         let now = Instant::now();
         while let Some(std::cmp::Reverse((at, id))) = self.retries.peek().copied() {
@@ -389,7 +447,8 @@ impl FunctionTransport {
                 break;
             }
             self.retries.pop();
-            if self.jobs.contains_key(&id) {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.ready_since = now;
                 self.ready.push_back(id);
             }
         }
@@ -402,7 +461,7 @@ async fn exchange(
     pool: &Rc<RefCell<Pool>>,
     instance: u64,
     target: &Target,
-    request: &Bytes,
+    request: &Outgoing,
     written: impl Fn(Instant),
 ) -> Result<Answer, CallError> {
     // Not borrowed across the connect: other requests on this shard use the pool meanwhile.
@@ -461,20 +520,22 @@ impl Transport for FunctionTransport {
             &cloudevents::content_type(msg.content_type.as_deref(), &msg.payload),
         );
         // The head's own buffer grows to hold the payload: one allocation, no copy of the head.
-        let mut request = event
-            .request_head(&self.host, &self.path, msg.payload.len())
-            .into_bytes();
-        request.extend_from_slice(&msg.payload);
+        let request = Rc::new(Outgoing {
+            path: self.uri.clone(),
+            headers: event.header_map(&self.host),
+            body: msg.payload.clone(),
+        });
         self.jobs.insert(
             id,
             Job {
-                request: Bytes::from(request),
+                request,
                 body: msg.payload.clone(),
                 device: msg.device.clone(),
                 topic: msg.topic.clone(),
                 qos: msg.qos,
                 received_at: msg.received_at,
                 attempts: 0,
+                ready_since: Instant::now(),
             },
         );
         self.ready.push_back(id);
@@ -498,6 +559,7 @@ impl Transport for FunctionTransport {
         }
         self.due_retries();
         self.dispatch();
+        self.expire_waiting();
         let handle = self.handle.clone();
         let changed = handle.changed();
         tokio::pin!(changed);
@@ -507,6 +569,10 @@ impl Transport for FunctionTransport {
             self.dispatch();
         }
         let next_retry = self.retries.peek().map(|r| r.0 .0);
+        let next_retry = match (next_retry, self.wait_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let waiting = !self.ready.is_empty();
         let overflow = self.overflow.clone();
         tokio::select! {
@@ -521,7 +587,10 @@ impl Transport for FunctionTransport {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
                     None => std::future::pending().await,
                 }
-            } => self.due_retries(),
+            } => {
+                self.due_retries();
+                self.expire_waiting();
+            }
             _ = changed, if waiting => {}
             _ = overflow.wake.notified() => {}
         }

@@ -24,7 +24,11 @@
 //! Expiry Interval of `downlink_session_expiry` (MQTT 5) or clean session = 0 (3.1.1) — so the
 //! broker keeps the subscription and the QoS 1 commands published while the gateway is away.
 //! It subscribes again whenever the CONNACK says the session was not present (MQTT 5 also
-//! re-subscribes with Retain Handling 1 when it was, so changed filters take effect). Every
+//! re-subscribes with Retain Handling 1 when it was, so changed filters take effect). A
+//! reload that changes `receive` (the shared [`UplinkRoute`]) is followed on the running
+//! connection: UNSUBSCRIBE for the filters that went, SUBSCRIBE for the new ones, one change
+//! at a time ([`Transport::follow_route`]); what a kept session still holds from before is
+//! unsubscribed at reconnect. Every
 //! other session starts clean and subscribes to nothing, so each command crosses the WAN
 //! once. A QoS 1 command is acknowledged to the cloud only after the [`crate::sink::Downlink`]
 //! future resolved (the shard accepted it for every local subscriber, see `shard::router`);
@@ -105,6 +109,9 @@ pub struct SessionSeed {
     pub links: Option<crate::net::links::LinkWatch>,
     /// `Some` for a function's sink (`crate::sink::http`).
     pub function: Option<crate::sink::http::FunctionSeed>,
+    /// The uplink's forward filters and topic mapping, shared with its sink on every shard
+    /// and replaced by a reload (`UplinkRoute::replace`).
+    pub route: UplinkRoute,
 }
 
 /// Start the outbox of one uplink lane on this shard, with an MQTT transport. Must be called
@@ -125,9 +132,11 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         feeders,
         links: _,
         function: _,
+        route,
     } = seed;
     let transport = MqttTransport::new(shard, lane, cfg.clone(), tls, downlink, metrics.clone())
-        .with_port_observer(on_port);
+        .with_port_observer(on_port)
+        .with_route(route.clone());
     let outbox = Outbox::new(
         OutboxSeed {
             shard,
@@ -139,7 +148,8 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
             feeders,
         },
         transport,
-    );
+    )
+    .with_route(route);
     tokio::task::spawn_local(outbox.run(shutdown))
 }
 
@@ -163,6 +173,13 @@ pub struct MqttTransport {
     ids: HashSet<u16>,
     next_packet_id: u16,
     pending_subscribe: Option<u16>,
+    /// The filters of the pending SUBSCRIBE (named when the broker refuses one).
+    pending_filters: Vec<String>,
+    pending_unsubscribe: Option<u16>,
+    /// The `receive` filters this session asked the broker for (kept across reconnects: a
+    /// persistent session holds them), and the route generation they were taken from.
+    subscribed: Vec<String>,
+    receive_seen: u64,
     /// Cloud PUBLISHes decoded and not yet delivered (at most what one read decodes: the
     /// broker sends no more than our Receive Maximum of QoS 1 ones unacknowledged).
     downlink_pending: VecDeque<Publish>,
@@ -211,6 +228,10 @@ impl MqttTransport {
             ids: HashSet::new(),
             next_packet_id: 1,
             pending_subscribe: None,
+            pending_filters: Vec::new(),
+            pending_unsubscribe: None,
+            subscribed: Vec::new(),
+            receive_seen: 0,
             downlink_pending: VecDeque::new(),
             dial: crate::net::dial::Dial {
                 mptcp: cfg_mptcp,
@@ -259,13 +280,22 @@ impl MqttTransport {
         self
     }
 
+    /// Name messages by `route`, the uplink's shared route (which a reload replaces), instead
+    /// of this transport's own copy of its configuration's.
+    pub fn with_route(mut self, route: UplinkRoute) -> Self {
+        self.route = route;
+        self
+    }
+
     /// Whether this link holds the uplink's one downlink subscription: shard 0's normal
     /// lane, when `receive` has filters.
     fn subscribes_downlink(&self) -> bool {
-        self.shard == 0
-            && self.lane == Lane::Normal
-            && !self.cfg.receive.is_empty()
-            && !self.no_downlink
+        self.holds_downlink() && self.route.receives()
+    }
+
+    /// Whether this link is the one that would hold the downlink subscription.
+    fn holds_downlink(&self) -> bool {
+        self.shard == 0 && self.lane == Lane::Normal && !self.no_downlink
     }
 
     /// A packet id not in use. Terminates: the outbox keeps at most the window (≤ 65534)
@@ -274,7 +304,10 @@ impl MqttTransport {
         loop {
             let id = self.next_packet_id;
             self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
-            if !self.ids.contains(&id) && self.pending_subscribe != Some(id) {
+            if !self.ids.contains(&id)
+                && self.pending_subscribe != Some(id)
+                && self.pending_unsubscribe != Some(id)
+            {
                 return id;
             }
         }
@@ -307,6 +340,10 @@ impl Transport for MqttTransport {
         self.read_some(feedback).await
     }
 
+    fn follow_route(&mut self) -> Result<(), crate::sink::UplinkError> {
+        self.follow_receive()
+    }
+
     async fn settle(&mut self) -> Result<(), crate::sink::UplinkError> {
         self.deliver_downlinks().await
     }
@@ -327,5 +364,6 @@ impl Transport for MqttTransport {
         self.out.clear();
         self.ids.clear();
         self.pending_subscribe = None;
+        self.pending_unsubscribe = None;
     }
 }

@@ -11,11 +11,11 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{
     encode, Disconnect, Packet, Properties, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
-    SubscribeFilter, SubscriptionOptions,
+    SubscribeFilter, SubscriptionOptions, Unsubscribe,
 };
 use sluice_proto::senml::Format;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::link::READ_CHUNK;
 use super::{classify_refusal, MqttTransport};
@@ -102,7 +102,9 @@ impl MqttTransport {
                 QoS::AtMostOnce
             },
             retain: false,
-            topic: ByteString::from(self.cfg.aggregate.topic.as_str()),
+            topic: self
+                .route
+                .with_aggregate(|a| ByteString::from(a.topic.as_str())),
             packet_id,
             properties,
             payload,
@@ -112,11 +114,14 @@ impl MqttTransport {
     /// Most payload bytes a pack may have so that its PUBLISH stays within `max_packet`: the
     /// PUBLISH around an empty payload, plus 3 for the remaining-length field growing.
     pub(super) fn pack_payload_limit(&self, max_packet: usize) -> usize {
-        let packs = self.lane == crate::sink::Lane::Normal && self.cfg.aggregate.enabled;
-        if max_packet == usize::MAX || !packs {
+        // Worked out whether or not aggregation is on now: a reload may turn it on while this
+        // connection lasts. (A reloaded aggregate topic or format is measured from the next
+        // connect on.)
+        let format = self.route.with_aggregate(|a| a.format);
+        if max_packet == usize::MAX || self.lane != crate::sink::Lane::Normal {
             return usize::MAX;
         }
-        let format = match self.cfg.aggregate.format {
+        let format = match format {
             PackFormat::Json => Format::Json,
             PackFormat::Cbor => Format::Cbor,
         };
@@ -252,7 +257,7 @@ impl MqttTransport {
             Packet::SubAck(s) => {
                 if self.pending_subscribe == Some(s.packet_id) {
                     self.pending_subscribe = None;
-                    for (filter, code) in self.cfg.receive.iter().zip(&s.codes) {
+                    for (filter, code) in self.pending_filters.iter().zip(&s.codes) {
                         if *code >= 0x80 {
                             warn!(
                                 shard = self.shard,
@@ -270,7 +275,11 @@ impl MqttTransport {
                     c.ping_outstanding = false;
                 }
             }
-            Packet::UnsubAck(_) => {}
+            Packet::UnsubAck(u) => {
+                if self.pending_unsubscribe == Some(u.packet_id) {
+                    self.pending_unsubscribe = None;
+                }
+            }
             Packet::Disconnect(d) => return Err(UplinkError::DisconnectedByCloud(d.reason)),
             other => {
                 return Err(UplinkError::Protocol(format!(
@@ -312,12 +321,89 @@ impl MqttTransport {
     /// SUBSCRIBE to the `receive` filters; `session_present`: the broker kept our session
     /// (MQTT 5 then asks for no retained messages again: Retain Handling 1).
     pub(super) fn encode_subscribe(&mut self, session_present: bool) -> Result<(), UplinkError> {
+        let (generation, want) = self.route.receive_if_changed(0).unwrap_or_default();
+        self.receive_seen = generation;
+        // A kept session still holds what a reload removed while we were away.
+        let gone: Vec<String> = self
+            .subscribed
+            .iter()
+            .filter(|f| session_present && !want.contains(f))
+            .cloned()
+            .collect();
+        self.encode_unsubscribe(gone)?;
+        self.subscribed = want.clone();
+        self.encode_subscribe_filters(want, session_present)
+    }
+
+    /// Follow a reloaded `receive` while connected: UNSUBSCRIBE what went, SUBSCRIBE what
+    /// came (one change at a time: a later one waits for the broker's answers).
+    pub(super) fn follow_receive(&mut self) -> Result<(), UplinkError> {
+        if self.conn.is_none()
+            || !self.holds_downlink()
+            || self.pending_subscribe.is_some()
+            || self.pending_unsubscribe.is_some()
+        {
+            return Ok(());
+        }
+        let Some((generation, want)) = self.route.receive_if_changed(self.receive_seen) else {
+            return Ok(());
+        };
+        self.receive_seen = generation;
+        if want == self.subscribed {
+            return Ok(());
+        }
+        let gone: Vec<String> = self
+            .subscribed
+            .iter()
+            .filter(|f| !want.contains(f))
+            .cloned()
+            .collect();
+        let new: Vec<String> = want
+            .iter()
+            .filter(|f| !self.subscribed.contains(f))
+            .cloned()
+            .collect();
+        info!(
+            shard = self.shard,
+            uplink = %self.cfg.name,
+            subscribe = ?new,
+            unsubscribe = ?gone,
+            "downlink subscription follows the reloaded receive filters"
+        );
+        self.encode_unsubscribe(gone)?;
+        self.subscribed = want;
+        if new.is_empty() {
+            return Ok(());
+        }
+        self.encode_subscribe_filters(new, true)
+    }
+
+    fn encode_unsubscribe(&mut self, filters: Vec<String>) -> Result<(), UplinkError> {
+        if filters.is_empty() {
+            return Ok(());
+        }
+        let packet_id = self.alloc_packet_id();
+        self.pending_unsubscribe = Some(packet_id);
+        let unsub = Packet::Unsubscribe(Unsubscribe {
+            packet_id,
+            filters: filters.into_iter().map(ByteString::from).collect(),
+            properties: Properties::default(),
+        });
+        encode(&unsub, self.version, &mut self.out)?;
+        Ok(())
+    }
+
+    /// SUBSCRIBE to `receive` (QoS 1); `session_present`: MQTT 5 asks for no retained
+    /// messages again (Retain Handling 1).
+    fn encode_subscribe_filters(
+        &mut self,
+        receive: Vec<String>,
+        session_present: bool,
+    ) -> Result<(), UplinkError> {
         let packet_id = self.alloc_packet_id();
         self.pending_subscribe = Some(packet_id);
         let v5 = self.version == ProtocolVersion::V5;
-        let filters = self
-            .cfg
-            .receive
+        let filters = receive
             .iter()
             .map(|f| SubscribeFilter {
                 filter: ByteString::from(f.as_str()),
@@ -335,6 +421,7 @@ impl MqttTransport {
             properties: Properties::default(),
         });
         encode(&sub, self.version, &mut self.out)?;
+        self.pending_filters = receive;
         Ok(())
     }
 

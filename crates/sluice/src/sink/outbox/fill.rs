@@ -25,7 +25,34 @@ impl<T: Transport> Outbox<T> {
     /// more devices are connected than `min_devices`.
     pub(super) fn aggregating(&self) -> bool {
         self.packer.is_some()
-            && self.live_devices.load(Ordering::Relaxed) > self.cfg.aggregate.min_devices
+            && self.live_devices.load(Ordering::Relaxed) > self.aggregate.min_devices
+    }
+
+    /// Take up a reloaded `[uplink.aggregate]` between packs: an open pack is sealed first
+    /// (it goes out by the settings it was packed under), and the new settings apply once
+    /// no pack is open or sealed. One atomic load when nothing changed.
+    pub(super) fn follow_aggregate(&mut self) {
+        let Some((route, seen)) = &self.route else {
+            return;
+        };
+        let Some((generation, aggregate)) = route.aggregate_if_changed(*seen) else {
+            return;
+        };
+        if aggregate == self.aggregate {
+            self.route = self.route.take().map(|(r, _)| (r, generation));
+            return;
+        }
+        if self.sealed.is_some() {
+            return;
+        }
+        if self.packer.as_ref().is_some_and(|p| !p.is_empty()) {
+            self.seal_pack();
+            return;
+        }
+        self.packer = (self.lane == crate::sink::Lane::Normal && aggregate.enabled)
+            .then(|| Packer::new(&aggregate));
+        self.aggregate = aggregate;
+        self.route = self.route.take().map(|(r, _)| (r, generation));
     }
 
     /// Seal the open pack, unless one is already waiting for the window.
@@ -50,6 +77,7 @@ impl<T: Transport> Outbox<T> {
         unacked_in_write: &mut Vec<UplinkMessage>,
     ) -> (u64, u64) {
         let (mut sent, mut resent) = (0, 0);
+        self.follow_aggregate();
         let window = self.window(limits);
         let mut held_tried = false;
         while self.transport.pending_bytes() < MAX_BATCH_BYTES && self.paused_until.is_none() {

@@ -160,6 +160,12 @@ pub struct Outbox<T: Transport> {
     feeders: Feeders,
     /// `Some` on the normal lane when aggregation is enabled.
     packer: Option<Packer>,
+    /// `[uplink.aggregate]` as this outbox packs by it, and where a reload's new one comes
+    /// from (`with_route`; its generation as last seen).
+    aggregate: crate::config::AggregateConfig,
+    route: Option<(crate::sink::UplinkRoute, u64)>,
+    /// Told when the route is replaced (this outbox's own).
+    route_watch: Option<Arc<tokio::sync::Notify>>,
     /// A pack sealed and waiting for the window; nothing more is taken meanwhile.
     sealed: Option<SealedPack>,
     /// Messages to send on their own before anything taken after them: one too big for any
@@ -203,6 +209,7 @@ enum Event {
     Queued,
     PackDue,
     RetryDue,
+    RouteChanged,
 }
 
 impl<T: Transport> Outbox<T> {
@@ -224,6 +231,9 @@ impl<T: Transport> Outbox<T> {
             shard,
             lane,
             packer,
+            aggregate: cfg.aggregate.clone(),
+            route: None,
+            route_watch: None,
             sealed: None,
             alone: VecDeque::new(),
             inflight: HashMap::new(),
@@ -251,6 +261,14 @@ impl<T: Transport> Outbox<T> {
     /// Run until `shutdown` becomes `true` (or its sender is dropped): connect, serve,
     /// reconnect. At shutdown the transport closes gracefully; unacknowledged messages stay
     /// in the queue.
+    /// Follow `route`'s `[uplink.aggregate]`, which a reload may replace
+    /// (`UplinkRoute::replace`), instead of keeping the configuration's own for good.
+    pub fn with_route(mut self, route: crate::sink::UplinkRoute) -> Self {
+        self.route_watch = Some(route.watch());
+        self.route = Some((route, 0));
+        self
+    }
+
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut backoff = Backoff::new(self.cfg.reconnect_min, self.cfg.reconnect_max);
         let stable_after = self.cfg.reconnect_max.max(STABLE_CONNECTION);
@@ -345,7 +363,10 @@ impl<T: Transport> Outbox<T> {
         let mut feedback: Vec<Feedback> = Vec::new();
         // Whatever the far end sent together with its handshake answer.
         self.transport.settle().await?;
+        // Woken by a reload's new route (`UplinkRoute::watch`); never without a route.
+        let changed = self.route_watch.clone();
         loop {
+            self.transport.follow_route()?;
             let (sent, resent) = self.fill_batch(&limits, &mut unacked_in_write);
             let bytes = self.transport.pending_bytes();
             if bytes > 0 {
@@ -387,6 +408,7 @@ impl<T: Transport> Outbox<T> {
                 _ = self.queue.wait_ready(), if can_take => Event::Queued,
                 _ = sleep_until_opt(pack_due), if pack_due.is_some() => Event::PackDue,
                 _ = sleep_until_opt(retry_at), if retry_at.is_some() => Event::RetryDue,
+                _ = notified_opt(changed.as_deref()) => Event::RouteChanged,
             };
             match event {
                 Event::Shutdown => {
@@ -405,6 +427,8 @@ impl<T: Transport> Outbox<T> {
                 Event::Queued => {}
                 Event::PackDue => self.seal_pack(),
                 Event::RetryDue => self.maybe_resume(),
+                // Followed at the top of the loop.
+                Event::RouteChanged => {}
             }
         }
     }
@@ -419,6 +443,14 @@ impl<T: Transport> Outbox<T> {
     fn finish(&self, msg: UplinkMessage, code: u8) {
         self.queue.release_msg(&msg);
         msg.complete_with(code);
+    }
+}
+
+/// Waits for `notify`; never resolves for `None`.
+async fn notified_opt(notify: Option<&tokio::sync::Notify>) {
+    match notify {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
+use crate::telemetry::metrics::{Counter, Gauge, MetricKind, PromWriter};
 
 /// Why a path was declared dead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub enum PathState {
 #[derive(Debug)]
 pub struct PathMetrics {
     pub name: String,
-    /// [`PathState`] as an integer.
+    /// [`PathState`] as an integer (written as the `state` label of `sluice_uplink_path_state`).
     pub state: Gauge,
     /// Smoothed send → ack time, microseconds (-1: no sample yet).
     pub srtt_us: Gauge,
@@ -89,7 +89,7 @@ impl PathMetrics {
         self.failovers[why as usize].get()
     }
 
-    fn state_str(&self) -> &'static str {
+    pub(crate) fn state_str(&self) -> &'static str {
         match self.state.get() {
             2 => "up",
             1 => "connecting",
@@ -143,18 +143,29 @@ impl PathsMetrics {
         for p in self.list() {
             let mut l: Vec<(&str, &str)> = labels.to_vec();
             l.push(("path", &p.name));
-            w.gauge(
+            w.state(
                 "sluice_uplink_path_state",
-                "Path state of a per-path session: 0 down, 1 connecting, 2 up.",
+                "Path state of a per-path session: 1 for the current state label (down, connecting, up), 0 for the others.",
                 &l,
-                p.state.get(),
+                "state",
+                &["down", "connecting", "up"],
+                p.state_str(),
             );
-            w.gauge(
-                "sluice_uplink_path_srtt_microseconds",
-                "Smoothed send-to-ack time of the path (-1 before the first ack).",
-                &l,
-                p.srtt_us.get(),
-            );
+            let srtt = p.srtt_us.get();
+            if srtt >= 0 {
+                w.gauge_f64(
+                    "sluice_uplink_path_srtt_seconds",
+                    "Smoothed send-to-ack time of the path (no sample before the first ack).",
+                    &l,
+                    srtt as f64 / 1e6,
+                );
+            } else {
+                w.describe(
+                    "sluice_uplink_path_srtt_seconds",
+                    MetricKind::Gauge,
+                    "Smoothed send-to-ack time of the path (no sample before the first ack).",
+                );
+            }
             w.gauge(
                 "sluice_uplink_path_inflight",
                 "Messages unacknowledged on the path.",
@@ -196,5 +207,48 @@ impl PathsMetrics {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two paths of one session, one up with an ack seen, one never connected: the exposition
+    /// passes the strict reader (before: `sluice_uplink_path_srtt_microseconds`, a non-base
+    /// unit, with -1 for "no ack yet", and the state as 0/1/2).
+    #[test]
+    fn path_metrics_use_seconds_and_state_labels() {
+        let up = Arc::new(PathMetrics::new("wan".into()));
+        up.set_state(PathState::Up);
+        up.srtt_us.set(1_500);
+        let down = Arc::new(PathMetrics::new("lte".into()));
+        let paths = PathsMetrics::default();
+        paths.register(vec![up, down]);
+        let mut w = PromWriter::new();
+        paths.render(&mut w, &[("shard", "0"), ("uplink", "cloud")]);
+        let text = w.finish();
+        let exp = sluice_testkit::prom::check(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let srtt = exp
+            .family("sluice_uplink_path_srtt_seconds")
+            .expect("srtt family");
+        assert_eq!(
+            srtt.samples.len(),
+            1,
+            "no sample before the first ack: {text}"
+        );
+        assert_eq!(srtt.samples[0].label("path"), Some("wan"));
+        assert_eq!(srtt.samples[0].value, 0.0015);
+        let state = |path, state| {
+            exp.sum(
+                "sluice_uplink_path_state",
+                &[("path", path), ("state", state)],
+            )
+        };
+        assert_eq!((state("wan", "up"), state("wan", "down")), (1.0, 0.0));
+        assert_eq!(
+            (state("lte", "down"), state("lte", "connecting")),
+            (1.0, 0.0)
+        );
     }
 }

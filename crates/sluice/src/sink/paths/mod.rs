@@ -77,7 +77,9 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
         feeders,
         links,
         function: _,
+        route,
     } = seed;
+    let outbox_route = route.clone();
     let make = {
         let (cfg, metrics) = (cfg.clone(), metrics.clone());
         move |path: usize| {
@@ -93,6 +95,7 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
                 downlink.clone(),
                 metrics.clone(),
             )
+            .with_route(route.clone())
             .for_path(
                 cfg.path_client_id(shard, lane == Lane::High, path),
                 Dial {
@@ -123,7 +126,8 @@ pub fn spawn(seed: SessionSeed, shutdown: watch::Receiver<bool>) -> JoinHandle<(
             feeders,
         },
         transport,
-    );
+    )
+    .with_route(outbox_route);
     tokio::task::spawn_local(outbox.run(shutdown))
 }
 

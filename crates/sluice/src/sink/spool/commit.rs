@@ -26,7 +26,8 @@ use tracing::{debug, error, info};
 
 use super::open::{log_recovery, update_gauges};
 use super::{
-    shutdown_signal, AckRanges, Appended, Inner, UplinkSpool, ACK_COMMIT_PERIOD, REOPEN_PAUSE,
+    record, shutdown_signal, AckRanges, Appended, Inner, UplinkSpool, ACK_COMMIT_PERIOD,
+    REOPEN_PAUSE,
 };
 use crate::config::SpoolAck;
 use crate::edge::ack::AckToken;
@@ -51,6 +52,9 @@ impl UplinkSpool {
             match result {
                 Ok(a) => {
                     self.metrics.records_appended.inc();
+                    if let Some(us) = record::received_micros(body) {
+                        self.inner.borrow_mut().age.appended(a.seq.0, us);
+                    }
                     if let Some(d) = a.dropped {
                         self.on_dropped(d);
                     }
@@ -202,8 +206,15 @@ impl UplinkSpool {
                             v.push(t);
                         }
                     }
+                    let inner = &mut *inner;
                     if let Some(spool) = &inner.spool {
                         update_gauges(spool, &self.metrics);
+                        let oldest = inner
+                            .age
+                            .oldest_unacked(spool.ack_cursor().0, spool.next_seq().0);
+                        self.metrics
+                            .oldest_unacked_received_us
+                            .set(oldest.map_or(0, |us| i64::try_from(us).unwrap_or(i64::MAX)));
                         if self.former.get() && spool.ack_cursor().0 + 1 >= spool.next_seq().0 {
                             self.former.set(false);
                             info!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), "spool of a former shard index drained; the directory can be removed");

@@ -7,6 +7,8 @@ use crate::telemetry::metrics::{Counter, Gauge, Histogram, PromWriter};
 pub struct SpoolMetrics {
     /// Bytes of all segment files.
     pub bytes: Gauge,
+    /// The spool's size limit (its share of `spool.max_size`), the bound `bytes` grows to.
+    pub max_bytes: Gauge,
     pub records_appended: Counter,
     /// Records acknowledged by the cloud (or given up by the uplink, counted there).
     pub records_acked: Counter,
@@ -31,6 +33,9 @@ pub struct SpoolMetrics {
     pub failures: Counter,
     /// Records present but not acknowledged.
     pub unacked_records: Gauge,
+    /// When the gateway read the oldest unacknowledged record, µs since the Unix epoch (0:
+    /// nothing unacknowledged, or its time is not known — records recovered at start).
+    pub oldest_unacked_received_us: Gauge,
     /// Reads of committed records, each run on the blocking pool (the feeder).
     pub reads: Counter,
 }
@@ -50,6 +55,29 @@ impl SpoolMetrics {
             l,
             self.bytes.get(),
         );
+        w.gauge(
+            "sluice_spool_max_bytes",
+            "Size limit of the spool (its share of spool.max_size); bytes / max_bytes is how full it is.",
+            l,
+            self.max_bytes.get(),
+        );
+        let age = "Age of the oldest record not yet acknowledged by the cloud, from when the gateway read it (0 when none; no sample while records recovered at start are unacknowledged, their time being unknown).";
+        let oldest = self.oldest_unacked_received_us.get();
+        if self.unacked_records.get() <= 0 {
+            w.gauge_f64("sluice_spool_oldest_unacked_age_seconds", age, l, 0.0);
+        } else if oldest > 0 {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            let secs = (now - oldest).max(0) as f64 / 1e6;
+            w.gauge_f64("sluice_spool_oldest_unacked_age_seconds", age, l, secs);
+        } else {
+            w.describe(
+                "sluice_spool_oldest_unacked_age_seconds",
+                crate::telemetry::metrics::MetricKind::Gauge,
+                age,
+            );
+        }
         w.counter(
             "sluice_spool_records_appended_total",
             "Device messages appended to the spool.",

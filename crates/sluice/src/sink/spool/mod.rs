@@ -4,7 +4,8 @@
 //! Owns: one [`UplinkSpool`] per (shard, uplink) — a `sluice_spool::Spool` in
 //! `DIR/{uplink}/shard-{n}/` — with its group-commit task, its feeder task (spool → uplink
 //! queue, live and backlog streams), device acknowledgements under `ack = "spool"`, cloud
-//! acknowledgements back into the spool, and the spool metrics. Does not own: the disk format
+//! acknowledgements back into the spool, and the spool metrics (with `age`: read-time marks
+//! for the oldest unacknowledged record's age). Does not own: the disk format
 //! or recovery (`sluice-spool`), the record body format (`record`), routing (`shard/router.rs`,
 //! `sink/handle.rs`) or sending (`sink/`).
 //!
@@ -99,6 +100,7 @@
 //! - `acks.rs`, `record.rs`, `metrics.rs`: ack ranges, the record body format, the metrics.
 
 mod acks;
+mod age;
 mod commit;
 mod feed;
 mod metrics;
@@ -207,6 +209,8 @@ struct Inner {
     backlog: VecDeque<(u64, u64)>,
     /// Position inside the range being drained (front for oldest-first, back for newest).
     backlog_cur: Option<ReadCursor>,
+    /// Read times of appended records, for the oldest unacknowledged record's age.
+    age: age::AgeMarks,
 }
 
 /// Where a message read from a spool is stored: the outbox item's (`UplinkMessage::stored`)
@@ -272,6 +276,7 @@ impl UplinkSpool {
                 live,
                 backlog,
                 backlog_cur: None,
+                age: age::AgeMarks::default(),
             }),
             dirty: Notify::new(),
             committed: Notify::new(),

@@ -208,6 +208,8 @@ fn warn_unknown_uplinks(base: &Path, config: &Config) {
 /// The size and unacknowledged-record gauges, from the engine.
 pub(super) fn update_gauges(spool: &Spool, m: &SpoolMetrics) {
     m.bytes.set(spool.total_bytes() as i64);
+    m.max_bytes
+        .set(i64::try_from(spool.config().max_bytes).unwrap_or(i64::MAX));
     let last = spool.next_seq().0 - 1;
     m.unacked_records
         .set(last.saturating_sub(spool.ack_cursor().0) as i64);

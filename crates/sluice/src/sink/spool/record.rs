@@ -30,6 +30,13 @@ pub const VERSION: u8 = 1;
 /// Bytes before the device id.
 pub const HEADER_LEN: usize = 14;
 
+/// The `received` field of an encoded body (µs since the Unix epoch), without decoding the
+/// rest; `None` for a body shorter than the header.
+pub fn received_micros(body: &[u8]) -> Option<u64> {
+    let b: [u8; 8] = body.get(2..10)?.try_into().ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
 /// One device message as stored in the spool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {

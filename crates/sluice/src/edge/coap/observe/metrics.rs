@@ -37,10 +37,11 @@ pub enum NotificationDrop {
     QueueFull = 0,
     /// Its MQTT 5 Message Expiry Interval passed while it waited.
     Expired = 1,
-    /// Larger than `coap.max_message_size` (notifications are not sent block-wise).
+    /// Larger than `coap.max_message_size` and its representation could not be kept for
+    /// the later blocks (larger than this shard's share of `coap.max_snapshot_bytes`).
     TooLarge = 2,
-    /// Larger than 3× the registration request while the observer's address has not
-    /// proven it receives.
+    /// Larger than 3× the registration request (or than `max_message_size`: block-wise)
+    /// while the observer's address has not proven it receives.
     Unverified = 3,
 }
 
@@ -60,9 +61,16 @@ pub struct ObserveMetrics {
     pub refused: Counter,
     /// Registrations refused at `coap.max_observers_per_source` (answered 5.03).
     pub refused_per_source: Counter,
+    /// Registrations of an authenticated (DTLS) device refused at
+    /// `mqtt.max_subscriptions_per_session` (answered 5.03).
+    pub refused_per_device: Counter,
     pub deregistrations: [Counter; DEREGISTRATIONS.len()],
     pub notifications_non: Counter,
     pub notifications_con: Counter,
+    /// Notifications sent block-wise (block 0 with an ETag; the rest fetched by the client).
+    pub blockwise: Counter,
+    /// Bytes charged to this shard's snapshots of block-wise notifications.
+    pub snapshot_bytes: Gauge,
     pub dropped: [Counter; NOTIFICATION_DROPS.len()],
 }
 
@@ -100,6 +108,12 @@ impl ObserveMetrics {
             &l,
             self.refused_per_source.get(),
         );
+        w.counter(
+            "sluice_coap_observe_refused_per_device_total",
+            "CoAP Observe registrations of a DTLS-authenticated device refused at mqtt.max_subscriptions_per_session (5.03)",
+            &l,
+            self.refused_per_device.get(),
+        );
         for (why, name) in DEREGISTRATIONS {
             w.counter(
                 "sluice_coap_observe_deregistrations_total",
@@ -119,6 +133,18 @@ impl ObserveMetrics {
                 value,
             );
         }
+        w.counter(
+            "sluice_coap_notifications_blockwise_total",
+            "CoAP notifications larger than coap.max_message_size sent as their Block2 block 0 with an ETag",
+            &l,
+            self.blockwise.get(),
+        );
+        w.gauge(
+            "sluice_coap_snapshot_bytes",
+            "Bytes held for the later blocks of block-wise notifications (coap.max_snapshot_bytes)",
+            &l,
+            self.snapshot_bytes.get(),
+        );
         for (why, name) in NOTIFICATION_DROPS {
             w.counter(
                 "sluice_coap_notifications_dropped_total",

@@ -16,13 +16,27 @@
 //! so its id cannot collide with an MQTT device's. A local task per registration
 //! (`notify::run`) drains the outbox into notifications through [`CoapOut`].
 //!
+//! A notification larger than `coap.max_message_size` goes to a verified observer block-wise
+//! (RFC 7959 §2.6): the notification carries block 0 with an ETag and Size2, and the client
+//! GETs the later blocks (without Observe), which are answered from a copy of that very
+//! representation ([`Snapshots`]: the latest per (address, filter), within
+//! `coap.max_snapshot_bytes / shards`, none older than `exchange_lifetime`) — never from a
+//! newer retained value. When the copy is gone (replaced by a newer notification, evicted,
+//! expired) a later block comes from the retained value with that value's ETag, or is
+//! 4.04: the ETag tells the client the blocks do not belong together. An unverified observer
+//! gets no block-wise notification (a block is far more than 3× its registration).
+//!
 //! A registration from an address that has not proven it receives (see `super::verify`) may
 //! be spoofed: until the address is verified, every notification to it is CON, at most 3×
 //! the registration request (larger ones are dropped, counted), retransmitted only within
 //! 3×; the first one not acknowledged ends the registration. Its ACK verifies the address.
 //!
-//! Invariants: at most `coap.max_observers / shards` registrations, and at most
-//! `coap.max_observers_per_source` of one IP address on a shard (beyond: 5.03 with Max-Age);
+//! Invariants: at most `coap.max_observers / shards` registrations, at most
+//! `coap.max_observers_per_source` of one IP address on a shard, and at most
+//! `mqtt.max_subscriptions_per_session` of one DTLS-authenticated device on a shard (its
+//! identity is the device; a plain CoAP device's `c=` id is only a claim, so it is bounded
+//! by its address alone) — beyond each: 5.03 with Max-Age, counted, logged naming the
+//! address or device;
 //! an observer not confirmed (a CON notification ACKed, or a registration) for
 //! `coap.observer_check` gets a CON notification — the next one due, or its last state
 //! again when none is — and is removed when that CON is not acknowledged, so a NON observer
@@ -62,6 +76,9 @@ pub use metrics::{Deregistration, NotificationDrop, ObserveMetrics};
 const SEQ_MASK: u32 = 0x00FF_FFFF;
 /// NON notifications remembered per registration, so an RST for one finds its observer.
 const RECENT_MIDS: usize = 8;
+/// Bytes a snapshot is charged besides its body and filter: the map entry, its key and the
+/// `Snapshot`.
+pub(super) const SNAPSHOT_OVERHEAD: usize = 128;
 
 type Key = (SocketAddr, Token);
 
@@ -72,6 +89,9 @@ struct Registration {
     peer: SocketAddr,
     token: Token,
     filter: ByteString,
+    /// The device's authenticated identity (DTLS), for the per-device cap; `None` for a
+    /// plain CoAP observer.
+    identity: Option<ByteString>,
     session: Rc<Session>,
     /// The last Observe value sent (response or notification).
     seq: Cell<u32>,
@@ -82,14 +102,114 @@ struct Registration {
     req_size: usize,
     /// When the observer last showed it is there: registered, or ACKed a CON notification.
     confirmed: Cell<Instant>,
-    /// The last state sent (payload, Content-Format): repeated as a CON when the observer
-    /// must be checked and no notification is due. Shares the message's or retained
-    /// value's buffer; at most `max_message_size` (larger ones are not sent).
-    last: RefCell<(Bytes, Option<u16>)>,
+    /// The last state sent: repeated as a CON when the observer must be checked and no
+    /// notification is due. At most `max_message_size` (a block-wise one is kept as its
+    /// block 0, copied).
+    last: RefCell<LastState>,
     /// Message ids of the latest NON notifications, oldest first.
     recent_mids: RefCell<VecDeque<u16>>,
     task: RefCell<Option<JoinHandle<()>>>,
     closed: Cell<bool>,
+}
+
+/// What the last notification (or the registration's answer) carried.
+#[derive(Debug, Clone, Default)]
+pub(super) struct LastState {
+    pub payload: Bytes,
+    pub format: Option<u16>,
+    /// A block-wise notification's block 0: its Block2 value, Size2 and ETag.
+    pub block0: Option<(u32, u32, [u8; 8])>,
+}
+
+/// A representation notified block-wise, kept for the client's later-block GETs.
+pub(super) struct Snapshot {
+    pub etag: [u8; 8],
+    pub body: Bytes,
+    pub format: Option<u16>,
+    /// The block size (SZX) block 0 went with: later blocks are cut the same way.
+    pub szx: u8,
+    pub at: Instant,
+}
+
+/// The snapshots of one shard's observers, by (observer address, filter), within `max`
+/// bytes (each charged its body, its filter and [`SNAPSHOT_OVERHEAD`]).
+#[derive(Default)]
+pub(super) struct Snapshots {
+    map: HashMap<(SocketAddr, ByteString), Snapshot>,
+    bytes: usize,
+    max: usize,
+}
+
+impl Snapshots {
+    fn cost(filter: &str, body: &Bytes) -> usize {
+        body.len() + filter.len() + SNAPSHOT_OVERHEAD
+    }
+
+    /// Keep `snap` for (`peer`, `filter`), replacing the one before, after forgetting the
+    /// expired ones and then the oldest until it fits; `false` when it cannot fit at all.
+    fn insert(
+        &mut self,
+        peer: SocketAddr,
+        filter: &ByteString,
+        snap: Snapshot,
+        lifetime: std::time::Duration,
+    ) -> bool {
+        let cost = Self::cost(filter, &snap.body);
+        if cost > self.max {
+            return false;
+        }
+        self.remove(peer, filter);
+        let now = snap.at;
+        {
+            // Expired copies go whenever a new one comes (a linear pass: the table holds at
+            // most `max / (max_message_size + 128 B)` of them).
+            let mut freed = 0;
+            self.map.retain(|(_, f), s| {
+                let keep = now.duration_since(s.at) < lifetime;
+                if !keep {
+                    freed += Self::cost(f, &s.body);
+                }
+                keep
+            });
+            self.bytes -= freed;
+        }
+        while self.bytes + cost > self.max {
+            let oldest = self
+                .map
+                .iter()
+                .min_by_key(|(_, s)| s.at)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some((p, f)) => self.remove(p, &f),
+                None => break,
+            }
+        }
+        self.bytes += cost;
+        self.map.insert((peer, filter.clone()), snap);
+        true
+    }
+
+    fn remove(&mut self, peer: SocketAddr, filter: &ByteString) {
+        if let Some(old) = self.map.remove(&(peer, filter.clone())) {
+            self.bytes -= Self::cost(filter, &old.body);
+        }
+    }
+
+    fn get(
+        &self,
+        peer: SocketAddr,
+        filter: &str,
+        lifetime: std::time::Duration,
+    ) -> Option<&Snapshot> {
+        self.map
+            .get(&(peer, ByteString::from(filter)))
+            .filter(|s| s.at.elapsed() < lifetime)
+    }
+
+    /// Bytes charged.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 impl Registration {
@@ -105,6 +225,8 @@ pub struct Observers {
     ctx: Rc<ShardContext>,
     out: Rc<dyn CoapOut>,
     regs: RefCell<HashMap<Key, Rc<Registration>>>,
+    /// Representations notified block-wise, for the later blocks.
+    pub(super) snapshots: RefCell<Snapshots>,
     /// (peer, message id) of a recent NON notification → its registration's token.
     by_mid: RefCell<HashMap<(SocketAddr, u16), Token>>,
     /// This shard's share of `coap.max_observers`.
@@ -121,10 +243,15 @@ impl Observers {
     pub fn new(ctx: Rc<ShardContext>, out: Rc<dyn CoapOut>) -> Rc<Observers> {
         let shards = ctx.mailboxes.len().max(1);
         let limit = (ctx.config.coap.max_observers / shards).max(1);
+        let snapshot_max = ctx.config.coap.max_snapshot_bytes.as_usize() / shards;
         Rc::new(Observers {
             ctx,
             out,
             regs: RefCell::new(HashMap::new()),
+            snapshots: RefCell::new(Snapshots {
+                max: snapshot_max,
+                ..Snapshots::default()
+            }),
             by_mid: RefCell::new(HashMap::new()),
             limit,
             next_id: Cell::new(0),
@@ -143,6 +270,19 @@ impl Observers {
         req: &Message,
         filter: &str,
     ) -> Message {
+        self.on_get_from(peer, device, false, req, filter).await
+    }
+
+    /// [`Observers::on_get`] from a device that is `authenticated` (over DTLS: `device` is
+    /// its identity, and its registrations count against `mqtt.max_subscriptions_per_session`).
+    pub async fn on_get_from(
+        self: &Rc<Self>,
+        peer: SocketAddr,
+        device: &ByteString,
+        authenticated: bool,
+        req: &Message,
+        filter: &str,
+    ) -> Message {
         if filter.is_empty()
             || !topic::valid_topic_filter(filter)
             || topic::shared_subscription(filter).is_some()
@@ -155,13 +295,21 @@ impl Observers {
         let plain = topic::valid_topic_name(filter);
         let key = (peer, req.token);
         if req.uint_option(opt::OBSERVE) == Some(0) {
-            return self.register(key, device, req, filter, plain).await;
+            let identity = authenticated.then(|| device.clone());
+            return self
+                .register(key, device, identity, req, filter, plain)
+                .await;
         }
         // No Observe, Observe = 1, or a value RFC 7641 does not define: a plain GET, which
         // also ends a registration of this endpoint and token (§3.6, §4.1) — except a GET
         // for a later block of a large state, which continues the registration's first
         // answer (RFC 7959 §2.6).
         let later_block = req.uint_option(opt::BLOCK2).is_some_and(|b| b >> 4 > 0);
+        if later_block {
+            if let Some(m) = self.from_snapshot(peer, req, filter) {
+                return m;
+            }
+        }
         let had = !later_block && self.deregister(peer, req.token, Deregistration::Get).await;
         let retained = if plain {
             retained_of(&self.ctx, filter).await
@@ -178,6 +326,26 @@ impl Observers {
                 "a filter has no single retained message",
             ),
         }
+    }
+
+    /// The block a later-block GET asks for, cut from the representation last notified
+    /// block-wise to `peer` under `filter`, with its ETag; `None` when none is kept.
+    fn from_snapshot(&self, peer: SocketAddr, req: &Message, filter: &str) -> Option<Message> {
+        let lifetime = self.ctx.config.coap.exchange_lifetime;
+        let snaps = self.snapshots.borrow();
+        let snap = snaps.get(peer, filter, lifetime)?;
+        let mut m = Message::new(MsgType::Ack, Code::CONTENT, 0, req.token);
+        if let Some(f) = snap.format {
+            m.add_uint_option(opt::CONTENT_FORMAT, f as u32);
+        }
+        m.add_option(opt::ETAG, Bytes::copy_from_slice(&snap.etag));
+        let asked = req.uint_option(opt::BLOCK2);
+        Some(super::resources::slice_block2(
+            asked,
+            snap.szx,
+            m,
+            snap.body.clone(),
+        ))
     }
 
     /// End the registration of (`peer`, `token`) whose first answer could not be sent (too
@@ -247,6 +415,7 @@ impl Observers {
         self: &Rc<Self>,
         key: Key,
         device: &ByteString,
+        identity: Option<ByteString>,
         req: &Message,
         filter: &str,
         plain: bool,
@@ -276,6 +445,23 @@ impl Observers {
                 }
                 return self.busy(req, "too many observers from this address");
             }
+            None if identity.as_ref().is_some_and(|id| {
+                self.of_device(id) >= self.ctx.config.mqtt.max_subscriptions_per_session
+            }) =>
+            {
+                metrics.refused_per_device.inc();
+                let now = Instant::now();
+                if self
+                    .refusal_logged
+                    .get()
+                    .is_none_or(|t| now.duration_since(t).as_secs() >= 1)
+                {
+                    self.refusal_logged.set(Some(now));
+                    tracing::info!(device = %device, peer = %key.0, max = self.ctx.config.mqtt.max_subscriptions_per_session,
+                        "coap observe refused: the device holds mqtt.max_subscriptions_per_session observers");
+                }
+                return self.busy(req, "too many observers for this device");
+            }
             None => (self.epoch.elapsed().as_millis() / 8) as u32 & SEQ_MASK,
         };
         let id = self.next_id.get() + 1;
@@ -296,12 +482,13 @@ impl Observers {
             peer: key.0,
             token: key.1,
             filter: ByteString::from(filter),
+            identity,
             session: session.clone(),
             seq: Cell::new(start),
             since_con: Cell::new(0),
             req_size: 4 + req.token.len() + req.options_len(),
             confirmed: Cell::new(Instant::now()),
-            last: RefCell::new((Bytes::new(), None)),
+            last: RefCell::new(LastState::default()),
             recent_mids: RefCell::new(VecDeque::new()),
             task: RefCell::new(None),
             closed: Cell::new(false),
@@ -334,12 +521,17 @@ impl Observers {
             Some(r) => content(req, Some(seq), &r.payload, r.properties.as_deref()),
             None => content(req, Some(seq), &Bytes::new(), None),
         };
-        *reg.last.borrow_mut() = (
-            first.payload.clone(),
-            first
-                .uint_option(opt::CONTENT_FORMAT)
-                .map(|f| f.min(u16::MAX as u32) as u16),
-        );
+        // A first answer too large for one datagram goes block-wise (`server::fit`); a check
+        // repeats nothing larger than a datagram.
+        if first.payload.len() <= self.ctx.config.coap.max_message_size.as_usize() {
+            *reg.last.borrow_mut() = LastState {
+                payload: first.payload.clone(),
+                format: first
+                    .uint_option(opt::CONTENT_FORMAT)
+                    .map(|f| f.min(u16::MAX as u32) as u16),
+                block0: None,
+            };
+        }
         first
     }
 
@@ -350,6 +542,23 @@ impl Observers {
             .borrow()
             .keys()
             .filter(|(p, _)| p.ip() == ip)
+            .count()
+    }
+
+    /// The snapshots held `before` bytes: move the shard's gauge (shared by both CoAP edges)
+    /// by the difference.
+    fn snapshots_changed(&self, before: usize) {
+        let after = self.snapshots.borrow().bytes();
+        let gauge = &self.ctx.metrics.coap_observe.snapshot_bytes;
+        gauge.add(after as i64 - before as i64);
+    }
+
+    /// Registrations of the authenticated device `identity` on this shard.
+    fn of_device(&self, identity: &ByteString) -> usize {
+        self.regs
+            .borrow()
+            .values()
+            .filter(|r| r.identity.as_ref() == Some(identity))
             .count()
     }
 
@@ -399,6 +608,16 @@ impl Observers {
                     by_mid.remove(&(reg.peer, mid));
                 }
             }
+        }
+        let others = self
+            .regs
+            .borrow()
+            .values()
+            .any(|r| r.peer == reg.peer && r.filter == reg.filter);
+        if !others {
+            let before = self.snapshots.borrow().bytes();
+            self.snapshots.borrow_mut().remove(reg.peer, &reg.filter);
+            self.snapshots_changed(before);
         }
         let metrics = &self.ctx.metrics.coap_observe;
         metrics.deregistered(why);

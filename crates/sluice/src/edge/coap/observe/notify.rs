@@ -5,7 +5,9 @@
 //! and whenever the observer has not been confirmed for `coap.observer_check` — then, if no
 //! notification is due, a CON repeating its last state)
 //! and the queue while a CON is unacknowledged (at most `coap.max_queued_notifications`, the
-//! oldest dropped and counted: an observer wants the latest state). Does not own:
+//! oldest dropped and counted: an observer wants the latest state), and cutting a notification
+//! larger than `max_message_size` to its block 0 (kept whole in the observers' snapshots
+//! for the later blocks; verified observers only). Does not own:
 //! retransmitting the CON (the edge) or the registration's lifetime (`super::Observers`,
 //! which this task asks to deregister on RST or silence).
 
@@ -15,9 +17,11 @@ use std::time::Instant;
 use sluice_proto::coap::{opt, Code, Message, MsgType};
 
 use super::metrics::{Deregistration, NotificationDrop, ObserveMetrics};
-use super::{content_format_of, Observers, Registration};
+use super::{content_format_of, LastState, Observers, Registration, Snapshot};
 use crate::edge::coap::ConOutcome;
 use crate::edge::mqtt::session::OutMessage;
+use bytes::Bytes;
+use sluice_proto::coap::Block;
 
 /// At least every this many notifications, one is sent CON (RFC 7641 §4.5).
 pub(super) const CON_EVERY: u32 = 24;
@@ -175,14 +179,70 @@ impl Observers {
         }
         n.payload = msg.payload.clone();
         let size = 4 + reg.token.len() + n.options_len();
+        let format = n.uint_option(opt::CONTENT_FORMAT).map(|f| f as u16);
         if size > self.ctx.config.coap.max_message_size.as_usize() {
+            return self.block0(reg, n, format);
+        }
+        *reg.last.borrow_mut() = LastState {
+            payload: n.payload.clone(),
+            format,
+            block0: None,
+        };
+        Some(n)
+    }
+
+    /// `n` (too large for one datagram) as its block 0 with an ETag and Size2, its whole
+    /// representation copied into the snapshots for the later blocks; `None` (counted) when
+    /// the observer's address is not verified or the copy cannot be kept.
+    fn block0(&self, reg: &Registration, mut n: Message, format: Option<u16>) -> Option<Message> {
+        let metrics = &self.ctx.metrics.coap_observe;
+        if !self.out.verified(reg.peer) {
+            // A block is far more than 3× a registration: never to an unproven address.
+            metrics.drop(NotificationDrop::Unverified);
+            return None;
+        }
+        let cfg = &self.ctx.config.coap;
+        // Copied: the snapshot holds exactly its charged bytes, not the buffer it came in.
+        let body = Bytes::copy_from_slice(&std::mem::take(&mut n.payload));
+        let etag = super::super::resources::etag_of(&body, format.map(u32::from));
+        n.add_option(opt::ETAG, Bytes::copy_from_slice(&etag));
+        // Block2 (≤ 3 bytes), Size2 (≤ 4), their headers (≤ 3 each) and the payload marker.
+        let room = cfg
+            .max_message_size
+            .as_usize()
+            .saturating_sub(4 + reg.token.len() + n.options_len() + 14);
+        let ours = Block::szx_for(cfg.block_size.as_usize());
+        let Some(szx) = (0..=ours).rev().find(|s| 16usize << s <= room) else {
+            metrics.drop(NotificationDrop::TooLarge);
+            return None;
+        };
+        let snap = Snapshot {
+            etag,
+            body: body.clone(),
+            format,
+            szx,
+            at: Instant::now(),
+        };
+        let before = self.snapshots.borrow().bytes();
+        let kept =
+            self.snapshots
+                .borrow_mut()
+                .insert(reg.peer, &reg.filter, snap, cfg.exchange_lifetime);
+        self.snapshots_changed(before);
+        if !kept {
             metrics.drop(NotificationDrop::TooLarge);
             return None;
         }
-        *reg.last.borrow_mut() = (
-            n.payload.clone(),
-            n.uint_option(opt::CONTENT_FORMAT).map(|f| f as u16),
-        );
+        metrics.blockwise.inc();
+        let n = super::super::resources::slice_block2(None, szx, n, body);
+        *reg.last.borrow_mut() = LastState {
+            payload: Bytes::copy_from_slice(&n.payload),
+            format,
+            block0: n
+                .uint_option(opt::BLOCK2)
+                .zip(n.uint_option(opt::SIZE2))
+                .map(|(b, s)| (b, s, etag)),
+        };
         Some(n)
     }
 
@@ -191,11 +251,16 @@ impl Observers {
     fn repeat(&self, reg: &Registration) -> Message {
         let mut n = Message::new(MsgType::Con, Code::CONTENT, 0, reg.token);
         n.add_uint_option(opt::OBSERVE, reg.next_seq());
-        let (payload, format) = reg.last.borrow().clone();
-        if let Some(f) = format {
+        let last = reg.last.borrow().clone();
+        if let Some(f) = last.format {
             n.add_uint_option(opt::CONTENT_FORMAT, f as u32);
         }
-        n.payload = payload;
+        if let Some((block2, size2, etag)) = last.block0 {
+            n.add_option(opt::ETAG, Bytes::copy_from_slice(&etag));
+            n.add_uint_option(opt::BLOCK2, block2);
+            n.add_uint_option(opt::SIZE2, size2);
+        }
+        n.payload = last.payload;
         n
     }
 }

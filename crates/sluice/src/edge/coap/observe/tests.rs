@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::notify::CON_EVERY;
 use super::*;
 use crate::config::Config;
-use crate::control::priority::{Priority, PriorityTable};
+use crate::control::priority::Priority;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
 use crate::edge::coap::ConOutcome;
 use crate::edge::DeviceMessage;
@@ -126,7 +126,7 @@ fn shards(config: Config, n: usize) -> (Vec<Rc<ShardContext>>, Vec<mpsc::Receive
                 filter_refs: RefCell::new(HashMap::new()),
                 sessions: RefCell::new(HashMap::new()),
                 uplinks: Vec::new(),
-                priority: Arc::new(PriorityTable::new(&config.priority)),
+                rules: crate::control::live::Rules::new(&config),
                 acl: crate::control::acl::Acl::allow_all(),
                 limits: Arc::default(),
                 metrics: metrics.clone(),
@@ -517,10 +517,12 @@ fn registrations_beyond_the_shards_share_get_503_with_max_age() {
 }
 
 #[test]
-fn expired_and_oversized_messages_are_not_notified() {
+fn expired_messages_and_oversized_ones_that_cannot_be_kept_are_not_notified() {
     run(async {
         let mut config = Config::default();
         config.coap.max_message_size = crate::config::ByteSize(64);
+        // No room for the representation of a block-wise notification: dropped, counted.
+        config.coap.max_snapshot_bytes = crate::config::ByteSize(0);
         let (ctx, out, obs) = setup(config);
         observe(&obs, 5010, 7, "x").await;
         publish(&ctx, "x", &"z".repeat(100), None).await;
@@ -589,5 +591,38 @@ fn a_message_published_on_another_shard_reaches_the_observer_through_its_mailbox
         publish(&publisher, "far/away", "not any more", None).await;
         settle().await;
         assert_eq!(out.count(), 1);
+    });
+}
+
+#[test]
+fn an_oversized_message_is_notified_as_block_0_and_its_snapshot_stays_within_its_bytes() {
+    run(async {
+        let mut config = Config::default();
+        config.coap.max_message_size = crate::config::ByteSize(64);
+        // Room for one 100-byte body (+ filter + overhead) at a time.
+        config.coap.max_snapshot_bytes =
+            crate::config::ByteSize((100 + 1 + super::SNAPSHOT_OVERHEAD) as u64);
+        let (ctx, out, obs) = setup(config);
+        observe(&obs, 5012, 7, "x").await;
+        observe(&obs, 5013, 8, "x").await;
+        publish(&ctx, "x", &"z".repeat(100), None).await;
+        settle().await;
+        let sent = out.sent.borrow().clone();
+        let blocks: Vec<_> = sent
+            .iter()
+            .filter(|(_, m)| m.option(opt::BLOCK2).is_some())
+            .collect();
+        assert_eq!(blocks.len(), 2, "{sent:?}");
+        for (_, n) in &blocks {
+            assert!(n.to_udp().len() <= 64);
+            assert_eq!(n.uint_option(opt::SIZE2), Some(100));
+            assert!(n.option(opt::ETAG).is_some());
+        }
+        assert_eq!(blocks[0].1.option(opt::ETAG), blocks[1].1.option(opt::ETAG));
+        // One snapshot fits: the second observer's replaced the first's.
+        let held = obs.snapshots.borrow().bytes();
+        assert_eq!(held, 100 + 1 + super::SNAPSHOT_OVERHEAD);
+        assert_eq!(ctx.metrics.coap_observe.snapshot_bytes.get(), held as i64);
+        assert_eq!(ctx.metrics.coap_observe.blockwise.get(), 2);
     });
 }

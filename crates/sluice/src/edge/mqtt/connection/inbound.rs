@@ -190,6 +190,14 @@ impl Connection {
             ack,
         };
         let ctx = self.ctx.clone();
+        {
+            // A reload may have published another priority table since the last message.
+            let rules = ctx.rules.load();
+            if rules.generation != self.priority_generation {
+                self.priority = rules.priority.device(&self.client_id);
+                self.priority_generation = rules.generation;
+            }
+        }
         let publish = route::publish(&ctx, Box::new(msg), self.priority);
         tokio::pin!(publish);
         loop {
