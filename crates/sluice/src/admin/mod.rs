@@ -466,9 +466,7 @@ async fn serve_connection<S>(
                     refusal_response(why)
                 }
                 None if request.uri().path() == reload::PATH => {
-                    reload::answer(request.method(), source)
-                        .await
-                        .map(http_body_util::Either::Left)
+                    reload::answer(request.method(), source).await
                 }
                 None => respond(&request, source.as_ref(), &guard, &live),
             };

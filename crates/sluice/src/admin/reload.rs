@@ -8,8 +8,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::header::{HeaderValue, ALLOW};
 use hyper::{Method, Response, StatusCode};
 
@@ -19,7 +17,10 @@ use super::{text, with_type, AdminSource};
 pub(super) const PATH: &str = "/api/v1/reload";
 
 /// Answer a request for [`PATH`] that passed the access rules.
-pub(super) async fn answer(method: &Method, source: Arc<dyn AdminSource>) -> Response<Full<Bytes>> {
+pub(super) async fn answer(
+    method: &Method,
+    source: Arc<dyn AdminSource>,
+) -> Response<super::AdminBody> {
     if method != Method::POST {
         let mut response = text(
             StatusCode::METHOD_NOT_ALLOWED,

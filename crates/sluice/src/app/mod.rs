@@ -27,9 +27,9 @@ use crate::shard::{self, ShardSeed};
 use crate::sink::LaneMetrics;
 use crate::telemetry::metrics::PromWriter;
 
-mod overview;
 pub mod liveness;
 pub mod notify;
+mod overview;
 mod reload;
 mod status;
 pub use reload::{ReloadOutcome, ReloadTrigger};

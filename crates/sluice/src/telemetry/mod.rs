@@ -22,9 +22,10 @@ pub fn init_logging(log: &crate::config::LogConfig) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&log.level));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let (text, json) = match log.format {
-        crate::config::LogFormat::Text => {
-            (Some(tracing_subscriber::fmt::layer().with_target(false)), None)
-        }
+        crate::config::LogFormat::Text => (
+            Some(tracing_subscriber::fmt::layer().with_target(false)),
+            None,
+        ),
         crate::config::LogFormat::Json => (
             None,
             Some(
