@@ -434,13 +434,7 @@ impl Observers {
             }
             None if self.of_source(key.0) >= self.ctx.config.coap.max_observers_per_source => {
                 metrics.refused_per_source.inc();
-                let now = Instant::now();
-                if self
-                    .refusal_logged
-                    .get()
-                    .is_none_or(|t| now.duration_since(t).as_secs() >= 1)
-                {
-                    self.refusal_logged.set(Some(now));
+                if self.refusal_log_due() {
                     tracing::info!(peer = %key.0, "coap observe refused: coap.max_observers_per_source reached");
                 }
                 return self.busy(req, "too many observers from this address");
@@ -450,13 +444,7 @@ impl Observers {
             }) =>
             {
                 metrics.refused_per_device.inc();
-                let now = Instant::now();
-                if self
-                    .refusal_logged
-                    .get()
-                    .is_none_or(|t| now.duration_since(t).as_secs() >= 1)
-                {
-                    self.refusal_logged.set(Some(now));
+                if self.refusal_log_due() {
                     tracing::info!(device = %device, peer = %key.0, max = self.ctx.config.mqtt.max_subscriptions_per_session,
                         "coap observe refused: the device holds mqtt.max_subscriptions_per_session observers");
                 }
@@ -554,6 +542,19 @@ impl Observers {
     }
 
     /// Registrations of the authenticated device `identity` on this shard.
+    /// Whether a refusal may be logged now: at most one line a second per shard.
+    fn refusal_log_due(&self) -> bool {
+        let now = Instant::now();
+        let due = self
+            .refusal_logged
+            .get()
+            .is_none_or(|t| now.duration_since(t).as_secs() >= 1);
+        if due {
+            self.refusal_logged.set(Some(now));
+        }
+        due
+    }
+
     fn of_device(&self, identity: &ByteString) -> usize {
         self.regs
             .borrow()
