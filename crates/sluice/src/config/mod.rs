@@ -178,7 +178,7 @@ pub struct Config {
     pub spool: SpoolConfig,
     pub multipath: MultipathConfig,
     pub phd: PhdConfig,
-    /// Authorization for every edge (`control/acl.rs`, ADR 0008).
+    /// Authorization for every edge (`control/acl/`, ADR 0008).
     pub acl: AclConfig,
     /// Per-device rates, connection rates, flapping devices (ADR 0008).
     pub limits: LimitsConfig,

@@ -133,7 +133,7 @@ pub struct ShardContext {
     /// The priority table and `[limits]` publish rate, read without a lock; a reload
     /// publishes new ones (`control/live.rs`).
     pub rules: Arc<crate::control::live::Rules>,
-    /// `[acl]`, read without a lock (`control/acl.rs`).
+    /// `[acl]`, read without a lock (`control/acl/`).
     pub acl: Arc<crate::control::acl::Acl>,
     /// `[limits]` counters (per-device publish rates).
     pub limits: Arc<crate::control::limits::LimitsMetrics>,

@@ -144,7 +144,7 @@ struct Connection {
     priority_generation: u64,
     /// The username the ACL sees (`Adopted::acl_username`).
     username: Option<ByteString>,
-    /// `[acl]` rules naming this device (`control/acl.rs`).
+    /// `[acl]` rules naming this device (`control/acl/`).
     acl: crate::control::acl::DeviceAcl,
     /// `[limits]` publish rate; `None` when no rate is set.
     rate: Option<Box<crate::control::limits::PublishRate>>,

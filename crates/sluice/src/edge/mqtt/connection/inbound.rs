@@ -4,7 +4,7 @@
 //! and the acknowledgements back to the device, in the order it sent its messages, as the
 //! tokens complete.
 //!
-//! A PUBLISH the ACL refuses (`control/acl.rs`) is acknowledged in its turn — MQTT 5 with
+//! A PUBLISH the ACL refuses (`control/acl/`) is acknowledged in its turn — MQTT 5 with
 //! 0x87 Not authorized (PUBACK, or a PUBREC that ends the exchange), 3.1.1 normally, since
 //! 3.1.1 has no way to refuse a PUBLISH — and never routed; a refused QoS 0 message is
 //! dropped. Over the device's `[limits]` publish rate, a QoS 0 message is dropped and a

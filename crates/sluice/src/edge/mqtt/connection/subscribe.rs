@@ -2,7 +2,7 @@
 //! quotas), handed to the router's subscription bookkeeping, answered with SUBACK/UNSUBACK,
 //! and the matching retained messages queued to the session.
 //!
-//! A filter the ACL refuses (`control/acl.rs`: an allow rule must cover it) gets SUBACK 0x87
+//! A filter the ACL refuses (`control/acl/`: an allow rule must cover it) gets SUBACK 0x87
 //! (3.1.1: 0x80) and is not subscribed.
 //!
 //! Owns only the protocol side; what a subscription means for routing is the router's.

@@ -1,3 +1,4 @@
+use super::pattern::glob_matches;
 use super::*;
 use crate::config::{AclAction as A, AclPermission as P};
 
