@@ -43,9 +43,10 @@
 //!   spool while the cloud is away) and the PUBACKs received during the outage.
 //! - Delivery: unique vs sent, duplicates, per-device gaps.
 //! - Order, per device, by arrival: within the *backlog* (sent before reconnect − guard) and
-//!   within the *live* stream (sent after reconnect + guard). The two streams interleave by
-//!   design (live first), so order across them is not checked; messages sent within `guard`
-//!   of the reconnect may be in either stream and are only checked for delivery.
+//!   within the *live* stream (sent after reconnect + guard, or after the first arrival after
+//!   the reconnect when that is later: sluice's session is up by then). The two streams
+//!   interleave by design (live first), so order across them is not checked; messages sent
+//!   in between may be in either stream and are only checked for delivery.
 //!
 //! Everything shares the machine's cores; the report records nproc, CPU model, kernel,
 //! `/proc/loadavg` at the start and end.
@@ -238,6 +239,26 @@ pub struct OrderCheck {
     /// Devices with a live message that arrived before one of their older backlog messages
     /// (the interleaving the design intends).
     pub devices_with_live_before_backlog: u64,
+    /// The first few violations (at most [`MAX_VIOLATION_SAMPLES`]), to find their cause.
+    pub first_violations: Vec<OrderViolation>,
+}
+
+/// How many violations [`OrderCheck`] keeps as samples.
+pub const MAX_VIOLATION_SAMPLES: usize = 8;
+
+/// One message that arrived after a later message of its device (same class), with both
+/// messages' send and arrival times in ms relative to the cut.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderViolation {
+    pub device: u32,
+    pub backlog: bool,
+    pub seq: u64,
+    pub sent_ms: f64,
+    pub received_ms: f64,
+    /// The later message of the same device that arrived first.
+    pub overtaken_by_seq: u64,
+    pub overtaken_by_sent_ms: f64,
+    pub overtaken_by_received_ms: f64,
 }
 
 /// First arrivals in one second of the run, by when the message was sent.

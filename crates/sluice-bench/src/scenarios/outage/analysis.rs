@@ -49,6 +49,19 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
         .filter(|a| a.sent_at_ns < e.reconnect_ns && a.received_ns >= e.reconnect_ns)
         .collect();
     let drain_end_ns = backlog_firsts.iter().map(|a| a.received_ns).max();
+    // Live from: the guard after the reconnect, or the first arrival after it if that is
+    // later (sluice's session is up by then; before it, a message may still travel as
+    // backlog: the reconnect the relay sees is the TCP accept, not sluice's CONNACK, and a
+    // loaded machine can take seconds between the two).
+    let first_after_reconnect = firsts
+        .iter()
+        .map(|a| a.received_ns)
+        .filter(|&r| r >= e.reconnect_ns)
+        .min();
+    let live_from_ns = e
+        .reconnect_ns
+        .saturating_add(e.guard_ns)
+        .max(first_after_reconnect.unwrap_or(0));
     let drain_end = drain_end_ns.unwrap_or(e.reconnect_ns);
     let mut before = latency_histogram();
     let mut live_during_drain = latency_histogram();
@@ -58,8 +71,8 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
     let mut max_seq: HashMap<u32, u64> = HashMap::new();
     let mut count: HashMap<u32, u64> = HashMap::new();
     // Per device: highest seq seen so far in the backlog and in the live stream.
-    let mut backlog_high: HashMap<u32, u64> = HashMap::new();
-    let mut live_high: HashMap<u32, u64> = HashMap::new();
+    let mut backlog_high: HashMap<u32, Arrival> = HashMap::new();
+    let mut live_high: HashMap<u32, Arrival> = HashMap::new();
     // Per device: lowest live seq arrived so far (for the interleaving count).
     let mut live_low: HashMap<u32, u64> = HashMap::new();
     let mut interleaved: HashSet<u32> = HashSet::new();
@@ -70,7 +83,9 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
         live_violations: 0,
         unchecked_near_reconnect: 0,
         devices_with_live_before_backlog: 0,
+        first_violations: Vec::new(),
     };
+    let rel_ms = |ns: u64| (ns as f64 - e.cut_ns as f64) / 1e6;
     for a in &firsts {
         let micros = a.received_ns.saturating_sub(a.sent_at_ns) / 1000;
         let m = max_seq.entry(a.device).or_insert(a.seq);
@@ -83,15 +98,14 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
             }
         } else if a.sent_at_ns >= e.cut_ns && a.sent_at_ns < e.reconnect_ns {
             record_us(&mut backlog, micros);
-        } else if a.sent_at_ns >= e.reconnect_ns
-            && a.sent_at_ns < e.reconnect_ns.saturating_add(e.guard_ns)
-        {
+        } else if a.sent_at_ns >= e.reconnect_ns && a.sent_at_ns < live_from_ns {
             record_us(&mut near_reconnect, micros);
         } else if a.sent_at_ns >= e.reconnect_ns && a.sent_at_ns <= drain_end {
             record_us(&mut live_during_drain, micros);
         } else if a.sent_at_ns > drain_end {
             record_us(&mut live_after_drain, micros);
         }
+        let is_backlog = a.sent_at_ns.saturating_add(e.guard_ns) < e.reconnect_ns;
         let (checked, violations, high) =
             if a.sent_at_ns.saturating_add(e.guard_ns) < e.reconnect_ns {
                 if live_low.get(&a.device).is_some_and(|&low| low > a.seq) {
@@ -102,7 +116,7 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
                     &mut order.backlog_violations,
                     &mut backlog_high,
                 )
-            } else if a.sent_at_ns >= e.reconnect_ns.saturating_add(e.guard_ns) {
+            } else if a.sent_at_ns >= live_from_ns {
                 let low = live_low.entry(a.device).or_insert(a.seq);
                 *low = (*low).min(a.seq);
                 (
@@ -116,10 +130,24 @@ pub fn analyse(arrivals: &[Arrival], e: &Events) -> Analysis {
             };
         *checked += 1;
         match high.get_mut(&a.device) {
-            Some(h) if *h > a.seq => *violations += 1,
-            Some(h) => *h = a.seq,
+            Some(h) if h.seq > a.seq => {
+                *violations += 1;
+                if order.first_violations.len() < MAX_VIOLATION_SAMPLES {
+                    order.first_violations.push(OrderViolation {
+                        device: a.device,
+                        backlog: is_backlog,
+                        seq: a.seq,
+                        sent_ms: rel_ms(a.sent_at_ns),
+                        received_ms: rel_ms(a.received_ns),
+                        overtaken_by_seq: h.seq,
+                        overtaken_by_sent_ms: rel_ms(h.sent_at_ns),
+                        overtaken_by_received_ms: rel_ms(h.received_ns),
+                    });
+                }
+            }
+            Some(h) => *h = *a,
             None => {
-                high.insert(a.device, a.seq);
+                high.insert(a.device, *a);
             }
         }
     }

@@ -173,6 +173,29 @@ pub fn markdown(r: &OutageReport) -> String {
             v.detail
         );
     }
+    if !r.order.first_violations.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nfirst order violations (ms after the cut; reconnect at {:.0} ms):\n\n\
+             | device | stream | seq | sent | arrived | overtaken by seq | its send | its arrival |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|",
+            (r.timeline.reconnect_s - r.timeline.cut_s) * 1000.0
+        );
+        for v in &r.order.first_violations {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.0} | {:.0} | {} | {:.0} | {:.0} |",
+                v.device,
+                if v.backlog { "backlog" } else { "live" },
+                v.seq,
+                v.sent_ms,
+                v.received_ms,
+                v.overtaken_by_seq,
+                v.overtaken_by_sent_ms,
+                v.overtaken_by_received_ms
+            );
+        }
+    }
     if let Some(e) = &r.recorder_error {
         let _ = writeln!(s, "\nrecorder error: {e}");
     }

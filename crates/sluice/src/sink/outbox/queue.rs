@@ -357,9 +357,25 @@ impl UplinkQueue {
     /// the live front. A front that needs a cloud ack waits for `window_open`; then only the
     /// other stream's front may go, and only if it needs no ack (QoS 0). Order within a
     /// stream is never skipped.
+    ///
+    /// A live front older than the backlog's front (a spool record of the live stream from
+    /// before the reconnect that made the backlog: a message resent because its connection
+    /// dropped, or read ahead before it) goes first even on the backlog's turn: the backlog
+    /// starts where the live stream stopped, so sending it first would put a device's later
+    /// messages before its earlier ones.
     pub(crate) fn take_next(&self, window_open: bool, backlog_turn: bool) -> Option<Queued> {
         let mut st = self.state.borrow_mut();
-        let backlog_first = !st.backlog.is_empty() && (st.waiting.is_empty() || backlog_turn);
+        let spool_seq = |q: &VecDeque<Queued>| {
+            q.front()
+                .and_then(|f| f.msg.stored.as_ref())
+                .map(|s| s.seq())
+        };
+        let live_is_older = matches!(
+            (spool_seq(&st.waiting), spool_seq(&st.backlog)),
+            (Some(live), Some(backlog)) if live < backlog
+        );
+        let backlog_first =
+            !st.backlog.is_empty() && (st.waiting.is_empty() || (backlog_turn && !live_is_older));
         let mut took = None;
         for (i, backlog) in [backlog_first, !backlog_first].into_iter().enumerate() {
             let q = if backlog {
