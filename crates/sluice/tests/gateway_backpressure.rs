@@ -401,6 +401,12 @@ async fn slow_readers_stay_within_the_outbox_bound_and_healthy_devices_keep_flow
         baseline_p99,
         loaded_p99,
     );
+    for line in m.lines().filter(|l| {
+        (l.starts_with("sluice_mqtt_dropped_total") || l.starts_with("sluice_mqtt_queue_refused"))
+            && !l.ends_with(" 0")
+    }) {
+        println!("  {line}");
+    }
     assert!(refused > 0.0, "overflow for the slow readers was dropped and counted: {m}");
     assert!(
         growth <= bound,
