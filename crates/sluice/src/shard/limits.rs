@@ -25,6 +25,9 @@
 //!   `mqtt.max_queued_bytes`, or one message if a single one is larger) and to its shard (at
 //!   most `gateway.max_outbox_memory / shards`), from enqueue until it leaves the session
 //!   (QoS 0: written; QoS 1/2: acknowledged or dropped). A message that does not fit is not queued (the caller counts the drop).
+//!   When it is the shard's budget that is short, [`make_room`] first drops the oldest queued
+//!   messages of the session holding the most (a slow reader), if it holds more than the
+//!   refused session would: a device that reads is not refused because others do not.
 //!   Whatever a session still holds is released when the session ends. A delayed will waiting
 //!   after its connection is charged to the shard's budget too ([`WillCharge`]; one that does
 //!   not fit is published at once).
