@@ -51,7 +51,11 @@ fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
@@ -74,9 +78,15 @@ async fn publish_with_expiry(d: &mut TestClient, id: u16, topic: &str, body: &st
         message_expiry_interval: Some(expiry),
         ..Default::default()
     };
-    d.send_packet(&common::packets::publish(topic, body, QoS::AtLeastOnce, Some(id), props))
-        .await
-        .unwrap();
+    d.send_packet(&common::packets::publish(
+        topic,
+        body,
+        QoS::AtLeastOnce,
+        Some(id),
+        props,
+    ))
+    .await
+    .unwrap();
     d.wait_ack(id).await.expect("PUBACK");
 }
 
@@ -88,7 +98,10 @@ async fn through_the_cloud(d: &mut TestClient, topic: &str, within: Duration) {
     d.publish(topic, Bytes::from_static(b"21.5"), QoS::AtLeastOnce, false)
         .await
         .unwrap_or_else(|e| panic!("{topic} not acknowledged by the cloud within {within:?}: {e}"));
-    eprintln!("{topic}: acknowledged after the cloud's ack in {:?}", started.elapsed());
+    eprintln!(
+        "{topic}: acknowledged after the cloud's ack in {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,8 +162,14 @@ async fn wall_clock_steps_expire_nothing_wrongly_and_stall_no_timer() {
     // --- Before any step (+0). ---
     // Persistent sessions: `queued` (10 min) collects q/#; `mid` (1 min) and `short` (4 s)
     // only wait.
-    for (id, expiry, filter) in [("queued", 600, "q/#"), ("mid", 60, "m/#"), ("short", 4, "s/#")] {
-        let (mut s, _) = TestClient::connect(mqtt, persistent(id, true, expiry)).await.unwrap();
+    for (id, expiry, filter) in [
+        ("queued", 600, "q/#"),
+        ("mid", 60, "m/#"),
+        ("short", 4, "s/#"),
+    ] {
+        let (mut s, _) = TestClient::connect(mqtt, persistent(id, true, expiry))
+            .await
+            .unwrap();
         s.subscribe(&[(filter, QoS::AtLeastOnce)]).await.unwrap();
         s.disconnect().await.unwrap();
     }
@@ -177,7 +196,9 @@ async fn wall_clock_steps_expire_nothing_wrongly_and_stall_no_timer() {
             pings
         })
     };
-    let (mut dev, _) = TestClient::connect(mqtt, ConnectOpts::v5("publisher")).await.unwrap();
+    let (mut dev, _) = TestClient::connect(mqtt, ConnectOpts::v5("publisher"))
+        .await
+        .unwrap();
     publish_with_expiry(&mut dev, 101, "q/1", "one", 120).await;
     publish_with_expiry(&mut dev, 102, "q/short", "expires", 2).await;
     through_the_cloud(&mut dev, "agg/0", Duration::from_secs(10)).await;
@@ -209,14 +230,21 @@ async fn wall_clock_steps_expire_nothing_wrongly_and_stall_no_timer() {
     // The cloud broker goes away and comes back: the uplink's retry timers keep running.
     cloud.kill().unwrap();
     let held = dev
-        .publish_no_wait("agg/2", Bytes::from_static(b"22.0"), QoS::AtLeastOnce, false)
+        .publish_no_wait(
+            "agg/2",
+            Bytes::from_static(b"22.0"),
+            QoS::AtLeastOnce,
+            false,
+        )
         .await
         .unwrap()
         .expect("a packet id");
     tokio::time::sleep(Duration::from_secs(1)).await;
     cloud.restart().unwrap();
     dev.set_ack_timeout(Duration::from_secs(15));
-    dev.wait_ack(held).await.expect("agg/2 acknowledged once the cloud is back");
+    dev.wait_ack(held)
+        .await
+        .expect("agg/2 acknowledged once the cloud is back");
 
     // --- And two hours back (an hour behind the real time). ---
     set_clock(&clock, "-1h");
@@ -240,7 +268,10 @@ async fn wall_clock_steps_expire_nothing_wrongly_and_stall_no_timer() {
     .await
     .unwrap();
     let quiet_from = Instant::now();
-    assert!(silent.expect_closed(Duration::from_secs(6)).await, "keep-alive timer fired");
+    assert!(
+        silent.expect_closed(Duration::from_secs(6)).await,
+        "keep-alive timer fired"
+    );
     let closed_after = quiet_from.elapsed();
     assert!(
         closed_after >= Duration::from_millis(1400),
@@ -252,14 +283,26 @@ async fn wall_clock_steps_expire_nothing_wrongly_and_stall_no_timer() {
     if left < Duration::from_secs(6) {
         tokio::time::sleep(Duration::from_secs(6) - left).await;
     }
-    let (_s, ack) = TestClient::connect(mqtt, persistent("short", false, 4)).await.unwrap();
+    let (_s, ack) = TestClient::connect(mqtt, persistent("short", false, 4))
+        .await
+        .unwrap();
     assert!(!ack.session_present, "the 4 s session expired on time");
-    assert!(sessions_left.elapsed() < Duration::from_secs(50), "test too slow for `mid`");
-    let (_m, ack) = TestClient::connect(mqtt, persistent("mid", false, 60)).await.unwrap();
-    assert!(ack.session_present, "a session with a minute left survived the steps");
+    assert!(
+        sessions_left.elapsed() < Duration::from_secs(50),
+        "test too slow for `mid`"
+    );
+    let (_m, ack) = TestClient::connect(mqtt, persistent("mid", false, 60))
+        .await
+        .unwrap();
+    assert!(
+        ack.session_present,
+        "a session with a minute left survived the steps"
+    );
 
     // The queued messages: all there, with most of their 2 minutes left; the 2 s one expired.
-    let (mut queued, ack) = TestClient::connect(mqtt, persistent("queued", false, 600)).await.unwrap();
+    let (mut queued, ack) = TestClient::connect(mqtt, persistent("queued", false, 600))
+        .await
+        .unwrap();
     assert!(ack.session_present);
     for want in ["one", "two", "three"] {
         let p = queued
@@ -281,12 +324,17 @@ async fn wall_clock_steps_expire_nothing_wrongly_and_stall_no_timer() {
     );
     let m = admin_get(admin, "/metrics").unwrap();
     assert_eq!(
-        metric(&m, "sluice_mqtt_dropped_total{shard=\"0\",reason=\"expired\"}"),
+        metric(
+            &m,
+            "sluice_mqtt_dropped_total{shard=\"0\",reason=\"expired\"}"
+        ),
         1.0,
         "exactly the one message with 2 s to live expired"
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let pings = pinging.await.expect("the pinging device kept its connection");
+    let pings = pinging
+        .await
+        .expect("the pinging device kept its connection");
     eprintln!("pinging device: {pings} PINGRESPs, connection kept");
     let text = log_text();
     assert!(!text.contains("panicked"), "{text}");

@@ -64,7 +64,11 @@ impl RawDevice {
     async fn next(&mut self, timeout: Duration) -> Option<Packet> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(p) = self.decoder.decode(&mut self.rbuf).expect("gateway bytes decode") {
+            if let Some(p) = self
+                .decoder
+                .decode(&mut self.rbuf)
+                .expect("gateway bytes decode")
+            {
                 return Some(p);
             }
             match tokio::time::timeout_at(deadline, self.sock.read_buf(&mut self.rbuf)).await {
@@ -99,7 +103,11 @@ async fn mqtt311_device_past_its_limit_with_the_cloud_down_still_gets_pingresp()
     let mut at_cloud = cloud.subscriber("watch", "held/#").await;
     let gate = Gate::start(cloud.broker.tls_addr()).await;
     gate.set_open(false); // the cloud is away: nothing is acknowledged
-    let gw = gateway_mqtt(1, "receive_maximum = 4", &cloud.uplink_toml(Some(gate.addr), ""));
+    let gw = gateway_mqtt(
+        1,
+        "receive_maximum = 4",
+        &cloud.uplink_toml(Some(gate.addr), ""),
+    );
     const KEEP_ALIVE: u16 = 2;
     let mut d = RawDevice::connect(gw.mqtt_addr, "held", KEEP_ALIVE).await;
     // Ten QoS 1 publishes (its own window is larger than the gateway's 4), then a PINGREQ:
@@ -141,7 +149,11 @@ async fn mqtt311_device_past_its_limit_with_the_cloud_down_still_gets_pingresp()
             .expect("message at the cloud");
         got.push(u16::from_be_bytes([p.payload[0], p.payload[1]]));
     }
-    assert_eq!(got, (1..=10).collect::<Vec<u16>>(), "at the cloud, in order");
+    assert_eq!(
+        got,
+        (1..=10).collect::<Vec<u16>>(),
+        "at the cloud, in order"
+    );
     tokio::task::block_in_place(|| gw.shutdown());
 }
 
@@ -232,14 +244,20 @@ async fn slow_reader(
         properties: Properties::default(),
     })])
     .await;
-    assert!(matches!(d.next(Duration::from_secs(10)).await, Some(Packet::ConnAck(_))));
+    assert!(matches!(
+        d.next(Duration::from_secs(10)).await,
+        Some(Packet::ConnAck(_))
+    ));
     d.send(&[Packet::Subscribe(sluice_proto::mqtt::Subscribe {
         packet_id: 1,
         filters: vec![common::packets::opts_sub(&filter, QoS::AtMostOnce)],
         properties: Properties::default(),
     })])
     .await;
-    assert!(matches!(d.next(Duration::from_secs(10)).await, Some(Packet::SubAck(_))));
+    assert!(matches!(
+        d.next(Duration::from_secs(10)).await,
+        Some(Packet::SubAck(_))
+    ));
     ready.send(()).await.unwrap();
     let mut buf = vec![0u8; chunk];
     let mut total = 0u64;
@@ -312,8 +330,11 @@ async fn slow_readers_stay_within_the_outbox_bound_and_healthy_devices_keep_flow
         healthy.push(tokio::spawn(async move {
             let mut n = 0u64;
             while let Ok(Some(p)) = c.recv(Duration::from_secs(3)).await {
-                let sent = Duration::from_nanos(u64::from_be_bytes(p.payload[..8].try_into().unwrap()));
-                lat.lock().unwrap().push(epoch.elapsed().saturating_sub(sent));
+                let sent =
+                    Duration::from_nanos(u64::from_be_bytes(p.payload[..8].try_into().unwrap()));
+                lat.lock()
+                    .unwrap()
+                    .push(epoch.elapsed().saturating_sub(sent));
                 n += 1;
             }
             n
@@ -353,9 +374,14 @@ async fn slow_readers_stay_within_the_outbox_bound_and_healthy_devices_keep_flow
         while !busy_stop.load(std::sync::atomic::Ordering::Relaxed) {
             tick.tick().await;
             for i in 0..SLOW {
-                busy.publish(&format!("busy/{i}"), payload.clone(), QoS::AtMostOnce, false)
-                    .await
-                    .unwrap();
+                busy.publish(
+                    &format!("busy/{i}"),
+                    payload.clone(),
+                    QoS::AtMostOnce,
+                    false,
+                )
+                .await
+                .unwrap();
             }
         }
     });
@@ -370,7 +396,9 @@ async fn slow_readers_stay_within_the_outbox_bound_and_healthy_devices_keep_flow
     busy_task.await.unwrap();
     let mut expected = 0;
     for (k, p) in calm_pubs.into_iter().enumerate() {
-        let subs = (0..HEALTHY_SUBS).filter(|j| j % HEALTHY_TOPICS == k).count() as u64;
+        let subs = (0..HEALTHY_SUBS)
+            .filter(|j| j % HEALTHY_TOPICS == k)
+            .count() as u64;
         expected += p.await.unwrap() * subs;
     }
     let mut received = 0;
@@ -388,9 +416,7 @@ async fn slow_readers_stay_within_the_outbox_bound_and_healthy_devices_keep_flow
     let m = gw.metrics_text();
     let refused = common::metric_sum(&m, "sluice_mqtt_queue_refused_total");
     let growth = peak.saturating_sub(rss_before);
-    let bound = (OUTBOX_MIB << 20)
-        + (SLOW as u64) * (WRITE_AHEAD + PAYLOAD) as u64
-        + (3 << 20);
+    let bound = (OUTBOX_MIB << 20) + (SLOW as u64) * (WRITE_AHEAD + PAYLOAD) as u64 + (3 << 20);
     println!(
         "slow readers: RSS growth {} MiB (bound {} MiB), slow readers read {} MiB, \
          messages refused for full queues {refused}, healthy p99 {:?} alone / {:?} under load, \
@@ -407,7 +433,10 @@ async fn slow_readers_stay_within_the_outbox_bound_and_healthy_devices_keep_flow
     }) {
         println!("  {line}");
     }
-    assert!(refused > 0.0, "overflow for the slow readers was dropped and counted: {m}");
+    assert!(
+        refused > 0.0,
+        "overflow for the slow readers was dropped and counted: {m}"
+    );
     assert!(
         growth <= bound,
         "memory grew {} MiB, beyond max_outbox_memory + write-ahead ({} MiB)",
@@ -427,5 +456,7 @@ async fn slow_readers_stay_within_the_outbox_bound_and_healthy_devices_keep_flow
 fn p99(samples: &[Duration]) -> Duration {
     let mut v = samples.to_vec();
     v.sort();
-    v.get(v.len().saturating_sub(1) * 99 / 100).copied().unwrap_or_default()
+    v.get(v.len().saturating_sub(1) * 99 / 100)
+        .copied()
+        .unwrap_or_default()
 }

@@ -60,17 +60,29 @@ fn look_ahead_stops_at_an_oversized_or_malformed_header() {
     let mut wire = publish.clone();
     wire.extend(hex("c0 00 c0 00"));
     let mut buf = BytesMut::from(&wire[..]);
-    assert_eq!(Decoder::client(ProtocolVersion::V311, MAX).take_pingreqs(&mut buf), 2);
+    assert_eq!(
+        Decoder::client(ProtocolVersion::V311, MAX).take_pingreqs(&mut buf),
+        2
+    );
     assert_eq!(&buf[..], &publish[..]);
     // The PUBLISH is larger than the maximum packet size: that is the decoder's to refuse,
     // and nothing behind it is looked at.
     let mut buf = BytesMut::from(&wire[..]);
-    assert_eq!(Decoder::client(ProtocolVersion::V311, 4).take_pingreqs(&mut buf), 0);
+    assert_eq!(
+        Decoder::client(ProtocolVersion::V311, 4).take_pingreqs(&mut buf),
+        0
+    );
     assert_eq!(&buf[..], &wire[..]);
     // A PINGREQ with flags set, or a remaining length of five bytes, is malformed: left alone.
     let mut buf = BytesMut::from(&hex("c1 00 c0 00")[..]);
-    assert_eq!(Decoder::client(ProtocolVersion::V311, MAX).take_pingreqs(&mut buf), 1);
+    assert_eq!(
+        Decoder::client(ProtocolVersion::V311, MAX).take_pingreqs(&mut buf),
+        1
+    );
     assert_eq!(&buf[..], &hex("c1 00")[..]);
     let mut buf = BytesMut::from(&hex("30 ff ff ff ff 01 c0 00")[..]);
-    assert_eq!(Decoder::client(ProtocolVersion::V311, MAX).take_pingreqs(&mut buf), 0);
+    assert_eq!(
+        Decoder::client(ProtocolVersion::V311, MAX).take_pingreqs(&mut buf),
+        0
+    );
 }

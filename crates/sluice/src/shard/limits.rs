@@ -505,9 +505,11 @@ pub fn make_room(ctx: &ShardContext, session: &Rc<Session>, msg: &OutMessage) {
     if own > 0 && own + cost > budget.per_session {
         return; // its own bound refuses it anyway
     }
+    // `try_borrow`: a session borrowed further up this call (none is today) is skipped.
     let enough = |s: &Session| {
-        let st = s.state.borrow();
-        !st.outbox.is_empty() && st.queued.used() > own + 2 * cost
+        s.state
+            .try_borrow()
+            .is_ok_and(|st| !st.outbox.is_empty() && st.queued.used() > own + 2 * cost)
     };
     while budget.used() + cost > budget.shard_max {
         let cached = ctx.bounds.hog.borrow().upgrade();
@@ -515,9 +517,13 @@ pub fn make_room(ctx: &ShardContext, session: &Rc<Session>, msg: &OutMessage) {
             Some(h) if !Rc::ptr_eq(&h, session) && enough(&h) => h,
             _ => {
                 let now = std::time::Instant::now();
-                let paused = ctx.bounds.hog_search_failed.get().is_some_and(|(at, most)| {
-                    now.duration_since(at) < HOG_SEARCH_PAUSE && most <= own + 2 * cost
-                });
+                let paused = ctx
+                    .bounds
+                    .hog_search_failed
+                    .get()
+                    .is_some_and(|(at, most)| {
+                        now.duration_since(at) < HOG_SEARCH_PAUSE && most <= own + 2 * cost
+                    });
                 if paused {
                     return;
                 }
@@ -526,26 +532,30 @@ pub fn make_room(ctx: &ShardContext, session: &Rc<Session>, msg: &OutMessage) {
                     .borrow()
                     .values()
                     .filter(|s| !Rc::ptr_eq(s, session))
-                    .max_by_key(|s| s.state.borrow().queued.used())
+                    .max_by_key(|s| s.state.try_borrow().map_or(0, |st| st.queued.used()))
                     .cloned();
                 // Kept even if it does not qualify for this session: it may for the next.
                 *ctx.bounds.hog.borrow_mut() = found.as_ref().map_or_else(Weak::new, Rc::downgrade);
                 match found {
                     Some(h) if enough(&h) => h,
                     other => {
-                        let most = other.map_or(0, |h| h.state.borrow().queued.used());
+                        let most = other
+                            .map_or(0, |h| h.state.try_borrow().map_or(0, |st| st.queued.used()));
                         ctx.bounds.hog_search_failed.set(Some((now, most)));
                         return;
                     }
                 }
             }
         };
-        let mut st = hog.state.borrow_mut();
+        let Ok(mut st) = hog.state.try_borrow_mut() else {
+            return;
+        };
         if let Some(dropped) = st.pop_outbox() {
             if dropped.qos != sluice_proto::mqtt::QoS::AtMostOnce {
                 st.queued.release(&dropped);
             }
-            ctx.metrics.count_drop(super::metrics::DropReason::CrowdedOut);
+            ctx.metrics
+                .count_drop(super::metrics::DropReason::CrowdedOut);
         }
     }
 }
