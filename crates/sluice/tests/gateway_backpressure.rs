@@ -460,3 +460,72 @@ fn p99(samples: &[Duration]) -> Duration {
         .copied()
         .unwrap_or_default()
 }
+
+/// Eclipse paho (python) over WebSocket, MQTT 3.1.1, keep-alive 2 s, pushing 10 QoS 1
+/// messages into a receive maximum of 4 with the cloud away; it disconnects itself when a
+/// PINGREQ goes unanswered for a keep-alive. Prints its disconnects and PUBACKs after 12 s.
+const PAHO_HELD_BACK: &str = r#"
+import sys, time
+import paho.mqtt.client as mqtt
+port = int(sys.argv[1])
+seen = {"disconnects": 0, "pubacks": 0}
+c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-held", transport="websockets",
+                protocol=mqtt.MQTTv311)
+c.ws_set_options(path="/mqtt")
+c.max_inflight_messages_set(20)
+def on_connect(c, u, flags, rc, props):
+    if seen["disconnects"] == 0:
+        for i in range(10):
+            c.publish("held/ws", str(i).encode(), qos=1)
+def on_disconnect(c, u, flags, rc, props):
+    seen["disconnects"] += 1
+def on_publish(c, u, mid, rc, props):
+    seen["pubacks"] += 1
+c.on_connect = on_connect
+c.on_disconnect = on_disconnect
+c.on_publish = on_publish
+c.connect("127.0.0.1", port, keepalive=2)
+c.loop_start()
+time.sleep(12)
+c.loop_stop()
+print("disconnects=%d pubacks=%d" % (seen["disconnects"], seen["pubacks"]))
+"#;
+
+/// The same over WebSocket with a real client: paho, held back past the gateway's receive
+/// maximum while the cloud is away, keeps its connection (its own keep-alive check would
+/// drop it after an unanswered PINGREQ), and gets its ten PUBACKs once the cloud is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paho_over_websocket_held_back_keeps_its_connection() {
+    let cloud = Cloud::start();
+    let gate = Gate::start(cloud.broker.tls_addr()).await;
+    gate.set_open(false);
+    let gw = common::gateway_sections(
+        "shards = 1",
+        "receive_maximum = 4",
+        &format!(
+            "[mqtt.ws]\nlisten = \"127.0.0.1:0\"\n{}",
+            cloud.uplink_toml(Some(gate.addr), "")
+        ),
+    );
+    let ws = gw.ws_addr.expect("ws listener");
+    let paho = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(PAHO_HELD_BACK)
+        .arg(ws.port().to_string())
+        .output();
+    let opener = async {
+        // Nine seconds held back (four keep-alives), then the cloud comes back.
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        gate.set_open(true);
+    };
+    let (out, ()) = tokio::join!(paho, opener);
+    let out = out.expect("python3");
+    assert!(
+        out.status.success(),
+        "paho failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(printed, "disconnects=0 pubacks=10", "paho over WebSocket");
+    tokio::task::block_in_place(|| gw.shutdown());
+}
