@@ -9,6 +9,8 @@ mod encoder;
 mod golden;
 #[path = "mqtt/malformed.rs"]
 mod malformed;
+#[path = "mqtt/read_ahead.rs"]
+mod read_ahead;
 #[path = "mqtt/round_trip.rs"]
 mod round_trip;
 #[path = "mqtt/split.rs"]

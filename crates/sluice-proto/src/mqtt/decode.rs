@@ -134,6 +134,39 @@ impl Decoder {
     pub fn set_max_packet_size(&mut self, max: usize) {
         self.max_packet_size = max;
     }
+
+    /// Look ahead in `buf` (which starts at a packet boundary) for PINGREQs behind packets
+    /// the caller is not handling yet (a back-pressured device's PUBLISHes): walks the
+    /// complete packets by their fixed headers only, removes every well-formed PINGREQ
+    /// (`0xC0 0x00`) and returns how many it removed. Stops at the first packet that is
+    /// incomplete, larger than the maximum packet size or whose header is malformed: those
+    /// bytes, and everything after them, are left for [`Decoder::decode`] to judge in order.
+    /// Nothing else moves, so the other packets decode exactly as they would have.
+    pub fn take_pingreqs(&self, buf: &mut BytesMut) -> usize {
+        let mut taken = 0;
+        let mut pos = 0;
+        loop {
+            let Some(&first) = buf.get(pos) else {
+                return taken;
+            };
+            let (remaining, length_len) = match peek_varint(buf.get(pos + 1..).unwrap_or(&[])) {
+                Varint::Complete { value, len, .. } => (value, len),
+                Varint::Incomplete | Varint::TooLong => return taken,
+            };
+            let size = 1 + length_len + remaining;
+            if size > self.max_packet_size || buf.len() - pos < size {
+                return taken;
+            }
+            if first == PINGREQ << 4 && remaining == 0 && length_len == 1 {
+                let mut tail = buf.split_off(pos);
+                let _ = tail.split_to(size);
+                buf.unsplit(tail);
+                taken += 1;
+            } else {
+                pos += size;
+            }
+        }
+    }
     /// Decode one packet from the front of `buf`, consuming its bytes. `Ok(None)`: need more.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Packet>, DecodeError> {
         let Some(&first) = buf.first() else {

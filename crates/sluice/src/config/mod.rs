@@ -407,6 +407,9 @@ pub struct MqttConfig {
     pub max_retained_bytes: ByteSize,
     /// Subscriptions one session may hold.
     pub max_subscriptions_per_session: usize,
+    /// SO_SNDBUF of each device socket: the kernel memory a device that reads slowly holds
+    /// beyond its outbox. `0B`: the kernel's own (autotuned up to `net.ipv4.tcp_wmem`).
+    pub send_buffer: ByteSize,
     // --- end of input bounds ---
     /// Accept devices over MPTCP (IPPROTO_MPTCP listener; plain TCP devices still connect).
     pub mptcp: bool,
@@ -468,6 +471,7 @@ impl Default for MqttConfig {
             max_queued_bytes: ByteSize::mib(4),
             max_retained_bytes: ByteSize::mib(64),
             max_subscriptions_per_session: 100,
+            send_buffer: ByteSize(0),
             mptcp: false,
             users: Vec::new(),
             max_keep_alive: Duration::ZERO,

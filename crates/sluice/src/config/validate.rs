@@ -285,6 +285,9 @@ fn check_topic_limits(config: &Config) -> Result<(), ConfigError> {
     if m.max_subscriptions_per_session == 0 {
         return invalid("mqtt.max_subscriptions_per_session", "must be at least 1");
     }
+    if m.send_buffer.as_u64() > 1 << 30 {
+        return invalid("mqtt.send_buffer", "must be at most 1GiB");
+    }
     let limits = crate::shard::limits::TopicLimits::new(m);
     let priority = config
         .priority

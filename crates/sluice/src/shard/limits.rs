@@ -25,6 +25,9 @@
 //!   `mqtt.max_queued_bytes`, or one message if a single one is larger) and to its shard (at
 //!   most `gateway.max_outbox_memory / shards`), from enqueue until it leaves the session
 //!   (QoS 0: written; QoS 1/2: acknowledged or dropped). A message that does not fit is not queued (the caller counts the drop).
+//!   When it is the shard's budget that is short, [`make_room`] first drops the oldest queued
+//!   messages of the session holding the most (a slow reader), if it holds more than the
+//!   refused session would: a device that reads is not refused because others do not.
 //!   Whatever a session still holds is released when the session ends. A delayed will waiting
 //!   after its connection is charged to the shard's budget too ([`WillCharge`]; one that does
 //!   not fit is published at once).
@@ -33,8 +36,8 @@
 //! - Timers: a session has at most one pending expiry task and one delayed-will task
 //!   ([`SessionTimers`]).
 
-use std::cell::Cell;
-use std::rc::Rc;
+use std::cell::{Cell, RefCell};
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -43,7 +46,7 @@ use sluice_proto::mqtt::{reason, topic, Properties, ProtocolVersion};
 use super::metrics::ShardMetrics;
 use super::ShardContext;
 use crate::config::{Config, MqttConfig};
-use crate::edge::mqtt::session::OutMessage;
+use crate::edge::mqtt::session::{OutMessage, Session};
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
 /// Bytes charged for a queued message besides its topic, payload and properties: the
@@ -440,7 +443,17 @@ pub struct ShardBounds {
     pub outbox: Rc<OutboxBudget>,
     /// Sessions on every shard (connected and offline).
     pub sessions: Arc<AtomicUsize>,
+    /// The session last found holding the most of `outbox` ([`make_room`]); searched for
+    /// again only when it no longer does.
+    hog: RefCell<Weak<Session>>,
+    /// When a search last found no session to make room from, and the most a session held
+    /// then: a session holding about that much does not search again for
+    /// [`HOG_SEARCH_PAUSE`] (a budget full of equal sessions costs no scan per message).
+    hog_search_failed: Cell<Option<(std::time::Instant, usize)>>,
 }
+
+/// See [`ShardBounds::hog_search_failed`].
+const HOG_SEARCH_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl ShardBounds {
     pub fn new(
@@ -452,6 +465,8 @@ impl ShardBounds {
         ShardBounds {
             outbox: OutboxBudget::for_shard(config, shards, metrics),
             sessions,
+            hog: RefCell::new(Weak::new()),
+            hog_search_failed: Cell::new(None),
         }
     }
 
@@ -461,6 +476,87 @@ impl ShardBounds {
     }
     pub fn session_removed(&self) {
         self.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Before `msg` is queued for `session`: if the shard's outbox budget cannot take it, the
+/// devices that read must not pay for those that do not (a slow reader's outbox would
+/// otherwise hold the shared budget and every other device's messages be refused). So while
+/// the budget is short and the session holding the most on this shard holds more than
+/// `session` will with the message (by at least the message's size again), that session's
+/// oldest queued (not yet written) messages are dropped, counted as `crowded_out`. Max-min
+/// fairness: the session holding the most pays first; between sessions holding about the
+/// same, nothing moves (the message is refused as before). Cost: O(1) while the same session
+/// stays the largest; a scan of the shard's sessions when it no longer is, at most every
+/// [`HOG_SEARCH_PAUSE`] while scans find none.
+pub fn make_room(ctx: &ShardContext, session: &Rc<Session>, msg: &OutMessage) {
+    let budget = &ctx.bounds.outbox;
+    let cost = message_cost(msg);
+    if budget.used() + cost <= budget.shard_max {
+        return;
+    }
+    let own = {
+        let st = session.state.borrow();
+        if !st.connected && msg.qos == sluice_proto::mqtt::QoS::AtMostOnce {
+            return; // not queued anyway
+        }
+        st.queued.used()
+    };
+    if own > 0 && own + cost > budget.per_session {
+        return; // its own bound refuses it anyway
+    }
+    // `try_borrow`: a session borrowed further up this call (none is today) is skipped.
+    let enough = |s: &Session| {
+        s.state
+            .try_borrow()
+            .is_ok_and(|st| !st.outbox.is_empty() && st.queued.used() > own + 2 * cost)
+    };
+    while budget.used() + cost > budget.shard_max {
+        let cached = ctx.bounds.hog.borrow().upgrade();
+        let hog = match cached {
+            Some(h) if !Rc::ptr_eq(&h, session) && enough(&h) => h,
+            _ => {
+                let now = std::time::Instant::now();
+                let paused = ctx
+                    .bounds
+                    .hog_search_failed
+                    .get()
+                    .is_some_and(|(at, most)| {
+                        now.duration_since(at) < HOG_SEARCH_PAUSE && most <= own + 2 * cost
+                    });
+                if paused {
+                    return;
+                }
+                let found = ctx
+                    .sessions
+                    .borrow()
+                    .values()
+                    .filter(|s| !Rc::ptr_eq(s, session))
+                    .max_by_key(|s| s.state.try_borrow().map_or(0, |st| st.queued.used()))
+                    .cloned();
+                // Kept even if it does not qualify for this session: it may for the next.
+                *ctx.bounds.hog.borrow_mut() = found.as_ref().map_or_else(Weak::new, Rc::downgrade);
+                match found {
+                    Some(h) if enough(&h) => h,
+                    other => {
+                        let most = other
+                            .map_or(0, |h| h.state.try_borrow().map_or(0, |st| st.queued.used()));
+                        ctx.bounds.hog_search_failed.set(Some((now, most)));
+                        return;
+                    }
+                }
+            }
+        };
+        let Ok(mut st) = hog.state.try_borrow_mut() else {
+            return;
+        };
+        if let Some(dropped) = st.pop_outbox() {
+            if dropped.qos != sluice_proto::mqtt::QoS::AtMostOnce {
+                st.queued.release(&dropped);
+            }
+            ctx.metrics
+                .count_drop(super::metrics::DropReason::CrowdedOut);
+        }
     }
 }
 

@@ -21,9 +21,12 @@ pub enum DropReason {
     Expired = 6,
     /// A shared subscription's member left between the publisher's pick and the delivery.
     SharedMemberGone = 7,
+    /// The shard's outbox budget was full: the oldest queued message of the session holding
+    /// the most went, to make room for a session holding less (`shard::limits::make_room`).
+    CrowdedOut = 8,
 }
 
-pub const DROP_REASONS: [(DropReason, &str); 8] = [
+pub const DROP_REASONS: [(DropReason, &str); 9] = [
     (DropReason::UplinkQueueFull, "uplink_queue_full"),
     (DropReason::MailboxFull, "mailbox_full"),
     (DropReason::SessionQueueFull, "session_queue_full"),
@@ -32,6 +35,7 @@ pub const DROP_REASONS: [(DropReason, &str); 8] = [
     (DropReason::SpoolFull, "spool_full"),
     (DropReason::Expired, "expired"),
     (DropReason::SharedMemberGone, "shared_member_gone"),
+    (DropReason::CrowdedOut, "crowded_out"),
 ];
 
 /// Why the gateway closed a device connection.

@@ -244,6 +244,7 @@ pub fn deliver_shared_member(ctx: &ShardContext, routed: &Routed, key: &ByteStri
         properties,
         expires_at: expiry_of(routed.properties.as_deref()),
     };
+    crate::shard::limits::make_room(ctx, &picked.session, &msg);
     match picked.session.enqueue(msg) {
         Ok(()) => {}
         Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),
@@ -319,6 +320,7 @@ pub fn deliver_local(ctx: &ShardContext, routed: &Routed) {
             properties,
             expires_at,
         };
+        crate::shard::limits::make_room(ctx, &hit.session, &msg);
         match hit.session.enqueue(msg) {
             Ok(()) => {}
             Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),

@@ -3,8 +3,9 @@
 //! address that may be spoofed.
 //!
 //! Owns: the Echo values sluice hands out and checks (stateless: `t ‖ HMAC-SHA256(key, t ‖
-//! ip ‖ port)[..8]`, `t` in seconds, with a per-process random key, so issuing one costs no
-//! state), and the shard's table of verified addresses. Does not own: deciding what to send
+//! ip ‖ port)[..8]`, `t` in seconds of the process's monotonic clock — never the wall clock,
+//! which an NTP step would move, invalidating every value in flight or stretching their
+//! validity by the step — with a per-process random key, so issuing one costs no state), and the shard's table of verified addresses. Does not own: deciding what to send
 //! (`server::answer` applies the 3× rule) or retransmitting (`endpoint`).
 //!
 //! An address is verified when it echoes an Echo value issued to it at most
@@ -21,7 +22,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rustls::crypto::tls13::OkmBlock;
 use rustls::SupportedCipherSuite;
@@ -63,16 +64,16 @@ fn tag(t: u32, peer: SocketAddr) -> [u8; 8] {
     out
 }
 
-fn unix_now() -> u32 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as u32)
-        .unwrap_or(0)
+/// Seconds since this process first issued or checked an Echo value, on the monotonic clock
+/// (the key is per process, so no value outlives the clock it was stamped on).
+fn clock_now() -> u32 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs() as u32
 }
 
 /// A fresh Echo value for `peer`.
 pub fn echo_for(peer: SocketAddr) -> [u8; ECHO_LEN] {
-    echo_at(peer, unix_now())
+    echo_at(peer, clock_now())
 }
 
 fn echo_at(peer: SocketAddr, t: u32) -> [u8; ECHO_LEN] {
@@ -84,7 +85,7 @@ fn echo_at(peer: SocketAddr, t: u32) -> [u8; ECHO_LEN] {
 
 /// Whether `value` is an Echo sluice issued to `peer` within [`ECHO_VALIDITY`].
 pub fn echo_valid(peer: SocketAddr, value: &[u8]) -> bool {
-    echo_valid_at(peer, value, unix_now())
+    echo_valid_at(peer, value, clock_now())
 }
 
 fn echo_valid_at(peer: SocketAddr, value: &[u8], now: u32) -> bool {

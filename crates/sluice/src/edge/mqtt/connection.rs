@@ -16,6 +16,15 @@
 //! (paused, or a publish waiting for room) the device counts as heard from, and its
 //! keep-alive period starts again when reads resume.
 //!
+//! Back-pressure never costs a device its connection: while its messages are withheld (a
+//! 3.1.1 device at the limit, any device whose PUBLISH waits for room in a full queue or
+//! spool or for its `[limits]` rate) the gateway still reads up to [`READ_AHEAD_BYTES`]
+//! ahead, answers the PINGREQs it finds there behind the withheld PUBLISHes, and leaves the
+//! rest in the read buffer, handled in order when the device is read again. A device that
+//! closes meanwhile is seen closed after what it sent before is handled (a DISCONNECT in the
+//! read-ahead still cancels its will). The same path serves MQTT 3.1.1 and 5, over TCP, TLS
+//! and WebSocket (the read-ahead is of MQTT bytes, after the stream layer).
+//!
 //! A protocol violation closes only this connection, with a log line naming the device and
 //! what it did wrong (and, for MQTT 5, a DISCONNECT carrying the reason code).
 //!
@@ -51,6 +60,15 @@ use crate::shard::{Adopted, ShardContext};
 
 /// How long a write to a device may stall before the device counts as a slow consumer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Input bounds: how far ahead a device whose messages are withheld is still read (for its
+/// PINGREQs): no read starts once the read buffer holds this much, so it holds at most this
+/// plus one read (2 KiB plain, one TLS record, what one WebSocket read decodes).
+pub const READ_AHEAD_BYTES: usize = 16 * 1024;
+/// Input bounds: how much of the session's outbox is encoded into the write buffer at once.
+/// The rest stays in the outbox, where it is charged to `max_queued_bytes` and
+/// `max_outbox_memory` (so a device that reads slowly holds at most this much uncharged,
+/// plus one packet) and where overflow is dropped and counted.
+pub const WRITE_AHEAD_BYTES: usize = 64 * 1024;
 /// Who the device is, as admission decided (see `Adopted`): ACL rules with `%u` read it.
 #[derive(Debug, Clone)]
 pub(crate) struct Identity {
@@ -72,6 +90,10 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
         buffered,
         assigned_client_id,
     } = *adopted;
+    // Input bounds: what the kernel may hold for a device that reads slowly.
+    if let Err(error) = stream.set_send_buffer(ctx.config.mqtt.send_buffer.as_u64()) {
+        tracing::debug!(%peer, %error, "cannot set the device socket's send buffer");
+    }
     // Plain TCP: `from_std`, nodelay and `into_split`, as always; TLS and WebSocket share
     // their session state between the halves (`edge/mqtt/stream/`).
     let (rd, wr) = match stream.attach() {
@@ -168,6 +190,10 @@ struct Connection {
     will: Option<Will>,
     device_receive_max: u16,
     device_max_packet: Option<u32>,
+    /// `rbuf` holds bytes read ahead while the device's messages were withheld, not yet
+    /// handled; `ahead_eof`: the device closed its side behind them.
+    ahead: bool,
+    ahead_eof: bool,
     /// The gateway closed the connection (a DISCONNECT may be on its way): read and discard
     /// briefly before closing, so unread input does not turn the close into a reset that
     /// destroys the DISCONNECT before the device reads it.
@@ -294,6 +320,8 @@ impl Connection {
                 .unwrap_or(u16::MAX)
                 .max(1),
             device_max_packet: connect.properties.maximum_packet_size,
+            ahead: false,
+            ahead_eof: false,
             linger: false,
         };
 
@@ -378,7 +406,9 @@ impl Connection {
                 .await;
             }
             self.on_cloud_acks();
-            self.take_outbox();
+            // Stopped at WRITE_AHEAD_BYTES with more to write: go round again once written
+            // (after anything the device sent meanwhile), not only when the outbox grows.
+            let more_out = self.take_outbox();
             if let Err(reason) = self.flush().await {
                 return reason;
             }
@@ -389,6 +419,14 @@ impl Connection {
             // devices are told it and stay read, so a PUBLISH beyond it is seen (0x93) and so
             // are their PINGREQs.
             let paused = self.version == ProtocolVersion::V311 && self.pending.len() >= receive_max;
+            if !paused && self.ahead {
+                // Read again: first what was read ahead while it was not.
+                self.ahead = false;
+                if let Err(Close(reason, code)) = self.process_input().await {
+                    return Box::pin(self.close_with(reason, code)).await;
+                }
+                continue;
+            }
             // Keep-alive measures the device's silence, not the gateway's: while its reads are
             // paused (and when they resume) the device counts as heard from now.
             if paused || was_paused {
@@ -400,7 +438,14 @@ impl Connection {
                 // Outbox, takeover, shutdown and cloud acks all wake this one Notify; the top
                 // of the loop looks at each.
                 _ = self.session.notify.notified() => {}
-                read = self.rd.read_more(&mut self.rbuf), if !paused => {
+                read = self.rd.read_more(&mut self.rbuf), if !paused || self.may_read_ahead() => {
+                    if paused {
+                        self.ahead = true;
+                        if let Err(Close(reason, code)) = self.on_read_ahead(read) {
+                            return Box::pin(self.close_with(reason, code)).await;
+                        }
+                        continue;
+                    }
                     match read {
                         Ok(0) => return CloseReason::PeerClosed,
                         Ok(n) => {
@@ -414,17 +459,7 @@ impl Connection {
                                 self.rbuf = BytesMut::new();
                             }
                         }
-                        Err(error) if error.kind() == std::io::ErrorKind::InvalidData => {
-                            // TLS alert or WebSocket frame breaking RFC 6455: the stream
-                            // layer has queued its own close (alert, close frame).
-                            tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error,
-                                "bad TLS record or WebSocket frame from device; closing its connection");
-                            return CloseReason::ProtocolError;
-                        }
-                        Err(error) => {
-                            tracing::debug!(client_id = %self.client_id, %error, "device read failed");
-                            return CloseReason::IoError;
-                        }
+                        Err(error) => return self.read_failed(error),
                     }
                 }
                 _ = &mut keep_alive_timer, if keep_alive_on => {
@@ -440,8 +475,46 @@ impl Connection {
                         "device silent beyond 1.5x its keep-alive; closing");
                     return Box::pin(self.close_with(CloseReason::KeepAliveTimeout, Some(reason::KEEP_ALIVE_TIMEOUT))).await;
                 }
+                () = std::future::ready(()), if more_out => {}
             }
         }
+    }
+
+    fn read_failed(&self, error: std::io::Error) -> CloseReason {
+        if error.kind() == std::io::ErrorKind::InvalidData {
+            // TLS alert or WebSocket frame breaking RFC 6455: the stream layer has queued
+            // its own close (alert, close frame).
+            tracing::warn!(client_id = %self.client_id, peer = %self.peer, %error,
+                "bad TLS record or WebSocket frame from device; closing its connection");
+            return CloseReason::ProtocolError;
+        }
+        tracing::debug!(client_id = %self.client_id, %error, "device read failed");
+        CloseReason::IoError
+    }
+
+    /// Whether the device, its messages withheld, may still be read ahead (see the module
+    /// docs): within [`READ_AHEAD_BYTES`], and not after it closed.
+    fn may_read_ahead(&self) -> bool {
+        !self.ahead_eof && self.rbuf.len() < READ_AHEAD_BYTES
+    }
+
+    /// Bytes read ahead while the device's messages are withheld: its PINGREQs among them
+    /// are answered now (the caller flushes); the rest waits in `rbuf`, in order.
+    fn on_read_ahead(&mut self, read: std::io::Result<usize>) -> Result<(), Close> {
+        match read {
+            Ok(0) => self.ahead_eof = true,
+            Ok(n) => {
+                self.ctx.metrics.bytes_received.add(n as u64);
+                for _ in 0..self.decoder.take_pingreqs(&mut self.rbuf) {
+                    self.write(Packet::PingResp);
+                }
+                if self.rbuf.is_empty() {
+                    self.rbuf = BytesMut::new();
+                }
+            }
+            Err(error) => return Err(Close(self.read_failed(error), None)),
+        }
+        Ok(())
     }
 
     /// A message of this connection will never be acknowledged (see `crate::edge::ack`): stop

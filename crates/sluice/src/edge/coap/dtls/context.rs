@@ -13,7 +13,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
@@ -172,19 +173,22 @@ impl DtlsContext {
         Some(c)
     }
 
-    fn window(now: SystemTime) -> u64 {
-        now.duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() / COOKIE_WINDOW.as_secs())
-            .unwrap_or(0)
+    /// The cookie window of `now`, counted on the monotonic clock from the first cookie of
+    /// this process (the key is per process): an NTP step of the wall clock neither
+    /// invalidates the cookies in flight nor lengthens their life.
+    fn window(now: Instant) -> u64 {
+        static START: OnceLock<Instant> = OnceLock::new();
+        let start = *START.get_or_init(|| now);
+        now.saturating_duration_since(start).as_secs() / COOKIE_WINDOW.as_secs()
     }
 
     /// The cookie sluice hands `peer` now.
-    pub fn cookie_for(&self, peer: SocketAddr, now: SystemTime) -> Option<[u8; COOKIE_LEN]> {
+    pub fn cookie_for(&self, peer: SocketAddr, now: Instant) -> Option<[u8; COOKIE_LEN]> {
         self.cookie_in(peer, Self::window(now))
     }
 
     /// Whether `cookie` is one sluice gave `peer` in this window or the previous one.
-    pub fn cookie_valid(&self, peer: SocketAddr, cookie: &[u8], now: SystemTime) -> bool {
+    pub fn cookie_valid(&self, peer: SocketAddr, cookie: &[u8], now: Instant) -> bool {
         if cookie.len() != COOKIE_LEN {
             return false;
         }

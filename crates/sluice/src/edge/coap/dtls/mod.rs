@@ -45,7 +45,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
 use sluice_proto::coap::dedup::SweepPace;
@@ -268,12 +268,11 @@ impl DtlsShard {
     /// a session.
     fn on_hello(&self, peer: SocketAddr, d: &[u8], hello: ClientHello, now: Instant) {
         let cookie = hello.cookie(d);
-        let wall = SystemTime::now();
-        if !self.tls.cookie_valid(peer, cookie, wall) {
+        if !self.tls.cookie_valid(peer, cookie, now) {
             if !cookie.is_empty() {
                 self.drop(peer, Dropped::BadCookie, now);
             }
-            if let Some(c) = self.tls.cookie_for(peer, wall) {
+            if let Some(c) = self.tls.cookie_for(peer, now) {
                 self.send_raw(peer, &hello.verify_request(&c));
                 self.metrics.hello_verify_sent.inc();
             }

@@ -208,7 +208,7 @@ impl Session {
 mod tests {
     use std::net::SocketAddr;
     use std::sync::Arc;
-    use std::time::SystemTime;
+    use std::time::Instant;
 
     use openssl::ssl::{SslContext, SslMethod};
 
@@ -261,7 +261,7 @@ mod tests {
         let ch1 = client_out(c).remove(0);
         let hello = ClientHello::parse(&ch1).expect("the client's first hello");
         assert!(hello.cookie(&ch1).is_empty());
-        let cookie = tls.cookie_for(peer, SystemTime::now()).unwrap();
+        let cookie = tls.cookie_for(peer, Instant::now()).unwrap();
         c.get_mut().inbound = Some(hello.verify_request(&cookie));
         let _ = c.do_handshake();
         let out = client_out(c);
@@ -273,7 +273,7 @@ mod tests {
                 &ch2[..ch2.len().min(40)]
             )
         });
-        assert!(tls.cookie_valid(peer, hello.cookie(&ch2), SystemTime::now()));
+        assert!(tls.cookie_valid(peer, hello.cookie(&ch2), Instant::now()));
         let ssl = tls.new_ssl(hello.cookie(&ch2)).unwrap();
         let (mut s, fed) = Session::accept(ssl, hello.without_cookie(&ch2), &ch2, now).unwrap();
         let mut to_client = fed.out;
@@ -351,7 +351,7 @@ mod tests {
         let _ = c.do_handshake();
         let ch1 = client_out(&mut c).remove(0);
         let hello = ClientHello::parse(&ch1).unwrap();
-        let cookie = tls.cookie_for(peer, SystemTime::now()).unwrap();
+        let cookie = tls.cookie_for(peer, Instant::now()).unwrap();
         c.get_mut().inbound = Some(hello.verify_request(&cookie));
         let _ = c.do_handshake();
         let ch2 = client_out(&mut c).remove(0);

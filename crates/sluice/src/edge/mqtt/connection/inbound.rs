@@ -214,6 +214,14 @@ impl Connection {
                         return Err(Close(reason, None));
                     }
                 }
+                // Meanwhile the device is read ahead, for its PINGREQs (module docs of
+                // `connection`); what else it sent is handled after this publish, in order.
+                read = self.rd.read_more(&mut self.rbuf), if self.may_read_ahead() => {
+                    self.on_read_ahead(read)?;
+                    if let Err(reason) = self.flush().await {
+                        return Err(Close(reason, None));
+                    }
+                }
             }
         }
         if !pause.is_zero() {
@@ -240,6 +248,12 @@ impl Connection {
                 () = &mut until => return Ok(()),
                 _ = self.acks.notify.notified() => {
                     self.on_cloud_acks();
+                    if let Err(reason) = self.flush().await {
+                        return Err(Close(reason, None));
+                    }
+                }
+                read = self.rd.read_more(&mut self.rbuf), if self.may_read_ahead() => {
+                    self.on_read_ahead(read)?;
                     if let Err(reason) = self.flush().await {
                         return Err(Close(reason, None));
                     }

@@ -3,6 +3,13 @@
 //! writing the buffered bytes (a device that stops reading for [`WRITE_TIMEOUT`] is a slow
 //! consumer and is closed).
 //!
+//! Slow readers: at most [`WRITE_AHEAD_BYTES`] of the outbox are encoded into the write
+//! buffer at a time, so what a device has not read yet waits in its outbox, charged to the
+//! session's and the shard's byte bounds, and what does not fit there is dropped and counted
+//! (`sluice_mqtt_queue_refused_total`, `sluice_mqtt_messages_dropped_total`). A write that
+//! waits on one device's socket waits in that connection's task only: the shard goes on
+//! routing, and other devices' outboxes are filled and written meanwhile.
+//!
 //! Owns the write side of the connection. Does not own the outbox or the inflight table
 //! (the session's, so they survive a reconnect). Invariant: a message too large for the
 //! device's Maximum Packet Size is never written (dropped and counted), and an alias it
@@ -13,7 +20,7 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{Packet, Publish, QoS};
 use std::time::Instant;
 
-use super::{resp, Connection, WRITE_TIMEOUT};
+use super::{resp, Connection, WRITE_AHEAD_BYTES, WRITE_TIMEOUT};
 use crate::edge::mqtt::session::{OutMessage, OutStage};
 use crate::shard::metrics::{CloseReason, DropReason};
 
@@ -39,10 +46,12 @@ impl Connection {
         }
     }
 
-    /// Move queued messages for the device into the write buffer, within its inflight window.
-    pub(super) fn take_outbox(&mut self) {
+    /// Move queued messages for the device into the write buffer, within its inflight window
+    /// and up to [`WRITE_AHEAD_BYTES`]. Returns whether it stopped at that bound with a
+    /// message still waiting (write, then take again).
+    pub(super) fn take_outbox(&mut self) -> bool {
         if !self.is_current() {
-            return;
+            return false;
         }
         let window = (self
             .ctx
@@ -58,6 +67,9 @@ impl Connection {
                 let Some(front) = st.outbox.front() else {
                     break;
                 };
+                if self.wbuf.len() >= WRITE_AHEAD_BYTES {
+                    return true;
+                }
                 if front.is_expired(now) {
                     // Leaves the session: its queued bytes go back (input bounds).
                     if let Some(expired) = st.pop_outbox() {
@@ -109,6 +121,7 @@ impl Connection {
             }
             self.ctx.metrics.messages_delivered.inc();
         }
+        false
     }
 
     /// Server topic aliases (MQTT 5 §3.3.2.3.4): the first PUBLISH of a topic to the device

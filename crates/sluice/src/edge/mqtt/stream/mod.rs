@@ -101,6 +101,14 @@ impl DetachedStream {
         }
     }
 
+    /// Set the socket's kernel send buffer (SO_SNDBUF; `mqtt.send_buffer`). 0: leave it.
+    pub fn set_send_buffer(&self, bytes: u64) -> io::Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        socket2::SockRef::from(&self.tcp).set_send_buffer_size(bytes as usize)
+    }
+
     /// Register the socket with the calling runtime and split it into its halves.
     pub fn attach(self) -> io::Result<(DeviceReader, DeviceWriter)> {
         let tcp = TcpStream::from_std(self.tcp)?;
