@@ -1,0 +1,273 @@
+//! End-to-end tests of the spool when its storage gives out under the running gateway, on a
+//! real file system: a 16 MiB tmpfs that fills up while the cloud is down (and is freed by
+//! the drain), and a tmpfs remounted read-only and back. Against a real Mosquitto cloud over
+//! TLS 1.3 behind a gate (`spool_support`). Each test mounts its own tmpfs (root only: a test
+//! that cannot mount prints why and passes without checking anything) and unmounts it when
+//! it ends.
+//!
+//! What a user expects (docs/spool.md, "When the disk is full or read-only"): devices are
+//! back-pressured (PUBACKs withheld, connections kept), nothing acknowledged is lost, the
+//! cloud gets what is on disk as soon as it is reachable, and the spool accepts again without
+//! a restart once there is room (or the file system is writable).
+
+mod common;
+mod spool_support;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_testkit::TestClient;
+use spool_support::*;
+
+/// A tmpfs mounted on a temporary directory for one test; unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (e.g. "16m"), or prints why it cannot and returns `None`.
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs { dir }),
+            Ok(o) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a tmpfs (needs root): {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `mount -o remount,{opts}`.
+    fn remount(&self, opts: &str) -> Result<(), String> {
+        let o = Command::new("mount")
+            .args(["-o", &format!("remount,{opts}")])
+            .arg(self.path())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&o.stderr).trim().to_string())
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let plain = Command::new("umount").arg(self.path()).status();
+        if !plain.is_ok_and(|s| s.success()) {
+            // Something still holds a file open: detach it now, the kernel frees it later.
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+    }
+}
+
+/// A numbered payload of about 1 KiB (`index_of` reads the number back).
+fn kib_payload(device: &str, i: usize) -> String {
+    format!("{}{}", payload(device, i), "x".repeat(1000))
+}
+
+/// Where a publishing device stopped.
+struct Held {
+    /// Indexes the gateway acknowledged (PUBACK).
+    acked: Vec<usize>,
+    /// Published and not acknowledged yet, oldest first: (index, packet id).
+    pending: VecDeque<(usize, u16)>,
+    /// The next index to publish.
+    next: usize,
+    /// Why it stopped: `None` when no PUBACK came for `hold` (back-pressure), else the error
+    /// (the gateway closed the connection).
+    closed: Option<String>,
+}
+
+/// Publishes `range` at QoS 1 keeping up to `window` unacknowledged, until it is done, no
+/// PUBACK came for `hold`, or the connection failed.
+async fn publish_until_held(
+    dev: &mut TestClient,
+    range: std::ops::Range<usize>,
+    window: usize,
+    hold: Duration,
+) -> Held {
+    dev.set_ack_timeout(hold);
+    let mut held = Held {
+        acked: Vec::new(),
+        pending: VecDeque::new(),
+        next: range.start,
+        closed: None,
+    };
+    for i in range {
+        if held.pending.len() >= window {
+            let (j, id) = *held.pending.front().expect("pending");
+            match dev.wait_ack(id).await {
+                Ok(code) => {
+                    assert_eq!(code, 0, "PUBACK code for message {j}");
+                    held.acked.push(j);
+                    held.pending.pop_front();
+                }
+                Err(e) if e.to_string().starts_with("no PUBACK") => return held,
+                Err(e) => {
+                    held.closed = Some(format!("{e:#}"));
+                    return held;
+                }
+            }
+        }
+        match dev
+            .publish_no_wait("dev/d1", kib_payload("d1", i), QoS::AtLeastOnce, false)
+            .await
+        {
+            Ok(id) => {
+                held.pending.push_back((i, id.expect("packet id")));
+                held.next = i + 1;
+            }
+            Err(e) => {
+                held.closed = Some(format!("{e:#}"));
+                return held;
+            }
+        }
+    }
+    held
+}
+
+/// Receives from the cloud until every index in `want` arrived (duplicates allowed) or
+/// nothing came for `quiet`; returns what is still missing.
+async fn receive_all(
+    sub: &mut TestClient,
+    want: &BTreeSet<usize>,
+    quiet: Duration,
+) -> BTreeSet<usize> {
+    let mut missing = want.clone();
+    while !missing.is_empty() {
+        match sub.recv(quiet).await.expect("cloud subscriber") {
+            Some(p) => {
+                missing.remove(&index_of(&p.payload).1);
+            }
+            None => break,
+        }
+    }
+    missing
+}
+
+fn spool_gateway(t: &GatedCloud, spool_dir: &Path) -> sluice::app::RunningGateway {
+    let text = format!(
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nack = \"spool\"\n{}",
+        spool_dir.display(),
+        t.cloud
+            .uplink_toml(Some(t.gate.addr), &format!("\n{NO_AGGREGATION}"))
+    );
+    gateway_mqtt(1, "max_packet_size = \"4KiB\"", &text)
+}
+
+/// The spool's state as /readyz and the status document show it.
+fn readiness(gw: &sluice::app::RunningGateway) -> serde_json::Value {
+    sluice::admin::health::readiness(&gw.status_json())
+}
+
+fn dir_in(fs: &Tmpfs) -> PathBuf {
+    fs.path().join("spool")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_messages_reach_the_cloud_when_the_spool_disk_fills_and_the_spool_resumes_when_the_drain_frees_it(
+) {
+    const N: usize = 20_000;
+    let Some(fs) = Tmpfs::mount("16m") else {
+        return;
+    };
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = spool_gateway(&t, &dir_in(&fs));
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+
+    // The cloud is down: the spool fills the 16 MiB disk long before 20,000 × 1 KiB.
+    let held = publish_until_held(&mut dev, 0..N, 16, Duration::from_secs(3)).await;
+    assert!(
+        held.next < N,
+        "the disk never filled; spool metrics:\n{}",
+        metric_lines(&gw, "sluice_spool")
+    );
+    assert!(held.acked.len() > 5_000, "acked only {}", held.acked.len());
+    // What a user sees while the disk is full (checked after the delivery below, which is
+    // what matters most).
+    let metrics_full = gw.metrics_text();
+    let ready_full = readiness(&gw);
+    let status_full = gw.status_json();
+    let still_open = held.closed.is_none() && !dev.expect_closed(Duration::from_millis(300)).await;
+
+    // The cloud comes back: everything acknowledged to the device reaches it.
+    t.gate.set_open(true);
+    let acked: BTreeSet<usize> = held.acked.iter().copied().collect();
+    let missing = receive_all(&mut t.sub, &acked, Duration::from_secs(30)).await;
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged messages did not reach the cloud (first {:?}); device stopped: {:?}; spool metrics:\n{}",
+        missing.len(),
+        acked.len(),
+        missing.iter().next(),
+        held.closed,
+        metric_lines(&gw, "sluice_spool")
+    );
+
+    // While full: the device was back-pressured, not disconnected; the stall is visible.
+    assert!(
+        still_open,
+        "the device was disconnected instead of back-pressured: {:?}",
+        held.closed
+    );
+    assert_eq!(
+        metric_sum(&metrics_full, "sluice_spool_stalled{"),
+        1.0,
+        "{metrics_full}"
+    );
+    assert!(metric_sum(&metrics_full, "sluice_spool_storage_errors_total{") >= 1.0);
+    assert_eq!(
+        metric_sum(&metrics_full, "sluice_spool_failures_total"),
+        0.0,
+        "a full disk is not a failure that reopens the spool"
+    );
+    assert_eq!(ready_full["ready"], false, "{ready_full}");
+    assert!(
+        ready_full["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("spool") && r.contains("no space")),
+        "{ready_full}"
+    );
+    assert_eq!(status_full["spool"]["stalled"], "no_space", "{status_full}");
+
+    // The drain freed the disk: the withheld PUBACKs come and the device carries on, without
+    // a restart; every message reaches the cloud.
+    let rest = publish_until_held(&mut dev, held.next..N, 16, Duration::from_secs(30)).await;
+    assert!(rest.closed.is_none(), "device closed: {:?}", rest.closed);
+    assert_eq!(rest.next, N, "the spool did not resume");
+    for (j, id) in held.pending.iter().chain(rest.pending.iter()) {
+        assert_eq!(dev.wait_ack(*id).await.expect("PUBACK"), 0, "message {j}");
+    }
+    let want: BTreeSet<usize> = (0..N).filter(|i| !acked.contains(i)).collect();
+    let missing = receive_all(&mut t.sub, &want, Duration::from_secs(30)).await;
+    assert!(
+        missing.is_empty(),
+        "{} messages after the stall did not reach the cloud (first {:?})",
+        missing.len(),
+        missing.iter().next()
+    );
+    assert!(eventually(WAIT, || metric_sum(&gw.metrics_text(), "sluice_spool_stalled{") == 0.0).await);
+    assert_eq!(readiness(&gw)["ready"], true);
+    gw.shutdown();
+}
