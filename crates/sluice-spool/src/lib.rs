@@ -146,6 +146,7 @@ mod fs;
 mod inspect;
 mod read;
 mod recovery;
+mod reserve;
 mod scan;
 mod spool;
 
@@ -159,8 +160,9 @@ pub use inspect::{
 };
 pub use read::{ReadDone, ReadJob, ReadOutcome};
 pub use recovery::{CursorRecovery, RecoveryReport, SeqGap, SkippedRange, QUARANTINE_DIR};
+pub use reserve::{RESERVE_BYTES, RESERVE_FILE};
 pub use scan::{BadRange, Run};
 pub use spool::{
     Appended, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor, Spool, SpoolConfig,
-    SpoolCounters, SpoolError, SpoolRecord, SpoolSeq,
+    SpoolCounters, SpoolError, SpoolRecord, SpoolSeq, StallReason,
 };

@@ -252,8 +252,22 @@ pub(crate) fn recover(
     let mut floor = 0u64;
     for (i, &(name, len)) in segs.iter().enumerate() {
         let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
-        let is_last = i + 1 == segs.len();
+        // The newest segment that can hold a record: every later file is too short for one
+        // (a segment created at rotation or at a start whose header was never written, e.g.
+        // because the disk was full). Its damaged tail is an interrupted append.
+        let is_last = segs[i + 1..]
+            .iter()
+            .all(|&(_, len)| len <= SEGMENT_HEADER_LEN);
         let path = segment_path(dir, name);
+        if len <= SEGMENT_HEADER_LEN {
+            // No record fits: nothing to keep or quarantine (and nothing to write, which
+            // matters on a full disk).
+            fs.remove(&path)?;
+            report.segments_scanned += 1;
+            report.bytes_scanned += len;
+            report.removed_empty += 1;
+            continue;
+        }
         let file = fs.open(&path)?;
         let bounds = Bounds {
             max_record_bytes,
