@@ -267,7 +267,13 @@ async fn acknowledged_messages_reach_the_cloud_when_the_spool_disk_fills_and_the
         missing.len(),
         missing.iter().next()
     );
-    assert!(eventually(WAIT, || metric_sum(&gw.metrics_text(), "sluice_spool_stalled{") == 0.0).await);
+    assert!(
+        eventually(WAIT, || metric_sum(
+            &gw.metrics_text(),
+            "sluice_spool_stalled{"
+        ) == 0.0)
+        .await
+    );
     assert_eq!(readiness(&gw)["ready"], true);
     gw.shutdown();
 }

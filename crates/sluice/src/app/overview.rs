@@ -400,6 +400,11 @@ impl GatewayStatus {
         ));
         drops.push((
             "spool",
+            "spool_stalled",
+            spools().map(|m| m.dropped_stalled.get()).sum(),
+        ));
+        drops.push((
+            "spool",
             "too_large",
             spools().map(|m| m.dropped_too_large.get()).sum(),
         ));

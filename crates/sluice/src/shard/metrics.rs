@@ -21,9 +21,11 @@ pub enum DropReason {
     Expired = 6,
     /// A shared subscription's member left between the publisher's pick and the delivery.
     SharedMemberGone = 7,
+    /// A QoS 0 message found the uplink's spool stalled (its file system full or read-only).
+    SpoolStalled = 8,
 }
 
-pub const DROP_REASONS: [(DropReason, &str); 8] = [
+pub const DROP_REASONS: [(DropReason, &str); 9] = [
     (DropReason::UplinkQueueFull, "uplink_queue_full"),
     (DropReason::MailboxFull, "mailbox_full"),
     (DropReason::SessionQueueFull, "session_queue_full"),
@@ -32,6 +34,7 @@ pub const DROP_REASONS: [(DropReason, &str); 8] = [
     (DropReason::SpoolFull, "spool_full"),
     (DropReason::Expired, "expired"),
     (DropReason::SharedMemberGone, "shared_member_gone"),
+    (DropReason::SpoolStalled, "spool_stalled"),
 ];
 
 /// Why the gateway closed a device connection.
