@@ -213,8 +213,14 @@ async fn acknowledged_messages_reach_the_cloud_when_the_spool_disk_fills_and_the
 
     // The cloud comes back: everything acknowledged to the device reaches it.
     t.gate.set_open(true);
+    let reopened = std::time::Instant::now();
     let acked: BTreeSet<usize> = held.acked.iter().copied().collect();
     let missing = receive_all(&mut t.sub, &acked, Duration::from_secs(30)).await;
+    eprintln!(
+        "figures: {} of {N} acknowledged before the 16 MiB disk filled; all of them at the cloud {:?} after it came back",
+        acked.len(),
+        reopened.elapsed()
+    );
     assert!(
         missing.is_empty(),
         "{} of {} acknowledged messages did not reach the cloud (first {:?}); device stopped: {:?}; spool metrics:\n{}",
@@ -264,6 +270,110 @@ async fn acknowledged_messages_reach_the_cloud_when_the_spool_disk_fills_and_the
     assert!(
         missing.is_empty(),
         "{} messages after the stall did not reach the cloud (first {:?})",
+        missing.len(),
+        missing.iter().next()
+    );
+    eprintln!(
+        "figures: all {N} at the cloud {:?} after it came back",
+        reopened.elapsed()
+    );
+    assert!(
+        eventually(WAIT, || metric_sum(
+            &gw.metrics_text(),
+            "sluice_spool_stalled{"
+        ) == 0.0)
+        .await
+    );
+    assert_eq!(readiness(&gw)["ready"], true);
+    gw.shutdown();
+}
+
+/// `mount -o remount,{opts}`, retried while the kernel says the mount is busy (a commit
+/// holds a segment open for writing for the instant of its write).
+async fn remount_retrying(fs: &Tmpfs, opts: &str) {
+    let mut last = String::new();
+    for _ in 0..500 {
+        match fs.remount(opts) {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("mount -o remount,{opts} kept failing: {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_file_system_remounted_read_only_back_pressures_devices_and_remounting_it_read_write_resumes_the_spool(
+) {
+    const N: usize = 3_000;
+    let Some(fs) = Tmpfs::mount("64m") else {
+        return;
+    };
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    t.gate.set_open(true);
+    let gw = spool_gateway(&t, &dir_in(&fs));
+    assert!(eventually(WAIT, || uplink_connected(&gw)).await);
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    let before = publish_until_held(&mut dev, 0..500, 16, Duration::from_secs(10)).await;
+    assert_eq!(before.next, 500);
+    assert!(before.closed.is_none());
+
+    // The operator remounts the spool's file system read-only under the running gateway
+    // (possible: the spool holds no file open for writing between writes).
+    remount_retrying(&fs, "ro").await;
+    let held = publish_until_held(&mut dev, 500..N, 16, Duration::from_secs(3)).await;
+    assert!(
+        held.next < N,
+        "the spool never noticed; spool metrics:\n{}",
+        metric_lines(&gw, "sluice_spool")
+    );
+    let metrics_ro = gw.metrics_text();
+    let ready_ro = readiness(&gw);
+    let status_ro = gw.status_json();
+    let still_open = held.closed.is_none() && !dev.expect_closed(Duration::from_millis(300)).await;
+
+    // Everything acknowledged reaches the cloud meanwhile.
+    let acked: BTreeSet<usize> = before.acked.iter().chain(&held.acked).copied().collect();
+    let missing = receive_all(&mut t.sub, &acked, Duration::from_secs(20)).await;
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged messages did not reach the cloud (first {:?})",
+        missing.len(),
+        acked.len(),
+        missing.iter().next()
+    );
+    assert!(still_open, "device disconnected: {:?}", held.closed);
+    let ro = "sluice_spool_stalled{shard=\"0\",uplink=\"cloud\",reason=\"read_only\"}";
+    assert_eq!(metric_sum(&metrics_ro, ro), 1.0, "{metrics_ro}");
+    assert!(
+        metric_sum(
+            &metrics_ro,
+            "sluice_spool_storage_errors_total{shard=\"0\",uplink=\"cloud\",reason=\"read_only\"}"
+        ) >= 1.0
+    );
+    assert_eq!(metric_sum(&metrics_ro, "sluice_spool_failures_total"), 0.0);
+    assert_eq!(ready_ro["ready"], false);
+    assert!(
+        ready_ro["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("read-only")),
+        "{ready_ro}"
+    );
+    assert_eq!(status_ro["spool"]["stalled"], "read_only");
+
+    // Writable again: the withheld PUBACKs come, the device carries on, nothing is missing.
+    fs.remount("rw").expect("remount rw");
+    let rest = publish_until_held(&mut dev, held.next..N, 16, Duration::from_secs(30)).await;
+    assert!(rest.closed.is_none(), "device closed: {:?}", rest.closed);
+    assert_eq!(rest.next, N, "the spool did not resume");
+    for (j, id) in held.pending.iter().chain(rest.pending.iter()) {
+        assert_eq!(dev.wait_ack(*id).await.expect("PUBACK"), 0, "message {j}");
+    }
+    let want: BTreeSet<usize> = (0..N).filter(|i| !acked.contains(i)).collect();
+    let missing = receive_all(&mut t.sub, &want, Duration::from_secs(30)).await;
+    assert!(
+        missing.is_empty(),
+        "{} messages after the remount did not reach the cloud (first {:?})",
         missing.len(),
         missing.iter().next()
     );
