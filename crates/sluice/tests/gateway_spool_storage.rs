@@ -363,6 +363,7 @@ async fn a_spool_file_system_remounted_read_only_back_pressures_devices_and_remo
 
     // Writable again: the withheld PUBACKs come, the device carries on, nothing is missing.
     fs.remount("rw").expect("remount rw");
+    let writable = std::time::Instant::now();
     let rest = publish_until_held(&mut dev, held.next..N, 16, Duration::from_secs(30)).await;
     assert!(rest.closed.is_none(), "device closed: {:?}", rest.closed);
     assert_eq!(rest.next, N, "the spool did not resume");
@@ -376,6 +377,12 @@ async fn a_spool_file_system_remounted_read_only_back_pressures_devices_and_remo
         "{} messages after the remount did not reach the cloud (first {:?})",
         missing.len(),
         missing.iter().next()
+    );
+    eprintln!(
+        "figures: {} acknowledged before the remount, {} more before the spool stalled read-only, all at the cloud; all {N} acknowledged and at the cloud {:?} after remount,rw",
+        before.acked.len(),
+        held.acked.len(),
+        writable.elapsed()
     );
     assert!(
         eventually(WAIT, || metric_sum(

@@ -55,6 +55,10 @@
 //!   connection stops reading: back-pressure); under `drop-oldest` the engine removes the
 //!   oldest segment, counted; a device waiting for those records is acknowledged (the drop is
 //!   the configured policy), as for the uplink's other counted drops.
+//! - **Full or read-only disk:** not a failure: the engine stalls (see `commit.rs` and
+//!   `sluice_spool`): appends wait as under `block` (QoS 0 dropped, counted), devices of the
+//!   refused batch keep waiting for their PUBACK, the feeder and cloud acks go on and free the
+//!   disk, and a commit every `STALL_RETRY` probes until the spool accepts again.
 //! - **Failures:** a failed commit poisons the engine; the commit task logs an ERROR and
 //!   reopens the spool (recovery decides from disk what is durable) after a pause. Devices
 //!   whose records were in the failed batch get no PUBACK (they resend after reconnecting);
