@@ -73,7 +73,10 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let plain = Command::new("umount").arg(self.path()).status();
+        let plain = Command::new("umount")
+            .arg(self.path())
+            .stderr(std::process::Stdio::null())
+            .status();
         if !plain.is_ok_and(|s| s.success()) {
             // Something still holds a file open: detach it now, the kernel frees it later.
             let _ = Command::new("umount").arg("-l").arg(self.path()).status();
@@ -392,5 +395,77 @@ async fn a_spool_file_system_remounted_read_only_back_pressures_devices_and_remo
         .await
     );
     assert_eq!(readiness(&gw)["ready"], true);
+    gw.shutdown();
+}
+
+/// Fills the file system under `dir` with a file of zeros until it is full; returns its path.
+fn fill_disk(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).expect("create filler");
+    let chunk = vec![0u8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("filling the disk: {e}"),
+        }
+    }
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_filled_by_another_program_stalls_the_spool_and_deleting_that_file_resumes_it() {
+    const N: usize = 2_000;
+    let Some(fs) = Tmpfs::mount("16m") else {
+        return;
+    };
+    // The cloud is down throughout the stall, so no acknowledgement can free the spool's own
+    // segments: only the operator can make room.
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = spool_gateway(&t, &dir_in(&fs));
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    let before = publish_until_held(&mut dev, 0..300, 16, Duration::from_secs(10)).await;
+    assert_eq!(before.next, 300);
+
+    // Something else on the same file system (a log, say) takes all its space.
+    let filler = fill_disk(fs.path());
+    let held = publish_until_held(&mut dev, 300..N, 16, Duration::from_secs(3)).await;
+    assert!(held.next < N, "the spool never noticed the full disk");
+    assert!(held.closed.is_none(), "{:?}", held.closed);
+    let no_space = "sluice_spool_stalled{shard=\"0\",uplink=\"cloud\",reason=\"no_space\"}";
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), no_space),
+        1.0,
+        "{}",
+        metric_lines(&gw, "sluice_spool")
+    );
+    // Still stalled a few probes later: the spool does not resume into a disk with no room.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(metric_sum(&gw.metrics_text(), no_space), 1.0);
+
+    // The operator deletes the file: the spool accepts again by itself, cloud still down.
+    std::fs::remove_file(&filler).expect("remove filler");
+    let freed = std::time::Instant::now();
+    let rest = publish_until_held(&mut dev, held.next..N, 16, Duration::from_secs(30)).await;
+    assert!(rest.closed.is_none(), "device closed: {:?}", rest.closed);
+    assert_eq!(rest.next, N, "the spool did not resume");
+    for (j, id) in held.pending.iter().chain(rest.pending.iter()) {
+        assert_eq!(dev.wait_ack(*id).await.expect("PUBACK"), 0, "message {j}");
+    }
+    let resumed = freed.elapsed();
+    assert_eq!(metric_sum(&gw.metrics_text(), no_space), 0.0);
+
+    // The cloud comes back: every message arrives.
+    t.gate.set_open(true);
+    let want: BTreeSet<usize> = (0..N).collect();
+    let missing = receive_all(&mut t.sub, &want, Duration::from_secs(30)).await;
+    assert!(missing.is_empty(), "{} messages lost", missing.len());
+    eprintln!(
+        "figures: disk filled by another file after {} acknowledged, {} more while it filled; all {N} acknowledged {resumed:?} after the file was deleted, all at the cloud",
+        before.acked.len(),
+        held.acked.len(),
+    );
     gw.shutdown();
 }
