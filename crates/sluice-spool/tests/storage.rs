@@ -134,6 +134,7 @@ fn enospc_or_erofs_at_every_write_point_stalls_then_resumes_and_loses_no_durable
     assert!(ops > 100, "the workload writes ({ops} operations)");
 
     let mut stalls = 0;
+    let mut poisonings = 0;
     for kind in [ErrorKind::StorageFull, ErrorKind::ReadOnlyFilesystem] {
         for n in 1..=ops {
             let fs = FaultFs::new(n);
@@ -143,6 +144,7 @@ fn enospc_or_erofs_at_every_write_point_stalls_then_resumes_and_loses_no_durable
             let poisoned = workload(&mut spool, &mut seen, 40);
             let what = format!("{kind:?} at operation {n}");
             if poisoned {
+                poisonings += 1;
                 // An fsync failed: reopening recovers every durable record.
                 spool = open(&fs, cfg.clone());
                 seen.check_readable(&mut spool, &what);
@@ -177,7 +179,7 @@ fn enospc_or_erofs_at_every_write_point_stalls_then_resumes_and_loses_no_durable
     }
     assert!(stalls > ops, "most injections stalled the spool ({stalls})");
     eprintln!(
-        "figures: ENOSPC and EROFS each injected at every one of {ops} mutating operations: {stalls} stalls, no durable record lost"
+        "figures: ENOSPC and EROFS each injected at every one of {ops} mutating operations: {stalls} runs stalled, {poisonings} poisoned by a failed fsync, no durable record lost"
     );
 }
 
