@@ -165,6 +165,27 @@ mod tests {
     }
 
     #[test]
+    fn a_stalled_spool_makes_the_gateway_not_ready_and_comes_first_in_the_reason() {
+        let mut st = status(&[&[("cloud", "connecting")], &[("cloud", "connected")]]);
+        st["shards"][0]["spools"] = serde_json::json!([{ "uplink": "cloud", "stalled": null }]);
+        st["shards"][1]["spools"] =
+            serde_json::json!([{ "uplink": "cloud", "stalled": "read_only" }]);
+        let v = readiness(&st);
+        assert_eq!(v["ready"], false);
+        assert_eq!(
+            v["reason"],
+            "spool of uplink \"cloud\" on shard 1 is on a read-only file system (new device messages are refused; what it holds is still sent)"
+        );
+        assert_eq!(
+            v["spools_stalled"],
+            serde_json::json!([{ "uplink": "cloud", "shard": 1, "stalled": "read_only" }])
+        );
+        st["shards"][1]["spools"][0]["stalled"] = serde_json::Value::Null;
+        st["shards"][0]["uplinks"][0]["state"] = serde_json::json!("connected");
+        assert_eq!(readiness(&st)["ready"], true);
+    }
+
+    #[test]
     fn a_gateway_without_uplinks_is_ready() {
         let v = readiness(&status(&[&[], &[]]));
         assert_eq!(v["ready"], true);
