@@ -479,6 +479,7 @@ impl GatewayStatus {
                 "acked_per_second": rates.rate("spool/acked".into(), acked_total),
                 "oldest_age_seconds": oldest.map(|(a, _)| round(a)),
                 "oldest_age_basis": oldest.map(|(_, b)| b),
+                "stalled": all.iter().find_map(|m| m.stalled_name()),
             })
         });
 
