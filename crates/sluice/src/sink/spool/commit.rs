@@ -297,10 +297,12 @@ impl UplinkSpool {
                 log.warned = Some(at);
                 warn!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), reason = reason.as_str(), blame = "local", remedy = reason.remedy(), "spool storage stalled: new device messages are refused (QoS 1 PUBACKs withheld, QoS 0 dropped and counted); what is on disk is still sent and acknowledged messages are kept; it accepts again without a restart once the storage takes writes");
             }
-            (Some(_), Some(reason)) => {
-                if log
-                    .warned
-                    .is_none_or(|w| at.duration_since(w) >= STALL_WARN_EVERY)
+            (Some(was), Some(reason)) => {
+                // A new reason (full, then remounted read-only) is news: say so at once.
+                if was != reason
+                    || log
+                        .warned
+                        .is_none_or(|w| at.duration_since(w) >= STALL_WARN_EVERY)
                 {
                     log.warned = Some(at);
                     let stalled_s = log.since.map_or(0, |s| at.duration_since(s).as_secs());
