@@ -36,7 +36,8 @@
 //! # Threading
 //! A [`Spool`] belongs to one thread (the shard's `current_thread` runtime) and has no async
 //! methods. `append`, `ack`, `begin_commit` and `finish_commit` do no blocking I/O except
-//! creating a segment file at rotation (or, on a full disk, at the seal described below) and removing one under drop-oldest. The blocking half
+//! creating a segment file at rotation (or, on a full disk, at the seal described below)
+//! and removing one under drop-oldest. The blocking half
 //! of a commit is a [`CommitJob`] (`Send`) that the caller runs on `spawn_blocking` or a
 //! dedicated writer thread; appends continue meanwhile into the next batch (one job at a
 //! time). `read` does positional reads of committed bytes (page cache in the common case);
