@@ -15,71 +15,21 @@ mod spool_support;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
-use sluice_testkit::TestClient;
+use sluice_testkit::{TestClient, Tmpfs};
 use spool_support::*;
 
-/// A tmpfs mounted on a temporary directory for one test; unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `size` (e.g. "16m"), or prints why it cannot and returns `None`.
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Tmpfs { dir }),
-            Ok(o) => {
-                eprintln!(
-                    "SKIPPED: cannot mount a tmpfs (needs root): {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!("SKIPPED: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// `mount -o remount,{opts}`.
-    fn remount(&self, opts: &str) -> Result<(), String> {
-        let o = Command::new("mount")
-            .args(["-o", &format!("remount,{opts}")])
-            .arg(self.path())
-            .output()
-            .map_err(|e| e.to_string())?;
-        if o.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&o.stderr).trim().to_string())
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let plain = Command::new("umount")
-            .arg(self.path())
-            .stderr(std::process::Stdio::null())
-            .status();
-        if !plain.is_ok_and(|s| s.success()) {
-            // Something still holds a file open: detach it now, the kernel frees it later.
-            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+/// A tmpfs of `size` for one test, or `None` (printing why the test skips) when it cannot
+/// be mounted (not root).
+fn tmpfs(size: &str) -> Option<Tmpfs> {
+    match Tmpfs::mount(size) {
+        Ok(fs) => Some(fs),
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            None
         }
     }
 }
@@ -225,7 +175,7 @@ fn dir_in(fs: &Tmpfs) -> PathBuf {
 async fn acknowledged_messages_reach_the_cloud_when_the_spool_disk_fills_and_the_spool_resumes_when_the_drain_frees_it(
 ) {
     const N: usize = 20_000;
-    let Some(fs) = Tmpfs::mount("16m") else {
+    let Some(fs) = tmpfs("16m") else {
         return;
     };
     let mut t = GatedCloud::start_closed("dev/#").await;
@@ -342,7 +292,7 @@ async fn remount_retrying(fs: &Tmpfs, opts: &str) {
 async fn a_spool_file_system_remounted_read_only_back_pressures_devices_and_remounting_it_read_write_resumes_the_spool(
 ) {
     const N: usize = 3_000;
-    let Some(fs) = Tmpfs::mount("64m") else {
+    let Some(fs) = tmpfs("64m") else {
         return;
     };
     let mut t = GatedCloud::start_closed("dev/#").await;
@@ -431,27 +381,10 @@ async fn a_spool_file_system_remounted_read_only_back_pressures_devices_and_remo
     gw.shutdown();
 }
 
-/// Fills the file system under `dir` with a file of zeros until it is full; returns its path.
-fn fill_disk(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("filler");
-    let mut f = std::fs::File::create(&path).expect("create filler");
-    let chunk = vec![0u8; 64 << 10];
-    loop {
-        match f.write(&chunk) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(28) => break,
-            Err(e) => panic!("filling the disk: {e}"),
-        }
-    }
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disk_filled_by_another_program_stalls_the_spool_and_deleting_that_file_resumes_it() {
     const N: usize = 2_000;
-    let Some(fs) = Tmpfs::mount("16m") else {
+    let Some(fs) = tmpfs("16m") else {
         return;
     };
     // The cloud is down throughout the stall, so no acknowledgement can free the spool's own
@@ -463,7 +396,7 @@ async fn a_disk_filled_by_another_program_stalls_the_spool_and_deleting_that_fil
     assert_eq!(before.next, 300);
 
     // Something else on the same file system (a log, say) takes all its space.
-    let filler = fill_disk(fs.path());
+    let filler = fs.fill("filler").expect("fill the disk");
     let held = publish_until_stalled(&gw, &mut dev, 300..N, 16).await;
     assert!(held.next < N, "the spool never noticed the full disk");
     assert!(held.closed.is_none(), "{:?}", held.closed);
