@@ -1,8 +1,9 @@
 //! End-to-end tests of the spool when its storage gives out under the running gateway, on a
 //! real file system: a 16 MiB tmpfs that fills up while the cloud is down (and is freed by
-//! the drain), and a tmpfs remounted read-only and back. Against a real Mosquitto cloud over
-//! TLS 1.3 behind a gate (`spool_support`). Each test mounts its own tmpfs (root only: a test
-//! that cannot mount prints why and passes without checking anything) and unmounts it when
+//! the drain), one filled by another program's file (freed by deleting it), and a tmpfs
+//! remounted read-only and back. Against a real Mosquitto cloud over TLS 1.3 behind a gate
+//! (`spool_support`). Each test mounts its own tmpfs (`sluice_testkit::Tmpfs`; root only: a
+//! test that cannot mount prints why and passes without checking anything), unmounted when
 //! it ends.
 //!
 //! What a user expects (docs/spool.md, "When the disk is full or read-only"): devices are
