@@ -168,6 +168,71 @@ impl SpoolFs for RealFs {
     }
 }
 
+/// A file created by its first append: the active segment of a spool opened on a file system
+/// that refused to create it (read-only, or full). Until then it is empty; the append that
+/// creates it runs in a commit job, where a refusal stalls the spool instead of failing it.
+pub(crate) struct LazyFile {
+    fs: Arc<dyn SpoolFs>,
+    path: PathBuf,
+    file: std::sync::Mutex<Option<Arc<dyn SpoolFile>>>,
+}
+
+impl LazyFile {
+    pub(crate) fn new(fs: Arc<dyn SpoolFs>, path: PathBuf) -> LazyFile {
+        LazyFile {
+            fs,
+            path,
+            file: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<dyn SpoolFile>>> {
+        // Poisoned only by a panic in another thread's file operation: the value is intact.
+        self.file.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self) -> Option<Arc<dyn SpoolFile>> {
+        self.lock().clone()
+    }
+}
+
+impl SpoolFile for LazyFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self.get() {
+            Some(f) => f.read_exact_at(buf, offset),
+            None if buf.is_empty() => Ok(()),
+            None => Err(io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+    fn append(&self, buf: &[u8]) -> io::Result<()> {
+        let file = {
+            let mut g = self.lock();
+            match &*g {
+                Some(f) => f.clone(),
+                None => {
+                    let f = self.fs.create(&self.path, true)?;
+                    *g = Some(f.clone());
+                    f
+                }
+            }
+        };
+        file.append(buf)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.get().map_or(Ok(()), |f| f.sync())
+    }
+    fn size(&self) -> io::Result<u64> {
+        self.get().map_or(Ok(0), |f| f.size())
+    }
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        match self.get() {
+            Some(f) => f.truncate(len),
+            None if len == 0 => Ok(()),
+            None => Err(io::ErrorKind::InvalidInput.into()),
+        }
+    }
+}
+
 /// Path of a segment file: `DIR/{first_seq:020}.seg`.
 pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
     dir.join(format!("{first_seq:020}.seg"))

@@ -231,8 +231,13 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     let (segs, other) = list_segments(fs, dir)?;
     for name in other.iter().filter(|n| n.ends_with(".tmp")) {
-        fs.remove(&dir.join(name))?;
-        report.removed_temp += 1;
+        match fs.remove(&dir.join(name)) {
+            Ok(()) => report.removed_temp += 1,
+            // A read-only file system: a leftover temporary file is harmless (every writer
+            // of one empties it first); the next start removes it.
+            Err(e) if e.kind() == io::ErrorKind::ReadOnlyFilesystem => {}
+            Err(e) => return Err(e),
+        }
     }
     let stored_cursor = match cursor::read(fs, dir) {
         Ok(Some(c)) => Some(c),
@@ -394,12 +399,19 @@ pub(crate) fn recover(
     if let Some(first) = oldest {
         ack_cursor = ack_cursor.max(first - 1);
     }
-    // Fully acknowledged segments are removed.
+    // Fully acknowledged segments are removed (on a read-only file system they stay, below
+    // the cursor, and the spool removes them once it can write).
     let trim = metas.iter().take_while(|m| m.last <= ack_cursor).count();
-    for m in metas.drain(..trim) {
-        fs.remove(&segment_path(dir, m.first))?;
-        report.trimmed += 1;
+    let mut trimmed = 0;
+    for m in &metas[..trim] {
+        match fs.remove(&segment_path(dir, m.first)) {
+            Ok(()) => trimmed += 1,
+            Err(e) if e.kind() == io::ErrorKind::ReadOnlyFilesystem => break,
+            Err(e) => return Err(e),
+        }
     }
+    metas.drain(..trimmed);
+    report.trimmed += trimmed;
     // Always: a previous process may have created or removed files without syncing.
     fs.sync_dir(dir)?;
     Ok(Recovered {

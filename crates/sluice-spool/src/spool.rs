@@ -51,7 +51,7 @@ pub use crate::read::{ReadCursor, SpoolRecord};
 use crate::commit::{CommitJob, CommitOutcome, Pending};
 pub use crate::error::StallReason;
 use crate::frame::{self, SEGMENT_HEADER_LEN, SEGMENT_MAGIC};
-use crate::fs::{segment_path, RealFs, SpoolFile, SpoolFs};
+use crate::fs::{segment_path, LazyFile, RealFs, SpoolFile, SpoolFs};
 use crate::read::{ReadDone, ReadJob, ReadOutcome, Reader};
 use crate::recovery::{self, RecoveryReport};
 use crate::reserve;
@@ -234,9 +234,16 @@ impl Spool {
             .collect();
         let total_bytes = segments.iter().map(|s| s.len).sum::<u64>();
         let path = segment_path(&dir, next_seq);
-        let file = fs.create(&path, true).map_err(io_err("create", &path))?;
-        // A full or read-only file system does not stop the start: the spool opens stalled,
-        // and drains what it holds.
+        // A full or read-only file system does not stop the start: the spool opens (stalled
+        // once a write is refused), and drains what it holds. The active segment's file is
+        // then created by its first write, in a commit job.
+        let file: Arc<dyn SpoolFile> = match fs.create(&path, true) {
+            Ok(f) => f,
+            Err(e) if StallReason::of(&e).is_some() => {
+                Arc::new(LazyFile::new(fs.clone(), path.clone()))
+            }
+            Err(e) => return Err(io_err("create", &path)(e)),
+        };
         let stalled = match reserve::ensure(&*fs, &dir, cfg.fsync != FsyncPolicy::Never) {
             Ok(()) => None,
             Err(e) => match StallReason::of(&e) {

@@ -405,3 +405,56 @@ fn whatever_the_disk_size_a_full_disk_never_loses_a_durable_record_and_the_acks_
     }
     eprintln!("figures: {runs} disk sizes filled, drained and resumed");
 }
+
+#[test]
+fn a_restart_on_a_read_only_file_system_opens_the_spool_drains_it_and_resumes_when_writable() {
+    let fs = FaultFs::new(11);
+    let cfg = small_config();
+    let mut spool = open(&fs, cfg.clone());
+    let mut seen = Seen::default();
+    for _ in 0..40 {
+        seen.append(&mut spool).expect("append");
+    }
+    seen.durable = spool.commit().expect("commit").durable_through.0;
+    seen.ack_lagging(&mut spool, 25);
+    seen.durable = spool.commit().expect("commit").durable_through.0;
+    // Records acknowledged in memory after the last commit come back after the restart.
+    seen.ack_lagging(&mut spool, 20);
+    let persisted = spool.persisted_ack_cursor().expect("cursor written").0;
+    drop(spool);
+    seen.acked = persisted;
+
+    // Remounted read-only (by the kernel after an error, or by the operator), then restarted.
+    fs.set_read_only(true);
+    let mut spool = open(&fs, cfg.clone());
+    seen.check_readable(&mut spool, "opened read-only");
+    seen.ack_lagging(&mut spool, 0);
+    let _ = seen.append(&mut spool);
+    let c = spool
+        .commit()
+        .expect("a read-only file system does not fail a commit");
+    assert_eq!(c.stalled, Some(StallReason::ReadOnly));
+    assert!(matches!(
+        spool.append(&body(999)),
+        Err(SpoolError::Stalled {
+            reason: StallReason::ReadOnly
+        })
+    ));
+
+    fs.set_read_only(false);
+    let c = spool.commit().expect("commit once writable");
+    assert_eq!(c.stalled, None);
+    seen.durable = c.durable_through.0;
+    assert_eq!(
+        spool.persisted_ack_cursor(),
+        Some(SpoolSeq(seen.acked)),
+        "the acks made while read-only are persisted"
+    );
+    seen.append(&mut spool).expect("accepting again");
+    seen.durable = spool.commit().expect("commit").durable_through.0;
+    let last = *seen.accepted.keys().last().expect("accepted");
+    assert_eq!(seen.durable, last);
+    fs.crash();
+    let mut spool = open(&fs, cfg);
+    seen.check_readable(&mut spool, "after a crash");
+}
