@@ -436,3 +436,57 @@ async fn a_disk_filled_by_another_program_stalls_the_spool_and_deleting_that_fil
     );
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_restarted_on_a_read_only_spool_sends_what_it_holds_and_resumes_once_writable() {
+    const N: usize = 600;
+    let Some(fs) = tmpfs("16m") else {
+        return;
+    };
+    let mut t = GatedCloud::start_closed("dev/#").await;
+    let gw = spool_gateway(&t, &dir_in(&fs));
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    let before = publish_until_held(&mut dev, 0..300, 16, Duration::from_secs(10)).await;
+    assert_eq!(before.next, 300);
+    for (j, id) in &before.pending {
+        assert_eq!(dev.wait_ack(*id).await.expect("PUBACK"), 0, "message {j}");
+    }
+    drop(dev);
+    gw.shutdown();
+
+    // The file system goes read-only while the gateway is down (the kernel after an error,
+    // or the operator); the gateway starts anyway and sends what its spool holds.
+    fs.remount("ro").expect("remount ro");
+    let gw = spool_gateway(&t, &dir_in(&fs));
+    t.gate.set_open(true);
+    let want: BTreeSet<usize> = (0..300).collect();
+    let missing = receive_all(&mut t.sub, &want, Duration::from_secs(20)).await;
+    assert!(
+        missing.is_empty(),
+        "{} of 300 acknowledged messages did not reach the cloud",
+        missing.len()
+    );
+
+    // New messages wait: the spool cannot store them.
+    let mut dev = device(&gw, "d1", ProtocolVersion::V311).await;
+    let held = publish_until_stalled(&gw, &mut dev, 300..N, 16).await;
+    assert!(held.next < N && held.closed.is_none(), "{:?}", held.closed);
+    let ro = "sluice_spool_stalled{shard=\"0\",uplink=\"cloud\",reason=\"read_only\"}";
+    assert_eq!(
+        metric_sum(&gw.metrics_text(), ro),
+        1.0,
+        "{}",
+        metric_lines(&gw, "sluice_spool")
+    );
+
+    fs.remount("rw").expect("remount rw");
+    let rest = publish_until_held(&mut dev, held.next..N, 16, Duration::from_secs(30)).await;
+    assert_eq!(rest.next, N, "the spool did not resume: {:?}", rest.closed);
+    for (j, id) in held.pending.iter().chain(rest.pending.iter()) {
+        assert_eq!(dev.wait_ack(*id).await.expect("PUBACK"), 0, "message {j}");
+    }
+    let want: BTreeSet<usize> = (300..N).collect();
+    let missing = receive_all(&mut t.sub, &want, Duration::from_secs(30)).await;
+    assert!(missing.is_empty(), "{} messages lost", missing.len());
+    gw.shutdown();
+}
