@@ -1,5 +1,7 @@
-//! The live spool's errors ([`SpoolError`]), each saying whether retrying can help, and the
-//! helper that names the operation and path of an I/O failure.
+//! The live spool's errors ([`SpoolError`]), each saying whether retrying can help, the
+//! helper that names the operation and path of an I/O failure, and the classification of
+//! the I/O errors that mean "the storage is unavailable for writing" ([`StallReason`]: no
+//! space, read-only) rather than "the storage failed".
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -85,6 +87,75 @@ pub enum SpoolError {
     /// An earlier write or fsync failed; reopen the spool.
     #[error("the spool failed an earlier write or fsync and must be reopened")]
     Poisoned,
+    /// The spool's file system has no space left or is read-only: appends are refused
+    /// (back-pressure) while reading, acknowledging and trimming go on. Retrying helps once
+    /// space is freed or the file system is writable again; no reopen is needed (see
+    /// [`crate::Spool::stalled`]).
+    #[error("spool storage {reason}: not accepting records until {}", reason.remedy())]
+    Stalled {
+        /// Why.
+        reason: StallReason,
+    },
+}
+
+/// Why a spool stopped accepting records although it works otherwise: its file system
+/// refused a write in a way that freeing space or remounting read-write undoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StallReason {
+    /// No space left on the device, or a disk quota exhausted (`ENOSPC`, `EDQUOT`).
+    NoSpace,
+    /// The file system is read-only (`EROFS`): remounted, or by the kernel after an error.
+    ReadOnly,
+}
+
+impl StallReason {
+    /// Short snake_case name (metric labels, status documents): `no_space`, `read_only`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StallReason::NoSpace => "no_space",
+            StallReason::ReadOnly => "read_only",
+        }
+    }
+
+    /// What makes the spool accept again.
+    pub fn remedy(&self) -> &'static str {
+        match self {
+            StallReason::NoSpace => {
+                "space is freed on its file system (the cloud's acknowledgements free it too)"
+            }
+            StallReason::ReadOnly => "its file system is writable again (mount -o remount,rw)",
+        }
+    }
+
+    /// The stall an I/O error means, if it means one (`None`: a real failure).
+    pub fn of(e: &io::Error) -> Option<StallReason> {
+        match e.kind() {
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Some(StallReason::NoSpace),
+            io::ErrorKind::ReadOnlyFilesystem => Some(StallReason::ReadOnly),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for StallReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StallReason::NoSpace => "has no space left",
+            StallReason::ReadOnly => "is read-only",
+        })
+    }
+}
+
+impl SpoolError {
+    /// The stall this error is (a [`SpoolError::Stalled`], or an I/O error of a stalled
+    /// file system), if any.
+    pub fn stall_reason(&self) -> Option<StallReason> {
+        match self {
+            SpoolError::Stalled { reason } => Some(*reason),
+            SpoolError::Io { source, .. } => StallReason::of(source),
+            _ => None,
+        }
+    }
 }
 
 pub(crate) fn io_err<'a>(

@@ -16,7 +16,15 @@
 //!
 //! Failure injection: [`FaultFs::fail_op`] makes the n-th mutating operation from now fail
 //! (a failing append first writes an arbitrary prefix of its buffer; a failing sync makes
-//! nothing durable).
+//! nothing durable); [`FaultFs::fail_op_with`] does the same with a given error kind (e.g.
+//! `StorageFull`, `ReadOnlyFilesystem`).
+//!
+//! Storage that gives out (the spool's stalled state): [`FaultFs::set_capacity`] bounds the
+//! bytes of all files together like a full disk does — an append that does not fit writes
+//! what fits and fails with `StorageFull` (`ENOSPC`); creating, renaming, removing and
+//! truncating still work, and removing or truncating frees room. [`FaultFs::set_read_only`]
+//! makes every change fail with `ReadOnlyFilesystem` (`EROFS`) until it is cleared; reads
+//! and fsyncs still work.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -80,6 +88,11 @@ struct State {
     rng: u64,
     /// Mutating operations performed so far (for tests that crash "at every write").
     ops: u64,
+    /// The error kind of the injected failure (`fail_op_with`).
+    fail_kind: io::ErrorKind,
+    /// Bound on the bytes of all linked files.
+    capacity: Option<u64>,
+    read_only: bool,
 }
 
 impl State {
@@ -113,10 +126,36 @@ impl State {
         op.apply(&mut self.names);
         self.pending.push(op);
     }
+
+    fn injected(&self) -> io::Error {
+        io::Error::new(self.fail_kind, "injected I/O error")
+    }
+
+    /// `EROFS` while the file system is read-only.
+    fn check_writable(&self) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                "read-only file system (injected)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of all linked files.
+    fn used(&self) -> u64 {
+        let mut inos: Vec<usize> = self.names.values().copied().collect();
+        inos.sort_unstable();
+        inos.dedup();
+        inos.iter().map(|&i| self.inodes[i].data.len() as u64).sum()
+    }
 }
 
-fn injected() -> io::Error {
-    io::Error::other("injected I/O error")
+fn no_space() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        "no space left on device (injected)",
+    )
 }
 
 fn stale() -> io::Error {
@@ -137,6 +176,9 @@ impl FaultFs {
                 countdown: None,
                 rng: seed | 1,
                 ops: 0,
+                fail_kind: io::ErrorKind::Other,
+                capacity: None,
+                read_only: false,
             })),
         }
     }
@@ -148,7 +190,29 @@ impl FaultFs {
 
     /// Makes the `n`-th mutating operation from now fail (`n >= 1`); `0` clears.
     pub fn fail_op(&self, n: u64) {
-        self.lock().countdown = if n == 0 { None } else { Some(n) };
+        self.fail_op_with(n, io::ErrorKind::Other);
+    }
+
+    /// [`FaultFs::fail_op`] with an error of `kind` (`StorageFull`, `ReadOnlyFilesystem`...).
+    pub fn fail_op_with(&self, n: u64, kind: io::ErrorKind) {
+        let mut s = self.lock();
+        s.countdown = if n == 0 { None } else { Some(n) };
+        s.fail_kind = kind;
+    }
+
+    /// Bounds the bytes of all files together (`None`: unbounded), as a full disk does.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.lock().capacity = bytes;
+    }
+
+    /// Bytes of all files together.
+    pub fn used_bytes(&self) -> u64 {
+        self.lock().used()
+    }
+
+    /// Makes every change fail with `ReadOnlyFilesystem` (true) or work again (false).
+    pub fn set_read_only(&self, read_only: bool) {
+        self.lock().read_only = read_only;
     }
 
     /// Mutating operations performed so far.
@@ -274,10 +338,18 @@ impl SpoolFile for FaultFile {
                 "read-only handle",
             ));
         }
+        s.check_writable()?;
         if s.tick() {
             let n = (s.next_rand() % (buf.len() as u64 + 1)) as usize;
             s.inodes[self.ino].data.extend_from_slice(&buf[..n]);
-            return Err(injected());
+            return Err(s.injected());
+        }
+        if let Some(cap) = s.capacity {
+            let room = cap.saturating_sub(s.used()) as usize;
+            if room < buf.len() {
+                s.inodes[self.ino].data.extend_from_slice(&buf[..room]);
+                return Err(no_space());
+            }
         }
         s.inodes[self.ino].data.extend_from_slice(buf);
         Ok(())
@@ -285,7 +357,7 @@ impl SpoolFile for FaultFile {
     fn sync(&self) -> io::Result<()> {
         let mut s = self.lock()?;
         if s.tick() {
-            return Err(injected());
+            return Err(s.injected());
         }
         let ino = &mut s.inodes[self.ino];
         ino.durable = ino.data.clone();
@@ -302,8 +374,9 @@ impl SpoolFile for FaultFile {
                 "read-only handle",
             ));
         }
+        s.check_writable()?;
         if s.tick() {
-            return Err(injected());
+            return Err(s.injected());
         }
         let len = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
         s.inodes[self.ino].data.resize(len, 0);
@@ -331,8 +404,9 @@ impl SpoolFs for FaultFs {
         if exclusive && s.names.contains_key(path) {
             return Err(io::ErrorKind::AlreadyExists.into());
         }
+        s.check_writable()?;
         if s.tick() {
-            return Err(injected());
+            return Err(s.injected());
         }
         s.inodes.push(Inode::default());
         let ino = s.inodes.len() - 1;
@@ -369,8 +443,9 @@ impl SpoolFs for FaultFs {
         if !s.names.contains_key(from) {
             return Err(io::ErrorKind::NotFound.into());
         }
+        s.check_writable()?;
         if s.tick() {
-            return Err(injected());
+            return Err(s.injected());
         }
         s.record(DirOp::Rename(from.to_owned(), to.to_owned()));
         Ok(())
@@ -380,8 +455,9 @@ impl SpoolFs for FaultFs {
         if !s.names.contains_key(path) {
             return Err(io::ErrorKind::NotFound.into());
         }
+        s.check_writable()?;
         if s.tick() {
-            return Err(injected());
+            return Err(s.injected());
         }
         s.record(DirOp::Unlink(path.to_owned()));
         Ok(())
@@ -389,7 +465,7 @@ impl SpoolFs for FaultFs {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut s = self.lock();
         if s.tick() {
-            return Err(injected());
+            return Err(s.injected());
         }
         // Changes in `dir` become durable, in order; the others stay pending.
         let pending = std::mem::take(&mut s.pending);

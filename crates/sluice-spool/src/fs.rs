@@ -6,6 +6,14 @@
 //! (the spool never rewrites bytes in place), which is what makes "durable prefix plus
 //! a torn tail" the only crash outcome that recovery has to handle for a segment.
 //!
+//! [`RealFs`] holds no file open for writing between writes: a [`SpoolFile`] keeps a
+//! read-only descriptor (reads, `fdatasync`) and opens its path for appending only for the
+//! duration of an append or a truncation. So an operator can remount the spool's file system
+//! read-only under a running gateway (`mount -o remount,ro` refuses with "busy" while a
+//! process has a file open for writing); the spool then stalls and resumes after
+//! `remount,rw` (see the crate docs). It also means a write to a segment whose file was
+//! removed under the spool fails instead of vanishing into an unlinked inode.
+//!
 //! A fault-injecting implementation for tests lives in [`crate::fault`].
 
 use std::fs::{File, OpenOptions};
@@ -54,23 +62,53 @@ pub trait SpoolFs: Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RealFs;
 
-struct RealFile(File);
+/// A file: a read-only descriptor, and its path for the writes (see the module docs).
+struct RealFile {
+    file: File,
+    /// `None`: opened read-only (operator tools); writes fail.
+    path: Option<PathBuf>,
+}
+
+impl RealFile {
+    /// A descriptor for one write, closed when it is dropped.
+    fn writer(&self) -> io::Result<File> {
+        let Some(path) = &self.path else {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "file opened read-only",
+            ));
+        };
+        let w = OpenOptions::new().append(true).open(path)?;
+        // The path must still name the file this handle was opened on (not a file created
+        // in its place after a removal).
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (w.metadata()?, self.file.metadata()?);
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the file was replaced or removed",
+            ));
+        }
+        Ok(w)
+    }
+}
 
 impl SpoolFile for RealFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.0.read_exact_at(buf, offset)
+        self.file.read_exact_at(buf, offset)
     }
     fn append(&self, buf: &[u8]) -> io::Result<()> {
-        (&self.0).write_all(buf)
+        self.writer()?.write_all(buf)
     }
     fn sync(&self) -> io::Result<()> {
-        self.0.sync_data()
+        // Linux syncs a file's data through any descriptor of it, a read-only one included.
+        self.file.sync_data()
     }
     fn size(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        Ok(self.file.metadata()?.len())
     }
     fn truncate(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        self.writer()?.set_len(len)
     }
 }
 
@@ -103,14 +141,21 @@ impl SpoolFs for RealFs {
         if !exclusive {
             f.set_len(0)?;
         }
-        Ok(Arc::new(RealFile(f)))
+        // Closed now: writes open the path for as long as they take.
+        drop(f);
+        self.open(path)
     }
     fn open(&self, path: &Path) -> io::Result<Arc<dyn SpoolFile>> {
-        let f = OpenOptions::new().read(true).append(true).open(path)?;
-        Ok(Arc::new(RealFile(f)))
+        Ok(Arc::new(RealFile {
+            file: File::open(path)?,
+            path: Some(path.to_owned()),
+        }))
     }
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn SpoolFile>> {
-        Ok(Arc::new(RealFile(File::open(path)?)))
+        Ok(Arc::new(RealFile {
+            file: File::open(path)?,
+            path: None,
+        }))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
@@ -120,6 +165,71 @@ impl SpoolFs for RealFs {
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+}
+
+/// A file created by its first append: the active segment of a spool opened on a file system
+/// that refused to create it (read-only, or full). Until then it is empty; the append that
+/// creates it runs in a commit job, where a refusal stalls the spool instead of failing it.
+pub(crate) struct LazyFile {
+    fs: Arc<dyn SpoolFs>,
+    path: PathBuf,
+    file: std::sync::Mutex<Option<Arc<dyn SpoolFile>>>,
+}
+
+impl LazyFile {
+    pub(crate) fn new(fs: Arc<dyn SpoolFs>, path: PathBuf) -> LazyFile {
+        LazyFile {
+            fs,
+            path,
+            file: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<dyn SpoolFile>>> {
+        // Poisoned only by a panic in another thread's file operation: the value is intact.
+        self.file.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self) -> Option<Arc<dyn SpoolFile>> {
+        self.lock().clone()
+    }
+}
+
+impl SpoolFile for LazyFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self.get() {
+            Some(f) => f.read_exact_at(buf, offset),
+            None if buf.is_empty() => Ok(()),
+            None => Err(io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+    fn append(&self, buf: &[u8]) -> io::Result<()> {
+        let file = {
+            let mut g = self.lock();
+            match &*g {
+                Some(f) => f.clone(),
+                None => {
+                    let f = self.fs.create(&self.path, true)?;
+                    *g = Some(f.clone());
+                    f
+                }
+            }
+        };
+        file.append(buf)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.get().map_or(Ok(()), |f| f.sync())
+    }
+    fn size(&self) -> io::Result<u64> {
+        self.get().map_or(Ok(0), |f| f.size())
+    }
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        match self.get() {
+            Some(f) => f.truncate(len),
+            None if len == 0 => Ok(()),
+            None => Err(io::ErrorKind::InvalidInput.into()),
+        }
     }
 }
 

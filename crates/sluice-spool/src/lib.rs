@@ -36,7 +36,8 @@
 //! # Threading
 //! A [`Spool`] belongs to one thread (the shard's `current_thread` runtime) and has no async
 //! methods. `append`, `ack`, `begin_commit` and `finish_commit` do no blocking I/O except
-//! creating a segment file at rotation and removing one under drop-oldest. The blocking half
+//! creating a segment file at rotation (or, on a full disk, at the seal described below)
+//! and removing one under drop-oldest. The blocking half
 //! of a commit is a [`CommitJob`] (`Send`) that the caller runs on `spawn_blocking` or a
 //! dedicated writer thread; appends continue meanwhile into the next batch (one job at a
 //! time). `read` does positional reads of committed bytes (page cache in the common case);
@@ -45,6 +46,18 @@
 //! when a segment was removed while it ran.
 //! After any failed write or fsync the spool is poisoned and must be reopened: after a failed
 //! fsync the page cache cannot be trusted, so only recovery from disk can say what is durable.
+//!
+//! # Full or read-only storage
+//! A write refused with `ENOSPC`, `EDQUOT` or `EROFS` does not poison the spool (a failed
+//! fsync still does, whatever its errno). The commit job undoes the batch (cuts each file back;
+//! if that fails, it is a failure after all), the batch goes back into memory, and the spool is
+//! *stalled* ([`Spool::stalled`], [`StallReason`]): appends are refused with
+//! [`SpoolError::Stalled`]; reads, acks, cursor writes and trims go on. A full disk also
+//! releases the space reserve (`DIR/space.reserve`, [`RESERVE_BYTES`]) so that the cursor can
+//! be written and acknowledged segments deleted, and seals the active segment at its committed
+//! end so those acks can free it. Every commit of a stalled spool writes the reserve anew
+//! first and the batch only if that worked; the first that gets through ends the stall. The
+//! caller keeps committing a stalled spool (e.g. every second) even when nothing happened.
 //!
 //! # On-disk format
 //! A spool directory `DIR` holds:
@@ -56,6 +69,9 @@
 //! - `DIR/quarantine/{segment_first_seq:020}.{offset:012}.corrupt` — damaged bytes moved
 //!   aside by recovery, never read again by the spool; the operator inspects and deletes
 //!   them. Not counted against `max_bytes`.
+//! - `DIR/space.reserve` — [`RESERVE_BYTES`] of zeros holding blocks for bookkeeping on a full
+//!   disk (see "Full or read-only storage"); absent while the disk is full. Not a segment, not
+//!   counted against `max_bytes`.
 //! - `*.tmp` — files being written atomically; recovery removes leftovers.
 //!
 //! Segment file (all integers little-endian):
@@ -119,6 +135,11 @@
 //!    [`RecoveryReport::quarantined`] with file, offset, byte count and the seq range that
 //!    may be missing. Records after the damage stay readable.
 //!
+//! A file too short to hold a record (at most the 8-byte header: a segment created at rotation
+//! or at a start whose header was never written) is removed before any of this, and a segment
+//! followed only by such files counts as the newest (so a full disk never needs a quarantine
+//! copy to start).
+//!
 //! Every step is idempotent, so a crash during recovery is recovered by the next start. Then:
 //! a missing or damaged cursor makes the spool re-deliver everything present (reported); the
 //! cursor is raised to just below the oldest record present; segments wholly at or below it
@@ -146,6 +167,7 @@ mod fs;
 mod inspect;
 mod read;
 mod recovery;
+mod reserve;
 mod scan;
 mod spool;
 
@@ -159,8 +181,9 @@ pub use inspect::{
 };
 pub use read::{ReadDone, ReadJob, ReadOutcome};
 pub use recovery::{CursorRecovery, RecoveryReport, SeqGap, SkippedRange, QUARANTINE_DIR};
+pub use reserve::{RESERVE_BYTES, RESERVE_FILE};
 pub use scan::{BadRange, Run};
 pub use spool::{
     Appended, Committed, Dropped, FsyncPolicy, FullPolicy, ReadCursor, Spool, SpoolConfig,
-    SpoolCounters, SpoolError, SpoolRecord, SpoolSeq,
+    SpoolCounters, SpoolError, SpoolRecord, SpoolSeq, StallReason,
 };

@@ -231,8 +231,13 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     let (segs, other) = list_segments(fs, dir)?;
     for name in other.iter().filter(|n| n.ends_with(".tmp")) {
-        fs.remove(&dir.join(name))?;
-        report.removed_temp += 1;
+        match fs.remove(&dir.join(name)) {
+            Ok(()) => report.removed_temp += 1,
+            // A read-only file system: a leftover temporary file is harmless (every writer
+            // of one empties it first); the next start removes it.
+            Err(e) if e.kind() == io::ErrorKind::ReadOnlyFilesystem => {}
+            Err(e) => return Err(e),
+        }
     }
     let stored_cursor = match cursor::read(fs, dir) {
         Ok(Some(c)) => Some(c),
@@ -252,8 +257,22 @@ pub(crate) fn recover(
     let mut floor = 0u64;
     for (i, &(name, len)) in segs.iter().enumerate() {
         let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
-        let is_last = i + 1 == segs.len();
+        // The newest segment that can hold a record: every later file is too short for one
+        // (a segment created at rotation or at a start whose header was never written, e.g.
+        // because the disk was full). Its damaged tail is an interrupted append.
+        let is_last = segs[i + 1..]
+            .iter()
+            .all(|&(_, len)| len <= SEGMENT_HEADER_LEN);
         let path = segment_path(dir, name);
+        if len <= SEGMENT_HEADER_LEN {
+            // No record fits: nothing to keep or quarantine (and nothing to write, which
+            // matters on a full disk).
+            fs.remove(&path)?;
+            report.segments_scanned += 1;
+            report.bytes_scanned += len;
+            report.removed_empty += 1;
+            continue;
+        }
         let file = fs.open(&path)?;
         let bounds = Bounds {
             max_record_bytes,
@@ -380,12 +399,19 @@ pub(crate) fn recover(
     if let Some(first) = oldest {
         ack_cursor = ack_cursor.max(first - 1);
     }
-    // Fully acknowledged segments are removed.
+    // Fully acknowledged segments are removed (on a read-only file system they stay, below
+    // the cursor, and the spool removes them once it can write).
     let trim = metas.iter().take_while(|m| m.last <= ack_cursor).count();
-    for m in metas.drain(..trim) {
-        fs.remove(&segment_path(dir, m.first))?;
-        report.trimmed += 1;
+    let mut trimmed = 0;
+    for m in &metas[..trim] {
+        match fs.remove(&segment_path(dir, m.first)) {
+            Ok(()) => trimmed += 1,
+            Err(e) if e.kind() == io::ErrorKind::ReadOnlyFilesystem => break,
+            Err(e) => return Err(e),
+        }
     }
+    metas.drain(..trimmed);
+    report.trimmed += trimmed;
     // Always: a previous process may have created or removed files without syncing.
     fs.sync_dir(dir)?;
     Ok(Recovered {

@@ -29,7 +29,14 @@
 //!   that is already persisted, or by drop-oldest (counted);
 //! - after any failed write or fsync the spool is poisoned: the page cache can no longer be
 //!   trusted, so every later call fails with [`SpoolError::Poisoned`] until the spool is
-//!   reopened and recovery decides from the disk what is durable.
+//!   reopened and recovery decides from the disk what is durable;
+//! - except a write refused because the file system is full or read-only (undone by the
+//!   commit job, see `commit`): the spool is then *stalled* ([`Spool::stalled`]): appends are
+//!   refused with [`SpoolError::Stalled`], the refused batch stays in memory and is written by
+//!   a later commit, reads, acks, cursor writes and trims go on, and every commit job probes
+//!   the storage (writes the space reserve anew) until one succeeds and the stall ends. On a
+//!   full disk the active segment is sealed at its committed end, so that the cloud's acks can
+//!   free its blocks.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -42,10 +49,12 @@ pub use crate::error::SpoolError;
 pub use crate::read::{ReadCursor, SpoolRecord};
 
 use crate::commit::{CommitJob, CommitOutcome, Pending};
+pub use crate::error::StallReason;
 use crate::frame::{self, SEGMENT_HEADER_LEN, SEGMENT_MAGIC};
-use crate::fs::{segment_path, RealFs, SpoolFile, SpoolFs};
+use crate::fs::{segment_path, LazyFile, RealFs, SpoolFile, SpoolFs};
 use crate::read::{ReadDone, ReadJob, ReadOutcome, Reader};
 use crate::recovery::{self, RecoveryReport};
+use crate::reserve;
 
 /// Sequence number of a record: assigned by [`Spool::append`], consecutive from 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -86,6 +95,9 @@ pub struct Committed {
     pub durable_through: SpoolSeq,
     /// Time spent in fsync for this commit.
     pub fsync_time: Duration,
+    /// The spool is stalled after this commit (its storage is full or read-only): see
+    /// [`Spool::stalled`].
+    pub stalled: Option<StallReason>,
 }
 
 /// Counters for metrics; plain numbers, copied out by the caller.
@@ -113,6 +125,13 @@ pub struct SpoolCounters {
     pub segments_created: u64,
     /// Fully acknowledged segments removed.
     pub segments_trimmed: u64,
+    /// Writes the storage refused for want of space or because it is read-only (each
+    /// refusal, retries included).
+    pub storage_refusals: u64,
+    /// Appends refused with [`SpoolError::Stalled`].
+    pub stalled_rejections: u64,
+    /// Times the spool stopped accepting because of its storage (entered the stalled state).
+    pub stalls: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +147,8 @@ pub(crate) struct Segment {
 
 struct InFlight {
     through: u64,
+    sync_dir: bool,
+    probe: bool,
     /// (segment first seq, length, last seq) each written segment reaches.
     reached: Vec<(u64, u64, u64)>,
     cursor: Option<u64>,
@@ -161,6 +182,9 @@ pub struct Spool {
     /// Segments removed so far (trim, drop-oldest): a read job that ran across a removal is
     /// discarded ([`Spool::finish_read`]).
     removals: u64,
+    /// The storage refused a write (full, read-only): appends are refused until a commit's
+    /// probe succeeds.
+    stalled: Option<StallReason>,
 }
 
 /// Offsets of every [`crate::read::REV_CHECKPOINT_EVERY`]th frame of one segment (newest-first reads).
@@ -210,7 +234,23 @@ impl Spool {
             .collect();
         let total_bytes = segments.iter().map(|s| s.len).sum::<u64>();
         let path = segment_path(&dir, next_seq);
-        let file = fs.create(&path, true).map_err(io_err("create", &path))?;
+        // A full or read-only file system does not stop the start: the spool opens (stalled
+        // once a write is refused), and drains what it holds. The active segment's file is
+        // then created by its first write, in a commit job.
+        let file: Arc<dyn SpoolFile> = match fs.create(&path, true) {
+            Ok(f) => f,
+            Err(e) if StallReason::of(&e).is_some() => {
+                Arc::new(LazyFile::new(fs.clone(), path.clone()))
+            }
+            Err(e) => return Err(io_err("create", &path)(e)),
+        };
+        let stalled = match reserve::ensure(&*fs, &dir, cfg.fsync != FsyncPolicy::Never) {
+            Ok(()) => None,
+            Err(e) => match StallReason::of(&e) {
+                Some(r) => Some(r),
+                None => return Err(io_err("write space reserve in", &dir)(e)),
+            },
+        };
         segments.push_back(Segment {
             first: next_seq,
             last: next_seq - 1,
@@ -233,6 +273,7 @@ impl Spool {
                 path,
                 file,
                 buf: SEGMENT_MAGIC.to_vec(),
+                pre_len: 0,
             }],
             pending_bytes: SEGMENT_HEADER_LEN,
             dir_dirty: true,
@@ -241,12 +282,14 @@ impl Spool {
             poisoned: false,
             counters: SpoolCounters {
                 segments_created: 1,
+                stalls: u64::from(stalled.is_some()),
                 ..Default::default()
             },
             read_file: None,
             spare_bufs: Vec::new(),
             rev_index: None,
             removals: 0,
+            stalled,
             dir,
         };
         Ok((spool, rec.report))
@@ -258,6 +301,10 @@ impl Spool {
     pub fn append(&mut self, body: &[u8]) -> Result<Appended, SpoolError> {
         if self.poisoned {
             return Err(SpoolError::Poisoned);
+        }
+        if let Some(reason) = self.stalled {
+            self.counters.stalled_rejections += 1;
+            return Err(SpoolError::Stalled { reason });
         }
         if body.len() > self.cfg.max_record_bytes as usize {
             return Err(SpoolError::RecordTooLarge {
@@ -316,6 +363,7 @@ impl Spool {
                 path: segment_path(&self.dir, active_first),
                 file: self.active_file.clone(),
                 buf,
+                pre_len: 0,
             });
         }
         if let Some(p) = self.pending.last_mut() {
@@ -341,12 +389,32 @@ impl Spool {
         Err(e)
     }
 
+    /// An operation outside a commit job found the storage full or read-only: stall (no
+    /// state was changed yet) instead of poisoning.
+    fn stall_or_poison<T>(&mut self, e: SpoolError) -> Result<T, SpoolError> {
+        match e.stall_reason() {
+            Some(reason) => {
+                self.counters.storage_refusals += 1;
+                self.enter_stall(reason);
+                Err(SpoolError::Stalled { reason })
+            }
+            None => self.poison(e),
+        }
+    }
+
+    fn enter_stall(&mut self, reason: StallReason) {
+        if self.stalled.is_none() {
+            self.counters.stalls += 1;
+        }
+        self.stalled = Some(reason);
+    }
+
     fn rotate(&mut self) -> Result<(), SpoolError> {
         let first = self.next_seq;
         let path = segment_path(&self.dir, first);
         let file = match self.fs.create(&path, true) {
             Ok(f) => f,
-            Err(e) => return self.poison(io_err("create", &path)(e)),
+            Err(e) => return self.stall_or_poison(io_err("create", &path)(e)),
         };
         let mut buf = self.spare_bufs.pop().unwrap_or_default();
         buf.extend_from_slice(&SEGMENT_MAGIC);
@@ -355,6 +423,7 @@ impl Spool {
             path,
             file: file.clone(),
             buf,
+            pre_len: 0,
         });
         self.pending_bytes += SEGMENT_HEADER_LEN;
         self.total_bytes += SEGMENT_HEADER_LEN;
@@ -375,13 +444,14 @@ impl Spool {
     fn drop_oldest(&mut self, need: u64) -> Result<Option<Dropped>, SpoolError> {
         let mut dropped: Option<Dropped> = None;
         while self.total_bytes + need > self.cfg.max_bytes && self.segments.len() > 1 {
-            let Some(seg) = self.segments.pop_front() else {
+            let Some(&seg) = self.segments.front() else {
                 break;
             };
             let path = segment_path(&self.dir, seg.first);
             if let Err(e) = self.fs.remove(&path) {
-                return self.poison(io_err("remove", &path)(e));
+                return self.stall_or_poison(io_err("remove", &path)(e));
             }
+            self.segments.pop_front();
             self.dir_dirty = true;
             self.removals += 1;
             self.total_bytes -= seg.len;
@@ -433,10 +503,24 @@ impl Spool {
             .take_while(|s| s.last <= self.ack && s.committed_len == s.len)
             .map(|s| s.first)
             .collect();
-        if self.pending.is_empty() && cursor.is_none() && removes.is_empty() && !self.dir_dirty {
+        // A stalled spool always gets a job: it probes whether the storage takes writes again.
+        let probe = self.stalled.is_some();
+        if self.pending.is_empty()
+            && cursor.is_none()
+            && removes.is_empty()
+            && !self.dir_dirty
+            && !probe
+        {
             return Ok(None);
         }
-        let writes = std::mem::take(&mut self.pending);
+        let mut writes = std::mem::take(&mut self.pending);
+        for w in &mut writes {
+            w.pre_len = self
+                .segments
+                .iter()
+                .find(|s| s.first == w.seg_first)
+                .map_or(0, |s| s.committed_len);
+        }
         let reached = writes
             .iter()
             .filter_map(|w| {
@@ -448,20 +532,24 @@ impl Spool {
             .collect();
         self.pending_bytes = 0;
         let sync = self.cfg.fsync != FsyncPolicy::Never;
+        let sync_dir = std::mem::take(&mut self.dir_dirty);
         let job = CommitJob {
             fs: self.fs.clone(),
             dir: self.dir.clone(),
             writes,
             sync,
-            sync_dir: std::mem::take(&mut self.dir_dirty),
+            sync_dir,
             cursor,
             removes: removes
                 .iter()
                 .map(|&f| segment_path(&self.dir, f))
                 .collect(),
+            probe,
         };
         self.in_flight = Some(InFlight {
             through: self.next_seq - 1,
+            sync_dir,
+            probe,
             reached,
             cursor,
             removes,
@@ -469,32 +557,38 @@ impl Spool {
         Ok(Some(job))
     }
 
-    /// Applies a finished job. On failure the spool is poisoned.
+    /// Applies a finished job. On failure the spool is poisoned. When the storage refused a
+    /// write for want of space or writability, the batch goes back (it is written by a later
+    /// commit), whatever else the job did is applied, and the spool is stalled
+    /// ([`Committed::stalled`]); a stalled spool's job that went through ends the stall.
     pub fn finish_commit(&mut self, outcome: CommitOutcome) -> Result<Committed, SpoolError> {
         let Some(done) = self.in_flight.take() else {
             return Err(SpoolError::NoCommitInFlight);
         };
-        for mut b in outcome.buffers {
-            if self.spare_bufs.len() < 4 {
-                b.clear();
-                self.spare_bufs.push(b);
+        let CommitOutcome { result, writes } = outcome;
+        let job = match result {
+            Ok(job) => job,
+            Err(e) => {
+                self.recycle(writes);
+                return self.poison(e);
             }
-        }
-        let (fsync_time, fsyncs) = match outcome.result {
-            Ok(v) => v,
-            Err(e) => return self.poison(e),
         };
-        self.durable = self.durable.max(done.through);
-        for (first, len, last) in done.reached {
-            if let Some(s) = self.segments.iter_mut().find(|s| s.first == first) {
-                s.committed_len = s.committed_len.max(len);
-                s.committed_last = s.committed_last.max(last);
+        if job.data_written {
+            self.recycle(writes);
+            self.durable = self.durable.max(done.through);
+            for (first, len, last) in done.reached {
+                if let Some(s) = self.segments.iter_mut().find(|s| s.first == first) {
+                    s.committed_len = s.committed_len.max(len);
+                    s.committed_last = s.committed_last.max(last);
+                }
             }
+        } else {
+            self.requeue(writes, done.sync_dir);
         }
-        if let Some(c) = done.cursor {
+        if let (Some(c), true) = (done.cursor, job.cursor_written) {
             self.persisted_ack = Some(c);
         }
-        for first in done.removes {
+        for &first in done.removes.iter().take(job.removed) {
             if let Some(i) = self.segments.iter().position(|s| s.first == first) {
                 if let Some(s) = self.segments.remove(i) {
                     self.removals += 1;
@@ -506,15 +600,116 @@ impl Spool {
                 }
             }
         }
-        let nanos = u64::try_from(fsync_time.as_nanos()).unwrap_or(u64::MAX);
+        self.counters.storage_refusals += job.refusals;
+        match job.stall {
+            Some(reason) => {
+                self.enter_stall(reason);
+                if reason == StallReason::NoSpace {
+                    self.seal_at_committed_end();
+                }
+            }
+            None if done.probe => self.stalled = None,
+            None => {}
+        }
+        let nanos = u64::try_from(job.fsync_time.as_nanos()).unwrap_or(u64::MAX);
         self.counters.commits += 1;
-        self.counters.fsyncs += fsyncs;
+        self.counters.fsyncs += job.fsyncs;
         self.counters.fsync_nanos_total += nanos;
         self.counters.fsync_nanos_max = self.counters.fsync_nanos_max.max(nanos);
         Ok(Committed {
             durable_through: SpoolSeq(self.durable),
-            fsync_time,
+            fsync_time: job.fsync_time,
+            stalled: self.stalled,
         })
+    }
+
+    /// Keeps up to four emptied buffers for later batches.
+    fn recycle(&mut self, writes: Vec<Pending>) {
+        for w in writes {
+            let mut b = w.buf;
+            if self.spare_bufs.len() < 4 {
+                b.clear();
+                self.spare_bufs.push(b);
+            }
+        }
+    }
+
+    /// Puts a batch the storage refused back in front of what was appended meanwhile
+    /// (shares of one segment joined, in seq order). Shares of segments dropped meanwhile
+    /// (drop-oldest) are gone with them.
+    fn requeue(&mut self, writes: Vec<Pending>, sync_dir: bool) {
+        let newer = std::mem::take(&mut self.pending);
+        let mut out: Vec<Pending> = Vec::with_capacity(writes.len() + newer.len());
+        for p in writes.into_iter().chain(newer) {
+            if !self.segments.iter().any(|s| s.first == p.seg_first) {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last) if last.seg_first == p.seg_first => {
+                    last.buf.extend_from_slice(&p.buf);
+                    self.recycle(vec![p]);
+                }
+                _ => out.push(p),
+            }
+        }
+        self.pending_bytes = out.iter().map(|p| p.buf.len() as u64).sum();
+        self.pending = out;
+        self.dir_dirty |= sync_dir;
+    }
+
+    /// On a full disk: ends the active segment at its last committed record and moves the
+    /// records not yet written to a new segment file (created now; it needs no data blocks
+    /// until its header is written). Without this, a disk smaller than a segment could never
+    /// be freed by the cloud's acks, because only sealed segments are trimmed. Does nothing if
+    /// the active segment has no committed record, or if the file cannot be created (tried
+    /// again at the next refusal).
+    fn seal_at_committed_end(&mut self) {
+        let Some(active) = self.segments.back().copied() else {
+            return;
+        };
+        if active.committed_last < active.first || active.committed_len < SEGMENT_HEADER_LEN {
+            return;
+        }
+        let first = active.committed_last + 1;
+        let path = segment_path(&self.dir, first);
+        let Ok(file) = self.fs.create(&path, true) else {
+            return;
+        };
+        let mut buf = self.spare_bufs.pop().unwrap_or_default();
+        buf.extend_from_slice(&SEGMENT_MAGIC);
+        if let Some(i) = self
+            .pending
+            .iter()
+            .position(|p| p.seg_first == active.first)
+        {
+            let moved = self.pending.remove(i);
+            buf.extend_from_slice(&moved.buf);
+            self.recycle(vec![moved]);
+        }
+        let moved_bytes = active.len - active.committed_len;
+        if let Some(old) = self.segments.back_mut() {
+            old.len = old.committed_len;
+            old.last = old.committed_last;
+        }
+        self.pending.push(Pending {
+            seg_first: first,
+            path,
+            file: file.clone(),
+            buf,
+            pre_len: 0,
+        });
+        self.segments.push_back(Segment {
+            first,
+            last: active.last,
+            len: SEGMENT_HEADER_LEN + moved_bytes,
+            committed_len: 0,
+            committed_last: first - 1,
+        });
+        self.pending_bytes += SEGMENT_HEADER_LEN;
+        self.total_bytes += SEGMENT_HEADER_LEN;
+        self.active_file = file;
+        self.dir_dirty = true;
+        self.counters.segments_created += 1;
     }
 
     /// Begins, runs and finishes a commit on this thread (blocks for the fsync).
@@ -527,6 +722,7 @@ impl Spool {
             None => Ok(Committed {
                 durable_through: SpoolSeq(self.durable),
                 fsync_time: Duration::ZERO,
+                stalled: self.stalled,
             }),
         }
     }
@@ -729,5 +925,11 @@ impl Spool {
     /// True after a failed write or fsync: reopen.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
+    }
+    /// `Some` while the storage is full or read-only: appends are refused with
+    /// [`SpoolError::Stalled`], everything else works; each commit probes the storage and the
+    /// first that gets through ends the stall. No reopen is needed.
+    pub fn stalled(&self) -> Option<StallReason> {
+        self.stalled
     }
 }

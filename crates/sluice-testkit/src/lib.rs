@@ -4,7 +4,8 @@
 //! child process ([`broker`]), a real ACME oneM2M CSE as a child process ([`acme`]), an MQTT
 //! test client on sluice-proto's codec ([`client`]), free-port helpers ([`ports`]), an IEEE
 //! 11073-20601 (PHD) test agent over TCP with its pure APDU encoders ([`phd`]), a strict
-//! Prometheus text-format reader that names the family at fault ([`prom`]). Does not own:
+//! Prometheus text-format reader that names the family at fault ([`prom`]), a tmpfs of a
+//! given size to fill up or remount read-only ([`tmpfs`], root only). Does not own:
 //! any production code path — nothing here is
 //! linked into the `sluice` binary.
 //!
@@ -38,6 +39,7 @@ pub mod netns;
 pub mod phd;
 pub mod ports;
 pub mod prom;
+pub mod tmpfs;
 
 pub use acme::{Acme, AcmeBuilder, AcmeResponse};
 pub use broker::{Mosquitto, MosquittoBuilder};
@@ -45,3 +47,4 @@ pub use certs::TestPki;
 pub use client::{ConnectOpts, TestClient};
 pub use phd::{AgentSpec, Association, PhdAgent, PhdDevice, Reading};
 pub use ports::{free_port, wait_for_port, wait_for_port_blocking};
+pub use tmpfs::Tmpfs;

@@ -398,6 +398,11 @@ pub fn render(doc: &Value, addr: &str) -> String {
             bytes(&spool["bytes"]),
             secs(&spool["oldest_age_seconds"])
         );
+        match spool["stalled"].as_str() {
+            Some("no_space") => q.push_str(" · STALLED: disk full, new messages refused"),
+            Some("read_only") => q.push_str(" · STALLED: disk read-only, new messages refused"),
+            _ => {}
+        }
     }
     let _ = writeln!(o, "{q}");
 

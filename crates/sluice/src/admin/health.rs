@@ -15,6 +15,9 @@
 //!   session is down holds its devices' messages back); otherwise 503 with `"ready":false`,
 //!   a `"reason"` naming the first uplink and shard that is not connected, and every session's
 //!   state. A gateway without uplinks is ready (messages stay local by configuration).
+//!   A spool whose file system is full or read-only (`shards[].spools[].stalled`) makes the
+//!   gateway not ready too (it refuses new device messages meanwhile): it comes first in
+//!   `"reason"`, and every stalled spool is listed in `"spools_stalled"`.
 //!
 //! Readiness is read from the same status document as `/api/v1/status` (its
 //! `shards[].uplinks[].state`), so the two never disagree.
@@ -58,6 +61,29 @@ pub fn readiness(status: &serde_json::Value) -> serde_json::Value {
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or(&[]);
+    let mut stalled = Vec::new();
+    for shard in shards {
+        for spool in shard["spools"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let Some(why) = spool["stalled"].as_str() else {
+                continue;
+            };
+            let name = spool["uplink"].as_str().unwrap_or("?");
+            if reason.is_none() {
+                let what = match why {
+                    "no_space" => "has no space left on its file system",
+                    "read_only" => "is on a read-only file system",
+                    _ => "is stalled",
+                };
+                reason = Some(format!(
+                    "spool of uplink {name:?} on shard {} {what} (new device messages are refused; what it holds is still sent)",
+                    shard["shard"]
+                ));
+            }
+            stalled.push(
+                serde_json::json!({ "uplink": name, "shard": shard["shard"], "stalled": why }),
+            );
+        }
+    }
     for shard in shards {
         let id = &shard["shard"];
         for uplink in shard["uplinks"]
@@ -77,9 +103,12 @@ pub fn readiness(status: &serde_json::Value) -> serde_json::Value {
     }
     match reason {
         None => serde_json::json!({ "ready": true, "uplinks": sessions }),
-        Some(reason) => {
-            serde_json::json!({ "ready": false, "reason": reason, "uplinks": sessions })
-        }
+        Some(reason) => serde_json::json!({
+            "ready": false,
+            "reason": reason,
+            "uplinks": sessions,
+            "spools_stalled": stalled,
+        }),
     }
 }
 
@@ -133,6 +162,27 @@ mod tests {
             v["reason"],
             "uplink \"backup\" is connecting on shard 1 (messages for it are held back)"
         );
+    }
+
+    #[test]
+    fn a_stalled_spool_makes_the_gateway_not_ready_and_comes_first_in_the_reason() {
+        let mut st = status(&[&[("cloud", "connecting")], &[("cloud", "connected")]]);
+        st["shards"][0]["spools"] = serde_json::json!([{ "uplink": "cloud", "stalled": null }]);
+        st["shards"][1]["spools"] =
+            serde_json::json!([{ "uplink": "cloud", "stalled": "read_only" }]);
+        let v = readiness(&st);
+        assert_eq!(v["ready"], false);
+        assert_eq!(
+            v["reason"],
+            "spool of uplink \"cloud\" on shard 1 is on a read-only file system (new device messages are refused; what it holds is still sent)"
+        );
+        assert_eq!(
+            v["spools_stalled"],
+            serde_json::json!([{ "uplink": "cloud", "shard": 1, "stalled": "read_only" }])
+        );
+        st["shards"][1]["spools"][0]["stalled"] = serde_json::Value::Null;
+        st["shards"][0]["uplinks"][0]["state"] = serde_json::json!("connected");
+        assert_eq!(readiness(&st)["ready"], true);
     }
 
     #[test]

@@ -400,6 +400,11 @@ impl GatewayStatus {
         ));
         drops.push((
             "spool",
+            "spool_stalled",
+            spools().map(|m| m.dropped_stalled.get()).sum(),
+        ));
+        drops.push((
+            "spool",
             "too_large",
             spools().map(|m| m.dropped_too_large.get()).sum(),
         ));
@@ -474,6 +479,7 @@ impl GatewayStatus {
                 "acked_per_second": rates.rate("spool/acked".into(), acked_total),
                 "oldest_age_seconds": oldest.map(|(a, _)| round(a)),
                 "oldest_age_basis": oldest.map(|(_, b)| b),
+                "stalled": all.iter().find_map(|m| m.stalled_name()),
             })
         });
 

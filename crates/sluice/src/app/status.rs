@@ -72,7 +72,10 @@ impl GatewayStatus {
             .chain(&self.former_spool_metrics);
         let (mut bytes, mut unacked, mut backlog, mut dropped, mut appended, mut acked) =
             (0i64, 0i64, 0i64, 0u64, 0u64, 0u64);
+        // The first stalled spool's reason (every spool of a gateway usually shares one disk).
+        let mut stalled: Option<&str> = None;
         for m in all {
+            stalled = stalled.or(m.stalled_name());
             bytes += m.bytes.get();
             unacked += m.unacked_records.get();
             backlog += m.backlog_records.get();
@@ -93,6 +96,7 @@ impl GatewayStatus {
             "records_acked": acked,
             "dropped_oldest": dropped,
             "former_shard_spools": self.former_spool_metrics.len(),
+            "stalled": stalled,
         })
     }
 }

@@ -24,9 +24,11 @@ pub enum DropReason {
     /// The shard's outbox budget was full: the oldest queued message of the session holding
     /// the most went, to make room for a session holding less (`shard::limits::make_room`).
     CrowdedOut = 8,
+    /// A QoS 0 message found the uplink's spool stalled (its file system full or read-only).
+    SpoolStalled = 9,
 }
 
-pub const DROP_REASONS: [(DropReason, &str); 9] = [
+pub const DROP_REASONS: [(DropReason, &str); 10] = [
     (DropReason::UplinkQueueFull, "uplink_queue_full"),
     (DropReason::MailboxFull, "mailbox_full"),
     (DropReason::SessionQueueFull, "session_queue_full"),
@@ -36,6 +38,7 @@ pub const DROP_REASONS: [(DropReason, &str); 9] = [
     (DropReason::Expired, "expired"),
     (DropReason::SharedMemberGone, "shared_member_gone"),
     (DropReason::CrowdedOut, "crowded_out"),
+    (DropReason::SpoolStalled, "spool_stalled"),
 ];
 
 /// Why the gateway closed a device connection.

@@ -110,6 +110,7 @@ impl OfferCounters for ShardMetrics {
         self.count_drop(match why {
             OfferDrop::QueueFull => DropReason::UplinkQueueFull,
             OfferDrop::SpoolFull => DropReason::SpoolFull,
+            OfferDrop::SpoolStalled => DropReason::SpoolStalled,
         });
     }
 }

@@ -44,6 +44,8 @@ pub enum OfferDrop {
     QueueFull,
     /// The spool was full (QoS 0 under `block`, or any message under its drop policy).
     SpoolFull,
+    /// QoS 0 and the spool's file system was full or read-only (the spool stalled).
+    SpoolStalled,
 }
 
 /// Where sinks count what they did with offered messages (the shard's metrics).
@@ -144,11 +146,11 @@ impl Sink {
             offer.counters.forwarded();
             let share = msg.ack.as_ref().map(AckToken::share);
             match body {
-                Some(body) => {
-                    if spool.append(body, qos, share).await == Appended::DroppedFull {
-                        offer.counters.dropped(OfferDrop::SpoolFull);
-                    }
-                }
+                Some(body) => match spool.append(body, qos, share).await {
+                    Appended::DroppedFull => offer.counters.dropped(OfferDrop::SpoolFull),
+                    Appended::DroppedStalled => offer.counters.dropped(OfferDrop::SpoolStalled),
+                    _ => {}
+                },
                 // Not encodable (a device id or topic over 64 KiB): can never be sent.
                 None => {
                     if let Some(t) = share {

@@ -11,23 +11,32 @@
 //! (`feed.rs`), or when a message is finished (the uplink, through
 //! [`Stored::acknowledge`](super::Stored::acknowledge)).
 //!
+//! A full or read-only file system is not a failure (see `sluice_spool`'s stalled state):
+//! the engine keeps the refused batch, so the devices waiting for it keep waiting (PUBACK
+//! withheld, connections kept); new appends wait like under `when_full = "block"` (QoS 0 is
+//! dropped, counted); the feeder and the cloud's acks go on; the commit task commits every
+//! `STALL_RETRY` (each commit persists acks, trims, and probes the storage) until the engine
+//! accepts again. Entering, lasting and leaving the stall are logged (`observe_stall`: WARN
+//! at most every `STALL_WARN_EVERY`, INFO when it ends) and exported as metrics and status.
+//!
 //! Invariants: a device token waiting for a commit is completed only after the commit that
 //! holds its record (a failed commit drops it uncompleted, so its device resends); no
 //! `inner` borrow is held across an await; an ack that finds `inner` borrowed is deferred,
 //! never lost.
 
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_proto::mqtt::QoS;
-use sluice_spool::{Dropped, Spool, SpoolError, SpoolSeq};
+use sluice_spool::{Dropped, Spool, SpoolError, SpoolSeq, StallReason};
 use tokio::sync::watch;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
+use super::metrics::{STALL_NONE, STALL_NO_SPACE, STALL_READ_ONLY};
 use super::open::{log_recovery, update_gauges};
 use super::{
     record, shutdown_signal, AckRanges, Appended, Inner, UplinkSpool, ACK_COMMIT_PERIOD,
-    REOPEN_PAUSE,
+    REOPEN_PAUSE, STALL_RETRY, STALL_WARN_EVERY,
 };
 use crate::config::SpoolAck;
 use crate::edge::ack::AckToken;
@@ -38,6 +47,7 @@ impl UplinkSpool {
     /// `block` (QoS ≥ 1) or while a failed spool is being reopened.
     pub async fn append(&self, body: &[u8], qos: QoS, ack: Option<AckToken>) -> Appended {
         let mut counted_full = false;
+        let mut counted_stalled = false;
         loop {
             let committed = self.committed.notified();
             tokio::pin!(committed);
@@ -80,6 +90,22 @@ impl UplinkSpool {
                 }
                 Err(SpoolError::BatchFull { .. }) => {
                     // The open batch is at its bound while a commit runs: wait for it.
+                    self.dirty.notify_one();
+                    committed.await;
+                }
+                Err(SpoolError::Stalled { .. }) => {
+                    if !counted_stalled {
+                        self.metrics.stalled_waits.inc();
+                        counted_stalled = true;
+                    }
+                    if let Some(spool) = self.inner.borrow().spool.as_ref() {
+                        self.observe_stall(spool);
+                    }
+                    if qos == QoS::AtMostOnce {
+                        self.metrics.dropped_stalled.inc();
+                        return Appended::DroppedStalled;
+                    }
+                    // The commit task probes the storage every `STALL_RETRY` and wakes us.
                     self.dirty.notify_one();
                     committed.await;
                 }
@@ -131,8 +157,12 @@ impl UplinkSpool {
     pub(super) async fn commit_loop(self: Rc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut last_commit = Instant::now();
         loop {
+            // A stalled spool commits every `STALL_RETRY` whether or not anything happened:
+            // each commit probes whether the storage takes writes again.
+            let stalled = self.is_stalled();
             let stop = tokio::select! {
                 _ = self.dirty.notified() => false,
+                _ = tokio::time::sleep_until((last_commit + STALL_RETRY).into()), if stalled => false,
                 _ = shutdown_signal(&mut shutdown) => true,
             };
             if !stop {
@@ -143,6 +173,7 @@ impl UplinkSpool {
                     .as_ref()
                     .is_some_and(|s| s.uncommitted_bytes() == 0);
                 let period = match (self.fsync.interval(), only_acks) {
+                    _ if self.is_stalled() => Some(STALL_RETRY),
                     (Some(d), _) => Some(d),
                     (None, true) => Some(ACK_COMMIT_PERIOD),
                     (None, false) => None,
@@ -208,6 +239,7 @@ impl UplinkSpool {
                     }
                     let inner = &mut *inner;
                     if let Some(spool) = &inner.spool {
+                        self.observe_stall(spool);
                         update_gauges(spool, &self.metrics);
                         let oldest = inner
                             .age
@@ -230,6 +262,66 @@ impl UplinkSpool {
             }
             Err(e) => self.fail(&e).await,
         }
+    }
+
+    fn is_stalled(&self) -> bool {
+        self.inner
+            .borrow()
+            .spool
+            .as_ref()
+            .is_some_and(|s| s.stalled().is_some())
+    }
+
+    /// Brings the stall metrics and log up to date with the engine: storage refusals counted
+    /// by reason, the `stalled` gauge, a WARN when the stall starts (and every
+    /// `STALL_WARN_EVERY` while it lasts) saying what to do, an INFO when it ends.
+    pub(super) fn observe_stall(&self, spool: &Spool) {
+        let c = spool.counters();
+        let mut log = self.stall_log.get();
+        let now = spool.stalled();
+        let new_refusals = c.storage_refusals.saturating_sub(log.refusals_seen);
+        log.refusals_seen = c.storage_refusals;
+        match now.or(log.reason) {
+            Some(StallReason::ReadOnly) => self.metrics.storage_read_only.add(new_refusals),
+            _ => self.metrics.storage_no_space.add(new_refusals),
+        }
+        self.metrics.stalled.set(match now {
+            None => STALL_NONE,
+            Some(StallReason::NoSpace) => STALL_NO_SPACE,
+            Some(StallReason::ReadOnly) => STALL_READ_ONLY,
+        });
+        let at = Instant::now();
+        match (log.reason, now) {
+            (None, Some(reason)) => {
+                log.since = Some(at);
+                log.warned = Some(at);
+                warn!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), reason = reason.as_str(), blame = "local", remedy = reason.remedy(), "spool storage stalled: new device messages are refused (QoS 1 PUBACKs withheld, QoS 0 dropped and counted); what is on disk is still sent and acknowledged messages are kept; it accepts again without a restart once the storage takes writes");
+            }
+            (Some(was), Some(reason)) => {
+                // A new reason (full, then remounted read-only) is news: say so at once.
+                if was != reason
+                    || log
+                        .warned
+                        .is_none_or(|w| at.duration_since(w) >= STALL_WARN_EVERY)
+                {
+                    log.warned = Some(at);
+                    let stalled_s = log.since.map_or(0, |s| at.duration_since(s).as_secs());
+                    warn!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), reason = reason.as_str(), stalled_s, remedy = reason.remedy(), "spool storage still stalled: new device messages are refused");
+                }
+            }
+            (Some(was), None) => {
+                let stalled_s = log
+                    .since
+                    .map_or(Duration::ZERO, |s| at.duration_since(s))
+                    .as_secs_f64();
+                info!(shard = self.shard, uplink = %self.uplink, dir = %self.dir.display(), reason = was.as_str(), stalled_s, "spool storage takes writes again; the spool accepts device messages");
+                log.since = None;
+                log.warned = None;
+            }
+            (None, None) => {}
+        }
+        log.reason = now;
+        self.stall_log.set(log);
     }
 
     /// The engine failed: log, wait, reopen (recovery decides what is durable), and read

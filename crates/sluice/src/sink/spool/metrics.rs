@@ -38,6 +38,34 @@ pub struct SpoolMetrics {
     pub oldest_unacked_received_us: Gauge,
     /// Reads of committed records, each run on the blocking pool (the feeder).
     pub reads: Counter,
+    /// The spool's storage state: 0 accepting, 1 stalled for want of space, 2 stalled
+    /// because its file system is read-only (`STALL_*`).
+    pub stalled: Gauge,
+    /// Writes the storage refused for want of space (`ENOSPC`, `EDQUOT`), retries included.
+    pub storage_no_space: Counter,
+    /// Writes the storage refused because it is read-only (`EROFS`), retries included.
+    pub storage_read_only: Counter,
+    /// Appends that found the spool stalled (a QoS 1 publish then waits; a QoS 0 one is
+    /// dropped, see `dropped_stalled`).
+    pub stalled_waits: Counter,
+    /// QoS 0 messages dropped because the spool was stalled.
+    pub dropped_stalled: Counter,
+}
+
+/// Values of [`SpoolMetrics::stalled`].
+pub const STALL_NONE: i64 = 0;
+pub const STALL_NO_SPACE: i64 = 1;
+pub const STALL_READ_ONLY: i64 = 2;
+
+impl SpoolMetrics {
+    /// The stall as the status document names it (`null` when accepting).
+    pub fn stalled_name(&self) -> Option<&'static str> {
+        match self.stalled.get() {
+            STALL_NO_SPACE => Some("no_space"),
+            STALL_READ_ONLY => Some("read_only"),
+            _ => None,
+        }
+    }
 }
 
 impl SpoolMetrics {
@@ -150,6 +178,38 @@ impl SpoolMetrics {
             l,
             self.failures.get(),
         );
+        let stalled = self.stalled.get();
+        for (reason, code) in [("no_space", STALL_NO_SPACE), ("read_only", STALL_READ_ONLY)] {
+            w.gauge(
+                "sluice_spool_stalled",
+                "1 while the spool refuses new records because its file system is full (no_space) or read-only (read_only); reading, sending and trimming go on.",
+                &[("shard", shard), ("uplink", uplink), ("reason", reason)],
+                i64::from(stalled == code),
+            );
+        }
+        for (reason, n) in [
+            ("no_space", self.storage_no_space.get()),
+            ("read_only", self.storage_read_only.get()),
+        ] {
+            w.counter(
+                "sluice_spool_storage_errors_total",
+                "Writes the spool's file system refused for want of space (no_space: ENOSPC, EDQUOT) or because it is read-only (read_only: EROFS), retries included; each stalls the spool.",
+                &[("shard", shard), ("uplink", uplink), ("reason", reason)],
+                n,
+            );
+        }
+        w.counter(
+            "sluice_spool_stalled_total",
+            "Appends that found the spool stalled (its file system full or read-only): a QoS 1 publish waits, a QoS 0 one is dropped.",
+            l,
+            self.stalled_waits.get(),
+        );
+        w.counter(
+            "sluice_spool_dropped_stalled_total",
+            "QoS 0 messages dropped because the spool was stalled (its file system full or read-only).",
+            l,
+            self.dropped_stalled.get(),
+        );
     }
 
     /// The `spool` object of one shard and uplink in /api/v1/status.
@@ -163,6 +223,7 @@ impl SpoolMetrics {
             "commits": self.commits.get(),
             "dropped_oldest": self.dropped_oldest.get(),
             "full": self.full_waits.get(),
+            "stalled": self.stalled_name(),
         })
     }
 }

@@ -55,6 +55,10 @@
 //!   connection stops reading: back-pressure); under `drop-oldest` the engine removes the
 //!   oldest segment, counted; a device waiting for those records is acknowledged (the drop is
 //!   the configured policy), as for the uplink's other counted drops.
+//! - **Full or read-only disk:** not a failure: the engine stalls (see `commit.rs` and
+//!   `sluice_spool`): appends wait as under `block` (QoS 0 dropped, counted), devices of the
+//!   refused batch keep waiting for their PUBACK, the feeder and cloud acks go on and free the
+//!   disk, and a commit every `STALL_RETRY` probes until the spool accepts again.
 //! - **Failures:** a failed commit poisons the engine; the commit task logs an ERROR and
 //!   reopens the spool (recovery decides from disk what is durable) after a pause. Devices
 //!   whose records were in the failed batch get no PUBACK (they resend after reconnecting);
@@ -142,6 +146,11 @@ const MAX_BACKLOG_RANGES: usize = 1024;
 const REOPEN_PAUSE: Duration = Duration::from_secs(1);
 /// Ack-only commits (cursor moves, trims) happen at most this often.
 const ACK_COMMIT_PERIOD: Duration = Duration::from_millis(10);
+/// While the spool's storage is full or read-only, a commit (which persists acks, trims and
+/// probes the storage) runs this often.
+const STALL_RETRY: Duration = Duration::from_secs(1);
+/// While the stall lasts, its WARN is repeated this often.
+const STALL_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// What happened to an append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +162,8 @@ pub enum Appended {
     /// Cannot ever be stored (larger than the largest record): dropped, counted, the device
     /// acknowledged.
     DroppedTooLarge,
+    /// QoS 0 and the spool's storage is full or read-only: dropped, counted.
+    DroppedStalled,
     /// Waited for a failed spool to reopen, and meanwhile another message of its device was
     /// abandoned: not stored and not acknowledged, so the device resends both in order.
     NotStored,
@@ -183,6 +194,18 @@ pub struct UplinkSpool {
     deferred_acks: RefCell<Vec<u64>>,
     /// Times the spool was reopened: a read started before a reopen is discarded.
     reopens: Cell<u64>,
+    /// What `observe_stall` last saw and logged.
+    stall_log: Cell<StallLog>,
+}
+
+/// The stall as last observed (for its metrics and rate-limited log lines).
+#[derive(Debug, Clone, Copy, Default)]
+struct StallLog {
+    reason: Option<sluice_spool::StallReason>,
+    since: Option<Instant>,
+    warned: Option<Instant>,
+    /// The engine's `storage_refusals` counter as last exported.
+    refusals_seen: u64,
 }
 
 impl std::fmt::Debug for UplinkSpool {
@@ -285,6 +308,7 @@ impl UplinkSpool {
             former: Cell::new(false),
             deferred_acks: RefCell::new(Vec::new()),
             reopens: Cell::new(0),
+            stall_log: Cell::new(StallLog::default()),
         })
     }
 
