@@ -32,6 +32,7 @@ pub mod notify;
 mod overview;
 mod reload;
 mod status;
+pub mod uplinks;
 pub use reload::{ReloadOutcome, ReloadTrigger};
 use status::GatewayStatus;
 
