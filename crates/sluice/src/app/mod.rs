@@ -504,15 +504,30 @@ impl Gateway {
                 device_tls,
             },
         ));
+        // The admin's table of sinks, by stable id (ADR 0013): ids 0.. in config order.
+        let mut tc_status = tc_status.into_iter();
+        let uplink_table = Arc::new(uplinks::UplinkTable::at_start(
+            config.uplink.iter().enumerate().map(|(u, cfg)| {
+                uplinks::StartEntry {
+                    name: cfg.name.clone(),
+                    lanes: uplink_metrics
+                        .iter()
+                        .filter_map(|per_shard| per_shard.get(u).cloned())
+                        .collect(),
+                    spools: spool_metrics
+                        .iter()
+                        .filter_map(|per_shard| per_shard.get(u).cloned())
+                        .collect(),
+                    tc: tc_status.next().unwrap_or(serde_json::Value::Null),
+                }
+            }),
+        ));
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),
-            uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),
-            tc_status,
+            uplinks: uplink_table,
             shard_metrics,
-            uplink_metrics,
             devices_per_shard: plane.devices_per_shard(),
             control: control_metrics.clone(),
-            spool_metrics,
             former_spool_metrics: former_metrics,
             spool_dir: config.spool.dir.clone(),
             spool_ack: config.spool.ack,

@@ -185,12 +185,10 @@ impl GatewayStatus {
         let mut uplinks = Vec::new();
         let mut worst_p99: Option<f64> = None;
         let (mut all_inflight, mut all_queued) = (0i64, 0i64);
-        for (u, name) in self.uplink_names.iter().enumerate() {
-            let lanes_of: Vec<&crate::sink::LaneMetrics> = self
-                .uplink_metrics
-                .iter()
-                .filter_map(|per_shard| per_shard.get(u))
-                .collect();
+        let table = self.uplinks.load();
+        for entry in table.iter() {
+            let name = &entry.name;
+            let lanes_of: Vec<&crate::sink::LaneMetrics> = entry.lanes.iter().collect();
             let mut lane_rows = Vec::new();
             let lane_kinds: Vec<crate::sink::Lane> = lanes_of
                 .first()
@@ -366,9 +364,9 @@ impl GatewayStatus {
             drops.push(("router", label, n));
         }
         let all_lanes = || {
-            self.uplink_metrics
+            table
                 .iter()
-                .flatten()
+                .flat_map(|u| &u.lanes)
                 .flat_map(|l| l.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
         };
         for reason in crate::sink::DropReason::ALL {
@@ -383,9 +381,9 @@ impl GatewayStatus {
             drops.push(("cloud_rejected", reason.as_str(), n));
         }
         let spools = || {
-            self.spool_metrics
+            table
                 .iter()
-                .flatten()
+                .flat_map(|u| &u.spools)
                 .chain(&self.former_spool_metrics)
         };
         drops.push((
@@ -421,8 +419,14 @@ impl GatewayStatus {
         // counter's history.
         let spool = self.spool_dir.as_ref().map(|_| {
             let now_ms = now.saturating_duration_since(self.started).as_millis() as u64;
-            let flat: Vec<&std::sync::Arc<crate::sink::spool::SpoolMetrics>> =
-                self.spool_metrics.iter().flatten().collect();
+            // Shard-major, one per (shard, sink). The history below is positional: while the
+            // table cannot change at runtime that is stable; ADR 0013 step 4 keys it by
+            // (uplink id, shard) before sinks are attached or detached live.
+            let flat: Vec<&std::sync::Arc<crate::sink::spool::SpoolMetrics>> = (0..self
+                .shard_metrics
+                .len())
+                .flat_map(|i| table.iter().filter_map(move |u| u.spools.get(i)))
+                .collect();
             let appended: Vec<u64> = flat.iter().map(|m| m.records_appended.get()).collect();
             if inner.spool_samples.len() == SPOOL_HISTORY {
                 inner.spool_samples.pop_front();
