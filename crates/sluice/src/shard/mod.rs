@@ -90,6 +90,32 @@ pub enum ShardCmd {
     CoapDatagram(Box<crate::edge::coap::server::Steered>),
     /// An operating IEEE 11073 agent whose data this shard handles (`crate::edge::phd`).
     PhdAdopt(Box<crate::edge::phd::Handover>),
+    /// A reload added an uplink: start its sink on this shard (ADR 0013).
+    AttachSink(Box<AttachSink>),
+}
+
+/// Everything a shard needs to run an uplink a reload added, built by the reload before it
+/// is sent (nothing here can fail on the shard). First version (ADR 0013 step 4): MQTT and
+/// oneM2M uplinks without a spool, `paths` or `install_tc`, and not a function's sink; the
+/// reload keeps those restart-only.
+pub struct AttachSink {
+    pub cfg: Arc<UplinkConfig>,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// This shard's lanes' counters (the admin's table holds the same `Arc`s).
+    pub metrics: LaneMetrics,
+    pub route: UplinkRoute,
+    /// Uplinks in the configuration after the attach (the new share of `max_buffered`).
+    pub uplinks: usize,
+    /// Answered once the sink is in the router's list and its tasks are spawned.
+    pub done: tokio::sync::oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for AttachSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachSink")
+            .field("uplink", &self.cfg.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A subscription of a local session.
@@ -129,7 +155,10 @@ pub struct ShardContext {
     /// Local subscriptions per filter, to tell the control plane on 0→1 and 1→0 only.
     pub filter_refs: RefCell<HashMap<ByteString, usize>>,
     pub sessions: RefCell<HashMap<ByteString, Rc<Session>>>,
-    pub uplinks: Vec<ShardUplink>,
+    /// The sinks the router offers each message to, in config order. Replaced (never
+    /// mutated in place) when a reload attaches one: the router clones the `Rc` per message,
+    /// so no borrow is held across an offer's `await` ([`ShardContext::sinks`]).
+    pub uplinks: RefCell<Rc<Vec<ShardUplink>>>,
     /// The priority table and `[limits]` publish rate, read without a lock; a reload
     /// publishes new ones (`control/live.rs`).
     pub rules: Arc<crate::control::live::Rules>,
@@ -155,6 +184,13 @@ pub struct ShardContext {
     pub share_turn: std::cell::Cell<usize>,
     /// The CoAP proxy's upstream connections of this shard (`[[coap.proxy]]`).
     pub proxies: crate::proxy::ShardProxies,
+}
+
+impl ShardContext {
+    /// The sinks now (one `Rc` clone): a message is offered to the list it started with.
+    pub fn sinks(&self) -> Rc<Vec<ShardUplink>> {
+        self.uplinks.borrow().clone()
+    }
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -324,7 +360,7 @@ async fn run(seed: ShardSeed) {
         subs: RefCell::new(TopicTrie::new()),
         filter_refs: RefCell::new(HashMap::new()),
         sessions: RefCell::new(HashMap::new()),
-        uplinks,
+        uplinks: RefCell::new(Rc::new(uplinks)),
         rules,
         acl,
         limits: limits_metrics,
@@ -345,8 +381,9 @@ async fn run(seed: ShardSeed) {
     let (spool_shutdown_tx, spool_shutdown) = watch::channel(false);
     let mut spool_tasks = Vec::new();
     let mut former = Vec::new();
+    let sinks = ctx.sinks();
     for (uplink, index, opened) in former_spools {
-        if let (Some(u), Some(ucfg)) = (ctx.uplinks.get(uplink), config.uplink.get(uplink)) {
+        if let (Some(u), Some(ucfg)) = (sinks.get(uplink), config.uplink.get(uplink)) {
             let spool = crate::sink::spool::UplinkSpool::new(
                 index,
                 &ucfg.name,
@@ -358,8 +395,7 @@ async fn run(seed: ShardSeed) {
             former.push((uplink, spool));
         }
     }
-    let all_spools = ctx
-        .uplinks
+    let all_spools = sinks
         .iter()
         .enumerate()
         .filter_map(|(i, u)| u.spool.clone().map(|s| (i, s)))
@@ -412,7 +448,7 @@ async fn run(seed: ShardSeed) {
             Some(crate::sink::http::FunctionSeed {
                 handle,
                 publish,
-                overflow: ctx.uplinks[i].overflow.clone()?,
+                overflow: sinks[i].overflow.clone()?,
             })
         });
         uplink_tasks.push(crate::sink::spawn(
@@ -421,7 +457,7 @@ async fn run(seed: ShardSeed) {
                 lane: Lane::Normal,
                 cfg: cfg.clone(),
                 tls: uplink_tls[i].clone(),
-                queue: ctx.uplinks[i].queue.clone(),
+                queue: sinks[i].queue.clone(),
                 downlink: downlink.clone(),
                 metrics: uplink_metrics[i].normal.clone(),
                 live_devices: online_devices.clone(),
@@ -429,11 +465,11 @@ async fn run(seed: ShardSeed) {
                 feeders: std::mem::take(&mut feeders[i]),
                 links: links.clone(),
                 function: function.clone(),
-                route: ctx.uplinks[i].route.clone(),
+                route: sinks[i].route.clone(),
             },
             local_shutdown.clone(),
         ));
-        if let (Some(queue), Some(metrics)) = (&ctx.uplinks[i].high, &uplink_metrics[i].high) {
+        if let (Some(queue), Some(metrics)) = (&sinks[i].high, &uplink_metrics[i].high) {
             let on_port = uplink_ports[i].clone().map(|sink| {
                 let cell = std::cell::Cell::new(None::<u16>);
                 Box::new(move |port: Option<u16>| {
@@ -459,7 +495,7 @@ async fn run(seed: ShardSeed) {
                     feeders: Default::default(),
                     links: links.clone(),
                     function,
-                    route: ctx.uplinks[i].route.clone(),
+                    route: sinks[i].route.clone(),
                 },
                 local_shutdown.clone(),
             ));
@@ -504,6 +540,9 @@ async fn run(seed: ShardSeed) {
                         tokio::task::spawn_local(crate::edge::phd::data::run(ctx.clone(), phd.clone(), handover));
                     }
                 }
+                Some(ShardCmd::AttachSink(attach)) => {
+                    uplink_tasks.extend(attach_sink(&ctx, *attach, lanes, &links, &local_shutdown));
+                }
                 None => break,
             },
             _ = shutdown.changed() => {
@@ -525,4 +564,106 @@ async fn run(seed: ShardSeed) {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
     }
     tracing::debug!(shard = id, "shard stopped");
+}
+
+/// Start a sink a reload added (ADR 0013): lower every queue to the new share of
+/// `max_buffered`, build the sink's queues, publish the new sink list to the router, spawn
+/// its lanes' sessions, and answer. Returns the session tasks (awaited at shutdown).
+fn attach_sink(
+    ctx: &Rc<ShardContext>,
+    attach: AttachSink,
+    lanes: u64,
+    links: &Option<crate::net::links::LinkWatch>,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let AttachSink {
+        cfg,
+        tls,
+        metrics,
+        route,
+        uplinks,
+        done,
+    } = attach;
+    let shards = ctx.mailboxes.len().max(1) as u64;
+    let per_lane_bytes = (ctx.config.gateway.max_buffered.0 / shards / uplinks.max(1) as u64
+        / lanes)
+        .max(64 * 1024) as usize;
+    let current = ctx.sinks();
+    for sink in current.iter() {
+        sink.queue.lower_capacity_bytes(per_lane_bytes);
+        if let Some(high) = &sink.high {
+            high.lower_capacity_bytes(per_lane_bytes);
+        }
+    }
+    let queue = Rc::new(UplinkQueue::with_metrics(per_lane_bytes, metrics.normal.clone()));
+    let high = metrics
+        .high
+        .as_ref()
+        .map(|m| Rc::new(UplinkQueue::with_metrics(per_lane_bytes, m.clone())));
+    let sink = ShardUplink {
+        route: route.clone(),
+        queue: queue.clone(),
+        high: high.clone(),
+        spool: None,
+        overflow: None,
+    };
+    let mut next: Vec<ShardUplink> = current.as_ref().clone();
+    next.push(sink);
+    *ctx.uplinks.borrow_mut() = Rc::new(next);
+    let downlink_ctx = ctx.clone();
+    let downlink: crate::sink::Downlink = Rc::new(move |p: crate::sink::CloudMessage| {
+        let ctx = downlink_ctx.clone();
+        Box::pin(async move {
+            let routed = Routed {
+                origin: ByteString::from_static(""),
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                retain: false,
+                properties: p.properties,
+            };
+            router::deliver_downlink(&ctx, routed).await;
+        }) as crate::sink::DownlinkDelivery
+    });
+    let cfg = Rc::new(UplinkConfig::clone(&cfg));
+    let mut tasks = vec![crate::sink::spawn(
+        SessionSeed {
+            shard: ctx.id,
+            lane: Lane::Normal,
+            cfg: cfg.clone(),
+            tls: tls.clone(),
+            queue,
+            downlink: downlink.clone(),
+            metrics: metrics.normal.clone(),
+            live_devices: ctx.online_devices.clone(),
+            on_port: None,
+            feeders: Default::default(),
+            links: links.clone(),
+            function: None,
+            route: route.clone(),
+        },
+        shutdown.clone(),
+    )];
+    if let (Some(queue), Some(m)) = (high, &metrics.high) {
+        tasks.push(crate::sink::spawn(
+            SessionSeed {
+                shard: ctx.id,
+                lane: Lane::High,
+                cfg,
+                tls,
+                queue,
+                downlink,
+                metrics: m.clone(),
+                live_devices: ctx.online_devices.clone(),
+                on_port: None,
+                feeders: Default::default(),
+                links: links.clone(),
+                function: None,
+                route,
+            },
+            shutdown.clone(),
+        ));
+    }
+    let _ = done.send(());
+    tasks
 }

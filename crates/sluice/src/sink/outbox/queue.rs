@@ -48,7 +48,10 @@ pub(crate) struct Queued {
 
 #[derive(Debug)]
 pub struct UplinkQueue {
-    capacity_bytes: usize,
+    /// Set at start; lowered when a reload attaches another sink (ADR 0013: the shard's
+    /// share of `max_buffered` is split again), never below what is reserved being a problem:
+    /// a queue over its new capacity admits nothing until releases bring it under.
+    capacity_bytes: std::cell::Cell<usize>,
     state: RefCell<State>,
     /// Bytes were released: the spool feeder re-checks its stream's room. (Blocked pushers
     /// wait on their own tickets, see `State::waiters`.)
@@ -113,7 +116,7 @@ impl UplinkQueue {
     /// are attached by [`crate::sink::spawn`] (the outbox's [`UplinkMetrics`]).
     pub fn new(capacity_bytes: usize) -> UplinkQueue {
         UplinkQueue {
-            capacity_bytes,
+            capacity_bytes: std::cell::Cell::new(capacity_bytes),
             state: RefCell::new(State::default()),
             space: Notify::new(),
             ready: Notify::new(),
@@ -191,7 +194,7 @@ impl UplinkQueue {
 
     /// Whether the reserved bytes reached the capacity (no message fits until some are released).
     pub fn is_full(&self) -> bool {
-        self.state.borrow().reserved_bytes >= self.capacity_bytes
+        self.state.borrow().reserved_bytes >= self.capacity_bytes.get()
     }
 
     /// Messages waiting to be sent, both streams (inflight ones excluded).
@@ -215,7 +218,16 @@ impl UplinkQueue {
     }
 
     pub fn capacity_bytes(&self) -> usize {
-        self.capacity_bytes
+        self.capacity_bytes.get()
+    }
+
+    /// Lower the capacity (a reload attached another sink and the shard's share of
+    /// `max_buffered` is split again). Raising it would have to wake blocked pushers: not
+    /// needed until sinks are detached live (ADR 0013 step 6), so a larger value is ignored.
+    pub fn lower_capacity_bytes(&self, capacity_bytes: usize) {
+        if capacity_bytes < self.capacity_bytes.get() {
+            self.capacity_bytes.set(capacity_bytes);
+        }
     }
 
     fn admits(&self, cost: usize) -> bool {
@@ -223,7 +235,7 @@ impl UplinkQueue {
     }
 
     fn fits(&self, st: &State, cost: usize) -> bool {
-        st.reserved_bytes == 0 || st.reserved_bytes.saturating_add(cost) <= self.capacity_bytes
+        st.reserved_bytes == 0 || st.reserved_bytes.saturating_add(cost) <= self.capacity_bytes.get()
     }
 
     fn admit(&self, msg: UplinkMessage, cost: usize) {
@@ -289,7 +301,7 @@ impl UplinkQueue {
         } else {
             st.reserved_bytes.saturating_sub(st.backlog_bytes)
         };
-        (self.capacity_bytes / 2).saturating_sub(used)
+        (self.capacity_bytes.get() / 2).saturating_sub(used)
     }
 
     /// Messages waiting in the backlog stream.
