@@ -491,19 +491,6 @@ impl Gateway {
             }
             _ => None,
         });
-        let reloader = Arc::new(reload::Reloader::new(
-            config_path,
-            config.clone(),
-            reload::LiveHandles {
-                rules,
-                routes,
-                uplink_tls: uplink_tls_live,
-                acl: acl.clone(),
-                logins: admission.logins(),
-                connect_limits: connect_limits.clone(),
-                device_tls,
-            },
-        ));
         // The admin's table of sinks, by stable id (ADR 0013): ids 0.. in config order.
         let mut tc_status = tc_status.into_iter();
         let uplink_table = Arc::new(uplinks::UplinkTable::at_start(
@@ -521,6 +508,21 @@ impl Gateway {
                     tc: tc_status.next().unwrap_or(serde_json::Value::Null),
                 }
             }),
+        ));
+        let reloader = Arc::new(reload::Reloader::new(
+            config_path,
+            config.clone(),
+            reload::LiveHandles {
+                rules,
+                routes,
+                uplink_tls: uplink_tls_live,
+                acl: acl.clone(),
+                logins: admission.logins(),
+                connect_limits: connect_limits.clone(),
+                device_tls,
+                shards: txs.clone(),
+                table: uplink_table.clone(),
+            },
         ));
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),

@@ -157,7 +157,15 @@ pub(super) struct LiveHandles {
     pub connect_limits: Arc<crate::control::limits::ConnectLimits>,
     /// `[mqtt.tls]`'s listener policy (shared by the tls and wss listeners), if any.
     pub device_tls: Option<Arc<crate::edge::mqtt::listener::TlsPolicy>>,
+    /// Every shard's mailbox: an added uplink is attached through it (ADR 0013).
+    pub shards: Vec<tokio::sync::mpsc::Sender<crate::shard::ShardCmd>>,
+    /// The admin's table of sinks: an added uplink gets its entry there.
+    pub table: Arc<super::uplinks::UplinkTable>,
 }
+
+/// How long a reload waits for every shard to attach an added uplink before it answers
+/// (the entry then stays `attaching` until they do).
+const ATTACH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Re-reads the config file and applies what can change live (see the module docs).
 pub struct Reloader {
@@ -174,6 +182,9 @@ pub struct Reloader {
 
 struct Applied {
     config: Arc<Config>,
+    /// Uplinks a reload attached (not in the configuration the gateway started with), with
+    /// the settings they were attached with and their route handle.
+    added: Vec<(crate::config::UplinkConfig, crate::sink::UplinkRoute)>,
     /// A fingerprint of the ACL file, the device certificates and each uplink's certificate
     /// files when last applied: a file changed under the same name is applied too. (Not the
     /// bytes: no second copy of a private key is kept.)
@@ -189,6 +200,11 @@ struct Prepared {
     files: BTreeMap<String, u64>,
     /// `[acl]` or its file changed (a users-only change recompiles the ACL silently).
     acl_changed: bool,
+    /// Uplinks to attach (added, and of a kind that can be added live), with their TLS.
+    attach: Vec<(
+        crate::config::UplinkConfig,
+        Option<Arc<rustls::ClientConfig>>,
+    )>,
 }
 
 impl Reloader {
@@ -202,6 +218,7 @@ impl Reloader {
             path,
             state: Mutex::new(Applied {
                 config: started.clone(),
+                added: Vec::new(),
                 files,
             }),
             started,
@@ -332,7 +349,26 @@ impl Reloader {
                 uplink_tls.push((i, parts));
             }
         }
+        // Added uplinks that can be attached live: their TLS is built now (a bad CA refuses
+        // the whole reload, nothing attached).
+        let mut attach = Vec::new();
+        for u in &fresh.uplink {
+            let running = self.started.uplink.iter().any(|r| r.name == u.name)
+                || state.added.iter().any(|(a, _)| a.name == u.name);
+            if running || !attachable(fresh, u) {
+                continue;
+            }
+            let tls = if u.url.tls {
+                let (tls, _live) = crate::sink::reloadable_client_tls(u)
+                    .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
+                Some(tls)
+            } else {
+                None
+            };
+            attach.push((u.clone(), tls));
+        }
         Ok(Prepared {
+            attach,
             acl_changed,
             acl,
             device_tls,
@@ -362,8 +398,33 @@ impl Reloader {
                 key.strip_prefix(f.as_str())
                     .is_some_and(|r| r.starts_with(['.', ' ']))
             });
-            if !of_function && !is_live(&key) {
+            let attached = key.strip_suffix(" (added)").and_then(|k| k.strip_prefix("uplink.")).is_some_and(|name| {
+                prepared.attach.iter().any(|(u, _)| u.name == name)
+                    || state.added.iter().any(|(u, _)| u.name == name)
+            });
+            if !of_function && !attached && !is_live(&key) {
                 restart_needed.push(key);
+            }
+        }
+        // An uplink attached by an earlier reload: removing it, or changing what is not live,
+        // waits for a restart (ADR 0013 step 6 detaches live).
+        for (u, _) in &state.added {
+            match fresh.uplink.iter().find(|f| f.name == u.name) {
+                None => restart_needed.push(format!("uplink.{} (removed)", u.name)),
+                Some(f) => {
+                    let mut a = u.clone();
+                    let mut b = f.clone();
+                    for c in [&mut a, &mut b] {
+                        c.forward = Vec::new();
+                        c.receive = Vec::new();
+                        c.topic_prefix = String::new();
+                        c.topic_template = None;
+                        c.aggregate = Default::default();
+                    }
+                    if a != b {
+                        restart_needed.push(format!("uplink.{} (attached by a reload; settings beyond forward, receive and mapping)", u.name));
+                    }
+                }
             }
         }
         if self.started.priority.has_high() != fresh.priority.has_high() {
@@ -428,6 +489,31 @@ impl Reloader {
                 }
             }
         }
+        // The same for uplinks a reload attached.
+        for (u, route) in &state.added {
+            let Some(f) = fresh.uplink.iter().find(|f| f.name == u.name) else {
+                continue;
+            };
+            let before = old.uplink.iter().find(|o| o.name == u.name).unwrap_or(u);
+            if (&f.forward, &f.receive, &f.topic_prefix, &f.topic_template, &f.aggregate)
+                != (
+                    &before.forward,
+                    &before.receive,
+                    &before.topic_prefix,
+                    &before.topic_template,
+                    &before.aggregate,
+                )
+            {
+                route.replace(f);
+                applied.push(format!("uplink.{} forward, receive, mapping", f.name));
+            }
+        }
+        // Uplinks added: attached on every shard (ADR 0013).
+        for (u, tls) in prepared.attach {
+            let route = self.attach_uplink(&u, tls, state.added.len() + 1);
+            applied.push(format!("uplink.{} (added)", u.name));
+            state.added.push((u, route));
+        }
         for (i, parts) in prepared.uplink_tls {
             if let Some(Some(tls)) = self.handles.uplink_tls.get(i) {
                 tls.replace(parts);
@@ -479,6 +565,84 @@ impl Reloader {
             restart_needed,
         }
     }
+}
+
+impl Reloader {
+    /// Attach `u` on every shard and give it its admin entry; waits up to [`ATTACH_WAIT`]
+    /// for the shards (the entry stays `attaching` until every shard answered).
+    /// `added_total`: uplinks attached by reloads, this one included.
+    fn attach_uplink(
+        &self,
+        u: &crate::config::UplinkConfig,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        added_total: usize,
+    ) -> crate::sink::UplinkRoute {
+        let high = self.started.priority.has_high();
+        let route = crate::sink::UplinkRoute::new(u);
+        let lanes: Vec<crate::sink::LaneMetrics> = self
+            .handles
+            .shards
+            .iter()
+            .map(|_| crate::sink::LaneMetrics::new(high))
+            .collect();
+        let entry = self.handles.table.attach(
+            usize::MAX,
+            super::uplinks::StartEntry {
+                name: u.name.clone(),
+                lanes: lanes.clone(),
+                spools: Vec::new(),
+                tc: serde_json::Value::Null,
+            },
+        );
+        let uplinks = self.started.uplink.len() + added_total;
+        let cfg = Arc::new(u.clone());
+        let mut waits = Vec::new();
+        let mut cmds = Vec::new();
+        for (shard, metrics) in self.handles.shards.iter().zip(lanes) {
+            let (done, wait) = tokio::sync::oneshot::channel();
+            waits.push(wait);
+            cmds.push((
+                shard.clone(),
+                crate::shard::ShardCmd::AttachSink(Box::new(crate::shard::AttachSink {
+                    cfg: cfg.clone(),
+                    tls: tls.clone(),
+                    metrics,
+                    route: route.clone(),
+                    uplinks,
+                    done,
+                })),
+            ));
+        }
+        // A thread of its own: a reload may be called from inside a runtime (the signal
+        // task), where blocking on a mailbox is not allowed; the wait is bounded.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let name = u.name.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sluice-attach".into())
+            .spawn(move || {
+                for (shard, cmd) in cmds {
+                    if shard.blocking_send(cmd).is_err() {
+                        return;
+                    }
+                }
+                let all = waits.into_iter().all(|w| w.blocking_recv().is_ok());
+                let _ = tx.send(all);
+            });
+        let attached = spawned.is_ok() && rx.recv_timeout(ATTACH_WAIT).unwrap_or(false);
+        if attached {
+            entry.set_state(super::uplinks::EntryState::Running);
+            tracing::info!(uplink = %name, id = entry.id.0, "uplink attached on every shard");
+        } else {
+            tracing::warn!(uplink = %name, id = entry.id.0, "uplink not attached on every shard yet; it stays attaching");
+        }
+        route
+    }
+}
+
+/// Whether an added uplink can be attached live (ADR 0013, first version): not a function's
+/// sink, no `paths`, no `install_tc`, and no spool (`[spool] dir` unset).
+fn attachable(config: &Config, u: &crate::config::UplinkConfig) -> bool {
+    u.function.is_none() && u.paths.is_empty() && !u.install_tc && config.spool.dir.is_none()
 }
 
 impl RunningGateway {
