@@ -934,3 +934,65 @@ async fn a_reloaded_publish_rate_applies_to_devices_connecting_afterwards() {
     );
     gw.shutdown();
 }
+
+/// ADR 0013 step 4: a reload under load adds a second uplink; the new cloud broker starts
+/// receiving, the first keeps receiving, no device is dropped or stalled, the admin lists it,
+/// and a second reload of the same file does not attach it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_first = watch_cloud(first.subscriber("watch-1", "#").await);
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    let load = Load::start(gw.mqtt_addr, 4).await;
+    wait_cloud(&seen_first, 0, 20, "messages before the reload", |_| true).await;
+    assert!(since(&seen_second, 0).is_empty(), "no second uplink yet");
+
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two}"))).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.second (added)", "{answer}");
+
+    // The new broker receives devices' messages; the first one keeps receiving.
+    let mark = seen_first.lock().unwrap().len();
+    wait_cloud(&seen_second, 0, 40, "messages on the added uplink", |_| true).await;
+    wait_cloud(&seen_first, mark, 40, "messages on the first uplink after the reload", |_| true).await;
+    // Every device keeps being acknowledged (now by both clouds), none was disconnected.
+    load.stop_and_check(10).await;
+
+    let status_json = gw.status_json();
+    for shard in status_json["shards"].as_array().expect("shards") {
+        let names: Vec<&str> = shard["uplinks"]
+            .as_array()
+            .expect("uplinks")
+            .iter()
+            .filter_map(|u| u["name"].as_str())
+            .collect();
+        assert_eq!(names, ["cloud", "second"], "{status_json}");
+    }
+    assert!(
+        metrics(admin_addr).contains("uplink=\"second\""),
+        "the added uplink's series are in /metrics"
+    );
+
+    // The same file again: nothing to do (not attached twice, not named as needing a restart).
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "unchanged", "{answer}");
+    // Removing it is not live yet (ADR 0013 step 6): named, nothing else changes.
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "restart_needed", "{answer}");
+    assert_eq!(answer["restart_needed"][0], "uplink.second (removed)", "{answer}");
+    gw.shutdown();
+}
