@@ -996,3 +996,48 @@ async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
     assert_eq!(answer["restart_needed"][0], "uplink.second (removed)", "{answer}");
     gw.shutdown();
 }
+
+/// ADR 0013: an added uplink whose certificate cannot be read refuses the whole reload;
+/// nothing is attached and the other changes of the same file are not applied either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_added_uplink_with_an_unreadable_ca_refuses_the_reload_and_nothing_changes() {
+    let first = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let bad_ca = dir.path().join("not-a-ca.pem");
+    std::fs::write(&bad_ca, "not a certificate\n").unwrap();
+    let two = first
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"")
+        .replace(
+            &first.pki.ca_path().display().to_string(),
+            &bad_ca.display().to_string(),
+        );
+    let one_changed = one.replace("forward = [\"#\"]", "forward = [\"a/#\"]");
+    std::fs::write(&path, base_config(dir.path(), &format!("{one_changed}\n{two}"))).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["result"], "invalid", "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap_or("").contains("ca_file"),
+        "the reason names the setting: {answer}"
+    );
+    let status_json = gw.status_json();
+    let names: Vec<&str> = status_json["shards"][0]["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .filter_map(|u| u["name"].as_str())
+        .collect();
+    assert_eq!(names, ["cloud"], "nothing attached: {status_json}");
+    // The same change without the bad uplink applies (the forward change was not half-applied).
+    std::fs::write(&path, base_config(dir.path(), &one_changed)).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["applied"][0], "uplink.cloud.forward", "{answer}");
+    gw.shutdown();
+}
