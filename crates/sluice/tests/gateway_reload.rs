@@ -966,8 +966,18 @@ async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
 
     // The new broker receives devices' messages; the first one keeps receiving.
     let mark = seen_first.lock().unwrap().len();
-    wait_cloud(&seen_second, 0, 40, "messages on the added uplink", |_| true).await;
-    wait_cloud(&seen_first, mark, 40, "messages on the first uplink after the reload", |_| true).await;
+    wait_cloud(&seen_second, 0, 40, "messages on the added uplink", |_| {
+        true
+    })
+    .await;
+    wait_cloud(
+        &seen_first,
+        mark,
+        40,
+        "messages on the first uplink after the reload",
+        |_| true,
+    )
+    .await;
     // Every device keeps being acknowledged (now by both clouds), none was disconnected.
     load.stop_and_check(10).await;
 
@@ -993,7 +1003,10 @@ async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
     std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
     let (_, answer) = post_reload(admin_addr);
     assert_eq!(answer["result"], "restart_needed", "{answer}");
-    assert_eq!(answer["restart_needed"][0], "uplink.second (removed)", "{answer}");
+    assert_eq!(
+        answer["restart_needed"][0], "uplink.second (removed)",
+        "{answer}"
+    );
     gw.shutdown();
 }
 
@@ -1019,7 +1032,11 @@ async fn an_added_uplink_with_an_unreadable_ca_refuses_the_reload_and_nothing_ch
             &bad_ca.display().to_string(),
         );
     let one_changed = one.replace("forward = [\"#\"]", "forward = [\"a/#\"]");
-    std::fs::write(&path, base_config(dir.path(), &format!("{one_changed}\n{two}"))).unwrap();
+    std::fs::write(
+        &path,
+        base_config(dir.path(), &format!("{one_changed}\n{two}")),
+    )
+    .unwrap();
     let (status, answer) = post_reload(admin_addr);
     assert_eq!(status, 422, "{answer}");
     assert_eq!(answer["result"], "invalid", "{answer}");

@@ -494,8 +494,11 @@ impl Gateway {
         // The admin's table of sinks, by stable id (ADR 0013): ids 0.. in config order.
         let mut tc_status = tc_status.into_iter();
         let uplink_table = Arc::new(uplinks::UplinkTable::at_start(
-            config.uplink.iter().enumerate().map(|(u, cfg)| {
-                uplinks::StartEntry {
+            config
+                .uplink
+                .iter()
+                .enumerate()
+                .map(|(u, cfg)| uplinks::StartEntry {
                     name: cfg.name.clone(),
                     lanes: uplink_metrics
                         .iter()
@@ -506,8 +509,7 @@ impl Gateway {
                         .filter_map(|per_shard| per_shard.get(u).cloned())
                         .collect(),
                     tc: tc_status.next().unwrap_or(serde_json::Value::Null),
-                }
-            }),
+                }),
         ));
         let reloader = Arc::new(reload::Reloader::new(
             config_path,

@@ -422,11 +422,10 @@ impl GatewayStatus {
             // Shard-major, one per (shard, sink). The history below is positional: while the
             // table cannot change at runtime that is stable; ADR 0013 step 4 keys it by
             // (uplink id, shard) before sinks are attached or detached live.
-            let flat: Vec<&std::sync::Arc<crate::sink::spool::SpoolMetrics>> = (0..self
-                .shard_metrics
-                .len())
-                .flat_map(|i| table.iter().filter_map(move |u| u.spools.get(i)))
-                .collect();
+            let flat: Vec<&std::sync::Arc<crate::sink::spool::SpoolMetrics>> =
+                (0..self.shard_metrics.len())
+                    .flat_map(|i| table.iter().filter_map(move |u| u.spools.get(i)))
+                    .collect();
             let appended: Vec<u64> = flat.iter().map(|m| m.records_appended.get()).collect();
             if inner.spool_samples.len() == SPOOL_HISTORY {
                 inner.spool_samples.pop_front();

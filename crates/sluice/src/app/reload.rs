@@ -398,10 +398,13 @@ impl Reloader {
                 key.strip_prefix(f.as_str())
                     .is_some_and(|r| r.starts_with(['.', ' ']))
             });
-            let attached = key.strip_suffix(" (added)").and_then(|k| k.strip_prefix("uplink.")).is_some_and(|name| {
-                prepared.attach.iter().any(|(u, _)| u.name == name)
-                    || state.added.iter().any(|(u, _)| u.name == name)
-            });
+            let attached = key
+                .strip_suffix(" (added)")
+                .and_then(|k| k.strip_prefix("uplink."))
+                .is_some_and(|name| {
+                    prepared.attach.iter().any(|(u, _)| u.name == name)
+                        || state.added.iter().any(|(u, _)| u.name == name)
+                });
             if !of_function && !attached && !is_live(&key) {
                 restart_needed.push(key);
             }
@@ -495,15 +498,19 @@ impl Reloader {
                 continue;
             };
             let before = old.uplink.iter().find(|o| o.name == u.name).unwrap_or(u);
-            if (&f.forward, &f.receive, &f.topic_prefix, &f.topic_template, &f.aggregate)
-                != (
-                    &before.forward,
-                    &before.receive,
-                    &before.topic_prefix,
-                    &before.topic_template,
-                    &before.aggregate,
-                )
-            {
+            if (
+                &f.forward,
+                &f.receive,
+                &f.topic_prefix,
+                &f.topic_template,
+                &f.aggregate,
+            ) != (
+                &before.forward,
+                &before.receive,
+                &before.topic_prefix,
+                &before.topic_template,
+                &before.aggregate,
+            ) {
                 route.replace(f);
                 applied.push(format!("uplink.{} forward, receive, mapping", f.name));
             }

@@ -585,9 +585,9 @@ fn attach_sink(
         done,
     } = attach;
     let shards = ctx.mailboxes.len().max(1) as u64;
-    let per_lane_bytes = (ctx.config.gateway.max_buffered.0 / shards / uplinks.max(1) as u64
-        / lanes)
-        .max(64 * 1024) as usize;
+    let per_lane_bytes =
+        (ctx.config.gateway.max_buffered.0 / shards / uplinks.max(1) as u64 / lanes).max(64 * 1024)
+            as usize;
     let current = ctx.sinks();
     for sink in current.iter() {
         sink.queue.lower_capacity_bytes(per_lane_bytes);
@@ -595,7 +595,10 @@ fn attach_sink(
             high.lower_capacity_bytes(per_lane_bytes);
         }
     }
-    let queue = Rc::new(UplinkQueue::with_metrics(per_lane_bytes, metrics.normal.clone()));
+    let queue = Rc::new(UplinkQueue::with_metrics(
+        per_lane_bytes,
+        metrics.normal.clone(),
+    ));
     let high = metrics
         .high
         .as_ref()

@@ -235,7 +235,8 @@ impl UplinkQueue {
     }
 
     fn fits(&self, st: &State, cost: usize) -> bool {
-        st.reserved_bytes == 0 || st.reserved_bytes.saturating_add(cost) <= self.capacity_bytes.get()
+        st.reserved_bytes == 0
+            || st.reserved_bytes.saturating_add(cost) <= self.capacity_bytes.get()
     }
 
     fn admit(&self, msg: UplinkMessage, cost: usize) {
