@@ -22,8 +22,12 @@
 //! - No lock on the data path: the control side builds each new immutable snapshot and
 //!   stores it with `arc-swap`; shards, the listener and transports keep reading with one
 //!   atomic load. No device connection is closed by a reload.
-//! - Restart-only changes (listen addresses, shard count, spool, lanes, uplinks added or
-//!   removed, …) are never half-applied: they are named in the answer and the log
+//! - An added uplink (MQTT or oneM2M, no spool, `paths` or `install_tc`; ADR 0013) is
+//!   attached on every shard through its mailbox (`ShardCmd::AttachSink`) after its TLS is
+//!   built, and gets its entry in the admin's table (`uplinks.rs`); it is remembered
+//!   (`Applied::added`) so a later reload neither attaches it again nor names it.
+//! - Restart-only changes (listen addresses, shard count, spool, lanes, uplinks removed,
+//!   functions, …) are never half-applied: they are named in the answer and the log
 //!   (`result="restart_needed"`), and the parts of the same file that can change live are
 //!   applied. They are compared with the configuration the gateway started with, so each
 //!   later reload names them again until a restart.
