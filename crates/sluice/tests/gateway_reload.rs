@@ -990,6 +990,9 @@ async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
             .filter_map(|u| u["name"].as_str())
             .collect();
         assert_eq!(names, ["cloud", "second"], "{status_json}");
+        // Stable ids (the started uplink 0, the added one the next), both running.
+        assert_eq!(shard["uplinks"][1]["id"], 1, "{status_json}");
+        assert_eq!(shard["uplinks"][1]["lifecycle"], "running", "{status_json}");
     }
     assert!(
         metrics(admin_addr).contains("uplink=\"second\""),

@@ -160,8 +160,8 @@ impl AdminSource for GatewayStatus {
             .map(|(i, m)| {
                 let uplinks: Vec<serde_json::Value> = table
                     .iter()
-                    .filter_map(|u| Some((&u.name, u.lanes.get(i)?)))
-                    .map(|(name, lanes)| {
+                    .filter_map(|u| Some((u, u.lanes.get(i)?)))
+                    .map(|(entry, lanes)| {
                         let lane_status: serde_json::Map<String, serde_json::Value> = lanes
                             .iter()
                             .map(|(lane, m)| {
@@ -181,7 +181,9 @@ impl AdminSource for GatewayStatus {
                             })
                             .collect();
                         serde_json::json!({
-                            "name": name,
+                            "name": entry.name,
+                            "id": entry.id.0,
+                            "lifecycle": entry.state().as_str(),
                             "state": lanes.normal.state(),
                             "lanes": lane_status,
                         })
