@@ -1061,3 +1061,47 @@ async fn an_added_uplink_with_an_unreadable_ca_refuses_the_reload_and_nothing_ch
     assert_eq!(answer["applied"][0], "uplink.cloud.forward", "{answer}");
     gw.shutdown();
 }
+
+/// ADR 0013, first version: with `[spool] dir` an added uplink is not attached live (its
+/// spools would have to be opened and recovered first); the reload names it and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_spool_an_added_uplink_waits_for_a_restart() {
+    let first = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spool = dir.path().join("spool");
+    let path = dir.path().join("sluice.toml");
+    let one = format!(
+        "{}\n[spool]\ndir = \"{}\"\n",
+        first.uplink_toml(None, "forward = [\"#\"]"),
+        spool.display()
+    );
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let two = first
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    std::fs::write(&path, base_config(dir.path(), &format!("{two}\n{one}"))).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"], "restart_needed", "{answer}");
+    assert!(
+        answer["restart_needed"]
+            .as_array()
+            .expect("restart_needed")
+            .iter()
+            .any(|k| k == "uplink.second (added)"),
+        "{answer}"
+    );
+    let status_json = gw.status_json();
+    assert_eq!(
+        status_json["shards"][0]["uplinks"]
+            .as_array()
+            .expect("uplinks")
+            .len(),
+        1,
+        "nothing attached: {status_json}"
+    );
+    gw.shutdown();
+}
