@@ -1002,6 +1002,33 @@ async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
     // The same file again: nothing to do (not attached twice, not named as needing a restart).
     let (_, answer) = post_reload(admin_addr);
     assert_eq!(answer["result"], "unchanged", "{answer}");
+    // The added uplink's forward filters change live like any other's.
+    let two_a = two.replace("forward = [\"#\"]", "forward = [\"a/#\"]");
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two_a}"))).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.second.forward", "{answer}");
+    // Messages of the first load still on their way from the broker to the watcher land
+    // before the mark.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mark = seen_second.lock().unwrap().len();
+    let load = Load::start(gw.mqtt_addr, 2).await;
+    wait_cloud(
+        &seen_second,
+        mark,
+        20,
+        "a/ messages on the added uplink",
+        |t| t.starts_with("a/"),
+    )
+    .await;
+    assert!(
+        since(&seen_second, mark)
+            .iter()
+            .all(|t| t.starts_with("a/")),
+        "only a/ after the filter change: {:?}",
+        since(&seen_second, mark)
+    );
+    load.stop_and_check(5).await;
     // Removing it is not live yet (ADR 0013 step 6): named, nothing else changes.
     std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
     let (_, answer) = post_reload(admin_addr);

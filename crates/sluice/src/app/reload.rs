@@ -516,7 +516,17 @@ impl Reloader {
                 &before.aggregate,
             ) {
                 route.replace(f);
-                applied.push(format!("uplink.{} forward, receive, mapping", f.name));
+                for (key, changed) in [
+                    ("forward", f.forward != before.forward),
+                    ("receive", f.receive != before.receive),
+                    ("topic_prefix", f.topic_prefix != before.topic_prefix),
+                    ("topic_template", f.topic_template != before.topic_template),
+                    ("aggregate", f.aggregate != before.aggregate),
+                ] {
+                    if changed {
+                        applied.push(format!("uplink.{}.{key}", f.name));
+                    }
+                }
             }
         }
         // Uplinks added: attached on every shard (ADR 0013).
