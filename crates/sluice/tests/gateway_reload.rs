@@ -1132,3 +1132,70 @@ async fn with_a_spool_an_added_uplink_waits_for_a_restart() {
     );
     gw.shutdown();
 }
+
+/// ADR 0013: an uplink a reload added has its certificates reloaded like the others': added
+/// trusting the wrong CA it cannot connect; the right CA under the same file name and a reload
+/// make its next connect succeed, and its broker receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_added_uplinks_roots_are_reloaded_at_its_next_connect() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let stranger = TestPki::generate();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let ca = dir.path().join("second-ca.pem");
+    std::fs::copy(stranger.ca_path(), &ca).unwrap();
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"")
+        .replace(
+            &format!("ca_file = \"{}\"", second.pki.ca_path().display()),
+            &format!("ca_file = \"{}\"", ca.display()),
+        );
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two}"))).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["applied"][0], "uplink.second (added)", "{answer}");
+    let load = Load::start(gw.mqtt_addr, 1).await;
+    // The stranger CA: its sessions fail to connect (every shard's, repeatedly).
+    let failures = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("sluice_uplink_connect_failures_total")
+                    && l.contains("uplink=\"second\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while failures(&metrics(admin_addr)) < 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the added uplink's connects did not fail"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(since(&seen_second, 0).is_empty(), "nothing reached it");
+    // The right CA under the same name.
+    std::fs::copy(second.pki.ca_path(), &ca).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(
+        answer["applied"][0], "uplink.second certificates (next connect)",
+        "{answer}"
+    );
+    wait_cloud(
+        &seen_second,
+        0,
+        10,
+        "messages once the roots are right",
+        |_| true,
+    )
+    .await;
+    load.stop_and_check(5).await;
+    gw.shutdown();
+}

@@ -188,11 +188,19 @@ struct Applied {
     config: Arc<Config>,
     /// Uplinks a reload attached (not in the configuration the gateway started with), with
     /// the settings they were attached with and their route handle.
-    added: Vec<(crate::config::UplinkConfig, crate::sink::UplinkRoute)>,
+    added: Vec<Added>,
     /// A fingerprint of the ACL file, the device certificates and each uplink's certificate
     /// files when last applied: a file changed under the same name is applied too. (Not the
     /// bytes: no second copy of a private key is kept.)
     files: BTreeMap<String, u64>,
+}
+
+/// An uplink a reload attached: the settings it was attached with and its live handles.
+struct Added {
+    cfg: crate::config::UplinkConfig,
+    route: crate::sink::UplinkRoute,
+    /// Its TLS roots and client certificate (`None`: no TLS).
+    tls: Option<Arc<crate::sink::ReloadableClientTls>>,
 }
 
 /// Everything built from the fresh file before any handle is touched.
@@ -205,10 +213,9 @@ struct Prepared {
     /// `[acl]` or its file changed (a users-only change recompiles the ACL silently).
     acl_changed: bool,
     /// Uplinks to attach (added, and of a kind that can be added live), with their TLS.
-    attach: Vec<(
-        crate::config::UplinkConfig,
-        Option<Arc<rustls::ClientConfig>>,
-    )>,
+    attach: Vec<(crate::config::UplinkConfig, Option<ClientTls>)>,
+    /// Uplinks attached by an earlier reload whose certificate files changed: by name.
+    added_tls: Vec<(String, crate::sink::ClientTlsParts)>,
 }
 
 impl Reloader {
@@ -358,21 +365,47 @@ impl Reloader {
         let mut attach = Vec::new();
         for u in &fresh.uplink {
             let running = self.started.uplink.iter().any(|r| r.name == u.name)
-                || state.added.iter().any(|(a, _)| a.name == u.name);
+                || state.added.iter().any(|a| a.cfg.name == u.name);
             if running || !attachable(fresh, u) {
                 continue;
             }
             let tls = if u.url.tls {
-                let (tls, _live) = crate::sink::reloadable_client_tls(u)
-                    .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
-                Some(tls)
+                Some(
+                    crate::sink::reloadable_client_tls(u)
+                        .map_err(|e| format!("uplink {:?}: {e}", u.name))?,
+                )
             } else {
                 None
             };
             attach.push((u.clone(), tls));
         }
+        // Uplinks a reload attached: new roots or client certificate, as for the others.
+        let mut added_tls = Vec::new();
+        for a in &state.added {
+            let (Some(_), Some(u)) = (&a.tls, fresh.uplink.iter().find(|u| u.name == a.cfg.name))
+            else {
+                continue;
+            };
+            let before = old
+                .uplink
+                .iter()
+                .find(|o| o.name == u.name)
+                .unwrap_or(&a.cfg);
+            let keys = ["ca_file", "cert_file", "key_file"];
+            let changed = (&before.ca_file, &before.cert_file, &before.key_file)
+                != (&u.ca_file, &u.cert_file, &u.key_file)
+                || keys
+                    .iter()
+                    .any(|k| file_changed(&files, &state.files, &format!("uplink.{}.{k}", u.name)));
+            if changed && u.url.tls {
+                let parts = crate::sink::ClientTlsParts::load(u)
+                    .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
+                added_tls.push((u.name.clone(), parts));
+            }
+        }
         Ok(Prepared {
             attach,
+            added_tls,
             acl_changed,
             acl,
             device_tls,
@@ -407,7 +440,7 @@ impl Reloader {
                 .and_then(|k| k.strip_prefix("uplink."))
                 .is_some_and(|name| {
                     prepared.attach.iter().any(|(u, _)| u.name == name)
-                        || state.added.iter().any(|(u, _)| u.name == name)
+                        || state.added.iter().any(|a| a.cfg.name == name)
                 });
             if !of_function && !attached && !is_live(&key) {
                 restart_needed.push(key);
@@ -415,7 +448,7 @@ impl Reloader {
         }
         // An uplink attached by an earlier reload: removing it, or changing what is not live,
         // waits for a restart (ADR 0013 step 6 detaches live).
-        for (u, _) in &state.added {
+        for Added { cfg: u, .. } in &state.added {
             match fresh.uplink.iter().find(|f| f.name == u.name) {
                 None => restart_needed.push(format!("uplink.{} (removed)", u.name)),
                 Some(f) => {
@@ -427,9 +460,13 @@ impl Reloader {
                         c.topic_prefix = String::new();
                         c.topic_template = None;
                         c.aggregate = Default::default();
+                        // Live through the TLS handle, below.
+                        c.ca_file = None;
+                        c.cert_file = None;
+                        c.key_file = None;
                     }
                     if a != b {
-                        restart_needed.push(format!("uplink.{} (attached by a reload; settings beyond forward, receive and mapping)", u.name));
+                        restart_needed.push(format!("uplink.{} (attached by a reload; settings beyond forward, receive, mapping and certificates)", u.name));
                     }
                 }
             }
@@ -497,7 +534,7 @@ impl Reloader {
             }
         }
         // The same for uplinks a reload attached.
-        for (u, route) in &state.added {
+        for Added { cfg: u, route, .. } in &state.added {
             let Some(f) = fresh.uplink.iter().find(|f| f.name == u.name) else {
                 continue;
             };
@@ -530,10 +567,29 @@ impl Reloader {
             }
         }
         // Uplinks added: attached on every shard (ADR 0013).
+        for (name, parts) in prepared.added_tls {
+            if let Some(tls) = state
+                .added
+                .iter()
+                .find(|a| a.cfg.name == name)
+                .and_then(|a| a.tls.as_ref())
+            {
+                tls.replace(parts);
+                applied.push(format!("uplink.{name} certificates (next connect)"));
+            }
+        }
         for (u, tls) in prepared.attach {
-            let route = self.attach_uplink(&u, tls, state.added.len() + 1);
+            let (client, live) = match tls {
+                Some((client, live)) => (Some(client), Some(live)),
+                None => (None, None),
+            };
+            let route = self.attach_uplink(&u, client, state.added.len() + 1);
             applied.push(format!("uplink.{} (added)", u.name));
-            state.added.push((u, route));
+            state.added.push(Added {
+                cfg: u,
+                route,
+                tls: live,
+            });
         }
         for (i, parts) in prepared.uplink_tls {
             if let Some(Some(tls)) = self.handles.uplink_tls.get(i) {
@@ -659,6 +715,12 @@ impl Reloader {
         route
     }
 }
+
+/// An uplink's client TLS configuration and the handle a reload replaces its parts through.
+type ClientTls = (
+    Arc<rustls::ClientConfig>,
+    Arc<crate::sink::ReloadableClientTls>,
+);
 
 /// Whether an added uplink can be attached live (ADR 0013, first version): not a function's
 /// sink, no `paths`, no `install_tc`, and no spool (`[spool] dir` unset).
