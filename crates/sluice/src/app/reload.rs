@@ -694,23 +694,28 @@ impl Reloader {
         // task), where blocking on a mailbox is not allowed; the wait is bounded.
         let (tx, rx) = std::sync::mpsc::channel();
         let name = u.name.clone();
+        let running = entry.clone();
         let spawned = std::thread::Builder::new()
             .name("sluice-attach".into())
             .spawn(move || {
                 for (shard, cmd) in cmds {
                     if shard.blocking_send(cmd).is_err() {
+                        // The gateway is stopping.
                         return;
                     }
                 }
-                let all = waits.into_iter().all(|w| w.blocking_recv().is_ok());
-                let _ = tx.send(all);
+                if waits.into_iter().all(|w| w.blocking_recv().is_ok()) {
+                    // Also when the reload stopped waiting: the entry leaves `attaching`.
+                    running.set_state(super::uplinks::EntryState::Running);
+                    let _ = tx.send(());
+                }
             });
-        let attached = spawned.is_ok() && rx.recv_timeout(ATTACH_WAIT).unwrap_or(false);
-        if attached {
-            entry.set_state(super::uplinks::EntryState::Running);
+        if let Err(error) = spawned {
+            tracing::error!(uplink = %name, %error, "cannot start the thread that attaches an uplink; it is not attached");
+        } else if rx.recv_timeout(ATTACH_WAIT).is_ok() {
             tracing::info!(uplink = %name, id = entry.id.0, "uplink attached on every shard");
         } else {
-            tracing::warn!(uplink = %name, id = entry.id.0, "uplink not attached on every shard yet; it stays attaching");
+            tracing::warn!(uplink = %name, id = entry.id.0, "uplink not attached on every shard yet; it stays attaching until they are");
         }
         route
     }
