@@ -40,8 +40,10 @@ struct Inner {
     counters: HashMap<String, u64>,
     /// Per `uplink/lane`: bucket counts (and overflow), sum (µs), count at the previous tick.
     latency: HashMap<String, (Vec<u64>, u64, u64)>,
-    /// (ms since `started`, appended totals of every spool in `[shard][uplink]` order).
-    spool_samples: VecDeque<(u64, Vec<u64>)>,
+    /// (ms since `started`, appended totals of every spool by (uplink id, shard)): keyed, not
+    /// positional, so a sink attached or detached by a reload never shifts another's history
+    /// (ADR 0013).
+    spool_samples: VecDeque<(u64, HashMap<(u32, usize), u64>)>,
 }
 
 /// The rate of counters between two ticks.
@@ -419,20 +421,27 @@ impl GatewayStatus {
         // counter's history.
         let spool = self.spool_dir.as_ref().map(|_| {
             let now_ms = now.saturating_duration_since(self.started).as_millis() as u64;
-            // Shard-major, one per (shard, sink). The history below is positional: while the
-            // table cannot change at runtime that is stable; ADR 0013 step 4 keys it by
-            // (uplink id, shard) before sinks are attached or detached live.
-            let flat: Vec<&std::sync::Arc<crate::sink::spool::SpoolMetrics>> =
-                (0..self.shard_metrics.len())
-                    .flat_map(|i| table.iter().filter_map(move |u| u.spools.get(i)))
-                    .collect();
-            let appended: Vec<u64> = flat.iter().map(|m| m.records_appended.get()).collect();
+            // One per (sink, shard), keyed by the sink's stable id.
+            let flat: Vec<(
+                (u32, usize),
+                &std::sync::Arc<crate::sink::spool::SpoolMetrics>,
+            )> = table
+                .iter()
+                .flat_map(|u| u.spools.iter().enumerate().map(|(i, m)| ((u.id.0, i), m)))
+                .collect();
+            let appended: Vec<u64> = flat.iter().map(|(_, m)| m.records_appended.get()).collect();
             if inner.spool_samples.len() == SPOOL_HISTORY {
                 inner.spool_samples.pop_front();
             }
-            inner.spool_samples.push_back((now_ms, appended.clone()));
+            inner.spool_samples.push_back((
+                now_ms,
+                flat.iter()
+                    .map(|(k, _)| *k)
+                    .zip(appended.iter().copied())
+                    .collect(),
+            ));
             let mut oldest: Option<(f64, &str)> = None;
-            for (i, m) in flat.iter().enumerate() {
+            for (i, (key, m)) in flat.iter().enumerate() {
                 let unacked = m.unacked_records.get();
                 if unacked <= 0 {
                     continue;
@@ -446,13 +455,13 @@ impl GatewayStatus {
                     match inner
                         .spool_samples
                         .iter()
-                        .find(|(_, a)| a.get(i).is_some_and(|&n| n > t))
+                        .find(|(_, a)| a.get(key).is_some_and(|&n| n > t))
                     {
                         Some((ms, _))
                             if inner
                                 .spool_samples
                                 .front()
-                                .is_some_and(|(_, a)| a.get(i).is_some_and(|&n| n <= t)) =>
+                                .is_some_and(|(_, a)| a.get(key).is_some_and(|&n| n <= t)) =>
                         {
                             ((now_ms - ms) as f64 / 1000.0, "history")
                         }
