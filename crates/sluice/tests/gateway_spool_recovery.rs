@@ -71,7 +71,13 @@ async fn a_failing_spool_closes_the_devices_it_cannot_acknowledge_and_they_resen
 
     // The spool's storage fails under the running gateway: its directory disappears, so the
     // next segment file cannot be created and the commit that needs it fails.
-    std::fs::remove_dir_all(t.dir.path()).expect("remove the spool directory");
+    // The gateway may create a file in it while it is being removed (ENOTEMPTY): try again.
+    let mut attempts = 0;
+    while let Err(error) = std::fs::remove_dir_all(t.dir.path()) {
+        attempts += 1;
+        assert!(attempts < 20, "remove the spool directory: {error}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // Keep 16 messages in flight, so the commit that fails has devices waiting on it.
     let mut pending = std::collections::VecDeque::new();
     let mut first_unacked = None;

@@ -871,16 +871,4 @@ fn check_pem(key: &str, path: &Path, want: Pem) -> Result<(), ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn templates_must_use_known_placeholders() {
-        assert!(check_template("site1/{device}/{topic}").is_ok());
-        assert!(check_template("{topic}").is_ok());
-        assert!(check_template("fixed/topic").is_err());
-        assert!(check_template("a/{dev}/{topic}").is_err());
-        assert!(check_template("a/{topic").is_err());
-        assert!(check_template("a/+/{topic}").is_err());
-    }
-}
+mod tests;

@@ -403,6 +403,12 @@ impl UplinkMetrics {
             l,
             self.queue_bytes.get(),
         );
+        w.gauge_f64(
+            "sluice_uplink_queue_oldest_age_seconds",
+            "Time the oldest message waiting in the uplink queue (not yet sent) has waited since it was received; 0 when none waits.",
+            l,
+            self.queue_oldest_age().map_or(0.0, |d| d.as_secs_f64()),
+        );
         for reason in DropReason::ALL {
             w.counter(
                 "sluice_uplink_dropped_total",
@@ -516,6 +522,7 @@ mod tests {
         assert!(text.contains("sluice_uplink_inflight_messages{"));
         assert!(text.contains("sluice_uplink_queue_messages{"));
         assert!(text.contains("sluice_uplink_queue_bytes{"));
+        assert!(text.contains("sluice_uplink_queue_oldest_age_seconds{"));
         assert_eq!(m.state(), "connected");
         assert_eq!(m.messages_per_write(), 5.0);
     }

@@ -71,7 +71,15 @@ def main():
             return int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-seq") or "0")
 
         def text(css):
-            return driver.find_element(By.CSS_SELECTOR, css).text
+            # One script call reads the element's rendered text: the page redraws its tables
+            # every tick, so an element found in one WebDriver call may be gone (stale) by the
+            # next.
+            return driver.execute_script(
+                "const e = document.querySelector(arguments[0]);"
+                "if (!e) { throw new Error('no element ' + arguments[0]); }"
+                "return e.innerText;",
+                css,
+            )
 
         def number(css):
             t = text(css).replace(",", "")
