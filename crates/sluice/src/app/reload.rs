@@ -43,6 +43,12 @@ use crate::telemetry::metrics::{Counter, PromWriter};
 
 use super::RunningGateway;
 
+mod diff;
+mod sinks;
+
+use diff::{changed_keys, file_changed, is_live, watched_files};
+use sinks::{attachable, ClientTls};
+
 /// Who asked for a reload (named in the log line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReloadTrigger {
@@ -189,6 +195,9 @@ struct Applied {
     /// Uplinks a reload attached (not in the configuration the gateway started with), with
     /// the settings they were attached with and their route handle.
     added: Vec<Added>,
+    /// Uplinks of the configuration the gateway started with that a reload removed live:
+    /// their started settings no longer count (added again, they are in `added`).
+    removed: Vec<String>,
     /// A fingerprint of the ACL file, the device certificates and each uplink's certificate
     /// files when last applied: a file changed under the same name is applied too. (Not the
     /// bytes: no second copy of a private key is kept.)
@@ -230,6 +239,7 @@ impl Reloader {
             state: Mutex::new(Applied {
                 config: started.clone(),
                 added: Vec::new(),
+                removed: Vec::new(),
                 files,
             }),
             started,
@@ -341,6 +351,9 @@ impl Reloader {
         };
         let mut uplink_tls = Vec::new();
         for (i, running) in self.started.uplink.iter().enumerate() {
+            if state.removed.contains(&running.name) {
+                continue;
+            }
             let (Some(Some(_)), Some(u)) = (
                 self.handles.uplink_tls.get(i),
                 fresh.uplink.iter().find(|u| u.name == running.name),
@@ -364,7 +377,8 @@ impl Reloader {
         // the whole reload, nothing attached).
         let mut attach = Vec::new();
         for u in &fresh.uplink {
-            let running = self.started.uplink.iter().any(|r| r.name == u.name)
+            let running = (self.started.uplink.iter().any(|r| r.name == u.name)
+                && !state.removed.contains(&u.name))
                 || state.added.iter().any(|a| a.cfg.name == u.name);
             if running || !attachable(fresh, u) {
                 continue;
@@ -430,11 +444,31 @@ impl Reloader {
             .filter(|u| u.function.is_some())
             .map(|u| format!("uplink.{}", u.name))
             .collect();
+        // Uplinks removed: detached on every shard after everything else is applied.
+        let mut detach: Vec<String> = Vec::new();
+        let of_uplink = |key: &str, name: &str| {
+            key.strip_prefix(&format!("uplink.{name}"))
+                .is_some_and(|r| r.starts_with(['.', ' ']))
+        };
         for key in changed_keys(&self.started, &fresh) {
             let of_function = function_sinks.iter().any(|f| {
                 key.strip_prefix(f.as_str())
                     .is_some_and(|r| r.starts_with(['.', ' ']))
             });
+            // A started uplink a reload removed: what runs under its name now, if anything,
+            // was attached by a reload and is compared below.
+            if state.removed.iter().any(|r| of_uplink(&key, r)) {
+                continue;
+            }
+            if let Some(name) = key
+                .strip_suffix(" (removed)")
+                .and_then(|k| k.strip_prefix("uplink."))
+            {
+                if !of_function && self.started.spool.dir.is_none() {
+                    detach.push(name.to_string());
+                    continue;
+                }
+            }
             let attached = key
                 .strip_suffix(" (added)")
                 .and_then(|k| k.strip_prefix("uplink."))
@@ -446,11 +480,11 @@ impl Reloader {
                 restart_needed.push(key);
             }
         }
-        // An uplink attached by an earlier reload: removing it, or changing what is not live,
-        // waits for a restart (ADR 0013 step 6 detaches live).
+        // An uplink attached by an earlier reload: removed, it is detached; changing what is
+        // not live waits for a restart.
         for Added { cfg: u, .. } in &state.added {
             match fresh.uplink.iter().find(|f| f.name == u.name) {
-                None => restart_needed.push(format!("uplink.{} (removed)", u.name)),
+                None => detach.push(u.name.clone()),
                 Some(f) => {
                     let mut a = u.clone();
                     let mut b = f.clone();
@@ -494,7 +528,7 @@ impl Reloader {
         }
         // Forward filters and topic mapping, per uplink the gateway runs.
         for (i, running) in self.started.uplink.iter().enumerate() {
-            if running.function.is_some() {
+            if running.function.is_some() || state.removed.contains(&running.name) {
                 continue;
             }
             let (Some(u), Some(route)) = (
@@ -583,7 +617,7 @@ impl Reloader {
                 Some((client, live)) => (Some(client), Some(live)),
                 None => (None, None),
             };
-            let route = self.attach_uplink(&u, client, state.added.len() + 1);
+            let route = self.attach_uplink(&u, client);
             applied.push(format!("uplink.{} (added)", u.name));
             state.added.push(Added {
                 cfg: u,
@@ -633,6 +667,18 @@ impl Reloader {
                 }
             }
         }
+        // Last, because it waits for the drain: the uplinks removed.
+        if !detach.is_empty() {
+            applied.extend(self.detach_sinks(&detach, fresh.reload.drain_timeout));
+            for name in &detach {
+                if self.started.uplink.iter().any(|u| &u.name == name)
+                    && !state.removed.contains(name)
+                {
+                    state.removed.push(name.clone());
+                }
+            }
+            state.added.retain(|a| !detach.contains(&a.cfg.name));
+        }
         restart_needed.sort();
         restart_needed.dedup();
         state.config = Arc::new(fresh);
@@ -644,326 +690,10 @@ impl Reloader {
     }
 }
 
-impl Reloader {
-    /// Attach `u` on every shard and give it its admin entry; waits up to [`ATTACH_WAIT`]
-    /// for the shards (the entry stays `attaching` until every shard answered).
-    /// `added_total`: uplinks attached by reloads, this one included.
-    fn attach_uplink(
-        &self,
-        u: &crate::config::UplinkConfig,
-        tls: Option<Arc<rustls::ClientConfig>>,
-        added_total: usize,
-    ) -> crate::sink::UplinkRoute {
-        let high = self.started.priority.has_high();
-        let route = crate::sink::UplinkRoute::new(u);
-        let lanes: Vec<crate::sink::LaneMetrics> = self
-            .handles
-            .shards
-            .iter()
-            .map(|_| crate::sink::LaneMetrics::new(high))
-            .collect();
-        let entry = self.handles.table.attach(
-            usize::MAX,
-            super::uplinks::StartEntry {
-                name: u.name.clone(),
-                lanes: lanes.clone(),
-                spools: Vec::new(),
-                tc: serde_json::Value::Null,
-            },
-        );
-        let uplinks = self.started.uplink.len() + added_total;
-        let cfg = Arc::new(u.clone());
-        let mut waits = Vec::new();
-        let mut cmds = Vec::new();
-        for (shard, metrics) in self.handles.shards.iter().zip(lanes) {
-            let (done, wait) = tokio::sync::oneshot::channel();
-            waits.push(wait);
-            cmds.push((
-                shard.clone(),
-                crate::shard::ShardCmd::AttachSink(Box::new(crate::shard::AttachSink {
-                    cfg: cfg.clone(),
-                    tls: tls.clone(),
-                    metrics,
-                    route: route.clone(),
-                    uplinks,
-                    done,
-                })),
-            ));
-        }
-        // A thread of its own: a reload may be called from inside a runtime (the signal
-        // task), where blocking on a mailbox is not allowed; the wait is bounded.
-        let (tx, rx) = std::sync::mpsc::channel();
-        let name = u.name.clone();
-        let running = entry.clone();
-        let spawned = std::thread::Builder::new()
-            .name("sluice-attach".into())
-            .spawn(move || {
-                for (shard, cmd) in cmds {
-                    if shard.blocking_send(cmd).is_err() {
-                        // The gateway is stopping.
-                        return;
-                    }
-                }
-                if waits.into_iter().all(|w| w.blocking_recv().is_ok()) {
-                    // Also when the reload stopped waiting: the entry leaves `attaching`.
-                    running.set_state(super::uplinks::EntryState::Running);
-                    let _ = tx.send(());
-                }
-            });
-        if let Err(error) = spawned {
-            tracing::error!(uplink = %name, %error, "cannot start the thread that attaches an uplink; it is not attached");
-        } else if rx.recv_timeout(ATTACH_WAIT).is_ok() {
-            tracing::info!(uplink = %name, id = entry.id.0, "uplink attached on every shard");
-        } else {
-            tracing::warn!(uplink = %name, id = entry.id.0, "uplink not attached on every shard yet; it stays attaching until they are");
-        }
-        route
-    }
-}
-
-/// An uplink's client TLS configuration and the handle a reload replaces its parts through.
-type ClientTls = (
-    Arc<rustls::ClientConfig>,
-    Arc<crate::sink::ReloadableClientTls>,
-);
-
-/// Whether an added uplink can be attached live (ADR 0013, first version): not a function's
-/// sink, no `paths`, no `install_tc`, and no spool (`[spool] dir` unset).
-fn attachable(config: &Config, u: &crate::config::UplinkConfig) -> bool {
-    u.function.is_none() && u.paths.is_empty() && !u.install_tc && config.spool.dir.is_none()
-}
-
 impl RunningGateway {
     /// Re-read the config file at `path` (`None`: the embedded defaults), apply what can
     /// change live and report the rest (see [`Reloader`]). What `SIGHUP` calls.
     pub fn reload(&self, path: Option<&Path>) -> ReloadOutcome {
         self.status.reloads.reload_from(path, ReloadTrigger::Signal)
-    }
-}
-
-/// Whether a changed key (as [`changed_keys`] names it) can be applied live.
-fn is_live(key: &str) -> bool {
-    const LIVE: [&str; 8] = [
-        "priority",
-        "limits",
-        "acl",
-        "log.level",
-        "mqtt.users",
-        "mqtt.allow_anonymous",
-        "mqtt.tls.cert_file",
-        "mqtt.tls.key_file",
-    ];
-    const LIVE_TLS: [&str; 3] = [
-        "mqtt.tls.client_ca_file",
-        "mqtt.tls.require_client_cert",
-        "mqtt.tls.min_version",
-    ];
-    const LIVE_UPLINK: [&str; 7] = [
-        "forward",
-        "receive",
-        "topic_prefix",
-        "topic_template",
-        "ca_file",
-        "cert_file",
-        "key_file",
-    ];
-    if LIVE
-        .iter()
-        .chain(LIVE_TLS.iter())
-        .any(|l| key == *l || key.starts_with(&format!("{l}.")))
-    {
-        return true;
-    }
-    match key.strip_prefix("uplink.") {
-        // `uplink.{name}.{key}`; a name may contain dots, the key does not.
-        Some(rest) => {
-            rest.contains(".aggregate.")
-                || rest
-                    .rsplit_once('.')
-                    .is_some_and(|(_, k)| LIVE_UPLINK.contains(&k))
-        }
-        None => false,
-    }
-}
-
-/// The settings that differ between `a` and `b`, as dotted keys: tables are compared key by
-/// key, uplinks by name (`uplink.{name}.{key}`; an uplink only one side has is
-/// `uplink.{name} (added)` or `(removed)`), any other array as a whole.
-fn changed_keys(a: &Config, b: &Config) -> Vec<String> {
-    // Invariant: every Config serializes (see `Config::to_toml`); an error compares unequal.
-    let table = |c: &Config| toml::Table::try_from(c).unwrap_or_default();
-    let (ta, tb) = (table(a), table(b));
-    let mut out = Vec::new();
-    diff_tables("", &ta, &tb, &mut out);
-    out
-}
-
-fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, out: &mut Vec<String>) {
-    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    for k in keys {
-        let path = format!("{prefix}{k}");
-        match (a.get(k), b.get(k)) {
-            (Some(x), Some(y)) if x == y => {}
-            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
-                diff_tables(&format!("{path}."), x, y, out)
-            }
-            (Some(toml::Value::Array(x)), Some(toml::Value::Array(y)))
-                if prefix.is_empty() && k == "uplink" =>
-            {
-                diff_uplinks(x, y, out)
-            }
-            _ => out.push(path),
-        }
-    }
-}
-
-/// Uplinks matched by name.
-fn diff_uplinks(a: &[toml::Value], b: &[toml::Value], out: &mut Vec<String>) {
-    let named = |v: &[toml::Value]| -> BTreeMap<String, toml::Table> {
-        v.iter()
-            .filter_map(|u| u.as_table())
-            .map(|t| {
-                let name = t.get("name").and_then(|n| n.as_str()).unwrap_or_default();
-                (name.to_string(), t.clone())
-            })
-            .collect()
-    };
-    let (na, nb) = (named(a), named(b));
-    for (name, ta) in &na {
-        match nb.get(name) {
-            Some(tb) => diff_tables(&format!("uplink.{name}."), ta, tb, out),
-            None => out.push(format!("uplink.{name} (removed)")),
-        }
-    }
-    for name in nb.keys().filter(|n| !na.contains_key(*n)) {
-        out.push(format!("uplink.{name} (added)"));
-    }
-}
-
-/// Fingerprints of the files whose contents a reload applies even under an unchanged name.
-fn watched_files(config: &Config) -> BTreeMap<String, u64> {
-    use std::hash::{Hash, Hasher};
-    let mut files = BTreeMap::new();
-    let mut add = |key: String, path: Option<&Path>| {
-        if let Some(bytes) = path.and_then(|p| std::fs::read(p).ok()) {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            bytes.hash(&mut h);
-            files.insert(key, h.finish());
-        }
-    };
-    add("acl.file".into(), config.acl.file.as_deref());
-    if let Some(tls) = &config.mqtt.tls {
-        add("mqtt.tls.cert_file".into(), Some(&tls.cert_file));
-        add("mqtt.tls.key_file".into(), Some(&tls.key_file));
-        add(
-            "mqtt.tls.client_ca_file".into(),
-            tls.client_ca_file.as_deref(),
-        );
-    }
-    for u in &config.uplink {
-        add(format!("uplink.{}.ca_file", u.name), u.ca_file.as_deref());
-        add(
-            format!("uplink.{}.cert_file", u.name),
-            u.cert_file.as_deref(),
-        );
-        add(format!("uplink.{}.key_file", u.name), u.key_file.as_deref());
-    }
-    files
-}
-
-fn file_changed(now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>, key: &str) -> bool {
-    now.get(key) != then.get(key)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Config {
-        crate::config::parse(text).unwrap()
-    }
-
-    #[test]
-    fn changed_keys_are_named_down_to_the_setting_and_uplinks_by_name() {
-        let uplink = |name: &str, forward: &str| {
-            format!("[[uplink]]\nname = \"{name}\"\nurl = \"mqtt://10.0.0.1\"\nallow_plaintext = true\nforward = [\"{forward}\"]\n")
-        };
-        let running = parse(&format!(
-            "[mqtt]\nmax_connections = 10\n{}{}",
-            uplink("a", "x/#"),
-            uplink("b", "y/#")
-        ));
-        assert!(changed_keys(&running, &running.clone()).is_empty());
-        let fresh = parse(&format!(
-            "[mqtt]\nmax_connections = 11\n[log]\nlevel = \"debug\"\n{}{}",
-            uplink("a", "z/#"),
-            uplink("c", "y/#")
-        ));
-        assert_eq!(
-            changed_keys(&running, &fresh),
-            vec![
-                "log.level",
-                "mqtt.max_connections",
-                "uplink.a.forward",
-                "uplink.b (removed)",
-                "uplink.c (added)"
-            ]
-        );
-    }
-
-    #[test]
-    fn live_keys_are_told_from_restart_only_ones() {
-        for live in [
-            "priority.devices",
-            "limits.publish_rate",
-            "acl.rules",
-            "log.level",
-            "mqtt.users",
-            "mqtt.tls.cert_file",
-            "uplink.cloud.forward",
-            "uplink.cloud.topic_template",
-            "uplink.a.b.forward",
-            "uplink.cloud.ca_file",
-            "uplink.cloud.aggregate.enabled",
-            "uplink.cloud.aggregate.min_devices",
-            "uplink.cloud.receive",
-        ] {
-            assert!(is_live(live), "{live}");
-        }
-        for restart in [
-            "mqtt.listen",
-            "mqtt.tls.listen",
-            "mqtt.tls.identity_from_cert",
-            "gateway.shards",
-            "spool.dir",
-            "uplink.cloud.url",
-            "uplink.new (added)",
-            "function",
-            "coap.listen",
-            "admin.listen",
-            "log.format",
-        ] {
-            assert!(!is_live(restart), "{restart}");
-        }
-    }
-
-    #[test]
-    fn outcome_labels_follow_what_was_done() {
-        let done = |a: &[&str], r: &[&str]| ReloadOutcome::Done {
-            applied: a.iter().map(|s| s.to_string()).collect(),
-            restart_needed: r.iter().map(|s| s.to_string()).collect(),
-        };
-        assert_eq!(done(&[], &[]).label(), "unchanged");
-        assert_eq!(done(&["priority"], &[]).label(), "applied");
-        assert_eq!(
-            done(&["priority"], &["mqtt.listen"]).label(),
-            "restart_needed"
-        );
-        assert_eq!(ReloadOutcome::Invalid("x".into()).label(), "invalid");
-        let json = done(&["acl"], &["spool.dir"]).to_json();
-        assert_eq!(json["result"], "restart_needed");
-        assert_eq!(json["restart_needed"][0], "spool.dir");
     }
 }

@@ -38,7 +38,14 @@ pub enum EntryState {
     Running = 1,
     /// Removed by a reload; shards are draining what it holds.
     Draining = 2,
+    /// Removed by a reload and every shard stopped it; kept (at most [`KEPT_REMOVED`]) so
+    /// its last counts stay visible.
+    Removed = 3,
 }
+
+/// Removed entries kept in the table (the oldest goes first; one added again under the same
+/// name replaces its removed entry), so the table stays bounded across any number of reloads.
+pub const KEPT_REMOVED: usize = 8;
 
 impl EntryState {
     pub fn as_str(self) -> &'static str {
@@ -46,6 +53,7 @@ impl EntryState {
             EntryState::Attaching => "attaching",
             EntryState::Running => "running",
             EntryState::Draining => "draining",
+            EntryState::Removed => "removed",
         }
     }
 
@@ -53,6 +61,7 @@ impl EntryState {
         match v {
             0 => EntryState::Attaching,
             2 => EntryState::Draining,
+            3 => EntryState::Removed,
             _ => EntryState::Running,
         }
     }
@@ -148,7 +157,7 @@ impl UplinkTable {
     }
 
     /// Add a sink at `position` in config order (clamped to the end), `Attaching`; returns
-    /// its new id.
+    /// its new id. A removed entry of the same name leaves the table (one entry per name).
     pub fn attach(&self, position: usize, entry: StartEntry) -> Arc<UplinkEntry> {
         let _w = lock(&self.write);
         let id = UplinkId(self.next_id.fetch_add(1, Ordering::Relaxed));
@@ -161,9 +170,42 @@ impl UplinkTable {
             EntryState::Attaching,
         ));
         let mut next: Vec<Arc<UplinkEntry>> = self.entries.load().as_ref().clone();
+        next.retain(|e| !(e.state() == EntryState::Removed && e.name == added.name));
         next.insert(position.min(next.len()), added.clone());
         self.entries.store(Arc::new(next));
         added
+    }
+
+    /// The entry `id` is removed on every shard: marked `Removed` and kept, its counters
+    /// visible, until [`KEPT_REMOVED`] newer removed entries push it out.
+    pub fn retire(&self, id: UplinkId) {
+        let _w = lock(&self.write);
+        let mut next: Vec<Arc<UplinkEntry>> = self.entries.load().as_ref().clone();
+        if let Some(e) = next.iter().find(|e| e.id == id) {
+            e.set_state(EntryState::Removed);
+        }
+        let mut removed: Vec<UplinkId> = next
+            .iter()
+            .filter(|e| e.state() == EntryState::Removed)
+            .map(|e| e.id)
+            .collect();
+        removed.sort();
+        let excess = removed.len().saturating_sub(KEPT_REMOVED);
+        if excess > 0 {
+            let gone = &removed[..excess];
+            next.retain(|e| !gone.contains(&e.id));
+            self.entries.store(Arc::new(next));
+        }
+    }
+
+    /// The entry named `name` that runs (attaching or running), if any.
+    pub fn active(&self, name: &str) -> Option<Arc<UplinkEntry>> {
+        self.load()
+            .iter()
+            .find(|e| {
+                e.name == name && matches!(e.state(), EntryState::Attaching | EntryState::Running)
+            })
+            .cloned()
     }
 
     /// Take the entry `id` out of the table (its counters go with it); `None` if it is not
@@ -238,6 +280,30 @@ mod tests {
         );
         assert!(t.by_id(UplinkId(1)).is_none());
         assert!(t.remove(UplinkId(1)).is_none());
+    }
+
+    #[test]
+    fn removed_entries_stay_visible_bounded_and_give_way_to_a_new_one_of_their_name() {
+        let t = UplinkTable::at_start([entry("a", 1), entry("b", 1)]);
+        let b = t.by_name("b").expect("b");
+        t.retire(b.id);
+        assert_eq!(b.state(), EntryState::Removed);
+        assert!(t.active("b").is_none());
+        assert_eq!(t.load().len(), 2, "kept, its counts visible");
+        let again = t.attach(usize::MAX, entry("b", 1));
+        assert_eq!(names(&t), [(0, "a".into()), (again.id.0, "b".into())]);
+        for i in 0..(KEPT_REMOVED + 3) {
+            let e = t.attach(usize::MAX, entry(&format!("x{i}"), 1));
+            t.retire(e.id);
+        }
+        let removed = t
+            .load()
+            .iter()
+            .filter(|e| e.state() == EntryState::Removed)
+            .count();
+        assert_eq!(removed, KEPT_REMOVED);
+        assert!(t.by_name("x0").is_none(), "the oldest went first");
+        assert!(t.active("a").is_some());
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod hash;
 pub mod limits;
 pub mod metrics;
 pub(crate) mod router;
+pub(crate) mod sinks;
 pub mod trie;
 
 use std::cell::RefCell;
@@ -35,6 +36,8 @@ use crate::edge::mqtt::session::Session;
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 use metrics::ShardMetrics;
 use trie::TopicTrie;
+
+pub use sinks::{AttachSink, DetachReport, DetachSink};
 
 pub type ShardId = usize;
 
@@ -92,30 +95,8 @@ pub enum ShardCmd {
     PhdAdopt(Box<crate::edge::phd::Handover>),
     /// A reload added an uplink: start its sink on this shard (ADR 0013).
     AttachSink(Box<AttachSink>),
-}
-
-/// Everything a shard needs to run an uplink a reload added, built by the reload before it
-/// is sent (nothing here can fail on the shard). First version (ADR 0013 step 4): MQTT and
-/// oneM2M uplinks without a spool, `paths` or `install_tc`, and not a function's sink; the
-/// reload keeps those restart-only.
-pub struct AttachSink {
-    pub cfg: Arc<UplinkConfig>,
-    pub tls: Option<Arc<rustls::ClientConfig>>,
-    /// This shard's lanes' counters (the admin's table holds the same `Arc`s).
-    pub metrics: LaneMetrics,
-    pub route: UplinkRoute,
-    /// Uplinks in the configuration after the attach (the new share of `max_buffered`).
-    pub uplinks: usize,
-    /// Answered once the sink is in the router's list and its tasks are spawned.
-    pub done: tokio::sync::oneshot::Sender<()>,
-}
-
-impl std::fmt::Debug for AttachSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AttachSink")
-            .field("uplink", &self.cfg.name)
-            .finish_non_exhaustive()
-    }
+    /// A reload removed an uplink or a function: drain and stop its sink on this shard.
+    DetachSink(Box<DetachSink>),
 }
 
 /// A subscription of a local session.
@@ -417,25 +398,13 @@ async fn run(seed: ShardSeed) {
         spool_tasks.extend(spool.spawn_tasks(spool_shutdown.clone()));
     }
 
-    let mut uplink_tasks = Vec::new();
+    // Every sink with its own stop signal, so a reload can stop one alone (`sinks.rs`); at
+    // start its id is its position in the config (`app::uplinks::UplinkTable::at_start`).
+    let running: sinks::Running = Default::default();
     for (i, ucfg) in config.uplink.iter().enumerate() {
-        let downlink_ctx = ctx.clone();
-        // Only shard 0's normal session subscribes (uplink module docs); it delivers to every
-        // shard and acknowledges the cloud once the future resolved.
-        let downlink: crate::sink::Downlink = Rc::new(move |p: crate::sink::CloudMessage| {
-            let ctx = downlink_ctx.clone();
-            Box::pin(async move {
-                let routed = Routed {
-                    origin: ByteString::from_static(""),
-                    topic: p.topic,
-                    payload: p.payload,
-                    qos: p.qos,
-                    retain: false,
-                    properties: p.properties,
-                };
-                router::deliver_downlink(&ctx, routed).await;
-            }) as crate::sink::DownlinkDelivery
-        });
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let downlink = sinks::downlink(&ctx);
         let cfg = Rc::new(UplinkConfig::clone(ucfg));
         let function = ucfg.function.as_ref().and_then(|f| {
             let handle = functions.iter().find(|h| h.cfg.name == f.name)?.clone();
@@ -451,7 +420,7 @@ async fn run(seed: ShardSeed) {
                 overflow: sinks[i].overflow.clone()?,
             })
         });
-        uplink_tasks.push(crate::sink::spawn(
+        tasks.push(crate::sink::spawn(
             SessionSeed {
                 shard: id,
                 lane: Lane::Normal,
@@ -467,7 +436,7 @@ async fn run(seed: ShardSeed) {
                 function: function.clone(),
                 route: sinks[i].route.clone(),
             },
-            local_shutdown.clone(),
+            stopped.clone(),
         ));
         if let (Some(queue), Some(metrics)) = (&sinks[i].high, &uplink_metrics[i].high) {
             let on_port = uplink_ports[i].clone().map(|sink| {
@@ -481,11 +450,11 @@ async fn run(seed: ShardSeed) {
                     }
                 }) as Box<dyn Fn(Option<u16>)>
             });
-            uplink_tasks.push(crate::sink::spawn(
+            tasks.push(crate::sink::spawn(
                 SessionSeed {
                     shard: id,
                     lane: Lane::High,
-                    cfg,
+                    cfg: cfg.clone(),
                     tls: uplink_tls[i].clone(),
                     queue: queue.clone(),
                     downlink,
@@ -497,9 +466,16 @@ async fn run(seed: ShardSeed) {
                     function,
                     route: sinks[i].route.clone(),
                 },
-                local_shutdown.clone(),
+                stopped,
             ));
         }
+        running.borrow_mut().push(sinks::RunningSink {
+            id: crate::app::uplinks::UplinkId(i as u32),
+            name: ucfg.name.clone(),
+            sink: sinks[i].clone(),
+            stop,
+            tasks,
+        });
     }
     let coap = coap.and_then(|socket| {
         crate::edge::coap::start(ctx.clone(), socket, coap_metrics, local_shutdown.clone())
@@ -507,7 +483,7 @@ async fn run(seed: ShardSeed) {
     // Serves its own peers (no steering): kept alive by its receive task.
     let _coap_dtls = coap_dtls
         .and_then(|seed| crate::edge::coap::dtls::start(ctx.clone(), seed, local_shutdown.clone()));
-    tracing::debug!(shard = id, uplinks = uplink_tasks.len(), "shard started");
+    tracing::debug!(shard = id, uplinks = config.uplink.len(), "shard started");
 
     loop {
         tokio::select! {
@@ -541,7 +517,10 @@ async fn run(seed: ShardSeed) {
                     }
                 }
                 Some(ShardCmd::AttachSink(attach)) => {
-                    uplink_tasks.extend(attach_sink(&ctx, *attach, lanes, &links, &local_shutdown));
+                    sinks::attach_sink(&ctx, &running, *attach, lanes, &links);
+                }
+                Some(ShardCmd::DetachSink(detach)) => {
+                    tokio::task::spawn_local(sinks::detach_sink(ctx.clone(), running.clone(), *detach, lanes));
                 }
                 None => break,
             },
@@ -556,7 +535,7 @@ async fn run(seed: ShardSeed) {
         session.notify.notify_one();
     }
     // Give connections and uplinks a moment to say goodbye.
-    for t in uplink_tasks {
+    for t in sinks::stop_all(&running) {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
     let _ = spool_shutdown_tx.send(true);
@@ -564,109 +543,4 @@ async fn run(seed: ShardSeed) {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
     }
     tracing::debug!(shard = id, "shard stopped");
-}
-
-/// Start a sink a reload added (ADR 0013): lower every queue to the new share of
-/// `max_buffered`, build the sink's queues, publish the new sink list to the router, spawn
-/// its lanes' sessions, and answer. Returns the session tasks (awaited at shutdown).
-fn attach_sink(
-    ctx: &Rc<ShardContext>,
-    attach: AttachSink,
-    lanes: u64,
-    links: &Option<crate::net::links::LinkWatch>,
-    shutdown: &watch::Receiver<bool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let AttachSink {
-        cfg,
-        tls,
-        metrics,
-        route,
-        uplinks,
-        done,
-    } = attach;
-    let shards = ctx.mailboxes.len().max(1) as u64;
-    let per_lane_bytes =
-        (ctx.config.gateway.max_buffered.0 / shards / uplinks.max(1) as u64 / lanes).max(64 * 1024)
-            as usize;
-    let current = ctx.sinks();
-    for sink in current.iter() {
-        sink.queue.lower_capacity_bytes(per_lane_bytes);
-        if let Some(high) = &sink.high {
-            high.lower_capacity_bytes(per_lane_bytes);
-        }
-    }
-    let queue = Rc::new(UplinkQueue::with_metrics(
-        per_lane_bytes,
-        metrics.normal.clone(),
-    ));
-    let high = metrics
-        .high
-        .as_ref()
-        .map(|m| Rc::new(UplinkQueue::with_metrics(per_lane_bytes, m.clone())));
-    let sink = ShardUplink {
-        route: route.clone(),
-        queue: queue.clone(),
-        high: high.clone(),
-        spool: None,
-        overflow: None,
-    };
-    let mut next: Vec<ShardUplink> = current.as_ref().clone();
-    next.push(sink);
-    *ctx.uplinks.borrow_mut() = Rc::new(next);
-    let downlink_ctx = ctx.clone();
-    let downlink: crate::sink::Downlink = Rc::new(move |p: crate::sink::CloudMessage| {
-        let ctx = downlink_ctx.clone();
-        Box::pin(async move {
-            let routed = Routed {
-                origin: ByteString::from_static(""),
-                topic: p.topic,
-                payload: p.payload,
-                qos: p.qos,
-                retain: false,
-                properties: p.properties,
-            };
-            router::deliver_downlink(&ctx, routed).await;
-        }) as crate::sink::DownlinkDelivery
-    });
-    let cfg = Rc::new(UplinkConfig::clone(&cfg));
-    let mut tasks = vec![crate::sink::spawn(
-        SessionSeed {
-            shard: ctx.id,
-            lane: Lane::Normal,
-            cfg: cfg.clone(),
-            tls: tls.clone(),
-            queue,
-            downlink: downlink.clone(),
-            metrics: metrics.normal.clone(),
-            live_devices: ctx.online_devices.clone(),
-            on_port: None,
-            feeders: Default::default(),
-            links: links.clone(),
-            function: None,
-            route: route.clone(),
-        },
-        shutdown.clone(),
-    )];
-    if let (Some(queue), Some(m)) = (high, &metrics.high) {
-        tasks.push(crate::sink::spawn(
-            SessionSeed {
-                shard: ctx.id,
-                lane: Lane::High,
-                cfg,
-                tls,
-                queue,
-                downlink,
-                metrics: m.clone(),
-                live_devices: ctx.online_devices.clone(),
-                on_port: None,
-                feeders: Default::default(),
-                links: links.clone(),
-                function: None,
-                route,
-            },
-            shutdown.clone(),
-        ));
-    }
-    let _ = done.send(());
-    tasks
 }

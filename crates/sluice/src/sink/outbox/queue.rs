@@ -23,6 +23,12 @@
 //! ([`UplinkQueue::stream_room`]), so the backlog can never crowd out live messages. Without a spool the backlog stream stays empty and the queue
 //! behaves as a single FIFO.
 //!
+//! Removal (ADR 0013): once a reload's drain deadline passed and the sink's sessions stopped,
+//! [`UplinkQueue::close_removed`] finishes everything it holds with 0x10 (counted
+//! `uplink_removed`, spool records left unacknowledged); from then on anything pushed,
+//! granted or requeued (a device connection that was blocked on it, a late outbox) is
+//! finished the same way at once, so no device token is ever dropped uncompleted.
+//!
 //! Shared with `Rc` on one shard thread; every `RefCell` borrow is released before any await.
 
 use std::cell::{Cell, RefCell};
@@ -58,6 +64,10 @@ pub struct UplinkQueue {
     space: Notify,
     /// A message was queued: the outbox re-checks (one stored permit at most).
     ready: Notify,
+    /// Its sink was removed ([`UplinkQueue::close_removed`]).
+    closed: Cell<bool>,
+    /// Messages and bytes finished because the sink was removed.
+    removed: Cell<(u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -120,6 +130,8 @@ impl UplinkQueue {
             state: RefCell::new(State::default()),
             space: Notify::new(),
             ready: Notify::new(),
+            closed: Cell::new(false),
+            removed: Cell::new((0, 0)),
         }
     }
 
@@ -143,6 +155,10 @@ impl UplinkQueue {
     /// Cancel-safe: dropping the future before it completes drops `msg` unqueued and gives
     /// its place (and any bytes granted to it) back.
     pub async fn push(&self, msg: UplinkMessage) {
+        if self.closed.get() {
+            self.finish_removed(msg);
+            return;
+        }
         let cost = msg.cost();
         let ticket = {
             let mut st = self.state.borrow_mut();
@@ -167,6 +183,12 @@ impl UplinkQueue {
         // Invariant: after every release the front ticket is granted if it fits, so a new
         // ticket behind others (or one that does not fit now) just waits for its grant.
         while !guard.ticket.granted.get() {
+            if self.closed.get() {
+                // Out of the line already (`close_removed`); nothing granted.
+                guard.done = true;
+                self.finish_removed(msg);
+                return;
+            }
             // `notify_one` stores a permit, so a grant before this await is not missed.
             guard.ticket.wake.notified().await;
         }
@@ -180,6 +202,10 @@ impl UplinkQueue {
     // Handing the message back by value is the point (no allocation on the drop path).
     #[allow(clippy::result_large_err)]
     pub fn try_push(&self, msg: UplinkMessage) -> Result<(), UplinkMessage> {
+        if self.closed.get() {
+            self.finish_removed(msg);
+            return Ok(());
+        }
         let cost = msg.cost();
         if self.admits(cost) && self.state.borrow().waiters.is_empty() {
             self.admit(msg, cost);
@@ -221,13 +247,55 @@ impl UplinkQueue {
         self.capacity_bytes.get()
     }
 
-    /// Lower the capacity (a reload attached another sink and the shard's share of
-    /// `max_buffered` is split again). Raising it would have to wake blocked pushers: not
-    /// needed until sinks are detached live (ADR 0013 step 6), so a larger value is ignored.
-    pub fn lower_capacity_bytes(&self, capacity_bytes: usize) {
-        if capacity_bytes < self.capacity_bytes.get() {
-            self.capacity_bytes.set(capacity_bytes);
+    /// Set the capacity (a reload attached or removed a sink and the shard's share of
+    /// `max_buffered` is split again). A queue over a lowered capacity admits nothing until
+    /// releases bring it under; a raised one grants waiting pushers at once.
+    pub fn set_capacity_bytes(&self, capacity_bytes: usize) {
+        let raised = capacity_bytes > self.capacity_bytes.get();
+        self.capacity_bytes.set(capacity_bytes);
+        if raised {
+            self.serve_waiters();
+            self.space.notify_waiters();
         }
+    }
+
+    /// The sink was removed and its sessions stopped (see the module docs): finish what is
+    /// waiting with 0x10, wake blocked pushers to do the same with theirs, and finish
+    /// anything that arrives later at once. Returns the messages and bytes finished so far
+    /// this way (inflight ones included once the stopped outbox requeued them).
+    pub fn close_removed(&self) -> (u64, u64) {
+        self.closed.set(true);
+        let (items, waiters) = {
+            let mut guard = self.state.borrow_mut();
+            let st = &mut *guard;
+            let items: Vec<Queued> = st.waiting.drain(..).chain(st.backlog.drain(..)).collect();
+            let waiters: Vec<Rc<Ticket>> = st.waiters.drain(..).collect();
+            (items, waiters)
+        };
+        for q in items {
+            self.release_msg(&q.msg);
+            self.finish_removed(q.msg);
+        }
+        for t in waiters {
+            t.wake.notify_one();
+        }
+        self.removed.get()
+    }
+
+    /// Messages and bytes finished because the sink was removed.
+    pub fn removed(&self) -> (u64, u64) {
+        self.removed.get()
+    }
+
+    /// A message of a removed sink: counted, then finished with 0x10 (its bytes are not, or
+    /// no longer, reserved).
+    fn finish_removed(&self, msg: UplinkMessage) {
+        let (n, bytes) = self.removed.get();
+        self.removed.set((n + 1, bytes + msg.cost() as u64));
+        if let Some(m) = &self.state.borrow().metrics {
+            m.record_drop(DropReason::UplinkRemoved);
+        }
+        msg.complete_removed();
     }
 
     fn admits(&self, cost: usize) -> bool {
@@ -246,6 +314,11 @@ impl UplinkQueue {
 
     /// Queue a message whose bytes are already reserved.
     fn admit_reserved(&self, msg: UplinkMessage) {
+        if self.closed.get() {
+            self.release_msg(&msg);
+            self.finish_removed(msg);
+            return;
+        }
         {
             let mut st = self.state.borrow_mut();
             st.waiting.push_back(Queued { msg, resend: false });
@@ -276,6 +349,10 @@ impl UplinkQueue {
     /// Queue a spool record of the backlog stream (the feeder checked
     /// [`UplinkQueue::stream_room`] first; this never waits).
     pub fn push_backlog(&self, msg: UplinkMessage) {
+        if self.closed.get() {
+            self.finish_removed(msg);
+            return;
+        }
         let cost = msg.cost();
         {
             let mut st = self.state.borrow_mut();
@@ -418,6 +495,13 @@ impl UplinkQueue {
     /// resend mark (one never written is not a resend). Their bytes are still reserved.
     pub(crate) fn requeue_front_queued(&self, items: Vec<Queued>) {
         if items.is_empty() {
+            return;
+        }
+        if self.closed.get() {
+            for q in items {
+                self.release_msg(&q.msg);
+                self.finish_removed(q.msg);
+            }
             return;
         }
         {

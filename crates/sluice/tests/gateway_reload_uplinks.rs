@@ -1,0 +1,459 @@
+//! Uplinks added and removed by a reload (issue 29 item 3, ADR 0013): an added uplink's
+//! broker starts receiving while devices keep publishing; a removed one stops receiving,
+//! drains what it holds until `[reload] drain_timeout`, and what is left is acknowledged to
+//! its devices (MQTT 5 reason 0x10) and counted; no device connection closes.
+//!
+//! Real peers: cloud Mosquittos over TLS 1.3 (one behind a relay that can cut it), MQTT
+//! devices on real sockets, certificates generated at test time.
+
+mod common;
+mod reload_support;
+
+use std::time::{Duration, Instant};
+
+use common::{Cloud, Gate};
+use reload_support::*;
+use sluice_proto::mqtt::QoS;
+use sluice_testkit::{ConnectOpts, TestClient, TestPki};
+
+/// `sluice_uplink_dropped_total{reason="uplink_removed"}` of `uplink`, all shards and lanes.
+fn removed_unsent(text: &str, uplink: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("sluice_uplink_dropped_total{"))
+        .filter(|l| l.contains(&format!("uplink=\"{uplink}\"")))
+        .filter(|l| l.contains("reason=\"uplink_removed\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Sum of the `name{...uplink="uplink"...}` lines.
+fn uplink_sum(text: &str, name: &str, uplink: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(&format!("uplink=\"{uplink}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// ADR 0013 step 4: a reload under load adds a second uplink; the new cloud broker starts
+/// receiving, the first keeps receiving, no device is dropped or stalled, the admin lists it,
+/// and a second reload of the same file does not attach it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_first = watch_cloud(first.subscriber("watch-1", "#").await);
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    let load = Load::start(gw.mqtt_addr, 4).await;
+    wait_cloud(&seen_first, 0, 20, "messages before the reload", |_| true).await;
+    assert!(since(&seen_second, 0).is_empty(), "no second uplink yet");
+
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two}"))).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.second (added)", "{answer}");
+
+    // The new broker receives devices' messages; the first one keeps receiving.
+    let mark = seen_first.lock().unwrap().len();
+    wait_cloud(&seen_second, 0, 40, "messages on the added uplink", |_| {
+        true
+    })
+    .await;
+    wait_cloud(
+        &seen_first,
+        mark,
+        40,
+        "messages on the first uplink after the reload",
+        |_| true,
+    )
+    .await;
+    // Every device keeps being acknowledged (now by both clouds), none was disconnected.
+    load.stop_and_check(10).await;
+
+    let status_json = gw.status_json();
+    for shard in status_json["shards"].as_array().expect("shards") {
+        let names: Vec<&str> = shard["uplinks"]
+            .as_array()
+            .expect("uplinks")
+            .iter()
+            .filter_map(|u| u["name"].as_str())
+            .collect();
+        assert_eq!(names, ["cloud", "second"], "{status_json}");
+        // Stable ids (the started uplink 0, the added one the next), both running.
+        assert_eq!(shard["uplinks"][1]["id"], 1, "{status_json}");
+        assert_eq!(shard["uplinks"][1]["lifecycle"], "running", "{status_json}");
+    }
+    assert!(
+        metrics(admin_addr).contains("uplink=\"second\""),
+        "the added uplink's series are in /metrics"
+    );
+
+    // The same file again: nothing to do (not attached twice, not named as needing a restart).
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "unchanged", "{answer}");
+    // The added uplink's forward filters change live like any other's.
+    let two_a = two.replace("forward = [\"#\"]", "forward = [\"a/#\"]");
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two_a}"))).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.second.forward", "{answer}");
+    // Messages of the first load still on their way from the broker to the watcher land
+    // before the mark.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mark = seen_second.lock().unwrap().len();
+    let load = Load::start(gw.mqtt_addr, 2).await;
+    wait_cloud(
+        &seen_second,
+        mark,
+        20,
+        "a/ messages on the added uplink",
+        |t| t.starts_with("a/"),
+    )
+    .await;
+    assert!(
+        since(&seen_second, mark)
+            .iter()
+            .all(|t| t.starts_with("a/")),
+        "only a/ after the filter change: {:?}",
+        since(&seen_second, mark)
+    );
+    // Removed again under load while its broker is reachable: what it holds is sent before
+    // the deadline (nothing acknowledged unsent), devices stay connected and acknowledged.
+    std::fs::write(
+        &path,
+        base_config(
+            dir.path(),
+            &format!("{one}\n[reload]\ndrain_timeout = \"5s\"\n"),
+        ),
+    )
+    .unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert!(
+        answer["applied"]
+            .as_array()
+            .expect("applied")
+            .iter()
+            .any(|k| k == "uplink.second (removed)"),
+        "{answer}"
+    );
+    load.stop_and_check(5).await;
+    assert_eq!(removed_unsent(&metrics(admin_addr), "second"), 0.0);
+    gw.shutdown();
+}
+
+/// ADR 0013: an added uplink whose certificate cannot be read refuses the whole reload;
+/// nothing is attached and the other changes of the same file are not applied either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_added_uplink_with_an_unreadable_ca_refuses_the_reload_and_nothing_changes() {
+    let first = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let bad_ca = dir.path().join("not-a-ca.pem");
+    std::fs::write(&bad_ca, "not a certificate\n").unwrap();
+    let two = first
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"")
+        .replace(
+            &first.pki.ca_path().display().to_string(),
+            &bad_ca.display().to_string(),
+        );
+    let one_changed = one.replace("forward = [\"#\"]", "forward = [\"a/#\"]");
+    std::fs::write(
+        &path,
+        base_config(dir.path(), &format!("{one_changed}\n{two}")),
+    )
+    .unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["result"], "invalid", "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap_or("").contains("ca_file"),
+        "the reason names the setting: {answer}"
+    );
+    let status_json = gw.status_json();
+    let names: Vec<&str> = status_json["shards"][0]["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .filter_map(|u| u["name"].as_str())
+        .collect();
+    assert_eq!(names, ["cloud"], "nothing attached: {status_json}");
+    // The same change without the bad uplink applies (the forward change was not half-applied).
+    std::fs::write(&path, base_config(dir.path(), &one_changed)).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["applied"][0], "uplink.cloud.forward", "{answer}");
+    gw.shutdown();
+}
+
+/// ADR 0013, first version: with `[spool] dir` an added uplink is not attached live (its
+/// spools would have to be opened and recovered first); the reload names it and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_spool_an_added_uplink_waits_for_a_restart() {
+    let first = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spool = dir.path().join("spool");
+    let path = dir.path().join("sluice.toml");
+    let one = format!(
+        "{}\n[spool]\ndir = \"{}\"\n",
+        first.uplink_toml(None, "forward = [\"#\"]"),
+        spool.display()
+    );
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let two = first
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    std::fs::write(&path, base_config(dir.path(), &format!("{two}\n{one}"))).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"], "restart_needed", "{answer}");
+    assert!(
+        answer["restart_needed"]
+            .as_array()
+            .expect("restart_needed")
+            .iter()
+            .any(|k| k == "uplink.second (added)"),
+        "{answer}"
+    );
+    let status_json = gw.status_json();
+    assert_eq!(
+        status_json["shards"][0]["uplinks"]
+            .as_array()
+            .expect("uplinks")
+            .len(),
+        1,
+        "nothing attached: {status_json}"
+    );
+    gw.shutdown();
+}
+
+/// ADR 0013: an uplink a reload added has its certificates reloaded like the others': added
+/// trusting the wrong CA it cannot connect; the right CA under the same file name and a reload
+/// make its next connect succeed, and its broker receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_added_uplinks_roots_are_reloaded_at_its_next_connect() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let stranger = TestPki::generate();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let ca = dir.path().join("second-ca.pem");
+    std::fs::copy(stranger.ca_path(), &ca).unwrap();
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"")
+        .replace(
+            &format!("ca_file = \"{}\"", second.pki.ca_path().display()),
+            &format!("ca_file = \"{}\"", ca.display()),
+        );
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two}"))).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["applied"][0], "uplink.second (added)", "{answer}");
+    let load = Load::start(gw.mqtt_addr, 1).await;
+    // The stranger CA: its sessions fail to connect (every shard's, repeatedly).
+    let failures = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("sluice_uplink_connect_failures_total")
+                    && l.contains("uplink=\"second\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while failures(&metrics(admin_addr)) < 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the added uplink's connects did not fail"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(since(&seen_second, 0).is_empty(), "nothing reached it");
+    // The right CA under the same name.
+    std::fs::copy(second.pki.ca_path(), &ca).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(
+        answer["applied"][0], "uplink.second certificates (next connect)",
+        "{answer}"
+    );
+    wait_cloud(
+        &seen_second,
+        0,
+        10,
+        "messages once the roots are right",
+        |_| true,
+    )
+    .await;
+    load.stop_and_check(5).await;
+    gw.shutdown();
+}
+
+/// ADR 0013 step 6: an uplink whose broker is cut holds QoS 1 messages that devices wait
+/// for; a reload removing it answers within the drain deadline, every waiting device gets its
+/// PUBACK (an MQTT 5 device with reason 0x10), stays connected and goes on being acknowledged
+/// by the other uplink; the count of what was acknowledged unsent is in the answer and in
+/// `sluice_uplink_dropped_total{reason="uplink_removed"}`; the removed broker receives
+/// nothing more, even once reachable again; the admin shows the uplink as removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_removes_an_uplink_whose_broker_is_cut_and_waiting_devices_are_acknowledged() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let gate = Gate::start(second.broker.tls_addr()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(Some(gate.addr), "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let drain = "[reload]\ndrain_timeout = \"1s\"\n";
+    std::fs::write(
+        &path,
+        base_config(dir.path(), &format!("{drain}{one}\n{two}")),
+    )
+    .unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_first = watch_cloud(first.subscriber("watch-1", "#").await);
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    let load = Load::start(gw.mqtt_addr, 4).await;
+    wait_cloud(&seen_second, 0, 20, "messages on the second uplink", |_| {
+        true
+    })
+    .await;
+
+    // The second broker becomes unreachable: its queue holds what devices wait for.
+    gate.set_open(false);
+    let (mut v5, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("v5-device"))
+        .await
+        .expect("an MQTT 5 device connects");
+    assert_eq!(ack.code, 0);
+    v5.set_ack_timeout(Duration::from_secs(30));
+    let waiting = v5
+        .publish_no_wait("c/v5/1", "x", QoS::AtLeastOnce, false)
+        .await
+        .expect("publish")
+        .expect("a packet id");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while uplink_sum(
+        &metrics(admin_addr),
+        "sluice_uplink_queue_messages",
+        "second",
+    ) < 5.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the cut uplink's queue did not fill"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen_before = seen_second.lock().unwrap().len();
+
+    std::fs::write(&path, base_config(dir.path(), &format!("{drain}{one}"))).unwrap();
+    let asked = Instant::now();
+    let (status, answer) = post_reload(admin_addr);
+    let took = asked.elapsed();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert!(
+        took < Duration::from_secs(6),
+        "the reload answered {took:?} after it was asked (drain_timeout 1s)"
+    );
+    eprintln!("measured: removing the cut uplink answered after {took:?}: {answer}");
+    let line = answer["applied"]
+        .as_array()
+        .expect("applied")
+        .iter()
+        .filter_map(|k| k.as_str())
+        .find(|k| k.starts_with("uplink.second (removed"))
+        .unwrap_or_else(|| panic!("the removal is named: {answer}"))
+        .to_string();
+    let unsent: f64 = line
+        .trim_start_matches("uplink.second (removed: ")
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a count of messages acknowledged unsent: {line}"));
+    assert!(unsent >= 5.0, "{line}");
+
+    // The MQTT 5 device gets its PUBACK, with 0x10 (accepted, no matching subscribers).
+    let code = v5
+        .wait_ack(waiting)
+        .await
+        .expect("a PUBACK after the removal");
+    assert_eq!(code, 0x10);
+    // Every device goes on being acknowledged (by the first uplink alone), none dropped.
+    load.stop_and_check(10).await;
+    v5.ping()
+        .await
+        .expect("the MQTT 5 device is still connected");
+    assert_eq!(
+        v5.publish("c/v5/2", "x", QoS::AtLeastOnce, false)
+            .await
+            .expect("publish"),
+        0,
+        "a later message is acknowledged by the remaining uplink"
+    );
+    let text = metrics(admin_addr);
+    assert_eq!(
+        removed_unsent(&text, "second"),
+        unsent,
+        "counted like answered"
+    );
+
+    // The removed broker receives nothing more, even once it is reachable again.
+    gate.set_open(true);
+    let mark = seen_first.lock().unwrap().len();
+    let load = Load::start(gw.mqtt_addr, 2).await;
+    wait_cloud(
+        &seen_first,
+        mark,
+        20,
+        "messages on the first uplink",
+        |_| true,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.stop_and_check(5).await;
+    assert_eq!(
+        seen_second.lock().unwrap().len(),
+        seen_before,
+        "the removed uplink's broker got nothing after the reload"
+    );
+    let status_json = gw.status_json();
+    let second_entry = status_json["shards"][0]["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .find(|u| u["name"] == "second")
+        .cloned()
+        .unwrap_or_else(|| panic!("the removed uplink is listed: {status_json}"));
+    assert_eq!(second_entry["lifecycle"], "removed", "{status_json}");
+    assert_eq!(second_entry["id"], 1, "{status_json}");
+    gw.shutdown();
+}
