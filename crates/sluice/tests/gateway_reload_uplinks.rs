@@ -457,3 +457,99 @@ async fn a_reload_removes_an_uplink_whose_broker_is_cut_and_waiting_devices_are_
     assert_eq!(second_entry["id"], 1, "{status_json}");
     gw.shutdown();
 }
+
+/// ADR 0013, removal with a spool under `ack = "cloud"`: devices wait for the cut uplink's
+/// cloud ack; the reload removes it; they get their PUBACK (0x10) and stay connected; the
+/// removed uplink's spool directory stays on disk holding what it did not send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_spooled_uplink_acknowledges_its_waiting_devices_and_keeps_its_spool_on_disk() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let gate = Gate::start(second.broker.tls_addr()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spool = dir.path().join("spool");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(Some(gate.addr), "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let more = format!(
+        "[reload]\ndrain_timeout = \"1s\"\n[spool]\ndir = \"{}\"\nack = \"cloud\"\n",
+        spool.display()
+    );
+    std::fs::write(
+        &path,
+        base_config(dir.path(), &format!("{more}{one}\n{two}")),
+    )
+    .unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    let load = Load::start(gw.mqtt_addr, 4).await;
+    wait_cloud(&seen_second, 0, 20, "messages on the second uplink", |_| {
+        true
+    })
+    .await;
+    gate.set_open(false);
+    let (mut v5, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v5("v5-spooled"))
+        .await
+        .expect("an MQTT 5 device connects");
+    assert_eq!(ack.code, 0);
+    v5.set_ack_timeout(Duration::from_secs(30));
+    let waiting = v5
+        .publish_no_wait("c/v5/1", "x", QoS::AtLeastOnce, false)
+        .await
+        .expect("publish")
+        .expect("a packet id");
+    // The devices wait: the second uplink's spool holds records it cannot send.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while uplink_sum(
+        &metrics(admin_addr),
+        "sluice_spool_unacked_records",
+        "second",
+    ) < 5.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the cut uplink's spool did not hold records:\n{}",
+            metrics(admin_addr)
+                .lines()
+                .filter(|l| l.starts_with("sluice_spool_"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    std::fs::write(&path, base_config(dir.path(), &format!("{more}{one}"))).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert!(
+        answer["applied"]
+            .as_array()
+            .expect("applied")
+            .iter()
+            .filter_map(|k| k.as_str())
+            .any(|k| k.starts_with("uplink.second (removed: ")),
+        "{answer}"
+    );
+    assert_eq!(
+        v5.wait_ack(waiting)
+            .await
+            .expect("a PUBACK after the removal"),
+        0x10
+    );
+    load.stop_and_check(10).await;
+    v5.ping()
+        .await
+        .expect("the MQTT 5 device is still connected");
+    assert!(removed_unsent(&metrics(admin_addr), "second") >= 5.0);
+    // Its spool is left on disk with what it did not send.
+    let shard0 = spool.join("second").join("shard-0");
+    let files = std::fs::read_dir(&shard0)
+        .unwrap_or_else(|e| panic!("{} is still there: {e}", shard0.display()))
+        .count();
+    assert!(files > 0, "{} holds its segments", shard0.display());
+    gw.shutdown();
+}

@@ -464,7 +464,7 @@ impl Reloader {
                 .strip_suffix(" (removed)")
                 .and_then(|k| k.strip_prefix("uplink."))
             {
-                if !of_function && self.started.spool.dir.is_none() {
+                if !of_function {
                     detach.push(name.to_string());
                     continue;
                 }

@@ -358,9 +358,14 @@ async fn run(seed: ShardSeed) {
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
     let (local_shutdown_tx, local_shutdown) = watch::channel(false);
-    // Spool tasks stop after the uplink sessions, so the last acks are committed.
-    let (spool_shutdown_tx, spool_shutdown) = watch::channel(false);
-    let mut spool_tasks = Vec::new();
+    // Spool tasks stop after the uplink sessions, so the last acks are committed; each
+    // uplink's spools (its own and former shards') have their own stop signal, so a reload can
+    // stop them alone (`sinks.rs`).
+    let mut spool_stops: Vec<(watch::Sender<bool>, Vec<sinks::SpoolTasks>)> = config
+        .uplink
+        .iter()
+        .map(|_| (watch::channel(false).0, Vec::new()))
+        .collect();
     let mut former = Vec::new();
     let sinks = ctx.sinks();
     for (uplink, index, opened) in former_spools {
@@ -395,7 +400,8 @@ async fn run(seed: ShardSeed) {
                 }
             }),
         );
-        spool_tasks.extend(spool.spawn_tasks(spool_shutdown.clone()));
+        let tasks = spool.spawn_tasks(spool_stops[i].0.subscribe());
+        spool_stops[i].1.push((spool, tasks));
     }
 
     // Every sink with its own stop signal, so a reload can stop one alone (`sinks.rs`); at
@@ -469,12 +475,16 @@ async fn run(seed: ShardSeed) {
                 stopped,
             ));
         }
+        let (spool_stop, spools) =
+            std::mem::replace(&mut spool_stops[i], (watch::channel(false).0, Vec::new()));
         running.borrow_mut().push(sinks::RunningSink {
             id: crate::app::uplinks::UplinkId(i as u32),
             name: ucfg.name.clone(),
             sink: sinks[i].clone(),
             stop,
             tasks,
+            spool_stop,
+            spools,
         });
     }
     let coap = coap.and_then(|socket| {
@@ -538,9 +548,8 @@ async fn run(seed: ShardSeed) {
     for t in sinks::stop_all(&running) {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
-    let _ = spool_shutdown_tx.send(true);
-    for t in spool_tasks {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+    for t in sinks::stop_spools(&running) {
+        let _ = tokio::time::timeout(sinks::SPOOL_GRACE, t).await;
     }
     tracing::debug!(shard = id, "shard stopped");
 }

@@ -86,7 +86,20 @@ pub(crate) struct RunningSink {
     /// Stops this sink's session tasks (the shard's shutdown sends it too).
     pub stop: watch::Sender<bool>,
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Stops this sink's spool tasks, after its sessions (so the last acks are committed).
+    pub spool_stop: watch::Sender<bool>,
+    /// Its spools (this shard's and former shards' it drains) with their tasks.
+    pub spools: Vec<SpoolTasks>,
 }
+
+/// One spool of a sink and its tasks.
+pub(crate) type SpoolTasks = (
+    Rc<crate::sink::spool::UplinkSpool>,
+    Vec<tokio::task::JoinHandle<()>>,
+);
+
+/// How long spool tasks get to commit the last acks when they stop (as at shutdown).
+pub(crate) const SPOOL_GRACE: Duration = Duration::from_secs(5);
 
 /// The sinks a shard runs, in config order.
 pub(crate) type Running = Rc<RefCell<Vec<RunningSink>>>;
@@ -209,6 +222,8 @@ pub(crate) fn attach_sink(
         sink,
         stop,
         tasks,
+        spool_stop: watch::channel(false).0,
+        spools: Vec::new(),
     });
     let _ = done.send(());
 }
@@ -230,7 +245,7 @@ pub(crate) async fn detach_sink(
         let mut r = running.borrow_mut();
         r.iter().position(|s| s.id == id).map(|at| r.remove(at))
     };
-    let Some(rs) = found else {
+    let Some(mut rs) = found else {
         let _ = done.send(DetachReport::default());
         return;
     };
@@ -257,9 +272,31 @@ pub(crate) async fn detach_sink(
     for t in rs.tasks {
         let _ = tokio::time::timeout(STOP_GRACE, t).await;
     }
-    // 4. What is left is acknowledged unsent (0x10), counted; a function's overflow too.
+    // Its spools stop after the sessions (the last acks are committed); their directories
+    // stay on disk with what was not sent.
+    let _ = rs.spool_stop.send(true);
+    for (_, tasks) in rs.spools.iter_mut() {
+        for t in tasks.iter_mut() {
+            let _ = tokio::time::timeout(SPOOL_GRACE, t).await;
+        }
+    }
+    // 4. What is left is acknowledged unsent (0x10), counted; a function's overflow and the
+    // device tokens its spools still hold too.
     for q in &queues {
         q.close_removed();
+    }
+    for (spool, _) in &rs.spools {
+        for token in spool.take_device_tokens() {
+            rs.sink.queue.finish_removed_token(token);
+        }
+        {
+            tracing::warn!(
+                shard = ctx.id,
+                uplink = %rs.name,
+                dir = %spool.dir().display(),
+                "spool directory of a removed uplink left on disk with what it did not send (an uplink added again under this name after a restart sends it)"
+            );
+        }
     }
     if let Some(overflow) = &rs.sink.overflow {
         let left: Vec<crate::sink::UplinkMessage> = overflow.msgs.borrow_mut().drain(..).collect();
@@ -291,6 +328,19 @@ pub(crate) async fn detach_sink(
         removed_bytes: bytes,
         drained,
     });
+}
+
+/// Stop every running sink's spool tasks (the shard stops, after the sessions) and return
+/// them.
+pub(crate) fn stop_spools(running: &Running) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut out = Vec::new();
+    for rs in running.borrow_mut().iter_mut() {
+        let _ = rs.spool_stop.send(true);
+        for (_, tasks) in &mut rs.spools {
+            out.append(tasks);
+        }
+    }
+    out
 }
 
 /// Stop every running sink's sessions (the shard stops) and return their tasks.

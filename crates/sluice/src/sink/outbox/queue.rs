@@ -282,6 +282,17 @@ impl UplinkQueue {
         self.removed.get()
     }
 
+    /// A device token of a removed sink held outside the queue (by its spool): counted like
+    /// a message, completed with 0x10.
+    pub fn finish_removed_token(&self, token: crate::edge::ack::AckToken) {
+        let (n, bytes) = self.removed.get();
+        self.removed.set((n + 1, bytes));
+        if let Some(m) = &self.state.borrow().metrics {
+            m.record_drop(DropReason::UplinkRemoved);
+        }
+        token.complete_with(crate::sink::REMOVED_REASON);
+    }
+
     /// Messages and bytes finished because the sink was removed.
     pub fn removed(&self) -> (u64, u64) {
         self.removed.get()

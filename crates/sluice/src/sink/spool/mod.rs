@@ -321,6 +321,21 @@ impl UplinkSpool {
     pub fn metrics(&self) -> &Arc<SpoolMetrics> {
         &self.metrics
     }
+
+    /// Its directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Its uplink was removed by a reload and its tasks stopped (ADR 0013): the device tokens
+    /// it still holds (waiting for a commit, or under `ack = "cloud"` for a record not read
+    /// yet), for the caller to complete. The records stay on disk unacknowledged.
+    pub fn take_device_tokens(&self) -> Vec<AckToken> {
+        let mut inner = self.inner.borrow_mut();
+        let mut out: Vec<AckToken> = inner.commit_waiters.drain(..).map(|(_, t)| t).collect();
+        out.extend(std::mem::take(&mut inner.cloud_tokens).into_values());
+        out
+    }
 }
 
 /// Resolves when shutdown was requested or its sender is gone.
