@@ -553,3 +553,50 @@ async fn removing_a_spooled_uplink_acknowledges_its_waiting_devices_and_keeps_it
     assert!(files > 0, "{} holds its segments", shard0.display());
     gw.shutdown();
 }
+
+/// ADR 0013: an uplink with `paths` (multipath: one session per path, here two loopback
+/// source addresses) is attached live; its broker receives over both paths' sessions and the
+/// status lists its paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_an_uplink_with_paths_and_its_broker_starts_receiving() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(
+            None,
+            "forward = [\"#\"]\npaths = [{ name = \"p2\", bind = \"127.0.0.2\" }, { name = \"p3\", bind = \"127.0.0.3\" }]\npath_timeout = \"1s\"\npath_keep_alive = \"500ms\"\npath_reconnect_max = \"300ms\"",
+        )
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    let load = Load::start(gw.mqtt_addr, 2).await;
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two}"))).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.second (added)", "{answer}");
+    wait_cloud(&seen_second, 0, 20, "messages over the added paths", |_| {
+        true
+    })
+    .await;
+    load.stop_and_check(5).await;
+    let status_json = gw.status_json();
+    let second_entry = status_json["shards"][0]["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .find(|u| u["name"] == "second")
+        .cloned()
+        .unwrap_or_else(|| panic!("the added uplink is listed: {status_json}"));
+    let paths = second_entry["lanes"]["normal"]["paths"].to_string();
+    assert!(
+        paths.contains("p2") && paths.contains("p3"),
+        "its paths are shown: {second_entry}"
+    );
+    gw.shutdown();
+}

@@ -35,8 +35,9 @@ use crate::config::UplinkConfig;
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 
 /// Everything a shard needs to run an uplink a reload added, built by the reload before it
-/// is sent (nothing here can fail on the shard). MQTT and oneM2M uplinks without a spool,
-/// `paths` or `install_tc`, and not a function's sink (the reload keeps those restart-only).
+/// is sent (nothing here can fail on the shard). MQTT uplinks (with or without `paths`) and
+/// oneM2M uplinks, without a spool or `install_tc`, and not a function's sink (the reload
+/// keeps those restart-only).
 pub struct AttachSink {
     pub id: UplinkId,
     pub cfg: Arc<UplinkConfig>,

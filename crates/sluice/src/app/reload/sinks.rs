@@ -89,10 +89,14 @@ pub(super) type ClientTls = (
     Arc<crate::sink::ReloadableClientTls>,
 );
 
-/// Whether an added uplink can be attached live (ADR 0013, first version): not a function's
-/// sink, no `paths`, no `install_tc`, and no spool (`[spool] dir` unset).
+/// Whether an added uplink can be attached live (ADR 0013): not a function's sink (those
+/// come with their `[[function]]`), no `install_tc` (its tc tree is installed with
+/// privileges at start) and no spool (`[spool] dir`: each spool's share of `max_bytes` is
+/// fixed when the spools are opened at start). `paths` can: per-path sessions read the link
+/// watcher's table, which lists every interface (without a watcher started at start they
+/// notice a dead path by their own timeouts, as when netlink is unavailable).
 pub(super) fn attachable(config: &Config, u: &crate::config::UplinkConfig) -> bool {
-    u.function.is_none() && u.paths.is_empty() && !u.install_tc && config.spool.dir.is_none()
+    u.function.is_none() && !u.install_tc && config.spool.dir.is_none()
 }
 
 /// How much longer than the drain deadline a reload waits for every shard's answer before it
