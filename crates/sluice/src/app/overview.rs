@@ -510,8 +510,7 @@ impl GatewayStatus {
             v["violations"] = json!(m.violations.get());
             v
         });
-        let mut functions =
-            crate::functions::status(&self.functions, self.function_runtime.as_deref());
+        let mut functions = self.functions.status();
         if let Some(list) = functions.as_array_mut() {
             for f in list.iter_mut() {
                 let name = f["name"].as_str().unwrap_or("").to_string();

@@ -171,6 +171,8 @@ pub(super) struct LiveHandles {
     pub shards: Vec<tokio::sync::mpsc::Sender<crate::shard::ShardCmd>>,
     /// The admin's table of sinks: an added uplink gets its entry there.
     pub table: Arc<super::uplinks::UplinkTable>,
+    /// Every function and its runtime: a reload adds and removes them.
+    pub functions: Arc<crate::functions::live::FunctionSet>,
 }
 
 /// How long a reload waits for every shard to attach an added uplink before it answers
@@ -476,7 +478,9 @@ impl Reloader {
                     prepared.attach.iter().any(|(u, _)| u.name == name)
                         || state.added.iter().any(|a| a.cfg.name == name)
                 });
-            if !of_function && !attached && !is_live(&key) {
+            // Functions added, removed or changed are applied below (ADR 0013).
+            let functions = key == "function" || key.starts_with("function.");
+            if !of_function && !attached && !functions && !is_live(&key) {
                 restart_needed.push(key);
             }
         }
@@ -617,7 +621,7 @@ impl Reloader {
                 Some((client, live)) => (Some(client), Some(live)),
                 None => (None, None),
             };
-            let route = self.attach_uplink(&u, client);
+            let route = self.attach_uplink(&u, client, None);
             applied.push(format!("uplink.{} (added)", u.name));
             state.added.push(Added {
                 cfg: u,
@@ -667,7 +671,35 @@ impl Reloader {
                 }
             }
         }
-        // Last, because it waits for the drain: the uplinks removed.
+        // Last, because it waits for the drain: the uplinks removed, and the sinks of the
+        // functions removed or changed; then those functions' runtimes stop and the added
+        // or changed functions start.
+        let (functions_gone, functions_new) = Reloader::function_changes(&old, &fresh);
+        let function_sinks: Vec<String> = functions_gone
+            .iter()
+            .map(|n| format!("{}{n}", crate::config::FUNCTION_SINK_PREFIX))
+            .collect();
+        if !functions_gone.is_empty() {
+            for line in self.detach_sinks(&function_sinks, fresh.reload.drain_timeout) {
+                let line = line.replacen("uplink.function.", "function.", 1);
+                // A replaced function is named once, by its attach below.
+                let replaced = functions_new
+                    .iter()
+                    .any(|f| line.starts_with(&format!("function.{} (", f.name)));
+                if !replaced {
+                    applied.push(line);
+                }
+            }
+            for name in &functions_gone {
+                // Its runtime (and instances) stop once nothing holds it any more.
+                drop(self.handles.functions.remove(name));
+            }
+        }
+        if !functions_new.is_empty() {
+            let (ok, failed) = self.attach_functions(&fresh, functions_new, &functions_gone);
+            applied.extend(ok);
+            restart_needed.extend(failed);
+        }
         if !detach.is_empty() {
             applied.extend(self.detach_sinks(&detach, fresh.reload.drain_timeout));
             for name in &detach {

@@ -45,9 +45,8 @@ pub(super) struct GatewayStatus {
     /// The PHD agent table (`None` without `[phd] listen`).
     pub(super) phd: Option<Arc<crate::control::phd::PhdRoom>>,
     /// Every `[[function]]`.
-    pub(super) functions: Vec<Arc<crate::functions::FunctionHandle>>,
-    /// The local functions' runtime (`None` without local functions).
-    pub(super) function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
+    /// Every function and its runtime (a reload adds and removes them).
+    pub(super) functions: Arc<crate::functions::live::FunctionSet>,
     /// Reloads (`SIGHUP`, `POST /api/v1/reload`): what they do and how many there were
     /// (`reload.rs`).
     pub(super) reloads: Arc<super::reload::Reloader>,
@@ -97,7 +96,7 @@ impl AdminSource for GatewayStatus {
     fn render_metrics(&self, w: &mut PromWriter) {
         self.control.render(w);
         self.reloads.render(w);
-        crate::functions::metrics::render(w, &self.functions);
+        crate::functions::metrics::render(w, &self.functions.handles());
         for (i, m) in self.shard_metrics.iter().enumerate() {
             m.render(w, &i.to_string());
         }
@@ -218,7 +217,7 @@ impl AdminSource for GatewayStatus {
             "mqtt": { "mptcp": self.mqtt_mptcp },
             "links": self.links.as_ref().map(|l| l.status()),
             "phd": self.phd.as_ref().map(|p| p.status(crate::control::phd::STATUS_AGENTS)),
-            "functions": crate::functions::status(&self.functions, self.function_runtime.as_deref()),
+            "functions": self.functions.status(),
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,
                 Some(addr) => serde_json::json!({

@@ -414,15 +414,9 @@ async fn run(seed: ShardSeed) {
         let cfg = Rc::new(UplinkConfig::clone(ucfg));
         let function = ucfg.function.as_ref().and_then(|f| {
             let handle = functions.iter().find(|h| h.cfg.name == f.name)?.clone();
-            let publish_ctx = ctx.clone();
-            let publish: crate::sink::http::Publish = Rc::new(move |msg| {
-                let ctx = publish_ctx.clone();
-                Box::pin(async move { router::publish_from_function(&ctx, msg).await })
-                    as crate::sink::DownlinkDelivery
-            });
             Some(crate::sink::http::FunctionSeed {
                 handle,
-                publish,
+                publish: sinks::function_publish(&ctx),
                 overflow: sinks[i].overflow.clone()?,
             })
         });

@@ -35,9 +35,9 @@ use crate::config::UplinkConfig;
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 
 /// Everything a shard needs to run an uplink a reload added, built by the reload before it
-/// is sent (nothing here can fail on the shard). MQTT uplinks (with or without `paths`) and
-/// oneM2M uplinks, without a spool or `install_tc`, and not a function's sink (the reload
-/// keeps those restart-only).
+/// is sent (nothing here can fail on the shard). MQTT uplinks (with or without `paths`),
+/// oneM2M uplinks and functions' sinks, without a spool or `install_tc` (the reload keeps
+/// those restart-only).
 pub struct AttachSink {
     pub id: UplinkId,
     pub cfg: Arc<UplinkConfig>,
@@ -45,6 +45,8 @@ pub struct AttachSink {
     /// This shard's lanes' counters (the admin's table holds the same `Arc`s).
     pub metrics: LaneMetrics,
     pub route: UplinkRoute,
+    /// A function's sink: the function's handle (its runtime is started by the reload).
+    pub function: Option<Arc<crate::functions::FunctionHandle>>,
     /// Answered once the sink is in the router's list and its tasks are spawned.
     pub done: tokio::sync::oneshot::Sender<()>,
 }
@@ -140,6 +142,16 @@ pub(crate) fn downlink(ctx: &Rc<ShardContext>) -> crate::sink::Downlink {
     })
 }
 
+/// How a function's outbox publishes what the function answers: through this shard's router.
+pub(crate) fn function_publish(ctx: &Rc<ShardContext>) -> crate::sink::http::Publish {
+    let publish_ctx = ctx.clone();
+    Rc::new(move |msg| {
+        let ctx = publish_ctx.clone();
+        Box::pin(async move { router::publish_from_function(&ctx, msg).await })
+            as crate::sink::DownlinkDelivery
+    })
+}
+
 /// Start a sink a reload added: lower every queue to the new share of `max_buffered`, build
 /// the sink's queues, publish the new sink list to the router, spawn its lanes' sessions, and
 /// answer.
@@ -156,6 +168,7 @@ pub(crate) fn attach_sink(
         tls,
         metrics,
         route,
+        function,
         done,
     } = attach;
     let current = ctx.sinks();
@@ -166,12 +179,23 @@ pub(crate) fn attach_sink(
         .high
         .as_ref()
         .map(|m| Rc::new(UplinkQueue::with_metrics(per_lane, m.clone())));
+    let overflow = function
+        .as_ref()
+        .map(|_| Rc::new(crate::sink::http::Overflow::default()));
+    let function = match (function, &overflow) {
+        (Some(handle), Some(overflow)) => Some(crate::sink::http::FunctionSeed {
+            handle,
+            publish: function_publish(ctx),
+            overflow: overflow.clone(),
+        }),
+        _ => None,
+    };
     let sink = ShardUplink {
         route: route.clone(),
         queue: queue.clone(),
         high: high.clone(),
         spool: None,
-        overflow: None,
+        overflow,
     };
     let mut next: Vec<ShardUplink> = current.as_ref().clone();
     next.push(sink.clone());
@@ -192,7 +216,7 @@ pub(crate) fn attach_sink(
             on_port: None,
             feeders: Default::default(),
             links: links.clone(),
-            function: None,
+            function: function.clone(),
             route: route.clone(),
         },
         stopped.clone(),
@@ -211,7 +235,7 @@ pub(crate) fn attach_sink(
                 on_port: None,
                 feeders: Default::default(),
                 links: links.clone(),
-                function: None,
+                function,
                 route,
             },
             stopped,

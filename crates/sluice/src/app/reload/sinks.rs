@@ -16,6 +16,7 @@ impl Reloader {
         &self,
         u: &crate::config::UplinkConfig,
         tls: Option<Arc<rustls::ClientConfig>>,
+        function: Option<Arc<crate::functions::FunctionHandle>>,
     ) -> crate::sink::UplinkRoute {
         let high = self.started.priority.has_high();
         let route = crate::sink::UplinkRoute::new(u);
@@ -48,6 +49,7 @@ impl Reloader {
                     tls: tls.clone(),
                     metrics,
                     route: route.clone(),
+                    function: function.clone(),
                     done,
                 })),
             ));
@@ -186,5 +188,74 @@ impl Reloader {
                 }
             })
             .collect()
+    }
+}
+
+impl Reloader {
+    /// The functions `fresh` adds, removes or changes (by name) compared with `old`: the
+    /// names to detach (removed and changed functions' sinks) and the functions to add
+    /// (added and changed ones).
+    pub(super) fn function_changes(
+        old: &Config,
+        fresh: &Config,
+    ) -> (Vec<String>, Vec<crate::config::FunctionConfig>) {
+        let mut detach = Vec::new();
+        let mut add = Vec::new();
+        for f in &old.function {
+            match fresh.function.iter().find(|n| n.name == f.name) {
+                None => detach.push(f.name.clone()),
+                Some(n) if n != f => {
+                    detach.push(f.name.clone());
+                    add.push(n.clone());
+                }
+                Some(_) => {}
+            }
+        }
+        for n in &fresh.function {
+            if !old.function.iter().any(|f| f.name == n.name) {
+                add.push(n.clone());
+            }
+        }
+        (detach, add)
+    }
+
+    /// Start the functions `add` (their runtime, if local) and attach their sinks on every
+    /// shard; returns what to name in `applied` and in `restart_needed` (a runtime thread
+    /// that cannot start).
+    pub(super) fn attach_functions(
+        &self,
+        fresh: &Config,
+        add: Vec<crate::config::FunctionConfig>,
+        replaced: &[String],
+    ) -> (Vec<String>, Vec<String>) {
+        let (mut applied, mut failed) = (Vec::new(), Vec::new());
+        for f in add {
+            let name = f.name.clone();
+            let cfg = Arc::new(f);
+            let Some(entry) = fresh
+                .uplink
+                .iter()
+                .find(|u| u.function.as_ref().is_some_and(|g| g.name == name))
+            else {
+                continue;
+            };
+            match self.handles.functions.add(cfg) {
+                Ok(live) => {
+                    self.attach_uplink(entry, None, Some(live.handle.clone()));
+                    applied.push(if replaced.contains(&name) {
+                        format!("function.{name} (replaced)")
+                    } else {
+                        format!("function.{name} (added)")
+                    });
+                }
+                Err(error) => {
+                    tracing::error!(function = %name, %error, "cannot start the runtime of an added function; it waits for a restart");
+                    failed.push(format!(
+                        "function.{name} (its runtime could not start: {error})"
+                    ));
+                }
+            }
+        }
+        (applied, failed)
     }
 }
