@@ -455,6 +455,57 @@ async fn a_reload_removes_an_uplink_whose_broker_is_cut_and_waiting_devices_are_
         .unwrap_or_else(|| panic!("the removed uplink is listed: {status_json}"));
     assert_eq!(second_entry["lifecycle"], "removed", "{status_json}");
     assert_eq!(second_entry["id"], 1, "{status_json}");
+    // The overview (dashboard, `sluice status`) lists it with its id, lifecycle and count.
+    // (computed each tick: a later one shows it)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let overview = loop {
+        let (_, body) =
+            admin(admin_addr, "GET", "/api/v1/overview", Some(TOKEN)).expect("overview");
+        let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        if doc["uplinks"][1]["lifecycle"] == "removed" || Instant::now() > deadline {
+            break doc;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let listed: Vec<(u64, String, String)> = overview["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .map(|u| {
+            (
+                u["id"].as_u64().unwrap_or(99),
+                u["name"].as_str().unwrap_or("?").to_string(),
+                u["lifecycle"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (0, "cloud".to_string(), "running".to_string()),
+            (1, "second".to_string(), "removed".to_string())
+        ],
+        "{overview}"
+    );
+    assert_eq!(
+        overview["uplinks"][1]["removed_unsent"].as_f64(),
+        Some(unsent),
+        "{overview}"
+    );
+    let text = metrics(admin_addr);
+    assert!(
+        text.lines()
+            .any(|l| l == "sluice_uplinks{lifecycle=\"removed\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "sluice_uplinks{lifecycle=\"running\"} 1"),
+        "{text}"
+    );
+    // Readiness waits for the running uplink only.
+    let (code, ready) = admin(admin_addr, "GET", "/readyz", Some(TOKEN)).expect("readyz");
+    assert_eq!(code, 200, "ready with the removed uplink ignored: {ready}");
     gw.shutdown();
 }
 

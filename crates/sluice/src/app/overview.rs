@@ -335,8 +335,17 @@ impl GatewayStatus {
                     "paths": path_rows,
                 }));
             }
+            let removed_unsent: u64 = entry
+                .lanes
+                .iter()
+                .flat_map(|l| l.iter())
+                .map(|(_, m)| m.dropped(crate::sink::DropReason::UplinkRemoved))
+                .sum();
             uplinks.push(json!({
                 "name": name,
+                "id": entry.id.0,
+                "lifecycle": entry.state().as_str(),
+                "removed_unsent": removed_unsent,
                 "state": lane_rows.first().map_or(json!("disconnected"), |l| l["state"].clone()),
                 "connected_shards": uplink_connected,
                 "lanes": lane_rows,

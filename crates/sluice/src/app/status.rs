@@ -101,6 +101,19 @@ impl AdminSource for GatewayStatus {
             m.render(w, &i.to_string());
         }
         let uplinks = self.uplinks.load();
+        for lifecycle in [
+            super::uplinks::EntryState::Attaching,
+            super::uplinks::EntryState::Running,
+            super::uplinks::EntryState::Draining,
+            super::uplinks::EntryState::Removed,
+        ] {
+            w.gauge(
+                "sluice_uplinks",
+                "Uplinks and function sinks by lifecycle: attaching (added by a reload, not on every shard yet), running, draining (removed by a reload, sending what it holds), removed (kept for its last counts).",
+                &[("lifecycle", lifecycle.as_str())],
+                uplinks.iter().filter(|u| u.state() == lifecycle).count() as i64,
+            );
+        }
         // Shard-major, as before the table: each family's lines are grouped by the writer.
         for i in 0..self.shard_metrics.len() {
             for u in uplinks.iter() {
