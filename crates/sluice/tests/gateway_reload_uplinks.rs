@@ -328,7 +328,7 @@ async fn a_reload_removes_an_uplink_whose_broker_is_cut_and_waiting_devices_are_
     let path = dir.path().join("sluice.toml");
     let one = first.uplink_toml(None, "forward = [\"#\"]");
     let two = second
-        .uplink_toml(Some(gate.addr), "forward = [\"#\"]")
+        .uplink_toml(Some(gate.addr), "forward = [\"a/#\", \"b/#\", \"c/#\"]")
         .replace("name = \"cloud\"", "name = \"second\"")
         .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
     let drain = "[reload]\ndrain_timeout = \"1s\"\n";
@@ -373,6 +373,30 @@ async fn a_reload_removes_an_uplink_whose_broker_is_cut_and_waiting_devices_are_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let seen_before = seen_second.lock().unwrap().len();
+    // A device whose topics only the remaining uplink carries keeps publishing through the
+    // removal: its acknowledgements must not wait for the drain.
+    let stop_fast = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fast = {
+        let (mut c, ack) = TestClient::connect(gw.mqtt_addr, ConnectOpts::v311("fast"))
+            .await
+            .expect("the fast device connects");
+        assert_eq!(ack.code, 0);
+        let stop = stop_fast.clone();
+        tokio::spawn(async move {
+            let (mut n, mut slowest) = (0u64, Duration::ZERO);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                c.publish(&format!("z/fast/{n}"), "x", QoS::AtLeastOnce, false)
+                    .await
+                    .expect("the fast device is acknowledged");
+                slowest = slowest.max(t.elapsed());
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (n, slowest)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
 
     std::fs::write(&path, base_config(dir.path(), &format!("{drain}{one}"))).unwrap();
     let asked = Instant::now();
@@ -401,6 +425,16 @@ async fn a_reload_removes_an_uplink_whose_broker_is_cut_and_waiting_devices_are_
         .unwrap_or_else(|| panic!("a count of messages acknowledged unsent: {line}"));
     assert!(unsent >= 5.0, "{line}");
 
+    stop_fast.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (fast_n, slowest) = fast.await.expect("fast device task");
+    eprintln!(
+        "measured: a device on the remaining uplink's topics published {fast_n} QoS 1 messages during the removal; slowest PUBACK {slowest:?}"
+    );
+    assert!(fast_n > 20, "it kept publishing ({fast_n})");
+    assert!(
+        slowest < Duration::from_millis(500),
+        "nothing else slows while the removed uplink drains: slowest PUBACK {slowest:?}"
+    );
     // The MQTT 5 device gets its PUBACK, with 0x10 (accepted, no matching subscribers).
     let code = v5
         .wait_ack(waiting)
