@@ -39,6 +39,13 @@ impl UplinkSpool {
     pub async fn append(&self, body: &[u8], qos: QoS, ack: Option<AckToken>) -> Appended {
         let mut counted_full = false;
         loop {
+            if self.removed.get() {
+                // Its uplink was removed by a reload (ADR 0013): nothing more is stored.
+                if let Some(t) = ack {
+                    self.queue.finish_removed_token(t);
+                }
+                return Appended::NotStored;
+            }
             let committed = self.committed.notified();
             tokio::pin!(committed);
             committed.as_mut().enable();

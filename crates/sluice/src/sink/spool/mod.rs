@@ -183,6 +183,8 @@ pub struct UplinkSpool {
     deferred_acks: RefCell<Vec<u64>>,
     /// Times the spool was reopened: a read started before a reopen is discarded.
     reopens: Cell<u64>,
+    /// Its uplink was removed by a reload and its tasks stopped ([`UplinkSpool::take_device_tokens`]).
+    removed: Cell<bool>,
 }
 
 impl std::fmt::Debug for UplinkSpool {
@@ -285,6 +287,7 @@ impl UplinkSpool {
             former: Cell::new(false),
             deferred_acks: RefCell::new(Vec::new()),
             reopens: Cell::new(0),
+            removed: Cell::new(false),
         })
     }
 
@@ -330,7 +333,11 @@ impl UplinkSpool {
     /// Its uplink was removed by a reload and its tasks stopped (ADR 0013): the device tokens
     /// it still holds (waiting for a commit, or under `ack = "cloud"` for a record not read
     /// yet), for the caller to complete. The records stay on disk unacknowledged.
+    /// From then on an append (one blocked on a full spool included) stores nothing and
+    /// completes its token with 0x10 at once, counted in the queue's `uplink_removed`.
     pub fn take_device_tokens(&self) -> Vec<AckToken> {
+        self.removed.set(true);
+        self.committed.notify_waiters();
         let mut inner = self.inner.borrow_mut();
         let mut out: Vec<AckToken> = inner.commit_waiters.drain(..).map(|(_, t)| t).collect();
         out.extend(std::mem::take(&mut inner.cloud_tokens).into_values());
