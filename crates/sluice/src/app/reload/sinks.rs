@@ -259,3 +259,37 @@ impl Reloader {
         (applied, failed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn functions_are_told_added_removed_and_changed_by_name() {
+        let f = |name: &str, topic: &str| {
+            format!("[[function]]\nname = \"{name}\"\ntopics = [\"{topic}\"]\nurl = \"http://127.0.0.1:8080/\"\n")
+        };
+        let parse = |text: String| crate::config::parse(&text).expect("valid");
+        let old = parse(format!(
+            "{}{}{}",
+            f("a", "x/#"),
+            f("b", "y/#"),
+            f("c", "z/#")
+        ));
+        let fresh = parse(format!(
+            "{}{}{}",
+            f("a", "x/#"),
+            f("c", "w/#"),
+            f("d", "v/#")
+        ));
+        let (detach, add) = Reloader::function_changes(&old, &fresh);
+        assert_eq!(detach, ["b", "c"]);
+        let added: Vec<(&str, &str)> = add
+            .iter()
+            .map(|f| (f.name.as_str(), f.topics[0].as_str()))
+            .collect();
+        assert_eq!(added, [("c", "w/#"), ("d", "v/#")]);
+        let (detach, add) = Reloader::function_changes(&fresh, &fresh.clone());
+        assert!(detach.is_empty() && add.is_empty());
+    }
+}
