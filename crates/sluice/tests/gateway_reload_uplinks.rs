@@ -685,3 +685,71 @@ async fn a_reload_adds_an_uplink_with_paths_and_its_broker_starts_receiving() {
     );
     gw.shutdown();
 }
+
+/// ADR 0013: an uplink the gateway started with, removed by one reload and added back by the
+/// next, runs again under a new id (ids are never reused) and its broker receives again; the
+/// same file once more changes nothing (no restart named for the settings it started with).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uplink_removed_and_added_back_runs_again_under_a_new_id() {
+    let first = Cloud::start();
+    let second = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = first.uplink_toml(None, "forward = [\"#\"]");
+    let two = second
+        .uplink_toml(None, "forward = [\"#\"]")
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let drain = "[reload]\ndrain_timeout = \"2s\"\n";
+    let both = base_config(dir.path(), &format!("{drain}{one}\n{two}"));
+    std::fs::write(&path, &both).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let seen_second = watch_cloud(second.subscriber("watch-2", "#").await);
+    let load = Load::start(gw.mqtt_addr, 2).await;
+    wait_cloud(&seen_second, 0, 10, "messages on the second uplink", |_| {
+        true
+    })
+    .await;
+
+    std::fs::write(&path, base_config(dir.path(), &format!("{drain}{one}"))).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    // Messages on their way from the broker to the watcher land before the mark.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mark = seen_second.lock().unwrap().len();
+
+    std::fs::write(&path, &both).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.second (added)", "{answer}");
+    wait_cloud(
+        &seen_second,
+        mark,
+        10,
+        "messages after it was added back",
+        |_| true,
+    )
+    .await;
+    let status_json = gw.status_json();
+    let entries: Vec<(u64, String)> = status_json["shards"][0]["uplinks"]
+        .as_array()
+        .expect("uplinks")
+        .iter()
+        .map(|u| {
+            (
+                u["id"].as_u64().unwrap_or(99),
+                u["lifecycle"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [(0, "running".to_string()), (2, "running".to_string())],
+        "one entry per name, the added one with a new id: {status_json}"
+    );
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "unchanged", "{answer}");
+    load.stop_and_check(5).await;
+    gw.shutdown();
+}
