@@ -753,3 +753,48 @@ async fn an_uplink_removed_and_added_back_runs_again_under_a_new_id() {
     load.stop_and_check(5).await;
     gw.shutdown();
 }
+
+/// ADR 0013: an added uplink with `install_tc = true` is not attached live (its tc tree is
+/// installed with privileges at start); the reload names it and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_added_uplink_with_install_tc_waits_for_a_restart() {
+    let first = Cloud::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let one = format!(
+        "[priority]\ndevices = {{ \"alarm-*\" = 1 }}\n{}",
+        first.uplink_toml(None, "forward = [\"#\"]")
+    );
+    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let two = first
+        .uplink_toml(
+            None,
+            "forward = [\"#\"]\ninstall_tc = true\ntc_rate = \"10mbit\"",
+        )
+        .replace("name = \"cloud\"", "name = \"second\"")
+        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two}"))).unwrap();
+    let (status, answer) = post_reload(admin_addr);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"], "restart_needed", "{answer}");
+    assert!(
+        answer["restart_needed"]
+            .as_array()
+            .expect("restart_needed")
+            .iter()
+            .any(|k| k == "uplink.second (added)"),
+        "{answer}"
+    );
+    let status_json = gw.status_json();
+    assert_eq!(
+        status_json["shards"][0]["uplinks"]
+            .as_array()
+            .expect("uplinks")
+            .len(),
+        1,
+        "nothing attached: {status_json}"
+    );
+    gw.shutdown();
+}
