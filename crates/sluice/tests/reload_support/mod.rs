@@ -199,3 +199,22 @@ pub fn base_config(dir: &Path, more: &str) -> String {
         token.display()
     )
 }
+
+/// `sluice_uplink_dropped_total{reason="uplink_removed"}` of `uplink`, all shards and lanes.
+pub fn removed_unsent(text: &str, uplink: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("sluice_uplink_dropped_total{"))
+        .filter(|l| l.contains(&format!("uplink=\"{uplink}\"")))
+        .filter(|l| l.contains("reason=\"uplink_removed\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Sum of the `name{...uplink="uplink"...}` lines.
+pub fn uplink_sum(text: &str, name: &str, uplink: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(&format!("uplink=\"{uplink}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
