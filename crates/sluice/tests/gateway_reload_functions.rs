@@ -167,3 +167,65 @@ async fn a_reload_adds_removes_and_replaces_functions_and_a_removed_ones_instanc
     })
     .await;
 }
+
+/// ADR 0013 test 5, under load: a function holding an event it does not answer (`hang`) is
+/// removed with `drain_timeout = "1s"`: the waiting device gets its PUBACK with 0x10 (counted
+/// in the answer), stays connected, and the hanging instance is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_function_that_holds_an_event_acknowledges_the_device_and_stops_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.toml");
+    let log = FunctionLog::in_dir(dir.path());
+    let tag = "fn-reload-hang";
+    let drain = "[reload]\ndrain_timeout = \"1s\"\n";
+    let fh = function_toml(
+        "fh",
+        &["jobs/#"],
+        &local_target(tag, &log, &[]),
+        "idle = \"30s\"\ngrace = \"1s\"\ntimeout = \"30s\"",
+    );
+    std::fs::write(&path, base_config(dir.path(), &format!("{drain}{fh}"))).unwrap();
+    let gw = gateway_from(&path);
+    let admin_addr = gw.admin_addr.expect("admin");
+    let mut dev = device(&gw, "dev-h").await;
+    let waiting = dev
+        .publish_no_wait("jobs/hang/1", "x", QoS::AtLeastOnce, false)
+        .await
+        .expect("publish")
+        .expect("a packet id");
+    within(
+        "the function to hold the event",
+        Duration::from_secs(20),
+        || {
+            let r = log.requests();
+            (!r.is_empty(), r)
+        },
+    )
+    .await;
+
+    std::fs::write(&path, base_config(dir.path(), drain)).unwrap();
+    let (_, answer) = post_reload(admin_addr);
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(
+        answer["applied"][0], "function.fh (removed: 1 messages acknowledged unsent)",
+        "{answer}"
+    );
+    assert_eq!(
+        dev.wait_ack(waiting)
+            .await
+            .expect("a PUBACK after the removal"),
+        0x10
+    );
+    within(
+        "the hanging instance to stop",
+        Duration::from_secs(10),
+        || {
+            let p = processes_tagged(tag);
+            (p.is_empty(), p)
+        },
+    )
+    .await;
+    dev.ping().await.expect("the device is still connected");
+    assert!(names(&gw).is_empty());
+    gw.shutdown();
+}

@@ -80,6 +80,14 @@ fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, out: &mut Vec<Str
             {
                 diff_uplinks(x, y, out)
             }
+            // No uplink at all on one side (an empty list is not written): every uplink of
+            // the other side is added or removed, by name.
+            (Some(toml::Value::Array(x)), None) if prefix.is_empty() && k == "uplink" => {
+                diff_uplinks(x, &[], out)
+            }
+            (None, Some(toml::Value::Array(y))) if prefix.is_empty() && k == "uplink" => {
+                diff_uplinks(&[], y, out)
+            }
             _ => out.push(path),
         }
     }
@@ -181,6 +189,32 @@ mod tests {
                 "uplink.b (removed)",
                 "uplink.c (added)"
             ]
+        );
+        let with_function = parse(
+            "[[function]]\nname = \"f\"\ntopics = [\"x/#\"]\nurl = \"http://127.0.0.1:8080/\"\n",
+        )
+        .with_function_sinks();
+        assert_eq!(
+            changed_keys(&with_function, &parse("")),
+            vec!["function", "uplink.function.f (removed)"]
+        );
+        let local = parse(
+            "[[function]]\nname = \"f\"\ntopics = [\"x/#\"]\ncommand = [\"/bin/true\"]\nenv = { A = \"b\" }\nidle = \"30s\"\n",
+        )
+        .with_function_sinks();
+        assert_eq!(
+            changed_keys(&local, &parse("")),
+            vec!["function", "uplink.function.f (removed)"]
+        );
+        // Every uplink removed, or the first added: still named by uplink.
+        let none = parse("[mqtt]\nmax_connections = 10\n");
+        assert_eq!(
+            changed_keys(&running, &none),
+            vec!["uplink.a (removed)", "uplink.b (removed)"]
+        );
+        assert_eq!(
+            changed_keys(&none, &running),
+            vec!["uplink.a (added)", "uplink.b (added)"]
         );
     }
 
