@@ -376,6 +376,16 @@ pub fn render(doc: &Value, addr: &str) -> String {
                     );
                 }
             }
+            // A reload added or removed it (ADR 0013): its lifecycle and stable id.
+            let lifecycle = u["lifecycle"].as_str().unwrap_or("running");
+            if lifecycle != "running" {
+                let _ = writeln!(
+                    o,
+                    "    lifecycle {lifecycle} (id {}, {} acknowledged unsent)",
+                    u["id"],
+                    int(&u["removed_unsent"]),
+                );
+            }
         }
     }
 
@@ -577,5 +587,19 @@ mod tests {
             assert!(text.contains(want), "{want:?} missing in\n{text}");
         }
         assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");
+    }
+
+    #[test]
+    fn an_uplink_a_reload_removed_shows_its_lifecycle_and_id() {
+        let doc = serde_json::json!({
+            "uplinks": [{"name": "old", "id": 3, "lifecycle": "removed", "removed_unsent": 12,
+                "lanes": [{"lane": "normal", "state": "disconnected", "connected_shards": 0,
+                "shards": 2, "paths": []}]}],
+        });
+        let text = render(&doc, "127.0.0.1:9100");
+        assert!(
+            text.contains("lifecycle removed (id 3, 12 acknowledged unsent)"),
+            "{text}"
+        );
     }
 }

@@ -10,7 +10,8 @@
 //!   control plane's) is running its event loop. A process that is gone or wedged does not
 //!   answer at all, which is what a liveness probe needs to see. (The systemd watchdog probes
 //!   every thread, shards included: `app::liveness`.)
-//! - `/readyz`: 200 `{"ready":true,...}` when every configured uplink's session is
+//! - `/readyz`: 200 `{"ready":true,...}` when every configured uplink's session (not one a
+//!   reload removed: `draining` or `removed`) is
 //!   `connected` on every shard (each shard holds its own session per uplink, so a shard whose
 //!   session is down holds its devices' messages back); otherwise 503 with `"ready":false`,
 //!   a `"reason"` naming the first uplink and shard that is not connected, and every session's
@@ -91,6 +92,10 @@ pub fn readiness(status: &serde_json::Value) -> serde_json::Value {
             .map(Vec::as_slice)
             .unwrap_or(&[])
         {
+            // Removed by a reload (draining, or gone): not what readiness waits for.
+            if matches!(uplink["lifecycle"].as_str(), Some("draining" | "removed")) {
+                continue;
+            }
             let name = uplink["name"].as_str().unwrap_or("?");
             let state = uplink["state"].as_str().unwrap_or("unknown");
             if state != "connected" && reason.is_none() {

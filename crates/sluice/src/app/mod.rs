@@ -32,6 +32,7 @@ pub mod notify;
 mod overview;
 mod reload;
 mod status;
+pub mod uplinks;
 pub use reload::{ReloadOutcome, ReloadTrigger};
 use status::GatewayStatus;
 
@@ -401,20 +402,13 @@ impl Gateway {
                 v.push((uplink, index, opened));
             }
         }
-        let functions: Vec<Arc<crate::functions::FunctionHandle>> = config
-            .function
-            .iter()
-            .enumerate()
-            .map(|(i, f)| crate::functions::FunctionHandle::new(i, Arc::new(f.clone())))
-            .collect();
-        // The local functions' runtime (thread `sluice-functions`): idle until a first event.
-        let function_runtime = if functions.iter().any(|h| h.remote.is_none()) {
-            Some(Arc::new(
-                crate::functions::runtime::start(functions.clone()).map_err(AppError::Thread)?,
-            ))
-        } else {
-            None
-        };
+        // Each local function's runtime (thread `sluice-functions`): idle until a first
+        // event; a reload adds and removes functions in the set (ADR 0013).
+        let function_set = Arc::new(
+            crate::functions::live::FunctionSet::start(&config.function)
+                .map_err(AppError::Thread)?,
+        );
+        let functions = function_set.handles();
         let phd_addr = phd.as_ref().and_then(|l| l.local_addr().ok());
         let phd = phd
             .map(|l| crate::edge::phd::PhdStart::new(&config, l, txs.clone()))
@@ -490,6 +484,26 @@ impl Gateway {
             }
             _ => None,
         });
+        // The admin's table of sinks, by stable id (ADR 0013): ids 0.. in config order.
+        let mut tc_status = tc_status.into_iter();
+        let uplink_table = Arc::new(uplinks::UplinkTable::at_start(
+            config
+                .uplink
+                .iter()
+                .enumerate()
+                .map(|(u, cfg)| uplinks::StartEntry {
+                    name: cfg.name.clone(),
+                    lanes: uplink_metrics
+                        .iter()
+                        .filter_map(|per_shard| per_shard.get(u).cloned())
+                        .collect(),
+                    spools: spool_metrics
+                        .iter()
+                        .filter_map(|per_shard| per_shard.get(u).cloned())
+                        .collect(),
+                    tc: tc_status.next().unwrap_or(serde_json::Value::Null),
+                }),
+        ));
         let reloader = Arc::new(reload::Reloader::new(
             config_path,
             config.clone(),
@@ -501,17 +515,17 @@ impl Gateway {
                 logins: admission.logins(),
                 connect_limits: connect_limits.clone(),
                 device_tls,
+                shards: txs.clone(),
+                table: uplink_table.clone(),
+                functions: function_set.clone(),
             },
         ));
         let status = Arc::new(GatewayStatus {
             started: Instant::now(),
-            uplink_names: config.uplink.iter().map(|u| u.name.clone()).collect(),
-            tc_status,
+            uplinks: uplink_table,
             shard_metrics,
-            uplink_metrics,
             devices_per_shard: plane.devices_per_shard(),
             control: control_metrics.clone(),
-            spool_metrics,
             former_spool_metrics: former_metrics,
             spool_dir: config.spool.dir.clone(),
             spool_ack: config.spool.ack,
@@ -523,8 +537,7 @@ impl Gateway {
             mqtt_mptcp,
             links: link_watcher.as_ref().map(|w| w.metrics.clone()),
             phd: phd.as_ref().map(|p| p.shared.room.clone()),
-            functions: functions.clone(),
-            function_runtime: function_runtime.clone(),
+            functions: function_set.clone(),
             reloads: reloader,
             overview: Default::default(),
         });
@@ -588,7 +601,7 @@ impl Gateway {
             admin_addr,
             phd_addr,
             status,
-            function_runtime,
+            function_set,
             liveness,
         })
     }
@@ -808,7 +821,8 @@ pub struct RunningGateway {
     pub phd_addr: Option<SocketAddr>,
     status: Arc<GatewayStatus>,
     /// Stopped after the shards (their dispatchers are gone), killing every instance.
-    function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
+    /// Every function and its runtime: stopped after the shards.
+    function_set: Arc<crate::functions::live::FunctionSet>,
     /// Every gateway thread's runtime, for the watchdog's probe (`notify::Watchdog`).
     liveness: Arc<liveness::Liveness>,
 }
@@ -846,12 +860,7 @@ impl RunningGateway {
         }
         // The control thread (the status's other holder) is joined: stop the instances.
         drop(self.status);
-        if let Some(rt) = self.function_runtime {
-            match Arc::try_unwrap(rt) {
-                Ok(rt) => rt.stop(),
-                Err(rt) => drop(rt),
-            }
-        }
+        self.function_set.stop_all();
         if let Some(w) = self.link_watcher {
             w.stop();
         }

@@ -40,8 +40,10 @@ struct Inner {
     counters: HashMap<String, u64>,
     /// Per `uplink/lane`: bucket counts (and overflow), sum (µs), count at the previous tick.
     latency: HashMap<String, (Vec<u64>, u64, u64)>,
-    /// (ms since `started`, appended totals of every spool in `[shard][uplink]` order).
-    spool_samples: VecDeque<(u64, Vec<u64>)>,
+    /// (ms since `started`, appended totals of every spool by (uplink id, shard)): keyed, not
+    /// positional, so a sink attached or detached by a reload never shifts another's history
+    /// (ADR 0013).
+    spool_samples: VecDeque<(u64, HashMap<(u32, usize), u64>)>,
 }
 
 /// The rate of counters between two ticks.
@@ -185,12 +187,10 @@ impl GatewayStatus {
         let mut uplinks = Vec::new();
         let mut worst_p99: Option<f64> = None;
         let (mut all_inflight, mut all_queued) = (0i64, 0i64);
-        for (u, name) in self.uplink_names.iter().enumerate() {
-            let lanes_of: Vec<&crate::sink::LaneMetrics> = self
-                .uplink_metrics
-                .iter()
-                .filter_map(|per_shard| per_shard.get(u))
-                .collect();
+        let table = self.uplinks.load();
+        for entry in table.iter() {
+            let name = &entry.name;
+            let lanes_of: Vec<&crate::sink::LaneMetrics> = entry.lanes.iter().collect();
             let mut lane_rows = Vec::new();
             let lane_kinds: Vec<crate::sink::Lane> = lanes_of
                 .first()
@@ -335,8 +335,17 @@ impl GatewayStatus {
                     "paths": path_rows,
                 }));
             }
+            let removed_unsent: u64 = entry
+                .lanes
+                .iter()
+                .flat_map(|l| l.iter())
+                .map(|(_, m)| m.dropped(crate::sink::DropReason::UplinkRemoved))
+                .sum();
             uplinks.push(json!({
                 "name": name,
+                "id": entry.id.0,
+                "lifecycle": entry.state().as_str(),
+                "removed_unsent": removed_unsent,
                 "state": lane_rows.first().map_or(json!("disconnected"), |l| l["state"].clone()),
                 "connected_shards": uplink_connected,
                 "lanes": lane_rows,
@@ -366,9 +375,9 @@ impl GatewayStatus {
             drops.push(("router", label, n));
         }
         let all_lanes = || {
-            self.uplink_metrics
+            table
                 .iter()
-                .flatten()
+                .flat_map(|u| &u.lanes)
                 .flat_map(|l| l.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
         };
         for reason in crate::sink::DropReason::ALL {
@@ -383,9 +392,9 @@ impl GatewayStatus {
             drops.push(("cloud_rejected", reason.as_str(), n));
         }
         let spools = || {
-            self.spool_metrics
+            table
                 .iter()
-                .flatten()
+                .flat_map(|u| &u.spools)
                 .chain(&self.former_spool_metrics)
         };
         drops.push((
@@ -426,15 +435,27 @@ impl GatewayStatus {
         // counter's history.
         let spool = self.spool_dir.as_ref().map(|_| {
             let now_ms = now.saturating_duration_since(self.started).as_millis() as u64;
-            let flat: Vec<&std::sync::Arc<crate::sink::spool::SpoolMetrics>> =
-                self.spool_metrics.iter().flatten().collect();
-            let appended: Vec<u64> = flat.iter().map(|m| m.records_appended.get()).collect();
+            // One per (sink, shard), keyed by the sink's stable id.
+            let flat: Vec<(
+                (u32, usize),
+                &std::sync::Arc<crate::sink::spool::SpoolMetrics>,
+            )> = table
+                .iter()
+                .flat_map(|u| u.spools.iter().enumerate().map(|(i, m)| ((u.id.0, i), m)))
+                .collect();
+            let appended: Vec<u64> = flat.iter().map(|(_, m)| m.records_appended.get()).collect();
             if inner.spool_samples.len() == SPOOL_HISTORY {
                 inner.spool_samples.pop_front();
             }
-            inner.spool_samples.push_back((now_ms, appended.clone()));
+            inner.spool_samples.push_back((
+                now_ms,
+                flat.iter()
+                    .map(|(k, _)| *k)
+                    .zip(appended.iter().copied())
+                    .collect(),
+            ));
             let mut oldest: Option<(f64, &str)> = None;
-            for (i, m) in flat.iter().enumerate() {
+            for (i, (key, m)) in flat.iter().enumerate() {
                 let unacked = m.unacked_records.get();
                 if unacked <= 0 {
                     continue;
@@ -448,13 +469,13 @@ impl GatewayStatus {
                     match inner
                         .spool_samples
                         .iter()
-                        .find(|(_, a)| a.get(i).is_some_and(|&n| n > t))
+                        .find(|(_, a)| a.get(key).is_some_and(|&n| n > t))
                     {
                         Some((ms, _))
                             if inner
                                 .spool_samples
                                 .front()
-                                .is_some_and(|(_, a)| a.get(i).is_some_and(|&n| n <= t)) =>
+                                .is_some_and(|(_, a)| a.get(key).is_some_and(|&n| n <= t)) =>
                         {
                             ((now_ms - ms) as f64 / 1000.0, "history")
                         }
@@ -504,8 +525,7 @@ impl GatewayStatus {
             v["violations"] = json!(m.violations.get());
             v
         });
-        let mut functions =
-            crate::functions::status(&self.functions, self.function_runtime.as_deref());
+        let mut functions = self.functions.status();
         if let Some(list) = functions.as_array_mut() {
             for f in list.iter_mut() {
                 let name = f["name"].as_str().unwrap_or("").to_string();

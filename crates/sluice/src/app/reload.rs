@@ -22,8 +22,12 @@
 //! - No lock on the data path: the control side builds each new immutable snapshot and
 //!   stores it with `arc-swap`; shards, the listener and transports keep reading with one
 //!   atomic load. No device connection is closed by a reload.
-//! - Restart-only changes (listen addresses, shard count, spool, lanes, uplinks added or
-//!   removed, …) are never half-applied: they are named in the answer and the log
+//! - An added uplink (MQTT or oneM2M, no spool, `paths` or `install_tc`; ADR 0013) is
+//!   attached on every shard through its mailbox (`ShardCmd::AttachSink`) after its TLS is
+//!   built, and gets its entry in the admin's table (`uplinks.rs`); it is remembered
+//!   (`Applied::added`) so a later reload neither attaches it again nor names it.
+//! - Restart-only changes (listen addresses, shard count, spool, lanes, uplinks removed,
+//!   functions, …) are never half-applied: they are named in the answer and the log
 //!   (`result="restart_needed"`), and the parts of the same file that can change live are
 //!   applied. They are compared with the configuration the gateway started with, so each
 //!   later reload names them again until a restart.
@@ -38,6 +42,12 @@ use crate::config::Config;
 use crate::telemetry::metrics::{Counter, PromWriter};
 
 use super::RunningGateway;
+
+mod diff;
+mod sinks;
+
+use diff::{changed_keys, file_changed, is_live, watched_files};
+use sinks::{attachable, ClientTls};
 
 /// Who asked for a reload (named in the log line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +167,17 @@ pub(super) struct LiveHandles {
     pub connect_limits: Arc<crate::control::limits::ConnectLimits>,
     /// `[mqtt.tls]`'s listener policy (shared by the tls and wss listeners), if any.
     pub device_tls: Option<Arc<crate::edge::mqtt::listener::TlsPolicy>>,
+    /// Every shard's mailbox: an added uplink is attached through it (ADR 0013).
+    pub shards: Vec<tokio::sync::mpsc::Sender<crate::shard::ShardCmd>>,
+    /// The admin's table of sinks: an added uplink gets its entry there.
+    pub table: Arc<super::uplinks::UplinkTable>,
+    /// Every function and its runtime: a reload adds and removes them.
+    pub functions: Arc<crate::functions::live::FunctionSet>,
 }
+
+/// How long a reload waits for every shard to attach an added uplink before it answers
+/// (the entry then stays `attaching` until they do).
+const ATTACH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Re-reads the config file and applies what can change live (see the module docs).
 pub struct Reloader {
@@ -174,10 +194,24 @@ pub struct Reloader {
 
 struct Applied {
     config: Arc<Config>,
+    /// Uplinks a reload attached (not in the configuration the gateway started with), with
+    /// the settings they were attached with and their route handle.
+    added: Vec<Added>,
+    /// Uplinks of the configuration the gateway started with that a reload removed live:
+    /// their started settings no longer count (added again, they are in `added`).
+    removed: Vec<String>,
     /// A fingerprint of the ACL file, the device certificates and each uplink's certificate
     /// files when last applied: a file changed under the same name is applied too. (Not the
     /// bytes: no second copy of a private key is kept.)
     files: BTreeMap<String, u64>,
+}
+
+/// An uplink a reload attached: the settings it was attached with and its live handles.
+struct Added {
+    cfg: crate::config::UplinkConfig,
+    route: crate::sink::UplinkRoute,
+    /// Its TLS roots and client certificate (`None`: no TLS).
+    tls: Option<Arc<crate::sink::ReloadableClientTls>>,
 }
 
 /// Everything built from the fresh file before any handle is touched.
@@ -189,6 +223,10 @@ struct Prepared {
     files: BTreeMap<String, u64>,
     /// `[acl]` or its file changed (a users-only change recompiles the ACL silently).
     acl_changed: bool,
+    /// Uplinks to attach (added, and of a kind that can be added live), with their TLS.
+    attach: Vec<(crate::config::UplinkConfig, Option<ClientTls>)>,
+    /// Uplinks attached by an earlier reload whose certificate files changed: by name.
+    added_tls: Vec<(String, crate::sink::ClientTlsParts)>,
 }
 
 impl Reloader {
@@ -202,6 +240,8 @@ impl Reloader {
             path,
             state: Mutex::new(Applied {
                 config: started.clone(),
+                added: Vec::new(),
+                removed: Vec::new(),
                 files,
             }),
             started,
@@ -313,6 +353,9 @@ impl Reloader {
         };
         let mut uplink_tls = Vec::new();
         for (i, running) in self.started.uplink.iter().enumerate() {
+            if state.removed.contains(&running.name) {
+                continue;
+            }
             let (Some(Some(_)), Some(u)) = (
                 self.handles.uplink_tls.get(i),
                 fresh.uplink.iter().find(|u| u.name == running.name),
@@ -332,7 +375,53 @@ impl Reloader {
                 uplink_tls.push((i, parts));
             }
         }
+        // Added uplinks that can be attached live: their TLS is built now (a bad CA refuses
+        // the whole reload, nothing attached).
+        let mut attach = Vec::new();
+        for u in &fresh.uplink {
+            let running = (self.started.uplink.iter().any(|r| r.name == u.name)
+                && !state.removed.contains(&u.name))
+                || state.added.iter().any(|a| a.cfg.name == u.name);
+            if running || !attachable(fresh, u) {
+                continue;
+            }
+            let tls = if u.url.tls {
+                Some(
+                    crate::sink::reloadable_client_tls(u)
+                        .map_err(|e| format!("uplink {:?}: {e}", u.name))?,
+                )
+            } else {
+                None
+            };
+            attach.push((u.clone(), tls));
+        }
+        // Uplinks a reload attached: new roots or client certificate, as for the others.
+        let mut added_tls = Vec::new();
+        for a in &state.added {
+            let (Some(_), Some(u)) = (&a.tls, fresh.uplink.iter().find(|u| u.name == a.cfg.name))
+            else {
+                continue;
+            };
+            let before = old
+                .uplink
+                .iter()
+                .find(|o| o.name == u.name)
+                .unwrap_or(&a.cfg);
+            let keys = ["ca_file", "cert_file", "key_file"];
+            let changed = (&before.ca_file, &before.cert_file, &before.key_file)
+                != (&u.ca_file, &u.cert_file, &u.key_file)
+                || keys
+                    .iter()
+                    .any(|k| file_changed(&files, &state.files, &format!("uplink.{}.{k}", u.name)));
+            if changed && u.url.tls {
+                let parts = crate::sink::ClientTlsParts::load(u)
+                    .map_err(|e| format!("uplink {:?}: {e}", u.name))?;
+                added_tls.push((u.name.clone(), parts));
+            }
+        }
         Ok(Prepared {
+            attach,
+            added_tls,
             acl_changed,
             acl,
             device_tls,
@@ -357,13 +446,67 @@ impl Reloader {
             .filter(|u| u.function.is_some())
             .map(|u| format!("uplink.{}", u.name))
             .collect();
+        // Uplinks removed: detached on every shard after everything else is applied.
+        let mut detach: Vec<String> = Vec::new();
+        let of_uplink = |key: &str, name: &str| {
+            key.strip_prefix(&format!("uplink.{name}"))
+                .is_some_and(|r| r.starts_with(['.', ' ']))
+        };
         for key in changed_keys(&self.started, &fresh) {
             let of_function = function_sinks.iter().any(|f| {
                 key.strip_prefix(f.as_str())
                     .is_some_and(|r| r.starts_with(['.', ' ']))
             });
-            if !of_function && !is_live(&key) {
+            // A started uplink a reload removed: what runs under its name now, if anything,
+            // was attached by a reload and is compared below.
+            if state.removed.iter().any(|r| of_uplink(&key, r)) {
+                continue;
+            }
+            if let Some(name) = key
+                .strip_suffix(" (removed)")
+                .and_then(|k| k.strip_prefix("uplink."))
+            {
+                if !of_function {
+                    detach.push(name.to_string());
+                    continue;
+                }
+            }
+            let attached = key
+                .strip_suffix(" (added)")
+                .and_then(|k| k.strip_prefix("uplink."))
+                .is_some_and(|name| {
+                    prepared.attach.iter().any(|(u, _)| u.name == name)
+                        || state.added.iter().any(|a| a.cfg.name == name)
+                });
+            // Functions added, removed or changed are applied below (ADR 0013).
+            let functions = key == "function" || key.starts_with("function.");
+            if !of_function && !attached && !functions && !is_live(&key) {
                 restart_needed.push(key);
+            }
+        }
+        // An uplink attached by an earlier reload: removed, it is detached; changing what is
+        // not live waits for a restart.
+        for Added { cfg: u, .. } in &state.added {
+            match fresh.uplink.iter().find(|f| f.name == u.name) {
+                None => detach.push(u.name.clone()),
+                Some(f) => {
+                    let mut a = u.clone();
+                    let mut b = f.clone();
+                    for c in [&mut a, &mut b] {
+                        c.forward = Vec::new();
+                        c.receive = Vec::new();
+                        c.topic_prefix = String::new();
+                        c.topic_template = None;
+                        c.aggregate = Default::default();
+                        // Live through the TLS handle, below.
+                        c.ca_file = None;
+                        c.cert_file = None;
+                        c.key_file = None;
+                    }
+                    if a != b {
+                        restart_needed.push(format!("uplink.{} (attached by a reload; settings beyond forward, receive, mapping and certificates)", u.name));
+                    }
+                }
             }
         }
         if self.started.priority.has_high() != fresh.priority.has_high() {
@@ -389,7 +532,7 @@ impl Reloader {
         }
         // Forward filters and topic mapping, per uplink the gateway runs.
         for (i, running) in self.started.uplink.iter().enumerate() {
-            if running.function.is_some() {
+            if running.function.is_some() || state.removed.contains(&running.name) {
                 continue;
             }
             let (Some(u), Some(route)) = (
@@ -427,6 +570,64 @@ impl Reloader {
                     }
                 }
             }
+        }
+        // The same for uplinks a reload attached.
+        for Added { cfg: u, route, .. } in &state.added {
+            let Some(f) = fresh.uplink.iter().find(|f| f.name == u.name) else {
+                continue;
+            };
+            let before = old.uplink.iter().find(|o| o.name == u.name).unwrap_or(u);
+            if (
+                &f.forward,
+                &f.receive,
+                &f.topic_prefix,
+                &f.topic_template,
+                &f.aggregate,
+            ) != (
+                &before.forward,
+                &before.receive,
+                &before.topic_prefix,
+                &before.topic_template,
+                &before.aggregate,
+            ) {
+                route.replace(f);
+                for (key, changed) in [
+                    ("forward", f.forward != before.forward),
+                    ("receive", f.receive != before.receive),
+                    ("topic_prefix", f.topic_prefix != before.topic_prefix),
+                    ("topic_template", f.topic_template != before.topic_template),
+                    ("aggregate", f.aggregate != before.aggregate),
+                ] {
+                    if changed {
+                        applied.push(format!("uplink.{}.{key}", f.name));
+                    }
+                }
+            }
+        }
+        // Uplinks added: attached on every shard (ADR 0013).
+        for (name, parts) in prepared.added_tls {
+            if let Some(tls) = state
+                .added
+                .iter()
+                .find(|a| a.cfg.name == name)
+                .and_then(|a| a.tls.as_ref())
+            {
+                tls.replace(parts);
+                applied.push(format!("uplink.{name} certificates (next connect)"));
+            }
+        }
+        for (u, tls) in prepared.attach {
+            let (client, live) = match tls {
+                Some((client, live)) => (Some(client), Some(live)),
+                None => (None, None),
+            };
+            let route = self.attach_uplink(&u, client, None);
+            applied.push(format!("uplink.{} (added)", u.name));
+            state.added.push(Added {
+                cfg: u,
+                route,
+                tls: live,
+            });
         }
         for (i, parts) in prepared.uplink_tls {
             if let Some(Some(tls)) = self.handles.uplink_tls.get(i) {
@@ -470,6 +671,46 @@ impl Reloader {
                 }
             }
         }
+        // Last, because it waits for the drain: the uplinks removed, and the sinks of the
+        // functions removed or changed; then those functions' runtimes stop and the added
+        // or changed functions start.
+        let (functions_gone, functions_new) = Reloader::function_changes(&old, &fresh);
+        let function_sinks: Vec<String> = functions_gone
+            .iter()
+            .map(|n| format!("{}{n}", crate::config::FUNCTION_SINK_PREFIX))
+            .collect();
+        if !functions_gone.is_empty() {
+            for line in self.detach_sinks(&function_sinks, fresh.reload.drain_timeout) {
+                let line = line.replacen("uplink.function.", "function.", 1);
+                // A replaced function is named once, by its attach below.
+                let replaced = functions_new
+                    .iter()
+                    .any(|f| line.starts_with(&format!("function.{} (", f.name)));
+                if !replaced {
+                    applied.push(line);
+                }
+            }
+            for name in &functions_gone {
+                // Its runtime (and instances) stop once nothing holds it any more.
+                drop(self.handles.functions.remove(name));
+            }
+        }
+        if !functions_new.is_empty() {
+            let (ok, failed) = self.attach_functions(&fresh, functions_new, &functions_gone);
+            applied.extend(ok);
+            restart_needed.extend(failed);
+        }
+        if !detach.is_empty() {
+            applied.extend(self.detach_sinks(&detach, fresh.reload.drain_timeout));
+            for name in &detach {
+                if self.started.uplink.iter().any(|u| &u.name == name)
+                    && !state.removed.contains(name)
+                {
+                    state.removed.push(name.clone());
+                }
+            }
+            state.added.retain(|a| !detach.contains(&a.cfg.name));
+        }
         restart_needed.sort();
         restart_needed.dedup();
         state.config = Arc::new(fresh);
@@ -486,232 +727,5 @@ impl RunningGateway {
     /// change live and report the rest (see [`Reloader`]). What `SIGHUP` calls.
     pub fn reload(&self, path: Option<&Path>) -> ReloadOutcome {
         self.status.reloads.reload_from(path, ReloadTrigger::Signal)
-    }
-}
-
-/// Whether a changed key (as [`changed_keys`] names it) can be applied live.
-fn is_live(key: &str) -> bool {
-    const LIVE: [&str; 8] = [
-        "priority",
-        "limits",
-        "acl",
-        "log.level",
-        "mqtt.users",
-        "mqtt.allow_anonymous",
-        "mqtt.tls.cert_file",
-        "mqtt.tls.key_file",
-    ];
-    const LIVE_TLS: [&str; 3] = [
-        "mqtt.tls.client_ca_file",
-        "mqtt.tls.require_client_cert",
-        "mqtt.tls.min_version",
-    ];
-    const LIVE_UPLINK: [&str; 7] = [
-        "forward",
-        "receive",
-        "topic_prefix",
-        "topic_template",
-        "ca_file",
-        "cert_file",
-        "key_file",
-    ];
-    if LIVE
-        .iter()
-        .chain(LIVE_TLS.iter())
-        .any(|l| key == *l || key.starts_with(&format!("{l}.")))
-    {
-        return true;
-    }
-    match key.strip_prefix("uplink.") {
-        // `uplink.{name}.{key}`; a name may contain dots, the key does not.
-        Some(rest) => {
-            rest.contains(".aggregate.")
-                || rest
-                    .rsplit_once('.')
-                    .is_some_and(|(_, k)| LIVE_UPLINK.contains(&k))
-        }
-        None => false,
-    }
-}
-
-/// The settings that differ between `a` and `b`, as dotted keys: tables are compared key by
-/// key, uplinks by name (`uplink.{name}.{key}`; an uplink only one side has is
-/// `uplink.{name} (added)` or `(removed)`), any other array as a whole.
-fn changed_keys(a: &Config, b: &Config) -> Vec<String> {
-    // Invariant: every Config serializes (see `Config::to_toml`); an error compares unequal.
-    let table = |c: &Config| toml::Table::try_from(c).unwrap_or_default();
-    let (ta, tb) = (table(a), table(b));
-    let mut out = Vec::new();
-    diff_tables("", &ta, &tb, &mut out);
-    out
-}
-
-fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, out: &mut Vec<String>) {
-    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    for k in keys {
-        let path = format!("{prefix}{k}");
-        match (a.get(k), b.get(k)) {
-            (Some(x), Some(y)) if x == y => {}
-            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
-                diff_tables(&format!("{path}."), x, y, out)
-            }
-            (Some(toml::Value::Array(x)), Some(toml::Value::Array(y)))
-                if prefix.is_empty() && k == "uplink" =>
-            {
-                diff_uplinks(x, y, out)
-            }
-            _ => out.push(path),
-        }
-    }
-}
-
-/// Uplinks matched by name.
-fn diff_uplinks(a: &[toml::Value], b: &[toml::Value], out: &mut Vec<String>) {
-    let named = |v: &[toml::Value]| -> BTreeMap<String, toml::Table> {
-        v.iter()
-            .filter_map(|u| u.as_table())
-            .map(|t| {
-                let name = t.get("name").and_then(|n| n.as_str()).unwrap_or_default();
-                (name.to_string(), t.clone())
-            })
-            .collect()
-    };
-    let (na, nb) = (named(a), named(b));
-    for (name, ta) in &na {
-        match nb.get(name) {
-            Some(tb) => diff_tables(&format!("uplink.{name}."), ta, tb, out),
-            None => out.push(format!("uplink.{name} (removed)")),
-        }
-    }
-    for name in nb.keys().filter(|n| !na.contains_key(*n)) {
-        out.push(format!("uplink.{name} (added)"));
-    }
-}
-
-/// Fingerprints of the files whose contents a reload applies even under an unchanged name.
-fn watched_files(config: &Config) -> BTreeMap<String, u64> {
-    use std::hash::{Hash, Hasher};
-    let mut files = BTreeMap::new();
-    let mut add = |key: String, path: Option<&Path>| {
-        if let Some(bytes) = path.and_then(|p| std::fs::read(p).ok()) {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            bytes.hash(&mut h);
-            files.insert(key, h.finish());
-        }
-    };
-    add("acl.file".into(), config.acl.file.as_deref());
-    if let Some(tls) = &config.mqtt.tls {
-        add("mqtt.tls.cert_file".into(), Some(&tls.cert_file));
-        add("mqtt.tls.key_file".into(), Some(&tls.key_file));
-        add(
-            "mqtt.tls.client_ca_file".into(),
-            tls.client_ca_file.as_deref(),
-        );
-    }
-    for u in &config.uplink {
-        add(format!("uplink.{}.ca_file", u.name), u.ca_file.as_deref());
-        add(
-            format!("uplink.{}.cert_file", u.name),
-            u.cert_file.as_deref(),
-        );
-        add(format!("uplink.{}.key_file", u.name), u.key_file.as_deref());
-    }
-    files
-}
-
-fn file_changed(now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>, key: &str) -> bool {
-    now.get(key) != then.get(key)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Config {
-        crate::config::parse(text).unwrap()
-    }
-
-    #[test]
-    fn changed_keys_are_named_down_to_the_setting_and_uplinks_by_name() {
-        let uplink = |name: &str, forward: &str| {
-            format!("[[uplink]]\nname = \"{name}\"\nurl = \"mqtt://10.0.0.1\"\nallow_plaintext = true\nforward = [\"{forward}\"]\n")
-        };
-        let running = parse(&format!(
-            "[mqtt]\nmax_connections = 10\n{}{}",
-            uplink("a", "x/#"),
-            uplink("b", "y/#")
-        ));
-        assert!(changed_keys(&running, &running.clone()).is_empty());
-        let fresh = parse(&format!(
-            "[mqtt]\nmax_connections = 11\n[log]\nlevel = \"debug\"\n{}{}",
-            uplink("a", "z/#"),
-            uplink("c", "y/#")
-        ));
-        assert_eq!(
-            changed_keys(&running, &fresh),
-            vec![
-                "log.level",
-                "mqtt.max_connections",
-                "uplink.a.forward",
-                "uplink.b (removed)",
-                "uplink.c (added)"
-            ]
-        );
-    }
-
-    #[test]
-    fn live_keys_are_told_from_restart_only_ones() {
-        for live in [
-            "priority.devices",
-            "limits.publish_rate",
-            "acl.rules",
-            "log.level",
-            "mqtt.users",
-            "mqtt.tls.cert_file",
-            "uplink.cloud.forward",
-            "uplink.cloud.topic_template",
-            "uplink.a.b.forward",
-            "uplink.cloud.ca_file",
-            "uplink.cloud.aggregate.enabled",
-            "uplink.cloud.aggregate.min_devices",
-            "uplink.cloud.receive",
-        ] {
-            assert!(is_live(live), "{live}");
-        }
-        for restart in [
-            "mqtt.listen",
-            "mqtt.tls.listen",
-            "mqtt.tls.identity_from_cert",
-            "gateway.shards",
-            "spool.dir",
-            "uplink.cloud.url",
-            "uplink.new (added)",
-            "function",
-            "coap.listen",
-            "admin.listen",
-            "log.format",
-        ] {
-            assert!(!is_live(restart), "{restart}");
-        }
-    }
-
-    #[test]
-    fn outcome_labels_follow_what_was_done() {
-        let done = |a: &[&str], r: &[&str]| ReloadOutcome::Done {
-            applied: a.iter().map(|s| s.to_string()).collect(),
-            restart_needed: r.iter().map(|s| s.to_string()).collect(),
-        };
-        assert_eq!(done(&[], &[]).label(), "unchanged");
-        assert_eq!(done(&["priority"], &[]).label(), "applied");
-        assert_eq!(
-            done(&["priority"], &["mqtt.listen"]).label(),
-            "restart_needed"
-        );
-        assert_eq!(ReloadOutcome::Invalid("x".into()).label(), "invalid");
-        let json = done(&["acl"], &["spool.dir"]).to_json();
-        assert_eq!(json["result"], "restart_needed");
-        assert_eq!(json["restart_needed"][0], "spool.dir");
     }
 }

@@ -11,21 +11,17 @@ use std::time::Instant;
 use crate::admin::AdminSource;
 use crate::control::ControlMetrics;
 use crate::shard::metrics::ShardMetrics;
-use crate::sink::LaneMetrics;
 use crate::telemetry::metrics::{Gauge, PromWriter};
 
 /// What the admin endpoint shows.
 pub(super) struct GatewayStatus {
     pub(super) started: Instant,
-    pub(super) uplink_names: Vec<String>,
-    /// Per uplink: `null`, or whether `install_tc` succeeded.
-    pub(super) tc_status: Vec<serde_json::Value>,
+    /// Every sink (uplink or function sink) by stable id, with its `[shard]` lane and spool
+    /// counters and its `install_tc` status (`uplinks.rs`, ADR 0013).
+    pub(super) uplinks: Arc<super::uplinks::UplinkTable>,
     pub(super) shard_metrics: Vec<Arc<ShardMetrics>>,
-    pub(super) uplink_metrics: Vec<Vec<LaneMetrics>>,
     pub(super) devices_per_shard: Arc<Vec<Gauge>>,
     pub(super) control: Arc<ControlMetrics>,
-    /// `[shard][uplink]`; empty rows without a spool.
-    pub(super) spool_metrics: Vec<Vec<Arc<crate::sink::spool::SpoolMetrics>>>,
     /// Spools of former shard indexes being drained (counted in the `spool` totals only).
     pub(super) former_spool_metrics: Vec<Arc<crate::sink::spool::SpoolMetrics>>,
     pub(super) spool_dir: Option<std::path::PathBuf>,
@@ -49,9 +45,8 @@ pub(super) struct GatewayStatus {
     /// The PHD agent table (`None` without `[phd] listen`).
     pub(super) phd: Option<Arc<crate::control::phd::PhdRoom>>,
     /// Every `[[function]]`.
-    pub(super) functions: Vec<Arc<crate::functions::FunctionHandle>>,
-    /// The local functions' runtime (`None` without local functions).
-    pub(super) function_runtime: Option<Arc<crate::functions::runtime::Runtime>>,
+    /// Every function and its runtime (a reload adds and removes them).
+    pub(super) functions: Arc<crate::functions::live::FunctionSet>,
     /// Reloads (`SIGHUP`, `POST /api/v1/reload`): what they do and how many there were
     /// (`reload.rs`).
     pub(super) reloads: Arc<super::reload::Reloader>,
@@ -65,10 +60,10 @@ impl GatewayStatus {
         let Some(dir) = &self.spool_dir else {
             return serde_json::Value::Null;
         };
-        let all = self
-            .spool_metrics
+        let uplinks = self.uplinks.load();
+        let all = uplinks
             .iter()
-            .flatten()
+            .flat_map(|u| &u.spools)
             .chain(&self.former_spool_metrics);
         let (mut bytes, mut unacked, mut backlog, mut dropped, mut appended, mut acked) =
             (0i64, 0i64, 0i64, 0u64, 0u64, 0u64);
@@ -105,20 +100,39 @@ impl AdminSource for GatewayStatus {
     fn render_metrics(&self, w: &mut PromWriter) {
         self.control.render(w);
         self.reloads.render(w);
-        crate::functions::metrics::render(w, &self.functions);
+        crate::functions::metrics::render(w, &self.functions.handles());
         for (i, m) in self.shard_metrics.iter().enumerate() {
             m.render(w, &i.to_string());
         }
-        for (i, ups) in self.uplink_metrics.iter().enumerate() {
-            for (name, lanes) in self.uplink_names.iter().zip(ups) {
-                for (lane, m) in lanes.iter() {
-                    m.render(w, &i.to_string(), name, lane.as_str());
+        let uplinks = self.uplinks.load();
+        for lifecycle in [
+            super::uplinks::EntryState::Attaching,
+            super::uplinks::EntryState::Running,
+            super::uplinks::EntryState::Draining,
+            super::uplinks::EntryState::Removed,
+        ] {
+            w.gauge(
+                "sluice_uplinks",
+                "Uplinks and function sinks by lifecycle: attaching (added by a reload, not on every shard yet), running, draining (removed by a reload, sending what it holds), removed (kept for its last counts).",
+                &[("lifecycle", lifecycle.as_str())],
+                uplinks.iter().filter(|u| u.state() == lifecycle).count() as i64,
+            );
+        }
+        // Shard-major, as before the table: each family's lines are grouped by the writer.
+        for i in 0..self.shard_metrics.len() {
+            for u in uplinks.iter() {
+                if let Some(lanes) = u.lanes.get(i) {
+                    for (lane, m) in lanes.iter() {
+                        m.render(w, &i.to_string(), &u.name, lane.as_str());
+                    }
                 }
             }
         }
-        for (i, spools) in self.spool_metrics.iter().enumerate() {
-            for (name, m) in self.uplink_names.iter().zip(spools) {
-                m.render(w, &i.to_string(), name);
+        for i in 0..self.shard_metrics.len() {
+            for u in uplinks.iter() {
+                if let Some(m) = u.spools.get(i) {
+                    m.render(w, &i.to_string(), &u.name);
+                }
             }
         }
         crate::admin::coap_proxy::render_proxy_metrics(w, &self.proxy_metrics);
@@ -154,16 +168,16 @@ impl AdminSource for GatewayStatus {
     }
 
     fn status(&self) -> serde_json::Value {
+        let table = self.uplinks.load();
         let shards: Vec<serde_json::Value> = self
             .shard_metrics
             .iter()
             .enumerate()
             .map(|(i, m)| {
-                let uplinks: Vec<serde_json::Value> = self
-                    .uplink_names
+                let uplinks: Vec<serde_json::Value> = table
                     .iter()
-                    .zip(&self.uplink_metrics[i])
-                    .map(|(name, lanes)| {
+                    .filter_map(|u| Some((u, u.lanes.get(i)?)))
+                    .map(|(entry, lanes)| {
                         let lane_status: serde_json::Map<String, serde_json::Value> = lanes
                             .iter()
                             .map(|(lane, m)| {
@@ -183,16 +197,17 @@ impl AdminSource for GatewayStatus {
                             })
                             .collect();
                         serde_json::json!({
-                            "name": name,
+                            "name": entry.name,
+                            "id": entry.id.0,
+                            "lifecycle": entry.state().as_str(),
                             "state": lanes.normal.state(),
                             "lanes": lane_status,
                         })
                     })
                     .collect();
-                let spools: Vec<serde_json::Value> = self
-                    .uplink_names
+                let spools: Vec<serde_json::Value> = table
                     .iter()
-                    .zip(self.spool_metrics.get(i).into_iter().flatten())
+                    .filter_map(|u| Some((&u.name, u.spools.get(i)?)))
                     .map(|(name, m)| {
                         let mut v = m.status();
                         v["uplink"] = serde_json::json!(name);
@@ -219,7 +234,7 @@ impl AdminSource for GatewayStatus {
             "mqtt": { "mptcp": self.mqtt_mptcp },
             "links": self.links.as_ref().map(|l| l.status()),
             "phd": self.phd.as_ref().map(|p| p.status(crate::control::phd::STATUS_AGENTS)),
-            "functions": crate::functions::status(&self.functions, self.function_runtime.as_deref()),
+            "functions": self.functions.status(),
             "coap": match self.coap_addr {
                 None => serde_json::Value::Null,
                 Some(addr) => serde_json::json!({
@@ -236,11 +251,9 @@ impl AdminSource for GatewayStatus {
             },
             "shards": shards,
             "coap_proxy": crate::admin::coap_proxy::proxy_status(&self.proxy_metrics),
-            "traffic_control": self
-                .uplink_names
+            "traffic_control": table
                 .iter()
-                .zip(&self.tc_status)
-                .map(|(name, tc)| serde_json::json!({ "uplink": name, "tc": tc }))
+                .map(|u| serde_json::json!({ "uplink": u.name, "tc": u.tc }))
                 .collect::<Vec<_>>(),
         })
     }

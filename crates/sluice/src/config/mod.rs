@@ -182,6 +182,8 @@ pub struct Config {
     pub acl: AclConfig,
     /// Per-device rates, connection rates, flapping devices (ADR 0008).
     pub limits: LimitsConfig,
+    /// What a reload does with what it removes (`app/reload.rs`, ADR 0013).
+    pub reload: ReloadConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub uplink: Vec<UplinkConfig>,
     /// Edge functions (`config/function.rs`).
@@ -595,6 +597,25 @@ impl Default for LogConfig {
         LogConfig {
             level: "info".to_string(),
             format: LogFormat::Text,
+        }
+    }
+}
+
+/// `[reload]`: how a reload removes an uplink or a function (ADR 0013).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReloadConfig {
+    /// How long a removed uplink's (or function's) sessions keep sending what it already
+    /// holds; then what is left is acknowledged to its devices unsent (MQTT 5 reason 0x10)
+    /// and counted `sluice_uplink_dropped_total{reason="uplink_removed"}`.
+    #[serde(with = "units::duration")]
+    pub drain_timeout: std::time::Duration,
+}
+
+impl Default for ReloadConfig {
+    fn default() -> Self {
+        ReloadConfig {
+            drain_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -46,6 +46,12 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
             "must not be empty; use e.g. \"info\" or \"info,sluice=debug\"",
         );
     }
+    if config.reload.drain_timeout > std::time::Duration::from_secs(600) {
+        return invalid(
+            "reload.drain_timeout",
+            "must be at most 10min (a reload waits for the drain before it answers)",
+        );
+    }
     check_priority(config)?;
     check_spool(config)?;
     check_topic_limits(config)?;

@@ -108,7 +108,7 @@ struct Pending {
     /// The device connection's `abandoned` flag.
     abandoned: Rc<Cell<bool>>,
     packet_id: u16,
-    /// The first failure reason code a holder completed with (0: none).
+    /// The first failure reason code a holder completed with, or 0x10 (0: none).
     reason: Cell<u8>,
 }
 
@@ -157,12 +157,15 @@ impl AckToken {
         self.complete_with(0);
     }
 
-    /// Complete with a reason code: 0 for success, or a PUBACK failure code (≥ 0x80) when the
-    /// message was refused for good; the device's PUBACK carries the first failure code of
-    /// any holder (MQTT 5 devices only).
+    /// Complete with a reason code: 0 for success, a PUBACK failure code (≥ 0x80) when the
+    /// message was refused for good, or 0x10 ("no matching subscribers") when the holder's
+    /// uplink was removed before it could send it (ADR 0013). The device's PUBACK carries the
+    /// first failure code of any holder, else 0x10 if a holder gave it (a success code: the
+    /// gateway accepted the message), else success (MQTT 5 devices only).
     pub fn complete_with(self, reason: u8) {
         let p = self.0;
-        if reason >= 0x80 && p.reason.get() == 0 {
+        let now = p.reason.get();
+        if reason != 0 && (now == 0 || (now < 0x80 && reason >= 0x80)) {
             p.reason.set(reason);
         }
         let left = p.remaining.get().saturating_sub(1);
@@ -243,6 +246,27 @@ mod tests {
         AckToken::new(&dev, 6).complete_with(0x90);
         AckToken::new(&dev, 6).complete();
         assert_eq!(dev.take_reason(6, V5), 0);
+    }
+
+    #[test]
+    fn a_removed_uplinks_0x10_is_reported_unless_another_holder_refused_for_good() {
+        use sluice_proto::mqtt::ProtocolVersion::{V311, V5};
+        let dev = DeviceAcks::new();
+        let a = AckToken::new(&dev, 1);
+        let b = a.share();
+        a.complete();
+        b.complete_with(0x10);
+        assert_eq!(dev.drain(), vec![1]);
+        assert_eq!(dev.take_reason(1, V5), 0x10);
+        let a = AckToken::new(&dev, 2);
+        let b = a.share();
+        a.complete_with(0x10);
+        b.complete_with(0x87);
+        dev.drain();
+        assert_eq!(dev.take_reason(2, V5), 0x87);
+        AckToken::new(&dev, 3).complete_with(0x10);
+        dev.drain();
+        assert_eq!(dev.take_reason(3, V311), 0);
     }
 
     #[test]

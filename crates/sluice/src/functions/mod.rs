@@ -26,6 +26,7 @@
 //! room (at most one outstanding per function), and arrivals for the predictor (at most one per
 //! [`ARRIVAL_GRAIN_MS`] per function). With no events, nothing is sent and nothing wakes.
 
+pub mod live;
 pub mod metrics;
 pub mod predict;
 pub mod runtime;
@@ -333,6 +334,14 @@ pub fn status(
     runtime: Option<&runtime::Runtime>,
 ) -> serde_json::Value {
     let local = runtime.map(|r| r.status()).unwrap_or_default();
+    status_with(functions, &local)
+}
+
+/// [`status`] with the local functions' runtime status already read.
+pub fn status_with(
+    functions: &[Arc<FunctionHandle>],
+    local: &[runtime::FunctionStatus],
+) -> serde_json::Value {
     let list: Vec<serde_json::Value> = functions
         .iter()
         .map(|f| {

@@ -15,6 +15,7 @@ pub mod hash;
 pub mod limits;
 pub mod metrics;
 pub(crate) mod router;
+pub(crate) mod sinks;
 pub mod trie;
 
 use std::cell::RefCell;
@@ -35,6 +36,8 @@ use crate::edge::mqtt::session::Session;
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 use metrics::ShardMetrics;
 use trie::TopicTrie;
+
+pub use sinks::{AttachSink, DetachReport, DetachSink};
 
 pub type ShardId = usize;
 
@@ -90,6 +93,10 @@ pub enum ShardCmd {
     CoapDatagram(Box<crate::edge::coap::server::Steered>),
     /// An operating IEEE 11073 agent whose data this shard handles (`crate::edge::phd`).
     PhdAdopt(Box<crate::edge::phd::Handover>),
+    /// A reload added an uplink: start its sink on this shard (ADR 0013).
+    AttachSink(Box<AttachSink>),
+    /// A reload removed an uplink or a function: drain and stop its sink on this shard.
+    DetachSink(Box<DetachSink>),
 }
 
 /// A subscription of a local session.
@@ -129,7 +136,10 @@ pub struct ShardContext {
     /// Local subscriptions per filter, to tell the control plane on 0→1 and 1→0 only.
     pub filter_refs: RefCell<HashMap<ByteString, usize>>,
     pub sessions: RefCell<HashMap<ByteString, Rc<Session>>>,
-    pub uplinks: Vec<ShardUplink>,
+    /// The sinks the router offers each message to, in config order. Replaced (never
+    /// mutated in place) when a reload attaches one: the router clones the `Rc` per message,
+    /// so no borrow is held across an offer's `await` ([`ShardContext::sinks`]).
+    pub uplinks: RefCell<Rc<Vec<ShardUplink>>>,
     /// The priority table and `[limits]` publish rate, read without a lock; a reload
     /// publishes new ones (`control/live.rs`).
     pub rules: Arc<crate::control::live::Rules>,
@@ -155,6 +165,13 @@ pub struct ShardContext {
     pub share_turn: std::cell::Cell<usize>,
     /// The CoAP proxy's upstream connections of this shard (`[[coap.proxy]]`).
     pub proxies: crate::proxy::ShardProxies,
+}
+
+impl ShardContext {
+    /// The sinks now (one `Rc` clone): a message is offered to the list it started with.
+    pub fn sinks(&self) -> Rc<Vec<ShardUplink>> {
+        self.uplinks.borrow().clone()
+    }
 }
 
 /// Everything a shard thread needs to start; `Send` so it can cross into the thread.
@@ -324,7 +341,7 @@ async fn run(seed: ShardSeed) {
         subs: RefCell::new(TopicTrie::new()),
         filter_refs: RefCell::new(HashMap::new()),
         sessions: RefCell::new(HashMap::new()),
-        uplinks,
+        uplinks: RefCell::new(Rc::new(uplinks)),
         rules,
         acl,
         limits: limits_metrics,
@@ -341,12 +358,18 @@ async fn run(seed: ShardSeed) {
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
     let (local_shutdown_tx, local_shutdown) = watch::channel(false);
-    // Spool tasks stop after the uplink sessions, so the last acks are committed.
-    let (spool_shutdown_tx, spool_shutdown) = watch::channel(false);
-    let mut spool_tasks = Vec::new();
+    // Spool tasks stop after the uplink sessions, so the last acks are committed; each
+    // uplink's spools (its own and former shards') have their own stop signal, so a reload can
+    // stop them alone (`sinks.rs`).
+    let mut spool_stops: Vec<(watch::Sender<bool>, Vec<sinks::SpoolTasks>)> = config
+        .uplink
+        .iter()
+        .map(|_| (watch::channel(false).0, Vec::new()))
+        .collect();
     let mut former = Vec::new();
+    let sinks = ctx.sinks();
     for (uplink, index, opened) in former_spools {
-        if let (Some(u), Some(ucfg)) = (ctx.uplinks.get(uplink), config.uplink.get(uplink)) {
+        if let (Some(u), Some(ucfg)) = (sinks.get(uplink), config.uplink.get(uplink)) {
             let spool = crate::sink::spool::UplinkSpool::new(
                 index,
                 &ucfg.name,
@@ -358,8 +381,7 @@ async fn run(seed: ShardSeed) {
             former.push((uplink, spool));
         }
     }
-    let all_spools = ctx
-        .uplinks
+    let all_spools = sinks
         .iter()
         .enumerate()
         .filter_map(|(i, u)| u.spool.clone().map(|s| (i, s)))
@@ -378,50 +400,33 @@ async fn run(seed: ShardSeed) {
                 }
             }),
         );
-        spool_tasks.extend(spool.spawn_tasks(spool_shutdown.clone()));
+        let tasks = spool.spawn_tasks(spool_stops[i].0.subscribe());
+        spool_stops[i].1.push((spool, tasks));
     }
 
-    let mut uplink_tasks = Vec::new();
+    // Every sink with its own stop signal, so a reload can stop one alone (`sinks.rs`); at
+    // start its id is its position in the config (`app::uplinks::UplinkTable::at_start`).
+    let running: sinks::Running = Default::default();
     for (i, ucfg) in config.uplink.iter().enumerate() {
-        let downlink_ctx = ctx.clone();
-        // Only shard 0's normal session subscribes (uplink module docs); it delivers to every
-        // shard and acknowledges the cloud once the future resolved.
-        let downlink: crate::sink::Downlink = Rc::new(move |p: crate::sink::CloudMessage| {
-            let ctx = downlink_ctx.clone();
-            Box::pin(async move {
-                let routed = Routed {
-                    origin: ByteString::from_static(""),
-                    topic: p.topic,
-                    payload: p.payload,
-                    qos: p.qos,
-                    retain: false,
-                    properties: p.properties,
-                };
-                router::deliver_downlink(&ctx, routed).await;
-            }) as crate::sink::DownlinkDelivery
-        });
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let downlink = sinks::downlink(&ctx);
         let cfg = Rc::new(UplinkConfig::clone(ucfg));
         let function = ucfg.function.as_ref().and_then(|f| {
             let handle = functions.iter().find(|h| h.cfg.name == f.name)?.clone();
-            let publish_ctx = ctx.clone();
-            let publish: crate::sink::http::Publish = Rc::new(move |msg| {
-                let ctx = publish_ctx.clone();
-                Box::pin(async move { router::publish_from_function(&ctx, msg).await })
-                    as crate::sink::DownlinkDelivery
-            });
             Some(crate::sink::http::FunctionSeed {
                 handle,
-                publish,
-                overflow: ctx.uplinks[i].overflow.clone()?,
+                publish: sinks::function_publish(&ctx),
+                overflow: sinks[i].overflow.clone()?,
             })
         });
-        uplink_tasks.push(crate::sink::spawn(
+        tasks.push(crate::sink::spawn(
             SessionSeed {
                 shard: id,
                 lane: Lane::Normal,
                 cfg: cfg.clone(),
                 tls: uplink_tls[i].clone(),
-                queue: ctx.uplinks[i].queue.clone(),
+                queue: sinks[i].queue.clone(),
                 downlink: downlink.clone(),
                 metrics: uplink_metrics[i].normal.clone(),
                 live_devices: online_devices.clone(),
@@ -429,11 +434,11 @@ async fn run(seed: ShardSeed) {
                 feeders: std::mem::take(&mut feeders[i]),
                 links: links.clone(),
                 function: function.clone(),
-                route: ctx.uplinks[i].route.clone(),
+                route: sinks[i].route.clone(),
             },
-            local_shutdown.clone(),
+            stopped.clone(),
         ));
-        if let (Some(queue), Some(metrics)) = (&ctx.uplinks[i].high, &uplink_metrics[i].high) {
+        if let (Some(queue), Some(metrics)) = (&sinks[i].high, &uplink_metrics[i].high) {
             let on_port = uplink_ports[i].clone().map(|sink| {
                 let cell = std::cell::Cell::new(None::<u16>);
                 Box::new(move |port: Option<u16>| {
@@ -445,11 +450,11 @@ async fn run(seed: ShardSeed) {
                     }
                 }) as Box<dyn Fn(Option<u16>)>
             });
-            uplink_tasks.push(crate::sink::spawn(
+            tasks.push(crate::sink::spawn(
                 SessionSeed {
                     shard: id,
                     lane: Lane::High,
-                    cfg,
+                    cfg: cfg.clone(),
                     tls: uplink_tls[i].clone(),
                     queue: queue.clone(),
                     downlink,
@@ -459,11 +464,22 @@ async fn run(seed: ShardSeed) {
                     feeders: Default::default(),
                     links: links.clone(),
                     function,
-                    route: ctx.uplinks[i].route.clone(),
+                    route: sinks[i].route.clone(),
                 },
-                local_shutdown.clone(),
+                stopped,
             ));
         }
+        let (spool_stop, spools) =
+            std::mem::replace(&mut spool_stops[i], (watch::channel(false).0, Vec::new()));
+        running.borrow_mut().push(sinks::RunningSink {
+            id: crate::app::uplinks::UplinkId(i as u32),
+            name: ucfg.name.clone(),
+            sink: sinks[i].clone(),
+            stop,
+            tasks,
+            spool_stop,
+            spools,
+        });
     }
     let coap = coap.and_then(|socket| {
         crate::edge::coap::start(ctx.clone(), socket, coap_metrics, local_shutdown.clone())
@@ -471,7 +487,7 @@ async fn run(seed: ShardSeed) {
     // Serves its own peers (no steering): kept alive by its receive task.
     let _coap_dtls = coap_dtls
         .and_then(|seed| crate::edge::coap::dtls::start(ctx.clone(), seed, local_shutdown.clone()));
-    tracing::debug!(shard = id, uplinks = uplink_tasks.len(), "shard started");
+    tracing::debug!(shard = id, uplinks = config.uplink.len(), "shard started");
 
     loop {
         tokio::select! {
@@ -504,6 +520,12 @@ async fn run(seed: ShardSeed) {
                         tokio::task::spawn_local(crate::edge::phd::data::run(ctx.clone(), phd.clone(), handover));
                     }
                 }
+                Some(ShardCmd::AttachSink(attach)) => {
+                    sinks::attach_sink(&ctx, &running, *attach, lanes, &links);
+                }
+                Some(ShardCmd::DetachSink(detach)) => {
+                    tokio::task::spawn_local(sinks::detach_sink(ctx.clone(), running.clone(), *detach, lanes));
+                }
                 None => break,
             },
             _ = shutdown.changed() => {
@@ -517,12 +539,11 @@ async fn run(seed: ShardSeed) {
         session.notify.notify_one();
     }
     // Give connections and uplinks a moment to say goodbye.
-    for t in uplink_tasks {
+    for t in sinks::stop_all(&running) {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
-    let _ = spool_shutdown_tx.send(true);
-    for t in spool_tasks {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+    for t in sinks::stop_spools(&running) {
+        let _ = tokio::time::timeout(sinks::SPOOL_GRACE, t).await;
     }
     tracing::debug!(shard = id, "shard stopped");
 }

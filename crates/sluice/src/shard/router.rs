@@ -89,7 +89,8 @@ async fn publish_to(
     // meantime applies from the next message).
     let rules = ctx.rules.load();
     let offer = Offer::new(&msg, device, &rules.priority, &*ctx.metrics);
-    for sink in &ctx.uplinks {
+    let sinks = ctx.sinks();
+    for sink in sinks.iter() {
         if to_functions || sink.overflow.is_none() {
             sink.offer(&offer).await;
         }

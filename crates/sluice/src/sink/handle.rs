@@ -27,6 +27,7 @@ use crate::edge::DeviceMessage;
 
 /// One uplink as seen from a shard: its normal lane, its high lane when the priority table
 /// has any high entry, and its spool when `[spool] dir` is set (normal lane only).
+#[derive(Clone)]
 pub struct Sink {
     pub route: UplinkRoute,
     pub queue: Rc<UplinkQueue>,

@@ -42,15 +42,19 @@ pub enum DropReason {
     CloudRejected = 3,
     /// QoS 0 message in a write that failed.
     ConnectionLost = 4,
+    /// Still held when a reload removed its uplink and the drain deadline passed (ADR 0013):
+    /// its ack token was completed with 0x10 ("no matching subscribers").
+    UplinkRemoved = 5,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 5] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::QueueFull,
         DropReason::TooLargeForCloud,
         DropReason::InvalidForCloud,
         DropReason::CloudRejected,
         DropReason::ConnectionLost,
+        DropReason::UplinkRemoved,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -60,6 +64,7 @@ impl DropReason {
             DropReason::InvalidForCloud => "invalid_for_cloud",
             DropReason::CloudRejected => "cloud_rejected",
             DropReason::ConnectionLost => "connection_lost",
+            DropReason::UplinkRemoved => "uplink_removed",
         }
     }
 }

@@ -244,6 +244,23 @@ impl UplinkMessage {
     }
 }
 
+impl UplinkMessage {
+    /// Its uplink was removed by a reload before it was sent (ADR 0013): a spool record
+    /// stays unacknowledged (kept on disk, sent again if the uplink comes back), the device
+    /// token is completed with 0x10 ("no matching subscribers": accepted, not forwarded
+    /// there). The caller has already released its queue bytes and counted it.
+    pub fn complete_removed(self) {
+        drop(self.stored);
+        if let Some(token) = self.ack {
+            token.complete_with(REMOVED_REASON);
+        }
+    }
+}
+
+/// The PUBACK reason a device gets for a message whose uplink a reload removed before it
+/// was sent (MQTT 5 "No matching subscribers"; a 3.1.1 device gets a plain PUBACK).
+pub const REMOVED_REASON: u8 = 0x10;
+
 /// Who is to blame for an [`UplinkError`] (for the log line and for whoever reads it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blame {

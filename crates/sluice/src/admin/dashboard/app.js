@@ -220,6 +220,7 @@
         upRows.push([
           u.name + (u.lanes.length > 1 ? ' · ' + l.lane : ''),
           { text: l.state + ' ' + l.connected_shards + '/' + l.shards, cls: stateClass(l.state) },
+          { text: '#' + u.id + ' ' + u.lifecycle + (u.removed_unsent ? ' (' + int(u.removed_unsent) + ' unsent)' : ''), cls: u.lifecycle === 'running' ? 'ok' : u.lifecycle === 'removed' ? '' : 'warn' },
           rate(l.sent_per_second), rate(l.acked_per_second), bytes(l.bytes_per_second) + '/s',
           { text: int(l.inflight), k: 'uplink-inflight' }, int(l.queued), bytes(l.queue_bytes),
           secs(l.queue_oldest_age_seconds), ms(lat.p50_ms), ms(lat.p99_ms),
@@ -233,7 +234,7 @@
         }
       }
     }
-    table('t-uplinks', ['uplink', 'state', 'sent/s', 'acked/s', 'bytes/s', 'inflight', 'queued', 'queue bytes', 'oldest', 'ack p50', 'ack p99'], upRows, 'no [[uplink]] configured');
+    table('t-uplinks', ['uplink', 'state', 'lifecycle', 'sent/s', 'acked/s', 'bytes/s', 'inflight', 'queued', 'queue bytes', 'oldest', 'ack p50', 'ack p99'], upRows, 'no [[uplink]] configured');
     table('t-paths', ['path', 'state', 'srtt', 'inflight', 'sent/s', 'acked/s'], pathRows, 'no multipath uplink');
 
     table('t-lanes', ['lane', 'inflight', 'queued', 'sent/s'], (doc.lanes || []).map((l) => [l.lane, int(l.inflight), int(l.queued), rate(l.sent_per_second)]), 'no uplink');

@@ -23,6 +23,12 @@
 //! ([`UplinkQueue::stream_room`]), so the backlog can never crowd out live messages. Without a spool the backlog stream stays empty and the queue
 //! behaves as a single FIFO.
 //!
+//! Removal (ADR 0013): once a reload's drain deadline passed and the sink's sessions stopped,
+//! [`UplinkQueue::close_removed`] finishes everything it holds with 0x10 (counted
+//! `uplink_removed`, spool records left unacknowledged); from then on anything pushed,
+//! granted or requeued (a device connection that was blocked on it, a late outbox) is
+//! finished the same way at once, so no device token is ever dropped uncompleted.
+//!
 //! Shared with `Rc` on one shard thread; every `RefCell` borrow is released before any await.
 
 use std::cell::{Cell, RefCell};
@@ -48,13 +54,20 @@ pub(crate) struct Queued {
 
 #[derive(Debug)]
 pub struct UplinkQueue {
-    capacity_bytes: usize,
+    /// Set at start; lowered when a reload attaches another sink (ADR 0013: the shard's
+    /// share of `max_buffered` is split again), never below what is reserved being a problem:
+    /// a queue over its new capacity admits nothing until releases bring it under.
+    capacity_bytes: std::cell::Cell<usize>,
     state: RefCell<State>,
     /// Bytes were released: the spool feeder re-checks its stream's room. (Blocked pushers
     /// wait on their own tickets, see `State::waiters`.)
     space: Notify,
     /// A message was queued: the outbox re-checks (one stored permit at most).
     ready: Notify,
+    /// Its sink was removed ([`UplinkQueue::close_removed`]).
+    closed: Cell<bool>,
+    /// Messages and bytes finished because the sink was removed.
+    removed: Cell<(u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -113,10 +126,12 @@ impl UplinkQueue {
     /// are attached by [`crate::sink::spawn`] (the outbox's [`UplinkMetrics`]).
     pub fn new(capacity_bytes: usize) -> UplinkQueue {
         UplinkQueue {
-            capacity_bytes,
+            capacity_bytes: std::cell::Cell::new(capacity_bytes),
             state: RefCell::new(State::default()),
             space: Notify::new(),
             ready: Notify::new(),
+            closed: Cell::new(false),
+            removed: Cell::new((0, 0)),
         }
     }
 
@@ -140,6 +155,10 @@ impl UplinkQueue {
     /// Cancel-safe: dropping the future before it completes drops `msg` unqueued and gives
     /// its place (and any bytes granted to it) back.
     pub async fn push(&self, msg: UplinkMessage) {
+        if self.closed.get() {
+            self.finish_removed(msg);
+            return;
+        }
         let cost = msg.cost();
         let ticket = {
             let mut st = self.state.borrow_mut();
@@ -164,6 +183,12 @@ impl UplinkQueue {
         // Invariant: after every release the front ticket is granted if it fits, so a new
         // ticket behind others (or one that does not fit now) just waits for its grant.
         while !guard.ticket.granted.get() {
+            if self.closed.get() {
+                // Out of the line already (`close_removed`); nothing granted.
+                guard.done = true;
+                self.finish_removed(msg);
+                return;
+            }
             // `notify_one` stores a permit, so a grant before this await is not missed.
             guard.ticket.wake.notified().await;
         }
@@ -177,6 +202,10 @@ impl UplinkQueue {
     // Handing the message back by value is the point (no allocation on the drop path).
     #[allow(clippy::result_large_err)]
     pub fn try_push(&self, msg: UplinkMessage) -> Result<(), UplinkMessage> {
+        if self.closed.get() {
+            self.finish_removed(msg);
+            return Ok(());
+        }
         let cost = msg.cost();
         if self.admits(cost) && self.state.borrow().waiters.is_empty() {
             self.admit(msg, cost);
@@ -191,7 +220,7 @@ impl UplinkQueue {
 
     /// Whether the reserved bytes reached the capacity (no message fits until some are released).
     pub fn is_full(&self) -> bool {
-        self.state.borrow().reserved_bytes >= self.capacity_bytes
+        self.state.borrow().reserved_bytes >= self.capacity_bytes.get()
     }
 
     /// Messages waiting to be sent, both streams (inflight ones excluded).
@@ -215,7 +244,69 @@ impl UplinkQueue {
     }
 
     pub fn capacity_bytes(&self) -> usize {
-        self.capacity_bytes
+        self.capacity_bytes.get()
+    }
+
+    /// Set the capacity (a reload attached or removed a sink and the shard's share of
+    /// `max_buffered` is split again). A queue over a lowered capacity admits nothing until
+    /// releases bring it under; a raised one grants waiting pushers at once.
+    pub fn set_capacity_bytes(&self, capacity_bytes: usize) {
+        let raised = capacity_bytes > self.capacity_bytes.get();
+        self.capacity_bytes.set(capacity_bytes);
+        if raised {
+            self.serve_waiters();
+            self.space.notify_waiters();
+        }
+    }
+
+    /// The sink was removed and its sessions stopped (see the module docs): finish what is
+    /// waiting with 0x10, wake blocked pushers to do the same with theirs, and finish
+    /// anything that arrives later at once. Returns the messages and bytes finished so far
+    /// this way (inflight ones included once the stopped outbox requeued them).
+    pub fn close_removed(&self) -> (u64, u64) {
+        self.closed.set(true);
+        let (items, waiters) = {
+            let mut guard = self.state.borrow_mut();
+            let st = &mut *guard;
+            let items: Vec<Queued> = st.waiting.drain(..).chain(st.backlog.drain(..)).collect();
+            let waiters: Vec<Rc<Ticket>> = st.waiters.drain(..).collect();
+            (items, waiters)
+        };
+        for q in items {
+            self.release_msg(&q.msg);
+            self.finish_removed(q.msg);
+        }
+        for t in waiters {
+            t.wake.notify_one();
+        }
+        self.removed.get()
+    }
+
+    /// A device token of a removed sink held outside the queue (by its spool): counted like
+    /// a message, completed with 0x10.
+    pub fn finish_removed_token(&self, token: crate::edge::ack::AckToken) {
+        let (n, bytes) = self.removed.get();
+        self.removed.set((n + 1, bytes));
+        if let Some(m) = &self.state.borrow().metrics {
+            m.record_drop(DropReason::UplinkRemoved);
+        }
+        token.complete_with(crate::sink::REMOVED_REASON);
+    }
+
+    /// Messages and bytes finished because the sink was removed.
+    pub fn removed(&self) -> (u64, u64) {
+        self.removed.get()
+    }
+
+    /// A message of a removed sink: counted, then finished with 0x10 (its bytes are not, or
+    /// no longer, reserved).
+    fn finish_removed(&self, msg: UplinkMessage) {
+        let (n, bytes) = self.removed.get();
+        self.removed.set((n + 1, bytes + msg.cost() as u64));
+        if let Some(m) = &self.state.borrow().metrics {
+            m.record_drop(DropReason::UplinkRemoved);
+        }
+        msg.complete_removed();
     }
 
     fn admits(&self, cost: usize) -> bool {
@@ -223,7 +314,8 @@ impl UplinkQueue {
     }
 
     fn fits(&self, st: &State, cost: usize) -> bool {
-        st.reserved_bytes == 0 || st.reserved_bytes.saturating_add(cost) <= self.capacity_bytes
+        st.reserved_bytes == 0
+            || st.reserved_bytes.saturating_add(cost) <= self.capacity_bytes.get()
     }
 
     fn admit(&self, msg: UplinkMessage, cost: usize) {
@@ -233,6 +325,11 @@ impl UplinkQueue {
 
     /// Queue a message whose bytes are already reserved.
     fn admit_reserved(&self, msg: UplinkMessage) {
+        if self.closed.get() {
+            self.release_msg(&msg);
+            self.finish_removed(msg);
+            return;
+        }
         {
             let mut st = self.state.borrow_mut();
             st.waiting.push_back(Queued { msg, resend: false });
@@ -263,6 +360,10 @@ impl UplinkQueue {
     /// Queue a spool record of the backlog stream (the feeder checked
     /// [`UplinkQueue::stream_room`] first; this never waits).
     pub fn push_backlog(&self, msg: UplinkMessage) {
+        if self.closed.get() {
+            self.finish_removed(msg);
+            return;
+        }
         let cost = msg.cost();
         {
             let mut st = self.state.borrow_mut();
@@ -289,7 +390,7 @@ impl UplinkQueue {
         } else {
             st.reserved_bytes.saturating_sub(st.backlog_bytes)
         };
-        (self.capacity_bytes / 2).saturating_sub(used)
+        (self.capacity_bytes.get() / 2).saturating_sub(used)
     }
 
     /// Messages waiting in the backlog stream.
@@ -421,6 +522,13 @@ impl UplinkQueue {
     /// resend mark (one never written is not a resend). Their bytes are still reserved.
     pub(crate) fn requeue_front_queued(&self, items: Vec<Queued>) {
         if items.is_empty() {
+            return;
+        }
+        if self.closed.get() {
+            for q in items {
+                self.release_msg(&q.msg);
+                self.finish_removed(q.msg);
+            }
             return;
         }
         {

@@ -49,6 +49,13 @@ impl UplinkSpool {
         let mut counted_full = false;
         let mut counted_stalled = false;
         loop {
+            if self.removed.get() {
+                // Its uplink was removed by a reload (ADR 0013): nothing more is stored.
+                if let Some(t) = ack {
+                    self.queue.finish_removed_token(t);
+                }
+                return Appended::NotStored;
+            }
             let committed = self.committed.notified();
             tokio::pin!(committed);
             committed.as_mut().enable();

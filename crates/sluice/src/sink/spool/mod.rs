@@ -196,6 +196,8 @@ pub struct UplinkSpool {
     reopens: Cell<u64>,
     /// What `observe_stall` last saw and logged.
     stall_log: Cell<StallLog>,
+    /// Its uplink was removed by a reload and its tasks stopped ([`UplinkSpool::take_device_tokens`]).
+    removed: Cell<bool>,
 }
 
 /// The stall as last observed (for its metrics and rate-limited log lines).
@@ -309,6 +311,7 @@ impl UplinkSpool {
             deferred_acks: RefCell::new(Vec::new()),
             reopens: Cell::new(0),
             stall_log: Cell::new(StallLog::default()),
+            removed: Cell::new(false),
         })
     }
 
@@ -344,6 +347,25 @@ impl UplinkSpool {
     /// The spool's metrics (this shard's, this uplink's).
     pub fn metrics(&self) -> &Arc<SpoolMetrics> {
         &self.metrics
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Its uplink was removed by a reload and its tasks stopped (ADR 0013): the device tokens
+    /// it still holds (waiting for a commit, or under `ack = "cloud"` for a record not read
+    /// yet), for the caller to complete. The records stay on disk unacknowledged.
+    /// From then on an append (one blocked on a full spool included) stores nothing and
+    /// completes its token with 0x10 at once, counted in the queue's `uplink_removed`.
+    pub fn take_device_tokens(&self) -> Vec<AckToken> {
+        self.removed.set(true);
+        self.committed.notify_waiters();
+        let mut inner = self.inner.borrow_mut();
+        let mut out: Vec<AckToken> = inner.commit_waiters.drain(..).map(|(_, t)| t).collect();
+        out.extend(std::mem::take(&mut inner.cloud_tokens).into_values());
+        out
     }
 }
 

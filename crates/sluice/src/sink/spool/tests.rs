@@ -505,3 +505,37 @@ fn with_ack_cloud_a_finished_message_acknowledges_its_record_then_its_device_and
         assert_eq!(spool.metrics.unacked_records.get(), 1);
     });
 }
+
+#[test]
+fn a_removed_uplinks_spool_hands_back_its_device_tokens_and_stores_nothing_more() {
+    use sluice_proto::mqtt::ProtocolVersion::V5;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rt, local) = rt();
+    local.block_on(&rt, async {
+        let (spool, q) = setup(dir.path(), "ack = \"spool\"", 64);
+        let dev = DeviceAcks::new();
+        assert_eq!(
+            spool
+                .append(&body(1), QoS::AtLeastOnce, Some(AckToken::new(&dev, 1)))
+                .await,
+            Appended::Stored
+        );
+        // Not committed: the token is still held by the spool; the removal hands it back.
+        let tokens = spool.take_device_tokens();
+        assert_eq!(tokens.len(), 1);
+        for t in tokens {
+            q.finish_removed_token(t);
+        }
+        assert_eq!(
+            spool
+                .append(&body(2), QoS::AtLeastOnce, Some(AckToken::new(&dev, 2)))
+                .await,
+            Appended::NotStored
+        );
+        assert_eq!(dev.drain(), vec![1, 2]);
+        assert_eq!(dev.take_reason(1, V5), 0x10);
+        assert_eq!(dev.take_reason(2, V5), 0x10);
+        assert!(!dev.is_abandoned());
+        assert_eq!(q.removed().0, 2);
+    });
+}

@@ -125,7 +125,7 @@ fn shards(config: Config, n: usize) -> (Vec<Rc<ShardContext>>, Vec<mpsc::Receive
                 subs: RefCell::new(TopicTrie::new()),
                 filter_refs: RefCell::new(HashMap::new()),
                 sessions: RefCell::new(HashMap::new()),
-                uplinks: Vec::new(),
+                uplinks: Default::default(),
                 rules: crate::control::live::Rules::new(&config),
                 acl: crate::control::acl::Acl::allow_all(),
                 limits: Arc::default(),

@@ -358,3 +358,62 @@ fn a_cancelled_waiting_push_gives_its_place_and_its_bytes_back() {
         assert!(q.is_empty());
     });
 }
+
+#[test]
+fn a_closed_queue_acknowledges_what_it_holds_and_what_arrives_later_with_0x10() {
+    use crate::edge::ack::{AckToken, DeviceAcks};
+    use sluice_proto::mqtt::ProtocolVersion::V5;
+    let (rt, local) = rt();
+    local.block_on(&rt, async {
+        let m = Arc::new(UplinkMetrics::new());
+        let one = 1 + 4 + MESSAGE_OVERHEAD_BYTES;
+        let q = Rc::new(UplinkQueue::with_metrics(one, m.clone()));
+        let dev = DeviceAcks::new();
+        let with_token = |id| {
+            let mut x = msg("t", 4, QoS::AtLeastOnce);
+            x.ack = Some(AckToken::new(&dev, id));
+            x
+        };
+        q.push(with_token(1)).await;
+        // A second device message waits for room (back-pressure).
+        let blocked = tokio::task::spawn_local({
+            let q = q.clone();
+            let x = with_token(2);
+            async move { q.push(x).await }
+        });
+        settle().await;
+        assert!(!blocked.is_finished());
+        assert_eq!(q.close_removed(), (1, one as u64));
+        blocked.await.unwrap();
+        q.push(with_token(3)).await;
+        assert!(q.try_push(with_token(4)).is_ok());
+        assert_eq!(dev.drain(), vec![1, 2, 3, 4]);
+        for id in 1..=4 {
+            assert_eq!(dev.take_reason(id, V5), 0x10, "packet {id}");
+        }
+        assert_eq!(q.removed().0, 4);
+        assert_eq!(q.reserved_bytes(), 0);
+        assert_eq!(q.len(), 0);
+        assert_eq!(m.dropped(DropReason::UplinkRemoved), 4);
+        assert!(!dev.is_abandoned());
+    });
+}
+
+#[test]
+fn a_raised_capacity_grants_a_waiting_pusher() {
+    let (rt, local) = rt();
+    local.block_on(&rt, async {
+        let one = 1 + 4 + MESSAGE_OVERHEAD_BYTES;
+        let q = Rc::new(UplinkQueue::new(one));
+        q.push(msg("t", 4, QoS::AtLeastOnce)).await;
+        let blocked = tokio::task::spawn_local({
+            let q = q.clone();
+            async move { q.push(msg("t", 4, QoS::AtLeastOnce)).await }
+        });
+        settle().await;
+        assert!(!blocked.is_finished());
+        q.set_capacity_bytes(2 * one);
+        blocked.await.unwrap();
+        assert_eq!(q.len(), 2);
+    });
+}
