@@ -161,6 +161,9 @@ pub struct Spool {
     /// Segments removed so far (trim, drop-oldest): a read job that ran across a removal is
     /// discarded ([`Spool::finish_read`]).
     removals: u64,
+    /// What drop-oldest removed during an append that then failed (see
+    /// [`Spool::take_dropped`]).
+    unreported_drop: Option<Dropped>,
 }
 
 /// Offsets of every [`crate::read::REV_CHECKPOINT_EVERY`]th frame of one segment (newest-first reads).
@@ -193,8 +196,9 @@ impl Spool {
         let dir = dir.as_ref().to_owned();
         let rec =
             recovery::recover(&*fs, &dir, cfg.max_record_bytes).map_err(io_err("recover", &dir))?;
-        let persisted_ack =
-            matches!(rec.report.cursor, recovery::CursorRecovery::Valid).then_some(rec.ack_cursor);
+        // What the file says: when recovery raised the cursor above it, the first commit
+        // persists the raised one.
+        let persisted_ack = rec.stored_cursor;
         let newest = rec.segments.last().map_or(0, |m| m.last);
         let next_seq = newest.max(rec.ack_cursor) + 1;
         let mut segments: VecDeque<Segment> = rec
@@ -247,6 +251,7 @@ impl Spool {
             spare_bufs: Vec::new(),
             rev_index: None,
             removals: 0,
+            unreported_drop: None,
             dir,
         };
         Ok((spool, rec.report))
@@ -296,6 +301,7 @@ impl Spool {
                     dropped = self.drop_oldest(flen + extra)?;
                     if self.total_bytes + flen + extra > self.cfg.max_bytes {
                         self.counters.full_rejections += 1;
+                        self.keep_unreported(dropped);
                         return Err(SpoolError::Full {
                             used: self.total_bytes,
                             max: self.cfg.max_bytes,
@@ -305,8 +311,12 @@ impl Spool {
             }
         }
         if needs_rotation {
-            self.rotate()?;
+            if let Err(e) = self.rotate() {
+                self.keep_unreported(dropped);
+                return Err(e);
+            }
         }
+        let dropped = merge_dropped(self.unreported_drop.take(), dropped);
         let seq = self.next_seq;
         let active_first = self.segments.back().map_or(seq, |s| s.first);
         if self.pending.last().map(|p| p.seg_first) != Some(active_first) {
@@ -380,6 +390,9 @@ impl Spool {
             };
             let path = segment_path(&self.dir, seg.first);
             if let Err(e) = self.fs.remove(&path) {
+                // The segment is out of the index (its file may stay: recovery reads it
+                // again); what was dropped before it is reported later.
+                self.keep_unreported(dropped);
                 return self.poison(io_err("remove", &path)(e));
             }
             self.dir_dirty = true;
@@ -412,6 +425,21 @@ impl Spool {
             self.advance_ack();
         }
         Ok(dropped)
+    }
+
+    /// Keeps what drop-oldest removed during an append that fails afterwards, for
+    /// [`Spool::take_dropped`] (or the next successful append's [`Appended::dropped`]).
+    fn keep_unreported(&mut self, dropped: Option<Dropped>) {
+        self.unreported_drop = merge_dropped(self.unreported_drop.take(), dropped);
+    }
+
+    /// What drop-oldest removed during appends that then failed (the rotation's file could
+    /// not be created, a removal failed, or the record still did not fit): those records are
+    /// gone and counted in [`SpoolCounters::dropped_oldest_records`], but no [`Appended`]
+    /// reported them. A caller that counts or releases dropped records takes this after an
+    /// append error. A later successful append reports it in [`Appended::dropped`] instead.
+    pub fn take_dropped(&mut self) -> Option<Dropped> {
+        self.unreported_drop.take()
     }
 
     /// Starts a commit: takes the uncommitted batch (and the ack cursor and trims due) into a
@@ -729,5 +757,19 @@ impl Spool {
     /// True after a failed write or fsync: reopen.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
+    }
+}
+
+/// Two drop-oldest reports as one (drops only ever remove the oldest records, so the ranges
+/// are adjacent or `b` follows `a`).
+fn merge_dropped(a: Option<Dropped>, b: Option<Dropped>) -> Option<Dropped> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(Dropped {
+            first: a.first.min(b.first),
+            last: a.last.max(b.last),
+            records: a.records + b.records,
+            segments: a.segments + b.segments,
+        }),
+        (a, b) => a.or(b),
     }
 }
