@@ -15,8 +15,9 @@
 //! backlog). The spool uses small segments, so records cross segment boundaries and trims run.
 //!
 //! Checked while it runs: the cloud only ever receives messages that were published, and
-//! within one connection of one incarnation, each device's first sends in each stream (live,
-//! backlog) come in publish order; the queue stays within its byte bound. At the end the link
+//! within one connection of one incarnation, each device's messages in each stream (live,
+//! backlog) come in publish order, except that a resend in a later write (after a temporary
+//! refusal's pause) goes back to the oldest unacknowledged; the queue stays within its byte bound. At the end the link
 //! heals and the cloud acknowledges everything: every message a device got its PUBACK for
 //! reaches the cloud (accepted at least once) or was refused for good, and the spool ends
 //! with nothing unacknowledged.
@@ -81,6 +82,8 @@ struct Sent {
     n: usize,
     resend: bool,
     backlog: bool,
+    /// Which write (flush) carried it.
+    flush: u64,
 }
 
 /// The far end: what it received, what waits for its answer, and the model's view of the
@@ -90,6 +93,7 @@ struct Far {
     /// Bumped by every cut; a connection made at another value is gone.
     link: u64,
     incarnation: u32,
+    flushes: u64,
     sent: Vec<Sent>,
     /// Units of the current connection waiting for an answer, in arrival order.
     waiting: Vec<(SendId, (usize, usize))>,
@@ -183,6 +187,7 @@ impl Transport for ModelTransport {
             n,
             resend,
             backlog: msg.is_backlog(),
+            flush: 0,
         };
         self.pending.push((id, sent));
         Ok(id)
@@ -197,7 +202,9 @@ impl Transport for ModelTransport {
         if self.link != Some(far.link) {
             return Err(UplinkError::ClosedByCloud);
         }
-        for (id, sent) in self.pending.drain(..) {
+        far.flushes += 1;
+        for (id, mut sent) in self.pending.drain(..) {
+            sent.flush = far.flushes;
             let msg = (sent.device, sent.n);
             far.sent.push(sent);
             let id = id.expect("QoS 1 only");
@@ -269,7 +276,7 @@ impl World {
     /// The checks that hold at every moment.
     fn check(&self) {
         let far = self.cloud.0.borrow();
-        let mut last: HashMap<(u32, u64, bool, usize), usize> = HashMap::new();
+        let mut last: HashMap<(u32, u64, bool, usize), &Sent> = HashMap::new();
         for s in &far.sent {
             assert!(
                 s.n < self.published[s.device],
@@ -277,17 +284,14 @@ impl World {
                 s.device,
                 s.n
             );
-            if s.resend {
-                continue;
-            }
+            // Within one connection and stream a device's messages go in publish order; only
+            // a resend in a later write (after a refusal's pause) may go back.
             let key = (s.incarnation, s.link, s.backlog, s.device);
-            if let Some(prev) = last.insert(key, s.n) {
+            if let Some(prev) = last.insert(key, s) {
                 assert!(
-                    s.n > prev,
-                    "device {} out of order in one stream of one connection: {prev} then {} ({:?})",
+                    s.n > prev.n || (s.resend && s.flush != prev.flush),
+                    "device {} out of order in one stream of one connection: {prev:?} then {s:?}",
                     s.device,
-                    s.n,
-                    far.sent
                 );
             }
         }
