@@ -151,9 +151,10 @@ struct Harness {
     /// The spool may not resume below this.
     cursor_floor: u64,
     next_id: u64,
-    /// The highest seq ever reported durable: never assigned again (an acknowledgement
-    /// still on its way from the cloud names a record by its seq).
-    max_durable: u64,
+    /// The highest seq ever read for sending: never assigned again (an acknowledgement still
+    /// on its way from the cloud names a record by its seq). Seqs of records dropped or lost
+    /// before anyone read them may be.
+    max_sent: u64,
     /// Records drop-oldest reported removing in this incarnation.
     reported_drops: u64,
     /// Bytes the spool held at its last open when that was above `max_bytes` (shrinks).
@@ -190,7 +191,7 @@ impl Harness {
             stats: BTreeMap::new(),
             over_bound: 0,
             reported_drops: 0,
-            max_durable: 0,
+            max_sent: 0,
         }
     }
 
@@ -214,9 +215,9 @@ impl Harness {
         };
         let c = spool.ack_cursor().0;
         assert!(
-            spool.next_seq().0 > self.max_durable,
-            "seq {} is assigned again (it was durable before)",
-            self.max_durable
+            spool.next_seq().0 > self.max_sent,
+            "seq {} is assigned again (it was sent before)",
+            self.max_sent
         );
         assert!(
             c >= self.cursor_floor,
@@ -476,7 +477,6 @@ impl Harness {
                     durable >= through,
                     "commit through {through} reported {durable}"
                 );
-                self.max_durable = self.max_durable.max(durable);
                 let rest = self.unconfirmed.split_off(&(durable + 1));
                 let done = std::mem::replace(&mut self.unconfirmed, rest);
                 // The devices get their PUBACKs now.
@@ -520,6 +520,7 @@ impl Harness {
             assert_eq!(self.appended.get(body), Some(seq), "never appended so");
         }
         self.inflight.extend(got.iter().map(|(s, _)| *s));
+        self.max_sent = self.max_sent.max(got.last().map_or(0, |r| r.0));
         self.reader = reader;
     }
 
@@ -701,8 +702,8 @@ fn a_drop_before_a_failed_append_is_still_reported() {
     run(1, true, &ops);
 }
 
-/// Found by this model: drop-oldest removed every segment holding records (without a commit
-/// after it), and the reopen found only empty segment files and an older cursor file, so
+/// Found by this model: drop-oldest removed every segment holding records (sent, their
+/// acknowledgements still to come; no commit after the drop), and the reopen found only empty segment files and an older cursor file, so
 /// seqs started again at 1. Seqs that were durable, sent and maybe still awaiting the cloud's
 /// acknowledgement were assigned to new records (an ack of the old record would acknowledge
 /// the new one, unsent). Recovery now resumes above every segment file's name, and the first
@@ -711,7 +712,7 @@ fn a_drop_before_a_failed_append_is_still_reported() {
 fn seqs_are_never_reused_after_drop_oldest_emptied_the_spool() {
     use Op::*;
     let mut ops = vec![Append(59); 12];
-    ops.push(Commit);
+    ops.extend([Commit, Send(20)]);
     ops.extend([Append(59); 12]);
     ops.push(Reopen);
     run(1, true, &ops);
@@ -725,7 +726,7 @@ fn seqs_are_never_reused_after_drop_oldest_emptied_the_spool() {
 #[test]
 fn a_failed_recovery_keeps_the_names_that_say_where_seqs_resume() {
     use Op::*;
-    let ops = [Append(28), Commit, Append(12), Append(53), Append(36), Append(21), Append(6), Append(39), Append(17), Append(12), Append(30), BeginCommit, DiskFull(true), Append(15), Append(40), Append(43), Append(43), Append(29), Append(28), Append(9), Append(45), Append(23), Reopen, Crash(false)];
+    let ops = [Append(28), Commit, Send(1), Append(12), Append(53), Append(36), Append(21), Append(6), Append(39), Append(17), Append(12), Append(30), BeginCommit, DiskFull(true), Append(15), Append(40), Append(43), Append(43), Append(29), Append(28), Append(9), Append(45), Append(23), Reopen, Crash(false)];
     run(1098702961662763234, true, &ops);
 }
 
@@ -745,3 +746,4 @@ fn a_crash_right_after_reopening_an_emptied_spool_does_not_reuse_seqs() {
     ];
     run(4847835438548052810, true, &ops);
 }
+
