@@ -746,4 +746,3 @@ fn a_crash_right_after_reopening_an_emptied_spool_does_not_reuse_seqs() {
     ];
     run(4847835438548052810, true, &ops);
 }
-
