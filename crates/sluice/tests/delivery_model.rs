@@ -1,5 +1,6 @@
 //! Model-based property test of the delivery model at the gateway's level: devices publish
-//! QoS 1 into a real spool (`UplinkSpool`, `ack = "spool"`, on a temporary directory) whose
+//! QoS 1 into a real spool (`UplinkSpool`, `ack = "spool"` or `"cloud"`, on a temporary
+//! directory) whose
 //! commit and feeder tasks fill a real uplink queue, and a real [`Outbox`] sends it over an
 //! in-memory transport whose far end (the "cloud") only answers when the schedule says so.
 //! The sluice-spool crate's `tests/model.rs` checks the storage engine under file-system
@@ -60,6 +61,10 @@ enum Op {
     Cut,
     /// The gateway dies (kill -9) and starts again.
     Crash,
+    /// Another message of device `d` is lost on its way (its token dropped unfinished): its
+    /// connection closes and it reconnects. Under `ack = "cloud"` its messages still in the
+    /// spool are not sent (it resends them) but acknowledged there.
+    Abandon(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -70,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..64, any::<bool>()).prop_map(|(i, p)| Op::Refuse(i, p)),
         1 => Just(Op::Cut),
         1 => Just(Op::Crash),
+        1 => (0..DEVICES).prop_map(Op::Abandon),
     ]
 }
 
@@ -246,6 +252,8 @@ impl Transport for ModelTransport {
 /// What outlives a crash: the devices, the cloud and the model.
 struct World {
     dir: tempfile::TempDir,
+    /// `ack = "cloud"` (the device's PUBACK after the cloud's) instead of `"spool"`.
+    ack_cloud: bool,
     cloud: Cloud,
     devices: Vec<Rc<DeviceAcks>>,
     /// Messages published per device.
@@ -255,9 +263,10 @@ struct World {
 }
 
 impl World {
-    fn new() -> World {
+    fn new(ack_cloud: bool) -> World {
         World {
             dir: tempfile::tempdir().expect("tempdir"),
+            ack_cloud,
             cloud: Cloud::default(),
             devices: (0..DEVICES).map(|_| DeviceAcks::new()).collect(),
             published: vec![0; DEVICES],
@@ -307,8 +316,9 @@ struct Gateway {
 
 fn start(world: &World) -> Gateway {
     let config = sluice::config::parse(&format!(
-        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nack = \"spool\"\n",
-        world.dir.path().display()
+        "[spool]\ndir = \"{}\"\nfsync = \"never\"\nack = \"{}\"\n",
+        world.dir.path().display(),
+        if world.ack_cloud { "cloud" } else { "spool" }
     ))
     .expect("config");
     let mut engine = config.spool.engine_config(1, 1, 1024, 64);
@@ -374,6 +384,8 @@ fn start(world: &World) -> Gateway {
 /// Runs `ops` on one incarnation until a crash (returns how many ops it consumed), or to the
 /// end, then heals and checks that everything acknowledged arrives (returns `None`).
 async fn incarnation(world: &mut World, ops: &[Op]) -> Option<usize> {
+    // Every device reconnects to the new process: new connections.
+    world.devices = (0..DEVICES).map(|_| DeviceAcks::new()).collect();
     let gw = start(world);
     for (i, op) in ops.iter().enumerate() {
         match *op {
@@ -400,6 +412,11 @@ async fn incarnation(world: &mut World, ops: &[Op]) -> Option<usize> {
             Op::Refuse(k, permanent) => world.cloud.answer(k, Some(permanent)),
             Op::Cut => world.cloud.cut(),
             Op::Crash => return Some(i + 1),
+            Op::Abandon(d) => {
+                world.collect_device_acks();
+                drop(AckToken::new(&world.devices[d], u16::MAX));
+                world.devices[d] = DeviceAcks::new();
+            }
         }
         tokio::task::yield_now().await;
         world.collect_device_acks();
@@ -442,8 +459,8 @@ async fn incarnation(world: &mut World, ops: &[Op]) -> Option<usize> {
     None
 }
 
-fn run(ops: &[Op]) {
-    let mut world = World::new();
+fn run(ack_cloud: bool, ops: &[Op]) {
+    let mut world = World::new(ack_cloud);
     let mut rest = ops;
     loop {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -485,8 +502,19 @@ proptest! {
 
     #[test]
     fn delivery_through_spool_and_outbox_matches_the_model(
+        ack_cloud in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..80),
     ) {
-        run(&ops);
+        run(ack_cloud, &ops);
     }
+}
+
+/// Found by this model: under `ack = "cloud"`, a record whose device connection was abandoned
+/// is acknowledged in the spool instead of being sent, but no commit was asked for: the
+/// cursor stayed unpersisted and `sluice_spool_unacked_records` stale until something else
+/// happened (on an idle gateway: never; after a restart the record was sent again).
+#[test]
+fn a_record_skipped_for_an_abandoned_device_is_committed() {
+    use Op::*;
+    run(true, &[Publish(0), Abandon(0), Tick, Tick]);
 }
