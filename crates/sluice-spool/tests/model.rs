@@ -22,8 +22,15 @@
 //!   persisted (records acknowledged and persisted never come back), and every record the
 //!   device was acknowledged for, not acknowledged by the cloud or dropped by drop-oldest,
 //!   is there: the set of unacknowledged records recovered is a superset of the model's;
+//!   and no seq that was ever read for sending is assigned again (a cloud ack in flight names
+//!   its record by seq);
+//! - every record drop-oldest removed is reported to the caller (the engine's counter equals
+//!   what `Appended::dropped` and `Spool::take_dropped` reported);
 //! - the size bounds: the spool's accounting within `max_bytes`, every segment file within
-//!   `segment_bytes`, all segment files together within `max_bytes`.
+//!   `segment_bytes`, all segment files together within `max_bytes` (right after an open, one
+//!   segment header more; from there the spool only shrinks until it is within the bound).
+//!
+//! `MODEL_STATS=1` prints what each schedule exercised; `MODEL_DEBUG=1` traces it.
 //!
 //! At the end the faults stop, the spool is reopened, connected and drained: every record a
 //! device was acknowledged for reached the cloud at least once, or was refused for good, or
