@@ -511,7 +511,10 @@ fn run(ack_cloud: bool, drop_oldest: bool, ops: &[Op]) {
             ("accepted", far.accepted.len()),
             ("refused", far.refused.len()),
             ("incarnations", far.incarnation as usize),
-            ("dropped_oldest", (world.dropped_before + world.dropped_now) as usize),
+            (
+                "dropped_oldest",
+                (world.dropped_before + world.dropped_now) as usize,
+            ),
         ]
         .into_iter()
         .collect();
