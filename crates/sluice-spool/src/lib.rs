@@ -113,7 +113,9 @@
 //! [`SpoolError::Full`] (the shard back-pressures devices until acks are committed and
 //! segments trimmed); [`FullPolicy::DropOldest`] removes the oldest segments, acknowledged or
 //! not, counts them ([`SpoolCounters::dropped_oldest_records`]) and reports them in
-//! [`Appended::dropped`]; the ack cursor moves past them.
+//! [`Appended::dropped`] (or, when the append then failed, in [`Spool::take_dropped`]); the
+//! ack cursor moves past them. Right after an open the files may hold one segment header more
+//! than the bound (every open starts a segment); appends bring it back within.
 //!
 //! # Recovery
 //! [`Spool::open`] runs one forward pass over the segment files in name order. Each file is
@@ -142,8 +144,10 @@
 //!
 //! Every step is idempotent, so a crash during recovery is recovered by the next start. Then:
 //! a missing or damaged cursor makes the spool re-deliver everything present (reported); the
-//! cursor is raised to just below the oldest record present; segments wholly at or below it
-//! are removed; appends resume at `max(newest seq, cursor) + 1` in a new segment. Only an
+//! cursor is raised to just below the oldest record present (with no record present: to just
+//! below the newest segment file's name, written before the empty files are removed, so a seq
+//! that was ever read is never assigned again); segments wholly at or below it are removed;
+//! appends resume at `max(newest seq, cursor) + 1` in a new segment. Only an
 //! I/O error from the file system stops `open` — damage never does.
 //!
 //! # Testing seams

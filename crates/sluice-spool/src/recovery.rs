@@ -119,6 +119,8 @@ pub(crate) struct SegMeta {
 pub(crate) struct Recovered {
     pub segments: Vec<SegMeta>,
     pub ack_cursor: u64,
+    /// The cursor file's value, if valid (`ack_cursor` may be above it).
+    pub stored_cursor: Option<u64>,
     pub report: RecoveryReport,
 }
 
@@ -239,7 +241,7 @@ pub(crate) fn recover(
             Err(e) => return Err(e),
         }
     }
-    let stored_cursor = match cursor::read(fs, dir) {
+    let mut stored_cursor = match cursor::read(fs, dir) {
         Ok(Some(c)) => Some(c),
         Ok(None) => {
             report.cursor = CursorRecovery::Missing;
@@ -255,6 +257,8 @@ pub(crate) fn recover(
     let qdir = dir.join(QUARANTINE_DIR);
     let mut metas: Vec<SegMeta> = Vec::new();
     let mut floor = 0u64;
+    // Segment files without records, removed once the cursor is settled (their names count).
+    let mut empties = Vec::new();
     for (i, &(name, len)) in segs.iter().enumerate() {
         let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
         // The newest segment that can hold a record: every later file is too short for one
@@ -305,7 +309,7 @@ pub(crate) fn recover(
                     });
                 }
                 None => {
-                    fs.remove(&path)?;
+                    empties.push(path.clone());
                     report.removed_empty += 1;
                 }
             }
@@ -331,7 +335,7 @@ pub(crate) fn recover(
                     });
                 }
                 None => {
-                    fs.remove(&path)?;
+                    empties.push(path.clone());
                     report.removed_empty += 1;
                 }
             }
@@ -376,6 +380,8 @@ pub(crate) fn recover(
             if keep_first {
                 file.truncate(scan.runs[0].end)?;
                 file.sync()?;
+            } else if scan.runs.is_empty() {
+                empties.push(path.clone());
             } else if !replaced {
                 fs.remove(&path)?;
             }
@@ -395,9 +401,24 @@ pub(crate) fn recover(
         (None, Some(first)) => first - 1,
         (None, None) => 0,
     };
-    // Seqs below the oldest present record are gone: count them as acknowledged.
-    if let Some(first) = oldest {
-        ack_cursor = ack_cursor.max(first - 1);
+    // Seqs below the oldest present record are gone: count them as acknowledged. With no
+    // record present, so are the seqs below every segment file's name (empty files included):
+    // drop-oldest may have removed durable records before a cursor covering them was
+    // written, and their seqs must not be assigned again.
+    match oldest {
+        Some(first) => ack_cursor = ack_cursor.max(first - 1),
+        None => {
+            let named = segs.iter().map(|&(name, _)| name).max().unwrap_or(1);
+            ack_cursor = ack_cursor.max(named.saturating_sub(1));
+            // Durable before the names that tell it go.
+            if ack_cursor > stored_cursor.unwrap_or(0) {
+                cursor::write(fs, dir, ack_cursor, true)?;
+                stored_cursor = Some(ack_cursor);
+            }
+        }
+    }
+    for path in empties {
+        fs.remove(&path)?;
     }
     // Fully acknowledged segments are removed (on a read-only file system they stay, below
     // the cursor, and the spool removes them once it can write).
@@ -417,6 +438,7 @@ pub(crate) fn recover(
     Ok(Recovered {
         segments: metas,
         ack_cursor,
+        stored_cursor,
         report,
     })
 }

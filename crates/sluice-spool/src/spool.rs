@@ -185,6 +185,9 @@ pub struct Spool {
     /// The storage refused a write (full, read-only): appends are refused until a commit's
     /// probe succeeds.
     stalled: Option<StallReason>,
+    /// What drop-oldest removed during an append that then failed (see
+    /// [`Spool::take_dropped`]).
+    unreported_drop: Option<Dropped>,
 }
 
 /// Offsets of every [`crate::read::REV_CHECKPOINT_EVERY`]th frame of one segment (newest-first reads).
@@ -217,8 +220,9 @@ impl Spool {
         let dir = dir.as_ref().to_owned();
         let rec =
             recovery::recover(&*fs, &dir, cfg.max_record_bytes).map_err(io_err("recover", &dir))?;
-        let persisted_ack =
-            matches!(rec.report.cursor, recovery::CursorRecovery::Valid).then_some(rec.ack_cursor);
+        // What the file says: when recovery raised the cursor above it, the first commit
+        // persists the raised one.
+        let persisted_ack = rec.stored_cursor;
         let newest = rec.segments.last().map_or(0, |m| m.last);
         let next_seq = newest.max(rec.ack_cursor) + 1;
         let mut segments: VecDeque<Segment> = rec
@@ -290,6 +294,7 @@ impl Spool {
             rev_index: None,
             removals: 0,
             stalled,
+            unreported_drop: None,
             dir,
         };
         Ok((spool, rec.report))
@@ -343,6 +348,7 @@ impl Spool {
                     dropped = self.drop_oldest(flen + extra)?;
                     if self.total_bytes + flen + extra > self.cfg.max_bytes {
                         self.counters.full_rejections += 1;
+                        self.keep_unreported(dropped);
                         return Err(SpoolError::Full {
                             used: self.total_bytes,
                             max: self.cfg.max_bytes,
@@ -352,8 +358,12 @@ impl Spool {
             }
         }
         if needs_rotation {
-            self.rotate()?;
+            if let Err(e) = self.rotate() {
+                self.keep_unreported(dropped);
+                return Err(e);
+            }
         }
+        let dropped = merge_dropped(self.unreported_drop.take(), dropped);
         let seq = self.next_seq;
         let active_first = self.segments.back().map_or(seq, |s| s.first);
         if self.pending.last().map(|p| p.seg_first) != Some(active_first) {
@@ -449,6 +459,9 @@ impl Spool {
             };
             let path = segment_path(&self.dir, seg.first);
             if let Err(e) = self.fs.remove(&path) {
+                // The segment stays in the index; what was dropped before it is reported
+                // later ([`Spool::take_dropped`]).
+                self.keep_unreported(dropped);
                 return self.stall_or_poison(io_err("remove", &path)(e));
             }
             self.segments.pop_front();
@@ -482,6 +495,21 @@ impl Spool {
             self.advance_ack();
         }
         Ok(dropped)
+    }
+
+    /// Keeps what drop-oldest removed during an append that fails afterwards, for
+    /// [`Spool::take_dropped`] (or the next successful append's [`Appended::dropped`]).
+    fn keep_unreported(&mut self, dropped: Option<Dropped>) {
+        self.unreported_drop = merge_dropped(self.unreported_drop.take(), dropped);
+    }
+
+    /// What drop-oldest removed during appends that then failed (the rotation's file could
+    /// not be created, a removal failed, or the record still did not fit): those records are
+    /// gone and counted in [`SpoolCounters::dropped_oldest_records`], but no [`Appended`]
+    /// reported them. A caller that counts or releases dropped records takes this after an
+    /// append error. A later successful append reports it in [`Appended::dropped`] instead.
+    pub fn take_dropped(&mut self) -> Option<Dropped> {
+        self.unreported_drop.take()
     }
 
     /// Starts a commit: takes the uncommitted batch (and the ack cursor and trims due) into a
@@ -931,5 +959,19 @@ impl Spool {
     /// first that gets through ends the stall. No reopen is needed.
     pub fn stalled(&self) -> Option<StallReason> {
         self.stalled
+    }
+}
+
+/// Two drop-oldest reports as one (drops only ever remove the oldest records, so the ranges
+/// are adjacent or `b` follows `a`).
+fn merge_dropped(a: Option<Dropped>, b: Option<Dropped>) -> Option<Dropped> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(Dropped {
+            first: a.first.min(b.first),
+            last: a.last.max(b.last),
+            records: a.records + b.records,
+            segments: a.segments + b.segments,
+        }),
+        (a, b) => a.or(b),
     }
 }

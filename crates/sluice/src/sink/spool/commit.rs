@@ -59,13 +59,18 @@ impl UplinkSpool {
             let committed = self.committed.notified();
             tokio::pin!(committed);
             committed.as_mut().enable();
-            let result = {
+            let (result, unreported) = {
                 let mut inner = self.inner.borrow_mut();
                 match inner.spool.as_mut() {
-                    Some(spool) => spool.append(body),
-                    None => Err(SpoolError::Poisoned),
+                    // An append that failed after drop-oldest removed records reports the
+                    // drop apart (found by tests/model.rs in sluice-spool).
+                    Some(spool) => (spool.append(body), spool.take_dropped()),
+                    None => (Err(SpoolError::Poisoned), None),
                 }
             };
+            if let Some(d) = unreported {
+                self.on_dropped(d);
+            }
             match result {
                 Ok(a) => {
                     self.metrics.records_appended.inc();

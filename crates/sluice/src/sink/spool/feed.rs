@@ -332,6 +332,8 @@ impl UplinkSpool {
         self.metrics.undecodable.inc();
         let _ = spool.ack(SpoolSeq(seq));
         drop(cloud_tokens.remove(&seq));
+        // A commit persists the moved cursor (and refreshes the gauges).
+        self.dirty.notify_one();
     }
 
     /// A read failed because the storage did (not one record): stop feeding and make sure
@@ -370,6 +372,8 @@ impl UplinkSpool {
             if device.as_ref().is_some_and(AckToken::device_abandoned) {
                 debug!(shard = self.shard, uplink = %self.uplink, seq = r.seq.0, "spool record of an abandoned device connection not sent; the device resends it");
                 let _ = spool.ack(r.seq);
+                // A commit persists the moved cursor (found by tests/delivery_model.rs).
+                self.dirty.notify_one();
                 continue;
             }
             let age = wall.duration_since(rec.received).unwrap_or(Duration::ZERO);
