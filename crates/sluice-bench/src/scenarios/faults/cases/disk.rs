@@ -1,0 +1,201 @@
+//! The disk cases: the spool on a small tmpfs that is filled to the last byte and freed, or on
+//! ext4 on a loop device that an error remounts read-only (`errors=remount-ro` and the
+//! kernel's `/sys/fs/ext4/<dev>/trigger_fs_error`, as a failing SD card does) and that is
+//! remounted read-write afterwards. Owns the mounts (unmounted, loop device detached, on drop)
+//! and the case's timeline; root needed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use tokio::time::Instant;
+
+use super::super::bed::Bed;
+use super::super::load::Load;
+use super::super::pause;
+use super::Outcome;
+use crate::harness::metrics::metric_sum;
+
+/// A mounted file system for the spool; dropping it unmounts it.
+pub struct Mount {
+    pub dir: PathBuf,
+    loop_dev: Option<String>,
+}
+
+fn run(argv: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .with_context(|| format!("running {}", argv.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed: {}",
+            argv.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+impl Mount {
+    /// A tmpfs of `size` (e.g. "32m") at `dir`.
+    pub fn tmpfs(dir: &Path, size: &str) -> anyhow::Result<Mount> {
+        std::fs::create_dir_all(dir).context("the mount point")?;
+        let d = dir.display().to_string();
+        run(&["mount", "-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &d])?;
+        Ok(Mount {
+            dir: dir.to_path_buf(),
+            loop_dev: None,
+        })
+    }
+
+    /// ext4 (`errors=remount-ro`) on a loop device over a `mib` MiB image in `work`.
+    pub fn ext4_loop(dir: &Path, work: &Path, mib: u64) -> anyhow::Result<Mount> {
+        std::fs::create_dir_all(dir).context("the mount point")?;
+        let img = work.join("spool.img");
+        let f = std::fs::File::create(&img).context("the image file")?;
+        f.set_len(mib << 20).context("sizing the image")?;
+        drop(f);
+        let img_s = img.display().to_string();
+        run(&["mkfs.ext4", "-q", "-F", &img_s])?;
+        let dev = run(&["losetup", "-f", "--show", &img_s])?;
+        let d = dir.display().to_string();
+        if let Err(e) = run(&["mount", "-o", "errors=remount-ro", &dev, &d]) {
+            let _ = run(&["losetup", "-d", &dev]);
+            return Err(e);
+        }
+        Ok(Mount {
+            dir: dir.to_path_buf(),
+            loop_dev: Some(dev),
+        })
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let d = self.dir.display().to_string();
+        let _ = run(&["umount", "-l", &d]);
+        if let Some(dev) = &self.loop_dev {
+            let _ = run(&["losetup", "-d", dev]);
+        }
+    }
+}
+
+/// Fill the file system at `dir` with `fill` until a write fails; bytes written.
+fn fill_up(fill: &Path) -> u64 {
+    use std::io::Write as _;
+    let Ok(mut f) = std::fs::File::create(fill) else {
+        return 0;
+    };
+    let chunk = vec![0u8; 64 * 1024];
+    let mut written = 0u64;
+    loop {
+        match f.write(&chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => written += n as u64,
+        }
+    }
+    let _ = f.sync_all();
+    // Small leftovers (a few pages) are taken too.
+    loop {
+        match f.write(&chunk[..4096]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => written += n as u64,
+        }
+    }
+    written
+}
+
+/// Acknowledgements made during `d`.
+async fn acks_during(load: &Load, d: Duration) -> u64 {
+    let a = load.acked_now();
+    pause(d).await;
+    load.acked_now() - a
+}
+
+pub(crate) async fn disk_fault(
+    name: &str,
+    bed: &mut Bed,
+    load: &Load,
+    mount: Option<&Mount>,
+) -> anyhow::Result<Outcome> {
+    let mount = mount.context("the case has no spool mount")?;
+    let mut o = Outcome::default();
+    let pid = bed.sluice.pid();
+    let hold = Duration::from_secs(10);
+    let before = acks_during(load, Duration::from_secs(2)).await;
+    let m0 = bed.metrics().await;
+    let fill = mount.dir.join("filler");
+    let what = if name == "disk-full" {
+        let n = tokio::task::block_in_place(|| fill_up(&fill));
+        format!("filled the 32 MiB tmpfs with {:.1} MiB", n as f64 / 1048576.0)
+    } else {
+        let dev = mount
+            .loop_dev
+            .as_deref()
+            .and_then(|d| d.rsplit('/').next())
+            .context("no loop device")?;
+        std::fs::write(format!("/sys/fs/ext4/{dev}/trigger_fs_error"), "1")
+            .context("writing trigger_fs_error")?;
+        let ro = read_only(&mount.dir);
+        format!("ext4 error triggered; the mount is {}", if ro { "read-only" } else { "STILL read-write" })
+    };
+    let during = acks_during(load, hold).await;
+    let m1 = bed.metrics().await;
+    let alive_during = bed.sluice.running();
+    if name == "disk-full" {
+        let _ = std::fs::remove_file(&fill);
+    } else {
+        let d = mount.dir.display().to_string();
+        run(&["mount", "-o", "remount,rw", &d])?;
+    }
+    let freed = Instant::now();
+    // Resumed: the acknowledgement rate is back to half of what it was before.
+    let per_s_before = before as f64 / 2.0;
+    let mut resumed = None;
+    while freed.elapsed() < Duration::from_secs(30) {
+        let n = acks_during(load, Duration::from_secs(1)).await as f64;
+        if n >= per_s_before / 2.0 {
+            resumed = Some(freed.elapsed());
+            break;
+        }
+    }
+    let m2 = bed.metrics().await;
+    let same_process = bed.sluice.pid() == pid && bed.sluice.running();
+    let delta = |a: &str, b: &str, n: &str| {
+        metric_sum(b, n).unwrap_or(0.0) - metric_sum(a, n).unwrap_or(0.0)
+    };
+    o.observed.push(format!(
+        "{what}; acknowledgements: {:.0}/s before, {} in the {} s after (sluice {}); spool failures counted meanwhile {}, full {}",
+        per_s_before,
+        during,
+        hold.as_secs(),
+        if alive_during { "running" } else { "EXITED" },
+        delta(&m0, &m1, "sluice_spool_failures_total"),
+        delta(&m0, &m1, "sluice_spool_full_total"),
+    ));
+    o.observed.push(format!(
+        "{}; acknowledgements back to half the earlier rate {}; same sluice process: {}; spool failures after that {}",
+        if name == "disk-full" { "filler deleted" } else { "remounted read-write" },
+        resumed.map_or("NOT within 30 s".to_string(), |d| format!("after {:.1} s", d.as_secs_f64())),
+        if same_process { "yes" } else { "no" },
+        delta(&m1, &m2, "sluice_spool_failures_total"),
+    ));
+    o.check = "resumed without a restart within 30 s of the space/write access returning".to_string();
+    o.check_met = resumed.is_some() && same_process;
+    Ok(o)
+}
+
+fn read_only(dir: &Path) -> bool {
+    let d = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 3 && Path::new(f[1]) == d).then(|| f[3].split(',').any(|o| o == "ro"))
+        })
+        .last()
+        .unwrap_or(false)
+}
