@@ -253,7 +253,7 @@ pub async fn start_bed(
 fn sluice_config(spec: &BedSpec, cloud: &str, ca: &Path) -> String {
     let spool = match &spec.spool_dir {
         Some(d) => format!(
-            "[spool]\ndir = \"{}\"\nack = \"spool\"\nfsync = \"interval\"\nfsync_interval = \"10ms\"\nsegment_size = \"1MiB\"\nmax_size = \"64MiB\"\n\n",
+            "[spool]\ndir = \"{}\"\nack = \"spool\"\nfsync = \"interval\"\nfsync_interval = \"10ms\"\nsegment_size = \"2MiB\"\nmax_size = \"16MiB\"\n\n",
             d.display()
         ),
         None => String::new(),
