@@ -23,11 +23,11 @@ pub(crate) struct FaultsArgs {
     label: String,
     /// A case to run (repeat or comma-separate); default every case. Cases: kill9-cloud-up,
     /// kill9-cloud-down, cloud-restart, cloud-slow, cloud-blackhole, multipath-flap,
-    /// disk-full, disk-readonly, clock-step, restart-state, pingresp-311.
+    /// disk-full, disk-readonly, clock-step, restart-state, pingresp-311, slow-readers.
     #[arg(long = "case", value_delimiter = ',')]
     cases: Vec<String>,
     /// small: 10 kills, a 60 s flap, seconds per fault; full: 100 kills, a 5-minute flap,
-    /// more devices.
+    /// more devices, 16,000 connections.
     #[arg(long, value_enum, default_value = "small")]
     size: SizeArg,
     /// Write the JSON report here.

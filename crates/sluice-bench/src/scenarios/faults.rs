@@ -40,7 +40,7 @@ use crate::report::markdown::{loadavg_item, machine_line};
 pub use load::{Figures, LoadSpec};
 
 /// Every case, in the order run.
-pub const ALL_CASES: [&str; 11] = [
+pub const ALL_CASES: [&str; 12] = [
     "kill9-cloud-up",
     "kill9-cloud-down",
     "cloud-restart",
@@ -52,6 +52,7 @@ pub const ALL_CASES: [&str; 11] = [
     "clock-step",
     "restart-state",
     "pingresp-311",
+    "slow-readers",
 ];
 
 /// The cases small enough for the CI test (`tests/faults.rs`).

@@ -5,6 +5,7 @@
 //! Owns: one case's run from the namespaces to its [`CaseResult`] ([`run_case`]). Does not own:
 //! the bed ([`super::bed`]) or the accounting ([`super::load`]).
 
+mod crowd;
 mod disk;
 mod probes;
 
@@ -36,6 +37,7 @@ pub fn title(name: &str) -> &'static str {
         "clock-step" => "the wall clock stepped +1 h, back, −1 h, back (libfaketime)",
         "restart-state" => "retained messages and a persistent session's queue across a kill -9",
         "pingresp-311" => "an MQTT 3.1.1 device past its limit with the cloud down: PINGRESP and connection kept",
+        "slow-readers" => "many connections, some slow readers subscribed to busy topics: RSS bound, healthy p99",
         _ => "unknown case",
     }
 }
@@ -61,6 +63,7 @@ fn planned(s: &FaultsScenario, name: &str) -> Duration {
         "clock-step" => 45,
         "restart-state" => 20,
         "pingresp-311" => 30,
+        "slow-readers" => if small { 60 } else { 150 },
         _ => 10,
     })
 }
@@ -107,6 +110,14 @@ pub fn run_case(s: &FaultsScenario, name: &str) -> anyhow::Result<CaseResult> {
             );
         }
         "pingresp-311" => spec.mqtt_extra = "max_queued_bytes = \"256KiB\"\n".to_string(),
+        "slow-readers" => {
+            spec.gateway_extra =
+                format!("max_outbox_memory = \"{}MiB\"\n", crowd::OUTBOX_MEMORY_MIB);
+            spec.mqtt_extra = format!(
+                "max_connections = 20000\nmax_sessions = 20000\nmax_queued_bytes = \"{}KiB\"\n",
+                crowd::QUEUED_KIB
+            );
+        }
         "clock-step" => {
             let f = work.path().join("faketime");
             std::fs::write(&f, "+0\n").context("the faketime file")?;
@@ -152,11 +163,18 @@ async fn case_body(
         "cloud-blackhole" => cloud_blackhole(&mut bed).await,
         "multipath-flap" => multipath_flap(s, &mut bed).await,
         "disk-full" | "disk-readonly" => {
-            disk::disk_fault(name, &mut bed, &load, mount.as_ref()).await
+            disk::disk_fault(name, &mut bed, &mut load, mount.as_ref()).await
         }
         "clock-step" => probes::clock_step(&mut bed, spec.faketime_file.as_deref()).await,
         "restart-state" => probes::restart_state(&mut bed, &mut load, !spec.tail.is_empty()).await,
         "pingresp-311" => probes::pingresp(&mut bed).await,
+        "slow-readers" => {
+            let (n, slow) = match s.size {
+                Size::Small => (2_000, 200),
+                Size::Full => (16_000, 1_000),
+            };
+            crowd::slow_readers(&mut bed, &load, n, slow, s.load.mqtt_qos1).await
+        }
         other => Err(anyhow::anyhow!("unknown case {other}")),
     };
     // Let the CoAP sensors finish their planned time (they stop by themselves).

@@ -261,6 +261,8 @@ pub struct LedgerConfig {
 /// What one device returns.
 #[derive(Debug, Default)]
 struct DeviceResult {
+    /// First send of the oldest message not yet acknowledged.
+    oldest_unacked: Option<Instant>,
     acked: Vec<u64>,
     sent_qos0: u64,
     /// Sent (first time) and never acknowledged by the end.
@@ -291,8 +293,9 @@ pub struct LedgerReport {
 /// The running MQTT ledger devices.
 pub struct MqttLedger {
     stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<DeviceResult>>,
+    tasks: Vec<(tokio::task::JoinHandle<()>, Arc<Mutex<DeviceResult>>)>,
     hist: Arc<Mutex<Histogram<u64>>>,
+    window: Arc<Mutex<Histogram<u64>>>,
     pub sent: Arc<AtomicU64>,
     pub acked: Arc<AtomicU64>,
     config: LedgerConfig,
@@ -302,29 +305,42 @@ impl MqttLedger {
     pub fn start(config: LedgerConfig) -> MqttLedger {
         let stop = Arc::new(AtomicBool::new(false));
         let hist = Arc::new(Mutex::new(latency_histogram()));
+        let window = Arc::new(Mutex::new(latency_histogram()));
         let sent = Arc::new(AtomicU64::new(0));
         let acked = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for d in 0..config.qos1 + config.qos0 {
             let qos1 = d < config.qos1;
-            tasks.push(tokio::spawn(device(
+            let result = Arc::new(Mutex::new(DeviceResult::default()));
+            let task = tokio::spawn(device(
                 d,
                 qos1,
                 config.clone(),
                 stop.clone(),
-                hist.clone(),
+                [hist.clone(), window.clone()],
                 sent.clone(),
                 acked.clone(),
-            )));
+                result.clone(),
+            ));
+            tasks.push((task, result));
         }
         MqttLedger {
             stop,
             tasks,
             hist,
+            window,
             sent,
             acked,
             config,
         }
+    }
+
+    /// PUBLISH → PUBACK of the messages acknowledged since the last call.
+    pub fn take_window(&self) -> LatencySummary {
+        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let summary = LatencySummary::from_histogram(&w);
+        w.reset();
+        summary
     }
 
     /// Stop sending; wait up to `drain` for outstanding acknowledgements.
@@ -343,21 +359,23 @@ impl MqttLedger {
             acked_keys: Vec::new(),
         };
         let mut max_wait = Duration::ZERO;
-        for (d, mut t) in self.tasks.into_iter().enumerate() {
-            let res = match tokio::time::timeout_at(deadline + Duration::from_secs(2), &mut t).await
+        for (d, (mut t, shared)) in self.tasks.into_iter().enumerate() {
+            if tokio::time::timeout_at(deadline + Duration::from_secs(2), &mut t)
+                .await
+                .is_err()
             {
-                Ok(Ok(res)) => res,
-                _ => {
-                    t.abort();
-                    DeviceResult::default()
-                }
-            };
+                t.abort();
+            }
+            let res = std::mem::take(&mut *shared.lock().unwrap_or_else(|p| p.into_inner()));
+            let dev_wait = res
+                .oldest_unacked
+                .map_or(res.max_wait, |t| res.max_wait.max(t.elapsed()));
             r.acknowledged += res.acked.len() as u64;
             r.acked_keys.extend(res.acked.iter().map(|&s| (d as u32, s)));
             r.never_acknowledged += res.unacked;
             r.qos0_sent += res.sent_qos0;
             r.reconnects += res.reconnects;
-            max_wait = max_wait.max(res.max_wait);
+            max_wait = max_wait.max(dev_wait);
         }
         r.longest_stall_ms = (max_wait.as_secs_f64() * 1e4).round() / 10.0;
         r.ack_latency =
@@ -371,10 +389,11 @@ async fn device(
     qos1: bool,
     c: LedgerConfig,
     stop: Arc<AtomicBool>,
-    hist: Arc<Mutex<Histogram<u64>>>,
+    hists: [Arc<Mutex<Histogram<u64>>>; 2],
     sent: Arc<AtomicU64>,
     acked_total: Arc<AtomicU64>,
-) -> DeviceResult {
+    shared: Arc<Mutex<DeviceResult>>,
+) {
     let topic = ByteString::from(format!("faults/m/{d}"));
     let period = Duration::from_secs_f64(1.0 / c.rate.max(0.001));
     // Random phase so devices do not send in lockstep.
@@ -382,7 +401,7 @@ async fn device(
     let mut next_seq = 0u64;
     // seq → (payload, first send).
     let mut unacked: BTreeMap<u64, (Bytes, Instant)> = BTreeMap::new();
-    let mut out = DeviceResult::default();
+    let lock = || shared.lock().unwrap_or_else(|p| p.into_inner());
     let mut connected_once = false;
     let mut drain_deadline: Option<Instant> = None;
     loop {
@@ -403,7 +422,7 @@ async fn device(
             }
         };
         if connected_once {
-            out.reconnects += 1;
+            lock().reconnects += 1;
         }
         connected_once = true;
         // packet id → seq.
@@ -437,6 +456,13 @@ async fn device(
                     if qos1 {
                         let id = alloc();
                         unacked.insert(next_seq, (payload.clone(), Instant::now()));
+                        {
+                            let mut out = lock();
+                            out.unacked = unacked.len() as u64;
+                            if unacked.len() == 1 {
+                                out.oldest_unacked = Some(Instant::now());
+                            }
+                        }
                         client
                             .send_packet(&publish(&topic, Some(id), payload, false))
                             .await?;
@@ -445,7 +471,7 @@ async fn device(
                         client
                             .send_packet(&publish(&topic, None, payload, false))
                             .await?;
-                        out.sent_qos0 += 1;
+                        lock().sent_qos0 += 1;
                     }
                     sent.fetch_add(1, Relaxed);
                     next_seq += 1;
@@ -462,11 +488,15 @@ async fn device(
                             anyhow::ensure!(r.reason < 0x80, "PUBACK refused {:#x}", r.reason);
                             if let Some((_, first)) = unacked.remove(&seq) {
                                 let waited = first.elapsed();
+                                let mut out = lock();
                                 out.max_wait = out.max_wait.max(waited);
-                                record_us(
-                                    &mut hist.lock().unwrap_or_else(|p| p.into_inner()),
-                                    u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
-                                );
+                                out.oldest_unacked =
+                                    unacked.first_key_value().map(|(_, (_, t))| *t);
+                                out.unacked = unacked.len() as u64;
+                                let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+                                for h in &hists {
+                                    record_us(&mut h.lock().unwrap_or_else(|p| p.into_inner()), us);
+                                }
                                 out.acked.push(seq);
                                 acked_total.fetch_add(1, Relaxed);
                             }
@@ -493,12 +523,9 @@ async fn device(
         }
         sleep(Duration::from_millis(20)).await;
     }
-    // Stall of messages never acknowledged counts too.
-    for (_, first) in unacked.values() {
-        out.max_wait = out.max_wait.max(first.elapsed());
-    }
+    let mut out = lock();
     out.unacked = unacked.len() as u64;
-    out
+    out.oldest_unacked = unacked.first_key_value().map(|(_, (_, t))| *t);
 }
 
 fn publish(topic: &ByteString, id: Option<u16>, payload: Bytes, dup: bool) -> Packet {
