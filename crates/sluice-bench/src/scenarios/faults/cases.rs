@@ -155,25 +155,29 @@ async fn case_body(
     let mut load = Load::start(&s.load, bed.mqtt(), bed.coap(), bed.phd(), plan).await?;
     let started = Instant::now();
     pause(Duration::from_secs(3)).await;
-    let outcome = match name {
-        "kill9-cloud-up" => kill9(s, &mut bed, &mut load, false).await,
-        "kill9-cloud-down" => kill9(s, &mut bed, &mut load, true).await,
-        "cloud-restart" => cloud_restart(&mut bed).await,
-        "cloud-slow" => cloud_slow(s, &mut bed).await,
-        "cloud-blackhole" => cloud_blackhole(&mut bed).await,
-        "multipath-flap" => multipath_flap(s, &mut bed).await,
+    let mut outcome = Outcome::default();
+    let o = &mut outcome;
+    let ran = match name {
+        "kill9-cloud-up" => kill9(s, &mut bed, &mut load, false, o).await,
+        "kill9-cloud-down" => kill9(s, &mut bed, &mut load, true, o).await,
+        "cloud-restart" => cloud_restart(&mut bed, o).await,
+        "cloud-slow" => cloud_slow(s, &mut bed, o).await,
+        "cloud-blackhole" => cloud_blackhole(&mut bed, o).await,
+        "multipath-flap" => multipath_flap(s, &mut bed, o).await,
         "disk-full" | "disk-readonly" => {
-            disk::disk_fault(name, &mut bed, &mut load, mount.as_ref()).await
+            disk::disk_fault(name, &mut bed, &mut load, mount.as_ref(), o).await
         }
-        "clock-step" => probes::clock_step(&mut bed, spec.faketime_file.as_deref()).await,
-        "restart-state" => probes::restart_state(&mut bed, &mut load, !spec.tail.is_empty()).await,
-        "pingresp-311" => probes::pingresp(&mut bed).await,
+        "clock-step" => probes::clock_step(&mut bed, spec.faketime_file.as_deref(), o).await,
+        "restart-state" => {
+            probes::restart_state(&mut bed, &mut load, !spec.tail.is_empty(), o).await
+        }
+        "pingresp-311" => probes::pingresp(&mut bed, o).await,
         "slow-readers" => {
             let (n, slow) = match s.size {
                 Size::Small => (2_000, 200),
                 Size::Full => (16_000, 1_000),
             };
-            crowd::slow_readers(&mut bed, &load, n, slow, s.load.mqtt_qos1).await
+            crowd::slow_readers(&mut bed, &load, n, slow, s.load.mqtt_qos1, o).await
         }
         other => Err(anyhow::anyhow!("unknown case {other}")),
     };
@@ -186,10 +190,7 @@ async fn case_body(
     let (tally, recorder_error) = tokio::task::block_in_place(|| recorder.stop());
     let tally = tally.lock().unwrap_or_else(|p| p.into_inner());
     let figures = figures(&result, &tally);
-    let (mut outcome, error) = match outcome {
-        Ok(o) => (o, None),
-        Err(e) => (Outcome::default(), Some(format!("{e:#}"))),
-    };
+    let error = ran.err().map(|e| format!("{e:#}"));
     if let Some(e) = recorder_error {
         outcome.observed.push(format!("the cloud recorder's last connection error: {e}"));
     }
@@ -258,9 +259,9 @@ async fn kill9(
     bed: &mut Bed,
     load: &mut Load,
     cloud_down: bool,
-) -> anyhow::Result<Outcome> {
+    o: &mut Outcome,
+) -> anyhow::Result<()> {
     let n = kills(s);
-    let mut o = Outcome::default();
     if cloud_down {
         bed.net.cut(0).map_err(anyhow::Error::msg)?;
     }
@@ -288,11 +289,10 @@ async fn kill9(
     ));
     o.check = format!("{n} kills done");
     o.check_met = done == n;
-    Ok(o)
+    Ok(())
 }
 
-async fn cloud_restart(bed: &mut Bed) -> anyhow::Result<Outcome> {
-    let mut o = Outcome::default();
+async fn cloud_restart(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<()> {
     let down = Duration::from_secs(5);
     bed.stop_cloud().await?;
     let t = Instant::now();
@@ -313,15 +313,14 @@ async fn cloud_restart(bed: &mut Bed) -> anyhow::Result<Outcome> {
     ));
     o.check = "uplink reconnected within 5 s of the broker's return".to_string();
     o.check_met = back.is_ok_and(|d| d <= Duration::from_secs(5));
-    Ok(o)
+    Ok(())
 }
 
 async fn spool_backlog(bed: &Bed) -> f64 {
     metric_sum(&bed.metrics().await, "sluice_spool_unacked_records").unwrap_or(0.0)
 }
 
-async fn cloud_slow(s: &FaultsScenario, bed: &mut Bed) -> anyhow::Result<Outcome> {
-    let mut o = Outcome::default();
+async fn cloud_slow(s: &FaultsScenario, bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<()> {
     let slow = Duration::from_secs(if s.size == Size::Small { 10 } else { 30 });
     let connects0 = metric_sum(&bed.metrics().await, "sluice_uplink_connects_total").unwrap_or(0.0);
     bed.net.set_rate(0, "256kbit").map_err(anyhow::Error::msg)?;
@@ -350,11 +349,10 @@ async fn cloud_slow(s: &FaultsScenario, bed: &mut Bed) -> anyhow::Result<Outcome
     ));
     o.check = "backlog drained within 60 s of the link's recovery".to_string();
     o.check_met = drained.is_some();
-    Ok(o)
+    Ok(())
 }
 
-async fn cloud_blackhole(bed: &mut Bed) -> anyhow::Result<Outcome> {
-    let mut o = Outcome::default();
+async fn cloud_blackhole(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<()> {
     let before = bed.uplinks_connected().await;
     bed.net.blackhole(0).map_err(anyhow::Error::msg)?;
     let t = Instant::now();
@@ -376,11 +374,10 @@ async fn cloud_blackhole(bed: &mut Bed) -> anyhow::Result<Outcome> {
     ));
     o.check = "noticed within 1.5 × keep-alive (5 s) + 1 s, and reconnected".to_string();
     o.check_met = noticed.is_some_and(|d| d <= Duration::from_millis(8500)) && back.is_ok();
-    Ok(o)
+    Ok(())
 }
 
-async fn multipath_flap(s: &FaultsScenario, bed: &mut Bed) -> anyhow::Result<Outcome> {
-    let mut o = Outcome::default();
+async fn multipath_flap(s: &FaultsScenario, bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<()> {
     let total = Duration::from_secs(if s.size == Size::Small { 60 } else { 300 });
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xF1A9);
     let t = Instant::now();
@@ -411,7 +408,7 @@ async fn multipath_flap(s: &FaultsScenario, bed: &mut Bed) -> anyhow::Result<Out
     ));
     o.check = "sluice still running, path failovers counted".to_string();
     o.check_met = bed.sluice.running() && delta("sluice_uplink_path_failovers_total") > 0.0;
-    Ok(o)
+    Ok(())
 }
 
 /// The directory for a case's files (beside the bed's).

@@ -48,8 +48,8 @@ pub(crate) async fn slow_readers(
     connections: u32,
     slow: u32,
     busy_topics: u32,
-) -> anyhow::Result<Outcome> {
-    let mut o = Outcome::default();
+    o: &mut Outcome,
+) -> anyhow::Result<()> {
     let limit = open_files_limit();
     anyhow::ensure!(
         u64::from(connections) + 512 <= limit,
@@ -147,5 +147,5 @@ pub(crate) async fn slow_readers(
         && during.p99_ms <= P99_FACTOR * baseline.p99_ms + P99_SLACK_MS
         && idle_report.failed == 0
         && slow_failed == 0;
-    Ok(o)
+    Ok(())
 }

@@ -137,9 +137,9 @@ pub(crate) async fn disk_fault(
     bed: &mut Bed,
     load: &mut Load,
     mount: Option<&Mount>,
-) -> anyhow::Result<Outcome> {
+    o: &mut Outcome,
+) -> anyhow::Result<()> {
     let mount = mount.context("the case has no spool mount")?;
-    let mut o = Outcome::default();
     let pid = bed.sluice.pid();
     let hold = Duration::from_secs(10);
     let before = acks_during(load, Duration::from_secs(2)).await;
@@ -227,7 +227,7 @@ pub(crate) async fn disk_fault(
         "resumed without a restart within 30 s of the space/write access (and the cloud) returning"
             .to_string();
     o.check_met = resumed.is_some() && same_process;
-    Ok(o)
+    Ok(())
 }
 
 fn read_only(dir: &Path) -> bool {

@@ -38,9 +38,8 @@ pub fn binary_accepts_state_dir(bin: &Path, dir: &Path) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-pub(crate) async fn clock_step(bed: &mut Bed, file: Option<&Path>) -> anyhow::Result<Outcome> {
+pub(crate) async fn clock_step(bed: &mut Bed, file: Option<&Path>, o: &mut Outcome) -> anyhow::Result<()> {
     let file = file.context("no faketime file")?;
-    let mut o = Outcome::default();
     let m0 = bed.metrics().await;
     let warn0 = bed.sluice.stderr_count("WARN") + bed.sluice.stderr_count("ERROR");
     let mut steps = Vec::new();
@@ -68,7 +67,7 @@ pub(crate) async fn clock_step(bed: &mut Bed, file: Option<&Path>) -> anyhow::Re
     ));
     o.check = "no uplink reconnect and no WARN/ERROR line caused by the steps".to_string();
     o.check_met = connects == 0.0 && warns == 0;
-    Ok(o)
+    Ok(())
 }
 
 const RETAINED: u32 = 50;
@@ -78,8 +77,8 @@ pub(crate) async fn restart_state(
     bed: &mut Bed,
     load: &mut Load,
     with_state_dir: bool,
-) -> anyhow::Result<Outcome> {
-    let mut o = Outcome::default();
+    o: &mut Outcome,
+) -> anyhow::Result<()> {
     // A persistent session, subscribed, then offline.
     let mut opts = ConnectOpts::v311("faults-state-sub");
     opts.clean_start = false;
@@ -129,11 +128,10 @@ pub(crate) async fn restart_state(
     ));
     o.check = format!("all {RETAINED} retained and {QUEUED} queued messages there after the restart");
     o.check_met = retained == RETAINED && queued == QUEUED && connack.session_present;
-    Ok(o)
+    Ok(())
 }
 
-pub(crate) async fn pingresp(bed: &mut Bed) -> anyhow::Result<Outcome> {
-    let mut o = Outcome::default();
+pub(crate) async fn pingresp(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<()> {
     let keep_alive: u16 = 4;
     bed.net.cut(0).map_err(anyhow::Error::msg)?;
     let mut opts = ConnectOpts::v311("faults-ping");
@@ -195,5 +193,5 @@ pub(crate) async fn pingresp(bed: &mut Bed) -> anyhow::Result<Outcome> {
     ));
     o.check = "every PINGREQ answered within the keep-alive and the connection kept".to_string();
     o.check_met = pushed_ok && asked > 0 && answered == asked && alive;
-    Ok(o)
+    Ok(())
 }
