@@ -19,6 +19,10 @@ use crate::harness::metrics::metric_sum;
 
 /// A mounted file system for the spool; dropping it unmounts it.
 pub struct Mount {
+    /// A bind mount of itself, made shared, under which `dir` is mounted: an unmount of `dir`
+    /// then reaches the copies that `ip netns exec` (the cloud broker's launcher) made of the
+    /// mount table, so the file system can really be unmounted and repaired.
+    base: PathBuf,
     pub dir: PathBuf,
     loop_dev: Option<String>,
     image: Option<PathBuf>,
@@ -39,22 +43,36 @@ fn run(argv: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+fn shared_base(base: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(base).context("the mount base")?;
+    let b = base.display().to_string();
+    run(&["mount", "--bind", &b, &b])?;
+    run(&["mount", "--make-shared", &b])?;
+    let dir = base.join("fs");
+    std::fs::create_dir_all(&dir).context("the mount point")?;
+    Ok(dir)
+}
+
 impl Mount {
-    /// A tmpfs of `size` (e.g. "32m") at `dir`.
-    pub fn tmpfs(dir: &Path, size: &str) -> anyhow::Result<Mount> {
-        std::fs::create_dir_all(dir).context("the mount point")?;
+    /// A tmpfs of `size` (e.g. "32m") at `base/fs`.
+    pub fn tmpfs(base: &Path, size: &str) -> anyhow::Result<Mount> {
+        let dir = shared_base(base)?;
         let d = dir.display().to_string();
-        run(&["mount", "-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &d])?;
+        if let Err(e) = run(&["mount", "-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &d]) {
+            let _ = run(&["umount", "-l", &base.display().to_string()]);
+            return Err(e);
+        }
         Ok(Mount {
-            dir: dir.to_path_buf(),
+            base: base.to_path_buf(),
+            dir,
             loop_dev: None,
             image: None,
         })
     }
 
     /// ext4 (`errors=remount-ro`) on a loop device over a `mib` MiB image in `work`.
-    pub fn ext4_loop(dir: &Path, work: &Path, mib: u64) -> anyhow::Result<Mount> {
-        std::fs::create_dir_all(dir).context("the mount point")?;
+    pub fn ext4_loop(base: &Path, work: &Path, mib: u64) -> anyhow::Result<Mount> {
+        let dir = shared_base(base)?;
         let img = work.join("spool.img");
         let f = std::fs::File::create(&img).context("the image file")?;
         f.set_len(mib << 20).context("sizing the image")?;
@@ -65,10 +83,12 @@ impl Mount {
         let d = dir.display().to_string();
         if let Err(e) = run(&["mount", "-o", "errors=remount-ro", &dev, &d]) {
             let _ = run(&["losetup", "-d", &dev]);
+            let _ = run(&["umount", "-l", &base.display().to_string()]);
             return Err(e);
         }
         Ok(Mount {
-            dir: dir.to_path_buf(),
+            base: base.to_path_buf(),
+            dir,
             loop_dev: Some(dev),
             image: Some(img),
         })
@@ -94,6 +114,7 @@ impl Drop for Mount {
     fn drop(&mut self) {
         let d = self.dir.display().to_string();
         let _ = run(&["umount", "-l", &d]);
+        let _ = run(&["umount", "-l", &self.base.display().to_string()]);
         if let Some(dev) = &self.loop_dev {
             let _ = run(&["losetup", "-d", dev]);
         }
@@ -164,9 +185,26 @@ pub(crate) async fn disk_fault(
         let ro = read_only(&mount.dir);
         format!("ext4 error triggered; the mount is {}", if ro { "read-only" } else { "STILL read-write" })
     };
+    o.observed.push(format!(
+        "cloud link cut 3 s before the fault (spool unacked records then {backlog:.0}); {what}"
+    ));
     let during = acks_during(load, hold).await;
     let m1 = bed.metrics().await;
     let alive_during = bed.sluice.running();
+    o.observed.push(format!(
+        "acknowledgements: {:.0}/s before, {} in the {} s of the fault; sluice {} at its end; spool failures counted meanwhile {}, full {}",
+        before as f64 / 2.0,
+        during,
+        hold.as_secs(),
+        if alive_during { "running" } else { "EXITED" },
+        metric_sum(&m1, "sluice_spool_failures_total").unwrap_or(0.0)
+            - metric_sum(&m0, "sluice_spool_failures_total").unwrap_or(0.0),
+        metric_sum(&m1, "sluice_spool_full_total").unwrap_or(0.0)
+            - metric_sum(&m0, "sluice_spool_full_total").unwrap_or(0.0),
+    ));
+    if !alive_during {
+        o.observed.push(format!("sluice's last words: {}", bed.sluice.stderr_tail()));
+    }
     let mut restarted = false;
     if name == "disk-full" {
         let _ = std::fs::remove_file(&fill);
@@ -177,13 +215,15 @@ pub(crate) async fn disk_fault(
             // unmounted: stop sluice, repair, start it again (said in the report).
             let clean = bed.sluice.stop().await;
             let fsck = tokio::task::block_in_place(|| mount.repair())?;
+            o.observed.push(format!(
+                "remount read-write refused ({}); so sluice was stopped (SIGTERM; exited by itself: {clean}), the file system unmounted, checked ({fsck}) and mounted again ({}), and sluice started on it",
+                e.to_string().lines().next().unwrap_or(""),
+                if read_only(&mount.dir) { "read-only!" } else { "read-write" },
+            ));
             bed.sluice.start()?;
             bed.sluice.wait_ready().await?;
             load.reassociate_phd().await?;
             restarted = true;
-            o.observed.push(format!(
-                "remount read-write refused ({e}); so sluice was stopped (SIGTERM, exited by itself: {clean}), the file system unmounted, checked ({fsck}) and mounted again, and sluice started on it"
-            ));
         }
     }
     bed.net.restore(0).map_err(anyhow::Error::msg)?;
@@ -200,33 +240,29 @@ pub(crate) async fn disk_fault(
     }
     let m2 = bed.metrics().await;
     let same_process = bed.sluice.pid() == pid && bed.sluice.running();
-    let _ = restarted;
     let delta = |a: &str, b: &str, n: &str| {
         metric_sum(b, n).unwrap_or(0.0) - metric_sum(a, n).unwrap_or(0.0)
     };
     o.observed.push(format!(
-        "cloud link cut 3 s before the fault (spool unacked records then {backlog:.0}), restored when the disk came back"
-    ));
-    o.observed.push(format!(
-        "{what}; acknowledgements: {:.0}/s before, {} in the {} s after (sluice {}); spool failures counted meanwhile {}, full {}",
-        per_s_before,
-        during,
-        hold.as_secs(),
-        if alive_during { "running" } else { "EXITED" },
-        delta(&m0, &m1, "sluice_spool_failures_total"),
-        delta(&m0, &m1, "sluice_spool_full_total"),
-    ));
-    o.observed.push(format!(
-        "{}; acknowledgements back to half the earlier rate {}; same sluice process: {}; spool failures after that {}",
-        if name == "disk-full" { "filler deleted" } else { "remounted read-write" },
+        "{}, cloud link restored; acknowledgements back to half the earlier rate {}; same sluice process: {}; spool failures after that {}",
+        if name == "disk-full" { "filler deleted" } else if restarted { "repaired" } else { "remounted read-write" },
         resumed.map_or("NOT within 30 s".to_string(), |d| format!("after {:.1} s", d.as_secs_f64())),
         if same_process { "yes" } else { "no" },
-        delta(&m1, &m2, "sluice_spool_failures_total"),
+        if same_process {
+            delta(&m1, &m2, "sluice_spool_failures_total").to_string()
+        } else {
+            "(new process)".to_string()
+        },
     ));
-    o.check =
-        "resumed without a restart within 30 s of the space/write access (and the cloud) returning"
-            .to_string();
-    o.check_met = resumed.is_some() && same_process;
+    if restarted {
+        o.check = "after the repair and a restart (the kernel keeps a failed ext4 read-only until unmounted), resumed within 30 s".to_string();
+        o.check_met = resumed.is_some() && bed.sluice.running();
+    } else {
+        o.check =
+            "resumed without a restart within 30 s of the space/write access (and the cloud) returning"
+                .to_string();
+        o.check_met = resumed.is_some() && same_process;
+    }
     Ok(())
 }
 
