@@ -24,7 +24,11 @@ async fn nothing_acknowledged_is_lost_in_the_ci_fault_cases() -> anyhow::Result<
     for case in &report.cases {
         assert_eq!(case.error, None, "{}: {case:?}", case.case);
         let f = case.figures.as_ref().expect("figures");
-        assert!(f.acknowledged > 100, "{}: too little load: {f:?}", case.case);
+        assert!(
+            f.acknowledged > 100,
+            "{}: too little load: {f:?}",
+            case.case
+        );
         assert_eq!(
             f.acked_missing, 0,
             "{}: acknowledged but missing at the cloud: {f:?}",

@@ -94,7 +94,10 @@ impl Bed {
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let mut c = cloud.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(pid) = c.pid() {
-                let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+                let _ = Command::new("kill")
+                    .arg("-TERM")
+                    .arg(pid.to_string())
+                    .status();
                 let deadline = std::time::Instant::now() + Duration::from_secs(5);
                 while std::path::Path::new(&format!("/proc/{pid}/stat")).exists()
                     && !is_zombie(pid)
@@ -155,9 +158,7 @@ pub fn connected_sessions(text: &str) -> u32 {
 /// Run `f` (the whole case) on a new tokio runtime on a thread inside `net`'s gateway namespace.
 pub fn run_in_gateway<T: Send + 'static>(
     net: &TestBed,
-    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>
-        + Send
-        + 'static,
+    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>> + Send + 'static,
 ) -> anyhow::Result<T> {
     net.gw.run(move || -> anyhow::Result<T> {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -227,7 +228,11 @@ pub async fn start_bed(
         cloud.tls_port() == CLOUD_TLS_PORT || cloud.tls_port() != 0,
         "the cloud has no TLS port"
     );
-    let toml = sluice_config(spec, &format!("{service}:{}", cloud.tls_port()), pki.ca_path());
+    let toml = sluice_config(
+        spec,
+        &format!("{service}:{}", cloud.tls_port()),
+        pki.ca_path(),
+    );
     let config_path = dir.path().join("sluice.toml");
     std::fs::write(&config_path, &toml).context("writing the sluice config")?;
     let mut sluice = SluiceProc {

@@ -56,14 +56,38 @@ fn planned(s: &FaultsScenario, name: &str) -> Duration {
     Duration::from_secs(match name {
         "kill9-cloud-up" | "kill9-cloud-down" => kills(s) as u64 + 8,
         "cloud-restart" => 20,
-        "cloud-slow" => if small { 25 } else { 45 },
+        "cloud-slow" => {
+            if small {
+                25
+            } else {
+                45
+            }
+        }
         "cloud-blackhole" => 25,
-        "multipath-flap" => if small { 65 } else { 305 },
-        "disk-full" | "disk-readonly" => if small { 30 } else { 45 },
+        "multipath-flap" => {
+            if small {
+                65
+            } else {
+                305
+            }
+        }
+        "disk-full" | "disk-readonly" => {
+            if small {
+                30
+            } else {
+                45
+            }
+        }
         "clock-step" => 45,
         "restart-state" => 20,
         "pingresp-311" => 30,
-        "slow-readers" => if small { 60 } else { 150 },
+        "slow-readers" => {
+            if small {
+                60
+            } else {
+                150
+            }
+        }
         _ => 10,
     })
 }
@@ -192,16 +216,19 @@ async fn case_body(
     let figures = figures(&result, &tally);
     let error = ran.err().map(|e| format!("{e:#}"));
     if let Some(e) = recorder_error {
-        outcome.observed.push(format!("the cloud recorder's last connection error: {e}"));
+        outcome
+            .observed
+            .push(format!("the cloud recorder's last connection error: {e}"));
     }
     outcome.observed.push(format!(
         "PHD agents re-associated {} times, {} agent connections ended; sluice started {} times",
         result.phd_reassociations, result.phd_agent_failures, bed.sluice.starts
     ));
     if !bed.sluice.running() {
-        outcome
-            .observed
-            .push(format!("sluice is not running at the end; stderr:\n{}", bed.sluice.stderr_tail()));
+        outcome.observed.push(format!(
+            "sluice is not running at the end; stderr:\n{}",
+            bed.sluice.stderr_tail()
+        ));
     }
     let pass = error.is_none() && figures.acked_missing == 0 && outcome.check_met;
     drop(mount);
@@ -274,12 +301,17 @@ async fn kill9(
         bed.sluice.start()?;
         restart.push(bed.sluice.wait_ready().await?);
         done += 1;
-        load.reassociate_phd().await.context("re-associating the PHD agents")?;
+        load.reassociate_phd()
+            .await
+            .context("re-associating the PHD agents")?;
     }
     if cloud_down {
         bed.net.restore(0).map_err(anyhow::Error::msg)?;
         let t = bed.wait_uplinks(1, Duration::from_secs(30)).await?;
-        o.observed.push(format!("cloud link restored; uplink connected after {}", ms(t)));
+        o.observed.push(format!(
+            "cloud link restored; uplink connected after {}",
+            ms(t)
+        ));
     }
     restart.sort();
     o.observed.push(format!(

@@ -109,7 +109,10 @@ pub struct Recorder {
 
 impl Recorder {
     /// Start in the cloud namespace of `net`; returns once subscribed.
-    pub async fn start(net: &sluice_testkit::netns::TestBed, port: u16) -> anyhow::Result<Recorder> {
+    pub async fn start(
+        net: &sluice_testkit::netns::TestBed,
+        port: u16,
+    ) -> anyhow::Result<Recorder> {
         let tally = Arc::new(Mutex::new(Tally::default()));
         let error = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
@@ -117,7 +120,10 @@ impl Recorder {
         let thread = {
             let (tally, error, stop) = (tally.clone(), error.clone(), stop.clone());
             net.cloud.spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
                     Ok(rt) => rt,
                     Err(e) => {
                         let _ = ready_tx.send(Err(format!("recorder runtime: {e}")));
@@ -205,7 +211,10 @@ async fn record(
             }
             first = false;
         } else {
-            tally.lock().unwrap_or_else(|p| p.into_inner()).recorder_reconnects += 1;
+            tally
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .recorder_reconnects += 1;
         }
         let mut last_ping = Instant::now();
         while !stop.load(Relaxed) {
@@ -222,9 +231,7 @@ async fn record(
             }
             if last_ping.elapsed() > Duration::from_secs(10) {
                 last_ping = Instant::now();
-                let _ = client
-                    .send_packet(&Packet::PingReq)
-                    .await;
+                let _ = client.send_packet(&Packet::PingReq).await;
             }
         }
     }
@@ -371,7 +378,8 @@ impl MqttLedger {
                 .oldest_unacked
                 .map_or(res.max_wait, |t| res.max_wait.max(t.elapsed()));
             r.acknowledged += res.acked.len() as u64;
-            r.acked_keys.extend(res.acked.iter().map(|&s| (d as u32, s)));
+            r.acked_keys
+                .extend(res.acked.iter().map(|&s| (d as u32, s)));
             r.never_acknowledged += res.unacked;
             r.qos0_sent += res.sent_qos0;
             r.reconnects += res.reconnects;
@@ -406,7 +414,8 @@ async fn device(
     let mut drain_deadline: Option<Instant> = None;
     loop {
         if stop.load(Relaxed) {
-            let dl = *drain_deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(60));
+            let dl =
+                *drain_deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(60));
             if unacked.is_empty() || !qos1 || Instant::now() >= dl {
                 break;
             }
@@ -480,7 +489,9 @@ async fn device(
                 let wait = if stopping || (qos1 && in_flight.len() >= c.window) {
                     Duration::from_millis(200)
                 } else {
-                    next_due.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+                    next_due
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1))
                 };
                 match client.recv_packet(wait).await? {
                     Some(Packet::PubAck(r)) => {

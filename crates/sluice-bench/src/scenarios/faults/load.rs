@@ -160,7 +160,10 @@ impl Load {
     /// Acknowledgements so far (MQTT + CoAP + PHD), for progress and "resumed" checks.
     pub fn acked_now(&self) -> u64 {
         self.mqtt.acked.load(std::sync::atomic::Ordering::Relaxed)
-            + self.coap.as_ref().map_or(0, |c| c.counters().snapshot().success)
+            + self
+                .coap
+                .as_ref()
+                .map_or(0, |c| c.counters().snapshot().success)
             + self.phd_confirmed_before
             + self.phd.as_ref().map_or(0, |p| p.counters().confirmed)
     }
@@ -170,7 +173,10 @@ impl Load {
         let phd = match self.phd.take() {
             Some(f) => {
                 let s = f.stop(drain.min(Duration::from_secs(10))).await;
-                (s.confirmed + self.phd_confirmed_before, s.agent_failures + self.phd_failures_before)
+                (
+                    s.confirmed + self.phd_confirmed_before,
+                    s.agent_failures + self.phd_failures_before,
+                )
             }
             None => (self.phd_confirmed_before, self.phd_failures_before),
         };
@@ -251,7 +257,9 @@ pub fn figures(load: &LoadResult, tally: &Tally) -> Figures {
     let qos0_first = m.qos1_devices;
     let qos0_seen = tally.mqtt.keys().filter(|(d, _)| *d >= qos0_first).count() as u64;
     let mqtt_qos1_seen = tally.mqtt.len() as u64 - qos0_seen;
-    let coap_missing = load.coap_acknowledged.saturating_sub(tally.coap.len() as u64);
+    let coap_missing = load
+        .coap_acknowledged
+        .saturating_sub(tally.coap.len() as u64);
     let phd_missing = load.phd_confirmed.saturating_sub(tally.phd);
     let deliveries: u64 = tally
         .mqtt

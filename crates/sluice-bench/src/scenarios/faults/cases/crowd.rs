@@ -84,7 +84,11 @@ pub(crate) async fn slow_readers(
                 failed.fetch_add(1, Relaxed);
                 return false;
             };
-            if ack.code != 0 || c.subscribe(&[(topic.as_str(), QoS::AtLeastOnce)]).await.is_err() {
+            if ack.code != 0
+                || c.subscribe(&[(topic.as_str(), QoS::AtLeastOnce)])
+                    .await
+                    .is_err()
+            {
                 failed.fetch_add(1, Relaxed);
                 return false;
             }

@@ -58,7 +58,15 @@ impl Mount {
     pub fn tmpfs(base: &Path, size: &str) -> anyhow::Result<Mount> {
         let dir = shared_base(base)?;
         let d = dir.display().to_string();
-        if let Err(e) = run(&["mount", "-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &d]) {
+        if let Err(e) = run(&[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size}"),
+            "tmpfs",
+            &d,
+        ]) {
             let _ = run(&["umount", "-l", &base.display().to_string()]);
             return Err(e);
         }
@@ -173,7 +181,10 @@ pub(crate) async fn disk_fault(
     let fill = mount.dir.join("filler");
     let what = if name == "disk-full" {
         let n = tokio::task::block_in_place(|| fill_up(&fill));
-        format!("filled the 32 MiB tmpfs with {:.1} MiB", n as f64 / 1048576.0)
+        format!(
+            "filled the 32 MiB tmpfs with {:.1} MiB",
+            n as f64 / 1048576.0
+        )
     } else {
         let dev = mount
             .loop_dev
@@ -183,7 +194,10 @@ pub(crate) async fn disk_fault(
         std::fs::write(format!("/sys/fs/ext4/{dev}/trigger_fs_error"), "1")
             .context("writing trigger_fs_error")?;
         let ro = read_only(&mount.dir);
-        format!("ext4 error triggered; the mount is {}", if ro { "read-only" } else { "STILL read-write" })
+        format!(
+            "ext4 error triggered; the mount is {}",
+            if ro { "read-only" } else { "STILL read-write" }
+        )
     };
     o.observed.push(format!(
         "cloud link cut 3 s before the fault (spool unacked records then {backlog:.0}); {what}"
@@ -203,7 +217,8 @@ pub(crate) async fn disk_fault(
             - metric_sum(&m0, "sluice_spool_full_total").unwrap_or(0.0),
     ));
     if !alive_during {
-        o.observed.push(format!("sluice's last words: {}", bed.sluice.stderr_tail()));
+        o.observed
+            .push(format!("sluice's last words: {}", bed.sluice.stderr_tail()));
     }
     let mut restarted = false;
     if name == "disk-full" {

@@ -38,12 +38,21 @@ pub fn binary_accepts_state_dir(bin: &Path, dir: &Path) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-pub(crate) async fn clock_step(bed: &mut Bed, file: Option<&Path>, o: &mut Outcome) -> anyhow::Result<()> {
+pub(crate) async fn clock_step(
+    bed: &mut Bed,
+    file: Option<&Path>,
+    o: &mut Outcome,
+) -> anyhow::Result<()> {
     let file = file.context("no faketime file")?;
     let m0 = bed.metrics().await;
     let warn0 = bed.sluice.stderr_count("WARN") + bed.sluice.stderr_count("ERROR");
     let mut steps = Vec::new();
-    for (offset, label) in [("+3600", "+1 h"), ("+0", "back"), ("-3600", "−1 h"), ("+0", "back")] {
+    for (offset, label) in [
+        ("+3600", "+1 h"),
+        ("+0", "back"),
+        ("-3600", "−1 h"),
+        ("+0", "back"),
+    ] {
         std::fs::write(file, format!("{offset}\n")).context("writing the faketime file")?;
         let t = Instant::now();
         let mut min_connected = u32::MAX;
@@ -51,7 +60,9 @@ pub(crate) async fn clock_step(bed: &mut Bed, file: Option<&Path>, o: &mut Outco
             min_connected = min_connected.min(bed.uplinks_connected().await);
             pause(Duration::from_millis(200)).await;
         }
-        steps.push(format!("{label}: fewest uplink sessions connected {min_connected}"));
+        steps.push(format!(
+            "{label}: fewest uplink sessions connected {min_connected}"
+        ));
     }
     let m1 = bed.metrics().await;
     let d = |n: &str| metric_sum(&m1, n).unwrap_or(0.0) - metric_sum(&m0, n).unwrap_or(0.0);
@@ -90,13 +101,23 @@ pub(crate) async fn restart_state(
         TestClient::connect(bed.mqtt(), ConnectOpts::v311("faults-state-pub")).await?;
     for i in 0..RETAINED {
         publisher
-            .publish(&format!("state/r/{i}"), format!("r{i}"), QoS::AtLeastOnce, true)
+            .publish(
+                &format!("state/r/{i}"),
+                format!("r{i}"),
+                QoS::AtLeastOnce,
+                true,
+            )
             .await
             .context("a retained publish")?;
     }
     for i in 0..QUEUED {
         publisher
-            .publish(&format!("state/q/{i}"), format!("q{i}"), QoS::AtLeastOnce, false)
+            .publish(
+                &format!("state/q/{i}"),
+                format!("q{i}"),
+                QoS::AtLeastOnce,
+                false,
+            )
             .await
             .context("a queued publish")?;
     }
@@ -126,7 +147,8 @@ pub(crate) async fn restart_state(
         if with_state_dir { "[state] dir set" } else { "binary has no [state] dir (sluice check refuses it): state in memory only" },
         connack.session_present,
     ));
-    o.check = format!("all {RETAINED} retained and {QUEUED} queued messages there after the restart");
+    o.check =
+        format!("all {RETAINED} retained and {QUEUED} queued messages there after the restart");
     o.check_met = retained == RETAINED && queued == QUEUED && connack.session_present;
     Ok(())
 }
