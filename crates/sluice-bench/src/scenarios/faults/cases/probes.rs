@@ -73,11 +73,12 @@ pub(crate) async fn clock_step(
         steps.join("; ")
     ));
     o.observed.push(format!(
-        "during the steps: uplink connects {connects}, MQTT sessions expired {}, WARN/ERROR log lines {warns}",
-        d("sluice_mqtt_sessions_expired_total"),
+        "during the steps: uplink connects {connects}, device connections closed {}, sessions evicted {}, WARN/ERROR log lines {warns}",
+        d("sluice_mqtt_connections_closed_total"),
+        d("sluice_mqtt_sessions_evicted_total"),
     ));
-    o.check = "no uplink reconnect and no WARN/ERROR line caused by the steps".to_string();
-    o.check_met = connects == 0.0 && warns == 0;
+    o.check = "no uplink reconnect, no device connection closed, no WARN/ERROR line".to_string();
+    o.check_met = connects == 0.0 && warns == 0 && d("sluice_mqtt_connections_closed_total") == 0.0;
     Ok(())
 }
 
