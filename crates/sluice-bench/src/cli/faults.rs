@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use sluice_bench::scenarios::faults::{markdown, run_faults, FaultsScenario, Size, ALL_CASES};
+use sluice_bench::scenarios::faults::{markdown, run_faults, FaultsScenario, Size};
 
 use super::{command_line, write_outputs};
 
@@ -48,7 +48,6 @@ pub(crate) async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     if !args.cases.is_empty() {
         s.cases = args.cases;
     }
-    let _ = ALL_CASES;
     s.command_line = command_line();
     let report = run_faults(&s).await?;
     write_outputs(

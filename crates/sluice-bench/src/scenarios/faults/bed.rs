@@ -32,8 +32,7 @@ pub const MQTT_PORT: u16 = 1883;
 pub const COAP_PORT: u16 = 5683;
 pub const PHD_PORT: u16 = 6024;
 pub const ADMIN_PORT: u16 = 9100;
-/// The cloud broker's TLS port on the service address, and the recorder's plain port.
-pub const CLOUD_TLS_PORT: u16 = 8883;
+/// The recorder's plain port on the cloud namespace's loopback.
 pub const RECORDER_PORT: u16 = 1884;
 /// libfaketime, as installed by Debian's `faketime` package.
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
@@ -224,10 +223,6 @@ pub async fn start_bed(
         .context("cloud start-up panicked")?
         .context("starting the cloud Mosquitto")?
     };
-    anyhow::ensure!(
-        cloud.tls_port() == CLOUD_TLS_PORT || cloud.tls_port() != 0,
-        "the cloud has no TLS port"
-    );
     let toml = sluice_config(
         spec,
         &format!("{service}:{}", cloud.tls_port()),

@@ -9,7 +9,6 @@ mod crowd;
 mod disk;
 mod probes;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -441,10 +440,4 @@ async fn multipath_flap(s: &FaultsScenario, bed: &mut Bed, o: &mut Outcome) -> a
     o.check = "sluice still running, path failovers counted".to_string();
     o.check_met = bed.sluice.running() && delta("sluice_uplink_path_failovers_total") > 0.0;
     Ok(())
-}
-
-/// The directory for a case's files (beside the bed's).
-#[allow(dead_code)]
-fn case_dir(bed: &Bed) -> PathBuf {
-    bed.dir.path().to_path_buf()
 }

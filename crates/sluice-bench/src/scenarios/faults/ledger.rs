@@ -55,9 +55,8 @@ pub struct Tally {
 
 impl Tally {
     fn add(&mut self, topic: &str, payload: &[u8]) {
-        if let Some(d) = topic.strip_prefix("faults/m/") {
+        if topic.starts_with("faults/m/") {
             if let Some((dev, seq)) = parse_mqtt(payload) {
-                let _ = d;
                 self.first(0, dev, seq);
                 *self.mqtt.entry((dev, seq)).or_insert(0) += 1;
                 return;
@@ -185,11 +184,7 @@ async fn record(
         opts.timeout = Duration::from_secs(2);
         let mut client = match TestClient::connect(addr, opts).await {
             Ok((c, ack)) if ack.code == 0 => c,
-            other => {
-                if first && ready.is_some() && stop.load(Relaxed) {
-                    break;
-                }
-                let _ = other;
+            _ => {
                 sleep(Duration::from_millis(50)).await;
                 continue;
             }

@@ -18,7 +18,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Serialize;
-use sluice_proto::coap::Code;
 
 use super::ledger::{LedgerConfig, LedgerReport, MqttLedger, Tally};
 use crate::load::coap::{spawn_coap_load, CoapLoad, CoapLoadConfig, RequestShape};
@@ -104,7 +103,6 @@ impl Load {
             c.request = RequestShape::publish("ps", "faults/c");
             c.interval = Duration::from_secs_f64(1.0 / spec.coap_rate.max(0.01));
             c.drain = Duration::from_secs(20);
-            let _ = Code::POST;
             Some(spawn_coap_load(c)?)
         } else {
             None

@@ -25,7 +25,6 @@ pub struct Mount {
     base: PathBuf,
     pub dir: PathBuf,
     loop_dev: Option<String>,
-    image: Option<PathBuf>,
 }
 
 fn run(argv: &[&str]) -> anyhow::Result<String> {
@@ -74,7 +73,6 @@ impl Mount {
             base: base.to_path_buf(),
             dir,
             loop_dev: None,
-            image: None,
         })
     }
 
@@ -98,7 +96,6 @@ impl Mount {
             base: base.to_path_buf(),
             dir,
             loop_dev: Some(dev),
-            image: Some(img),
         })
     }
 
@@ -107,7 +104,6 @@ impl Mount {
     fn repair(&self) -> anyhow::Result<String> {
         let d = self.dir.display().to_string();
         let dev = self.loop_dev.clone().context("no loop device")?;
-        let _ = self.image.as_ref();
         run(&["umount", &d])?;
         let fsck = Command::new("e2fsck")
             .args(["-fy", &dev])
