@@ -294,8 +294,14 @@ async fn kill9(
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5B00_1C4A);
     let mut restart = Vec::new();
     let mut done = 0;
+    // Each process's spool counters, read just before it is killed, summed.
+    let (mut full, mut peak_unacked) = (0.0, 0.0f64);
     for _ in 0..n {
         pause(Duration::from_millis(rng.gen_range(300..1200))).await;
+        let m = bed.metrics().await;
+        full += metric_sum(&m, "sluice_spool_full_total").unwrap_or(0.0);
+        peak_unacked =
+            peak_unacked.max(metric_sum(&m, "sluice_spool_unacked_records").unwrap_or(0.0));
         bed.sluice.kill_9();
         bed.sluice.start()?;
         restart.push(bed.sluice.wait_ready().await?);
@@ -304,6 +310,12 @@ async fn kill9(
             .await
             .context("re-associating the PHD agents")?;
     }
+    let m = bed.metrics().await;
+    full += metric_sum(&m, "sluice_spool_full_total").unwrap_or(0.0);
+    peak_unacked = peak_unacked.max(metric_sum(&m, "sluice_spool_unacked_records").unwrap_or(0.0));
+    o.observed.push(format!(
+        "spool, read from each process just before its kill: unacked records at most {peak_unacked:.0}; sluice_spool_full_total summed over the processes {full:.0}"
+    ));
     if cloud_down {
         bed.net.restore(0).map_err(anyhow::Error::msg)?;
         let t = bed.wait_uplinks(1, Duration::from_secs(30)).await?;
