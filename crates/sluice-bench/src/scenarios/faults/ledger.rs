@@ -318,11 +318,13 @@ impl MqttLedger {
                 d,
                 qos1,
                 config.clone(),
-                stop.clone(),
-                [hist.clone(), window.clone()],
-                sent.clone(),
-                acked.clone(),
-                result.clone(),
+                DeviceWires {
+                    stop: stop.clone(),
+                    hists: [hist.clone(), window.clone()],
+                    sent: sent.clone(),
+                    acked_total: acked.clone(),
+                    shared: result.clone(),
+                },
             ));
             tasks.push((task, result));
         }
@@ -387,16 +389,24 @@ impl MqttLedger {
     }
 }
 
-async fn device(
-    d: u32,
-    qos1: bool,
-    c: LedgerConfig,
+/// What a device task shares with the fleet.
+struct DeviceWires {
     stop: Arc<AtomicBool>,
+    /// The whole run's and the current window's ack latency.
     hists: [Arc<Mutex<Histogram<u64>>>; 2],
     sent: Arc<AtomicU64>,
     acked_total: Arc<AtomicU64>,
     shared: Arc<Mutex<DeviceResult>>,
-) {
+}
+
+async fn device(d: u32, qos1: bool, c: LedgerConfig, w: DeviceWires) {
+    let DeviceWires {
+        stop,
+        hists,
+        sent,
+        acked_total,
+        shared,
+    } = w;
     let topic = ByteString::from(format!("faults/m/{d}"));
     let period = Duration::from_secs_f64(1.0 / c.rate.max(0.001));
     // Random phase so devices do not send in lockstep.
@@ -488,27 +498,23 @@ async fn device(
                         .saturating_duration_since(Instant::now())
                         .max(Duration::from_millis(1))
                 };
-                match client.recv_packet(wait).await? {
-                    Some(Packet::PubAck(r)) => {
-                        if let Some(seq) = in_flight.remove(&r.packet_id) {
-                            anyhow::ensure!(r.reason < 0x80, "PUBACK refused {:#x}", r.reason);
-                            if let Some((_, first)) = unacked.remove(&seq) {
-                                let waited = first.elapsed();
-                                let mut out = lock();
-                                out.max_wait = out.max_wait.max(waited);
-                                out.oldest_unacked =
-                                    unacked.first_key_value().map(|(_, (_, t))| *t);
-                                out.unacked = unacked.len() as u64;
-                                let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-                                for h in &hists {
-                                    record_us(&mut h.lock().unwrap_or_else(|p| p.into_inner()), us);
-                                }
-                                out.acked.push(seq);
-                                acked_total.fetch_add(1, Relaxed);
+                if let Some(Packet::PubAck(r)) = client.recv_packet(wait).await? {
+                    if let Some(seq) = in_flight.remove(&r.packet_id) {
+                        anyhow::ensure!(r.reason < 0x80, "PUBACK refused {:#x}", r.reason);
+                        if let Some((_, first)) = unacked.remove(&seq) {
+                            let waited = first.elapsed();
+                            let mut out = lock();
+                            out.max_wait = out.max_wait.max(waited);
+                            out.oldest_unacked = unacked.first_key_value().map(|(_, (_, t))| *t);
+                            out.unacked = unacked.len() as u64;
+                            let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+                            for h in &hists {
+                                record_us(&mut h.lock().unwrap_or_else(|p| p.into_inner()), us);
                             }
+                            out.acked.push(seq);
+                            acked_total.fetch_add(1, Relaxed);
                         }
                     }
-                    Some(_) | None => {}
                 }
                 // A device whose oldest message waits this long gives up on the connection
                 // (a real device's PUBACK timeout) and resends on a new one.

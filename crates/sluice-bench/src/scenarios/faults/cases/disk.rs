@@ -287,6 +287,6 @@ fn read_only(dir: &Path) -> bool {
             (f.len() > 3 && Path::new(f[1]) == d)
                 .then(|| f[3].split(',').any(|o| o == "ro" || o == "emergency_ro"))
         })
-        .last()
+        .next_back()
         .unwrap_or(false)
 }
