@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use cli::coap::CoapArgs;
 use cli::control_storm::ControlStormArgs;
 use cli::functions::FunctionsArgs;
+use cli::faults::FaultsArgs;
 use cli::hostile::HostileArgs;
 use cli::multipath::MultipathArgs;
 use cli::scenarios::{
@@ -221,6 +222,13 @@ enum ScenarioCommand {
     /// case observed and a verdict against the issue's target. Prints the Markdown report;
     /// writes JSON to --out and Markdown to --markdown (e.g. appended to docs/reliability.md).
     Hostile(HostileArgs),
+    /// Issue 31's fault campaign against a sluice binary (--sluice): per case (kill -9, cloud
+    /// broker stopped / slowed / blackholed, a flapping multipath link, the spool's disk full
+    /// or read-only, clock steps, state across a restart, PINGRESP under back-pressure) under
+    /// MQTT, CoAP and PHD load: messages acknowledged, at the cloud, duplicates, order
+    /// violations, the longest stall, QoS 0 lost and acknowledged-but-missing, with a verdict.
+    /// Needs root (network namespaces, mounts). JSON to --out, Markdown to --markdown.
+    Faults(FaultsArgs),
 }
 
 fn main() -> ExitCode {
@@ -299,6 +307,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             cli::functions::functions(args).await
         }
         Command::Scenario(ScenarioCommand::Hostile(args)) => cli::hostile::hostile(args).await,
+        Command::Scenario(ScenarioCommand::Faults(args)) => cli::faults::faults(args).await,
         Command::Floor(_) | Command::FnFloor(_) | Command::FnEcho => {
             unreachable!("served in main without a runtime")
         }

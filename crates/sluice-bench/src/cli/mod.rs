@@ -7,6 +7,7 @@
 
 pub(crate) mod coap;
 pub(crate) mod control_storm;
+pub(crate) mod faults;
 pub(crate) mod functions;
 pub(crate) mod hostile;
 pub(crate) mod multipath;

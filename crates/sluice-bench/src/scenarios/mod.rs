@@ -17,6 +17,7 @@
 //! | [`onem2m`] | contentInstances/s into a real ACME CSE: a plain pipelined HTTP client (the CSE's maximum) vs MQTT devices through sluice's oneM2M uplink, and the ratio | `docs/perf/onem2m.md` |
 //! | [`functions`] | edge functions (issue 19): sluice's CPU per event beside a local Python / compiled echo function's, idle CPU and per-thread wake-ups with the function scaled to zero, cold/warm start latency and sluice's part of it, pre-warm policies on synthetic traces | `docs/perf/functions.md` |
 //! | [`hostile`] | issue 28's findings replayed by a hostile sender against a sluice binary: bytes in/out at the attacker, RSS growth, healthy devices' p99, a verdict per finding | `docs/reliability.md` |
+//! | [`faults`] | issue 31's fault campaign under MQTT + CoAP + PHD load: acknowledged vs at the cloud, duplicates, order, stall, QoS 0 lost, a verdict per case | `docs/reliability.md` |
 //! | [`storage`] | the spool vs SQLite vs PostgreSQL: append, read back, recovery | `docs/perf/storage.md` |
 //!
 //! # Adding a scenario
@@ -50,6 +51,7 @@ pub mod coap;
 pub mod connections;
 pub mod control_storm;
 pub mod core;
+pub mod faults;
 pub mod functions;
 pub mod hostile;
 pub mod multipath;

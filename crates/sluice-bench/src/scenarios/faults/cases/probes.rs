@@ -1,0 +1,220 @@
+//! The cases that probe one behaviour beside the load: the clock steps (libfaketime's
+//! timestamp file, re-read on every call), retained messages and a persistent session across a
+//! `kill -9`, and PINGRESP for an MQTT 3.1.1 device pushed past its limit while the cloud is
+//! down.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use bytestring::ByteString;
+use sluice_proto::mqtt::{Packet, Publish, QoS};
+use sluice_testkit::{ConnectOpts, TestClient};
+use tokio::time::Instant;
+
+use super::super::bed::Bed;
+use super::super::load::Load;
+use super::super::pause;
+use super::Outcome;
+use crate::harness::metrics::metric_sum;
+
+/// Whether `sluice check` accepts a `[state] dir` (branch `state`); without it sluice rejects
+/// the unknown table and the case runs without it.
+pub fn binary_accepts_state_dir(bin: &Path, dir: &Path) -> bool {
+    let Ok(t) = tempfile::tempdir() else {
+        return false;
+    };
+    let cfg = t.path().join("c.toml");
+    let text = format!("[state]\ndir = \"{}\"\n", dir.display());
+    if std::fs::write(&cfg, text).is_err() {
+        return false;
+    }
+    std::process::Command::new(bin)
+        .arg("check")
+        .arg("-c")
+        .arg(&cfg)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+pub(crate) async fn clock_step(
+    bed: &mut Bed,
+    file: Option<&Path>,
+    o: &mut Outcome,
+) -> anyhow::Result<()> {
+    let file = file.context("no faketime file")?;
+    let m0 = bed.metrics().await;
+    let warn0 = bed.sluice.stderr_count("WARN") + bed.sluice.stderr_count("ERROR");
+    let mut steps = Vec::new();
+    for (offset, label) in [
+        ("+3600", "+1 h"),
+        ("+0", "back"),
+        ("-3600", "−1 h"),
+        ("+0", "back"),
+    ] {
+        std::fs::write(file, format!("{offset}\n")).context("writing the faketime file")?;
+        let t = Instant::now();
+        let mut min_connected = u32::MAX;
+        while t.elapsed() < Duration::from_secs(8) {
+            min_connected = min_connected.min(bed.uplinks_connected().await);
+            pause(Duration::from_millis(200)).await;
+        }
+        steps.push(format!(
+            "{label}: fewest uplink sessions connected {min_connected}"
+        ));
+    }
+    let m1 = bed.metrics().await;
+    let d = |n: &str| metric_sum(&m1, n).unwrap_or(0.0) - metric_sum(&m0, n).unwrap_or(0.0);
+    let connects = d("sluice_uplink_connects_total");
+    let warns = bed.sluice.stderr_count("WARN") + bed.sluice.stderr_count("ERROR") - warn0;
+    o.observed.push(format!(
+        "sluice under libfaketime (FAKETIME_TIMESTAMP_FILE, monotonic clock not faked), 8 s per step; {}",
+        steps.join("; ")
+    ));
+    o.observed.push(format!(
+        "during the steps: uplink connects {connects}, device connections closed {}, sessions evicted {}, WARN/ERROR log lines {warns}",
+        d("sluice_mqtt_connections_closed_total"),
+        d("sluice_mqtt_sessions_evicted_total"),
+    ));
+    o.check = "no uplink reconnect, no device connection closed, no WARN/ERROR line".to_string();
+    o.check_met = connects == 0.0 && warns == 0 && d("sluice_mqtt_connections_closed_total") == 0.0;
+    Ok(())
+}
+
+const RETAINED: u32 = 50;
+const QUEUED: u32 = 50;
+
+pub(crate) async fn restart_state(
+    bed: &mut Bed,
+    load: &mut Load,
+    with_state_dir: bool,
+    o: &mut Outcome,
+) -> anyhow::Result<()> {
+    // A persistent session, subscribed, then offline.
+    let mut opts = ConnectOpts::v311("faults-state-sub");
+    opts.clean_start = false;
+    let (mut sub, _) = TestClient::connect(bed.mqtt(), opts.clone()).await?;
+    sub.subscribe(&[("state/q/#", QoS::AtLeastOnce)]).await?;
+    sub.disconnect().await?;
+    // Retained messages and messages queued for the offline session, all acknowledged.
+    let (mut publisher, _) =
+        TestClient::connect(bed.mqtt(), ConnectOpts::v311("faults-state-pub")).await?;
+    for i in 0..RETAINED {
+        publisher
+            .publish(
+                &format!("state/r/{i}"),
+                format!("r{i}"),
+                QoS::AtLeastOnce,
+                true,
+            )
+            .await
+            .context("a retained publish")?;
+    }
+    for i in 0..QUEUED {
+        publisher
+            .publish(
+                &format!("state/q/{i}"),
+                format!("q{i}"),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .context("a queued publish")?;
+    }
+    let _ = publisher.disconnect().await;
+    pause(Duration::from_millis(500)).await;
+    bed.sluice.kill_9();
+    bed.sluice.start()?;
+    bed.sluice.wait_ready().await?;
+    load.reassociate_phd().await?;
+    // After the restart: the retained messages, and the session with its queue.
+    let (mut fresh, _) =
+        TestClient::connect(bed.mqtt(), ConnectOpts::v311("faults-state-fresh")).await?;
+    fresh.subscribe(&[("state/r/#", QoS::AtLeastOnce)]).await?;
+    let mut retained = 0;
+    while let Ok(Some(p)) = fresh.recv(Duration::from_secs(2)).await {
+        if p.retain {
+            retained += 1;
+        }
+    }
+    let (mut sub, connack) = TestClient::connect(bed.mqtt(), opts).await?;
+    let mut queued = 0;
+    while let Ok(Some(_)) = sub.recv(Duration::from_secs(2)).await {
+        queued += 1;
+    }
+    o.observed.push(format!(
+        "{} ; before kill -9: {RETAINED} retained messages and {QUEUED} QoS 1 messages for an offline persistent session (clean session 0), all PUBACKed; after: {retained} retained delivered to a new subscriber, session present = {}, {queued} queued messages delivered",
+        if with_state_dir { "[state] dir set" } else { "binary has no [state] dir (sluice check refuses it): state in memory only" },
+        connack.session_present,
+    ));
+    o.check =
+        format!("all {RETAINED} retained and {QUEUED} queued messages there after the restart");
+    o.check_met = retained == RETAINED && queued == QUEUED && connack.session_present;
+    Ok(())
+}
+
+pub(crate) async fn pingresp(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<()> {
+    let keep_alive: u16 = 4;
+    bed.net.cut(0).map_err(anyhow::Error::msg)?;
+    let mut opts = ConnectOpts::v311("faults-ping");
+    opts.keep_alive = keep_alive;
+    let (mut c, _) = TestClient::connect(bed.mqtt(), opts).await?;
+    c.set_ack_timeout(Duration::from_secs(u64::from(keep_alive)));
+    let topic = ByteString::from("faults/ping");
+    let payload = Bytes::from(vec![b'p'; 1024]);
+    let total = 768u16; // 768 KiB against max_queued_bytes = 256 KiB.
+    let pushed = tokio::time::timeout(Duration::from_secs(10), async {
+        for id in 1..=total {
+            c.send_packet(&Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: topic.clone(),
+                packet_id: Some(id),
+                properties: None,
+                payload: payload.clone(),
+            }))
+            .await?;
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    let pushed_ok = matches!(pushed, Ok(Ok(())));
+    let (mut answered, mut asked) = (0, 0);
+    let mut rtts = Vec::new();
+    let mut first_error = None;
+    if pushed_ok {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(3 * u64::from(keep_alive)) {
+            pause(Duration::from_secs(u64::from(keep_alive) / 2)).await;
+            asked += 1;
+            match c.ping().await {
+                Ok(rtt) => {
+                    answered += 1;
+                    rtts.push(rtt);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(format!("{e:#}"));
+                    if c.expect_closed(Duration::from_millis(10)).await {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let alive = pushed_ok && c.ping().await.is_ok();
+    bed.net.restore(0).map_err(anyhow::Error::msg)?;
+    o.observed.push(format!(
+        "cloud link cut; a 3.1.1 device (keep-alive {keep_alive} s) wrote {} × 1 KiB QoS 1 PUBLISHes without waiting ([mqtt] max_queued_bytes = 256KiB); then PINGREQ every {} s for {} s: {answered}/{asked} answered (slowest {}){}; connection alive at the end: {}",
+        if pushed_ok { total.to_string() } else { "NOT all (writes blocked 10 s: sluice stopped reading)".to_string() },
+        keep_alive / 2,
+        3 * keep_alive,
+        rtts.iter().max().map_or("–".to_string(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3)),
+        first_error.map(|e| format!("; first failure: {e}")).unwrap_or_default(),
+        if alive { "yes" } else { "no" },
+    ));
+    o.check = "every PINGREQ answered within the keep-alive and the connection kept".to_string();
+    o.check_met = pushed_ok && asked > 0 && answered == asked && alive;
+    Ok(())
+}
