@@ -224,7 +224,12 @@ impl Spool {
         // persists the raised one.
         let persisted_ack = rec.stored_cursor;
         let newest = rec.segments.last().map_or(0, |m| m.last);
-        let next_seq = newest.max(rec.ack_cursor) + 1;
+        // Empty segment files recovery left in place: seqs resume above their names (a name
+        // may be the only trace of seqs already used), and they count in the size until a
+        // later recovery removes them.
+        let leftover = rec.leftovers.iter().map(|&(name, _)| name).max().unwrap_or(0);
+        let leftover_bytes = rec.leftovers.iter().map(|&(_, len)| len).sum::<u64>();
+        let next_seq = newest.max(rec.ack_cursor).max(leftover) + 1;
         let mut segments: VecDeque<Segment> = rec
             .segments
             .iter()
@@ -236,7 +241,7 @@ impl Spool {
                 committed_last: m.last,
             })
             .collect();
-        let total_bytes = segments.iter().map(|s| s.len).sum::<u64>();
+        let total_bytes = segments.iter().map(|s| s.len).sum::<u64>() + leftover_bytes;
         let path = segment_path(&dir, next_seq);
         // A full or read-only file system does not stop the start: the spool opens (stalled
         // once a write is refused), and drains what it holds. The active segment's file is
