@@ -123,9 +123,9 @@ pub(crate) struct Recovered {
     pub ack_cursor: u64,
     /// The cursor file's value, if valid (`ack_cursor` may be above it).
     pub stored_cursor: Option<u64>,
-    /// Segment files without a record that could not be removed yet `(name, len)`: the
-    /// raised cursor could not be written first, or the file system refused the removal.
-    /// Seqs resume above their names.
+    /// Segment files without a record that could not be removed yet `(name, len)`: no record
+    /// is present and the cursor raised above their names could not be written first (a full
+    /// or read-only file system). Seqs resume above their names.
     pub leftovers: Vec<(u64, u64)>,
     pub report: RecoveryReport,
 }
@@ -422,17 +422,17 @@ pub(crate) fn recover(
         }
     }
     // Empty files that cannot go yet stay on disk, outside the index (the next recovery
-    // removes them); the spool assigns seqs above their names.
+    // removes them); the spool assigns seqs above their names and counts their bytes. Only
+    // when no record is present: with records, leftovers and the new active segment could
+    // take the spool past its bound, so a removal the file system refuses fails recovery (the
+    // gateway reopens until it can write).
     let mut leftovers = Vec::new();
     for (name, len) in empties {
-        if !cursor_settled {
+        if cursor_settled {
+            fs.remove(&segment_path(dir, name))?;
+            report.removed_empty += 1;
+        } else {
             leftovers.push((name, len));
-            continue;
-        }
-        match fs.remove(&segment_path(dir, name)) {
-            Ok(()) => report.removed_empty += 1,
-            Err(e) if StallReason::of(&e).is_some() => leftovers.push((name, len)),
-            Err(e) => return Err(e),
         }
     }
     // Fully acknowledged segments are removed (on a read-only file system they stay, below
