@@ -13,8 +13,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::cursor::{self, CursorError};
+use crate::error::StallReason;
 use crate::frame::{SEGMENT_HEADER_LEN, SEGMENT_MAGIC};
 use crate::fs::{parse_segment_name, segment_path, SpoolFile, SpoolFs};
+use crate::reserve;
 use crate::scan::{self, BadRange, Bounds, Run, SegmentScan};
 
 /// Name of the quarantine directory inside the spool directory.
@@ -121,6 +123,10 @@ pub(crate) struct Recovered {
     pub ack_cursor: u64,
     /// The cursor file's value, if valid (`ack_cursor` may be above it).
     pub stored_cursor: Option<u64>,
+    /// Segment files without a record that could not be removed yet `(name, len)`: no record
+    /// is present and the cursor raised above their names could not be written first (a full
+    /// or read-only file system). Seqs resume above their names.
+    pub leftovers: Vec<(u64, u64)>,
     pub report: RecoveryReport,
 }
 
@@ -257,8 +263,9 @@ pub(crate) fn recover(
     let qdir = dir.join(QUARANTINE_DIR);
     let mut metas: Vec<SegMeta> = Vec::new();
     let mut floor = 0u64;
-    // Segment files without records, removed once the cursor is settled (their names count).
-    let mut empties = Vec::new();
+    // Segment files without records `(name, len)`, removed once the cursor is settled (their
+    // names count).
+    let mut empties: Vec<(u64, u64)> = Vec::new();
     for (i, &(name, len)) in segs.iter().enumerate() {
         let ceiling = segs.get(i + 1).map_or(u64::MAX, |s| s.0);
         // The newest segment that can hold a record: every later file is too short for one
@@ -270,11 +277,11 @@ pub(crate) fn recover(
         let path = segment_path(dir, name);
         if len <= SEGMENT_HEADER_LEN {
             // No record fits: nothing to keep or quarantine (and nothing to write, which
-            // matters on a full disk).
-            fs.remove(&path)?;
+            // matters on a full disk). Removed with the other empty files, once the cursor
+            // is settled: its name may be the only trace of how far seqs went.
+            empties.push((name, len));
             report.segments_scanned += 1;
             report.bytes_scanned += len;
-            report.removed_empty += 1;
             continue;
         }
         let file = fs.open(&path)?;
@@ -308,10 +315,7 @@ pub(crate) fn recover(
                         len,
                     });
                 }
-                None => {
-                    empties.push(path.clone());
-                    report.removed_empty += 1;
-                }
+                None => empties.push((name, len)),
             }
         } else if is_last && scan.only_torn_tail() && first_in_place(&scan) {
             // An interrupted append: cut the tail.
@@ -334,10 +338,7 @@ pub(crate) fn recover(
                         len: keep,
                     });
                 }
-                None => {
-                    empties.push(path.clone());
-                    report.removed_empty += 1;
-                }
+                None => empties.push((name, len)),
             }
         } else {
             // Damage: quarantine every bad range, give every later intact run its own
@@ -381,12 +382,9 @@ pub(crate) fn recover(
                 file.truncate(scan.runs[0].end)?;
                 file.sync()?;
             } else if scan.runs.is_empty() {
-                empties.push(path.clone());
+                empties.push((name, len));
             } else if !replaced {
                 fs.remove(&path)?;
-            }
-            if scan.runs.is_empty() {
-                report.removed_empty += 1;
             }
         }
         if let Some(last) = scan.last_seq() {
@@ -396,6 +394,7 @@ pub(crate) fn recover(
 
     // The ack cursor: a missing or damaged one re-delivers everything present.
     let oldest = metas.first().map(|m| m.first);
+    let mut cursor_settled = true;
     let mut ack_cursor = match (stored_cursor, oldest) {
         (Some(c), _) => c,
         (None, Some(first)) => first - 1,
@@ -412,13 +411,29 @@ pub(crate) fn recover(
             ack_cursor = ack_cursor.max(named.saturating_sub(1));
             // Durable before the names that tell it go.
             if ack_cursor > stored_cursor.unwrap_or(0) {
-                cursor::write(fs, dir, ack_cursor, true)?;
-                stored_cursor = Some(ack_cursor);
+                match write_cursor(fs, dir, ack_cursor) {
+                    Ok(()) => stored_cursor = Some(ack_cursor),
+                    // A full or read-only file system: the empty files stay (their names
+                    // still tell), and the spool's first commit persists the raised cursor.
+                    Err(e) if StallReason::of(&e).is_some() => cursor_settled = false,
+                    Err(e) => return Err(e),
+                }
             }
         }
     }
-    for path in empties {
-        fs.remove(&path)?;
+    // Empty files that cannot go yet stay on disk, outside the index (the next recovery
+    // removes them); the spool assigns seqs above their names and counts their bytes. Only
+    // when no record is present: with records, leftovers and the new active segment could
+    // take the spool past its bound, so a removal the file system refuses fails recovery (the
+    // gateway reopens until it can write).
+    let mut leftovers = Vec::new();
+    for (name, len) in empties {
+        if cursor_settled {
+            fs.remove(&segment_path(dir, name))?;
+            report.removed_empty += 1;
+        } else {
+            leftovers.push((name, len));
+        }
     }
     // Fully acknowledged segments are removed (on a read-only file system they stay, below
     // the cursor, and the spool removes them once it can write).
@@ -439,6 +454,19 @@ pub(crate) fn recover(
         segments: metas,
         ack_cursor,
         stored_cursor,
+        leftovers,
         report,
     })
+}
+
+/// Writes the raised cursor; on a full disk, once more after releasing the space reserve
+/// (its blocks are there for this write).
+fn write_cursor(fs: &dyn SpoolFs, dir: &Path, ack: u64) -> io::Result<()> {
+    match cursor::write(fs, dir, ack, true) {
+        Err(e) if StallReason::of(&e) == Some(StallReason::NoSpace) => {
+            reserve::release(fs, dir)?;
+            cursor::write(fs, dir, ack, true)
+        }
+        r => r,
+    }
 }

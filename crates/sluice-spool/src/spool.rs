@@ -224,7 +224,17 @@ impl Spool {
         // persists the raised one.
         let persisted_ack = rec.stored_cursor;
         let newest = rec.segments.last().map_or(0, |m| m.last);
-        let next_seq = newest.max(rec.ack_cursor) + 1;
+        // Empty segment files recovery left in place: seqs resume above their names (a name
+        // may be the only trace of seqs already used), and they count in the size until a
+        // later recovery removes them.
+        let leftover = rec
+            .leftovers
+            .iter()
+            .map(|&(name, _)| name)
+            .max()
+            .unwrap_or(0);
+        let leftover_bytes = rec.leftovers.iter().map(|&(_, len)| len).sum::<u64>();
+        let next_seq = newest.max(rec.ack_cursor).max(leftover) + 1;
         let mut segments: VecDeque<Segment> = rec
             .segments
             .iter()
@@ -236,7 +246,7 @@ impl Spool {
                 committed_last: m.last,
             })
             .collect();
-        let total_bytes = segments.iter().map(|s| s.len).sum::<u64>();
+        let total_bytes = segments.iter().map(|s| s.len).sum::<u64>() + leftover_bytes;
         let path = segment_path(&dir, next_seq);
         // A full or read-only file system does not stop the start: the spool opens (stalled
         // once a write is refused), and drains what it holds. The active segment's file is
@@ -689,13 +699,18 @@ impl Spool {
     /// records not yet written to a new segment file (created now; it needs no data blocks
     /// until its header is written). Without this, a disk smaller than a segment could never
     /// be freed by the cloud's acks, because only sealed segments are trimmed. Does nothing if
-    /// the active segment has no committed record, or if the file cannot be created (tried
-    /// again at the next refusal).
+    /// the active segment has no committed record, if the file cannot be created (tried
+    /// again at the next refusal), or if the new segment's header would take the spool past
+    /// `max_bytes` (then it holds at least one other, sealed, segment, since `max_bytes` is
+    /// two segments or more: acks free that one, and the next refusal seals).
     fn seal_at_committed_end(&mut self) {
         let Some(active) = self.segments.back().copied() else {
             return;
         };
         if active.committed_last < active.first || active.committed_len < SEGMENT_HEADER_LEN {
+            return;
+        }
+        if self.total_bytes + SEGMENT_HEADER_LEN > self.cfg.max_bytes {
             return;
         }
         let first = active.committed_last + 1;
