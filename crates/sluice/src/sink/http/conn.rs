@@ -113,10 +113,29 @@ impl Conn {
         .map_err(CallError::Connect)?;
         let _ = stream.set_nodelay(true);
         let wrote_at = Arc::new(Mutex::new(None));
-        let io = TokioIo::new(Socket {
+        let socket = Socket {
             stream,
             wrote_at: wrote_at.clone(),
-        });
+        };
+        Conn::start(socket, wrote_at).await
+    }
+
+    /// A connection over any byte stream (the write time is never noted, so `call`'s
+    /// `written` is not called). For the fuzz target `function_response`, which answers
+    /// from memory; not an API.
+    #[doc(hidden)]
+    pub async fn over<T>(io: T) -> Result<Conn, CallError>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        Conn::start(io, Arc::new(Mutex::new(None))).await
+    }
+
+    async fn start<T>(io: T, wrote_at: Arc<Mutex<Option<Instant>>>) -> Result<Conn, CallError>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let io = TokioIo::new(io);
         let (sender, driver) = hyper::client::conn::http1::Builder::new()
             // Bounds the head (hyper reads the body in pieces; `Limited` bounds it).
             .max_buf_size(MAX_HEAD_BYTES.max(8192))
