@@ -37,5 +37,9 @@ fuzz_target!(|data: &[u8]| {
         with_sinks,
         "with_function_sinks is not idempotent"
     );
-    assert_eq!(with_sinks.to_toml(), printed, "function sinks show in the file's view");
+    assert_eq!(
+        with_sinks.to_toml(),
+        printed,
+        "function sinks show in the file's view"
+    );
 });

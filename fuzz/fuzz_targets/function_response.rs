@@ -155,6 +155,10 @@ fn check_answer(a: &Answer, input: &[u8]) {
             panic!("reply with content type {ct:?} does not encode: {e}");
         }
         let again = Decoder::client(ProtocolVersion::V5, usize::MAX).decode(&mut wire);
-        assert_eq!(again, Ok(Some(publish)), "reply does not decode back unchanged");
+        assert_eq!(
+            again,
+            Ok(Some(publish)),
+            "reply does not decode back unchanged"
+        );
     }
 }
