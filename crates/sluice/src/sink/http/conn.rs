@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -45,9 +46,11 @@ pub enum CallError {
     Connect(#[source] std::io::Error),
     #[error("connection failed: {0}")]
     Io(#[source] std::io::Error),
+    /// Closed (or the exchange was cut) before any byte of an answer arrived.
     #[error("the function closed the connection before answering")]
     Closed,
-    #[error("malformed HTTP response: {0}")]
+    /// A malformed answer, or one cut short after its first byte.
+    #[error("malformed or truncated HTTP response: {0}")]
     Http(#[source] hyper::Error),
     #[error("response body larger than {MAX_BODY_BYTES} bytes")]
     BodyTooLarge,
@@ -90,6 +93,9 @@ pub struct Conn {
     sender: SendRequest<Full<Bytes>>,
     /// When the connection last wrote bytes (set by its socket, read after an exchange).
     wrote_at: Arc<Mutex<Option<Instant>>>,
+    /// The socket read a byte since the exchange began (set by its socket): an error after
+    /// that is a malformed or truncated answer, not a connection closed before answering.
+    read_any: Arc<AtomicBool>,
     idle_since: Instant,
     /// It carried an exchange before (a failure before any answer byte may be a stale
     /// keep-alive connection the server closed meanwhile).
@@ -113,10 +119,46 @@ impl Conn {
         .map_err(CallError::Connect)?;
         let _ = stream.set_nodelay(true);
         let wrote_at = Arc::new(Mutex::new(None));
-        let io = TokioIo::new(Socket {
+        let read_any = Arc::new(AtomicBool::new(false));
+        let socket = Socket {
             stream,
             wrote_at: wrote_at.clone(),
-        });
+            read_any: read_any.clone(),
+            before_read: |s: &TcpStream| {
+                let _ = socket2::SockRef::from(s).set_tcp_quickack(true);
+            },
+        };
+        Conn::start(socket, wrote_at, read_any).await
+    }
+
+    /// A connection over any byte stream (the write time is never noted, so `call`'s
+    /// `written` is not called). For the fuzz target `function_response`, which answers
+    /// from memory; not an API.
+    #[doc(hidden)]
+    pub async fn over<T>(io: T) -> Result<Conn, CallError>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let read_any = Arc::new(AtomicBool::new(false));
+        let socket = Socket {
+            stream: io,
+            wrote_at: Arc::new(Mutex::new(None)),
+            read_any: read_any.clone(),
+            before_read: |_: &T| {},
+        };
+        // Its write time is never read: `call` only reads `Conn::wrote_at`, a fresh one here.
+        Conn::start(socket, Arc::new(Mutex::new(None)), read_any).await
+    }
+
+    async fn start<T>(
+        io: T,
+        wrote_at: Arc<Mutex<Option<Instant>>>,
+        read_any: Arc<AtomicBool>,
+    ) -> Result<Conn, CallError>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let io = TokioIo::new(io);
         let (sender, driver) = hyper::client::conn::http1::Builder::new()
             // Bounds the head (hyper reads the body in pieces; `Limited` bounds it).
             .max_buf_size(MAX_HEAD_BYTES.max(8192))
@@ -130,6 +172,7 @@ impl Conn {
         Ok(Conn {
             sender,
             wrote_at,
+            read_any,
             idle_since: Instant::now(),
             reused: false,
         })
@@ -142,13 +185,18 @@ impl Conn {
         written: &dyn Fn(Instant),
     ) -> Result<Answer, CallError> {
         self.sender.ready().await?;
+        self.read_any.store(false, Ordering::Relaxed);
         let mut req = Request::new(Full::new(request.body.clone()));
         *req.method_mut() = Method::POST;
         *req.uri_mut() = request.path.clone();
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = request.headers.clone();
         *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        let response = self.sender.send_request(req).await?;
+        let response = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|e| self.classify(e))?;
         if let Some(at) = *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) {
             written(at);
         }
@@ -167,7 +215,7 @@ impl Conn {
             .collect()
             .await
             .map_err(|e| match e.downcast::<hyper::Error>() {
-                Ok(h) => CallError::from(*h),
+                Ok(h) => self.classify(*h),
                 Err(_) => CallError::BodyTooLarge,
             })?
             .to_bytes();
@@ -180,28 +228,50 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// An exchange's error: `Closed` only when no answer byte arrived (hyper reports a head
+    /// that fails to parse after arriving in pieces as a closed connection).
+    fn classify(&self, e: hyper::Error) -> CallError {
+        let cut = e.is_incomplete_message() || e.is_canceled() || e.is_closed();
+        if cut && self.read_any.load(Ordering::Relaxed) {
+            CallError::Http(e)
+        } else {
+            CallError::from(e)
+        }
+    }
+}
+
 /// The connection's socket for hyper: asks the kernel to acknowledge at once before every
 /// read (a server that writes its head and body apart with Nagle on — Python's http.server —
 /// would otherwise hold the body until our delayed ACK, 40 ms per request; the kernel leaves
-/// quick-ack mode by itself), and notes when it last wrote (the dispatch latency's end).
-struct Socket {
-    stream: TcpStream,
+/// quick-ack mode by itself), and notes when it last wrote (the dispatch latency's end) and
+/// that it read an answer byte. Generic over the stream for [`Conn::over`].
+struct Socket<S> {
+    stream: S,
     wrote_at: Arc<Mutex<Option<Instant>>>,
+    read_any: Arc<AtomicBool>,
+    /// Run before every read (the quick-ack request on a TCP stream).
+    before_read: fn(&S),
 }
 
-impl AsyncRead for Socket {
+impl<S: AsyncRead + Unpin> AsyncRead for Socket<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        let _ = socket2::SockRef::from(&this.stream).set_tcp_quickack(true);
-        Pin::new(&mut this.stream).poll_read(cx, buf)
+        (this.before_read)(&this.stream);
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.read_any.store(true, Ordering::Relaxed);
+        }
+        r
     }
 }
 
-impl Socket {
+impl<S> Socket<S> {
     fn wrote(&self, n: usize) {
         if n > 0 {
             *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
@@ -209,7 +279,7 @@ impl Socket {
     }
 }
 
-impl AsyncWrite for Socket {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Socket<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -318,6 +388,33 @@ mod tests {
         let answer = conn.call(&request(), &|_| {}).await.unwrap();
         server.await.unwrap();
         answer
+    }
+
+    /// Found by the fuzz target `function_response`: a malformed answer whose head arrived in
+    /// two reads was reported as `Closed` ("closed before answering"), so the dispatcher sent
+    /// the event again at once on a new connection (the stale keep-alive rule), uncounted;
+    /// the same bytes in one read were a counted `Http` failure.
+    #[tokio::test]
+    async fn a_malformed_answer_arriving_in_pieces_is_not_taken_for_a_closed_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await.unwrap();
+            s.write_all(b"HTTP/1.1 204").await.unwrap();
+            s.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = s.write_all(b" No Content\r\nServe'\0\0\0\0\0\0\0").await;
+            let _ = s.shutdown().await;
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let err = conn.call(&request(), &|_| {}).await.unwrap_err();
+        assert!(
+            !matches!(err, CallError::Closed | CallError::Io(_)),
+            "a malformed answer was taken for a closed connection: {err:?}"
+        );
+        server.await.unwrap();
     }
 
     #[tokio::test]
