@@ -197,7 +197,11 @@ impl ControlPlane {
     }
 
     /// `[state] dir`: the retained messages loaded at start, and where changes go.
-    pub fn with_state(mut self, log: crate::state::StateLog, retained: Vec<crate::state::StoredMessage>) -> ControlPlane {
+    pub fn with_state(
+        mut self,
+        log: crate::state::StateLog,
+        retained: Vec<crate::state::StoredMessage>,
+    ) -> ControlPlane {
         self.retained.restore(log, retained);
         self
     }

@@ -70,7 +70,11 @@ impl RetainedStore {
 
     /// `[state] dir`: take back the messages loaded at start (within this store's bounds;
     /// what does not fit is refused and counted as any message), then log every change.
-    pub fn restore(&mut self, log: crate::state::StateLog, messages: Vec<crate::state::StoredMessage>) {
+    pub fn restore(
+        &mut self,
+        log: crate::state::StateLog,
+        messages: Vec<crate::state::StoredMessage>,
+    ) {
         for m in messages {
             let clock = *log.clock();
             self.retain(RetainedMessage {

@@ -348,12 +348,13 @@ pub async fn subscribe(
     for (filter, options, want_retained) in filters {
         let existed = {
             let mut st = session.state.borrow_mut();
-            st.journal.record(|client, _| crate::state::Record::Subscribe {
-                client,
-                filter: filter.clone(),
-                options: *options,
-                sub_id,
-            });
+            st.journal
+                .record(|client, _| crate::state::Record::Subscribe {
+                    client,
+                    filter: filter.clone(),
+                    options: *options,
+                    sub_id,
+                });
             st.subscriptions.insert(filter.clone(), *options).is_some()
         };
         let sub = LocalSub {
@@ -441,10 +442,11 @@ pub async fn unsubscribe(
         let mut st = session.state.borrow_mut();
         let existed = st.subscriptions.remove(filter).is_some();
         if existed {
-            st.journal.record(|client, _| crate::state::Record::Unsubscribe {
-                client,
-                filter: filter.clone(),
-            });
+            st.journal
+                .record(|client, _| crate::state::Record::Unsubscribe {
+                    client,
+                    filter: filter.clone(),
+                });
         }
         existed
     };

@@ -93,7 +93,10 @@ impl PartialEq for Image {
 /// What a retained message is charged against `max_retained_bytes` (as the live store does).
 pub fn retained_cost(m: &StoredMessage) -> usize {
     use crate::shard::limits::{properties_cost, MESSAGE_OVERHEAD};
-    m.topic.len() + m.payload.len() + m.properties.as_deref().map_or(0, properties_cost) + MESSAGE_OVERHEAD
+    m.topic.len()
+        + m.payload.len()
+        + m.properties.as_deref().map_or(0, properties_cost)
+        + MESSAGE_OVERHEAD
 }
 
 impl Image {
@@ -342,7 +345,11 @@ impl Image {
             } else if let Some(t) = s.expires_at.as_mut() {
                 shift(t);
             }
-            for m in s.outbox.iter_mut().chain(s.inflight.values_mut().map(|(m, _)| m)) {
+            for m in s
+                .outbox
+                .iter_mut()
+                .chain(s.inflight.values_mut().map(|(m, _)| m))
+            {
                 if let Some(t) = m.expires_at.as_mut() {
                     shift(t);
                 }

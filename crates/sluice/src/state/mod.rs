@@ -67,22 +67,102 @@ impl StateMetrics {
     pub fn render(&self, w: &mut PromWriter) {
         let c = |w: &mut PromWriter, n: &str, h: &str, v: &Counter| w.counter(n, h, &[], v.get());
         let g = |w: &mut PromWriter, n: &str, h: &str, v: &Gauge| w.gauge(n, h, &[], v.get());
-        c(w, "sluice_state_commits_total", "State group commits written and fsynced", &self.commits);
-        c(w, "sluice_state_commit_microseconds_total", "Time spent writing and fsyncing state commits", &self.commit_micros);
-        c(w, "sluice_state_records_total", "State changes written", &self.records);
-        c(w, "sluice_state_bytes_written_total", "Bytes written to the state directory", &self.bytes_written);
-        c(w, "sluice_state_changes_dropped_total", "State changes dropped at state.max_pending (the next commit writes a snapshot)", &self.dropped);
-        c(w, "sluice_state_write_errors_total", "Failed state writes or fsyncs (retried as a snapshot)", &self.write_errors);
-        c(w, "sluice_state_compactions_total", "State snapshots written", &self.compactions);
-        c(w, "sluice_state_restore_refused_total", "Restored sessions or messages not taken back at start because of a bound", &self.restore_refused);
-        g(w, "sluice_state_pending_bytes", "State changes waiting for the writer, bytes charged", &self.pending_bytes);
-        g(w, "sluice_state_log_bytes", "Size of the state change log", &self.log_bytes);
-        g(w, "sluice_state_snapshot_bytes", "Size of the last state snapshot", &self.snapshot_bytes);
-        g(w, "sluice_state_sessions", "Persistent sessions in the state image", &self.sessions);
-        g(w, "sluice_state_retained_messages", "Retained messages in the state image", &self.retained);
-        g(w, "sluice_state_restored_sessions", "Persistent sessions restored at start", &self.restored_sessions);
-        g(w, "sluice_state_restored_retained_messages", "Retained messages restored at start", &self.restored_retained);
-        g(w, "sluice_state_load_milliseconds", "Time the state directory took to load at start", &self.load_millis);
+        c(
+            w,
+            "sluice_state_commits_total",
+            "State group commits written and fsynced",
+            &self.commits,
+        );
+        c(
+            w,
+            "sluice_state_commit_microseconds_total",
+            "Time spent writing and fsyncing state commits",
+            &self.commit_micros,
+        );
+        c(
+            w,
+            "sluice_state_records_total",
+            "State changes written",
+            &self.records,
+        );
+        c(
+            w,
+            "sluice_state_bytes_written_total",
+            "Bytes written to the state directory",
+            &self.bytes_written,
+        );
+        c(
+            w,
+            "sluice_state_changes_dropped_total",
+            "State changes dropped at state.max_pending (the next commit writes a snapshot)",
+            &self.dropped,
+        );
+        c(
+            w,
+            "sluice_state_write_errors_total",
+            "Failed state writes or fsyncs (retried as a snapshot)",
+            &self.write_errors,
+        );
+        c(
+            w,
+            "sluice_state_compactions_total",
+            "State snapshots written",
+            &self.compactions,
+        );
+        c(
+            w,
+            "sluice_state_restore_refused_total",
+            "Restored sessions or messages not taken back at start because of a bound",
+            &self.restore_refused,
+        );
+        g(
+            w,
+            "sluice_state_pending_bytes",
+            "State changes waiting for the writer, bytes charged",
+            &self.pending_bytes,
+        );
+        g(
+            w,
+            "sluice_state_log_bytes",
+            "Size of the state change log",
+            &self.log_bytes,
+        );
+        g(
+            w,
+            "sluice_state_snapshot_bytes",
+            "Size of the last state snapshot",
+            &self.snapshot_bytes,
+        );
+        g(
+            w,
+            "sluice_state_sessions",
+            "Persistent sessions in the state image",
+            &self.sessions,
+        );
+        g(
+            w,
+            "sluice_state_retained_messages",
+            "Retained messages in the state image",
+            &self.retained,
+        );
+        g(
+            w,
+            "sluice_state_restored_sessions",
+            "Persistent sessions restored at start",
+            &self.restored_sessions,
+        );
+        g(
+            w,
+            "sluice_state_restored_retained_messages",
+            "Retained messages restored at start",
+            &self.restored_retained,
+        );
+        g(
+            w,
+            "sluice_state_load_milliseconds",
+            "Time the state directory took to load at start",
+            &self.load_millis,
+        );
     }
 }
 
@@ -196,7 +276,9 @@ impl StateService {
         let restored = restored(&image, shards);
         let load_ms = started.elapsed().as_millis() as i64;
         metrics.load_millis.set(load_ms);
-        metrics.restored_retained.set(restored.retained.len() as i64);
+        metrics
+            .restored_retained
+            .set(restored.retained.len() as i64);
         metrics
             .restored_sessions
             .set(restored.sessions.iter().map(Vec::len).sum::<usize>() as i64);
@@ -264,7 +346,8 @@ impl Drop for StateService {
 }
 
 fn restored(image: &Image, shards: usize) -> Restored {
-    let mut sessions: Vec<Vec<(ByteString, SessionImage)>> = (0..shards.max(1)).map(|_| Vec::new()).collect();
+    let mut sessions: Vec<Vec<(ByteString, SessionImage)>> =
+        (0..shards.max(1)).map(|_| Vec::new()).collect();
     for (client, s) in &image.sessions {
         let shard = crate::shard::hash::shard_for(client.as_bytes(), None, shards);
         sessions[shard].push((client.clone(), s.clone()));
@@ -298,7 +381,11 @@ impl Writer {
                 let Ok(guard) = self.shared.pending.lock() else {
                     return;
                 };
-                let Ok((mut p, _)) = self.shared.wake.wait_timeout_while(guard, self.interval, |p| !p.stop) else {
+                let Ok((mut p, _)) =
+                    self.shared
+                        .wake
+                        .wait_timeout_while(guard, self.interval, |p| !p.stop)
+                else {
                     return;
                 };
                 let records = std::mem::take(&mut p.records);
@@ -327,16 +414,28 @@ impl Writer {
                     for r in records {
                         self.image.apply(r);
                     }
-                    let too_long = self.log.as_ref().is_some_and(|l| l.len > self.max_log.max(2 * self.snapshot_len));
+                    let too_long = self
+                        .log
+                        .as_ref()
+                        .is_some_and(|l| l.len > self.max_log.max(2 * self.snapshot_len));
                     if too_long {
                         self.snapshot();
                     }
                 }
                 self.shared.metrics.commits.inc();
                 self.shared.metrics.records.add(n);
-                self.shared.metrics.commit_micros.add(started.elapsed().as_micros() as u64);
-                self.shared.metrics.sessions.set(self.image.sessions.len() as i64);
-                self.shared.metrics.retained.set(self.image.retained.len() as i64);
+                self.shared
+                    .metrics
+                    .commit_micros
+                    .add(started.elapsed().as_micros() as u64);
+                self.shared
+                    .metrics
+                    .sessions
+                    .set(self.image.sessions.len() as i64);
+                self.shared
+                    .metrics
+                    .retained
+                    .set(self.image.retained.len() as i64);
             }
             if stop {
                 return;

@@ -60,7 +60,10 @@ pub enum Record {
     /// pending will.
     SessionOpen { client: ByteString, expiry_s: u32 },
     /// The device disconnected; the session ends at `expires_at`.
-    SessionOffline { client: ByteString, expires_at: MonoMs },
+    SessionOffline {
+        client: ByteString,
+        expires_at: MonoMs,
+    },
     /// The session ended (expired, replaced by a clean start, or no longer persistent).
     SessionEnd { client: ByteString },
     Subscribe {
@@ -69,9 +72,15 @@ pub enum Record {
         options: SubscriptionOptions,
         sub_id: u32,
     },
-    Unsubscribe { client: ByteString, filter: ByteString },
+    Unsubscribe {
+        client: ByteString,
+        filter: ByteString,
+    },
     /// A QoS 1/2 message joins the back of the session's outbox.
-    Enqueue { client: ByteString, msg: StoredMessage },
+    Enqueue {
+        client: ByteString,
+        msg: StoredMessage,
+    },
     /// The outbox's front message left the session (expired, too large) without being sent.
     PopOutbox { client: ByteString },
     /// The outbox's front message was written to the device under `packet_id`.
@@ -81,7 +90,11 @@ pub enum Record {
     /// An in-flight message left the session (PUBACK, PUBCOMP, refused).
     Acked { client: ByteString, packet_id: u16 },
     /// QoS 2 in: PUBREC written for `packet_id`; at most `bound` ids are kept.
-    AwaitRel { client: ByteString, packet_id: u16, bound: u16 },
+    AwaitRel {
+        client: ByteString,
+        packet_id: u16,
+        bound: u16,
+    },
     /// QoS 2 in: PUBREL received for `packet_id`.
     RelDone { client: ByteString, packet_id: u16 },
     /// A delayed will waits until `publish_at` (MQTT 5 Will Delay Interval).
@@ -184,9 +197,7 @@ impl Record {
             }
             Record::PopOutbox { client } => client_only(out, POP_OUTBOX, client),
             Record::Send { client, packet_id } => client_id(out, SEND, client, *packet_id),
-            Record::Released { client, packet_id } => {
-                client_id(out, RELEASED, client, *packet_id)
-            }
+            Record::Released { client, packet_id } => client_id(out, RELEASED, client, *packet_id),
             Record::Acked { client, packet_id } => client_id(out, ACKED, client, *packet_id),
             Record::AwaitRel {
                 client,

@@ -80,7 +80,13 @@ impl StateClock {
     pub fn mono(&self, at: Instant) -> MonoMs {
         match at.checked_duration_since(self.epoch) {
             Some(d) => d.as_millis().min(i64::MAX as u128) as i64,
-            None => -(self.epoch.duration_since(at).as_millis().min(i64::MAX as u128) as i64),
+            None => {
+                -(self
+                    .epoch
+                    .duration_since(at)
+                    .as_millis()
+                    .min(i64::MAX as u128) as i64)
+            }
         }
     }
     pub fn now(&self) -> MonoMs {
@@ -90,7 +96,9 @@ impl StateClock {
     pub fn instant(&self, ms: MonoMs) -> Instant {
         let d = std::time::Duration::from_millis(ms.unsigned_abs());
         if ms >= 0 {
-            self.epoch.checked_add(d).unwrap_or_else(|| self.epoch + std::time::Duration::from_secs(100 * 365 * 86_400))
+            self.epoch
+                .checked_add(d)
+                .unwrap_or_else(|| self.epoch + std::time::Duration::from_secs(100 * 365 * 86_400))
         } else {
             self.epoch.checked_sub(d).unwrap_or(self.epoch)
         }
@@ -171,7 +179,11 @@ fn read_file(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
 
 /// Read the state directory (created if missing) into an image whose deadlines are on
 /// `clock`. Damage is skipped and reported, never fatal; only I/O errors are.
-pub fn load(dir: &Path, bounds: Bounds, clock: &StateClock) -> Result<(Image, LoadReport), StoreError> {
+pub fn load(
+    dir: &Path,
+    bounds: Bounds,
+    clock: &StateClock,
+) -> Result<(Image, LoadReport), StoreError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut report = LoadReport::default();
     let mut image = Image::new(bounds);
@@ -220,16 +232,16 @@ pub fn rebase(image: &mut Image, clock: &StateClock) {
         image.rebase(0, now);
         return;
     };
-    let downtime = StateClock::wall_ms().saturating_sub(wall_last).min(i64::MAX as u64) as i64;
+    let downtime = StateClock::wall_ms()
+        .saturating_sub(wall_last)
+        .min(i64::MAX as u64) as i64;
     let delta = now.saturating_sub(mono_last).saturating_sub(downtime);
     image.rebase(delta, now);
     image.clock = None;
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
 /// The open change log of the current generation.
@@ -244,7 +256,12 @@ pub struct Log {
 
 impl Log {
     /// Append one commit (a `Clock` record then `records`) and fsync it.
-    pub fn commit(&mut self, clock: &StateClock, records: &[Record], buf: &mut BytesMut) -> Result<u64, StoreError> {
+    pub fn commit(
+        &mut self,
+        clock: &StateClock,
+        records: &[Record],
+        buf: &mut BytesMut,
+    ) -> Result<u64, StoreError> {
         buf.clear();
         encode_frame(buf, self.seq, &clock.clock_record());
         self.seq += 1;
@@ -261,7 +278,12 @@ impl Log {
 
 /// Write `image` as the snapshot of `generation`, start that generation's log and delete
 /// the previous one (module docs: compaction). Returns the new log and the snapshot's size.
-pub fn compact(dir: &Path, generation: u64, image: &Image, clock: &StateClock) -> Result<(Log, u64), StoreError> {
+pub fn compact(
+    dir: &Path,
+    generation: u64,
+    image: &Image,
+    clock: &StateClock,
+) -> Result<(Log, u64), StoreError> {
     let tmp = dir.join("snapshot.tmp");
     let mut buf = BytesMut::with_capacity(64 * 1024);
     buf.extend_from_slice(&SNAPSHOT_MAGIC);

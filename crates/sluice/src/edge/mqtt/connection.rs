@@ -230,10 +230,8 @@ impl Connection {
             if !expiry.is_zero() {
                 if st.journal.is_on() {
                     let expiry_s = expiry.as_secs().min(u32::MAX as u64) as u32;
-                    st.journal.record(|client, _| crate::state::Record::SessionOpen {
-                        client,
-                        expiry_s,
-                    });
+                    st.journal
+                        .record(|client, _| crate::state::Record::SessionOpen { client, expiry_s });
                 } else {
                     st.journal.set_on(true);
                     crate::edge::mqtt::restore::journal_all(&st, &Default::default(), None, None);

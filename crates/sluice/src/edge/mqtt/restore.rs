@@ -37,8 +37,12 @@ pub async fn sessions(ctx: &Rc<ShardContext>, restored: Vec<(ByteString, Session
     for (client, image) in restored {
         session(ctx, &log, client, image).await;
     }
-    tracing::info!(shard = ctx.id, sessions = count, ms = started.elapsed().as_millis() as u64,
-        "persistent sessions restored");
+    tracing::info!(
+        shard = ctx.id,
+        sessions = count,
+        ms = started.elapsed().as_millis() as u64,
+        "persistent sessions restored"
+    );
 }
 
 async fn session(ctx: &Rc<ShardContext>, log: &StateLog, client: ByteString, image: SessionImage) {
@@ -138,7 +142,11 @@ async fn session(ctx: &Rc<ShardContext>, log: &StateLog, client: ByteString, ima
                         route::publish(&ctx2, Box::new(message), priority).await;
                     }
                 });
-                session.state.borrow_mut().timers.set_will(timer.abort_handle());
+                session
+                    .state
+                    .borrow_mut()
+                    .timers
+                    .set_will(timer.abort_handle());
             }
             _ => {
                 route::publish(ctx, Box::new(message), priority).await;
@@ -166,7 +174,12 @@ async fn session(ctx: &Rc<ShardContext>, log: &StateLog, client: ByteString, ima
         metrics(log).restore_refused.add(refused);
         // The files still hold what was not taken back: write the session as it is now.
         st.journal.record(|client, _| Record::SessionEnd { client });
-        journal_all(&st, &image.subscriptions, image.expires_at, image.will.clone());
+        journal_all(
+            &st,
+            &image.subscriptions,
+            image.expires_at,
+            image.will.clone(),
+        );
     }
 }
 

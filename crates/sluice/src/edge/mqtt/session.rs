@@ -127,7 +127,10 @@ impl Journal {
         self.on = on;
     }
     /// Log the record `make` builds from the client id and the state clock, if on.
-    pub fn record(&self, make: impl FnOnce(ByteString, &crate::state::StateClock) -> crate::state::Record) {
+    pub fn record(
+        &self,
+        make: impl FnOnce(ByteString, &crate::state::StateClock) -> crate::state::Record,
+    ) {
         if !self.on {
             return;
         }
@@ -150,7 +153,10 @@ impl OutMessage {
         }
     }
     /// Back from the state files.
-    pub fn from_stored(m: crate::state::StoredMessage, clock: &crate::state::StateClock) -> OutMessage {
+    pub fn from_stored(
+        m: crate::state::StoredMessage,
+        clock: &crate::state::StateClock,
+    ) -> OutMessage {
         OutMessage {
             topic: m.topic,
             payload: m.payload,
@@ -300,10 +306,11 @@ impl Session {
             return Err(QueueRefusal::Full);
         }
         if msg.qos != QoS::AtMostOnce {
-            st.journal.record(|client, clock| crate::state::Record::Enqueue {
-                client,
-                msg: msg.stored(clock),
-            });
+            st.journal
+                .record(|client, clock| crate::state::Record::Enqueue {
+                    client,
+                    msg: msg.stored(clock),
+                });
         }
         st.outbox.push_back(msg);
         drop(st);
@@ -384,11 +391,12 @@ impl SessionState {
     /// QoS 2 in: `packet_id` PUBREC'd, awaiting PUBREL (at most `bound` kept).
     pub fn await_rel(&mut self, packet_id: u16, bound: usize) {
         self.awaiting_rel.insert(packet_id, bound);
-        self.journal.record(|client, _| crate::state::Record::AwaitRel {
-            client,
-            packet_id,
-            bound: bound.min(u16::MAX as usize) as u16,
-        });
+        self.journal
+            .record(|client, _| crate::state::Record::AwaitRel {
+                client,
+                packet_id,
+                bound: bound.min(u16::MAX as usize) as u16,
+            });
     }
 
     /// QoS 2 in: PUBREL for `packet_id`; whether it was awaited.

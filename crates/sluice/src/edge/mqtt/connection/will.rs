@@ -39,10 +39,11 @@ impl Connection {
             st.offline_since = Some(Instant::now());
             let expiry = st.expiry;
             if !expiry.is_zero() && reason != CloseReason::Shutdown {
-                st.journal.record(|client, clock| crate::state::Record::SessionOffline {
-                    client,
-                    expires_at: clock.mono(Instant::now() + expiry),
-                });
+                st.journal
+                    .record(|client, clock| crate::state::Record::SessionOffline {
+                        client,
+                        expires_at: clock.mono(Instant::now() + expiry),
+                    });
             }
             expiry
         };
@@ -105,18 +106,19 @@ impl Connection {
         {
             let mut st = self.session.state.borrow_mut();
             let publish_at = Instant::now() + delay.min(expiry);
-            st.journal.record(|client, clock| crate::state::Record::Will {
-                client,
-                msg: crate::state::StoredMessage {
-                    topic: message.topic.clone(),
-                    payload: message.payload.clone(),
-                    qos: message.qos,
-                    retain: message.retain,
-                    properties: message.properties.clone(),
-                    expires_at: None,
-                },
-                publish_at: clock.mono(publish_at),
-            });
+            st.journal
+                .record(|client, clock| crate::state::Record::Will {
+                    client,
+                    msg: crate::state::StoredMessage {
+                        topic: message.topic.clone(),
+                        payload: message.payload.clone(),
+                        qos: message.qos,
+                        retain: message.retain,
+                        properties: message.properties.clone(),
+                        expires_at: None,
+                    },
+                    publish_at: clock.mono(publish_at),
+                });
             st.will = Some(PendingWill { message, priority });
         }
         let ctx = self.ctx.clone();
