@@ -308,7 +308,10 @@ fn files_survive_a_reload_and_compaction() {
     let (again, report) = store::load(dir.path(), Bounds::unbounded(), &StateClock::new()).unwrap();
     assert_eq!((report.generation, report.log_records), (2, 0));
     let left = |i: &Image| i.sessions["dev"].expires_at.unwrap();
-    assert!((left(&again) - left(&loaded)).abs() < 2_000, "the deadline moved with the clocks");
+    assert!(
+        (left(&again) - left(&loaded)).abs() < 2_000,
+        "the deadline moved with the clocks"
+    );
     let mut again = again;
     again.sessions.get_mut("dev").unwrap().expires_at = loaded.sessions["dev"].expires_at;
     assert_eq!(again, loaded);
