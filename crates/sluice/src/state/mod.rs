@@ -225,6 +225,7 @@ impl StateLog {
         }
         p.bytes += cost;
         p.records.push(record);
+        self.0.metrics.pending_bytes.set(p.bytes as i64);
     }
 
     /// Shutdown begins: take no more changes (what the shutdown itself ends stays on disk).
