@@ -30,6 +30,10 @@ struct Sluice {
 
 impl Sluice {
     fn new(dir: &Path, state: bool) -> Sluice {
+        Sluice::with_extra(dir, state, "")
+    }
+
+    fn with_extra(dir: &Path, state: bool, extra: &str) -> Sluice {
         let mqtt_port = sluice_testkit::free_port().expect("a free port");
         let admin_port = sluice_testkit::free_port().expect("a free port");
         let config = dir.join("sluice.toml");
@@ -48,7 +52,7 @@ impl Sluice {
                  [mqtt]\nlisten = \"127.0.0.1:{mqtt_port}\"\n\n\
                  [coap]\nenabled = false\n\n\
                  [admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\n\
-                 [log]\nlevel = \"info\"\n\n{state}"
+                 [log]\nlevel = \"info\"\n\n{state}\n{extra}"
             ),
         )
         .expect("write the config");
@@ -367,4 +371,43 @@ async fn without_a_state_dir_a_restart_forgets_sessions() {
         .unwrap();
     assert!(!ack.session_present);
     assert!(!dir.path().join("state").exists());
+}
+
+/// A clean stop (SIGTERM) ends every connection, and with it the sessions it closes — but not
+/// in the state directory: the next start has them back, as after a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_keeps_persistent_sessions_for_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // With an uplink the shards wait for it at a stop, so connections close and end their
+    // sessions (reason: shutdown) before the process exits.
+    let cloud = sluice_testkit::Mosquitto::builder()
+        .start()
+        .expect("start the cloud mosquitto");
+    let uplink = format!(
+        "[[uplink]]\nname = \"cloud\"\nurl = \"mqtt://127.0.0.1:{}\"\nclient_id = \"gw-state\"\nallow_plaintext = true\nforward = [\"#\"]\n",
+        cloud.plain_port()
+    );
+    let mut sluice = Sluice::with_extra(dir.path(), true, &uplink);
+    sluice.start().await;
+    let (mut online, _) = TestClient::connect(sluice.mqtt, persistent("online"))
+        .await
+        .unwrap();
+    online
+        .subscribe(&[("o/#", QoS::AtLeastOnce)])
+        .await
+        .unwrap();
+    sluice.committed(2).await;
+    let mut child = sluice.child.take().expect("sluice runs");
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let status = child.wait().expect("sluice stops");
+    assert!(status.success(), "clean exit: {status}");
+    drop(online);
+    sluice.start().await;
+    let (_online, ack) = TestClient::connect(sluice.mqtt, persistent("online"))
+        .await
+        .unwrap();
+    assert!(ack.session_present, "the session outlived a clean stop");
 }
