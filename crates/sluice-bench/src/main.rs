@@ -19,6 +19,7 @@ use cli::multipath::MultipathArgs;
 use cli::scenarios::{
     ConnectionsArgs, CoreArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
 };
+use cli::state::StateArgs;
 use cli::storage::StorageArgs;
 use cli::tools::{
     AgentArgs, DevicesArgs, FastsinkArgs, FloorArgs, FnFloorArgs, IdleArgs, SinkArgs,
@@ -172,6 +173,12 @@ enum ScenarioCommand {
     /// the backlog and within the live stream, with verdicts. --quick: 16 devices, 5 s outage.
     /// Prints the Markdown report; writes JSON to --out and Markdown to --markdown.
     Outage(OutageArgs),
+    /// What `[state] dir` costs: N devices x R msg/s, each QoS 1 message delivered to one
+    /// subscribing device, with clean sessions and no state vs persistent sessions and
+    /// `[state] dir` (sluice CPU per message, p50/p99); then the restart time after kill -9
+    /// with --retained retained messages and --sessions persistent sessions. Prints Markdown;
+    /// writes JSON to --out and Markdown to --markdown.
+    State(StateArgs),
     /// CoAP sensors (closed loop, CoAPBench-like: each sends its next CON request when the
     /// previous response arrives) at N = 250..2000: through sluice's publish path to a TLS 1.3
     /// cloud Mosquitto, through libcoap's proxy and sluice's proxy to a CoAP-over-TCP
@@ -295,6 +302,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Priority(args)) => cli::scenarios::priority(args).await,
         Command::Scenario(ScenarioCommand::Onem2m(args)) => cli::scenarios::onem2m(args).await,
         Command::Scenario(ScenarioCommand::Outage(args)) => cli::scenarios::outage(args).await,
+        Command::Scenario(ScenarioCommand::State(args)) => cli::state::state(args).await,
         Command::Scenario(ScenarioCommand::Coap(args)) => cli::coap::coap(args).await,
         Command::Scenario(ScenarioCommand::Multipath(args)) => {
             cli::multipath::multipath(args).await

@@ -11,5 +11,6 @@ pub mod net;
 pub mod proxy;
 pub mod shard;
 pub mod sink;
+pub mod state;
 pub mod telemetry;
 pub mod top;

@@ -18,6 +18,7 @@
 //! | [`functions`] | edge functions (issue 19): sluice's CPU per event beside a local Python / compiled echo function's, idle CPU and per-thread wake-ups with the function scaled to zero, cold/warm start latency and sluice's part of it, pre-warm policies on synthetic traces | `docs/perf/functions.md` |
 //! | [`hostile`] | issue 28's findings replayed by a hostile sender against a sluice binary: bytes in/out at the attacker, RSS growth, healthy devices' p99, a verdict per finding | `docs/reliability.md` |
 //! | [`faults`] | issue 31's fault campaign under MQTT + CoAP + PHD load: acknowledged vs at the cloud, duplicates, order, stall, QoS 0 lost, a verdict per case | `docs/reliability.md` |
+//! | [`state`] | persistent sessions + `[state] dir` on vs off under the same device load (CPU per message, p99), and restart time with a large state | `docs/perf/state.md` |
 //! | [`storage`] | the spool vs SQLite vs PostgreSQL: append, read back, recovery | `docs/perf/storage.md` |
 //!
 //! # Adding a scenario
@@ -59,5 +60,6 @@ pub mod onem2m;
 pub mod outage;
 pub mod priority;
 pub mod seganet;
+pub mod state;
 pub mod storage;
 pub mod throughput;

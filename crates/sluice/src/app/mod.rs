@@ -82,6 +82,8 @@ pub enum AppError {
     Thread(std::io::Error),
     #[error(transparent)]
     Spool(#[from] crate::sink::spool::SpoolStartError),
+    #[error("state (state.dir): {0}")]
+    State(#[from] crate::state::StateError),
     #[error("access control list: {0}")]
     Acl(String),
 }
@@ -116,6 +118,9 @@ pub struct Gateway {
     spools: crate::sink::spool::OpenedSpools,
     /// `[acl]` compiled (its file read).
     acl: crate::control::acl::AclSnapshot,
+    /// `[state] dir`: the writer and what was loaded (`None`: memory only).
+    state: Option<(crate::state::StateService, crate::state::Restored)>,
+    state_metrics: Arc<crate::state::StateMetrics>,
 }
 
 impl Gateway {
@@ -198,7 +203,11 @@ impl Gateway {
                 .map_err(|e| AppError::Acl(e.to_string()))?;
         // Last, after everything cheap has been checked: recovery may read the whole spool.
         let spools = crate::sink::spool::open_all(&config, shards)?;
+        let state_metrics = Arc::new(crate::state::StateMetrics::default());
+        let state = crate::state::StateService::open(&config, shards, state_metrics.clone())?;
         Ok(Gateway {
+            state,
+            state_metrics,
             acl,
             config: Arc::new(config),
             shards,
@@ -260,7 +269,15 @@ impl Gateway {
             config_path,
             spools,
             acl,
+            state,
+            state_metrics,
         } = self;
+        let (state, restored) = match state {
+            Some((service, restored)) => (Some(service), restored),
+            None => (None, crate::state::Restored::default()),
+        };
+        let state_log = state.as_ref().map(|s| s.log());
+        let mut restored_sessions = restored.sessions.into_iter();
         let addr_of = |kind: crate::edge::mqtt::stream::StreamKind| {
             mqtt_more
                 .iter()
@@ -302,7 +319,10 @@ impl Gateway {
         let (control_tx, control_rx) = mpsc::channel(cap);
         let live = Arc::new(AtomicUsize::new(0));
         let online = Arc::new(AtomicUsize::new(0));
-        let control_metrics = Arc::new(ControlMetrics::default());
+        let control_metrics = Arc::new(ControlMetrics {
+            state: state_metrics,
+            ..ControlMetrics::default()
+        });
         let shard_metrics: Vec<Arc<ShardMetrics>> = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
@@ -464,6 +484,8 @@ impl Gateway {
                 functions: functions.clone(),
                 liveness: liveness.clone(),
                 routes: routes.clone(),
+                state: state_log.clone(),
+                restored_sessions: restored_sessions.next().unwrap_or_default(),
             };
             threads.push(shard::spawn(seed).map_err(AppError::Thread)?);
         }
@@ -475,6 +497,10 @@ impl Gateway {
             control_metrics.clone(),
         )
         .with_max_retained_bytes(config.mqtt.max_retained_bytes.as_usize());
+        let plane = match state_log {
+            Some(log) => plane.with_state(log, restored.retained),
+            None => plane,
+        };
         let admission = Admission::new(&config.mqtt)
             .with_acl(acl.clone())
             .with_limits(connect_limits.clone());
@@ -603,6 +629,7 @@ impl Gateway {
             status,
             function_set,
             liveness,
+            state,
         })
     }
 }
@@ -825,6 +852,8 @@ pub struct RunningGateway {
     function_set: Arc<crate::functions::live::FunctionSet>,
     /// Every gateway thread's runtime, for the watchdog's probe (`notify::Watchdog`).
     liveness: Arc<liveness::Liveness>,
+    /// `[state] dir`'s writer: stopped (last commit written) after the shards.
+    state: Option<crate::state::StateService>,
 }
 
 impl RunningGateway {
@@ -857,6 +886,9 @@ impl RunningGateway {
         let _ = self.shutdown.send(true);
         for t in self.threads {
             let _ = t.join();
+        }
+        if let Some(state) = self.state {
+            state.stop();
         }
         // The control thread (the status's other holder) is joined: stop the instances.
         drop(self.status);

@@ -27,6 +27,7 @@ mod multipath;
 mod onem2m;
 mod phd;
 mod spool;
+mod state;
 mod units;
 mod uplink;
 mod validate;
@@ -65,6 +66,7 @@ pub use phd::{PhdConfig, PhdTlsConfig};
 pub use spool::{
     DrainOrder, FsyncMode, Share, SpoolAck, SpoolConfig, WhenFull, RECORD_OVERHEAD_BYTES,
 };
+pub use state::StateConfig;
 pub use units::{ByteSize, ParseByteSizeError};
 pub use uplink::{
     MqttProtocol, ParseUplinkUrlError, Password, PathConfig, UplinkConfig, UplinkUrl,
@@ -176,6 +178,8 @@ pub struct Config {
     pub log: LogConfig,
     pub priority: PriorityConfig,
     pub spool: SpoolConfig,
+    /// Retained messages and persistent sessions across restarts (`crate::state`).
+    pub state: StateConfig,
     pub multipath: MultipathConfig,
     pub phd: PhdConfig,
     /// Authorization for every edge (`control/acl/`, ADR 0008).
@@ -249,6 +253,7 @@ impl Config {
             }
         };
         resolve(&mut self.spool.dir);
+        resolve(&mut self.state.dir);
         resolve(&mut self.acl.file);
         for u in &mut self.uplink {
             resolve(&mut u.ca_file);

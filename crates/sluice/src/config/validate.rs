@@ -54,6 +54,7 @@ pub(super) fn check(config: &Config, files: Files) -> Result<(), ConfigError> {
     }
     check_priority(config)?;
     check_spool(config)?;
+    check_state(config)?;
     check_topic_limits(config)?;
     let mut names = HashSet::new();
     // Function sink entries (`Config::with_function_sinks`) are checked as functions.
@@ -503,6 +504,39 @@ fn check_priority(config: &Config) -> Result<(), ConfigError> {
                 &format!("{filter:?} is not a valid MQTT topic filter"),
             );
         }
+    }
+    Ok(())
+}
+
+/// `[state]`: a usable directory name and a sane commit period.
+fn check_state(config: &Config) -> Result<(), ConfigError> {
+    let s = &config.state;
+    let Some(dir) = &s.dir else {
+        return Ok(());
+    };
+    if dir.as_os_str().is_empty() {
+        return invalid(
+            "state.dir",
+            "must not be empty; leave it out to keep retained messages and sessions in memory only",
+        );
+    }
+    if s.commit_interval.is_zero() || s.commit_interval > Duration::from_secs(10) {
+        return invalid(
+            "state.commit_interval",
+            "must be more than 0s and at most 10s",
+        );
+    }
+    if s.max_log_size < super::ByteSize::mib(1) {
+        return invalid("state.max_log_size", "must be at least 1MiB");
+    }
+    if s.max_pending < super::ByteSize::kib(64) {
+        return invalid("state.max_pending", "must be at least 64KiB");
+    }
+    if config.spool.dir.as_ref().is_some_and(|spool| spool == dir) {
+        return invalid(
+            "state.dir",
+            "must not be the spool's directory (use a sibling, e.g. /var/lib/sluice/state)",
+        );
     }
     Ok(())
 }

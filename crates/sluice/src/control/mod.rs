@@ -101,6 +101,8 @@ pub struct ControlMetrics {
     pub limits: Arc<limits::LimitsMetrics>,
     /// The TLS and WebSocket listeners' refusals before CONNECT, certificate identities.
     pub listeners: crate::edge::mqtt::listener::ListenerMetrics,
+    /// `[state] dir`: the state writer's counters.
+    pub state: Arc<crate::state::StateMetrics>,
 }
 
 impl ControlMetrics {
@@ -169,6 +171,7 @@ impl ControlMetrics {
         self.acl.render(w);
         self.limits.render(w);
         self.listeners.render(w);
+        self.state.render(w);
     }
 }
 
@@ -191,6 +194,16 @@ impl ControlPlane {
             retained: RetainedStore::new(max_retained, metrics.clone()),
             devices: DeviceRegistry::new(shards, metrics),
         }
+    }
+
+    /// `[state] dir`: the retained messages loaded at start, and where changes go.
+    pub fn with_state(
+        mut self,
+        log: crate::state::StateLog,
+        retained: Vec<crate::state::StoredMessage>,
+    ) -> ControlPlane {
+        self.retained.restore(log, retained);
+        self
     }
 
     /// Input bounds: cap the retained store's bytes (`mqtt.max_retained_bytes`).

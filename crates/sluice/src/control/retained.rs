@@ -52,6 +52,8 @@ pub struct RetainedStore {
     max_bytes: usize,
     bytes: usize,
     metrics: Arc<ControlMetrics>,
+    /// `[state] dir`: every accepted change is logged here (`crate::state`).
+    log: Option<crate::state::StateLog>,
 }
 
 impl RetainedStore {
@@ -62,6 +64,41 @@ impl RetainedStore {
             max_bytes: usize::MAX,
             bytes: 0,
             metrics,
+            log: None,
+        }
+    }
+
+    /// `[state] dir`: take back the messages loaded at start (within this store's bounds;
+    /// what does not fit is refused and counted as any message), then log every change.
+    pub fn restore(
+        &mut self,
+        log: crate::state::StateLog,
+        messages: Vec<crate::state::StoredMessage>,
+    ) {
+        for m in messages {
+            let clock = *log.clock();
+            self.retain(RetainedMessage {
+                topic: m.topic,
+                payload: m.payload,
+                qos: m.qos,
+                properties: m.properties,
+                expires_at: m.expires_at.map(|t| clock.instant(t)),
+            });
+        }
+        self.log = Some(log);
+    }
+
+    fn journal(&self, msg: &RetainedMessage) {
+        if let Some(log) = &self.log {
+            let clock = log.clock();
+            log.push(crate::state::Record::Retain(crate::state::StoredMessage {
+                topic: msg.topic.clone(),
+                payload: msg.payload.clone(),
+                qos: msg.qos,
+                retain: true,
+                properties: msg.properties.clone(),
+                expires_at: msg.expires_at.map(|t| clock.mono(t)),
+            }));
         }
     }
 
@@ -74,7 +111,9 @@ impl RetainedStore {
     pub fn retain(&mut self, msg: RetainedMessage) {
         let old = self.messages.get(&msg.topic).map_or(0, retained_cost);
         if msg.payload.is_empty() {
-            self.messages.remove(&msg.topic);
+            if self.messages.remove(&msg.topic).is_some() {
+                self.journal(&msg);
+            }
             self.bytes -= old;
         } else if self.messages.len() >= self.max_messages && old == 0 {
             self.metrics.retained_refused.inc();
@@ -85,6 +124,7 @@ impl RetainedStore {
             tracing::warn!(topic = %msg.topic, max_bytes = self.max_bytes, "retained store at max_retained_bytes; message not retained");
         } else {
             self.bytes = self.bytes - old + retained_cost(&msg);
+            self.journal(&msg);
             self.messages.insert(msg.topic.clone(), msg);
         }
         self.metrics.retained.set(self.messages.len() as i64);

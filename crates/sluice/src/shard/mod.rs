@@ -165,6 +165,8 @@ pub struct ShardContext {
     pub share_turn: std::cell::Cell<usize>,
     /// The CoAP proxy's upstream connections of this shard (`[[coap.proxy]]`).
     pub proxies: crate::proxy::ShardProxies,
+    /// `[state] dir`: where persistent sessions log their changes (`crate::state`).
+    pub state: Option<crate::state::StateLog>,
 }
 
 impl ShardContext {
@@ -219,6 +221,9 @@ pub struct ShardSeed {
     /// Per uplink, its forward filters and topic mapping: one handle shared by every shard,
     /// replaced by a reload (`app/reload.rs`).
     pub routes: Vec<UplinkRoute>,
+    /// `[state] dir`: the state log, and this shard's sessions loaded from it at start.
+    pub state: Option<crate::state::StateLog>,
+    pub restored_sessions: Vec<(ByteString, crate::state::SessionImage)>,
 }
 
 /// Start a shard thread.
@@ -281,6 +286,8 @@ async fn run(seed: ShardSeed) {
         phd,
         functions,
         routes,
+        state,
+        restored_sessions,
         ..
     } = seed;
     let shards = mailboxes.len().max(1);
@@ -354,7 +361,12 @@ async fn run(seed: ShardSeed) {
         shared: RefCell::new(HashMap::new()),
         share_turn: std::cell::Cell::new(0),
         proxies: crate::proxy::ShardProxies::new(&config, proxy_metrics, links.clone()),
+        state,
     });
+    // Before the first device is taken from the mailbox, so its session is found.
+    if !restored_sessions.is_empty() {
+        crate::edge::mqtt::restore::sessions(&ctx, restored_sessions).await;
+    }
     // The gateway-wide shutdown channel is watched here only; tasks on this shard get a
     // shard-local channel, so their per-iteration waits never touch another core's cache lines.
     let (local_shutdown_tx, local_shutdown) = watch::channel(false);
@@ -534,6 +546,10 @@ async fn run(seed: ShardSeed) {
         }
     }
     ctx.shutting_down.set(true);
+    // Sessions the shutdown ends stay in the state directory for the next start.
+    if let Some(log) = &ctx.state {
+        log.freeze();
+    }
     let _ = local_shutdown_tx.send(true);
     for session in ctx.sessions.borrow().values() {
         session.notify.notify_one();

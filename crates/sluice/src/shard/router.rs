@@ -350,12 +350,17 @@ pub async fn subscribe(
     let mut add = Vec::new();
     let mut retained_for = Vec::new();
     for (filter, options, want_retained) in filters {
-        let existed = session
-            .state
-            .borrow_mut()
-            .subscriptions
-            .insert(filter.clone(), *options)
-            .is_some();
+        let existed = {
+            let mut st = session.state.borrow_mut();
+            st.journal
+                .record(|client, _| crate::state::Record::Subscribe {
+                    client,
+                    filter: filter.clone(),
+                    options: *options,
+                    sub_id,
+                });
+            st.subscriptions.insert(filter.clone(), *options).is_some()
+        };
         let sub = LocalSub {
             session: session.clone(),
             options: *options,
@@ -437,12 +442,18 @@ pub async fn unsubscribe(
     session: &Rc<Session>,
     filter: &ByteString,
 ) -> bool {
-    let existed = session
-        .state
-        .borrow_mut()
-        .subscriptions
-        .remove(filter)
-        .is_some();
+    let existed = {
+        let mut st = session.state.borrow_mut();
+        let existed = st.subscriptions.remove(filter).is_some();
+        if existed {
+            st.journal
+                .record(|client, _| crate::state::Record::Unsubscribe {
+                    client,
+                    filter: filter.clone(),
+                });
+        }
+        existed
+    };
     if !existed {
         return false;
     }
@@ -492,6 +503,10 @@ pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
     let will = {
         let mut st = session.state.borrow_mut();
         st.ended = true;
+        // `[state] dir`: the session leaves the state files, and nothing more is logged.
+        st.journal
+            .record(|client, _| crate::state::Record::SessionEnd { client });
+        st.journal.set_on(false);
         st.will.take()
     };
     if let Some(w) = will {

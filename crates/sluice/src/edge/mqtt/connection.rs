@@ -251,6 +251,22 @@ impl Connection {
             let mut st = session.state.borrow_mut();
             st.connected = true;
             st.expiry = expiry;
+            // `[state] dir`: a persistent session is logged from here on (all of it when it
+            // just became persistent); one that no longer is leaves the state files.
+            if !expiry.is_zero() {
+                if st.journal.is_on() {
+                    let expiry_s = expiry.as_secs().min(u32::MAX as u64) as u32;
+                    st.journal
+                        .record(|client, _| crate::state::Record::SessionOpen { client, expiry_s });
+                } else {
+                    st.journal.set_on(true);
+                    crate::edge::mqtt::restore::journal_all(&st, &Default::default(), None, None);
+                }
+            } else if st.journal.is_on() {
+                st.journal
+                    .record(|client, _| crate::state::Record::SessionEnd { client });
+                st.journal.set_on(false);
+            }
         }
         let _ = ctx.control.try_send(crate::control::ControlCmd::DeviceUp {
             client_id: client_id.clone(),
@@ -360,6 +376,7 @@ impl Connection {
             ctx.config.mqtt.max_queued_messages,
             ctx.bounds.outbox.clone(),
         );
+        s.state.borrow_mut().journal.attach(ctx.state.clone());
         ctx.bounds.session_added();
         ctx.sessions
             .borrow_mut()
@@ -565,13 +582,13 @@ impl Connection {
             Packet::PubRec(r) => {
                 let known = {
                     let mut st = self.session.state.borrow_mut();
-                    match st.inflight.get_mut(&r.packet_id) {
-                        Some((m, stage)) if m.qos == QoS::ExactlyOnce => {
+                    match st.inflight.get(&r.packet_id) {
+                        Some((m, _)) if m.qos == QoS::ExactlyOnce => {
                             if r.reason >= 0x80 {
                                 st.remove_inflight(r.packet_id);
                                 false
                             } else {
-                                *stage = OutStage::AwaitingComp;
+                                st.mark_released(r.packet_id);
                                 true
                             }
                         }
@@ -588,12 +605,7 @@ impl Connection {
                 Ok(())
             }
             Packet::PubRel(r) => {
-                let found = self
-                    .session
-                    .state
-                    .borrow_mut()
-                    .awaiting_rel
-                    .remove(r.packet_id);
+                let found = self.session.state.borrow_mut().rel_done(r.packet_id);
                 let mut out = resp(r.packet_id);
                 if !found && self.version == ProtocolVersion::V5 {
                     out.reason = reason::PACKET_IDENTIFIER_NOT_FOUND;

@@ -2,5 +2,6 @@
 
 pub(crate) mod connection;
 pub mod listener;
+pub mod restore;
 pub mod session;
 pub mod stream;

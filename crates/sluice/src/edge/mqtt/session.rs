@@ -95,6 +95,77 @@ pub struct SessionState {
     /// Set once the session is ending (expired, or a clean-start connection replaced it); a
     /// connection taken over by then publishes its will at once.
     pub ended: bool,
+    /// `[state] dir`: where the changes of a persistent session are logged.
+    pub journal: Journal,
+}
+
+/// Logs the changes of a persistent session to the state directory (`crate::state`).
+/// Off for a session that ends with its connection, and without `[state] dir`: then
+/// [`Journal::record`] is one branch.
+#[derive(Debug)]
+pub struct Journal {
+    log: Option<crate::state::StateLog>,
+    client: ByteString,
+    on: bool,
+}
+
+impl Journal {
+    pub fn new(client: ByteString) -> Journal {
+        Journal {
+            log: None,
+            client,
+            on: false,
+        }
+    }
+    pub fn attach(&mut self, log: Option<crate::state::StateLog>) {
+        self.log = log;
+    }
+    pub fn is_on(&self) -> bool {
+        self.on && self.log.is_some()
+    }
+    pub fn set_on(&mut self, on: bool) {
+        self.on = on;
+    }
+    /// Log the record `make` builds from the client id and the state clock, if on.
+    pub fn record(
+        &self,
+        make: impl FnOnce(ByteString, &crate::state::StateClock) -> crate::state::Record,
+    ) {
+        if !self.on {
+            return;
+        }
+        if let Some(log) = &self.log {
+            log.push(make(self.client.clone(), log.clock()));
+        }
+    }
+}
+
+impl OutMessage {
+    /// As the state files keep it (deadline on the state clock).
+    pub fn stored(&self, clock: &crate::state::StateClock) -> crate::state::StoredMessage {
+        crate::state::StoredMessage {
+            topic: self.topic.clone(),
+            payload: self.payload.clone(),
+            qos: self.qos,
+            retain: self.retain,
+            properties: self.properties.clone(),
+            expires_at: self.expires_at.map(|t| clock.mono(t)),
+        }
+    }
+    /// Back from the state files.
+    pub fn from_stored(
+        m: crate::state::StoredMessage,
+        clock: &crate::state::StateClock,
+    ) -> OutMessage {
+        OutMessage {
+            topic: m.topic,
+            payload: m.payload,
+            qos: m.qos,
+            retain: m.retain,
+            properties: m.properties,
+            expires_at: m.expires_at.map(|t| clock.instant(t)),
+        }
+    }
 }
 
 /// A delayed will held by a session whose connection is gone: the message it becomes (no
@@ -133,6 +204,10 @@ impl AwaitingRel {
     }
     pub fn contains(&self, id: u16) -> bool {
         self.ids.contains(&id)
+    }
+    /// The ids, oldest first.
+    pub fn ids(&self) -> impl Iterator<Item = u16> + '_ {
+        self.order.iter().copied()
     }
     /// Add `id`; at `bound` entries the oldest is forgotten first. Returns whether one was.
     pub fn insert(&mut self, id: u16, bound: usize) -> bool {
@@ -195,6 +270,7 @@ impl Session {
         max_queued: usize,
         budget: Rc<OutboxBudget>,
     ) -> Rc<Session> {
+        let journal = Journal::new(client_id.clone());
         Rc::new(Session {
             client_id,
             state: RefCell::new(SessionState {
@@ -210,6 +286,7 @@ impl Session {
                 awaiting_rel: AwaitingRel::default(),
                 will: None,
                 ended: false,
+                journal,
             }),
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
@@ -227,6 +304,13 @@ impl Session {
         }
         if st.outbox.len() >= self.max_queued || st.queued.charge(&msg).is_err() {
             return Err(QueueRefusal::Full);
+        }
+        if msg.qos != QoS::AtMostOnce {
+            st.journal
+                .record(|client, clock| crate::state::Record::Enqueue {
+                    client,
+                    msg: msg.stored(clock),
+                });
         }
         st.outbox.push_back(msg);
         drop(st);
@@ -251,6 +335,9 @@ impl SessionState {
         let msg = self.outbox.pop_front()?;
         if msg.qos == QoS::AtMostOnce {
             self.queued.release(&msg);
+        } else {
+            self.journal
+                .record(|client, _| crate::state::Record::PopOutbox { client });
         }
         if self.outbox.is_empty() && self.outbox.capacity() > 64 {
             // A burst is over: give its slots back (they are not charged once empty).
@@ -262,6 +349,8 @@ impl SessionState {
     /// The session ended: drop every message still queued or inflight, releasing their bytes
     /// now rather than when the last reference to the session goes.
     pub fn drop_queued(&mut self) {
+        self.journal
+            .record(|client, _| crate::state::Record::DropQueued { client });
         self.outbox = VecDeque::new();
         self.inflight.clear();
         self.queued.release_all();
@@ -270,8 +359,54 @@ impl SessionState {
     /// A QoS 1/2 message written to the device leaves the session (acknowledged or dropped).
     pub fn remove_inflight(&mut self, packet_id: u16) -> Option<(OutMessage, OutStage)> {
         let removed = self.inflight.remove(&packet_id)?;
+        self.journal
+            .record(|client, _| crate::state::Record::Acked { client, packet_id });
         self.queued.release(&removed.0);
         Some(removed)
+    }
+
+    /// The outbox's front QoS 1/2 message is written to the device as `packet_id`: it moves
+    /// to `inflight` (still charged) and is returned.
+    pub fn send_front(&mut self, packet_id: u16) -> Option<OutMessage> {
+        let msg = self.outbox.pop_front()?;
+        self.journal
+            .record(|client, _| crate::state::Record::Send { client, packet_id });
+        self.inflight
+            .insert(packet_id, (msg.clone(), OutStage::AwaitingAck));
+        if self.outbox.is_empty() && self.outbox.capacity() > 64 {
+            self.outbox = VecDeque::new();
+        }
+        Some(msg)
+    }
+
+    /// QoS 2 out: PUBREC received for `packet_id`, PUBREL written.
+    pub fn mark_released(&mut self, packet_id: u16) {
+        if let Some((_, stage)) = self.inflight.get_mut(&packet_id) {
+            *stage = OutStage::AwaitingComp;
+            self.journal
+                .record(|client, _| crate::state::Record::Released { client, packet_id });
+        }
+    }
+
+    /// QoS 2 in: `packet_id` PUBREC'd, awaiting PUBREL (at most `bound` kept).
+    pub fn await_rel(&mut self, packet_id: u16, bound: usize) {
+        self.awaiting_rel.insert(packet_id, bound);
+        self.journal
+            .record(|client, _| crate::state::Record::AwaitRel {
+                client,
+                packet_id,
+                bound: bound.min(u16::MAX as usize) as u16,
+            });
+    }
+
+    /// QoS 2 in: PUBREL for `packet_id`; whether it was awaited.
+    pub fn rel_done(&mut self, packet_id: u16) -> bool {
+        let found = self.awaiting_rel.remove(packet_id);
+        if found {
+            self.journal
+                .record(|client, _| crate::state::Record::RelDone { client, packet_id });
+        }
+        found
     }
 
     /// A packet id not currently in flight to the device.

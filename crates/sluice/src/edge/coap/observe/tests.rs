@@ -138,6 +138,7 @@ fn shards(config: Config, n: usize) -> (Vec<Rc<ShardContext>>, Vec<mpsc::Receive
                 shared: RefCell::new(HashMap::new()),
                 share_turn: Cell::new(0),
                 proxies: crate::proxy::ShardProxies::default(),
+                state: None,
             })
         })
         .collect();

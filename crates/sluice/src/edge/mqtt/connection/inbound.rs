@@ -297,8 +297,7 @@ impl Connection {
                         self.session
                             .state
                             .borrow_mut()
-                            .awaiting_rel
-                            .insert(a.packet_id, bound);
+                            .await_rel(a.packet_id, bound);
                     }
                     self.write(Packet::PubRec(PubResponse {
                         reason: code,

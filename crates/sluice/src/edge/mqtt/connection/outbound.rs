@@ -83,20 +83,21 @@ impl Connection {
                 if front.qos != QoS::AtMostOnce && st.inflight.len() >= window {
                     break;
                 }
-                let Some(msg) = st.pop_outbox() else {
-                    break;
-                };
-                let id = if msg.qos == QoS::AtMostOnce {
-                    None
-                } else {
-                    let Some(id) = st.allocate_packet_id() else {
-                        st.outbox.push_front(msg);
+                if front.qos == QoS::AtMostOnce {
+                    let Some(msg) = st.pop_outbox() else {
                         break;
                     };
-                    st.inflight.insert(id, (msg.clone(), OutStage::AwaitingAck));
-                    Some(id)
-                };
-                (msg, id)
+                    (msg, None)
+                } else {
+                    // The id first, so a message that cannot have one stays queued.
+                    let Some(id) = st.allocate_packet_id() else {
+                        break;
+                    };
+                    let Some(msg) = st.send_front(id) else {
+                        break;
+                    };
+                    (msg, Some(id))
+                }
             };
             let mut packet = publish_packet(&msg, id, false);
             let new_alias = self.apply_out_alias(&mut packet);

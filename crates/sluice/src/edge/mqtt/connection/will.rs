@@ -37,7 +37,15 @@ impl Connection {
             let mut st = self.session.state.borrow_mut();
             st.connected = false;
             st.offline_since = Some(Instant::now());
-            st.expiry
+            let expiry = st.expiry;
+            if !expiry.is_zero() && reason != CloseReason::Shutdown {
+                st.journal
+                    .record(|client, clock| crate::state::Record::SessionOffline {
+                        client,
+                        expires_at: clock.mono(Instant::now() + expiry),
+                    });
+            }
+            expiry
         };
         if expiry.is_zero() || reason == CloseReason::Shutdown {
             self.session.state.borrow_mut().timers.abort_all(); // input bounds
@@ -95,7 +103,24 @@ impl Connection {
             route::publish(&self.ctx, Box::new(message), priority).await;
             return;
         }
-        self.session.state.borrow_mut().will = Some(PendingWill { message, priority });
+        {
+            let mut st = self.session.state.borrow_mut();
+            let publish_at = Instant::now() + delay.min(expiry);
+            st.journal
+                .record(|client, clock| crate::state::Record::Will {
+                    client,
+                    msg: crate::state::StoredMessage {
+                        topic: message.topic.clone(),
+                        payload: message.payload.clone(),
+                        qos: message.qos,
+                        retain: message.retain,
+                        properties: message.properties.clone(),
+                        expires_at: None,
+                    },
+                    publish_at: clock.mono(publish_at),
+                });
+            st.will = Some(PendingWill { message, priority });
+        }
         let ctx = self.ctx.clone();
         let session = self.session.clone();
         let generation = self.generation;
@@ -107,6 +132,11 @@ impl Connection {
             }
             let pending = session.state.borrow_mut().will.take();
             if let Some(w) = pending {
+                session
+                    .state
+                    .borrow()
+                    .journal
+                    .record(|client, _| crate::state::Record::WillDone { client });
                 let (message, priority) = w.into_message();
                 route::publish(&ctx, Box::new(message), priority).await;
             }
