@@ -12,8 +12,8 @@ use clap::{Parser, Subcommand};
 
 use cli::coap::CoapArgs;
 use cli::control_storm::ControlStormArgs;
-use cli::functions::FunctionsArgs;
 use cli::faults::FaultsArgs;
+use cli::functions::FunctionsArgs;
 use cli::hostile::HostileArgs;
 use cli::multipath::MultipathArgs;
 use cli::scenarios::{
