@@ -39,6 +39,8 @@ mod tests_coap;
 #[cfg(test)]
 mod tests_coap_dtls;
 #[cfg(test)]
+mod tests_files;
+#[cfg(test)]
 mod tests_mqtt_tls;
 
 use std::fmt;

@@ -1,4 +1,4 @@
-use super::*;
+use super::uplink::check_template;
 
 #[test]
 fn templates_must_use_known_placeholders() {
