@@ -21,7 +21,7 @@
 //! `/metrics` shows all of it in the state writer's image, sluice is killed with SIGKILL and
 //! started again on the same directory. Reported: time to the first accepted TCP connection,
 //! time until a sampled persistent session reconnects with session present and gets its queued
-//! message, and the gateway's own `sluice_state_load_milliseconds`; and the state directory's
+//! message, and the gateway's own `sluice_state_load_seconds`; and the state directory's
 //! size.
 
 use std::fmt::Write as _;
@@ -340,7 +340,7 @@ async fn restart_run(s: &StateScenario) -> anyhow::Result<RestartResult> {
         state_dir_bytes: dir_bytes,
         to_first_accept_ms: (to_accept.as_secs_f64() * 1e4).round() / 10.0,
         to_session_back_ms: (to_session.unwrap_or_default().as_secs_f64() * 1e4).round() / 10.0,
-        load_ms_metric: metric(&m, "sluice_state_load_milliseconds"),
+        load_ms_metric: (metric_f64(&m, "sluice_state_load_seconds") * 1000.0).round() as u64,
         restored_sessions_metric: metric(&m, "sluice_state_restored_sessions"),
         restored_retained_metric: metric(&m, "sluice_state_restored_retained_messages"),
         sampled_sessions_ok: ok,
@@ -370,6 +370,18 @@ async fn metrics(admin: SocketAddr) -> String {
     let mut body = String::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body)).await;
     body
+}
+
+fn metric_f64(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0)
 }
 
 fn metric(text: &str, name: &str) -> u64 {
@@ -683,7 +695,7 @@ pub fn markdown(r: &StateReport) -> String {
     }
     if let Some(x) = &r.restart {
         let _ = writeln!(t, "## Restart after kill -9 with {} retained messages and {} persistent sessions (one queued QoS 1 message each)\n", x.retained, x.sessions);
-        let _ = writeln!(t, "| prefill s | state dir bytes | spawn → first TCP accept ms | spawn → a session back with its message ms | sluice_state_load_milliseconds | restored sessions | restored retained | sampled sessions back with message |");
+        let _ = writeln!(t, "| prefill s | state dir bytes | spawn → first TCP accept ms | spawn → a session back with its message ms | sluice_state_load_seconds × 1000 | restored sessions | restored retained | sampled sessions back with message |");
         let _ = writeln!(t, "|---|---|---|---|---|---|---|---|");
         let _ = writeln!(
             t,

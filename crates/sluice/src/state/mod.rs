@@ -73,11 +73,11 @@ impl StateMetrics {
             "State group commits written and fsynced",
             &self.commits,
         );
-        c(
-            w,
-            "sluice_state_commit_microseconds_total",
+        w.counter_f64(
+            "sluice_state_commit_seconds_total",
             "Time spent writing and fsyncing state commits",
-            &self.commit_micros,
+            &[],
+            self.commit_micros.get() as f64 / 1e6,
         );
         c(
             w,
@@ -157,11 +157,11 @@ impl StateMetrics {
             "Retained messages restored at start",
             &self.restored_retained,
         );
-        g(
-            w,
-            "sluice_state_load_milliseconds",
+        w.gauge_f64(
+            "sluice_state_load_seconds",
             "Time the state directory took to load at start",
-            &self.load_millis,
+            &[],
+            self.load_millis.get() as f64 / 1e3,
         );
     }
 }

@@ -245,6 +245,13 @@ impl PromWriter {
         }
     }
 
+    /// A counter with a fractional value (seconds spent).
+    pub fn counter_f64(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
+        if let Some(out) = self.family(name, MetricKind::Counter, help) {
+            sample(out, name, "", labels, None, Float(value));
+        }
+    }
+
     /// A gauge with a fractional value (seconds, ratios).
     pub fn gauge_f64(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
         if let Some(out) = self.family(name, MetricKind::Gauge, help) {
