@@ -44,6 +44,7 @@ use tokio::net::TcpStream;
 use tokio::time::{sleep, Instant};
 
 use crate::harness::machine::{machine, Machine};
+use crate::harness::metrics::metric_sum;
 use crate::harness::procfs::{CpuMeter, Pid};
 use crate::harness::sut::{require_sluice_bin, SluiceChild};
 use crate::report::markdown::machine_line;
@@ -340,7 +341,8 @@ async fn restart_run(s: &StateScenario) -> anyhow::Result<RestartResult> {
         state_dir_bytes: dir_bytes,
         to_first_accept_ms: (to_accept.as_secs_f64() * 1e4).round() / 10.0,
         to_session_back_ms: (to_session.unwrap_or_default().as_secs_f64() * 1e4).round() / 10.0,
-        load_ms_metric: (metric_f64(&m, "sluice_state_load_seconds") * 1000.0).round() as u64,
+        load_ms_metric: (metric_sum(&m, "sluice_state_load_seconds").unwrap_or(0.0) * 1000.0)
+            .round() as u64,
         restored_sessions_metric: metric(&m, "sluice_state_restored_sessions"),
         restored_retained_metric: metric(&m, "sluice_state_restored_retained_messages"),
         sampled_sessions_ok: ok,
@@ -372,28 +374,9 @@ async fn metrics(admin: SocketAddr) -> String {
     body
 }
 
-fn metric_f64(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
-
+/// An unlabelled sample's value, 0 when absent (as a count).
 fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0, |v| v as u64)
+    metric_sum(text, name).map_or(0, |v| v as u64)
 }
 
 fn now_us() -> u64 {
