@@ -65,7 +65,7 @@ fn outcome(r: Result<Answer, CallError>) -> Outcome {
             a.content_type.map(|c| c.to_string()),
         ),
         Err(CallError::Closed | CallError::Io(_) | CallError::Connect(_)) => Outcome::NoAnswer,
-        Err(CallError::Http(_) | CallError::BodyTooLarge) => Outcome::Failed,
+        Err(CallError::Http(_) | CallError::BodyTooLarge | CallError::Upgrade) => Outcome::Failed,
     }
 }
 

@@ -50,7 +50,13 @@ fuzz_target!(|data: &[u8]| {
                 Output::ConfigAccepted { agent, table } => {
                     learnt.0.insert((agent.system_id, agent.config_id), table);
                 }
-                Output::Report { invoke_id, confirmed, obj_handle, event_type, report } => {
+                Output::Report {
+                    invoke_id,
+                    confirmed,
+                    obj_handle,
+                    event_type,
+                    report,
+                } => {
                     if let Some(table) = m.table() {
                         let (ms, _) = measurements(&[1; 8], table, &report, 0.0, 0);
                         for mm in ms {

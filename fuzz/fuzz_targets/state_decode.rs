@@ -18,7 +18,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(record) = Record::decode(data) {
         let mut out = BytesMut::new();
         record.encode(&mut out);
-        assert_eq!(Record::decode(&out).as_ref(), Ok(&record), "decode/encode/decode differs");
+        assert_eq!(
+            Record::decode(&out).as_ref(),
+            Ok(&record),
+            "decode/encode/decode differs"
+        );
     }
     let bounds = Bounds {
         max_retained_messages: 64,

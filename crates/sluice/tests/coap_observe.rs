@@ -159,10 +159,20 @@ async fn an_observer_receives_what_an_mqtt_device_publishes_until_it_deregisters
         .expect("publish");
     let n = dev.recv().await;
     assert_eq!(n.mtype, MsgType::Non);
+    let rebuilds =
+        || common::metric_sum(&gw.metrics_text(), "sluice_control_snapshot_rebuilds_total");
+    let before = rebuilds();
     dev.send(&Message::empty(MsgType::Rst, n.message_id)).await;
     assert!(
         common::eventually(WAIT, || observers(&gw) == 0.0).await,
         "deregistered by RST"
+    );
+    // The control plane publishes the subscription snapshot without the filter after the
+    // observer count drops (the unsubscribe runs in a task of its own): until then a publish
+    // on shard 0 would still cross, and be dropped on shard 1.
+    assert!(
+        common::eventually(WAIT, || rebuilds() > before).await,
+        "the snapshot without the filter is published"
     );
     mqtt.publish("room/attic/temp", &b"31"[..], QoS::AtMostOnce, false)
         .await

@@ -54,6 +54,10 @@ pub enum CallError {
     Http(#[source] hyper::Error),
     #[error("response body larger than {MAX_BODY_BYTES} bytes")]
     BodyTooLarge,
+    /// `101 Switching Protocols` to a request that asked for no upgrade: not an answer, and
+    /// the connection no longer speaks HTTP/1.1 (hyper hands a 101 over as final).
+    #[error("the function answered 101 Switching Protocols to a request without Upgrade")]
+    Upgrade,
 }
 
 impl From<hyper::Error> for CallError {
@@ -201,6 +205,9 @@ impl Conn {
             written(at);
         }
         let status = response.status().as_u16();
+        if status == 101 {
+            return Err(CallError::Upgrade);
+        }
         let close = response.version() < Version::HTTP_11
             || response.headers().get_all(CONNECTION).iter().any(|v| {
                 v.to_str()
@@ -475,6 +482,27 @@ mod tests {
         });
         let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
         assert!(conn.call(&request(), &|_| {}).await.is_err());
+    }
+
+    /// Found by the `function_response` fuzz target: hyper hands `101 Switching Protocols`
+    /// over as a final answer; sluice never asks for an upgrade, so it is a failed exchange
+    /// and the connection is not pooled again.
+    #[tokio::test]
+    async fn a_101_answer_is_a_failure_not_an_answer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await.unwrap();
+            let _ = s
+                .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n")
+                .await;
+            let _ = s.read(&mut req).await;
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let err = conn.call(&request(), &|_| {}).await.unwrap_err();
+        assert!(matches!(err, CallError::Upgrade), "{err}");
     }
 
     #[tokio::test]
