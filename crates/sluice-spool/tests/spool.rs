@@ -237,6 +237,35 @@ fn block_policy_refuses_appends_when_full_until_acks_free_space() {
 }
 
 #[test]
+fn a_lowered_bound_refuses_appends_until_acks_bring_the_spool_under_it() {
+    let fs = FaultFs::new(7);
+    let mut cfg = small_config();
+    cfg.max_bytes = 4096;
+    let (mut spool, _) = open_fault(&fs, cfg);
+    let mut seqs = Vec::new();
+    while spool.total_bytes() < 3000 {
+        seqs.push(spool.append(&[7u8; 64]).expect("room").seq);
+        spool.commit().expect("commit");
+    }
+    let held = spool.total_bytes();
+    // Never below two segments; what it holds stays.
+    assert_eq!(spool.set_max_bytes(100), 1024);
+    assert_eq!(spool.set_max_bytes(2048), 2048);
+    assert_eq!(spool.config().max_bytes, 2048);
+    assert_eq!(spool.total_bytes(), held, "nothing held is removed");
+    let err = spool.append(&[7u8; 64]).unwrap_err();
+    assert!(matches!(err, SpoolError::Full { max: 2048, .. }), "{err}");
+    for s in &seqs {
+        spool.ack(*s).expect("ack");
+    }
+    spool.commit().expect("commit trims");
+    while spool.append(&[7u8; 64]).is_ok() {
+        spool.commit().expect("commit");
+    }
+    assert!(spool.total_bytes() <= 2048, "{}", spool.total_bytes());
+}
+
+#[test]
 fn drop_oldest_removes_the_oldest_segment_counts_it_and_says_which_seqs() {
     let fs = FaultFs::new(6);
     let mut cfg = small_config();

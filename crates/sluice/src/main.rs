@@ -99,9 +99,14 @@ enum Command {
     /// Show a running gateway's devices, rates, uplinks, queue and spool, and drops, read
     /// from its admin endpoint (GET /api/v1/overview). Exits 1 when it cannot be reached.
     Status {
-        /// The admin endpoint (admin.listen), as http://host:port.
+        /// The admin endpoint (admin.listen), as http://host:port, or https://host:port when
+        /// admin.cert_file is set.
         #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9100")]
         admin: String,
+        /// With https://: the CA (PEM) that signed admin.cert_file; default the system CA
+        /// bundle. The certificate must name the URL's host (DNS name or IP address).
+        #[arg(long, value_name = "FILE")]
+        ca_file: Option<PathBuf>,
         /// File holding the bearer token (admin.token_file), when the endpoint has one.
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,
@@ -189,10 +194,11 @@ fn main() -> ExitCode {
         Command::Run { config } => run(config, manager),
         Command::Status {
             admin,
+            ca_file,
             token_file,
             watch,
             interval,
-        } => match sluice::top::Target::new(&admin, token_file.as_deref()) {
+        } => match sluice::top::Target::new(&admin, token_file.as_deref(), ca_file.as_deref()) {
             Ok(target) => {
                 let code = sluice::top::run(&target, watch.then_some(interval));
                 ExitCode::from(u8::try_from(code).unwrap_or(1))

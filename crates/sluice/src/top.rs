@@ -2,7 +2,9 @@
 //! like `vector top`).
 //!
 //! Owns: a minimal blocking HTTP/1.1 client for `GET /api/v1/overview` on the admin endpoint
-//! (plain `http://` only; the bearer token read from a file), and the table's layout. Does not
+//! (`http://`, or `https://` when the endpoint has `admin.cert_file`: the server certificate
+//! is verified against `--ca-file`, else the system bundle, for the URL's host name or IP;
+//! the bearer token read from a file), and the table's layout. Does not
 //! own: the numbers (the gateway's overview, `app/overview.rs`, computed once a second there —
 //! so rates are the gateway's, not differences this command takes).
 //!
@@ -13,7 +15,10 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::pki_types::ServerName;
 
 use serde_json::Value;
 
@@ -25,8 +30,17 @@ pub const MAX_RESPONSE: usize = 8 << 20;
 /// Why the overview could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    #[error("admin URL {0:?}: expected http://host:port (https is not supported by `sluice status`; use curl with the certificate)")]
+    #[error("admin URL {0:?}: expected http://host:port or https://host:port")]
     BadUrl(String),
+    #[error("--ca-file is for an https:// admin URL; {0} is plain http")]
+    CaFileWithoutTls(String),
+    #[error("cannot use the CA for the admin endpoint: {0}")]
+    Tls(String),
+    #[error("TLS with the admin endpoint at {addr} failed: {source} (is it https, and does --ca-file hold the CA that signed admin.cert_file for this host name?)")]
+    Handshake {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("cannot reach the admin endpoint at {addr}: {source} (is the gateway running, and is admin.listen this address?)")]
     Unreachable {
         addr: String,
@@ -57,12 +71,26 @@ pub struct Target {
     /// `host:port`.
     pub addr: String,
     pub token: Option<String>,
+    /// For `https://`: the client configuration and the name the certificate must carry.
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
 }
 
+/// One exchange's stream: plain TCP or TLS over it.
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
+
 impl Target {
-    /// From `--admin URL` (`http://host:port`, or just `host:port`) and `--token-file`.
-    pub fn new(url: &str, token_file: Option<&Path>) -> Result<Target, StatusError> {
-        let rest = url.strip_prefix("http://").unwrap_or(url);
+    /// From `--admin URL` (`http://host:port`, `https://host:port`, or just `host:port`),
+    /// `--token-file` and `--ca-file` (https only; default the system CA bundle).
+    pub fn new(
+        url: &str,
+        token_file: Option<&Path>,
+        ca_file: Option<&Path>,
+    ) -> Result<Target, StatusError> {
+        let (https, rest) = match url.strip_prefix("https://") {
+            Some(rest) => (true, rest),
+            None => (false, url.strip_prefix("http://").unwrap_or(url)),
+        };
         if rest.contains("://") || rest.is_empty() {
             return Err(StatusError::BadUrl(url.to_string()));
         }
@@ -70,6 +98,22 @@ impl Target {
         if addr.contains('/') || !addr.contains(':') {
             return Err(StatusError::BadUrl(url.to_string()));
         }
+        let tls = if https {
+            // The host part, without the port and an IPv6 address's brackets.
+            let host = addr.rsplit_once(':').map_or(&addr[..], |(h, _)| h);
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let name = ServerName::try_from(host.to_string())
+                .map_err(|_| StatusError::BadUrl(url.to_string()))?;
+            let config =
+                crate::sink::mqtt::tls::client_config(ca_file, None, None, rustls::ALL_VERSIONS)
+                    .map_err(|e| StatusError::Tls(e.to_string()))?;
+            Some((config, name))
+        } else {
+            if ca_file.is_some() {
+                return Err(StatusError::CaFileWithoutTls(url.to_string()));
+            }
+            None
+        };
         let token = match token_file {
             None => None,
             Some(path) => {
@@ -81,7 +125,7 @@ impl Target {
                 Some(text.trim().to_string())
             }
         };
-        Ok(Target { addr, token })
+        Ok(Target { addr, token, tls })
     }
 
     /// `GET /api/v1/overview`, parsed.
@@ -110,13 +154,31 @@ impl Target {
                 Err(e) => last = e,
             }
         }
-        let mut stream = stream.ok_or_else(|| unreachable(last))?;
+        let tcp = stream.ok_or_else(|| unreachable(last))?;
         let io = |source| StatusError::Unreachable {
             addr: self.addr.clone(),
             source,
         };
-        stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
-        stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
+        tcp.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
+        tcp.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
+        let mut stream: Box<dyn Stream> = match &self.tls {
+            None => Box::new(tcp),
+            Some((config, name)) => {
+                let conn = rustls::ClientConnection::new(config.clone(), name.clone())
+                    .map_err(|e| StatusError::Tls(e.to_string()))?;
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                // Handshake now, so a certificate problem is named as such.
+                while tls.conn.is_handshaking() {
+                    tls.conn.complete_io(&mut tls.sock).map_err(|source| {
+                        StatusError::Handshake {
+                            addr: self.addr.clone(),
+                            source,
+                        }
+                    })?;
+                }
+                Box::new(tls)
+            }
+        };
         let auth = self
             .token
             .as_ref()
@@ -127,10 +189,13 @@ impl Target {
         );
         stream.write_all(request.as_bytes()).map_err(io)?;
         let mut raw = Vec::new();
-        stream
-            .take(MAX_RESPONSE as u64)
-            .read_to_end(&mut raw)
-            .map_err(io)?;
+        match stream.take(MAX_RESPONSE as u64).read_to_end(&mut raw) {
+            Ok(_) => {}
+            // A TLS peer that closes without close_notify: the answer is what arrived (its
+            // framing is checked below).
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+            Err(e) => return Err(io(e)),
+        }
         let malformed = |why: &str| StatusError::Malformed {
             addr: self.addr.clone(),
             why: why.to_string(),
@@ -511,21 +576,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_are_host_and_port_over_plain_http() {
+    fn urls_are_host_and_port_over_http_or_https() {
         assert_eq!(
-            Target::new("http://127.0.0.1:9100/", None).unwrap().addr,
+            Target::new("http://127.0.0.1:9100/", None, None)
+                .unwrap()
+                .addr,
             "127.0.0.1:9100"
         );
         assert_eq!(
-            Target::new("localhost:9100", None).unwrap().addr,
+            Target::new("localhost:9100", None, None).unwrap().addr,
             "localhost:9100"
         );
-        for bad in ["https://gw:9100", "http://gw", "http://gw:9100/api", ""] {
+        let pki = sluice_testkit::TestPki::generate();
+        let t = Target::new("https://[::1]:9100", None, Some(pki.ca_path())).unwrap();
+        assert_eq!(t.addr, "[::1]:9100");
+        assert!(t.tls.is_some());
+        for bad in ["ftp://gw:9100", "http://gw", "https://gw:9100/api", ""] {
             assert!(
-                matches!(Target::new(bad, None), Err(StatusError::BadUrl(_))),
+                matches!(Target::new(bad, None, None), Err(StatusError::BadUrl(_))),
                 "{bad}"
             );
         }
+        assert!(matches!(
+            Target::new("http://gw:9100", None, Some(pki.ca_path())),
+            Err(StatusError::CaFileWithoutTls(_))
+        ));
     }
 
     #[test]
@@ -545,7 +620,7 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let t = Target::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
+        let t = Target::new(&format!("http://127.0.0.1:{port}"), None, None).unwrap();
         let e = t.overview().unwrap_err().to_string();
         assert!(
             e.contains("cannot reach the admin endpoint") && e.contains("admin.listen"),

@@ -165,3 +165,53 @@ fn status_with_an_admin_token_needs_the_token_file() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("DEVICES  0"), "{out}");
 }
+
+#[test]
+fn status_reads_an_https_admin_endpoint_verified_against_its_ca() {
+    let pki = sluice_testkit::TestPki::generate();
+    let other = sluice_testkit::TestPki::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "status-cli-tls-token-5e1a77\n").unwrap();
+    let gw = gateway(
+        1,
+        &format!(
+            "token_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+            token,
+            pki.server_cert_path(),
+            pki.server_key_path()
+        ),
+    );
+    let port = gw.admin_addr.expect("admin").port();
+    let ca = pki.ca_path().to_str().unwrap();
+    let token = token.to_str().unwrap();
+    // By IP (the certificate's IP SAN) and by name (its DNS SAN).
+    for url in [
+        format!("https://127.0.0.1:{port}"),
+        format!("https://localhost:{port}"),
+    ] {
+        let (code, out, err) = status(&["--admin", &url, "--ca-file", ca, "--token-file", token]);
+        assert_eq!(code, 0, "{url}: {err}");
+        assert!(out.contains("DEVICES  0"), "{out}");
+    }
+    // A CA that did not sign the certificate: a clear TLS error, nothing printed.
+    let url = format!("https://127.0.0.1:{port}");
+    let wrong_ca = other.ca_path().to_str().unwrap();
+    let (code, out, err) = status(&[
+        "--admin",
+        &url,
+        "--ca-file",
+        wrong_ca,
+        "--token-file",
+        token,
+    ]);
+    assert_eq!(code, 1);
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("TLS with the admin endpoint at 127.0.0.1:") && err.contains("--ca-file"),
+        "{err}"
+    );
+    // Plain http to the TLS endpoint fails without hanging.
+    let (code, _, err) = status(&["--admin", &format!("http://127.0.0.1:{port}")]);
+    assert_eq!(code, 1, "{err}");
+}

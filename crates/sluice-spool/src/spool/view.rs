@@ -147,6 +147,15 @@ impl Spool {
     pub fn config(&self) -> &SpoolConfig {
         &self.cfg
     }
+    /// Change the size bound while open (a reload that adds a spooled uplink lowers every
+    /// spool's share). Never below two segments (as [`SpoolConfig::validate`] requires);
+    /// returns the bound now in force. A spool already holding more keeps what it holds: under
+    /// `Block` appends are refused until acknowledgements bring it under; under `DropOldest`
+    /// the next append drops the oldest sealed segments first. Nothing held is removed here.
+    pub fn set_max_bytes(&mut self, max_bytes: u64) -> u64 {
+        self.cfg.max_bytes = max_bytes.max(2 * self.cfg.segment_bytes);
+        self.cfg.max_bytes
+    }
     /// True after a failed write or fsync: reopen.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned

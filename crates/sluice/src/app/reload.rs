@@ -22,9 +22,9 @@
 //! - No lock on the data path: the control side builds each new immutable snapshot and
 //!   stores it with `arc-swap`; shards, the listener and transports keep reading with one
 //!   atomic load. No device connection is closed by a reload.
-//! - An added uplink (MQTT or oneM2M, no spool, `paths` or `install_tc`; ADR 0013) is
-//!   attached on every shard through its mailbox (`ShardCmd::AttachSink`) after its TLS is
-//!   built, and gets its entry in the admin's table (`uplinks.rs`); it is remembered
+//! - An added uplink (MQTT or oneM2M, with or without `paths` or a spool, not `install_tc`;
+//!   ADR 0013) is attached on every shard through its mailbox (`ShardCmd::AttachSink`) after
+//!   its TLS is built and its spools opened, and gets its entry in the admin's table (`uplinks.rs`); it is remembered
 //!   (`Applied::added`) so a later reload neither attaches it again nor names it.
 //! - Restart-only changes (listen addresses, shard count, spool, lanes, uplinks removed,
 //!   functions, …) are never half-applied: they are named in the answer and the log
@@ -223,8 +223,13 @@ struct Prepared {
     files: BTreeMap<String, u64>,
     /// `[acl]` or its file changed (a users-only change recompiles the ACL silently).
     acl_changed: bool,
-    /// Uplinks to attach (added, and of a kind that can be added live), with their TLS.
-    attach: Vec<(crate::config::UplinkConfig, Option<ClientTls>)>,
+    /// Uplinks to attach (added, and of a kind that can be added live), with their TLS and,
+    /// with `[spool] dir`, their spool on every shard (opened and recovered here).
+    attach: Vec<(
+        crate::config::UplinkConfig,
+        Option<ClientTls>,
+        Vec<crate::sink::spool::OpenedSpool>,
+    )>,
     /// Uplinks attached by an earlier reload whose certificate files changed: by name.
     added_tls: Vec<(String, crate::sink::ClientTlsParts)>,
 }
@@ -382,7 +387,17 @@ impl Reloader {
             let running = (self.started.uplink.iter().any(|r| r.name == u.name)
                 && !state.removed.contains(&u.name))
                 || state.added.iter().any(|a| a.cfg.name == u.name);
-            if running || !attachable(fresh, u) {
+            if running || !attachable(u) {
+                continue;
+            }
+            // Its spool directories must not still be open: a removal that has not finished
+            // draining waits (the name stays in restart_needed until a later reload).
+            let draining = self
+                .handles
+                .table
+                .by_name(&u.name)
+                .is_some_and(|e| e.state() == crate::app::uplinks::EntryState::Draining);
+            if self.started.spool.dir.is_some() && draining {
                 continue;
             }
             let tls = if u.url.tls {
@@ -393,7 +408,8 @@ impl Reloader {
             } else {
                 None
             };
-            attach.push((u.clone(), tls));
+            let spools = sinks::open_spools(&self.started, self.handles.shards.len(), u)?;
+            attach.push((u.clone(), tls, spools));
         }
         // Uplinks a reload attached: new roots or client certificate, as for the others.
         let mut added_tls = Vec::new();
@@ -475,7 +491,7 @@ impl Reloader {
                 .strip_suffix(" (added)")
                 .and_then(|k| k.strip_prefix("uplink."))
                 .is_some_and(|name| {
-                    prepared.attach.iter().any(|(u, _)| u.name == name)
+                    prepared.attach.iter().any(|(u, _, _)| u.name == name)
                         || state.added.iter().any(|a| a.cfg.name == name)
                 });
             // Functions added, removed or changed are applied below (ADR 0013).
@@ -616,12 +632,12 @@ impl Reloader {
                 applied.push(format!("uplink.{name} certificates (next connect)"));
             }
         }
-        for (u, tls) in prepared.attach {
+        for (u, tls, spools) in prepared.attach {
             let (client, live) = match tls {
                 Some((client, live)) => (Some(client), Some(live)),
                 None => (None, None),
             };
-            let route = self.attach_uplink(&u, client, None);
+            let route = self.attach_uplink(&u, client, None, spools);
             applied.push(format!("uplink.{} (added)", u.name));
             state.added.push(Added {
                 cfg: u,

@@ -35,9 +35,9 @@ use crate::config::UplinkConfig;
 use crate::sink::{Lane, LaneMetrics, SessionSeed, UplinkQueue, UplinkRoute};
 
 /// Everything a shard needs to run an uplink a reload added, built by the reload before it
-/// is sent (nothing here can fail on the shard). MQTT uplinks (with or without `paths`),
-/// oneM2M uplinks and functions' sinks, without a spool or `install_tc` (the reload keeps
-/// those restart-only).
+/// is sent (nothing here can fail on the shard). MQTT uplinks (with or without `paths`, with
+/// or without a spool), oneM2M uplinks and functions' sinks, without `install_tc` (the reload
+/// keeps that restart-only).
 pub struct AttachSink {
     pub id: UplinkId,
     pub cfg: Arc<UplinkConfig>,
@@ -47,6 +47,9 @@ pub struct AttachSink {
     pub route: UplinkRoute,
     /// A function's sink: the function's handle (its runtime is started by the reload).
     pub function: Option<Arc<crate::functions::FunctionHandle>>,
+    /// With `[spool] dir`: this shard's spool of the uplink, opened (and recovered) by the
+    /// reload; the shard sets its share of `max_size` (see [`spool_shares`]).
+    pub spool: Option<crate::sink::spool::OpenedSpool>,
     /// Answered once the sink is in the router's list and its tasks are spawned.
     pub done: tokio::sync::oneshot::Sender<()>,
 }
@@ -169,12 +172,40 @@ pub(crate) fn attach_sink(
         metrics,
         route,
         function,
+        spool,
         done,
     } = attach;
     let current = ctx.sinks();
     let per_lane = per_lane_bytes(ctx, current.len() + 1, lanes);
     set_capacity(&current, per_lane);
     let queue = Rc::new(UplinkQueue::with_metrics(per_lane, metrics.normal.clone()));
+    let spool = spool.map(|opened| {
+        let spool = crate::sink::spool::UplinkSpool::new(
+            ctx.id,
+            &cfg.name,
+            &ctx.config,
+            opened,
+            queue.clone(),
+        );
+        spool_shares(ctx, running, &spool);
+        spool
+    });
+    let mut feeders = crate::sink::outbox::Feeders::default();
+    let (spool_stop, _) = watch::channel(false);
+    let mut spools = Vec::new();
+    if let Some(spool) = &spool {
+        let weak = Rc::downgrade(spool);
+        feeders.attach(
+            ctx.config.spool.drain_share,
+            Box::new(move |up| {
+                if let Some(s) = weak.upgrade() {
+                    s.link_changed(up);
+                }
+            }),
+        );
+        let tasks = spool.spawn_tasks(spool_stop.subscribe());
+        spools.push((spool.clone(), tasks));
+    }
     let high = metrics
         .high
         .as_ref()
@@ -194,7 +225,7 @@ pub(crate) fn attach_sink(
         route: route.clone(),
         queue: queue.clone(),
         high: high.clone(),
-        spool: None,
+        spool,
         overflow,
     };
     let mut next: Vec<ShardUplink> = current.as_ref().clone();
@@ -214,7 +245,7 @@ pub(crate) fn attach_sink(
             metrics: metrics.normal.clone(),
             live_devices: ctx.online_devices.clone(),
             on_port: None,
-            feeders: Default::default(),
+            feeders,
             links: links.clone(),
             function: function.clone(),
             route: route.clone(),
@@ -247,10 +278,43 @@ pub(crate) fn attach_sink(
         sink,
         stop,
         tasks,
-        spool_stop: watch::channel(false).0,
-        spools: Vec::new(),
+        spool_stop,
+        spools,
     });
     let _ = done.send(());
+}
+
+/// Give `added`, a spool a reload opened on this shard, its share of `[spool] max_size`
+/// (`max_size / shards`, split evenly over this shard's spools of running uplinks, the new
+/// one included) and lower every other such spool to that share. A spool holding more than
+/// the new share keeps it (its appends wait until acknowledgements bring it under), so the
+/// new spool's bound is the share minus what the others hold above theirs — the spools
+/// together stay within `max_size` — though never below two segments (the engine's minimum:
+/// the one way they may pass `max_size`, by at most two segments per shard, while the others
+/// drain). The new spool keeps that bound until a restart.
+fn spool_shares(ctx: &ShardContext, running: &Running, added: &crate::sink::spool::UplinkSpool) {
+    let shards = ctx.mailboxes.len().max(1) as u64;
+    let budget = ctx.config.spool.max_size.as_u64() / shards;
+    let others: Vec<Rc<crate::sink::spool::UplinkSpool>> = running
+        .borrow()
+        .iter()
+        .flat_map(|r| r.spools.iter().map(|(s, _)| s.clone()))
+        .filter(|s| !s.is_former())
+        .collect();
+    let share = budget / (others.len() as u64 + 1);
+    let mut above = 0u64;
+    for s in &others {
+        s.set_max_bytes(share);
+        above += s.total_bytes().saturating_sub(share);
+    }
+    let got = added.set_max_bytes(share.saturating_sub(above));
+    tracing::info!(
+        shard = ctx.id,
+        share,
+        bound = got,
+        spools = others.len() + 1,
+        "spool of an added uplink opened; each spool's share of spool.max_size lowered"
+    );
 }
 
 /// How often a draining sink is checked for being empty (a rare, control-side wait).

@@ -79,7 +79,7 @@ fn planned(s: &FaultsScenario, name: &str) -> Duration {
         }
         "clock-step" => 45,
         "restart-state" => 20,
-        "pingresp-311" => 30,
+        "pingresp-311" => 45,
         "slow-readers" => {
             if small {
                 60
@@ -132,7 +132,7 @@ pub fn run_case(s: &FaultsScenario, name: &str) -> anyhow::Result<CaseResult> {
                 net.links[0].gw_addr, net.links[1].gw_addr
             );
         }
-        "pingresp-311" => spec.mqtt_extra = "max_queued_bytes = \"256KiB\"\n".to_string(),
+        "pingresp-311" => spec.mqtt_extra = "receive_maximum = 64\n".to_string(),
         "slow-readers" => {
             spec.gateway_extra =
                 format!("max_outbox_memory = \"{}MiB\"\n", crowd::OUTBOX_MEMORY_MIB);

@@ -17,6 +17,7 @@ impl Reloader {
         u: &crate::config::UplinkConfig,
         tls: Option<Arc<rustls::ClientConfig>>,
         function: Option<Arc<crate::functions::FunctionHandle>>,
+        spools: Vec<crate::sink::spool::OpenedSpool>,
     ) -> crate::sink::UplinkRoute {
         let high = self.started.priority.has_high();
         let route = crate::sink::UplinkRoute::new(u);
@@ -31,13 +32,14 @@ impl Reloader {
             crate::app::uplinks::StartEntry {
                 name: u.name.clone(),
                 lanes: lanes.clone(),
-                spools: Vec::new(),
+                spools: spools.iter().map(|s| s.metrics.clone()).collect(),
                 tc: serde_json::Value::Null,
             },
         );
         let cfg = Arc::new(u.clone());
         let mut waits = Vec::new();
         let mut cmds = Vec::new();
+        let mut spools = spools.into_iter();
         for (shard, metrics) in self.handles.shards.iter().zip(lanes) {
             let (done, wait) = tokio::sync::oneshot::channel();
             waits.push(wait);
@@ -50,6 +52,7 @@ impl Reloader {
                     metrics,
                     route: route.clone(),
                     function: function.clone(),
+                    spool: spools.next(),
                     done,
                 })),
             ));
@@ -92,13 +95,59 @@ pub(super) type ClientTls = (
 );
 
 /// Whether an added uplink can be attached live (ADR 0013): not a function's sink (those
-/// come with their `[[function]]`), no `install_tc` (its tc tree is installed with
-/// privileges at start) and no spool (`[spool] dir`: each spool's share of `max_bytes` is
-/// fixed when the spools are opened at start). `paths` can: per-path sessions read the link
-/// watcher's table, which lists every interface (without a watcher started at start they
-/// notice a dead path by their own timeouts, as when netlink is unavailable).
-pub(super) fn attachable(config: &Config, u: &crate::config::UplinkConfig) -> bool {
-    u.function.is_none() && !u.install_tc && config.spool.dir.is_none()
+/// come with their `[[function]]`) and no `install_tc` (its tc tree is installed with
+/// privileges at start). `paths` can: per-path sessions read the link watcher's table, which
+/// lists every interface (without a watcher started at start they notice a dead path by their
+/// own timeouts, as when netlink is unavailable). With `[spool] dir` it gets a spool on every
+/// shard ([`open_spools`]; the shards set its share of `max_size`).
+pub(super) fn attachable(u: &crate::config::UplinkConfig) -> bool {
+    u.function.is_none() && !u.install_tc
+}
+
+/// With `[spool] dir` (as the gateway started: `[spool]` changes need a restart): the added
+/// uplink `u`'s spool on each of `shards` shards, opened and recovered (a directory left by an
+/// uplink of the same name holds what it did not send: it is sent now). Its bound here is
+/// provisional; the shard sets its share (`shard/sinks.rs`, `spool_shares`). An error refuses
+/// the reload, naming the directory.
+pub(super) fn open_spools(
+    started: &Config,
+    shards: usize,
+    u: &crate::config::UplinkConfig,
+) -> Result<Vec<crate::sink::spool::OpenedSpool>, String> {
+    let Some(base) = &started.spool.dir else {
+        return Ok(Vec::new());
+    };
+    let record_max = crate::config::SpoolConfig::max_record_bytes(
+        started.mqtt.max_packet_size,
+        started.mqtt.max_client_id_len,
+    );
+    let engine = started.spool.engine_config(
+        shards,
+        started.uplink.len() + 1,
+        record_max,
+        crate::sink::spool::ENGINE_ACK_WINDOW,
+    );
+    let mut out = Vec::with_capacity(shards);
+    for shard in 0..shards {
+        let dir = crate::sink::spool::spool_dir(base, &u.name, shard);
+        let (spool, report) = sluice_spool::Spool::open(&dir, engine.clone()).map_err(|e| {
+            format!(
+                "uplink {:?}: cannot open its spool {}: {e}",
+                u.name,
+                dir.display()
+            )
+        })?;
+        crate::sink::spool::log_recovery(shard, &u.name, &dir, &spool, &report);
+        let metrics = Arc::new(crate::sink::spool::SpoolMetrics::default());
+        crate::sink::spool::update_gauges(&spool, &metrics);
+        out.push(crate::sink::spool::OpenedSpool {
+            spool,
+            dir,
+            engine: engine.clone(),
+            metrics,
+        });
+    }
+    Ok(out)
 }
 
 /// How much longer than the drain deadline a reload waits for every shard's answer before it
@@ -241,7 +290,7 @@ impl Reloader {
             };
             match self.handles.functions.add(cfg) {
                 Ok(live) => {
-                    self.attach_uplink(entry, None, Some(live.handle.clone()));
+                    self.attach_uplink(entry, None, Some(live.handle.clone()), Vec::new());
                     applied.push(if replaced.contains(&name) {
                         format!("function.{name} (replaced)")
                     } else {

@@ -352,7 +352,8 @@ impl UplinkSpool {
         loop {
             tokio::time::sleep(REOPEN_PAUSE).await;
             let dir = self.dir.clone();
-            let cfg = self.engine.clone();
+            let mut cfg = self.engine.clone();
+            cfg.max_bytes = self.max_bytes.get();
             let opened = tokio::task::spawn_blocking(move || Spool::open(&dir, cfg)).await;
             match opened {
                 Ok(Ok((spool, report))) => {

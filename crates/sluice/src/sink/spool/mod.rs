@@ -115,6 +115,7 @@ mod tests;
 
 pub use acks::AckRanges;
 pub use metrics::SpoolMetrics;
+pub(crate) use open::{log_recovery, update_gauges};
 pub use open::{open_all, spool_dir, OpenedSpool, OpenedSpools, SpoolStartError};
 
 use std::cell::{Cell, RefCell};
@@ -178,6 +179,9 @@ pub struct UplinkSpool {
     drain_order: DrainOrder,
     dir: PathBuf,
     engine: sluice_spool::SpoolConfig,
+    /// The size bound in force: `engine.max_bytes` until a reload that adds a spooled uplink
+    /// lowers this spool's share ([`UplinkSpool::set_max_bytes`]); a reopen keeps it.
+    max_bytes: Cell<u64>,
     queue: Rc<UplinkQueue>,
     metrics: Arc<SpoolMetrics>,
     inner: RefCell<Inner>,
@@ -290,6 +294,7 @@ impl UplinkSpool {
             fsync: engine.fsync,
             drain_order: config.spool.drain_order,
             dir,
+            max_bytes: Cell::new(engine.max_bytes),
             engine,
             queue,
             metrics,
@@ -319,6 +324,34 @@ impl UplinkSpool {
     /// when it is empty.
     pub fn set_former(&self) {
         self.former.set(true);
+    }
+
+    /// Whether this is the spool of a former shard index (drained, never appended to).
+    pub fn is_former(&self) -> bool {
+        self.former.get()
+    }
+
+    /// Change this spool's share of `[spool] max_size` (a reload adding a spooled uplink,
+    /// `shard/sinks.rs`): never below two segments; what it holds stays (see
+    /// `sluice_spool::Spool::set_max_bytes`). Returns the bound now in force.
+    pub fn set_max_bytes(&self, max: u64) -> u64 {
+        let now = match self.inner.borrow_mut().spool.as_mut() {
+            Some(spool) => spool.set_max_bytes(max),
+            None => max.max(2 * self.engine.segment_bytes),
+        };
+        self.max_bytes.set(now);
+        self.metrics
+            .max_bytes
+            .set(i64::try_from(now).unwrap_or(i64::MAX));
+        now
+    }
+
+    /// Bytes its segment files hold (while it is being reopened: as last measured).
+    pub fn total_bytes(&self) -> u64 {
+        match self.inner.borrow().spool.as_ref() {
+            Some(spool) => spool.total_bytes(),
+            None => u64::try_from(self.metrics.bytes.get()).unwrap_or(0),
+        }
     }
 
     /// Everything unacknowledged in a freshly opened spool is backlog; live starts after it.

@@ -155,7 +155,7 @@ fn former_shards(uplink_dir: &Path, shards: usize) -> Vec<usize> {
 }
 
 /// Logs one recovery report: INFO when clean, WARN naming what was skipped.
-pub(super) fn log_recovery(
+pub(crate) fn log_recovery(
     shard: usize,
     uplink: &str,
     dir: &Path,
@@ -206,7 +206,7 @@ fn warn_unknown_uplinks(base: &Path, config: &Config) {
 }
 
 /// The size and unacknowledged-record gauges, from the engine.
-pub(super) fn update_gauges(spool: &Spool, m: &SpoolMetrics) {
+pub(crate) fn update_gauges(spool: &Spool, m: &SpoolMetrics) {
     m.bytes.set(spool.total_bytes() as i64);
     m.max_bytes
         .set(i64::try_from(spool.config().max_bytes).unwrap_or(i64::MAX));

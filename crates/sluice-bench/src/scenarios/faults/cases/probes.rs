@@ -157,15 +157,97 @@ pub(crate) async fn restart_state(
 pub(crate) async fn pingresp(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<()> {
     let keep_alive: u16 = 4;
     bed.net.cut(0).map_err(anyhow::Error::msg)?;
-    let mut opts = ConnectOpts::v311("faults-ping");
+    // The check: a device with an inflight window, as MQTT clients have (paho and libmosquitto
+    // default to 20 and let it be raised), here 100 against the gateway's receive_maximum of 64,
+    // so 36 PUBLISHes (about 8 KiB) and then its PINGREQs wait unread behind the limit.
+    let windowed = ping_probe(bed, "faults-ping", WINDOW, 200, keep_alive).await?;
+    // The limit beside it: a device without any window writes 768 KiB at once; the kernel's
+    // socket buffers take most of it, so its PINGREQ sits hundreds of KiB behind the limit,
+    // beyond any bounded read-ahead (mqtt READ_AHEAD_BYTES, 16 KiB, docs/memory.md).
+    let flood = ping_probe(bed, "faults-ping-flood", 768, 1024, keep_alive).await?;
+    bed.net.restore(0).map_err(anyhow::Error::msg)?;
+    o.observed.push(format!(
+        "cloud link cut; [mqtt] receive_maximum = 64; a 3.1.1 device (keep-alive {keep_alive} s) with a window of {WINDOW} QoS 1 PUBLISHes × 200 B wrote {}; then PINGREQ every {} s for {} s: {}",
+        windowed.pushed(),
+        keep_alive / 2,
+        3 * keep_alive,
+        windowed.summary(),
+    ));
+    o.observed.push(format!(
+        "the limit, not part of the check: a second 3.1.1 device without a window wrote {} × 1 KiB (its PINGREQ behind ~{} KiB unread, beyond the 16 KiB read-ahead): {}",
+        flood.pushed(),
+        768 - 64,
+        flood.summary(),
+    ));
+    o.check = format!(
+        "a device with a {WINDOW}-message window past receive_maximum 64: every PINGREQ answered within the keep-alive and the connection kept"
+    );
+    o.check_met = windowed.passed();
+    Ok(())
+}
+
+/// The windowed device's inflight window (more than the gateway's `receive_maximum`).
+const WINDOW: u16 = 100;
+
+struct PingProbe {
+    count: u16,
+    pushed_ok: bool,
+    answered: u32,
+    asked: u32,
+    slowest: Option<Duration>,
+    first_error: Option<String>,
+    alive: bool,
+}
+
+impl PingProbe {
+    fn passed(&self) -> bool {
+        self.pushed_ok && self.asked > 0 && self.answered == self.asked && self.alive
+    }
+
+    fn pushed(&self) -> String {
+        if self.pushed_ok {
+            format!("{} without waiting", self.count)
+        } else {
+            "NOT all (writes blocked 10 s: sluice stopped reading)".to_string()
+        }
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{}/{} answered (slowest {}){}; connection alive at the end: {}",
+            self.answered,
+            self.asked,
+            self.slowest.map_or("–".to_string(), |d| format!(
+                "{:.0} ms",
+                d.as_secs_f64() * 1e3
+            )),
+            self.first_error
+                .as_ref()
+                .map(|e| format!("; first failure: {e}"))
+                .unwrap_or_default(),
+            if self.alive { "yes" } else { "no" },
+        )
+    }
+}
+
+/// One 3.1.1 device: `count` QoS 1 PUBLISHes of `size` bytes written at once (none is
+/// acknowledged: the cloud is away and there is no spool), then a PINGREQ every half
+/// keep-alive for three keep-alives.
+async fn ping_probe(
+    bed: &Bed,
+    client_id: &str,
+    count: u16,
+    size: usize,
+    keep_alive: u16,
+) -> anyhow::Result<PingProbe> {
+    let mut opts = ConnectOpts::v311(client_id);
     opts.keep_alive = keep_alive;
     let (mut c, _) = TestClient::connect(bed.mqtt(), opts).await?;
     c.set_ack_timeout(Duration::from_secs(u64::from(keep_alive)));
-    let topic = ByteString::from("faults/ping");
-    let payload = Bytes::from(vec![b'p'; 1024]);
-    let total = 768u16; // 768 KiB against max_queued_bytes = 256 KiB.
+    let topic = ByteString::from(format!("faults/ping/{client_id}"));
+    let payload = Bytes::from(vec![b'p'; size]);
     let pushed = tokio::time::timeout(Duration::from_secs(10), async {
-        for id in 1..=total {
+        for id in 1..=count {
             c.send_packet(&Packet::Publish(Publish {
                 dup: false,
                 qos: QoS::AtLeastOnce,
@@ -180,22 +262,27 @@ pub(crate) async fn pingresp(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<(
         anyhow::Ok(())
     })
     .await;
-    let pushed_ok = matches!(pushed, Ok(Ok(())));
-    let (mut answered, mut asked) = (0, 0);
-    let mut rtts = Vec::new();
-    let mut first_error = None;
-    if pushed_ok {
+    let mut p = PingProbe {
+        count,
+        pushed_ok: matches!(pushed, Ok(Ok(()))),
+        answered: 0,
+        asked: 0,
+        slowest: None,
+        first_error: None,
+        alive: false,
+    };
+    if p.pushed_ok {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(3 * u64::from(keep_alive)) {
             pause(Duration::from_secs(u64::from(keep_alive) / 2)).await;
-            asked += 1;
+            p.asked += 1;
             match c.ping().await {
                 Ok(rtt) => {
-                    answered += 1;
-                    rtts.push(rtt);
+                    p.answered += 1;
+                    p.slowest = p.slowest.max(Some(rtt));
                 }
                 Err(e) => {
-                    first_error.get_or_insert(format!("{e:#}"));
+                    p.first_error.get_or_insert(format!("{e:#}"));
                     if c.expect_closed(Duration::from_millis(10)).await {
                         break;
                     }
@@ -203,18 +290,6 @@ pub(crate) async fn pingresp(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<(
             }
         }
     }
-    let alive = pushed_ok && c.ping().await.is_ok();
-    bed.net.restore(0).map_err(anyhow::Error::msg)?;
-    o.observed.push(format!(
-        "cloud link cut; a 3.1.1 device (keep-alive {keep_alive} s) wrote {} × 1 KiB QoS 1 PUBLISHes without waiting ([mqtt] max_queued_bytes = 256KiB); then PINGREQ every {} s for {} s: {answered}/{asked} answered (slowest {}){}; connection alive at the end: {}",
-        if pushed_ok { total.to_string() } else { "NOT all (writes blocked 10 s: sluice stopped reading)".to_string() },
-        keep_alive / 2,
-        3 * keep_alive,
-        rtts.iter().max().map_or("–".to_string(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3)),
-        first_error.map(|e| format!("; first failure: {e}")).unwrap_or_default(),
-        if alive { "yes" } else { "no" },
-    ));
-    o.check = "every PINGREQ answered within the keep-alive and the connection kept".to_string();
-    o.check_met = pushed_ok && asked > 0 && answered == asked && alive;
-    Ok(())
+    p.alive = p.pushed_ok && c.ping().await.is_ok();
+    Ok(p)
 }
