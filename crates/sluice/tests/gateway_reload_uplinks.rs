@@ -1,6 +1,6 @@
 //! Uplinks added by a reload (issue 29 item 3, ADR 0013): an added uplink's broker starts
-//! receiving while devices keep publishing; what cannot be added live (a spool, `install_tc`)
-//! is named and not attached. Removals: `gateway_reload_removal.rs`.
+//! receiving while devices keep publishing; with a spool it gets its share of
+//! `[spool] max_size`; what cannot be added live (`install_tc`) is named and not attached. Removals: `gateway_reload_removal.rs`.
 //!
 //! Real peers: cloud Mosquittos over TLS 1.3, MQTT devices on real sockets, certificates
 //! generated at test time.
@@ -181,46 +181,128 @@ async fn an_added_uplink_with_an_unreadable_ca_refuses_the_reload_and_nothing_ch
     gw.shutdown();
 }
 
-/// ADR 0013, first version: with `[spool] dir` an added uplink is not attached live (its
-/// spools would have to be opened and recovered first); the reload names it and nothing runs.
+/// ADR 0013: with `[spool] dir` an added uplink gets a spool on every shard. Each shard's
+/// spools share `max_size / shards`: the running uplink's spool is lowered to the new share,
+/// and since it holds more than that (its cloud is away), the new spool's bound is the share
+/// minus that excess, so the two stay within the shard's budget. The added uplink's broker
+/// receives what devices publish to its topics, through its spool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_a_spool_an_added_uplink_waits_for_a_restart() {
-    let first = Cloud::start();
+async fn with_a_spool_an_added_uplink_gets_a_spool_within_max_size() {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let second = Cloud::start();
     let dir = tempfile::tempdir().expect("temp dir");
-    let spool = dir.path().join("spool");
     let path = dir.path().join("sluice.toml");
-    let one = format!(
-        "{}\n[spool]\ndir = \"{}\"\n",
-        first.uplink_toml(None, "forward = [\"#\"]"),
-        spool.display()
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    // The first uplink's cloud is away (nothing listens there): what devices publish to its
+    // topics stays in its spool.
+    let away = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let head = format!(
+        "[gateway]\nshards = 2\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_size = \"64KiB\"\n[coap]\nenabled = false\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n[spool]\ndir = \"{}\"\nmax_size = \"4MiB\"\nsegment_size = \"128KiB\"\n[[uplink]]\nname = \"cloud\"\nurl = \"mqtt://{away}\"\nclient_id = \"gw-away\"\nallow_plaintext = true\nforward = [\"fill/#\"]\nreconnect_min = \"50ms\"\nreconnect_max = \"500ms\"\n",
+        token.display(),
+        dir.path().join("spool").display()
     );
-    std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
+    std::fs::write(&path, &head).unwrap();
     let gw = gateway_from(&path);
     let admin_addr = gw.admin_addr.expect("admin");
-    let two = first
-        .uplink_toml(None, "forward = [\"#\"]")
+    // 1.5 MiB into each shard's spool (a device per shard), acknowledged after its commit.
+    let ids = common::ids_on_shards("fill", 2, 1);
+    for id in ids.iter().flatten() {
+        let (mut c, ack) = sluice_testkit::TestClient::connect(
+            gw.mqtt_addr,
+            sluice_testkit::ConnectOpts::v311(id.clone()),
+        )
+        .await
+        .expect("connect");
+        assert_eq!(ack.code, 0);
+        for n in 0..48 {
+            c.publish(
+                &format!("fill/{id}/{n}"),
+                vec![b'f'; 32 * 1024],
+                sluice_proto::mqtt::QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .expect("acknowledged after the spool commit");
+        }
+    }
+    let text = metrics(admin_addr);
+    assert_eq!(
+        uplink_sum(&text, "sluice_spool_max_bytes", "cloud"),
+        4.0 * MIB,
+        "one uplink: each shard's spool has the shard's 2 MiB"
+    );
+
+    let two = second
+        .uplink_toml(None, "forward = [\"live/#\"]")
         .replace("name = \"cloud\"", "name = \"second\"")
         .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
-    std::fs::write(&path, base_config(dir.path(), &format!("{two}\n{one}"))).unwrap();
+    std::fs::write(&path, format!("{head}\n{two}")).unwrap();
     let (status, answer) = post_reload(admin_addr);
     assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["result"], "restart_needed", "{answer}");
+    assert_eq!(answer["result"], "applied", "{answer}");
+    assert_eq!(answer["applied"][0], "uplink.second (added)", "{answer}");
+    for shard in 0..2 {
+        assert!(
+            dir.path()
+                .join(format!("spool/second/shard-{shard}"))
+                .is_dir(),
+            "the added uplink's spool directory on shard {shard}"
+        );
+    }
+
+    let text = metrics(admin_addr);
+    for shard in 0..2 {
+        let value = |name: &str, uplink: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .filter(|l| l.contains(&format!("shard=\"{shard}\"")))
+                .filter(|l| l.contains(&format!("uplink=\"{uplink}\"")))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let held = value("sluice_spool_bytes", "cloud");
+        let cloud_max = value("sluice_spool_max_bytes", "cloud");
+        let second_max = value("sluice_spool_max_bytes", "second");
+        println!(
+            "shard {shard}: cloud holds {held} B (bound {cloud_max}), second's bound {second_max}"
+        );
+        assert_eq!(cloud_max, MIB, "shard {shard}: the share of two spools");
+        assert!(
+            held > MIB,
+            "shard {shard}: the away cloud's spool holds {held}"
+        );
+        assert!(
+            second_max < MIB && second_max >= 256.0 * 1024.0,
+            "shard {shard}: the new spool's bound {second_max} is the share minus the excess"
+        );
+        assert!(
+            held + second_max <= 2.0 * MIB,
+            "shard {shard}: {held} + {second_max} within the shard's 2 MiB"
+        );
+    }
+
+    // The added uplink's broker receives, through its spool.
+    let seen = watch_cloud(second.subscriber("watch-2", "#").await);
+    let mut c = common::device(&gw, "live-1", sluice_proto::mqtt::ProtocolVersion::V311).await;
+    for n in 0..20 {
+        c.publish(
+            &format!("live/{n}"),
+            &b"x"[..],
+            sluice_proto::mqtt::QoS::AtLeastOnce,
+            false,
+        )
+        .await
+        .expect("publish");
+    }
+    wait_cloud(&seen, 0, 20, "messages on the added uplink", |_| true).await;
+    let text = metrics(admin_addr);
     assert!(
-        answer["restart_needed"]
-            .as_array()
-            .expect("restart_needed")
-            .iter()
-            .any(|k| k == "uplink.second (added)"),
-        "{answer}"
-    );
-    let status_json = gw.status_json();
-    assert_eq!(
-        status_json["shards"][0]["uplinks"]
-            .as_array()
-            .expect("uplinks")
-            .len(),
-        1,
-        "nothing attached: {status_json}"
+        uplink_sum(&text, "sluice_spool_records_appended_total", "second") >= 20.0,
+        "the added uplink's messages went through its spool"
     );
     gw.shutdown();
 }

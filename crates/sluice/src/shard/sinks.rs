@@ -383,7 +383,7 @@ pub(crate) async fn detach_sink(
                 shard = ctx.id,
                 uplink = %rs.name,
                 dir = %spool.dir().display(),
-                "spool directory of a removed uplink left on disk with what it did not send (an uplink added again under this name after a restart sends it)"
+                "spool directory of a removed uplink left on disk with what it did not send (an uplink configured again under this name sends it)"
             );
         }
     }
