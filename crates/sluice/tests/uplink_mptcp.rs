@@ -175,6 +175,14 @@ async fn an_mptcp_device_listener_serves_mptcp_and_plain_tcp_devices() {
         listed,
         "the device's connection to the listener is an MPTCP one (ss -M)"
     );
+    // Its SUBSCRIBE is in force (an established connection is not yet a subscription).
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            common::metric_sum(&gw.metrics_text(), "sluice_mqtt_subscriptions{") >= 1.0
+        })
+        .await,
+        "mosquitto_sub's subscription is held"
+    );
     // A plain TCP device publishes; the MPTCP device receives it.
     let mut d = device(&gw, "plain-dev", ProtocolVersion::V311).await;
     assert_eq!(
