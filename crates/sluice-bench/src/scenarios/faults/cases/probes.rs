@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bytes::Bytes;
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Packet, Publish, QoS};
+use sluice_proto::mqtt::{Packet, Properties, Publish, QoS};
 use sluice_testkit::{ConnectOpts, TestClient};
 use tokio::time::Instant;
 
@@ -44,6 +44,33 @@ pub(crate) async fn clock_step(
     o: &mut Outcome,
 ) -> anyhow::Result<()> {
     let file = file.context("no faketime file")?;
+    // Message expiry across the steps: retained messages with a 10-minute expiry (a +1 h step
+    // must not expire them) and with a 3-second one (it must expire on time, whatever the
+    // wall clock did: no stuck timer).
+    let (mut publisher, _) =
+        TestClient::connect(bed.mqtt(), ConnectOpts::v5("faults-expiry-pub")).await?;
+    for (i, expiry) in [(0u16, 600u32), (1, 600), (2, 3), (3, 3)] {
+        let id = 100 + i;
+        publisher
+            .send_packet(&Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: true,
+                topic: ByteString::from(format!("faults/expiry/{expiry}/{i}")),
+                packet_id: Some(id),
+                properties: Some(Box::new(Properties {
+                    message_expiry_interval: Some(expiry),
+                    ..Properties::default()
+                })),
+                payload: Bytes::from(format!("e{i}")),
+            }))
+            .await?;
+        publisher
+            .wait_ack(id)
+            .await
+            .context("a retained publish with an expiry")?;
+    }
+    let published = Instant::now();
     let m0 = bed.metrics().await;
     let warn0 = bed.sluice.stderr_count("WARN") + bed.sluice.stderr_count("ERROR");
     let mut steps = Vec::new();
@@ -64,6 +91,43 @@ pub(crate) async fn clock_step(
             "{label}: fewest uplink sessions connected {min_connected}"
         ));
     }
+    // After the steps (32 s): the 10-minute ones are there with what is left of their
+    // interval, the 3-second ones are gone.
+    let (mut reader, _) =
+        TestClient::connect(bed.mqtt(), ConnectOpts::v5("faults-expiry-sub")).await?;
+    reader
+        .subscribe(&[("faults/expiry/#", QoS::AtLeastOnce)])
+        .await?;
+    let mut kept = Vec::new();
+    while let Some(p) = reader.recv(Duration::from_secs(2)).await? {
+        let left = p
+            .properties
+            .as_ref()
+            .and_then(|pr| pr.message_expiry_interval);
+        kept.push((p.topic.to_string(), left));
+    }
+    let elapsed = published.elapsed().as_secs_f64();
+    let long_ok = kept
+        .iter()
+        .filter(|(t, left)| {
+            t.starts_with("faults/expiry/600/")
+                && left
+                    .is_some_and(|l| f64::from(l) <= 600.0 && f64::from(l) >= 600.0 - elapsed - 2.0)
+        })
+        .count();
+    let short_left = kept
+        .iter()
+        .filter(|(t, _)| t.starts_with("faults/expiry/3/"))
+        .count();
+    o.observed.push(format!(
+        "message expiry: 2 retained with 600 s and 2 with 3 s before the steps; {elapsed:.0} s later {long_ok}/2 of the 600 s ones there with their remaining interval ({}), {short_left}/2 of the 3 s ones still there",
+        kept.iter()
+            .filter(|(t, _)| t.starts_with("faults/expiry/600/"))
+            .map(|(_, l)| l.map_or("none".to_string(), |l| format!("{l} s")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let expiry_ok = long_ok == 2 && short_left == 0;
     let m1 = bed.metrics().await;
     let d = |n: &str| metric_sum(&m1, n).unwrap_or(0.0) - metric_sum(&m0, n).unwrap_or(0.0);
     let connects = d("sluice_uplink_connects_total");
@@ -77,8 +141,11 @@ pub(crate) async fn clock_step(
         d("sluice_mqtt_connections_closed_total"),
         d("sluice_mqtt_sessions_evicted_total"),
     ));
-    o.check = "no uplink reconnect, no device connection closed, no WARN/ERROR line".to_string();
-    o.check_met = connects == 0.0 && warns == 0 && d("sluice_mqtt_connections_closed_total") == 0.0;
+    o.check = "no uplink reconnect, no device connection closed, no WARN/ERROR line; no message expired early, none kept late".to_string();
+    o.check_met = connects == 0.0
+        && warns == 0
+        && d("sluice_mqtt_connections_closed_total") == 0.0
+        && expiry_ok;
     Ok(())
 }
 
