@@ -241,7 +241,7 @@ pub(crate) async fn pingresp(bed: &mut Bed, o: &mut Outcome) -> anyhow::Result<(
         windowed.summary(),
     ));
     o.observed.push(format!(
-        "the limit, not part of the check: a second 3.1.1 device without a window wrote {} × 1 KiB (its PINGREQ behind ~{} KiB unread, beyond the 16 KiB read-ahead): {}",
+        "the limit, not part of the check: a second 3.1.1 device without a window, 1 KiB QoS 1 PUBLISHes, wrote {} (its PINGREQ behind ~{} KiB unread, beyond the 16 KiB read-ahead): {}",
         flood.pushed(),
         768 - 64,
         flood.summary(),
