@@ -213,6 +213,14 @@ async fn case_body(
     let (tally, recorder_error) = tokio::task::block_in_place(|| recorder.stop());
     let tally = tally.lock().unwrap_or_else(|p| p.into_inner());
     let figures = figures(&result, &tally);
+    if tally.order_violations > 0 {
+        outcome.observed.push(format!(
+            "order violations: MQTT {}, CoAP {}; the first: {}",
+            tally.order_by_proto[0],
+            tally.order_by_proto[1],
+            tally.first_violations.join("; ")
+        ));
+    }
     let error = ran.err().map(|e| format!("{e:#}"));
     if let Some(e) = recorder_error {
         outcome
@@ -317,10 +325,12 @@ async fn kill9(
         "spool, read from each process just before its kill: unacked records at most {peak_unacked:.0}; sluice_spool_full_total summed over the processes {full:.0}"
     ));
     if cloud_down {
+        let at = super::ledger::wall_clock(std::time::SystemTime::now());
         bed.net.restore(0).map_err(anyhow::Error::msg)?;
         let t = bed.wait_uplinks(1, Duration::from_secs(30)).await?;
         o.observed.push(format!(
-            "cloud link restored; uplink connected after {}",
+            "cloud link restored at {at} (load planned until {}); uplink connected after {}",
+            super::ledger::wall_clock(std::time::SystemTime::now() + load.remaining()),
             ms(t)
         ));
     }

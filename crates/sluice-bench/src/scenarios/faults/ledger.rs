@@ -48,6 +48,11 @@ pub struct Tally {
     /// Highest seq first seen per device (key: 0 = MQTT, 1 = CoAP; device).
     high: HashMap<(u8, u32), u64>,
     pub order_violations: u64,
+    /// Order violations by protocol: `[MQTT, CoAP]`.
+    pub order_by_proto: [u64; 2],
+    /// The first few order violations, described with their wall-clock arrival time (to set
+    /// beside the case's own events).
+    pub first_violations: Vec<String>,
     /// Retained / queued test messages by topic (for the state case): topic → arrivals.
     pub by_topic: HashMap<String, u32>,
     pub recorder_reconnects: u64,
@@ -92,10 +97,32 @@ impl Tally {
         let high = self.high.entry((proto, dev)).or_insert(seq);
         if seq < *high {
             self.order_violations += 1;
+            self.order_by_proto[usize::from(proto.min(1))] += 1;
+            if self.first_violations.len() < FIRST_VIOLATIONS {
+                self.first_violations.push(format!(
+                    "{} {dev} seq {seq} after {} at {}",
+                    if proto == 0 {
+                        "MQTT device"
+                    } else {
+                        "CoAP sensor"
+                    },
+                    *high,
+                    wall_clock(std::time::SystemTime::now()),
+                ));
+            }
         } else {
             *high = seq;
         }
     }
+}
+
+/// How many order violations are described in [`Tally::first_violations`].
+const FIRST_VIOLATIONS: usize = 4;
+
+/// `HH:MM:SS.mmm` (UTC) of `t`, for the report's event times.
+pub fn wall_clock(t: std::time::SystemTime) -> String {
+    let s = humantime::format_rfc3339_millis(t).to_string();
+    s.get(11..23).unwrap_or(&s).to_string()
 }
 
 /// The cloud recorder; stop it to get the tally.

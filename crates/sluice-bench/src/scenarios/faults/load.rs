@@ -73,9 +73,17 @@ pub struct Load {
     phd_addr: SocketAddr,
     spec: LoadSpec,
     pub phd_reassociations: u32,
+    /// When the planned load ends (the case stops the devices then).
+    ends: tokio::time::Instant,
 }
 
 impl Load {
+    /// How long the planned load still runs.
+    pub fn remaining(&self) -> Duration {
+        self.ends
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+
     /// Start every load; CoAP sensors send for `duration` (then stop by themselves).
     pub async fn start(
         spec: &LoadSpec,
@@ -84,6 +92,7 @@ impl Load {
         phd: SocketAddr,
         duration: Duration,
     ) -> anyhow::Result<Load> {
+        let ends = tokio::time::Instant::now() + duration;
         let ledger = MqttLedger::start(LedgerConfig {
             target: mqtt,
             qos1: spec.mqtt_qos1,
@@ -116,6 +125,7 @@ impl Load {
             phd_addr: phd,
             spec: spec.clone(),
             phd_reassociations: 0,
+            ends,
         };
         load.connect_phd().await?;
         Ok(load)
