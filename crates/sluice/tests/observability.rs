@@ -516,3 +516,55 @@ fn log_format_json_writes_one_json_object_per_line() {
         .as_str()
         .is_some_and(|t| t.starts_with("sluice")));
 }
+
+/// Text log lines written anywhere but a terminal (the journal under systemd, a file, a pipe
+/// to a log shipper) carry no ANSI colour codes: journald stores a line with an escape byte as
+/// binary (`journalctl -o json` shows its MESSAGE as an array of numbers, `-o cat` shows the
+/// codes) and log shippers index the codes as text. Found by scripts/test-systemd.
+#[test]
+fn log_format_text_to_a_file_or_the_journal_has_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let log = dir.path().join("sluice.log");
+    let admin = sluice_testkit::free_port().unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nshards = 1\npin_threads = false\n[mqtt]\nlisten = \"127.0.0.1:0\"\n\
+             [coap]\nenabled = false\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n\
+             [log]\nlevel = \"info\"\nformat = \"text\"\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", "-c"])
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start sluice");
+    let mut guard = Guard(child);
+    let deadline = Instant::now() + T;
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().any(|l| l.contains("sluice started")) {
+            break text;
+        }
+        if let Ok(Some(status)) = guard.0.try_wait() {
+            panic!("sluice exited ({status}):\n{text}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no start line within 10 s:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let line = text.lines().find(|l| l.contains("sluice started")).unwrap();
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in a log written to a file: {line:?}"
+    );
+    assert!(line.contains(" INFO sluice started "), "{line:?}");
+}

@@ -15,16 +15,19 @@
 //!
 //! Invariant: a runtime registers once, from its own thread, before it serves anything; the
 //! table only grows (it holds one entry per gateway thread, a few dozen at most). The gateway
-//! says how many threads it started ([`Liveness::expect`]); a probe that finds fewer
-//! registered (a thread that could not build its runtime) fails too.
+//! says how many threads it started ([`Liveness::expect`]); a probe waits, within its deadline,
+//! for threads still starting to register, and fails if fewer did (a thread that could not
+//! build its runtime).
 
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The runtimes whose event loops are probed.
 #[derive(Debug, Default)]
 pub struct Liveness {
     runtimes: Mutex<Vec<(String, tokio::runtime::Handle)>>,
+    /// Signalled on every registration: a probe waits on it for threads still starting.
+    registered: Condvar,
     expected: std::sync::atomic::AtomicUsize,
 }
 
@@ -56,6 +59,7 @@ impl Liveness {
     /// Register `handle`'s runtime under `name`.
     pub fn register(&self, name: impl Into<String>, handle: tokio::runtime::Handle) {
         self.lock().push((name.into(), handle));
+        self.registered.notify_all();
     }
 
     /// `threads` runtimes will register; a probe fails while fewer have.
@@ -74,21 +78,48 @@ impl Liveness {
     }
 
     /// Ask every registered runtime to run a task, and wait up to `within` for all of them.
-    /// Blocks the calling thread (never call it from a gateway runtime).
+    /// Threads the gateway started but that have not registered yet (the first probe comes
+    /// right after `READY=1`, while they may still be building their runtimes) are waited for
+    /// within the same deadline. Blocks the calling thread (never call it from a gateway
+    /// runtime).
     pub fn probe(&self, within: Duration) -> Result<(), Unresponsive> {
-        let runtimes = self.lock().clone();
+        let deadline = Instant::now() + within;
+        let expected = self.expected.load(std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = mpsc::channel::<usize>();
-        for (i, (_, handle)) in runtimes.iter().enumerate() {
+        let ask = |i: usize, handle: &tokio::runtime::Handle| {
             let tx = tx.clone();
             // A runtime that has shut down drops the task unrun: no answer.
             drop(handle.spawn(async move {
                 let _ = tx.send(i);
             }));
+        };
+        let mut runtimes = self.lock().clone();
+        for (i, (_, handle)) in runtimes.iter().enumerate() {
+            ask(i, handle);
+        }
+        if runtimes.len() < expected {
+            // The registered ones answer meanwhile; then ask the late ones (the table only grows).
+            let mut table = self.lock();
+            while table.len() < expected {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                table = match self.registered.wait_timeout(table, left) {
+                    Ok((table, _)) => table,
+                    Err(poisoned) => poisoned.into_inner().0,
+                };
+            }
+            let late = table[runtimes.len()..].to_vec();
+            drop(table);
+            for (name, handle) in late {
+                ask(runtimes.len(), &handle);
+                runtimes.push((name, handle));
+            }
         }
         drop(tx);
         let mut answered = vec![false; runtimes.len()];
         let mut missing = runtimes.len();
-        let deadline = Instant::now() + within;
         while missing > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
@@ -104,7 +135,6 @@ impl Liveness {
                 Err(_) => break,
             }
         }
-        let expected = self.expected.load(std::sync::atomic::Ordering::Relaxed);
         let unregistered = expected.saturating_sub(runtimes.len());
         if missing == 0 && unregistered == 0 {
             return Ok(());
@@ -168,6 +198,36 @@ mod tests {
         );
         let (stop_b, b) = runtime_thread(&liveness, "control");
         assert_eq!(liveness.len(), 2);
+        assert_eq!(liveness.probe(Duration::from_secs(5)), Ok(()));
+        stop_a.send(()).unwrap();
+        stop_b.send(()).unwrap();
+        a.join().unwrap();
+        b.join().unwrap();
+    }
+
+    /// The watchdog's first probe comes right after READY=1, while the threads
+    /// `Gateway::start` spawned may still be building their runtimes: a thread that registers
+    /// within the probe's deadline answers it. (Found by scripts/test-systemd: a healthy start
+    /// under load logged "1 thread(s) never registered" at ERROR and withheld the first ping.)
+    #[test]
+    fn a_thread_that_registers_during_the_probe_answers_it() {
+        let liveness = std::sync::Arc::new(Liveness::new());
+        liveness.expect(2);
+        let (stop_a, a) = runtime_thread(&liveness, "shard-0");
+        // The control thread is slow to start (a loaded machine): it registers 200 ms later.
+        let (stop_b, stopped) = tokio::sync::oneshot::channel::<()>();
+        let late = liveness.clone();
+        let b = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                late.register_current("control");
+                let _ = stopped.await;
+            });
+        });
+        assert_eq!(liveness.len(), 1);
         assert_eq!(liveness.probe(Duration::from_secs(5)), Ok(()));
         stop_a.send(()).unwrap();
         stop_b.send(()).unwrap();

@@ -10,8 +10,9 @@
 pub mod metrics;
 
 /// Initialise logging to standard output: `log.level` (an EnvFilter directive list; `RUST_LOG`
-/// wins when set) and `log.format` (`text`, or `json`: one JSON object per line with
-/// `timestamp`, `level`, `fields` — `message` and the event's fields — and the current span).
+/// wins when set) and `log.format` (`text`, coloured only on a terminal, or `json`: one JSON
+/// object per line with `timestamp`, `level`, `fields` — `message` and the event's fields — and
+/// the current span).
 ///
 /// The level filter is the registry's first layer, behind a reload layer, so [`set_log_level`]
 /// changes it while running; the line formatter (text or JSON) sits on top.
@@ -23,7 +24,11 @@ pub fn init_logging(log: &crate::config::LogConfig) {
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let (text, json) = match log.format {
         crate::config::LogFormat::Text => (
-            Some(tracing_subscriber::fmt::layer().with_target(false)),
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_target(false)
+                    .with_ansi(colour_output()),
+            ),
             None,
         ),
         crate::config::LogFormat::Json => (
@@ -44,6 +49,15 @@ pub fn init_logging(log: &crate::config::LogConfig) {
     if installed.is_ok() {
         let _ = LOG_FILTER.set(handle);
     }
+}
+
+/// Colours in text lines only on a terminal, and not when `NO_COLOR` is set
+/// (<https://no-color.org>). Under systemd standard output is the journal, which stores a line
+/// holding an escape byte as binary (`journalctl -o json` shows its MESSAGE as an array of
+/// numbers); files and pipes to log shippers get plain text too.
+fn colour_output() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty())
 }
 
 /// The installed filter's reload handle (unset until [`init_logging`] installed one).
