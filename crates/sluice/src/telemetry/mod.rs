@@ -57,7 +57,8 @@ pub fn init_logging(log: &crate::config::LogConfig) {
 /// numbers); files and pipes to log shippers get plain text too.
 fn colour_output() -> bool {
     use std::io::IsTerminal;
-    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty())
+    let no_color = matches!(std::env::var_os("NO_COLOR"), Some(v) if !v.is_empty());
+    std::io::stdout().is_terminal() && !no_color
 }
 
 /// The installed filter's reload handle (unset until [`init_logging`] installed one).
