@@ -426,6 +426,11 @@ pub(crate) fn recover(
     // when no record is present: with records, leftovers and the new active segment could
     // take the spool past its bound, so a removal the file system refuses fails recovery (the
     // gateway reopens until it can write).
+    // A run copied out under an empty file's name (a damaged segment whose records start
+    // below its own name) replaced that file: it is a segment of the index now, not an empty
+    // file to remove (found by the `spool_recovery` fuzz target: the removal deleted the
+    // records just recovered and left the index naming a missing file).
+    empties.retain(|&(name, _)| !metas.iter().any(|m| m.first == name));
     let mut leftovers = Vec::new();
     for (name, len) in empties {
         if cursor_settled {
