@@ -391,3 +391,28 @@ proptest! {
         prop_assert!(buf.bytes_examined() <= 4 * wire.len() as u64, "{} examined for {}", buf.bytes_examined(), wire.len());
     }
 }
+
+/// Many short interim responses (from the `onem2m_response` fuzz target, which found its own
+/// bound of 2 examined bytes per input byte too tight here: 441 for 205): each head's status
+/// prefix is checked besides the search and the parse, still at most 3 per byte.
+#[test]
+fn many_short_interim_heads_are_examined_at_most_three_times_per_byte() {
+    let mut wire = b"HTTP/1.1 120\r\nXM-2:IR- r \xb6\nXM-2: 041\r\n\n".to_vec();
+    for _ in 0..40 {
+        wire.extend_from_slice(b"HTTP/1.1 100\n\n");
+    }
+    let mut rb = ResponseBuf::new();
+    rb.extend_from_slice(&wire);
+    assert!(rb.decode().unwrap().is_none(), "only interim responses");
+    let examined = rb.bytes_examined();
+    println!("{} bytes of interim heads: {examined} examined", wire.len());
+    assert!(
+        examined > 2 * wire.len() as u64 - 1,
+        "the case the fuzzer found"
+    );
+    assert!(
+        examined <= 3 * wire.len() as u64,
+        "{examined} for {}",
+        wire.len()
+    );
+}
