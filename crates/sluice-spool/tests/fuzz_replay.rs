@@ -1,126 +1,11 @@
-//! Inputs the fuzz targets crashed on, replayed through the same steps as the target
-//! (`fuzz/fuzz_targets/spool_recovery.rs`): each file in `tests/fuzz_inputs/` is a regression
-//! test that failed before its fix.
+//! Inputs the fuzz targets crashed on, replayed through the same steps as the target (the
+//! `spool_recovery` target's own file, `fuzz/fuzz_targets/shared/spool_recovery_steps.rs`):
+//! each file in `tests/fuzz_inputs/` is a regression test that failed before its fix.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 
-use sluice_spool::fault::FaultFs;
-use sluice_spool::{
-    segment_path, verify_with_fs, FsyncPolicy, FullPolicy, Spool, SpoolConfig, SpoolRecord,
-    CURSOR_FILE, SEGMENT_MAGIC,
-};
-
-const DIR: &str = "/spool";
-const MAX_RECORD: u32 = 256;
-
-fn config() -> SpoolConfig {
-    SpoolConfig {
-        segment_bytes: 4096,
-        max_bytes: 1 << 20,
-        when_full: FullPolicy::Block,
-        fsync: FsyncPolicy::Interval(Duration::from_millis(10)),
-        max_record_bytes: MAX_RECORD,
-        max_batch_bytes: 64 << 10,
-        ack_window: 1024,
-    }
-}
-
-fn read_all(spool: &mut Spool, when: &str) -> Vec<SpoolRecord> {
-    let mut cur = spool.read_cursor();
-    let mut out = Vec::new();
-    loop {
-        match spool.read(&mut cur, 1000, 1 << 20, &mut out) {
-            Ok(0) => return out,
-            Ok(_) => {}
-            Err(e) => panic!("read {when}: {e:?} (segments {})", spool.segment_count()),
-        }
-    }
-}
-
-fn frame(seq: u64, body: &[u8]) -> Vec<u8> {
-    let mut f = vec![0u8; 4];
-    f.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    f.extend_from_slice(&seq.to_le_bytes());
-    f.extend_from_slice(body);
-    let crc = crc32c::crc32c(&f[4..]);
-    f[..4].copy_from_slice(&crc.to_le_bytes());
-    f
-}
-
-fn script(mut input: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut seq = 1u64;
-    while let Some((&c, rest)) = input.split_first() {
-        let n = usize::from(c & 0x3f).min(rest.len());
-        let (chunk, rest) = rest.split_at(n);
-        if c & 0x80 != 0 {
-            out.extend_from_slice(chunk);
-        } else {
-            if c & 0x40 != 0 {
-                seq += 1;
-            }
-            out.extend_from_slice(&frame(seq, chunk));
-            seq += 1;
-        }
-        input = rest;
-    }
-    out
-}
-
-/// The fuzz target's steps, as assertions.
-fn replay(data: &[u8]) {
-    let Some((&shape, rest)) = data.split_first() else {
-        return;
-    };
-    let scripted;
-    let mut rest = if shape & 8 != 0 {
-        scripted = script(rest);
-        &scripted[..]
-    } else {
-        rest
-    };
-    let fs = FaultFs::new(0);
-    let dir = Path::new(DIR);
-    if shape & 2 != 0 && rest.len() >= 20 {
-        fs.create_for_test(&dir.join(CURSOR_FILE), rest[..20].to_vec());
-        rest = &rest[20..];
-    }
-    let with_header = |bytes: &[u8]| {
-        let mut file = Vec::new();
-        if shape & 1 != 0 {
-            file.extend_from_slice(&SEGMENT_MAGIC);
-        }
-        file.extend_from_slice(bytes);
-        file
-    };
-    if shape & 4 != 0 && rest.len() >= 2 {
-        let split = usize::from(rest[0]).min(rest.len() - 2) + 2;
-        let second_seq = u64::from(rest[1]) + 1;
-        let (a, b) = rest[2..].split_at(split - 2);
-        fs.create_for_test(&segment_path(dir, 1), with_header(a));
-        fs.create_for_test(&segment_path(dir, second_seq.max(2)), with_header(b));
-    } else {
-        fs.create_for_test(&segment_path(dir, 1), with_header(rest));
-    }
-    let (mut spool, _) =
-        Spool::open_with_fs(Arc::new(fs.clone()), DIR, config()).expect("open after damage");
-    let after = verify_with_fs(&fs, dir, MAX_RECORD).expect("verify after recovery");
-    assert_eq!(after.damaged_ranges, 0, "{after:?}");
-    let records = read_all(&mut spool, "after recovery");
-    drop(spool);
-    let (mut spool, _) = Spool::open_with_fs(Arc::new(fs.clone()), DIR, config())
-        .expect("a recovered spool reopens");
-    assert_eq!(records, read_all(&mut spool, "after a second open"));
-    let appended = spool.append(b"after recovery").expect("append");
-    let job = spool.begin_commit().expect("begin").expect("work");
-    spool.finish_commit(job.run()).expect("commit");
-    let last = read_all(&mut spool, "after an append")
-        .pop()
-        .expect("the new record");
-    assert_eq!(last.seq, appended.seq);
-}
+#[path = "../../../fuzz/fuzz_targets/shared/spool_recovery_steps.rs"]
+mod spool_recovery_steps;
 
 #[test]
 fn every_saved_fuzz_input_replays_cleanly() {
@@ -132,7 +17,7 @@ fn every_saved_fuzz_input_replays_cleanly() {
             .file_name()
             .is_some_and(|f| f.to_string_lossy().starts_with("spool_recovery-"))
         {
-            replay(&std::fs::read(&path).expect("read input"));
+            spool_recovery_steps::run(&std::fs::read(&path).expect("read input"));
             n += 1;
         }
     }
