@@ -117,37 +117,9 @@ pub(super) fn open_spools(
     let Some(base) = &started.spool.dir else {
         return Ok(Vec::new());
     };
-    let record_max = crate::config::SpoolConfig::max_record_bytes(
-        started.mqtt.max_packet_size,
-        started.mqtt.max_client_id_len,
-    );
-    let engine = started.spool.engine_config(
-        shards,
-        started.uplink.len() + 1,
-        record_max,
-        crate::sink::spool::ENGINE_ACK_WINDOW,
-    );
-    let mut out = Vec::with_capacity(shards);
-    for shard in 0..shards {
-        let dir = crate::sink::spool::spool_dir(base, &u.name, shard);
-        let (spool, report) = sluice_spool::Spool::open(&dir, engine.clone()).map_err(|e| {
-            format!(
-                "uplink {:?}: cannot open its spool {}: {e}",
-                u.name,
-                dir.display()
-            )
-        })?;
-        crate::sink::spool::log_recovery(shard, &u.name, &dir, &spool, &report);
-        let metrics = Arc::new(crate::sink::spool::SpoolMetrics::default());
-        crate::sink::spool::update_gauges(&spool, &metrics);
-        out.push(crate::sink::spool::OpenedSpool {
-            spool,
-            dir,
-            engine: engine.clone(),
-            metrics,
-        });
-    }
-    Ok(out)
+    let engine = crate::sink::spool::engine_config(started, shards, started.uplink.len() + 1);
+    crate::sink::spool::open_uplink(base, &u.name, shards, &engine)
+        .map_err(|e| format!("uplink {:?}: {e}", u.name))
 }
 
 /// How much longer than the drain deadline a reload waits for every shard's answer before it

@@ -115,8 +115,9 @@ mod tests;
 
 pub use acks::AckRanges;
 pub use metrics::SpoolMetrics;
-pub(crate) use open::{log_recovery, update_gauges};
-pub use open::{open_all, spool_dir, OpenedSpool, OpenedSpools, SpoolStartError};
+pub use open::{
+    engine_config, open_all, open_uplink, spool_dir, OpenedSpool, OpenedSpools, SpoolStartError,
+};
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};

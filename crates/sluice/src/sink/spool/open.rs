@@ -66,70 +66,79 @@ pub fn open_all(config: &Config, shards: usize) -> Result<OpenedSpools, SpoolSta
     let Some(base) = &config.spool.dir else {
         return Ok(OpenedSpools::default());
     };
-    let record_max = crate::config::SpoolConfig::max_record_bytes(
-        config.mqtt.max_packet_size,
-        config.mqtt.max_client_id_len,
-    );
-    let engine =
-        config
-            .spool
-            .engine_config(shards, config.uplink.len(), record_max, ENGINE_ACK_WINDOW);
+    let engine = engine_config(config, shards, config.uplink.len());
     warn_unknown_uplinks(base, config);
     let mut all = Vec::new();
     for u in &config.uplink {
-        let mut per_shard = Vec::new();
-        for shard in 0..shards {
-            let dir = spool_dir(base, &u.name, shard);
-            let (spool, report) =
-                Spool::open(&dir, engine.clone()).map_err(|source| SpoolStartError::Open {
-                    dir: dir.clone(),
-                    source,
-                })?;
-            log_recovery(shard, &u.name, &dir, &spool, &report);
-            let metrics = Arc::new(SpoolMetrics::default());
-            update_gauges(&spool, &metrics);
-            per_shard.push(OpenedSpool {
-                spool,
-                dir,
-                engine: engine.clone(),
-                metrics,
-            });
-        }
-        all.push(per_shard);
+        all.push(open_uplink(base, &u.name, shards, &engine)?);
     }
     let mut former = Vec::new();
     for (ui, u) in config.uplink.iter().enumerate() {
         for index in former_shards(&base.join(&u.name), shards) {
-            let dir = spool_dir(base, &u.name, index);
-            let (spool, report) =
-                Spool::open(&dir, engine.clone()).map_err(|source| SpoolStartError::Open {
-                    dir: dir.clone(),
-                    source,
-                })?;
-            log_recovery(index, &u.name, &dir, &spool, &report);
+            let opened = open_one(base, &u.name, index, &engine)?;
+            let (spool, dir) = (&opened.spool, &opened.dir);
             let unacked = (spool.next_seq().0 - 1).saturating_sub(spool.ack_cursor().0);
             if unacked == 0 {
                 info!(uplink = %u.name, dir = %dir.display(), shards, "spool directory of a shard index no longer configured holds nothing unacknowledged; it can be removed");
                 continue;
             }
             warn!(uplink = %u.name, dir = %dir.display(), shards, unacked, drained_by = index % shards, "spool directory of a shard index no longer configured (fewer shards now); a current shard drains it");
-            let metrics = Arc::new(SpoolMetrics::default());
-            update_gauges(&spool, &metrics);
-            former.push((
-                ui,
-                index,
-                OpenedSpool {
-                    spool,
-                    dir,
-                    engine: engine.clone(),
-                    metrics,
-                },
-            ));
+            former.push((ui, index, opened));
         }
     }
     Ok(OpenedSpools {
         per_uplink: all,
         former,
+    })
+}
+
+/// The storage engine's settings for each of the spools of `uplinks` uplinks on `shards`
+/// shards (the bound is one share of `spool.max_size`).
+pub fn engine_config(config: &Config, shards: usize, uplinks: usize) -> sluice_spool::SpoolConfig {
+    let record_max = crate::config::SpoolConfig::max_record_bytes(
+        config.mqtt.max_packet_size,
+        config.mqtt.max_client_id_len,
+    );
+    config
+        .spool
+        .engine_config(shards, uplinks, record_max, ENGINE_ACK_WINDOW)
+}
+
+/// `uplink`'s spools on shards `0..shards` under `base`, opened and recovered (at start, and
+/// for an uplink a reload adds).
+pub fn open_uplink(
+    base: &Path,
+    uplink: &str,
+    shards: usize,
+    engine: &sluice_spool::SpoolConfig,
+) -> Result<Vec<OpenedSpool>, SpoolStartError> {
+    (0..shards)
+        .map(|shard| open_one(base, uplink, shard, engine))
+        .collect()
+}
+
+/// One spool directory (`DIR/{uplink}/shard-{index}`), opened and recovered, its report
+/// logged and its gauges set.
+fn open_one(
+    base: &Path,
+    uplink: &str,
+    index: usize,
+    engine: &sluice_spool::SpoolConfig,
+) -> Result<OpenedSpool, SpoolStartError> {
+    let dir = spool_dir(base, uplink, index);
+    let (spool, report) =
+        Spool::open(&dir, engine.clone()).map_err(|source| SpoolStartError::Open {
+            dir: dir.clone(),
+            source,
+        })?;
+    log_recovery(index, uplink, &dir, &spool, &report);
+    let metrics = Arc::new(SpoolMetrics::default());
+    update_gauges(&spool, &metrics);
+    Ok(OpenedSpool {
+        spool,
+        dir,
+        engine: engine.clone(),
+        metrics,
     })
 }
 
@@ -155,7 +164,7 @@ fn former_shards(uplink_dir: &Path, shards: usize) -> Vec<usize> {
 }
 
 /// Logs one recovery report: INFO when clean, WARN naming what was skipped.
-pub(crate) fn log_recovery(
+pub(super) fn log_recovery(
     shard: usize,
     uplink: &str,
     dir: &Path,
@@ -206,7 +215,7 @@ fn warn_unknown_uplinks(base: &Path, config: &Config) {
 }
 
 /// The size and unacknowledged-record gauges, from the engine.
-pub(crate) fn update_gauges(spool: &Spool, m: &SpoolMetrics) {
+pub(super) fn update_gauges(spool: &Spool, m: &SpoolMetrics) {
     m.bytes.set(spool.total_bytes() as i64);
     m.max_bytes
         .set(i64::try_from(spool.config().max_bytes).unwrap_or(i64::MAX));
