@@ -29,10 +29,12 @@ async fn a_reload_removes_an_uplink_whose_broker_is_cut_and_waiting_devices_are_
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("sluice.toml");
     let one = first.uplink_toml(None, "forward = [\"#\"]");
-    let two = second
-        .uplink_toml(Some(gate.addr), "forward = [\"a/#\", \"b/#\", \"c/#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = second.uplink_toml_named(
+        "second",
+        "gw-second",
+        Some(gate.addr),
+        "forward = [\"a/#\", \"b/#\", \"c/#\"]",
+    );
     let drain = "[reload]\ndrain_timeout = \"1s\"\n";
     std::fs::write(
         &path,
@@ -257,10 +259,7 @@ async fn removing_a_spooled_uplink_acknowledges_its_waiting_devices_and_keeps_it
     let spool = dir.path().join("spool");
     let path = dir.path().join("sluice.toml");
     let one = first.uplink_toml(None, "forward = [\"#\"]");
-    let two = second
-        .uplink_toml(Some(gate.addr), "forward = [\"#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = second.uplink_toml_named("second", "gw-second", Some(gate.addr), "forward = [\"#\"]");
     let more = format!(
         "[reload]\ndrain_timeout = \"1s\"\n[spool]\ndir = \"{}\"\nack = \"cloud\"\n",
         spool.display()
@@ -351,10 +350,7 @@ async fn an_uplink_removed_and_added_back_runs_again_under_a_new_id() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("sluice.toml");
     let one = first.uplink_toml(None, "forward = [\"#\"]");
-    let two = second
-        .uplink_toml(None, "forward = [\"#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = second.uplink_toml_named("second", "gw-second", None, "forward = [\"#\"]");
     let drain = "[reload]\ndrain_timeout = \"2s\"\n";
     let both = base_config(dir.path(), &format!("{drain}{one}\n{two}"));
     std::fs::write(&path, &both).unwrap();
@@ -421,10 +417,7 @@ async fn a_removed_uplink_sends_what_it_holds_while_the_drain_lasts() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("sluice.toml");
     let one = first.uplink_toml(None, "forward = [\"#\"]");
-    let two = second
-        .uplink_toml(Some(gate.addr), "forward = [\"#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = second.uplink_toml_named("second", "gw-second", Some(gate.addr), "forward = [\"#\"]");
     let drain = "[reload]\ndrain_timeout = \"20s\"\n";
     std::fs::write(
         &path,

@@ -1,6 +1,7 @@
 //! Uplinks added by a reload (issue 29 item 3, ADR 0013): an added uplink's broker starts
 //! receiving while devices keep publishing; with a spool it gets its share of
-//! `[spool] max_size`; what cannot be added live (`install_tc`) is named and not attached. Removals: `gateway_reload_removal.rs`.
+//! `[spool] max_size`; what cannot be added live (`install_tc`) is named and not attached.
+//! Removals: `gateway_reload_removal.rs`.
 //!
 //! Real peers: cloud Mosquittos over TLS 1.3, MQTT devices on real sockets, certificates
 //! generated at test time.
@@ -24,10 +25,7 @@ async fn a_reload_under_load_adds_an_uplink_and_its_broker_starts_receiving() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("sluice.toml");
     let one = first.uplink_toml(None, "forward = [\"#\"]");
-    let two = second
-        .uplink_toml(None, "forward = [\"#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = second.uplink_toml_named("second", "gw-second", None, "forward = [\"#\"]");
     std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
     let gw = gateway_from(&path);
     let admin_addr = gw.admin_addr.expect("admin");
@@ -146,9 +144,7 @@ async fn an_added_uplink_with_an_unreadable_ca_refuses_the_reload_and_nothing_ch
     let bad_ca = dir.path().join("not-a-ca.pem");
     std::fs::write(&bad_ca, "not a certificate\n").unwrap();
     let two = first
-        .uplink_toml(None, "forward = [\"#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"")
+        .uplink_toml_named("second", "gw-second", None, "forward = [\"#\"]")
         .replace(
             &first.pki.ca_path().display().to_string(),
             &bad_ca.display().to_string(),
@@ -236,10 +232,7 @@ async fn with_a_spool_an_added_uplink_gets_a_spool_within_max_size() {
         "one uplink: each shard's spool has the shard's 2 MiB"
     );
 
-    let two = second
-        .uplink_toml(None, "forward = [\"live/#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = second.uplink_toml_named("second", "gw-second", None, "forward = [\"live/#\"]");
     std::fs::write(&path, format!("{head}\n{two}")).unwrap();
     let (status, answer) = post_reload(admin_addr);
     assert_eq!(status, 200, "{answer}");
@@ -321,9 +314,7 @@ async fn an_added_uplinks_roots_are_reloaded_at_its_next_connect() {
     std::fs::copy(stranger.ca_path(), &ca).unwrap();
     let one = first.uplink_toml(None, "forward = [\"#\"]");
     let two = second
-        .uplink_toml(None, "forward = [\"#\"]")
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"")
+        .uplink_toml_named("second", "gw-second", None, "forward = [\"#\"]")
         .replace(
             &format!("ca_file = \"{}\"", second.pki.ca_path().display()),
             &format!("ca_file = \"{}\"", ca.display()),
@@ -384,13 +375,12 @@ async fn a_reload_adds_an_uplink_with_paths_and_its_broker_starts_receiving() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("sluice.toml");
     let one = first.uplink_toml(None, "forward = [\"#\"]");
-    let two = second
-        .uplink_toml(
-            None,
-            "forward = [\"#\"]\npaths = [{ name = \"p2\", bind = \"127.0.0.2\" }, { name = \"p3\", bind = \"127.0.0.3\" }]\npath_timeout = \"1s\"\npath_keep_alive = \"500ms\"\npath_reconnect_max = \"300ms\"",
-        )
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = second.uplink_toml_named(
+        "second",
+        "gw-second",
+        None,
+        "forward = [\"#\"]\npaths = [{ name = \"p2\", bind = \"127.0.0.2\" }, { name = \"p3\", bind = \"127.0.0.3\" }]\npath_timeout = \"1s\"\npath_keep_alive = \"500ms\"\npath_reconnect_max = \"300ms\"",
+    );
     std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
     let gw = gateway_from(&path);
     let admin_addr = gw.admin_addr.expect("admin");
@@ -435,13 +425,12 @@ async fn an_added_uplink_with_install_tc_waits_for_a_restart() {
     std::fs::write(&path, base_config(dir.path(), &one)).unwrap();
     let gw = gateway_from(&path);
     let admin_addr = gw.admin_addr.expect("admin");
-    let two = first
-        .uplink_toml(
-            None,
-            "forward = [\"#\"]\ninstall_tc = true\ntc_rate = \"10mbit\"",
-        )
-        .replace("name = \"cloud\"", "name = \"second\"")
-        .replace("client_id = \"gw-test\"", "client_id = \"gw-second\"");
+    let two = first.uplink_toml_named(
+        "second",
+        "gw-second",
+        None,
+        "forward = [\"#\"]\ninstall_tc = true\ntc_rate = \"10mbit\"",
+    );
     std::fs::write(&path, base_config(dir.path(), &format!("{one}\n{two}"))).unwrap();
     let (status, answer) = post_reload(admin_addr);
     assert_eq!(status, 200, "{answer}");

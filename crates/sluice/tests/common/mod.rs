@@ -54,9 +54,20 @@ impl Cloud {
 
     /// An `[[uplink]]` section pointing at this broker (or at `via`, a relay in front of it).
     pub fn uplink_toml(&self, via: Option<SocketAddr>, extra: &str) -> String {
+        self.uplink_toml_named("cloud", "gw-test", via, extra)
+    }
+
+    /// [`Cloud::uplink_toml`] with its own uplink name and client id (a second uplink).
+    pub fn uplink_toml_named(
+        &self,
+        name: &str,
+        client_id: &str,
+        via: Option<SocketAddr>,
+        extra: &str,
+    ) -> String {
         let addr = via.unwrap_or(self.broker.tls_addr());
         format!(
-            "[[uplink]]\nname = \"cloud\"\nurl = \"mqtts://{addr}\"\nca_file = \"{}\"\nserver_name = \"localhost\"\nclient_id = \"gw-test\"\nreconnect_min = \"50ms\"\nreconnect_max = \"500ms\"\n{extra}\n",
+            "[[uplink]]\nname = \"{name}\"\nurl = \"mqtts://{addr}\"\nca_file = \"{}\"\nserver_name = \"localhost\"\nclient_id = \"{client_id}\"\nreconnect_min = \"50ms\"\nreconnect_max = \"500ms\"\n{extra}\n",
             self.pki.ca_path().display()
         )
     }
