@@ -7,6 +7,7 @@ pub mod config;
 pub mod control;
 pub mod edge;
 pub mod functions;
+pub mod message;
 pub mod net;
 pub mod proxy;
 pub mod shard;

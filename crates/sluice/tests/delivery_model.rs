@@ -36,7 +36,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use proptest::prelude::*;
 use sluice::config::{UplinkConfig, UplinkUrl};
-use sluice::edge::ack::{AckToken, DeviceAcks};
+use sluice::message::ack::{AckToken, DeviceAcks};
 use sluice::sink::outbox::{Feeders, Outbox, OutboxSeed};
 use sluice::sink::spool::{encode_message, spool_dir, OpenedSpool, UplinkSpool};
 use sluice::sink::transport::*;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sluice::config::{UplinkConfig, UplinkUrl};
-use sluice::edge::ack::DeviceAcks;
+use sluice::message::ack::DeviceAcks;
 use sluice::sink::outbox::{Outbox, OutboxSeed};
 use sluice::sink::transport::*;
 use sluice::sink::{Lane, UplinkError, UplinkMetrics, UplinkQueue};

@@ -221,7 +221,7 @@ fn a_permanent_refusal_is_counted_and_completes_the_token_with_its_code() {
 fn idle_connections_the_cse_closed_are_reopened_without_a_reconnect() {
     common::run_local(async {
         let up = outbox_suite::start::<FakeCse>(8).await;
-        let acks = sluice::edge::ack::DeviceAcks::new();
+        let acks = sluice::message::ack::DeviceAcks::new();
         up.queue
             .push(outbox_suite::message(
                 0,

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use common::{run_local, wait_until};
 use sluice::config::{MqttProtocol, UplinkConfig, UplinkUrl};
-use sluice::edge::ack::{AckToken, DeviceAcks};
+use sluice::message::ack::{AckToken, DeviceAcks};
 use sluice::sink::{self as uplink, UplinkError, UplinkMessage, UplinkMetrics, UplinkQueue};
 use sluice::telemetry::metrics::PromWriter;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};

@@ -19,7 +19,7 @@ use bytestring::ByteString;
 use common::fault_broker::{quota_broker, COMMAND_ID};
 use common::{run_local, wait_until};
 use sluice::config::{ByteSize, MqttProtocol, UplinkConfig, UplinkUrl};
-use sluice::edge::ack::{AckToken, DeviceAcks};
+use sluice::message::ack::{AckToken, DeviceAcks};
 use sluice::sink::{self as uplink, DropReason, UplinkMessage, UplinkMetrics, UplinkQueue};
 use sluice::telemetry::metrics::PromWriter;
 use sluice_proto::mqtt::{ProtocolVersion, Publish, QoS};

@@ -46,7 +46,8 @@ use sluice_proto::mqtt::{reason, topic, Properties, ProtocolVersion};
 use super::metrics::ShardMetrics;
 use super::ShardContext;
 use crate::config::{Config, MqttConfig};
-use crate::edge::mqtt::session::{OutMessage, Session};
+use crate::edge::mqtt::session::Session;
+use crate::message::OutMessage;
 use crate::telemetry::metrics::{Counter, Gauge, PromWriter};
 
 /// Bytes charged for a queued message besides its topic, payload and properties: the
@@ -323,7 +324,7 @@ pub struct WillCharge {
 impl WillCharge {
     /// Charge a will that is to wait; `None` if the shard's budget cannot hold it (the caller
     /// publishes it at once instead; counted as `limit="shard_budget"`).
-    pub fn new(ctx: &ShardContext, will: &crate::edge::DeviceMessage) -> Option<WillCharge> {
+    pub fn new(ctx: &ShardContext, will: &crate::message::DeviceMessage) -> Option<WillCharge> {
         let budget = &ctx.bounds.outbox;
         let cost = will.topic.len()
             + will.payload.len()
@@ -489,7 +490,7 @@ impl ShardBounds {
 /// same, nothing moves (the message is refused as before). Cost: O(1) while the same session
 /// stays the largest; a scan of the shard's sessions when it no longer is, at most every
 /// [`HOG_SEARCH_PAUSE`] while scans find none.
-pub fn make_room(ctx: &ShardContext, session: &Rc<Session>, msg: &OutMessage) {
+pub fn make_room(ctx: &ShardContext, session: &Session, msg: &OutMessage) {
     let budget = &ctx.bounds.outbox;
     let cost = message_cost(msg);
     if budget.used() + cost <= budget.shard_max {
@@ -514,7 +515,7 @@ pub fn make_room(ctx: &ShardContext, session: &Rc<Session>, msg: &OutMessage) {
     while budget.used() + cost > budget.shard_max {
         let cached = ctx.bounds.hog.borrow().upgrade();
         let hog = match cached {
-            Some(h) if !Rc::ptr_eq(&h, session) && enough(&h) => h,
+            Some(h) if !std::ptr::eq(Rc::as_ptr(&h), session) && enough(&h) => h,
             _ => {
                 let now = std::time::Instant::now();
                 let paused = ctx
@@ -531,7 +532,7 @@ pub fn make_room(ctx: &ShardContext, session: &Rc<Session>, msg: &OutMessage) {
                     .sessions
                     .borrow()
                     .values()
-                    .filter(|s| !Rc::ptr_eq(s, session))
+                    .filter(|s| !std::ptr::eq(Rc::as_ptr(s), session))
                     .max_by_key(|s| s.state.try_borrow().map_or(0, |st| st.queued.used()))
                     .cloned();
                 // Kept even if it does not qualify for this session: it may for the next.
@@ -639,7 +640,7 @@ async fn evict_idlest_offline(ctx: &Rc<ShardContext>, for_device: &str, keep_slo
         "mqtt.max_sessions reached; ending the offline session idle longest");
     ctx.metrics.bounds.sessions_evicted.inc();
     session.state.borrow_mut().timers.abort_all();
-    crate::shard::router::end_session(ctx, &session).await;
+    crate::edge::mqtt::local::end_session(ctx, &session).await;
     if keep_slot {
         // No await since end_session lowered the count: the dip is one atomic step long.
         ctx.bounds.session_added();

@@ -16,6 +16,7 @@ pub mod limits;
 pub mod metrics;
 pub(crate) mod router;
 pub(crate) mod sinks;
+pub mod subscriber;
 pub mod trie;
 
 use std::cell::RefCell;
@@ -99,10 +100,10 @@ pub enum ShardCmd {
     DetachSink(Box<DetachSink>),
 }
 
-/// A subscription of a local session.
-#[derive(Debug, Clone)]
+/// A subscription of a local subscriber (an MQTT session, a CoAP observer).
+#[derive(Clone)]
 pub struct LocalSub {
-    pub session: Rc<Session>,
+    pub subscriber: Rc<dyn subscriber::LocalSubscriber>,
     pub options: SubscriptionOptions,
     /// MQTT 5 Subscription Identifier of the SUBSCRIBE that made it (0: none).
     pub sub_id: u32,
@@ -110,7 +111,17 @@ pub struct LocalSub {
 
 impl PartialEq for LocalSub {
     fn eq(&self, other: &Self) -> bool {
-        Rc::ptr_eq(&self.session, &other.session)
+        subscriber::same(&self.subscriber, &other.subscriber)
+    }
+}
+
+impl std::fmt::Debug for LocalSub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalSub")
+            .field("subscriber", &self.subscriber.subscriber_id())
+            .field("options", &self.options)
+            .field("sub_id", &self.sub_id)
+            .finish()
     }
 }
 

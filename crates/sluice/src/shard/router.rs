@@ -13,7 +13,7 @@
 //! to every sink, which takes it if its `forward` filters match. Local and retained delivery
 //! carry the message's MQTT 5 properties. The device's acknowledgement waits for every sink
 //! that took the message (its cloud acknowledgement, or its spool's group commit with
-//! `ack = "spool"`; see `crate::edge::ack`); local and cross-shard delivery do not delay it.
+//! `ack = "spool"`; see `crate::message::ack`); local and cross-shard delivery do not delay it.
 //! With a spool, a normal-lane message is appended to the sink's spool on this shard, its
 //! record encoded once for all sinks; high-lane messages never go through the spool.
 
@@ -25,11 +25,12 @@ use sluice_proto::mqtt::{topic, Properties, QoS, SubscriptionOptions};
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::{DropReason, ShardMetrics};
+use super::subscriber::{is, LocalSubscriber};
 use super::{LocalSub, Routed, ShardCmd, ShardContext};
 use crate::control::priority::Priority;
 use crate::control::{ControlCmd, RetainedMessage};
-use crate::edge::mqtt::session::{OutMessage, QueueRefusal, Session};
-use crate::edge::DeviceMessage;
+use crate::message::DeviceMessage;
+use crate::message::{OutMessage, QueueRefusal};
 use crate::sink::{Offer, OfferCounters, OfferDrop};
 
 /// Route a device's message: local subscribers, other shards, shared subscriptions, the
@@ -226,7 +227,7 @@ pub fn deliver_shared_member(ctx: &ShardContext, routed: &Routed, key: &ByteStri
         let start = group.next % n;
         let idx = (0..n)
             .map(|i| (start + i) % n)
-            .find(|&i| group.members[i].session.state.borrow().connected)
+            .find(|&i| group.members[i].subscriber.is_connected())
             .unwrap_or(start);
         group.next = idx + 1;
         group.members[idx].clone()
@@ -246,27 +247,26 @@ pub fn deliver_shared_member(ctx: &ShardContext, routed: &Routed, key: &ByteStri
         properties,
         expires_at: expiry_of(routed.properties.as_deref()),
     };
-    crate::shard::limits::make_room(ctx, &picked.session, &msg);
-    match picked.session.enqueue(msg) {
+    match picked.subscriber.deliver(ctx, msg) {
         Ok(()) => {}
         Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),
         Err(QueueRefusal::Offline) => {}
     }
 }
 
-/// One session reached by a local fan-out, with what its matching subscriptions add up to.
+/// One subscriber reached by a local fan-out, with what its matching subscriptions add up to.
 struct Hit {
-    session: Rc<Session>,
+    subscriber: Rc<dyn LocalSubscriber>,
     qos: QoS,
     retain_as_published: bool,
     /// Subscription Identifiers of every matching subscription that has one.
     ids: Vec<u32>,
 }
 
-/// Deliver to the matching sessions on this shard: each session once, at the highest QoS of
-/// its matching subscriptions, with the Subscription Identifiers of all of them. Cost: one
-/// trie walk plus O(1) per matching subscription — a session is recognised as already hit by
-/// the delivery's stamp on it (`Session::delivery_mark`), not by searching the hits.
+/// Deliver to the matching subscribers on this shard: each once, at the highest QoS of its
+/// matching subscriptions, with the Subscription Identifiers of all of them. Cost: one trie
+/// walk plus O(1) per matching subscription — a subscriber is recognised as already hit by
+/// the delivery's stamp on it (`LocalSubscriber::delivery_stamp`), not by searching the hits.
 pub fn deliver_local(ctx: &ShardContext, routed: &Routed) {
     let stamp = ctx.delivery_seq.get() + 1;
     ctx.delivery_seq.set(stamp);
@@ -274,20 +274,20 @@ pub fn deliver_local(ctx: &ShardContext, routed: &Routed) {
     {
         let subs = ctx.subs.borrow();
         subs.for_each_match(&routed.topic, |sub: &LocalSub| {
-            if sub.options.no_local && sub.session.client_id == routed.origin {
+            if sub.options.no_local && *sub.subscriber.subscriber_id() == routed.origin {
                 return;
             }
-            let s = &sub.session;
-            let hit = if s.delivery_mark.get() == stamp {
-                match hits.get_mut(s.delivery_slot.get()) {
+            let mark = sub.subscriber.delivery_stamp();
+            let hit = if mark.mark.get() == stamp {
+                match hits.get_mut(mark.slot.get()) {
                     Some(hit) => hit,
                     None => return, // invariant: the slot was set with the stamp
                 }
             } else {
-                s.delivery_mark.set(stamp);
-                s.delivery_slot.set(hits.len());
+                mark.mark.set(stamp);
+                mark.slot.set(hits.len());
                 hits.push(Hit {
-                    session: s.clone(),
+                    subscriber: sub.subscriber.clone(),
                     qos: QoS::AtMostOnce,
                     retain_as_published: false,
                     ids: Vec::new(),
@@ -322,8 +322,7 @@ pub fn deliver_local(ctx: &ShardContext, routed: &Routed) {
             properties,
             expires_at,
         };
-        crate::shard::limits::make_room(ctx, &hit.session, &msg);
-        match hit.session.enqueue(msg) {
+        match hit.subscriber.deliver(ctx, msg) {
             Ok(()) => {}
             Err(QueueRefusal::Full) => ctx.metrics.count_drop(DropReason::SessionQueueFull),
             Err(QueueRefusal::Offline) => {}
@@ -338,31 +337,22 @@ pub fn expiry_of(properties: Option<&Properties>) -> Option<Instant> {
     Instant::now().checked_add(Duration::from_secs(secs as u64))
 }
 
-/// Add subscriptions for a session; returns the retained messages matching the filters that
-/// asked for them. The control plane's snapshot includes the new filters before this returns,
-/// so a message published anywhere after the SUBACK reaches the subscriber.
-pub async fn subscribe(
+/// Add subscriptions for a subscriber; returns the retained messages matching the filters
+/// that asked for them. The control plane's snapshot includes the new filters before this
+/// returns, so a message published anywhere after the SUBACK reaches the subscriber.
+pub async fn subscribe<S: LocalSubscriber + 'static>(
     ctx: &Rc<ShardContext>,
-    session: &Rc<Session>,
+    subscriber: &Rc<S>,
     filters: &[(ByteString, SubscriptionOptions, bool)],
     sub_id: u32,
 ) -> Vec<RetainedMessage> {
     let mut add = Vec::new();
     let mut retained_for = Vec::new();
+    let dyn_subscriber: Rc<dyn LocalSubscriber> = subscriber.clone();
     for (filter, options, want_retained) in filters {
-        let existed = {
-            let mut st = session.state.borrow_mut();
-            st.journal
-                .record(|client, _| crate::state::Record::Subscribe {
-                    client,
-                    filter: filter.clone(),
-                    options: *options,
-                    sub_id,
-                });
-            st.subscriptions.insert(filter.clone(), *options).is_some()
-        };
+        let existed = subscriber.add_subscription(filter, *options, sub_id);
         let sub = LocalSub {
-            session: session.clone(),
+            subscriber: dyn_subscriber.clone(),
             options: *options,
             sub_id,
         };
@@ -436,31 +426,19 @@ fn announce_pending(ctx: &ShardContext, add: &[ByteString]) {
     });
 }
 
-/// Remove a session's subscription; returns whether it existed.
-pub async fn unsubscribe(
+/// Remove a subscriber's subscription; returns whether it existed.
+pub async fn unsubscribe<S: LocalSubscriber + 'static>(
     ctx: &Rc<ShardContext>,
-    session: &Rc<Session>,
+    subscriber: &Rc<S>,
     filter: &ByteString,
 ) -> bool {
-    let existed = {
-        let mut st = session.state.borrow_mut();
-        let existed = st.subscriptions.remove(filter).is_some();
-        if existed {
-            st.journal
-                .record(|client, _| crate::state::Record::Unsubscribe {
-                    client,
-                    filter: filter.clone(),
-                });
-        }
-        existed
-    };
-    if !existed {
+    if !subscriber.remove_subscription(filter) {
         return false;
     }
     if topic::shared_subscription(filter).is_some() {
         let mut groups = ctx.shared.borrow_mut();
         if let Some(group) = groups.get_mut(filter) {
-            group.members.retain(|m| !Rc::ptr_eq(&m.session, session));
+            group.members.retain(|m| !is(&m.subscriber, subscriber));
             if group.members.is_empty() {
                 groups.remove(filter);
             }
@@ -468,7 +446,7 @@ pub async fn unsubscribe(
     } else {
         ctx.subs
             .borrow_mut()
-            .remove_where(filter, |s| Rc::ptr_eq(&s.session, session));
+            .remove_where(filter, |s| is(&s.subscriber, subscriber));
     }
     ctx.metrics.subscriptions.sub(1);
     let gone = {
@@ -495,46 +473,6 @@ pub async fn unsubscribe(
             .await;
     }
     true
-}
-
-/// End a session: publish its pending will (the session's end is the latest a delayed will
-/// waits for), drop its subscriptions and forget it.
-pub async fn end_session(ctx: &Rc<ShardContext>, session: &Rc<Session>) {
-    let will = {
-        let mut st = session.state.borrow_mut();
-        st.ended = true;
-        // `[state] dir`: the session leaves the state files, and nothing more is logged.
-        st.journal
-            .record(|client, _| crate::state::Record::SessionEnd { client });
-        st.journal.set_on(false);
-        st.will.take()
-    };
-    if let Some(w) = will {
-        let (msg, priority) = w.into_message();
-        Box::pin(publish(ctx, Box::new(msg), priority)).await;
-    }
-    let filters: Vec<ByteString> = session
-        .state
-        .borrow()
-        .subscriptions
-        .keys()
-        .cloned()
-        .collect();
-    for f in &filters {
-        unsubscribe(ctx, session, f).await;
-    }
-    let removed = {
-        let mut sessions = ctx.sessions.borrow_mut();
-        match sessions.get(&session.client_id) {
-            Some(s) if Rc::ptr_eq(s, session) => sessions.remove(&session.client_id).is_some(),
-            _ => false,
-        }
-    };
-    if removed {
-        ctx.metrics.sessions.sub(1);
-        ctx.bounds.session_removed();
-        session.state.borrow_mut().drop_queued();
-    }
 }
 
 /// A command from the cloud (the uplink's one downlink session, on shard 0): delivered to the

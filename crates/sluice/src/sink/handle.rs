@@ -22,8 +22,8 @@ use sluice_proto::mqtt::QoS;
 use super::spool::{Appended, UplinkSpool};
 use super::{UplinkMessage, UplinkQueue, UplinkRoute};
 use crate::control::priority::{Priority, PriorityTable};
-use crate::edge::ack::AckToken;
-use crate::edge::DeviceMessage;
+use crate::message::ack::AckToken;
+use crate::message::DeviceMessage;
 
 /// One uplink as seen from a shard: its normal lane, its high lane when the priority table
 /// has any high entry, and its spool when `[spool] dir` is set (normal lane only).
@@ -191,7 +191,7 @@ impl Sink {
 mod tests {
     use super::*;
     use crate::config::PriorityConfig;
-    use crate::edge::ack::DeviceAcks;
+    use crate::message::ack::DeviceAcks;
     use std::cell::RefCell;
     use std::time::Instant;
 

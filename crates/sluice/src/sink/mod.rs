@@ -97,7 +97,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use sluice_proto::mqtt::QoS;
 
-use crate::edge::ack::AckToken;
+use crate::message::ack::AckToken;
 
 /// A downlink delivery under way: resolves once the message was accepted locally (see
 /// [`Downlink`]).

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use bytestring::ByteString;
 use sluice::config::{UplinkConfig, UplinkUrl};
-use sluice::edge::ack::{AckToken, DeviceAcks};
+use sluice::message::ack::{AckToken, DeviceAcks};
 use sluice::sink::outbox::{Outbox, OutboxSeed};
 use sluice::sink::transport::{RefusalClass, Transport};
 use sluice::sink::{DropReason, Lane, RejectReason, UplinkMessage, UplinkMetrics, UplinkQueue};

@@ -33,8 +33,8 @@ use super::resources::{bad_request, error, unavailable, unavailable_for};
 use super::server::{CoapShard, Reply, Transfer, TRANSFER_OVERHEAD};
 use super::DeviceIdentity;
 use crate::control::limits::RateKey;
-use crate::edge::ack::{AckToken, DeviceAcks};
-use crate::edge::DeviceMessage;
+use crate::message::ack::{AckToken, DeviceAcks};
+use crate::message::DeviceMessage;
 use crate::shard::router;
 
 /// The MQTT 5 Content Type for a CoAP Content-Format (none for octet-stream or unknown).

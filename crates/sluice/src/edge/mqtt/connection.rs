@@ -6,7 +6,7 @@
 //! message until the connection ends (a delayed will then moves to the session). What must
 //! survive a reconnect — QoS 2 ids awaiting PUBREL, the outbox, messages in flight — is the
 //! session's. Does not own: where a message goes (each PUBLISH becomes a
-//! [`crate::edge::DeviceMessage`] handed to the router) or subscription bookkeeping (the
+//! [`crate::message::DeviceMessage`] handed to the router) or subscription bookkeeping (the
 //! router's). A device may have `receive_maximum` publishes awaiting acknowledgement: MQTT 5
 //! devices are told the number, stay read, and are disconnected with 0x93 if they exceed it;
 //! 3.1.1 devices, which cannot be told, are simply not read while they are at it,
@@ -52,10 +52,9 @@ use sluice_proto::mqtt::{
 
 use crate::control::acl::Subject;
 use crate::control::priority::Priority;
-use crate::edge::ack::DeviceAcks;
 use crate::edge::mqtt::session::{OutStage, Session};
+use crate::message::ack::DeviceAcks;
 use crate::shard::metrics::CloseReason;
-use crate::shard::router as route;
 use crate::shard::{Adopted, ShardContext};
 
 /// How long a write to a device may stall before the device counts as a slow consumer.
@@ -241,7 +240,7 @@ impl Connection {
                 s.state.borrow_mut().ended = true;
                 s.take_over();
                 s.state.borrow_mut().timers.abort_all(); // input bounds
-                route::end_session(&ctx, &s).await;
+                crate::edge::mqtt::local::end_session(&ctx, &s).await;
                 (Self::new_session(&ctx, &client_id), false)
             }
             None => (Self::new_session(&ctx, &client_id), false),
@@ -534,7 +533,7 @@ impl Connection {
         Ok(())
     }
 
-    /// A message of this connection will never be acknowledged (see `crate::edge::ack`): stop
+    /// A message of this connection will never be acknowledged (see `crate::message::ack`): stop
     /// reading — anything handled after it could reach the cloud before the device resends
     /// it — and close, so the device reconnects and resends in order.
     fn check_abandoned(&self) -> Result<(), Close> {

@@ -2,6 +2,7 @@
 
 pub(crate) mod connection;
 pub mod listener;
+pub mod local;
 pub mod restore;
 pub mod session;
 pub mod stream;

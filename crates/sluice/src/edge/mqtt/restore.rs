@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 use bytestring::ByteString;
 use sluice_proto::mqtt::{QoS, SubscriptionOptions};
 
-use crate::edge::mqtt::session::{OutMessage, OutStage, PendingWill, Session, SessionState};
-use crate::edge::DeviceMessage;
+use crate::edge::mqtt::session::{OutStage, PendingWill, Session, SessionState};
+use crate::message::DeviceMessage;
+use crate::message::OutMessage;
 use crate::shard::router as route;
 use crate::shard::ShardContext;
 use crate::state::{Record, SessionImage, StateLog};
@@ -164,7 +165,7 @@ async fn session(ctx: &Rc<ShardContext>, log: &StateLog, client: ByteString, ima
         tokio::time::sleep_until(expires_at.into()).await;
         if s2.generation.get() == generation && !s2.state.borrow().connected {
             tracing::debug!(client_id = %s2.client_id, "persistent session expired");
-            route::end_session(&ctx2, &s2).await;
+            crate::edge::mqtt::local::end_session(&ctx2, &s2).await;
         }
     });
     let mut st = session.state.borrow_mut();

@@ -20,45 +20,14 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use bytestring::ByteString;
-use sluice_proto::mqtt::{Properties, QoS, SubscriptionOptions};
+use sluice_proto::mqtt::{QoS, SubscriptionOptions};
 use tokio::sync::Notify;
 
 use crate::control::priority::Priority;
-use crate::edge::DeviceMessage;
+use crate::message::{DeviceMessage, OutMessage, QueueRefusal};
 use crate::shard::limits::{OutboxBudget, QueuedBytes, SessionTimers};
-
-/// A message on its way to a device.
-#[derive(Debug, Clone)]
-pub struct OutMessage {
-    pub topic: ByteString,
-    pub payload: Bytes,
-    pub qos: QoS,
-    pub retain: bool,
-    pub properties: Option<Box<Properties>>,
-    /// When the message expires (MQTT 5 Message Expiry Interval, counted from when the
-    /// gateway received it): an expired message still queued is dropped, counted.
-    pub expires_at: Option<Instant>,
-}
-
-impl OutMessage {
-    /// The message's properties as sent now: the Message Expiry Interval lowered by the time
-    /// the message waited in the gateway (at least 1 s, so it never reads as "no expiry").
-    pub fn properties_now(&self, now: Instant) -> Option<Box<Properties>> {
-        let Some(at) = self.expires_at else {
-            return self.properties.clone();
-        };
-        let left = at.saturating_duration_since(now);
-        let secs = (left.as_millis().div_ceil(1000)).clamp(1, u32::MAX as u128) as u32;
-        let mut p = self.properties.clone().unwrap_or_default();
-        p.message_expiry_interval = Some(secs);
-        Some(p)
-    }
-    pub fn is_expired(&self, now: Instant) -> bool {
-        self.expires_at.is_some_and(|at| at <= now)
-    }
-}
+use crate::shard::subscriber::DeliveryStamp;
 
 /// Where a QoS 1/2 message written to the device is in its acknowledgement flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,17 +215,8 @@ pub struct Session {
     /// down, or (shared with the connection's `DeviceAcks`) the cloud acknowledged something.
     pub notify: Rc<Notify>,
     max_queued: usize,
-    /// Local fan-out's per-delivery stamp (`route::deliver_local`): the delivery that last
-    /// counted this session, and its slot in that delivery's hit list. O(1) deduplication.
-    pub delivery_mark: Cell<u64>,
-    pub delivery_slot: Cell<usize>,
-}
-
-/// Why a message was not queued for a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueRefusal {
-    Full,
-    Offline,
+    /// Local fan-out's per-delivery stamp (`crate::shard::subscriber`).
+    pub delivery: DeliveryStamp,
 }
 
 impl Session {
@@ -291,8 +251,7 @@ impl Session {
             generation: Cell::new(0),
             notify: Rc::new(Notify::new()),
             max_queued,
-            delivery_mark: Cell::new(0),
-            delivery_slot: Cell::new(0),
+            delivery: DeliveryStamp::default(),
         })
     }
 
@@ -425,6 +384,7 @@ impl SessionState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     fn msg(qos: QoS) -> OutMessage {
         OutMessage {

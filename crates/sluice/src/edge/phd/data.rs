@@ -44,8 +44,8 @@ use super::conn::{Conn, Read};
 use super::{topic, Handover, PhdShared};
 use crate::control::acl::Edge;
 use crate::control::phd::hex;
-use crate::edge::ack::{AckToken, DeviceAcks};
-use crate::edge::DeviceMessage;
+use crate::message::ack::{AckToken, DeviceAcks};
+use crate::message::DeviceMessage;
 use crate::shard::{router, ShardContext};
 
 /// The ROER error-value for a report an uplink refused with the MQTT 5 reason `code`: the

@@ -48,9 +48,9 @@ use super::cloudevents::{self, CloudEvent};
 use super::conn::{Answer, CallError, Conn, Outgoing, Pool, Target};
 use super::{Overflow, Publish};
 use crate::config::FunctionConfig;
-use crate::edge::DeviceMessage;
 use crate::functions::metrics::Outcome;
 use crate::functions::{FunctionHandle, Instance, Slot};
+use crate::message::DeviceMessage;
 use crate::sink::transport::{Feedback, LinkLimits, SendId, Transport, Unit, Unsendable};
 use crate::sink::{UplinkError, UplinkMessage};
 

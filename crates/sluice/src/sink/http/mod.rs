@@ -23,8 +23,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::edge::DeviceMessage;
 use crate::functions::FunctionHandle;
+use crate::message::DeviceMessage;
 use crate::sink::outbox::{Outbox, OutboxSeed};
 use crate::sink::{DownlinkDelivery, SessionSeed, UplinkMessage};
 

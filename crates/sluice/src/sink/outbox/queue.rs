@@ -284,7 +284,7 @@ impl UplinkQueue {
 
     /// A device token of a removed sink held outside the queue (by its spool): counted like
     /// a message, completed with 0x10.
-    pub fn finish_removed_token(&self, token: crate::edge::ack::AckToken) {
+    pub fn finish_removed_token(&self, token: crate::message::ack::AckToken) {
         let (n, bytes) = self.removed.get();
         self.removed.set((n + 1, bytes));
         if let Some(m) = &self.state.borrow().metrics {

@@ -39,7 +39,7 @@ use super::{
     REOPEN_PAUSE, STALL_RETRY, STALL_WARN_EVERY,
 };
 use crate::config::SpoolAck;
-use crate::edge::ack::AckToken;
+use crate::message::ack::AckToken;
 
 impl UplinkSpool {
     /// Appends one encoded record (`body`, see [`record`](super::record)). `ack` is this

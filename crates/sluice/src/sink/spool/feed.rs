@@ -28,7 +28,7 @@ use super::{
     record, shutdown_signal, Inner, Stored, UplinkSpool, MAX_BACKLOG_RANGES, READ_BATCH, READ_BYTES,
 };
 use crate::config::{DrainOrder, SpoolAck};
-use crate::edge::ack::AckToken;
+use crate::message::ack::AckToken;
 use crate::sink::UplinkMessage;
 
 impl UplinkSpool {
@@ -327,7 +327,7 @@ impl UplinkSpool {
     /// Record `seq` cannot be sent (damaged or undecodable): count it and acknowledge it in
     /// the spool so it is not tried again. With `ack = "cloud"` its device still holds the
     /// message unacknowledged: dropping the device's token uncompleted closes that device's
-    /// connection (abandoned, see `edge::ack`), and the device resends the message.
+    /// connection (abandoned, see `message::ack`), and the device resends the message.
     fn skip_record(&self, spool: &mut Spool, cloud_tokens: &mut BTreeMap<u64, AckToken>, seq: u64) {
         self.metrics.undecodable.inc();
         let _ = spool.ack(SpoolSeq(seq));

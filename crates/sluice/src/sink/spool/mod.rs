@@ -132,7 +132,7 @@ use sluice_spool::{FsyncPolicy, ReadCursor, Spool, SpoolSeq};
 use tokio::sync::{watch, Notify};
 
 use crate::config::{Config, DrainOrder, SpoolAck};
-use crate::edge::ack::AckToken;
+use crate::message::ack::AckToken;
 use crate::sink::UplinkQueue;
 
 /// Out-of-order acks the engine holds per spool (its `ack_window`); acks further ahead wait

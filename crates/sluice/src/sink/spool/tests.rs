@@ -3,7 +3,7 @@
 //! window, and a stalled disk that must not stall the shard thread.
 
 use super::*;
-use crate::edge::ack::DeviceAcks;
+use crate::message::ack::DeviceAcks;
 use crate::sink::UplinkMessage;
 use bytes::Bytes;
 use std::path::Path;

@@ -19,7 +19,7 @@ use sluice_proto::coap::{opt, Code, Message, MsgType};
 use super::metrics::{Deregistration, NotificationDrop, ObserveMetrics};
 use super::{content_format_of, LastState, Observers, Registration, Snapshot};
 use crate::edge::coap::ConOutcome;
-use crate::edge::mqtt::session::OutMessage;
+use crate::message::OutMessage;
 use bytes::Bytes;
 use sluice_proto::coap::Block;
 

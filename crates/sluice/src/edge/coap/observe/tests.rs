@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::control::priority::Priority;
 use crate::control::{ControlMetrics, ControlPlane, SubscriptionSnapshot};
 use crate::edge::coap::ConOutcome;
-use crate::edge::DeviceMessage;
+use crate::message::DeviceMessage;
 use crate::shard::limits::ShardBounds;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::trie::TopicTrie;

@@ -18,8 +18,8 @@ use sluice_proto::mqtt::{reason, topic, Packet, ProtocolVersion, PubResponse, Pu
 use std::time::{Duration, Instant};
 
 use super::{resp, AckKind, Close, Connection, PendingAck, Subject};
-use crate::edge::ack::AckToken;
-use crate::edge::DeviceMessage;
+use crate::message::ack::AckToken;
+use crate::message::DeviceMessage;
 use crate::shard::metrics::CloseReason;
 use crate::shard::router as route;
 

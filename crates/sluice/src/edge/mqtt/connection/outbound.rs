@@ -21,7 +21,8 @@ use sluice_proto::mqtt::{Packet, Publish, QoS};
 use std::time::Instant;
 
 use super::{resp, Connection, WRITE_AHEAD_BYTES, WRITE_TIMEOUT};
-use crate::edge::mqtt::session::{OutMessage, OutStage};
+use crate::edge::mqtt::session::OutStage;
+use crate::message::OutMessage;
 use crate::shard::metrics::{CloseReason, DropReason};
 
 impl Connection {

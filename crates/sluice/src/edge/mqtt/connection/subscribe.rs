@@ -14,7 +14,7 @@ use sluice_proto::mqtt::{
 };
 
 use super::{Close, Connection, Subject};
-use crate::edge::mqtt::session::OutMessage;
+use crate::message::OutMessage;
 use crate::shard::metrics::DropReason;
 use crate::shard::router as route;
 

@@ -11,7 +11,7 @@ use sluice_proto::mqtt::Will;
 
 use super::Connection;
 use crate::edge::mqtt::session::PendingWill;
-use crate::edge::DeviceMessage;
+use crate::message::DeviceMessage;
 use crate::shard::metrics::CloseReason;
 use crate::shard::router as route;
 
@@ -49,7 +49,7 @@ impl Connection {
         };
         if expiry.is_zero() || reason == CloseReason::Shutdown {
             self.session.state.borrow_mut().timers.abort_all(); // input bounds
-            route::end_session(&self.ctx, &self.session).await;
+            crate::edge::mqtt::local::end_session(&self.ctx, &self.session).await;
             return;
         }
         let ctx = self.ctx.clone();
@@ -59,7 +59,7 @@ impl Connection {
             tokio::time::sleep(expiry).await;
             if session.generation.get() == generation && !session.state.borrow().connected {
                 tracing::debug!(client_id = %session.client_id, "persistent session expired");
-                route::end_session(&ctx, &session).await;
+                crate::edge::mqtt::local::end_session(&ctx, &session).await;
             }
         });
         // Input bounds: one expiry timer per session (an older one could not fire anyway).

@@ -361,7 +361,7 @@ fn a_cancelled_waiting_push_gives_its_place_and_its_bytes_back() {
 
 #[test]
 fn a_closed_queue_acknowledges_what_it_holds_and_what_arrives_later_with_0x10() {
-    use crate::edge::ack::{AckToken, DeviceAcks};
+    use crate::message::ack::{AckToken, DeviceAcks};
     use sluice_proto::mqtt::ProtocolVersion::V5;
     let (rt, local) = rt();
     local.block_on(&rt, async {
