@@ -76,7 +76,7 @@ pub(crate) struct CoapArgs {
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
-    /// `[gateway] shards` in the generated sluice config (0 = one per core).
+    /// `[gateway] shards` in the generated sluice config (0 = one per core but one, at least one).
     #[arg(long, default_value_t = 0)]
     sluice_shards: u32,
     /// Write the JSON report here (e.g. docs/perf/coap.json).

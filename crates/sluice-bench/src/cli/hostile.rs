@@ -45,7 +45,7 @@ pub(crate) struct HostileArgs {
     /// Case 7: how long a legitimate observer keeps trying (every 5 s).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     expiry_wait: Duration,
-    /// `[gateway] shards` (0 = one per core).
+    /// `[gateway] shards` (0 = one per core but one, at least one).
     #[arg(long, default_value_t = 0)]
     shards: u32,
     /// Write the JSON report here.

@@ -47,7 +47,7 @@ pub(crate) struct CoreArgs {
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
-    /// `[gateway] shards` in the generated sluice config (0 = one per core).
+    /// `[gateway] shards` in the generated sluice config (0 = one per core but one, at least one).
     #[arg(long, default_value_t = 0)]
     sluice_shards: u32,
     #[command(flatten)]
@@ -128,7 +128,7 @@ pub(crate) struct SeganetArgs {
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
-    /// `[gateway] shards` for sluice. Default: 0 (one per core), 1 with --constrained.
+    /// `[gateway] shards` for sluice. Default: 0 (one per core but one), 1 with --constrained.
     #[arg(long)]
     sluice_shards: Option<u32>,
     #[command(flatten)]
@@ -347,7 +347,7 @@ pub(crate) struct ThroughputArgs {
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
-    /// `[gateway] shards` in the generated sluice config (0 = one per core).
+    /// `[gateway] shards` in the generated sluice config (0 = one per core but one, at least one).
     #[arg(long, default_value_t = 0)]
     sluice_shards: u32,
     /// `inflight` of sluice's uplink (default: sluice's own default).
@@ -398,7 +398,7 @@ pub(crate) struct ConnectionsArgs {
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
-    /// `[gateway] shards` in the generated sluice config (0 = one per core).
+    /// `[gateway] shards` in the generated sluice config (0 = one per core but one, at least one).
     #[arg(long, default_value_t = 0)]
     sluice_shards: u32,
     /// Write the JSON report here (e.g. docs/perf/connections.json).

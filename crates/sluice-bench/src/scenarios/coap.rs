@@ -129,7 +129,7 @@ pub struct CoapScenario {
     /// The server behind both proxies.
     pub upstream: Upstream,
     pub sluice_bin: PathBuf,
-    /// `[gateway] shards` (0 = one per core).
+    /// `[gateway] shards` (0 = one per core but one, at least one).
     pub sluice_shards: u32,
     /// After the load, wait until the cloud holds a PUBLISH per 2.04, or nothing new came for
     /// this long.

@@ -68,7 +68,7 @@ pub struct CoreScenario {
     pub sluice_bin: PathBuf,
     /// The `sluice-bench` executable that serves `floor` (the running one, for the CLI).
     pub floor_bin: PathBuf,
-    /// `[gateway] shards` for sluice (0 = one per core).
+    /// `[gateway] shards` for sluice (0 = one per core but one, at least one).
     pub sluice_shards: u32,
     /// `[uplink.aggregate]` for sluice.
     pub sluice_aggregate: AggregateOpts,

@@ -98,7 +98,7 @@ pub struct FunctionsScenario {
     pub parts: Vec<Part>,
     pub kinds: Vec<FnKind>,
     pub placement: Placement,
-    /// `[gateway] shards` (0: one per core).
+    /// `[gateway] shards` (0: one per core but one, at least one).
     pub sluice_shards: u32,
     /// Adaptor: events per second, all devices together.
     pub adaptor_rate: f64,

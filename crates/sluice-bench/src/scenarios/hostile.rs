@@ -85,7 +85,7 @@ pub struct HostileScenario {
     pub rss_bound_kib: u64,
     /// How long case 7 waits for a legitimate observer to be admitted.
     pub expiry_wait: Duration,
-    /// `[gateway] shards` (0 = one per core).
+    /// `[gateway] shards` (0 = one per core but one, at least one).
     pub shards: u32,
     pub command_line: String,
 }

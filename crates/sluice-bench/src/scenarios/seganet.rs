@@ -113,7 +113,7 @@ pub struct SeganetScenario {
     pub settle: Duration,
     pub constrained: Option<Constraint>,
     pub sluice_bin: PathBuf,
-    /// `[gateway] shards` for sluice (0 = one per core).
+    /// `[gateway] shards` for sluice (0 = one per core but one, at least one).
     pub sluice_shards: u32,
     /// `[uplink.aggregate]` for sluice.
     pub sluice_aggregate: AggregateOpts,

@@ -93,7 +93,7 @@ pub struct ThroughputScenario {
     pub min_delivery: f64,
     pub pacing_tick: Duration,
     pub sluice_bin: PathBuf,
-    /// `[gateway] shards` (0 = one per core).
+    /// `[gateway] shards` (0 = one per core but one, at least one).
     pub sluice_shards: u32,
     /// `inflight` of sluice's uplink (None: sluice's default).
     pub sluice_uplink_inflight: Option<u16>,
@@ -368,6 +368,12 @@ pub fn sluice_throughput_config(
     )
 }
 
+/// How many shards (so uplink sessions) sluice runs with `shards = 0` on this machine.
+fn sluice_auto_shards() -> u64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    sluice::config::GatewayConfig::auto_shards(cores) as u64
+}
+
 async fn start_sut(
     kind: Sut,
     config: &ThroughputScenario,
@@ -376,7 +382,7 @@ async fn start_sut(
 ) -> anyhow::Result<SutSide> {
     let expected_uplinks = match kind {
         Sut::Sluice if config.sluice_shards > 0 => u64::from(config.sluice_shards),
-        Sut::Sluice => std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        Sut::Sluice => sluice_auto_shards(),
         Sut::MosquittoBridge => 1,
         Sut::Floor => bail!("the floor is measured by `scenario core`, not `scenario throughput`"),
     };
@@ -456,7 +462,8 @@ async fn run_one(
     let uplink_connections = match &cloud.broker {
         None => cloud.sink.connections_open(),
         Some(_) => match sut_kind {
-            Sut::Sluice => std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            Sut::Sluice if config.sluice_shards > 0 => u64::from(config.sluice_shards),
+            Sut::Sluice => sluice_auto_shards(),
             Sut::MosquittoBridge | Sut::Floor => 1,
         },
     };

@@ -129,12 +129,7 @@ impl Gateway {
     pub fn build(config: Config) -> Result<Gateway, AppError> {
         // Functions are sinks: each `[[function]]` becomes one more uplink entry.
         let config = config.with_function_sinks();
-        let shards = match config.gateway.shards {
-            0 => std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-            n => n,
-        };
+        let shards = config.gateway.shard_count();
         let mut uplink_tls = Vec::new();
         let mut uplink_tls_live = Vec::new();
         for u in &config.uplink {

@@ -307,7 +307,8 @@ impl Config {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewayConfig {
-    /// Data-plane shards (threads); 0 means one per available core.
+    /// Data-plane shards (threads); 0 means one per available core but one, at least one
+    /// ([`GatewayConfig::auto_shards`]).
     pub shards: usize,
     /// Pin each shard thread to its own core.
     pub pin_threads: bool,
@@ -343,15 +344,25 @@ impl GatewayConfig {
     /// Most shards a config may ask for.
     pub const MAX_SHARDS: usize = 1024;
 
-    /// The number of shards to run: `shards`, or the available cores when it is 0.
+    /// The number of shards to run: `shards`, or for 0 [`Self::auto_shards`] of the
+    /// available cores.
     pub fn shard_count(&self) -> usize {
         if self.shards != 0 {
             return self.shards;
         }
-        std::thread::available_parallelism()
+        let cores = std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(1)
-            .min(Self::MAX_SHARDS)
+            .unwrap_or(1);
+        Self::auto_shards(cores)
+    }
+
+    /// `shards = 0`: one shard per core but one, and at least one (at most [`Self::MAX_SHARDS`]).
+    /// A shard sleeps and wakes on its own, so below full load every extra shard adds
+    /// wake-ups per message; the core left over carries the control plane, the listener and
+    /// the kernel's network work, which a gateway's shards keep busy (docs/perf/core-path.md,
+    /// "How many shards").
+    pub fn auto_shards(cores: usize) -> usize {
+        cores.saturating_sub(1).clamp(1, Self::MAX_SHARDS)
     }
 
     /// Each shard's share of `max_buffered`, in bytes.

@@ -637,3 +637,20 @@ fn a_missing_config_file_is_reported_with_its_path() {
 }
 
 // ----- [spool] -----
+
+#[test]
+fn shards_0_is_one_per_core_but_one_and_at_least_one() {
+    assert_eq!(GatewayConfig::auto_shards(1), 1);
+    assert_eq!(GatewayConfig::auto_shards(2), 1);
+    assert_eq!(GatewayConfig::auto_shards(4), 3);
+    assert_eq!(GatewayConfig::auto_shards(64), 63);
+    assert_eq!(GatewayConfig::auto_shards(4096), GatewayConfig::MAX_SHARDS);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let auto = parse("[gateway]\nshards = 0").expect("parses");
+    assert_eq!(
+        auto.gateway.shard_count(),
+        GatewayConfig::auto_shards(cores)
+    );
+    let three = parse("[gateway]\nshards = 3").expect("parses");
+    assert_eq!(three.gateway.shard_count(), 3);
+}

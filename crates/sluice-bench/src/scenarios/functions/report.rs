@@ -25,7 +25,7 @@ pub fn markdown(r: &FunctionsReport) -> String {
     out.push_str(&machine_line(&r.machine, &[loadavg_item(&r.machine)]));
     let _ = write!(
         out,
-        "\n\nCommand: `{}` · sluice shards {} (0: one per core) · placement {}\n",
+        "\n\nCommand: `{}` · sluice shards {} (0: one per core but one, at least one) · placement {}\n",
         r.machine.command_line,
         r.sluice_shards,
         match r.placement {
