@@ -58,17 +58,21 @@ async fn publish_to(
     device: Priority,
     to_functions: bool,
 ) {
-    let routed = Routed {
-        origin: msg.device.clone(),
-        topic: msg.topic.clone(),
-        payload: msg.payload.clone(),
-        qos: msg.qos,
-        retain: msg.retain,
-        properties: msg.properties.clone(),
-    };
-    deliver_local(ctx, &routed);
-    deliver_other_shards(ctx, &routed).await;
-    deliver_shared(ctx, &routed).await;
+    // Most gateways forward to the cloud and have no device subscribers: then the message
+    // is not cloned for a fan-out that would find nobody.
+    if may_have_subscribers(ctx) {
+        let routed = Routed {
+            origin: msg.device.clone(),
+            topic: msg.topic.clone(),
+            payload: msg.payload.clone(),
+            qos: msg.qos,
+            retain: msg.retain,
+            properties: msg.properties.clone(),
+        };
+        deliver_local(ctx, &routed);
+        deliver_other_shards(ctx, &routed).await;
+        deliver_shared(ctx, &routed).await;
+    }
     if msg.retain {
         let retained = RetainedMessage {
             topic: msg.topic.clone(),
@@ -84,7 +88,6 @@ async fn publish_to(
             tracing::debug!("control plane gone; retained message not stored");
         }
     }
-    drop(routed);
     // The rules current now; held while every sink is offered the message (a reload in the
     // meantime applies from the next message).
     let rules = ctx.rules.load();
@@ -100,6 +103,19 @@ async fn publish_to(
     if let Some(ack) = msg.ack {
         ack.complete();
     }
+}
+
+/// Whether any subscription could match: a local one, a shared one anywhere, or (with
+/// several shards) another shard's. `false` means local, cross-shard and shared delivery
+/// would each find nobody.
+fn may_have_subscribers(ctx: &ShardContext) -> bool {
+    if !ctx.subs.borrow().is_empty() {
+        return true;
+    }
+    let snapshot = ctx.snapshot.load();
+    !snapshot.shared.is_empty()
+        || (ctx.mailboxes.len() >= 2
+            && !(snapshot.trie.is_empty() && snapshot.pending.is_empty()))
 }
 
 /// Sinks count into the shard's metrics.
