@@ -171,7 +171,7 @@ pub struct Outbox<T: Transport> {
     /// Messages to send on their own before anything taken after them: one too big for any
     /// pack, or the messages of a pack the far end could not take.
     alone: VecDeque<Queued>,
-    inflight: HashMap<SendId, Inflight>,
+    inflight: HashMap<SendId, Inflight, crate::sink::transport::BuildIdHasher>,
     send_seq: u64,
     /// Inflight units carrying backlog records.
     inflight_backlog: usize,
@@ -236,7 +236,7 @@ impl<T: Transport> Outbox<T> {
             route_watch: None,
             sealed: None,
             alone: VecDeque::new(),
-            inflight: HashMap::new(),
+            inflight: HashMap::default(),
             send_seq: 0,
             inflight_backlog: 0,
             last_took_backlog: false,
@@ -416,8 +416,11 @@ impl<T: Transport> Outbox<T> {
                     return Ok(());
                 }
                 Event::Polled(r) => {
-                    for f in feedback.drain(..) {
-                        self.on_feedback(f);
+                    if !feedback.is_empty() {
+                        let now = Instant::now();
+                        for f in feedback.drain(..) {
+                            self.on_feedback(f, now);
+                        }
                     }
                     self.requeue_returned();
                     r?;
