@@ -60,7 +60,9 @@ impl Connection {
             .max_inflight_out
             .min(self.device_receive_max))
         .max(1) as usize;
-        let now = Instant::now();
+        // Read the clock only when something is queued: this runs on every turn of the
+        // connection's loop, twice per message it publishes.
+        let mut now = None;
         loop {
             let (msg, id) = {
                 let mut st = self.session.state.borrow_mut();
@@ -70,7 +72,7 @@ impl Connection {
                 if self.wbuf.len() >= WRITE_AHEAD_BYTES {
                     return true;
                 }
-                if front.is_expired(now) {
+                if front.is_expired(*now.get_or_insert_with(Instant::now)) {
                     // Leaves the session: its queued bytes go back (input bounds).
                     if let Some(expired) = st.pop_outbox() {
                         if expired.qos != QoS::AtMostOnce {
