@@ -327,7 +327,9 @@ impl Connection {
 
 /// `topic` and `payload` copied into one buffer of exactly their size, split into two views
 /// of it (one allocation plus its shared header; clones only count references). Owning the
-/// bytes keeps a message from pinning its read buffer (see [`Connection::on_publish`]).
+/// bytes keeps a message from pinning its read buffer (see [`Connection::on_publish`]); the
+/// router gives holders that may keep the topic longer than the payload (subscribers, the
+/// retained store) a copy of their own (`shard::router`).
 fn own_topic_and_payload(topic: &ByteString, payload: &Bytes) -> (ByteString, Bytes) {
     let mut buf = BytesMut::with_capacity(topic.len() + payload.len());
     buf.extend_from_slice(topic.as_bytes());
