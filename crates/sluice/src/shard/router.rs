@@ -128,8 +128,7 @@ fn may_have_subscribers(ctx: &ShardContext) -> bool {
     }
     let snapshot = ctx.snapshot.load();
     !snapshot.shared.is_empty()
-        || (ctx.mailboxes.len() >= 2
-            && !(snapshot.trie.is_empty() && snapshot.pending.is_empty()))
+        || (ctx.mailboxes.len() >= 2 && !(snapshot.trie.is_empty() && snapshot.pending.is_empty()))
 }
 
 /// Sinks count into the shard's metrics.
@@ -591,7 +590,11 @@ mod tests {
         let payload = buf.freeze();
         let kept = own_topic(&topic, &payload);
         assert_eq!(kept, topic);
-        assert_ne!(kept.as_bytes().as_ptr(), topic.as_bytes().as_ptr(), "its own buffer");
+        assert_ne!(
+            kept.as_bytes().as_ptr(),
+            topic.as_bytes().as_ptr(),
+            "its own buffer"
+        );
         // A topic with a buffer of its own is only cloned.
         let alone = ByteString::from("b/topic");
         let kept = own_topic(&alone, &payload);

@@ -206,10 +206,9 @@ impl Connection {
         tokio::pin!(publish);
         // Usually the router takes the message at once: then the device was never left
         // unread, and nothing below (another clock read, the select) is needed.
-        let done = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(publish.as_mut().poll(cx).is_ready())
-        })
-        .await;
+        let done =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(publish.as_mut().poll(cx).is_ready()))
+                .await;
         if done && pause.is_zero() {
             return Ok(());
         }
@@ -352,7 +351,11 @@ mod tests {
         let (t, p) = own_topic_and_payload(&topic, &payload);
         assert_eq!(t, topic);
         assert_eq!(p, payload);
-        assert_ne!(p.as_ptr(), payload.as_ptr(), "a copy, not a view of the read buffer");
+        assert_ne!(
+            p.as_ptr(),
+            payload.as_ptr(),
+            "a copy, not a view of the read buffer"
+        );
         let (t, p) = own_topic_and_payload(&ByteString::from(""), &Bytes::new());
         assert!(t.is_empty() && p.is_empty());
     }
