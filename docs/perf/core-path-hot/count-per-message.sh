@@ -2,7 +2,7 @@
 # count per-message events of sluice (bin dir $1) over 10 s, 20 s into a 40 s --sut sluice run; out prefix $2
 B=$1; O=$2
 uptime > $O.load
-$B/sluice-bench scenario core --n 1024 --rate 10 --duration 40s --sut sluice --aggregate off --sluice-bin $B/sluice --progress 0s --out $O.json > $O.log 2>&1 &
+$B/sluice-bench scenario core --n ${N:-1024} --rate 10 --duration 40s --sut sluice --aggregate off --sluice-bin $B/sluice --progress 0s --out $O.json > $O.log 2>&1 &
 bench=$!
 for i in $(seq 1 60); do pid=$(pgrep -f "^$B/sluice run" | head -1); [ -n "$pid" ] && break; sleep 1; done
 sleep 20
