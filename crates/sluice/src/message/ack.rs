@@ -35,7 +35,9 @@ use tokio::sync::Notify;
 /// connection waits on a single `Notify` whatever woke it.
 #[derive(Debug, Default)]
 pub struct DeviceAcks {
-    ready: RefCell<VecDeque<u16>>,
+    /// Kept inline for the usual one or two ids, so completing a token and draining it touch
+    /// no memory beyond this struct (the per-message path is bound by cache misses).
+    ready: RefCell<ReadyIds>,
     /// Failure reason codes for packet ids whose message was refused (see the module docs);
     /// at most one entry per packet id, removed when it is taken or the id completes again.
     refused: RefCell<Vec<(u16, u8)>>,
@@ -43,7 +45,41 @@ pub struct DeviceAcks {
     /// Shared with the connection's pending tokens, which can still tell after the
     /// connection is gone.
     abandoned: Rc<Cell<bool>>,
+    /// The same, set together with `abandoned` while this struct lives: what the connection
+    /// checks on every turn, without reaching for the shared flag's own allocation.
+    abandoned_here: Cell<bool>,
     pub notify: Rc<Notify>,
+}
+
+/// Packet ids ready to be acknowledged, in completion order: the first few inline, the rest
+/// (only while the connection is behind) in `more`, which is used once anything is in it.
+#[derive(Debug, Default)]
+struct ReadyIds {
+    inline: [u16; 3],
+    len: u8,
+    more: VecDeque<u16>,
+}
+
+impl ReadyIds {
+    fn push(&mut self, id: u16) {
+        let n = usize::from(self.len);
+        if self.more.is_empty() && n < self.inline.len() {
+            self.inline[n] = id;
+            self.len += 1;
+        } else {
+            self.more.push_back(id);
+        }
+    }
+
+    fn drain_into(&mut self, out: &mut Vec<u16>) {
+        out.extend_from_slice(&self.inline[..usize::from(self.len)]);
+        self.len = 0;
+        if !self.more.is_empty() {
+            out.extend(self.more.drain(..));
+            // A backlog is over; don't keep its room.
+            self.more = VecDeque::new();
+        }
+    }
 }
 
 impl DeviceAcks {
@@ -60,15 +96,18 @@ impl DeviceAcks {
     /// Whether a message of this connection was dropped unacknowledged (the connection must
     /// close so the device resends it).
     pub fn is_abandoned(&self) -> bool {
-        self.abandoned.get()
+        // Every token that sets `abandoned` while this struct lives sets this too.
+        self.abandoned_here.get()
     }
     /// Take every packet id that is ready to be acknowledged, in completion order.
     pub fn drain_into(&self, out: &mut Vec<u16>) {
-        out.extend(self.ready.borrow_mut().drain(..));
+        self.ready.borrow_mut().drain_into(out);
     }
     /// Take every packet id that is ready to be acknowledged, in completion order.
     pub fn drain(&self) -> Vec<u16> {
-        self.ready.borrow_mut().drain(..).collect()
+        let mut out = Vec::new();
+        self.drain_into(&mut out);
+        out
     }
     /// The reason code for the PUBACK of `packet_id`, taken: 0 (success), or for an MQTT 5
     /// device the failure code its message was completed with.
@@ -96,7 +135,7 @@ impl DeviceAcks {
     }
 
     pub fn push(&self, packet_id: u16) {
-        self.ready.borrow_mut().push_back(packet_id);
+        self.ready.borrow_mut().push(packet_id);
         self.notify.notify_one();
     }
 }
@@ -118,6 +157,7 @@ impl Drop for Pending {
             // The flag is the connection's own; wake it so it closes.
             self.abandoned.set(true);
             if let Some(device) = self.device.upgrade() {
+                device.abandoned_here.set(true);
                 device.notify.notify_one();
             }
         }
@@ -267,6 +307,25 @@ mod tests {
         AckToken::new(&dev, 3).complete_with(0x10);
         dev.drain();
         assert_eq!(dev.take_reason(3, V311), 0);
+    }
+
+    #[test]
+    fn ids_come_out_in_completion_order_however_many_are_waiting() {
+        let dev = DeviceAcks::new();
+        for id in 1..=10 {
+            AckToken::new(&dev, id).complete();
+        }
+        assert_eq!(dev.drain(), (1..=10).collect::<Vec<u16>>());
+        AckToken::new(&dev, 11).complete();
+        AckToken::new(&dev, 12).complete();
+        assert_eq!(dev.drain(), vec![11, 12]);
+        for id in 13..=17 {
+            AckToken::new(&dev, id).complete();
+        }
+        let mut out = vec![99];
+        dev.drain_into(&mut out);
+        assert_eq!(out, vec![99, 13, 14, 15, 16, 17]);
+        assert!(dev.drain().is_empty());
     }
 
     #[test]

@@ -59,20 +59,24 @@ async fn publish_to(
     device: Priority,
     to_functions: bool,
 ) {
-    let routed = Routed {
-        origin: msg.device.clone(),
-        topic: msg.topic.clone(),
-        payload: msg.payload.clone(),
-        qos: msg.qos,
-        retain: msg.retain,
-        properties: msg.properties.clone(),
-    };
-    deliver_local(ctx, &routed);
-    deliver_other_shards(ctx, &routed).await;
-    deliver_shared(ctx, &routed).await;
+    // Most gateways forward to the cloud and have no device subscribers: then the message
+    // is not cloned for a fan-out that would find nobody.
+    if may_have_subscribers(ctx) {
+        let routed = Routed {
+            origin: msg.device.clone(),
+            topic: own_topic(&msg.topic, &msg.payload),
+            payload: msg.payload.clone(),
+            qos: msg.qos,
+            retain: msg.retain,
+            properties: msg.properties.clone(),
+        };
+        deliver_local(ctx, &routed);
+        deliver_other_shards(ctx, &routed).await;
+        deliver_shared(ctx, &routed).await;
+    }
     if msg.retain {
         let retained = RetainedMessage {
-            topic: msg.topic.clone(),
+            topic: own_topic(&msg.topic, &msg.payload),
             payload: msg.payload.clone(),
             qos: msg.qos,
             properties: msg.properties.clone(),
@@ -85,7 +89,6 @@ async fn publish_to(
             tracing::debug!("control plane gone; retained message not stored");
         }
     }
-    drop(routed);
     // The rules current now; held while every sink is offered the message (a reload in the
     // meantime applies from the next message).
     let rules = ctx.rules.load();
@@ -101,6 +104,32 @@ async fn publish_to(
     if let Some(ack) = msg.ack {
         ack.complete();
     }
+}
+
+/// The topic for a holder that may outlive the payload: its own copy when it shares the
+/// payload's buffer (as an MQTT device's message does, see `edge::mqtt::connection::inbound`),
+/// else a clone. A topic kept as a map key — a subscriber's topic alias, the retained store,
+/// which keeps the first key of a topic when the message is replaced — would otherwise keep
+/// a whole payload alive that no bound counts.
+fn own_topic(topic: &ByteString, payload: &bytes::Bytes) -> ByteString {
+    let t = topic.as_bytes();
+    if !t.is_empty() && t.as_ptr_range().end == payload.as_ptr() {
+        ByteString::from(&**topic)
+    } else {
+        topic.clone()
+    }
+}
+
+/// Whether any subscription could match: a local one, a shared one anywhere, or (with
+/// several shards) another shard's. `false` means local, cross-shard and shared delivery
+/// would each find nobody.
+fn may_have_subscribers(ctx: &ShardContext) -> bool {
+    if !ctx.subs.borrow().is_empty() {
+        return true;
+    }
+    let snapshot = ctx.snapshot.load();
+    !snapshot.shared.is_empty()
+        || (ctx.mailboxes.len() >= 2 && !(snapshot.trie.is_empty() && snapshot.pending.is_empty()))
 }
 
 /// Sinks count into the shard's metrics.
@@ -486,4 +515,27 @@ pub async fn deliver_downlink(ctx: &Rc<ShardContext>, routed: Routed) {
     deliver_local(ctx, &routed);
     deliver_other_shards(ctx, &routed).await;
     deliver_shared(ctx, &routed).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_sharing_its_payloads_buffer_is_copied_for_holders_that_may_keep_it_longer() {
+        let mut buf = bytes::BytesMut::from(&b"a/topicPAYLOAD"[..]);
+        let topic = ByteString::try_from(buf.split_to(7).freeze()).expect("utf-8");
+        let payload = buf.freeze();
+        let kept = own_topic(&topic, &payload);
+        assert_eq!(kept, topic);
+        assert_ne!(
+            kept.as_bytes().as_ptr(),
+            topic.as_bytes().as_ptr(),
+            "its own buffer"
+        );
+        // A topic with a buffer of its own is only cloned.
+        let alone = ByteString::from("b/topic");
+        let kept = own_topic(&alone, &payload);
+        assert_eq!(kept.as_bytes().as_ptr(), alone.as_bytes().as_ptr());
+    }
 }

@@ -39,6 +39,32 @@ use crate::sink::{RejectReason, UplinkError, UplinkMessage};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SendId(pub u64);
 
+/// Hashes the ids this side hands out ([`SendId`]s, MQTT packet ids): one multiply instead
+/// of SipHash, for the maps looked up once or twice per message. Not for keys a peer
+/// chooses: the far end only answers ids we picked, and an unknown one misses like any other.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u16(&mut self, n: u16) {
+        self.0 = self.0.rotate_left(16) ^ u64::from(n);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = self.0.rotate_left(32) ^ n;
+    }
+}
+
+/// `HashMap`/`HashSet` state for [`IdHasher`].
+pub type BuildIdHasher = std::hash::BuildHasherDefault<IdHasher>;
+
 /// What one connection can take, learnt when it was established.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkLimits {

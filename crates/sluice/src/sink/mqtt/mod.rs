@@ -66,7 +66,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use bytestring::ByteString;
-use sluice_proto::mqtt::{ProtocolVersion, Publish};
+use sluice_proto::mqtt::{Packet, ProtocolVersion, Publish};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
@@ -170,7 +170,9 @@ pub struct MqttTransport {
     /// The pending batch: encoded packets not yet written.
     out: BytesMut,
     /// Packet ids of QoS 1 PUBLISHes written on this connection and not yet answered.
-    ids: HashSet<u16>,
+    ids: HashSet<u16, crate::sink::transport::BuildIdHasher>,
+    /// What one read decoded (kept: its room is reused by the next read).
+    packets: Vec<Packet>,
     next_packet_id: u16,
     pending_subscribe: Option<u16>,
     /// The filters of the pending SUBSCRIBE (named when the broker refuses one).
@@ -225,7 +227,8 @@ impl MqttTransport {
             on_port: None,
             conn: None,
             out: BytesMut::with_capacity(crate::sink::outbox::MAX_BATCH_BYTES + 1024),
-            ids: HashSet::new(),
+            ids: HashSet::default(),
+            packets: Vec::new(),
             next_packet_id: 1,
             pending_subscribe: None,
             pending_filters: Vec::new(),

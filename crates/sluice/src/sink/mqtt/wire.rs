@@ -5,6 +5,7 @@
 //! PUBLISH), keep-alive, delivering downlink messages and their PUBACKs, and DISCONNECT.
 //! Does not own: which units go next or what happens to refused ones (the outbox).
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -167,7 +168,7 @@ impl MqttTransport {
                 std::io::ErrorKind::NotConnected.into(),
             ));
         };
-        let mut packets = Vec::new();
+        let mut packets = std::mem::take(&mut self.packets);
         while let Some(packet) = c.decoder.decode(&mut c.rbuf)? {
             packets.push(packet);
         }
@@ -212,9 +213,10 @@ impl MqttTransport {
                 }
             }
         }
-        for packet in packets {
+        for packet in packets.drain(..) {
             self.handle(packet, feedback)?;
         }
+        self.packets = packets;
         Ok(())
     }
 
@@ -463,6 +465,16 @@ async fn write_all(
         c.io.write_all(bytes).await?;
         c.io.flush().await
     };
+    tokio::pin!(write);
+    // Usually the socket takes it all at once: no timer (nor its clock read) for that.
+    let first = std::future::poll_fn(|cx| match write.as_mut().poll(cx) {
+        std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await;
+    if let Some(r) = first {
+        return r.map_err(UplinkError::ConnectionLost);
+    }
     match tokio::time::timeout(limit, write).await {
         Err(_) => Err(UplinkError::WriteTimeout(limit)),
         Ok(Err(e)) => Err(UplinkError::ConnectionLost(e)),

@@ -171,7 +171,7 @@ pub struct Outbox<T: Transport> {
     /// Messages to send on their own before anything taken after them: one too big for any
     /// pack, or the messages of a pack the far end could not take.
     alone: VecDeque<Queued>,
-    inflight: HashMap<SendId, Inflight>,
+    inflight: HashMap<SendId, Inflight, crate::sink::transport::BuildIdHasher>,
     send_seq: u64,
     /// Inflight units carrying backlog records.
     inflight_backlog: usize,
@@ -236,7 +236,7 @@ impl<T: Transport> Outbox<T> {
             route_watch: None,
             sealed: None,
             alone: VecDeque::new(),
-            inflight: HashMap::new(),
+            inflight: HashMap::default(),
             send_seq: 0,
             inflight_backlog: 0,
             last_took_backlog: false,
@@ -365,6 +365,12 @@ impl<T: Transport> Outbox<T> {
         self.transport.settle().await?;
         // Woken by a reload's new route (`UplinkRoute::watch`); never without a route.
         let changed = self.route_watch.clone();
+        let queue = self.queue.clone();
+        // The waits that outlive a turn of the loop are made once (and again only after they
+        // fired), not on every turn: each would register and unregister with its `Notify`.
+        let mut stop = std::pin::pin!(shutdown_signal(shutdown));
+        let mut route_changed = std::pin::pin!(notified_opt(changed.as_deref()));
+        let mut queued = std::pin::pin!(queue.wait_ready());
         loop {
             self.transport.follow_route()?;
             let (sent, resent) = self.fill_batch(&limits, &mut unacked_in_write);
@@ -403,12 +409,18 @@ impl<T: Transport> Outbox<T> {
             };
             let event = tokio::select! {
                 biased;
-                _ = shutdown_signal(shutdown) => Event::Shutdown,
+                _ = &mut stop => Event::Shutdown,
                 r = self.transport.poll(&mut feedback) => Event::Polled(r),
-                _ = self.queue.wait_ready(), if can_take => Event::Queued,
+                _ = &mut queued, if can_take => {
+                    queued.set(queue.wait_ready());
+                    Event::Queued
+                }
                 _ = sleep_until_opt(pack_due), if pack_due.is_some() => Event::PackDue,
                 _ = sleep_until_opt(retry_at), if retry_at.is_some() => Event::RetryDue,
-                _ = notified_opt(changed.as_deref()) => Event::RouteChanged,
+                _ = &mut route_changed => {
+                    route_changed.set(notified_opt(changed.as_deref()));
+                    Event::RouteChanged
+                }
             };
             match event {
                 Event::Shutdown => {
@@ -416,8 +428,11 @@ impl<T: Transport> Outbox<T> {
                     return Ok(());
                 }
                 Event::Polled(r) => {
-                    for f in feedback.drain(..) {
-                        self.on_feedback(f);
+                    if !feedback.is_empty() {
+                        let now = Instant::now();
+                        for f in feedback.drain(..) {
+                            self.on_feedback(f, now);
+                        }
                     }
                     self.requeue_returned();
                     r?;

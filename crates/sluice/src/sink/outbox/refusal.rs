@@ -70,8 +70,9 @@ pub(super) fn backoff(cfg: &UplinkConfig) -> Backoff {
 }
 
 impl<T: Transport> Outbox<T> {
-    /// One answer from the far end.
-    pub(super) fn on_feedback(&mut self, feedback: Feedback) {
+    /// One answer from the far end, read at `now` (one clock read serves every answer of
+    /// one read).
+    pub(super) fn on_feedback(&mut self, feedback: Feedback, now: Instant) {
         let (id, refusal) = match feedback {
             Feedback::Acked(id) => (id, None),
             Feedback::Refused { id, code, class } => (id, Some((code, class))),
@@ -100,8 +101,13 @@ impl<T: Transport> Outbox<T> {
         let Some((code, class)) = refusal else {
             self.refusal_backoff.reset();
             self.refusal_rounds = 0;
-            for msg in carried.into_messages() {
-                self.acked(msg);
+            match carried {
+                Carried::One(msg) => self.acked(msg, now),
+                Carried::Pack(msgs) => {
+                    for msg in msgs {
+                        self.acked(msg, now);
+                    }
+                }
             }
             return;
         };
@@ -161,9 +167,11 @@ impl<T: Transport> Outbox<T> {
         }
     }
 
-    fn acked(&self, msg: UplinkMessage) {
+    fn acked(&self, msg: UplinkMessage, now: Instant) {
         self.metrics.messages_acked.inc();
-        self.metrics.ack_latency.observe(msg.received_at.elapsed());
+        self.metrics
+            .ack_latency
+            .observe(now.saturating_duration_since(msg.received_at));
         self.finish(msg, 0);
     }
 

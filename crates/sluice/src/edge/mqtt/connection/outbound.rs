@@ -18,6 +18,7 @@
 use bytes::BytesMut;
 use bytestring::ByteString;
 use sluice_proto::mqtt::{Packet, Publish, QoS};
+use std::future::Future;
 use std::time::Instant;
 
 use super::{resp, Connection, WRITE_AHEAD_BYTES, WRITE_TIMEOUT};
@@ -61,7 +62,9 @@ impl Connection {
             .max_inflight_out
             .min(self.device_receive_max))
         .max(1) as usize;
-        let now = Instant::now();
+        // Read the clock only when something is queued: this runs on every turn of the
+        // connection's loop, twice per message it publishes.
+        let mut now = None;
         loop {
             let (msg, id) = {
                 let mut st = self.session.state.borrow_mut();
@@ -71,7 +74,7 @@ impl Connection {
                 if self.wbuf.len() >= WRITE_AHEAD_BYTES {
                     return true;
                 }
-                if front.is_expired(now) {
+                if front.is_expired(*now.get_or_insert_with(Instant::now)) {
                     // Leaves the session: its queued bytes go back (input bounds).
                     if let Some(expired) = st.pop_outbox() {
                         if expired.qos != QoS::AtMostOnce {
@@ -158,7 +161,22 @@ impl Connection {
             return Ok(());
         }
         let n = self.wbuf.len();
-        match tokio::time::timeout(WRITE_TIMEOUT, self.wr.write_all(&self.wbuf)).await {
+        let written = {
+            let write = self.wr.write_all(&self.wbuf);
+            tokio::pin!(write);
+            // Usually the socket takes it all at once (a PUBACK): no timer, nor its clock
+            // read, for that; only a write that has to wait is bounded by WRITE_TIMEOUT.
+            let first = std::future::poll_fn(|cx| match write.as_mut().poll(cx) {
+                std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+                std::task::Poll::Pending => std::task::Poll::Ready(None),
+            })
+            .await;
+            match first {
+                Some(r) => Ok(r),
+                None => tokio::time::timeout(WRITE_TIMEOUT, write).await,
+            }
+        };
+        match written {
             Ok(Ok(())) => {
                 self.ctx.metrics.bytes_sent.add(n as u64);
                 self.wbuf.clear();
