@@ -178,6 +178,8 @@ pub struct PendingWill {
 
 impl PendingWill {
     /// The will as the router takes it; a will counts as received when it is published.
+    // Takes the box the session held (`SessionState::will`), so callers need not unbox.
+    #[allow(clippy::boxed_local)]
     pub fn into_message(self: Box<Self>) -> (DeviceMessage, Priority) {
         let mut message = self.message;
         message.received_at = Instant::now();
