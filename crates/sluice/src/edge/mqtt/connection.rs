@@ -68,22 +68,27 @@ pub const READ_AHEAD_BYTES: usize = 16 * 1024;
 /// `max_outbox_memory` (so a device that reads slowly holds at most this much uncharged,
 /// plus one packet) and where overflow is dropped and counted.
 pub const WRITE_AHEAD_BYTES: usize = 64 * 1024;
-/// Who the device is, as admission decided (see `Adopted`): ACL rules with `%u` read it.
-#[derive(Debug, Clone)]
-pub(crate) struct Identity {
-    /// The CONNECT's username, or the client certificate's name (`identity_from_cert`).
-    pub username: Option<ByteString>,
-    /// `username` came from a verified client certificate.
-    pub from_cert: bool,
+/// The connection task. Memory: this future is what an idle connection's task holds (see
+/// docs/memory.md, per-connection budget), so it holds only the [`Connection`] and the wait
+/// in [`Connection::serve`]; opening (with the CONNECT packet and the listener's read buffer)
+/// and closing run boxed, their state gone once they are done.
+pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
+    let Some(mut conn) = Box::pin(open(ctx, adopted)).await else {
+        return;
+    };
+    let reason = conn.serve().await;
+    Box::pin(conn.end(reason)).await;
 }
 
-pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
-    // Boxed on purpose: an async fn keeps its arguments for its whole life, and `Adopted`
-    // carries a CONNECT packet that is only needed at the start.
+/// Register the socket on this shard, make room for the session and answer the CONNECT.
+/// `None`: refused or failed (answered and logged here). Consumes `adopted`: the CONNECT and
+/// the listener's read buffer are freed when this returns.
+async fn open(ctx: Rc<ShardContext>, adopted: Box<Adopted>) -> Option<Connection> {
     let Adopted {
         stream,
         peer,
-        username,
+        // The same as the CONNECT's after admission (`Adopted::acl_username`).
+        username: _,
         username_from_cert,
         connect,
         buffered,
@@ -99,7 +104,7 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
         Ok(halves) => halves,
         Err(error) => {
             tracing::warn!(%peer, %error, "cannot register device socket on shard");
-            return;
+            return None;
         }
     };
     // Input bounds: room in the session table (mqtt.max_sessions), or a refusing CONNACK.
@@ -107,35 +112,28 @@ pub async fn run(ctx: Rc<ShardContext>, adopted: Box<Adopted>) {
         crate::shard::limits::make_room_for_session(&ctx, &connect.client_id, connect.protocol)
             .await
     {
-        return crate::shard::limits::refuse_connect(wr, connect.protocol, code).await;
+        crate::shard::limits::refuse_connect(wr, connect.protocol, code).await;
+        return None;
     }
     ctx.metrics.connections.add(1);
-    let client_id = connect.client_id.clone();
-    // Cold paths are boxed so their state exists only while they run: the connection task's
-    // future stays small, which is most of an idle connection's memory.
-    let mut conn = Box::pin(Connection::start(
-        ctx.clone(),
-        (rd, wr),
-        connect,
-        buffered,
-        assigned_client_id,
-        peer,
-        Identity {
-            username,
-            from_cert: username_from_cert,
-        },
-    ))
-    .await;
-    let reason = conn.serve().await;
-    Box::pin(conn.finish(reason)).await;
-    tracing::debug!(%peer, client_id = %client_id, username = ?conn.identity.username,
-        username_from_cert = conn.identity.from_cert, reason = ?reason, "device connection closed");
-    ctx.metrics.connections.sub(1);
-    ctx.metrics.close(reason);
-    // The socket still counts against max_connections until this returns.
-    if conn.linger {
-        Box::pin(linger(&mut conn.rd)).await;
-    }
+    // Memory: no read buffer is kept unless the device pipelined bytes behind its CONNECT.
+    let buffered = if buffered.is_empty() {
+        BytesMut::new()
+    } else {
+        buffered
+    };
+    Some(
+        Connection::start(
+            ctx.clone(),
+            (rd, wr),
+            connect,
+            buffered,
+            assigned_client_id,
+            peer,
+            username_from_cert,
+        )
+        .await,
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,13 +155,14 @@ struct Connection {
     generation: u64,
     version: ProtocolVersion,
     client_id: ByteString,
-    /// Its username as admission trusted it (beside the client id, for ACLs: `%u`, `%c`).
-    identity: Identity,
+    /// `username` came from a verified client certificate (`identity_from_cert`).
+    username_from_cert: bool,
     /// The device's own priority, from the priority table of generation
     /// `priority_generation`; asked again when a reload published another one.
     priority: Priority,
     priority_generation: u64,
-    /// The username the ACL sees (`Adopted::acl_username`).
+    /// The username the ACL sees (`Adopted::acl_username`): the CONNECT's, or with
+    /// `identity_from_cert` the certificate's name, as admission left it.
     username: Option<ByteString>,
     /// `[acl]` rules naming this device (`control/acl/`).
     acl: crate::control::acl::DeviceAcl,
@@ -175,18 +174,20 @@ struct Connection {
     rbuf: BytesMut,
     wbuf: BytesMut,
     decoder: Decoder,
-    acks: Rc<DeviceAcks>,
+    /// Created at the first PUBLISH that needs an acknowledgement (see [`LazyAcks`]).
+    acks: LazyAcks,
     ack_scratch: Vec<u16>,
     pending: VecDeque<PendingAck>,
-    aliases: HashMap<u16, ByteString>,
+    aliases: LazyMap<u16, ByteString>,
     /// Topic aliases the gateway assigned for its PUBLISHes to the device, and the next one.
-    out_aliases: HashMap<ByteString, u16>,
+    out_aliases: LazyMap<ByteString, u16>,
     out_alias_next: u16,
     /// How many the gateway may assign: min(device's Topic Alias Maximum, ours).
     out_alias_max: u16,
     keep_alive: Duration,
     last_read: Instant,
-    will: Option<Will>,
+    /// Boxed: most devices have none, and `Will` inline would cost every connection.
+    will: Option<Box<Will>>,
     device_receive_max: u16,
     device_max_packet: Option<u32>,
     /// `rbuf` holds bytes read ahead while the device's messages were withheld, not yet
@@ -197,6 +198,60 @@ struct Connection {
     /// briefly before closing, so unread input does not turn the close into a reset that
     /// destroys the DISCONNECT before the device reads it.
     linger: bool,
+}
+
+/// A map that costs one pointer until its first entry (topic aliases: most devices use
+/// none, and an empty `HashMap` inline is 48 bytes in every connection).
+// Boxed on purpose: `Option<Box<_>>` is one word, `Option<HashMap>` 48 bytes.
+#[allow(clippy::box_collection)]
+struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
+
+impl<K, V> Default for LazyMap<K, V> {
+    fn default() -> Self {
+        LazyMap(None)
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> LazyMap<K, V> {
+    fn get(&self, key: &K) -> Option<&V> {
+        self.0.as_ref()?.get(key)
+    }
+    fn insert(&mut self, key: K, value: V) -> Option<V> {
+        self.0
+            .get_or_insert_with(Default::default)
+            .insert(key, value)
+    }
+    fn remove(&mut self, key: &K) -> Option<V> {
+        self.0.as_mut()?.remove(key)
+    }
+}
+
+/// The connection's [`DeviceAcks`], created when first used (the first QoS 1/2 PUBLISH):
+/// a device that never sends one — most idle devices — never pays for it.
+struct LazyAcks {
+    acks: std::cell::OnceCell<Rc<DeviceAcks>>,
+    /// The session's wake-up, which the acks share.
+    notify: Rc<tokio::sync::Notify>,
+}
+
+impl LazyAcks {
+    fn new(notify: Rc<tokio::sync::Notify>) -> LazyAcks {
+        LazyAcks {
+            acks: std::cell::OnceCell::new(),
+            notify,
+        }
+    }
+    fn created(&self) -> bool {
+        self.acks.get().is_some()
+    }
+}
+
+impl std::ops::Deref for LazyAcks {
+    type Target = Rc<DeviceAcks>;
+    fn deref(&self) -> &Rc<DeviceAcks> {
+        self.acks
+            .get_or_init(|| DeviceAcks::with_notify(self.notify.clone()))
+    }
 }
 
 /// Close now, for this reason; for MQTT 5 with this reason code in a DISCONNECT.
@@ -210,11 +265,13 @@ impl Connection {
         buffered: BytesMut,
         assigned_client_id: bool,
         peer: std::net::SocketAddr,
-        identity: Identity,
+        username_from_cert: bool,
     ) -> Connection {
         let cfg = &ctx.config.mqtt;
         let version = connect.protocol;
-        let client_id = connect.client_id.clone();
+        // Memory: copies, so nothing kept for the connection's life points into the
+        // listener's read buffer, which then goes with the CONNECT.
+        let client_id = ByteString::from(&*connect.client_id);
         let max_expiry = cfg.session_expiry_max;
         let expiry = match version {
             ProtocolVersion::V5 => {
@@ -283,7 +340,7 @@ impl Connection {
             keep_alive = max_keep_alive;
         }
         let max_packet = cfg.max_packet_size.0.min(u32::MAX as u64) as usize;
-        let acks = DeviceAcks::with_notify(session.notify.clone());
+        let acks = LazyAcks::new(session.notify.clone());
         let username = Adopted::acl_username(&connect).map(ByteString::from);
         let acl = crate::control::acl::DeviceAcl::new(
             &ctx.acl,
@@ -303,7 +360,7 @@ impl Connection {
             generation,
             version,
             client_id: client_id.clone(),
-            identity,
+            username_from_cert,
             priority: rules.priority.device(&client_id),
             priority_generation: rules.generation,
             peer,
@@ -315,8 +372,8 @@ impl Connection {
             acks,
             ack_scratch: Vec::new(),
             pending: VecDeque::new(),
-            aliases: HashMap::new(),
-            out_aliases: HashMap::new(),
+            aliases: LazyMap::default(),
+            out_aliases: LazyMap::default(),
             out_alias_next: 1,
             out_alias_max: match version {
                 ProtocolVersion::V5 => connect
@@ -328,7 +385,7 @@ impl Connection {
             },
             keep_alive: Duration::from_secs(keep_alive as u64),
             last_read: Instant::now(),
-            will: connect.will.clone(),
+            will: connect.will.as_ref().map(owned_will),
             device_receive_max: connect
                 .properties
                 .receive_maximum
@@ -375,7 +432,10 @@ impl Connection {
             ctx.config.mqtt.max_queued_messages,
             ctx.bounds.outbox.clone(),
         );
-        s.state.borrow_mut().journal.attach(ctx.state.clone());
+        s.state
+            .borrow_mut()
+            .journal
+            .attach(ctx.state.clone(), client_id);
         ctx.bounds.session_added();
         ctx.sessions
             .borrow_mut()
@@ -404,8 +464,11 @@ impl Connection {
         tokio::pin!(keep_alive_timer);
         let mut was_paused = false;
         // Process anything the device pipelined behind its CONNECT.
-        if let Err(Close(reason, code)) = self.process_input().await {
+        if let Err(Close(reason, code)) = self.process_input_boxed().await {
             return Box::pin(self.close_with(reason, code)).await;
+        }
+        if self.rbuf.is_empty() {
+            self.rbuf = BytesMut::new();
         }
         loop {
             if !self.is_current() {
@@ -421,7 +484,9 @@ impl Connection {
                 )
                 .await;
             }
-            self.on_cloud_acks();
+            if self.acks.created() {
+                self.on_cloud_acks();
+            }
             // Stopped at WRITE_AHEAD_BYTES with more to write: go round again once written
             // (after anything the device sent meanwhile), not only when the outbox grows.
             let more_out = self.take_outbox();
@@ -438,8 +503,11 @@ impl Connection {
             if !paused && self.ahead {
                 // Read again: first what was read ahead while it was not.
                 self.ahead = false;
-                if let Err(Close(reason, code)) = self.process_input().await {
+                if let Err(Close(reason, code)) = self.process_input_boxed().await {
                     return Box::pin(self.close_with(reason, code)).await;
+                }
+                if self.rbuf.is_empty() {
+                    self.rbuf = BytesMut::new();
                 }
                 continue;
             }
@@ -467,7 +535,7 @@ impl Connection {
                         Ok(n) => {
                             self.ctx.metrics.bytes_received.add(n as u64);
                             self.last_read = Instant::now();
-                            if let Err(Close(reason, code)) = self.process_input().await {
+                            if let Err(Close(reason, code)) = self.process_input_boxed().await {
                                 return Box::pin(self.close_with(reason, code)).await;
                             }
                             if self.rbuf.is_empty() {
@@ -537,12 +605,22 @@ impl Connection {
     /// reading — anything handled after it could reach the cloud before the device resends
     /// it — and close, so the device reconnects and resends in order.
     fn check_abandoned(&self) -> Result<(), Close> {
-        if !self.acks.is_abandoned() {
+        if !self.acks.created() || !self.acks.is_abandoned() {
             return Ok(());
         }
         tracing::warn!(client_id = %self.client_id, peer = %self.peer,
             "a message from this device was dropped before it was stored or forwarded (see the spool error above); closing the connection so the device resends it");
         Err(Close(CloseReason::AckLost, Some(reason::UNSPECIFIED_ERROR)))
+    }
+
+    /// [`Connection::process_input`], boxed: handling a packet may wait (a PUBLISH for room
+    /// in a full queue, for its rate; a SUBSCRIBE for the router), and those futures inline
+    /// would make every idle connection's task as large as the largest of them (several KiB
+    /// per connection). One allocation per read that brought bytes, freed when handled.
+    fn process_input_boxed(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Close>> + '_>> {
+        Box::pin(self.process_input())
     }
 
     /// Decode and handle every complete packet in the read buffer.
@@ -638,6 +716,20 @@ impl Connection {
         }
     }
 
+    /// After `serve` returned: the will, the session, metrics and the linger (boxed by the
+    /// caller, so none of it sits in an idle connection's task).
+    async fn end(&mut self, reason: CloseReason) {
+        self.finish(reason).await;
+        tracing::debug!(peer = %self.peer, client_id = %self.client_id, username = ?self.username,
+            username_from_cert = self.username_from_cert, reason = ?reason, "device connection closed");
+        self.ctx.metrics.connections.sub(1);
+        self.ctx.metrics.close(reason);
+        // The socket still counts against max_connections until this returns.
+        if self.linger {
+            linger(&mut self.rd).await;
+        }
+    }
+
     async fn close_with(&mut self, reason: CloseReason, code: Option<u8>) -> CloseReason {
         if let (ProtocolVersion::V5, Some(code)) = (self.version, code) {
             self.write(Packet::Disconnect(Disconnect {
@@ -674,10 +766,62 @@ async fn linger(rd: &mut DeviceReader) {
     .await;
 }
 
+/// The CONNECT's will with its own copy of the topic and payload (see `Connection::start`);
+/// its properties, rarely set, keep pointing into the CONNECT's buffer.
+fn owned_will(will: &Will) -> Box<Will> {
+    let mut will = will.clone();
+    will.topic = ByteString::from(&*will.topic);
+    will.payload = bytes::Bytes::copy_from_slice(&will.payload);
+    Box::new(will)
+}
+
 fn resp(packet_id: u16) -> PubResponse {
     PubResponse {
         packet_id,
         reason: reason::SUCCESS,
         properties: None,
+    }
+}
+
+/// What an idle device connection holds (the figures behind docs/perf/connections.md's
+/// breakdown and docs/memory.md's per-connection budget). Sizes as compiled for tests
+/// (unoptimised futures are larger than release ones; the bounds leave room for that).
+#[cfg(test)]
+mod sizes {
+    use super::*;
+    use std::mem::size_of;
+
+    fn future_size<A, B, F: std::future::Future>(_: fn(A, B) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    fn serve_size<F: std::future::Future>(_: fn(&'static mut Connection) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    #[test]
+    fn an_idle_connection_holds_a_small_task_and_state() {
+        let run = future_size(run);
+        let serve = serve_size(Connection::serve);
+        let conn = size_of::<Connection>();
+        let session = size_of::<Session>();
+        println!(
+            "run future {run} B, serve future {serve} B, Connection {conn} B, Session {session} B, SessionState {} B, DeviceAcks {} B, Notify {} B, Sleep {} B, DeviceAcl {} B, Will {} B, PendingWill {} B, Journal {} B, DeviceReader {} B, Adopted {} B",
+            size_of::<crate::edge::mqtt::session::SessionState>(),
+            size_of::<DeviceAcks>(),
+            size_of::<tokio::sync::Notify>(),
+            size_of::<tokio::time::Sleep>(),
+            size_of::<crate::control::acl::DeviceAcl>(),
+            size_of::<Will>(),
+            size_of::<crate::edge::mqtt::session::PendingWill>(),
+            size_of::<crate::edge::mqtt::session::Journal>(),
+            size_of::<DeviceReader>(),
+            size_of::<Adopted>(),
+        );
+        // Before the idle-memory work (docs/perf/connections.md): run future 4,992 B,
+        // Connection 1,048 B, Session 528 B (this build), 8.6 KiB of RSS per idle connection.
+        assert!(run <= 1280, "run future {run} B");
+        assert!(conn <= 512, "Connection {conn} B");
+        assert!(session <= 320, "Session {session} B");
     }
 }

@@ -75,7 +75,7 @@ async fn session(ctx: &Rc<ShardContext>, log: &StateLog, client: ByteString, ima
     let mut refused = 0u64;
     {
         let mut st = session.state.borrow_mut();
-        st.journal.attach(Some(log.clone()));
+        st.journal.attach(Some(log.clone()), &session.client_id);
         st.expiry = Duration::from_secs(image.expiry_s as u64);
         st.connected = false;
         st.offline_since = Some(Instant::now());
@@ -124,7 +124,7 @@ async fn session(ctx: &Rc<ShardContext>, log: &StateLog, client: ByteString, ima
         let message = will_message(&client, m);
         match crate::shard::limits::WillCharge::new(ctx, &message) {
             Some(charge) if publish_at > now => {
-                session.state.borrow_mut().will = Some(PendingWill { message, priority });
+                session.state.borrow_mut().will = Some(Box::new(PendingWill { message, priority }));
                 let (ctx2, s2) = (ctx.clone(), session.clone());
                 let at = clock.instant(publish_at).min(expires_at);
                 let timer = tokio::task::spawn_local(async move {

@@ -60,7 +60,8 @@ pub struct SessionState {
     /// A will waiting for its delay while the device is away (MQTT 5 Will Delay Interval):
     /// cancelled when the device reconnects to this session, published when the delay passes
     /// or the session ends, whichever is first.
-    pub will: Option<PendingWill>,
+    /// Boxed: rare, and `DeviceMessage` inline would cost every session.
+    pub will: Option<Box<PendingWill>>,
     /// Set once the session is ending (expired, or a clean-start connection replaced it); a
     /// connection taken over by then publishes its will at once.
     pub ended: bool,
@@ -71,23 +72,21 @@ pub struct SessionState {
 /// Logs the changes of a persistent session to the state directory (`crate::state`).
 /// Off for a session that ends with its connection, and without `[state] dir`: then
 /// [`Journal::record`] is one branch.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Journal {
-    log: Option<crate::state::StateLog>,
-    client: ByteString,
+    /// The state log and the client id its records name; `None` without `[state] dir`
+    /// (memory: then the session keeps no second copy of its client id's handle).
+    log: Option<Box<(crate::state::StateLog, ByteString)>>,
     on: bool,
 }
 
 impl Journal {
-    pub fn new(client: ByteString) -> Journal {
-        Journal {
-            log: None,
-            client,
-            on: false,
-        }
+    pub fn new() -> Journal {
+        Journal::default()
     }
-    pub fn attach(&mut self, log: Option<crate::state::StateLog>) {
-        self.log = log;
+    /// Log to `log` (if any), naming `client` in the records.
+    pub fn attach(&mut self, log: Option<crate::state::StateLog>, client: &ByteString) {
+        self.log = log.map(|log| Box::new((log, client.clone())));
     }
     pub fn is_on(&self) -> bool {
         self.on && self.log.is_some()
@@ -104,7 +103,8 @@ impl Journal {
             return;
         }
         if let Some(log) = &self.log {
-            log.push(make(self.client.clone(), log.clock()));
+            let (log, client) = &**log;
+            log.push(make(client.clone(), log.clock()));
         }
     }
 }
@@ -147,7 +147,9 @@ pub struct PendingWill {
 
 impl PendingWill {
     /// The will as the router takes it; a will counts as received when it is published.
-    pub fn into_message(self) -> (DeviceMessage, Priority) {
+    // Takes the box the session held (`SessionState::will`), so callers need not unbox.
+    #[allow(clippy::boxed_local)]
+    pub fn into_message(self: Box<Self>) -> (DeviceMessage, Priority) {
         let mut message = self.message;
         message.received_at = Instant::now();
         (message, self.priority)
@@ -159,46 +161,58 @@ impl PendingWill {
 /// protocol error, 0x93); for a 3.1.1 device, which is not told the limit, the oldest id is
 /// forgotten at the bound (its late PUBREL still gets a PUBCOMP).
 #[derive(Debug, Default)]
-pub struct AwaitingRel {
+pub struct AwaitingRel(Option<Box<AwaitingRelIds>>);
+
+/// Boxed, and only while an id is awaited: most sessions never see QoS 2, and the two
+/// collections inline would cost every session 80 bytes.
+#[derive(Debug, Default)]
+struct AwaitingRelIds {
     ids: HashSet<u16>,
     order: VecDeque<u16>,
 }
 
 impl AwaitingRel {
     pub fn len(&self) -> usize {
-        self.ids.len()
+        self.0.as_ref().map_or(0, |a| a.ids.len())
     }
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.len() == 0
     }
     pub fn contains(&self, id: u16) -> bool {
-        self.ids.contains(&id)
+        self.0.as_ref().is_some_and(|a| a.ids.contains(&id))
     }
     /// The ids, oldest first.
     pub fn ids(&self) -> impl Iterator<Item = u16> + '_ {
-        self.order.iter().copied()
+        self.0.iter().flat_map(|a| a.order.iter().copied())
     }
     /// Add `id`; at `bound` entries the oldest is forgotten first. Returns whether one was.
     pub fn insert(&mut self, id: u16, bound: usize) -> bool {
-        if !self.ids.insert(id) {
+        let a = self.0.get_or_insert_with(Default::default);
+        if !a.ids.insert(id) {
             return false;
         }
-        self.order.push_back(id);
+        a.order.push_back(id);
         let mut evicted = false;
-        while self.ids.len() > bound.max(1) {
-            match self.order.pop_front() {
-                Some(old) => evicted |= self.ids.remove(&old),
+        while a.ids.len() > bound.max(1) {
+            match a.order.pop_front() {
+                Some(old) => evicted |= a.ids.remove(&old),
                 None => break,
             }
         }
         evicted
     }
     pub fn remove(&mut self, id: u16) -> bool {
-        if !self.ids.remove(&id) {
+        let Some(a) = self.0.as_mut() else {
+            return false;
+        };
+        if !a.ids.remove(&id) {
             return false;
         }
-        if let Some(pos) = self.order.iter().position(|x| *x == id) {
-            self.order.remove(pos);
+        if let Some(pos) = a.order.iter().position(|x| *x == id) {
+            a.order.remove(pos);
+        }
+        if a.ids.is_empty() {
+            self.0 = None; // memory: nothing kept once nothing is awaited
         }
         true
     }
@@ -230,7 +244,7 @@ impl Session {
         max_queued: usize,
         budget: Rc<OutboxBudget>,
     ) -> Rc<Session> {
-        let journal = Journal::new(client_id.clone());
+        let journal = Journal::new();
         Rc::new(Session {
             client_id,
             state: RefCell::new(SessionState {

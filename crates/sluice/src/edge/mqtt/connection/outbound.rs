@@ -26,6 +26,11 @@ use crate::edge::mqtt::session::OutStage;
 use crate::message::OutMessage;
 use crate::shard::metrics::{CloseReason, DropReason};
 
+/// Memory: the write buffer capacity kept after a write (enough for the acknowledgements
+/// and PINGRESPs of one read); a larger buffer is freed once written, so an idle connection
+/// holds at most this.
+const WRITE_BUFFER_KEPT: usize = 256;
+
 impl Connection {
     /// Resend QoS 1/2 messages the device had not acknowledged when it last disconnected.
     pub(super) fn resend_inflight(&mut self) {
@@ -180,8 +185,10 @@ impl Connection {
             Ok(Ok(())) => {
                 self.ctx.metrics.bytes_sent.add(n as u64);
                 self.wbuf.clear();
-                if self.wbuf.capacity() > 16 * 1024 {
-                    self.wbuf = BytesMut::new(); // a burst is over; don't keep its buffer
+                if self.wbuf.capacity() > WRITE_BUFFER_KEPT {
+                    // Memory: only an acknowledgement's or a PINGRESP's few bytes are kept
+                    // (no allocation per PUBACK); anything larger goes once written.
+                    self.wbuf = BytesMut::new();
                 }
                 Ok(())
             }

@@ -20,7 +20,7 @@ impl Connection {
     pub(super) async fn finish(&mut self, reason: CloseReason) {
         if let Some(will) = self.will.take() {
             if reason != CloseReason::ClientDisconnect {
-                self.on_will(will, reason).await;
+                self.on_will(*will, reason).await;
             }
         }
         if !self.is_current() {
@@ -119,7 +119,7 @@ impl Connection {
                     },
                     publish_at: clock.mono(publish_at),
                 });
-            st.will = Some(PendingWill { message, priority });
+            st.will = Some(Box::new(PendingWill { message, priority }));
         }
         let ctx = self.ctx.clone();
         let session = self.session.clone();
