@@ -67,6 +67,9 @@ pub struct AggregateOpts {
     pub max_pack: String,
     /// A duration with unit, e.g. "1s".
     pub max_delay: String,
+    /// `wait_for_ack` (`None`: not written, sluice's default; binaries before the key
+    /// existed reject it).
+    pub wait_for_ack: Option<bool>,
 }
 
 impl Default for AggregateOpts {
@@ -80,6 +83,7 @@ impl Default for AggregateOpts {
             format: "json".to_string(),
             max_pack: "1KiB".to_string(),
             max_delay: "1s".to_string(),
+            wait_for_ack: None,
         }
     }
 }
@@ -95,17 +99,26 @@ impl AggregateOpts {
 
     /// The `[uplink.aggregate]` table (must come after the uplink's plain keys).
     pub fn toml(&self) -> String {
-        format!(
+        let mut t = format!(
             "\n[uplink.aggregate]\nenabled = {}\nmin_devices = {}\nformat = \"{}\"\nmax_pack = \"{}\"\nmax_delay = \"{}\"\n",
             self.enabled, self.min_devices, self.format, self.max_pack, self.max_delay
-        )
+        );
+        if let Some(w) = self.wait_for_ack {
+            t.push_str(&format!("wait_for_ack = {w}\n"));
+        }
+        t
     }
 
     /// One line for reports.
     pub fn describe(&self) -> String {
         if self.enabled {
+            let ack = match self.wait_for_ack {
+                Some(true) => ", wait_for_ack",
+                Some(false) => ", no wait_for_ack",
+                None => "",
+            };
             format!(
-                "SenML aggregation on above {} devices ({}, packs up to {}, at most {} wait)",
+                "SenML aggregation on above {} devices ({}, packs up to {}, at most {} wait{ack})",
                 self.min_devices, self.format, self.max_pack, self.max_delay
             )
         } else {

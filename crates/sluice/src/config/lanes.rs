@@ -52,6 +52,10 @@ pub enum PackFormat {
 /// `[uplink.aggregate]`: pack normal-priority records into SenML packs when many devices are
 /// connected. Off by default: packing changes what the cloud receives (packs on `topic`
 /// instead of each message on its own topic), so a deployment opts in.
+///
+/// When a pack goes (TCP autocorking's rule, `sink/outbox/fill.rs`): at once when the uplink
+/// is idle, so a lone message never waits; while it is busy, records keep packing until
+/// `max_pack`, `max_delay`, or the uplink is idle again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AggregateConfig {
@@ -62,9 +66,14 @@ pub struct AggregateConfig {
     pub format: PackFormat,
     /// A pack is published once its encoding reaches this size.
     pub max_pack: ByteSize,
-    /// ... or once its oldest record has waited this long.
+    /// ... or once its oldest record has waited this long (an upper bound: a pack goes as
+    /// soon as the uplink is idle).
     #[serde(with = "units::duration")]
     pub max_delay: Duration,
+    /// The uplink also counts as busy while the last pack that went out before reaching
+    /// `max_pack` is unacknowledged (Nagle's rule in Minshall's variant): at most one such
+    /// partial pack in flight. `false`: busy only while the inflight window is full.
+    pub wait_for_ack: bool,
     /// The cloud topic packs are published on (topic_prefix / topic_template do not apply).
     pub topic: String,
 }
@@ -77,6 +86,7 @@ impl Default for AggregateConfig {
             format: PackFormat::Json,
             max_pack: ByteSize::kib(1),
             max_delay: Duration::from_secs(1),
+            wait_for_ack: true,
             topic: "sluice/senml".to_string(),
         }
     }
