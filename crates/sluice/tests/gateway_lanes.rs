@@ -1,7 +1,7 @@
 //! Aggregation and priority lanes end to end (issue: batching and priority lanes), against a
 //! real cloud Mosquitto with TLS 1.3: SenML packs going at once on an idle uplink, filling to
 //! max_pack while it is busy (the cloud frozen with SIGSTOP), bounded by max_delay, with and
-//! without wait_for_ack, and by device count (crossing the threshold up and down), high priority bypassing aggregation and the normal
+//! with flush = "window" and the timer rule (flush = "max_delay"), and by device count (crossing the threshold up and down), high priority bypassing aggregation and the normal
 //! queue, and the lane sockets' marks as read back from the kernel.
 
 mod common;
@@ -314,7 +314,51 @@ async fn max_delay_bounds_how_long_a_partial_pack_waits_while_the_uplink_stays_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_wait_for_ack_a_pack_waits_only_while_the_window_is_full() {
+async fn with_flush_max_delay_a_pack_that_does_not_fill_waits_for_max_delay_even_when_idle() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("sub", "#").await;
+    let gw = gateway(
+        1,
+        &cloud.uplink_toml(
+            None,
+            &aggregate_toml(
+                "",
+                "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"400ms\"\nflush = \"max_delay\"",
+            ),
+        ),
+    );
+    let mut d = device(&gw, "dev-t", ProtocolVersion::V311).await;
+    let started = Instant::now();
+    let id1 = d
+        .publish_no_wait("t/t", payload(4, 0, 50), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let id2 = d
+        .publish_no_wait("t/t", payload(4, 1, 50), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let a = collect(
+        &mut sub,
+        2,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(10),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(a.packs, vec![2], "both records in one pack");
+    assert_eq!(a.per_device()[&4], vec![0, 1]);
+    assert!(
+        waited >= Duration::from_millis(350),
+        "the timer rule: a pack below max_pack waits for max_delay: arrived after {waited:?}"
+    );
+    assert_eq!(d.wait_ack(id1.unwrap()).await.unwrap(), 0);
+    assert_eq!(d.wait_ack(id2.unwrap()).await.unwrap(), 0);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_flush_window_a_pack_waits_only_while_the_window_is_full() {
     let cloud = Cloud::start();
     let mut sub = cloud.subscriber("sub", "#").await;
     let gw = gateway(
@@ -323,7 +367,7 @@ async fn without_wait_for_ack_a_pack_waits_only_while_the_window_is_full() {
             None,
             &aggregate_toml(
                 "inflight = 2",
-                "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"10s\"\nwait_for_ack = false",
+                "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"10s\"\nflush = \"window\"",
             ),
         ),
     );

@@ -60,10 +60,10 @@ pub(crate) struct AggregateArgs {
     /// ... or once its oldest record waited this long (with unit, e.g. "1s", "200ms").
     #[arg(long, default_value = "1s")]
     max_delay: String,
-    /// `wait_for_ack` in the generated `[uplink.aggregate]` (not written when absent: sluice's
-    /// default, and binaries from before the key accept the config).
-    #[arg(long, value_enum)]
-    wait_for_ack: Option<OnOff>,
+    /// `flush` in the generated `[uplink.aggregate]`: "idle", "window" or "max_delay" (not
+    /// written when absent: sluice's default, and binaries from before the key accept it).
+    #[arg(long, value_parser = ["idle", "window", "max_delay"])]
+    flush: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -90,7 +90,7 @@ impl AggregateArgs {
             .to_string(),
             max_pack: self.max_pack.clone(),
             max_delay: self.max_delay.clone(),
-            wait_for_ack: self.wait_for_ack.map(|w| w == OnOff::On),
+            flush: self.flush.clone(),
         }
     }
 }

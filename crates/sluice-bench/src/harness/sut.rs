@@ -67,9 +67,9 @@ pub struct AggregateOpts {
     pub max_pack: String,
     /// A duration with unit, e.g. "1s".
     pub max_delay: String,
-    /// `wait_for_ack` (`None`: not written, sluice's default; binaries before the key
-    /// existed reject it).
-    pub wait_for_ack: Option<bool>,
+    /// `flush` ("idle", "window", "max_delay"; `None`: not written, sluice's default;
+    /// binaries before the key existed reject it).
+    pub flush: Option<String>,
 }
 
 impl Default for AggregateOpts {
@@ -83,7 +83,7 @@ impl Default for AggregateOpts {
             format: "json".to_string(),
             max_pack: "1KiB".to_string(),
             max_delay: "1s".to_string(),
-            wait_for_ack: None,
+            flush: None,
         }
     }
 }
@@ -103,8 +103,8 @@ impl AggregateOpts {
             "\n[uplink.aggregate]\nenabled = {}\nmin_devices = {}\nformat = \"{}\"\nmax_pack = \"{}\"\nmax_delay = \"{}\"\n",
             self.enabled, self.min_devices, self.format, self.max_pack, self.max_delay
         );
-        if let Some(w) = self.wait_for_ack {
-            t.push_str(&format!("wait_for_ack = {w}\n"));
+        if let Some(f) = &self.flush {
+            t.push_str(&format!("flush = \"{f}\"\n"));
         }
         t
     }
@@ -112,10 +112,9 @@ impl AggregateOpts {
     /// One line for reports.
     pub fn describe(&self) -> String {
         if self.enabled {
-            let ack = match self.wait_for_ack {
-                Some(true) => ", wait_for_ack",
-                Some(false) => ", no wait_for_ack",
-                None => "",
+            let ack = match &self.flush {
+                Some(f) => format!(", flush {f}"),
+                None => String::new(),
             };
             format!(
                 "SenML aggregation on above {} devices ({}, packs up to {}, at most {} wait{ack})",

@@ -49,6 +49,24 @@ pub enum PackFormat {
     Cbor,
 }
 
+/// `[uplink.aggregate] flush`: when a pack below `max_pack` goes. Every rule sends a pack at
+/// `max_pack` at once (window permitting) and one whose oldest record waited `max_delay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Flush {
+    /// TCP autocorking's rule (the default): at once when the uplink is idle; busy while the
+    /// inflight window is full, earlier bytes are unwritten, or the last partial pack is
+    /// unacknowledged (Nagle's rule in Minshall's variant: one partial pack in flight).
+    #[default]
+    Idle,
+    /// Like `Idle` without waiting for acknowledgements: busy only while the window is full
+    /// or earlier bytes are unwritten (packs hold what arrives in one loop turn).
+    Window,
+    /// The timer rule (SegaNet's): a pack waits for `max_pack` or `max_delay`, even a lone
+    /// message on an idle uplink. The most records per PUBLISH, at `max_delay`'s latency.
+    MaxDelay,
+}
+
 /// `[uplink.aggregate]`: pack normal-priority records into SenML packs when many devices are
 /// connected. Off by default: packing changes what the cloud receives (packs on `topic`
 /// instead of each message on its own topic), so a deployment opts in.
@@ -70,10 +88,8 @@ pub struct AggregateConfig {
     /// soon as the uplink is idle).
     #[serde(with = "units::duration")]
     pub max_delay: Duration,
-    /// The uplink also counts as busy while the last pack that went out before reaching
-    /// `max_pack` is unacknowledged (Nagle's rule in Minshall's variant): at most one such
-    /// partial pack in flight. `false`: busy only while the inflight window is full.
-    pub wait_for_ack: bool,
+    /// When a pack goes before `max_pack` (see [`Flush`]).
+    pub flush: Flush,
     /// The cloud topic packs are published on (topic_prefix / topic_template do not apply).
     pub topic: String,
 }
@@ -86,7 +102,7 @@ impl Default for AggregateConfig {
             format: PackFormat::Json,
             max_pack: ByteSize::kib(1),
             max_delay: Duration::from_secs(1),
-            wait_for_ack: true,
+            flush: Flush::Idle,
             topic: "sluice/senml".to_string(),
         }
     }

@@ -24,10 +24,13 @@
 //!   still queued in the qdisc/NIC (a write the kernel does not take at once, held back by
 //!   `notsent_lowat`, is awaited by the loop, and what arrives meanwhile is packed together
 //!   at the next turn);
-//! - with `wait_for_ack` (the default), the last *partial* pack written (sealed before
+//! - with `flush = "idle"` (the default), the last *partial* pack written (sealed before
 //!   `max_pack`) is not yet acknowledged: Nagle's rule in Minshall's variant, so at most one
 //!   partial pack is in flight and the next one waits for at most one cloud round trip.
-//!   Full packs never wait for anything but the window.
+//!   Full packs never wait for anything but the window. `flush = "window"` leaves this out.
+//!
+//! `flush = "max_delay"` keeps the timer rule instead (always busy): a pack waits for
+//! `max_pack` or `max_delay`, for the most records per PUBLISH.
 
 use std::sync::atomic::Ordering;
 
@@ -76,13 +79,18 @@ impl<T: Transport> Outbox<T> {
 
     /// Whether the open pack should keep waiting for records (see the module docs, "When a
     /// pack goes"): the window has no room for it, the transport holds packs or this turn's
-    /// batch is full, or (`wait_for_ack`) the last partial pack is unacknowledged.
+    /// batch is full, or (`flush = "idle"`) the last partial pack is unacknowledged;
+    /// `flush = "max_delay"`: always.
     pub(super) fn uplink_busy(&self, window: usize) -> bool {
+        use crate::config::Flush;
+        if self.aggregate.flush == Flush::MaxDelay {
+            return true;
+        }
         let needs_ack = self.packer.as_ref().is_some_and(Packer::needs_ack);
         (needs_ack && self.inflight.len() >= window)
             || self.transport.pending_bytes() >= MAX_BATCH_BYTES
             || self.transport.holds(crate::sink::transport::Flow::Packs)
-            || (self.aggregate.wait_for_ack && self.partial_unacked())
+            || (self.aggregate.flush == Flush::Idle && self.partial_unacked())
     }
 
     /// Whether the last partial pack written is still unacknowledged (its id still maps to

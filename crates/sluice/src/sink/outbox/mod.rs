@@ -168,7 +168,7 @@ pub struct Outbox<T: Transport> {
     route_watch: Option<Arc<tokio::sync::Notify>>,
     /// A pack sealed and waiting for the window; nothing more is taken meanwhile.
     sealed: Option<SealedPack>,
-    /// The id and send order of the last partial pack written (`wait_for_ack`: the uplink is
+    /// The id and send order of the last partial pack written (`flush = "idle"`: the uplink is
     /// busy while it is inflight).
     last_partial: Option<(SendId, u64)>,
     /// Messages to send on their own before anything taken after them: one too big for any
