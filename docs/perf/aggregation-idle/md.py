@@ -2,7 +2,7 @@ import json,sys,os
 # usage: md.py label=file.json ...
 rows={}
 for arg in sys.argv[1:]:
-    label,f=arg.split('=',1)
+    label,f=arg.rsplit('=',1)
     d=json.load(open(f))
     for p in d['points']:
         m=p.get('measurement')
