@@ -1,8 +1,9 @@
 //! Aggregation and priority lanes end to end (issue: batching and priority lanes), against a
 //! real cloud Mosquitto with TLS 1.3: SenML packs going at once on an idle uplink, filling to
-//! max_pack while it is busy (the cloud frozen with SIGSTOP), bounded by max_delay, with and
-//! with flush = "window" and the timer rule (flush = "max_delay"), and by device count (crossing the threshold up and down), high priority bypassing aggregation and the normal
-//! queue, and the lane sockets' marks as read back from the kernel.
+//! max_pack while it is busy (the cloud frozen with SIGSTOP), bounded by max_delay, with
+//! flush = "window" and the timer rule (flush = "max_delay"), and by device count (crossing
+//! the threshold up and down); high priority bypassing aggregation on its own lane; and the
+//! lane sockets' marks as read back from the kernel.
 
 mod common;
 
@@ -186,7 +187,7 @@ async fn under_a_burst_while_the_uplink_is_busy_packs_fill_to_max_pack_and_unpac
         // The cloud stops answering; the first message still goes at once (the uplink was
         // idle) and stays unacknowledged: from then on the uplink is busy.
         uplink_connected(&gw).await;
-    signal_cloud(&cloud, "-STOP");
+        signal_cloud(&cloud, "-STOP");
         let mut ids = Vec::new();
         let mut sent = Vec::new();
         let first = payload(1, 0, 300);
@@ -214,14 +215,20 @@ async fn under_a_burst_while_the_uplink_is_busy_packs_fill_to_max_pack_and_unpac
         // Full packs go without waiting for the cloud (only a partial one waits for its ack).
         let full_went = eventually(Duration::from_secs(5), || packs_sent(&gw) >= 3.0).await;
         signal_cloud(&cloud, "-CONT");
-        assert!(full_went, "{format}: full packs were written while the cloud was frozen");
+        assert!(
+            full_went,
+            "{format}: full packs were written while the cloud was frozen"
+        );
         let a = collect(&mut sub, 41, "agg/packs", fmt, Duration::from_secs(10)).await;
         assert_eq!(a.records.len(), 41, "{format}: every record arrived");
         assert!(
             a.records.iter().all(|r| r.2),
             "{format}: every record came packed"
         );
-        assert_eq!(a.packs[0], 1, "{format}: the lone first message did not wait");
+        assert_eq!(
+            a.packs[0], 1,
+            "{format}: the lone first message did not wait"
+        );
         let burst = &a.packs[1..];
         assert!(
             burst.len() >= 2 && (41 - 1) as f64 / burst.len() as f64 > 1.0,
@@ -292,7 +299,10 @@ async fn max_delay_bounds_how_long_a_partial_pack_waits_while_the_uplink_stays_b
     let waited = started.elapsed();
     signal_cloud(&cloud, "-CONT");
     assert!(went, "the lone first message was written at once");
-    assert!(second, "the second pack went within max_delay of its first record");
+    assert!(
+        second,
+        "the second pack went within max_delay of its first record"
+    );
     assert!(
         waited >= Duration::from_millis(350),
         "while the first partial pack is unacknowledged the next one waits (up to max_delay): went after {waited:?}"
@@ -387,7 +397,10 @@ async fn with_flush_window_a_pack_waits_only_while_the_window_is_full() {
         if !went {
             signal_cloud(&cloud, "-CONT");
         }
-        assert!(went, "message {seq} went at once although the first is unacknowledged");
+        assert!(
+            went,
+            "message {seq} went at once although the first is unacknowledged"
+        );
     }
     // The window is full now: the next three pack together until an ack frees a slot.
     for seq in 2..5u16 {
@@ -400,7 +413,10 @@ async fn with_flush_window_a_pack_waits_only_while_the_window_is_full() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let while_full = packs_sent(&gw);
     signal_cloud(&cloud, "-CONT");
-    assert_eq!(while_full, 2.0, "nothing more is written while the window is full");
+    assert_eq!(
+        while_full, 2.0,
+        "nothing more is written while the window is full"
+    );
     let a = collect(
         &mut sub,
         5,

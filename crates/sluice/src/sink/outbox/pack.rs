@@ -347,7 +347,10 @@ mod tests {
             assert!(empty.add(big, 200).is_err());
             let sealed = p.seal().unwrap();
             assert!(sealed.payload.len() <= 200);
-            assert!(!sealed.full, "below max_pack: partial (the outbox marks it full)");
+            assert!(
+                !sealed.full,
+                "below max_pack: partial (the outbox marks it full)"
+            );
             let fmt = match format {
                 PackFormat::Json => Format::Json,
                 PackFormat::Cbor => Format::Cbor,
