@@ -1,7 +1,9 @@
 //! Aggregation and priority lanes end to end (issue: batching and priority lanes), against a
-//! real cloud Mosquitto with TLS 1.3: SenML packs by size, by delay and by device count
-//! (crossing the threshold up and down), high priority bypassing aggregation and the normal
-//! queue, and the lane sockets' marks as read back from the kernel.
+//! real cloud Mosquitto with TLS 1.3: SenML packs going at once on an idle uplink, filling to
+//! max_pack while it is busy (the cloud frozen with SIGSTOP), bounded by max_delay, with
+//! flush = "window" and the timer rule (flush = "max_delay"), and by device count (crossing
+//! the threshold up and down); high priority bypassing aggregation on its own lane; and the
+//! lane sockets' marks as read back from the kernel.
 
 mod common;
 
@@ -34,6 +36,8 @@ struct Arrivals {
     records: Vec<(u8, u16, bool, Bytes)>,
     /// Records per pack, in arrival order.
     packs: Vec<usize>,
+    /// Payload bytes per pack, in arrival order.
+    pack_bytes: Vec<usize>,
     pack_names: Vec<String>,
 }
 
@@ -66,6 +70,7 @@ async fn collect(
         if p.topic == agg_topic {
             let records = senml::decode(format, &p.payload).expect("pack decodes");
             a.packs.push(records.len());
+            a.pack_bytes.push(p.payload.len());
             for r in records {
                 let Some(Value::Data(bytes)) = r.value else {
                     panic!("record without vd: {r:?}");
@@ -88,8 +93,83 @@ fn aggregate_toml(extra_uplink: &str, aggregate: &str) -> String {
     format!("{extra_uplink}\n[uplink.aggregate]\nenabled = true\n{aggregate}\n")
 }
 
+/// Freeze (`-STOP`) or thaw (`-CONT`) the cloud broker: while frozen, what the gateway writes
+/// stays unacknowledged, so the uplink is busy for as long as the test wants.
+fn signal_cloud(cloud: &Cloud, sig: &str) {
+    let pid = cloud.broker.pid().expect("cloud running").to_string();
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// Wait until the gateway's (one-shard) uplink is connected: the cloud may be frozen only
+/// after the handshake.
+async fn uplink_connected(gw: &sluice::app::RunningGateway) {
+    let up = eventually(Duration::from_secs(10), || {
+        gw.status_json()["shards"][0]["uplinks"][0]["state"] == "connected"
+    })
+    .await;
+    assert!(up, "uplink connected: {}", gw.status_json());
+}
+
+/// Packs written to the cloud so far (the gateway's own count).
+fn packs_sent(gw: &sluice::app::RunningGateway) -> f64 {
+    common::metric_sum(&gw.metrics_text(), "sluice_uplink_packs_sent_total")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn packs_are_published_by_size_and_unpack_to_exactly_what_was_sent() {
+async fn a_lone_message_on_an_idle_uplink_goes_at_once_as_a_pack_of_one_despite_a_ten_second_max_delay(
+) {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("sub", "#").await;
+    let gw = gateway(
+        1,
+        &cloud.uplink_toml(
+            None,
+            &aggregate_toml(
+                "",
+                "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"10s\"",
+            ),
+        ),
+    );
+    let mut d = device(&gw, "dev-lone", ProtocolVersion::V311).await;
+    // Three lone messages, each sent once the one before arrived: each finds the uplink idle.
+    for seq in 0..3u16 {
+        let started = Instant::now();
+        let id = d
+            .publish_no_wait("t/lone", payload(5, seq, 50), QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+        let a = collect(
+            &mut sub,
+            1,
+            "sluice/senml",
+            Format::Json,
+            Duration::from_secs(5),
+        )
+        .await;
+        let waited = started.elapsed();
+        assert_eq!(
+            a.packs,
+            vec![1],
+            "message {seq}: a pack of one record on the pack topic, long before max_delay (10 s); got {:?} after {waited:?}",
+            a.packs
+        );
+        assert_eq!(a.per_device()[&5], vec![seq]);
+        assert!(
+            waited < Duration::from_secs(2),
+            "message {seq}: arrived after {waited:?}; max_delay is 10 s"
+        );
+        assert_eq!(d.wait_ack(id.unwrap()).await.unwrap(), 0);
+    }
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_burst_while_the_uplink_is_busy_packs_fill_to_max_pack_and_unpack_to_exactly_what_was_sent(
+) {
     for (format, fmt) in [("json", Format::Json), ("cbor", Format::Cbor)] {
         let cloud = Cloud::start();
         let mut sub = cloud.subscriber("sub", "#").await;
@@ -104,10 +184,26 @@ async fn packs_are_published_by_size_and_unpack_to_exactly_what_was_sent() {
             ),
         );
         let mut d = device(&gw, "dev-a", ProtocolVersion::V5).await;
-        // 40 × 300 B: with a 30 s delay limit only the size limit can publish them in time.
+        // The cloud stops answering; the first message still goes at once (the uplink was
+        // idle) and stays unacknowledged: from then on the uplink is busy.
+        uplink_connected(&gw).await;
+        signal_cloud(&cloud, "-STOP");
         let mut ids = Vec::new();
         let mut sent = Vec::new();
-        for seq in 0..40u16 {
+        let first = payload(1, 0, 300);
+        sent.push(first.clone());
+        ids.push(
+            d.publish_no_wait("t/a", first, QoS::AtLeastOnce, false)
+                .await
+                .unwrap(),
+        );
+        let went = eventually(Duration::from_secs(5), || packs_sent(&gw) >= 1.0).await;
+        if !went {
+            signal_cloud(&cloud, "-CONT");
+        }
+        assert!(went, "{format}: the lone first message was written at once");
+        // A burst of 40 × 300 B while the first is unacknowledged.
+        for seq in 1..41u16 {
             let p = payload(1, seq, 300);
             sent.push(p.clone());
             ids.push(
@@ -116,21 +212,37 @@ async fn packs_are_published_by_size_and_unpack_to_exactly_what_was_sent() {
                     .unwrap(),
             );
         }
-        let a = collect(&mut sub, 40 - 8, "agg/packs", fmt, Duration::from_secs(10)).await;
+        // Full packs go without waiting for the cloud (only a partial one waits for its ack).
+        let full_went = eventually(Duration::from_secs(5), || packs_sent(&gw) >= 3.0).await;
+        signal_cloud(&cloud, "-CONT");
         assert!(
-            a.records.len() >= 32,
-            "{format}: packs by size arrived: {} records",
-            a.records.len()
+            full_went,
+            "{format}: full packs were written while the cloud was frozen"
         );
+        let a = collect(&mut sub, 41, "agg/packs", fmt, Duration::from_secs(10)).await;
+        assert_eq!(a.records.len(), 41, "{format}: every record arrived");
         assert!(
             a.records.iter().all(|r| r.2),
             "{format}: every record came packed"
         );
-        assert!(
-            a.packs.iter().all(|&n| n >= 2),
-            "{format}: packs hold several records: {:?}",
-            a.packs
+        assert_eq!(
+            a.packs[0], 1,
+            "{format}: the lone first message did not wait"
         );
+        let burst = &a.packs[1..];
+        assert!(
+            burst.len() >= 2 && (41 - 1) as f64 / burst.len() as f64 > 1.0,
+            "{format}: while busy, records per PUBLISH > 1: {burst:?}"
+        );
+        // max_pack closes a pack: every burst pack but the last reached 2 KiB, and none
+        // exceeds it by more than one record.
+        let (last, filled) = a.pack_bytes[1..].split_last().unwrap();
+        assert!(
+            filled.iter().all(|&b| (2048..2048 + 600).contains(&b)),
+            "{format}: pack sizes {:?}",
+            a.pack_bytes
+        );
+        assert!(*last < 2048 + 600, "{format}: last pack {last} B");
         assert!(
             a.pack_names.iter().all(|n| n == "dev-a/t/a"),
             "{format}: names {:?}",
@@ -141,18 +253,17 @@ async fn packs_are_published_by_size_and_unpack_to_exactly_what_was_sent() {
             assert_eq!(bytes, &sent[i], "{format}: byte for byte");
         }
         // The device's acks come only once its records' packs were acknowledged by the cloud.
-        for id in ids.iter().take(a.records.len()).flatten() {
+        for id in ids.iter().flatten() {
             assert_eq!(d.wait_ack(*id).await.unwrap(), 0);
         }
         let metrics = gw.metrics_text();
-        assert!(common::metric_sum(&metrics, "sluice_uplink_packs_sent_total") >= 2.0);
-        assert!(common::metric_sum(&metrics, "sluice_uplink_pack_records_count") >= 2.0);
+        assert!(common::metric_sum(&metrics, "sluice_uplink_pack_records_count") >= 3.0);
         gw.shutdown();
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pack_that_does_not_fill_is_published_after_the_delay_limit() {
+async fn max_delay_bounds_how_long_a_partial_pack_waits_while_the_uplink_stays_busy() {
     let cloud = Cloud::start();
     let mut sub = cloud.subscriber("sub", "#").await;
     let gw = gateway(
@@ -166,13 +277,74 @@ async fn a_pack_that_does_not_fill_is_published_after_the_delay_limit() {
         ),
     );
     let mut d = device(&gw, "dev-b", ProtocolVersion::V311).await;
-    let started = Instant::now();
+    uplink_connected(&gw).await;
+    signal_cloud(&cloud, "-STOP");
     let id1 = d
         .publish_no_wait("t/b", payload(2, 0, 50), QoS::AtLeastOnce, false)
         .await
         .unwrap();
+    let went = eventually(Duration::from_secs(5), || packs_sent(&gw) >= 1.0).await;
+    let started = Instant::now();
     let id2 = d
         .publish_no_wait("t/b", payload(2, 1, 50), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let id3 = d
+        .publish_no_wait("t/b", payload(2, 2, 50), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    // The first pack is unacknowledged for good (the cloud is frozen): the second waits for
+    // max_delay, then goes anyway.
+    let second = eventually(Duration::from_secs(5), || packs_sent(&gw) >= 2.0).await;
+    let waited = started.elapsed();
+    signal_cloud(&cloud, "-CONT");
+    assert!(went, "the lone first message was written at once");
+    assert!(
+        second,
+        "the second pack went within max_delay of its first record"
+    );
+    assert!(
+        waited >= Duration::from_millis(350),
+        "while the first partial pack is unacknowledged the next one waits (up to max_delay): went after {waited:?}"
+    );
+    let a = collect(
+        &mut sub,
+        3,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(a.packs, vec![1, 2], "the lone one, then both that waited");
+    assert_eq!(a.per_device()[&2], vec![0, 1, 2]);
+    for id in [id1, id2, id3] {
+        assert_eq!(d.wait_ack(id.unwrap()).await.unwrap(), 0);
+    }
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_flush_max_delay_a_pack_that_does_not_fill_waits_for_max_delay_even_when_idle() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("sub", "#").await;
+    let gw = gateway(
+        1,
+        &cloud.uplink_toml(
+            None,
+            &aggregate_toml(
+                "",
+                "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"400ms\"\nflush = \"max_delay\"",
+            ),
+        ),
+    );
+    let mut d = device(&gw, "dev-t", ProtocolVersion::V311).await;
+    let started = Instant::now();
+    let id1 = d
+        .publish_no_wait("t/t", payload(4, 0, 50), QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let id2 = d
+        .publish_no_wait("t/t", payload(4, 1, 50), QoS::AtLeastOnce, false)
         .await
         .unwrap();
     let a = collect(
@@ -185,13 +357,79 @@ async fn a_pack_that_does_not_fill_is_published_after_the_delay_limit() {
     .await;
     let waited = started.elapsed();
     assert_eq!(a.packs, vec![2], "both records in one pack");
-    assert_eq!(a.per_device()[&2], vec![0, 1]);
+    assert_eq!(a.per_device()[&4], vec![0, 1]);
     assert!(
         waited >= Duration::from_millis(350),
-        "a pack below max_pack waits for max_delay: arrived after {waited:?}"
+        "the timer rule: a pack below max_pack waits for max_delay: arrived after {waited:?}"
     );
     assert_eq!(d.wait_ack(id1.unwrap()).await.unwrap(), 0);
     assert_eq!(d.wait_ack(id2.unwrap()).await.unwrap(), 0);
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_flush_window_a_pack_waits_only_while_the_window_is_full() {
+    let cloud = Cloud::start();
+    let mut sub = cloud.subscriber("sub", "#").await;
+    let gw = gateway(
+        1,
+        &cloud.uplink_toml(
+            None,
+            &aggregate_toml(
+                "inflight = 2",
+                "min_devices = 0\nmax_pack = \"64KiB\"\nmax_delay = \"10s\"\nflush = \"window\"",
+            ),
+        ),
+    );
+    let mut d = device(&gw, "dev-c", ProtocolVersion::V311).await;
+    uplink_connected(&gw).await;
+    signal_cloud(&cloud, "-STOP");
+    let mut ids = Vec::new();
+    // Two lone messages: the window (2) has room for both, so both go at once.
+    for seq in 0..2u16 {
+        ids.push(
+            d.publish_no_wait("t/c", payload(3, seq, 50), QoS::AtLeastOnce, false)
+                .await
+                .unwrap(),
+        );
+        let n = f64::from(seq + 1);
+        let went = eventually(Duration::from_secs(5), || packs_sent(&gw) >= n).await;
+        if !went {
+            signal_cloud(&cloud, "-CONT");
+        }
+        assert!(
+            went,
+            "message {seq} went at once although the first is unacknowledged"
+        );
+    }
+    // The window is full now: the next three pack together until an ack frees a slot.
+    for seq in 2..5u16 {
+        ids.push(
+            d.publish_no_wait("t/c", payload(3, seq, 50), QoS::AtLeastOnce, false)
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let while_full = packs_sent(&gw);
+    signal_cloud(&cloud, "-CONT");
+    assert_eq!(
+        while_full, 2.0,
+        "nothing more is written while the window is full"
+    );
+    let a = collect(
+        &mut sub,
+        5,
+        "sluice/senml",
+        Format::Json,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(a.packs, vec![1, 1, 3]);
+    assert_eq!(a.per_device()[&3], vec![0, 1, 2, 3, 4]);
+    for id in ids {
+        assert_eq!(d.wait_ack(id.unwrap()).await.unwrap(), 0);
+    }
     gw.shutdown();
 }
 
@@ -317,7 +555,7 @@ async fn crossing_the_device_threshold_up_and_down_loses_and_reorders_nothing() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn high_priority_bypasses_aggregation_and_the_normal_queue() {
+async fn high_priority_bypasses_aggregation_and_travels_on_the_high_lane() {
     let cloud = Cloud::start();
     let mut sub = cloud.subscriber("sub", "#").await;
     let gw = gateway(
@@ -335,41 +573,41 @@ async fn high_priority_bypasses_aggregation_and_the_normal_queue() {
     );
     let mut normal = device(&gw, "thermo-1", ProtocolVersion::V5).await;
     let mut ecg = device(&gw, "ecg-7", ProtocolVersion::V5).await;
-    // A normal record waits in the open pack (20 s delay limit) ...
+    // A normal record goes in a pack (of one: the uplink is idle, so it does not wait) ...
     let held = normal
         .publish_no_wait("t/temp", payload(1, 0, 40), QoS::AtLeastOnce, false)
         .await
         .unwrap();
-    // ... while the high device's record and a normal device's alarm go straight through.
+    // ... while the high device's record and a normal device's alarm go on their own topics.
     assert_eq!(
         ecg.publish("ecg/7", payload(7, 0, 40), QoS::AtLeastOnce, false)
             .await
             .unwrap(),
         0
     );
-    // (Its PUBACK follows the held one's: MQTT acknowledges a device's QoS 1 in order.)
     let alarm = normal
         .publish_no_wait("alarms/fire", payload(1, 1, 40), QoS::AtLeastOnce, false)
         .await
         .unwrap();
     let a = collect(
         &mut sub,
-        2,
+        3,
         "sluice/senml",
         Format::Json,
         Duration::from_secs(5),
     )
     .await;
-    assert_eq!(
-        a.records.len(),
-        2,
-        "high records arrive while the normal one is held"
-    );
-    assert!(a.packs.is_empty(), "high records are never packed");
-    let topics_seen: Vec<(u8, u16)> = a.records.iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(a.records.len(), 3, "all three arrived");
+    assert_eq!(a.packs, vec![1], "only the normal record came packed");
+    let unpacked: Vec<(u8, u16)> = a
+        .records
+        .iter()
+        .filter(|r| !r.2)
+        .map(|r| (r.0, r.1))
+        .collect();
     assert!(
-        topics_seen.contains(&(7, 0)) && topics_seen.contains(&(1, 1)),
-        "{topics_seen:?}"
+        unpacked.contains(&(7, 0)) && unpacked.contains(&(1, 1)),
+        "high records are never packed: {unpacked:?}"
     );
 
     let status = gw.status_json();

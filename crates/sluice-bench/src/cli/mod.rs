@@ -60,6 +60,10 @@ pub(crate) struct AggregateArgs {
     /// ... or once its oldest record waited this long (with unit, e.g. "1s", "200ms").
     #[arg(long, default_value = "1s")]
     max_delay: String,
+    /// `flush` in the generated `[uplink.aggregate]`: "idle", "window" or "max_delay" (not
+    /// written when absent: sluice's default, and binaries from before the key accept it).
+    #[arg(long, value_parser = ["idle", "window", "max_delay"])]
+    flush: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -86,6 +90,7 @@ impl AggregateArgs {
             .to_string(),
             max_pack: self.max_pack.clone(),
             max_delay: self.max_delay.clone(),
+            flush: self.flush.clone(),
         }
     }
 }

@@ -67,6 +67,9 @@ pub struct AggregateOpts {
     pub max_pack: String,
     /// A duration with unit, e.g. "1s".
     pub max_delay: String,
+    /// `flush` ("idle", "window", "max_delay"; `None`: not written, sluice's default;
+    /// binaries before the key existed reject it).
+    pub flush: Option<String>,
 }
 
 impl Default for AggregateOpts {
@@ -80,6 +83,7 @@ impl Default for AggregateOpts {
             format: "json".to_string(),
             max_pack: "1KiB".to_string(),
             max_delay: "1s".to_string(),
+            flush: None,
         }
     }
 }
@@ -95,17 +99,25 @@ impl AggregateOpts {
 
     /// The `[uplink.aggregate]` table (must come after the uplink's plain keys).
     pub fn toml(&self) -> String {
-        format!(
+        let mut t = format!(
             "\n[uplink.aggregate]\nenabled = {}\nmin_devices = {}\nformat = \"{}\"\nmax_pack = \"{}\"\nmax_delay = \"{}\"\n",
             self.enabled, self.min_devices, self.format, self.max_pack, self.max_delay
-        )
+        );
+        if let Some(f) = &self.flush {
+            t.push_str(&format!("flush = \"{f}\"\n"));
+        }
+        t
     }
 
     /// One line for reports.
     pub fn describe(&self) -> String {
         if self.enabled {
+            let ack = match &self.flush {
+                Some(f) => format!(", flush {f}"),
+                None => String::new(),
+            };
             format!(
-                "SenML aggregation on above {} devices ({}, packs up to {}, at most {} wait)",
+                "SenML aggregation on above {} devices ({}, packs up to {}, at most {} wait{ack})",
                 self.min_devices, self.format, self.max_pack, self.max_delay
             )
         } else {

@@ -49,9 +49,31 @@ pub enum PackFormat {
     Cbor,
 }
 
+/// `[uplink.aggregate] flush`: when a pack below `max_pack` goes. Every rule sends a pack at
+/// `max_pack` at once (window permitting) and one whose oldest record waited `max_delay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Flush {
+    /// TCP autocorking's rule (the default): at once when the uplink is idle; busy while the
+    /// inflight window is full, earlier bytes are unwritten, or the last partial pack is
+    /// unacknowledged (Nagle's rule in Minshall's variant: one partial pack in flight).
+    #[default]
+    Idle,
+    /// Like `Idle` without waiting for acknowledgements: busy only while the window is full
+    /// or earlier bytes are unwritten (packs hold what arrives in one loop turn).
+    Window,
+    /// The timer rule (SegaNet's): a pack waits for `max_pack` or `max_delay`, even a lone
+    /// message on an idle uplink. The most records per PUBLISH, at `max_delay`'s latency.
+    MaxDelay,
+}
+
 /// `[uplink.aggregate]`: pack normal-priority records into SenML packs when many devices are
 /// connected. Off by default: packing changes what the cloud receives (packs on `topic`
 /// instead of each message on its own topic), so a deployment opts in.
+///
+/// When a pack goes (TCP autocorking's rule, `sink/outbox/fill.rs`): at once when the uplink
+/// is idle, so a lone message never waits; while it is busy, records keep packing until
+/// `max_pack`, `max_delay`, or the uplink is idle again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AggregateConfig {
@@ -62,9 +84,12 @@ pub struct AggregateConfig {
     pub format: PackFormat,
     /// A pack is published once its encoding reaches this size.
     pub max_pack: ByteSize,
-    /// ... or once its oldest record has waited this long.
+    /// ... or once its oldest record has waited this long (an upper bound: a pack goes as
+    /// soon as the uplink is idle).
     #[serde(with = "units::duration")]
     pub max_delay: Duration,
+    /// When a pack goes before `max_pack` (see [`Flush`]).
+    pub flush: Flush,
     /// The cloud topic packs are published on (topic_prefix / topic_template do not apply).
     pub topic: String,
 }
@@ -77,6 +102,7 @@ impl Default for AggregateConfig {
             format: PackFormat::Json,
             max_pack: ByteSize::kib(1),
             max_delay: Duration::from_secs(1),
+            flush: Flush::Idle,
             topic: "sluice/senml".to_string(),
         }
     }

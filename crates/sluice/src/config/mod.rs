@@ -56,7 +56,7 @@ pub use function::{
     command_takes_fd3, dead_letter_topic, parse_remote_url, FunctionConfig, Prewarm, RemoteUrl,
     SocketMode, FUNCTION_SINK_PREFIX,
 };
-pub use lanes::{AggregateConfig, PackFormat, PriorityConfig};
+pub use lanes::{AggregateConfig, Flush, PackFormat, PriorityConfig};
 pub use limits::LimitsConfig;
 pub use mqtt_tls::{MqttTlsConfig, MqttWsConfig, MqttWssConfig, TlsMinVersion, DEFAULT_WS_PATH};
 pub use multipath::MultipathConfig;

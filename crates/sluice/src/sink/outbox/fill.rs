@@ -9,6 +9,28 @@
 //! Invariant: a message is either in the queue, the open or sealed pack, `alone`, the
 //! inflight map, the refused list, or the batch's no-ack list — never two, never none —
 //! until it is finished.
+//!
+//! # When a pack goes: TCP autocorking's rule, not a timer
+//! Each turn takes every message the queue has ready (what the shard's devices sent since the
+//! last turn) into the open pack. When nothing more is ready, the open pack is sealed and
+//! written in the same turn if the uplink is **idle**; while it is **busy** the pack stays
+//! open and keeps taking records, until the uplink is idle again (an acknowledgement wakes
+//! the loop), the pack reaches `max_pack`, or its oldest record waited `max_delay` (an upper
+//! bound). A lone message on an idle uplink therefore leaves in the turn it arrived, as a pack
+//! of one record on the pack topic. Busy ([`Outbox::uplink_busy`]) means one of:
+//! - the inflight window has no room for the pack (it could not be written now anyway);
+//! - the transport holds the pack flow, or this turn's batch is full (`MAX_BATCH_BYTES`):
+//!   earlier bytes still wait to be written, as autocorking corks while earlier data is
+//!   still queued in the qdisc/NIC (a write the kernel does not take at once, held back by
+//!   `notsent_lowat`, is awaited by the loop, and what arrives meanwhile is packed together
+//!   at the next turn);
+//! - with `flush = "idle"` (the default), the last *partial* pack written (sealed before
+//!   `max_pack`) is not yet acknowledged: Nagle's rule in Minshall's variant, so at most one
+//!   partial pack is in flight and the next one waits for at most one cloud round trip.
+//!   Full packs never wait for anything but the window. `flush = "window"` leaves this out.
+//!
+//! `flush = "max_delay"` keeps the timer rule instead (always busy): a pack waits for
+//! `max_pack` or `max_delay`, for the most records per PUBLISH.
 
 use std::sync::atomic::Ordering;
 
@@ -53,6 +75,29 @@ impl<T: Transport> Outbox<T> {
             .then(|| Packer::new(&aggregate));
         self.aggregate = aggregate;
         self.route = self.route.take().map(|(r, _)| (r, generation));
+    }
+
+    /// Whether the open pack should keep waiting for records (see the module docs, "When a
+    /// pack goes"): the window has no room for it, the transport holds packs or this turn's
+    /// batch is full, or (`flush = "idle"`) the last partial pack is unacknowledged;
+    /// `flush = "max_delay"`: always.
+    pub(super) fn uplink_busy(&self, window: usize) -> bool {
+        use crate::config::Flush;
+        if self.aggregate.flush == Flush::MaxDelay {
+            return true;
+        }
+        let needs_ack = self.packer.as_ref().is_some_and(Packer::needs_ack);
+        (needs_ack && self.inflight.len() >= window)
+            || self.transport.pending_bytes() >= MAX_BATCH_BYTES
+            || self.transport.holds(crate::sink::transport::Flow::Packs)
+            || (self.aggregate.flush == Flush::Idle && self.partial_unacked())
+    }
+
+    /// Whether the last partial pack written is still unacknowledged (its id still maps to
+    /// the same send in the inflight map; an id reused by a later unit does not count).
+    fn partial_unacked(&self) -> bool {
+        self.last_partial
+            .is_some_and(|(id, seq)| self.inflight.get(&id).is_some_and(|i| i.seq == seq))
     }
 
     /// Seal the open pack, unless one is already waiting for the window.
@@ -134,6 +179,14 @@ impl<T: Transport> Outbox<T> {
                 .queue
                 .take_next(window_open || aggregating, backlog_turn)
             else {
+                // Nothing more ready this turn: an idle uplink takes the open pack now.
+                if self.packer.as_ref().is_some_and(|p| !p.is_empty())
+                    && self.sealed.is_none()
+                    && !self.uplink_busy(window)
+                {
+                    self.seal_pack();
+                    continue;
+                }
                 break;
             };
             let backlog = msg.is_backlog();
@@ -235,6 +288,10 @@ impl<T: Transport> Outbox<T> {
         // The open pack is full for this message: seal it (it goes first), start a new one.
         // `sealed` is empty here: fill_batch writes (or waits for) a sealed pack first.
         self.seal_pack();
+        if let Some(sealed) = self.sealed.as_mut() {
+            // As large as the link takes: it goes without waiting, like one at max_pack.
+            sealed.full = true;
+        }
         let Some(packer) = self.packer.as_mut() else {
             return;
         };
@@ -308,6 +365,9 @@ impl<T: Transport> Outbox<T> {
             Some(id) => {
                 let backlog = pack.msgs.first().is_some_and(UplinkMessage::is_backlog);
                 self.track(id, Carried::Pack(pack.msgs), backlog);
+                if !pack.full {
+                    self.last_partial = Some((id, self.send_seq));
+                }
             }
             None => unacked_in_write.extend(pack.msgs),
         }

@@ -168,6 +168,9 @@ pub struct Outbox<T: Transport> {
     route_watch: Option<Arc<tokio::sync::Notify>>,
     /// A pack sealed and waiting for the window; nothing more is taken meanwhile.
     sealed: Option<SealedPack>,
+    /// The id and send order of the last partial pack written (`flush = "idle"`: the uplink is
+    /// busy while it is inflight).
+    last_partial: Option<(SendId, u64)>,
     /// Messages to send on their own before anything taken after them: one too big for any
     /// pack, or the messages of a pack the far end could not take.
     alone: VecDeque<Queued>,
@@ -235,6 +238,7 @@ impl<T: Transport> Outbox<T> {
             route: None,
             route_watch: None,
             sealed: None,
+            last_partial: None,
             alone: VecDeque::new(),
             inflight: HashMap::default(),
             send_seq: 0,

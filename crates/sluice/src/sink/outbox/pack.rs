@@ -18,7 +18,9 @@
 //! - Records enter the pack in the order their messages left the queue, so a pack preserves
 //!   per-device order, and packs are published in order.
 //! - A pack is sealed once its encoding reaches `max_pack` (it may exceed it by the last
-//!   message's records, so a message is never split) or its oldest message has waited
+//!   message's records, so a message is never split), once the uplink is idle (the outbox's
+//!   decision, `outbox/fill.rs`: a lone message on an idle uplink goes in the loop turn it
+//!   arrived, as a pack of one record), or at the latest once its oldest message has waited
 //!   `max_delay`. The open pack holds at most `max_pack` plus one message of encoded bytes.
 //! - A pack never grows past the limit its session gives [`Packer::add`] (what the broker's
 //!   Maximum Packet Size leaves for the payload): a message that would take it past is handed
@@ -42,6 +44,9 @@ pub struct SealedPack {
     pub payload: Bytes,
     pub msgs: Vec<UplinkMessage>,
     pub records: usize,
+    /// Sealed because it reached `max_pack` (or the most the link takes); `false`: a partial
+    /// pack, sealed early because the uplink was idle, `max_delay` passed, or packing stopped.
+    pub full: bool,
 }
 
 impl SealedPack {
@@ -79,6 +84,11 @@ impl Packer {
 
     pub fn is_empty(&self) -> bool {
         self.msgs.is_empty()
+    }
+
+    /// Whether any message in the open pack needs the cloud's acknowledgement.
+    pub fn needs_ack(&self) -> bool {
+        self.msgs.iter().any(UplinkMessage::needs_cloud_ack)
     }
 
     /// Whether the open pack reached `max_pack` (it should be sealed before more is added).
@@ -123,10 +133,12 @@ impl Packer {
             return None;
         }
         let records = self.writer.len();
+        let full = self.writer.encoded_len() >= self.max_pack;
         Some(SealedPack {
             payload: self.writer.finish(),
             msgs: std::mem::take(&mut self.msgs),
             records,
+            full,
         })
     }
 
@@ -293,6 +305,7 @@ mod tests {
             let sealed = p.seal().unwrap();
             assert!(p.is_empty());
             assert!(sealed.payload.len() >= 300, "{}", sealed.payload.len());
+            assert!(sealed.full, "sealed at max_pack");
             assert_eq!(sealed.msgs.len(), n);
             assert_eq!(sealed.records, n);
             assert!(sealed.needs_ack());
@@ -334,6 +347,10 @@ mod tests {
             assert!(empty.add(big, 200).is_err());
             let sealed = p.seal().unwrap();
             assert!(sealed.payload.len() <= 200);
+            assert!(
+                !sealed.full,
+                "below max_pack: partial (the outbox marks it full)"
+            );
             let fmt = match format {
                 PackFormat::Json => Format::Json,
                 PackFormat::Cbor => Format::Cbor,
