@@ -89,9 +89,11 @@ impl Conns {
         self.slots.get_mut(id as usize).and_then(Option::as_mut)
     }
 
-    /// Free `id`'s slot (closing its socket) if it is closed and idle.
-    fn release_if_done(&mut self, id: u32) {
+    /// Free `id`'s slot (taking it out of the ring's file table, closing its socket) if it is
+    /// closed and idle.
+    fn release_if_done(&mut self, id: u32, ring: &mut Ring) {
         if self.get(id).is_some_and(|c| c.done()) {
+            ring.detach(id);
             self.slots[id as usize] = None;
             self.free.push(id);
         }
@@ -129,6 +131,7 @@ pub fn run_floor_uring(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io
                                 closing: false,
                                 queued: false,
                             });
+                            ring.attach(id, fd);
                             ring.push_recv(id, fd)?;
                         }
                         Err(e) => eprintln!("sluice-bench: accept: {e}"),
@@ -172,7 +175,7 @@ pub fn run_floor_uring(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io
                         c.receiving = true;
                         ring.push_recv(conn, c.stream.as_raw_fd())?;
                     }
-                    conns.release_if_done(conn);
+                    conns.release_if_done(conn, &mut ring);
                 }
                 Event::Sent { conn, result, buf } => {
                     let Some(c) = conns.get(conn) else { continue };
@@ -198,7 +201,7 @@ pub fn run_floor_uring(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io
                         }
                         _ => c.close(false),
                     }
-                    conns.release_if_done(conn);
+                    conns.release_if_done(conn, &mut ring);
                 }
             }
         }

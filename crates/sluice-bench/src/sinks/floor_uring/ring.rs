@@ -19,7 +19,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 
-use io_uring::types::{BufRingEntry, Fd};
+use io_uring::types::{BufRingEntry, Fd, Fixed};
 use io_uring::{cqueue, opcode, squeue, IoUring};
 
 /// Provided buffers in the ring (a power of two, at most 32,768).
@@ -35,6 +35,10 @@ const GROUP: u16 = 0;
 const SQ_ENTRIES: u32 = 4096;
 /// Completion queue entries (the kernel keeps overflow beyond them on a list).
 const CQ_ENTRIES: u32 = 16384;
+/// Slots of the registered file table: connections below this id are addressed as fixed
+/// files, so a receive or send skips the per-operation descriptor lookup (`fget`); above it,
+/// by descriptor.
+const FIXED_FILES: u32 = 32768;
 
 const ACCEPT: u64 = 1;
 const RECV: u64 = 2;
@@ -87,6 +91,10 @@ pub struct Ring {
     tail: u16,
     /// Send buffers of the writes in flight, by connection (one write per connection at a time).
     sends: Vec<Option<Vec<u8>>>,
+    /// Whether the kernel took the sparse file table.
+    fixed_files: bool,
+    /// Connections whose socket is in the file table (by id).
+    registered: Vec<bool>,
 }
 
 impl Ring {
@@ -118,7 +126,14 @@ impl Ring {
             buffers,
             tail: 0,
             sends: Vec::new(),
+            fixed_files: false,
+            registered: Vec::new(),
         };
+        this.fixed_files = this
+            .ring
+            .submitter()
+            .register_files_sparse(FIXED_FILES)
+            .is_ok();
         // SAFETY: `entries` points to BUFFERS page-aligned entries that are never freed (see
         // the struct), so they stay valid for as long as the kernel may use them.
         unsafe {
@@ -208,11 +223,46 @@ impl Ring {
         unsafe { self.push(entry) }
     }
 
+    /// Put connection `conn`'s socket `fd` in the registered file table when there is room,
+    /// so that its receives and sends name it by slot (one system call per connection).
+    pub fn attach(&mut self, conn: u32, fd: RawFd) {
+        if !self.fixed_files || conn >= FIXED_FILES {
+            return;
+        }
+        let ok = self
+            .ring
+            .submitter()
+            .register_files_update(conn, &[fd])
+            .is_ok();
+        let slot = conn as usize;
+        if self.registered.len() <= slot {
+            self.registered.resize(slot + 1, false);
+        }
+        self.registered[slot] = ok;
+    }
+
+    /// Take connection `conn`'s socket out of the file table (before its descriptor is closed:
+    /// the table holds a reference of its own). Call once none of its operations is in flight.
+    pub fn detach(&mut self, conn: u32) {
+        if let Some(r) = self.registered.get_mut(conn as usize) {
+            if std::mem::take(r) {
+                let _ = self.ring.submitter().register_files_update(conn, &[-1]);
+            }
+        }
+    }
+
+    fn is_fixed(&self, conn: u32) -> bool {
+        self.registered.get(conn as usize).copied().unwrap_or(false)
+    }
+
     /// Arm a multishot receive on connection `conn`'s socket `fd`, into the provided buffers.
     pub fn push_recv(&mut self, conn: u32, fd: RawFd) -> io::Result<()> {
-        let entry = opcode::RecvMulti::new(Fd(fd), GROUP)
-            .build()
-            .user_data(user_data(RECV, conn));
+        let entry = if self.is_fixed(conn) {
+            opcode::RecvMulti::new(Fixed(conn), GROUP).build()
+        } else {
+            opcode::RecvMulti::new(Fd(fd), GROUP).build()
+        }
+        .user_data(user_data(RECV, conn));
         // SAFETY: the receive writes only into provided buffers, which are never freed.
         unsafe { self.push(entry) }
     }
@@ -228,9 +278,12 @@ impl Ring {
             return Err(io::Error::other("a write is already in flight on this connection"));
         }
         let len = u32::try_from(buf.len()).map_err(io::Error::other)?;
-        let entry = opcode::Send::new(Fd(fd), buf.as_ptr(), len)
-            .build()
-            .user_data(user_data(SEND, conn));
+        let entry = if self.is_fixed(conn) {
+            opcode::Send::new(Fixed(conn), buf.as_ptr(), len).build()
+        } else {
+            opcode::Send::new(Fd(fd), buf.as_ptr(), len).build()
+        }
+        .user_data(user_data(SEND, conn));
         // Kept here (its heap block does not move with the Vec) until the completion.
         self.sends[slot] = Some(buf);
         // SAFETY: the buffer's heap block is owned by `self.sends` until the completion is
