@@ -9,7 +9,8 @@
 //! the adaptor floor ([`super::adaptor_floor`]) shares: the framing with a PUBLISH handler
 //! ([`respond_with`]: the PUBLISH's topic, packet id and payload, answered now or later) and
 //! the device connection ([`DeviceConn`]) and the event loop ([`serve_devices`] with a
-//! [`FloorHandler`]). Does not own: the MQTT codec (the
+//! [`FloorHandler`]), and with the io_uring floor ([`super::floor_uring`]) a connection's
+//! framing state ([`Framer`]). Does not own: the MQTT codec (the
 //! framing here is the minimum to find packet types, ids, topics and payloads; a malformed
 //! stream only closes its connection) or any forwarding.
 //!

@@ -4,7 +4,8 @@
 //!
 //! Owns: a single-threaded loop over one io_uring ([`ring`]): a multishot accept, one
 //! multishot receive per connection into a shared ring of provided buffers, and at most one
-//! send per connection in flight carrying every answer gathered since the last. Each loop turn
+//! send per connection in flight carrying every answer gathered since the last; each
+//! connection's socket is also in the ring's registered file table while it is open. Each loop turn
 //! is one `io_uring_enter` that submits the sends (and re-armed receives) of every connection
 //! served in the previous turn and waits for the next completions, so many devices' reads and
 //! PUBACK writes share one system call. Answers and framing are the epoll floor's

@@ -2,8 +2,9 @@
 //!
 //! Owns: one io_uring instance (single issuer, deferred task work: completions are run inside
 //! this thread's `io_uring_enter` and nowhere else), a provided-buffer ring of [`BUFFERS`] ×
-//! [`BUFFER_LEN`] bytes that multishot receives fill, and the send buffers of the writes in
-//! flight. Its API is safe: an operation's memory is owned here from the push until its
+//! [`BUFFER_LEN`] bytes that multishot receives fill, a registered file table (connections
+//! are named by slot, sparing each operation a descriptor lookup), and the send buffers of
+//! the writes in flight. Its API is safe: an operation's memory is owned here from the push until its
 //! completion is reaped ([`Ring::push_send`] takes the bytes and [`Event::Sent`] gives them
 //! back; a received buffer is lent as a [`RecvBuf`] until [`Ring::recycle`]), and a connection
 //! accepted by the kernel comes out as an owned [`TcpStream`]. Does not own: what the bytes
@@ -35,10 +36,12 @@ const GROUP: u16 = 0;
 const SQ_ENTRIES: u32 = 4096;
 /// Completion queue entries (the kernel keeps overflow beyond them on a list).
 const CQ_ENTRIES: u32 = 16384;
-/// Slots of the registered file table: connections below this id are addressed as fixed
-/// files, so a receive or send skips the per-operation descriptor lookup (`fget`); above it,
-/// by descriptor.
+/// Slots of the registered file table at most: connections below the table's size are
+/// addressed as fixed files, so a receive or send skips the per-operation descriptor lookup
+/// (`fget`); above it, by descriptor. The kernel refuses a table larger than RLIMIT_NOFILE,
+/// so the size is halved until it takes it (down to [`MIN_FIXED_FILES`]).
 const FIXED_FILES: u32 = 32768;
+const MIN_FIXED_FILES: u32 = 256;
 
 const ACCEPT: u64 = 1;
 const RECV: u64 = 2;
@@ -91,8 +94,8 @@ pub struct Ring {
     tail: u16,
     /// Send buffers of the writes in flight, by connection (one write per connection at a time).
     sends: Vec<Option<Vec<u8>>>,
-    /// Whether the kernel took the sparse file table.
-    fixed_files: bool,
+    /// Slots of the sparse file table the kernel took (0: none).
+    fixed_files: u32,
     /// Connections whose socket is in the file table (by id).
     registered: Vec<bool>,
 }
@@ -126,14 +129,17 @@ impl Ring {
             buffers,
             tail: 0,
             sends: Vec::new(),
-            fixed_files: false,
+            fixed_files: 0,
             registered: Vec::new(),
         };
-        this.fixed_files = this
-            .ring
-            .submitter()
-            .register_files_sparse(FIXED_FILES)
-            .is_ok();
+        let mut files = FIXED_FILES;
+        while files >= MIN_FIXED_FILES {
+            if this.ring.submitter().register_files_sparse(files).is_ok() {
+                this.fixed_files = files;
+                break;
+            }
+            files /= 2;
+        }
         // SAFETY: `entries` points to BUFFERS page-aligned entries that are never freed (see
         // the struct), so they stay valid for as long as the kernel may use them.
         unsafe {
@@ -226,7 +232,7 @@ impl Ring {
     /// Put connection `conn`'s socket `fd` in the registered file table when there is room,
     /// so that its receives and sends name it by slot (one system call per connection).
     pub fn attach(&mut self, conn: u32, fd: RawFd) {
-        if !self.fixed_files || conn >= FIXED_FILES {
+        if conn >= self.fixed_files {
             return;
         }
         let ok = self
@@ -374,5 +380,23 @@ impl Drop for Ring {
         // The kernel cancels the closed ring's sends asynchronously: their buffers are leaked
         // rather than freed under it (the buffer ring and provided buffers already are).
         std::mem::forget(std::mem::take(&mut self.sends));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_goes_into_the_file_table_under_the_process_file_limit() {
+        // The table is sized within RLIMIT_NOFILE (20,000 here, below FIXED_FILES): a table
+        // the kernel refuses would leave every operation on plain descriptors.
+        let mut ring = Ring::new().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        ring.attach(0, stream.as_raw_fd());
+        assert!(ring.is_fixed(0), "the socket is addressed by its file-table slot");
+        ring.detach(0);
+        assert!(!ring.is_fixed(0));
     }
 }
