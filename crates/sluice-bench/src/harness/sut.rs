@@ -190,7 +190,11 @@ pub async fn start_sut(
                 bail!("the floor has no TLS listener: leave it out of a --device-tls run");
             }
             let bin = config.floor_bin.clone();
-            let io = if kind == Sut::FloorUring { "uring" } else { "epoll" };
+            let io = if kind == Sut::FloorUring {
+                "uring"
+            } else {
+                "epoll"
+            };
             let args = ["floor", "--listen", "127.0.0.1:0", "--io", io].map(String::from);
             let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin, &args))
                 .await

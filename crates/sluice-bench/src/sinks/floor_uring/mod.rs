@@ -153,7 +153,8 @@ pub fn run_floor_uring(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io
                         Ok(Some(buf)) => {
                             if !c.closing {
                                 let answered =
-                                    c.framer.feed(ring.data(&buf), &mut c.out, &mut answer_at_once);
+                                    c.framer
+                                        .feed(ring.data(&buf), &mut c.out, &mut answer_at_once);
                                 if !c.out.is_empty() && !c.queued {
                                     c.queued = true;
                                     to_send.push(conn);
@@ -267,7 +268,10 @@ mod tests {
                 })
                 .collect();
             let want: Vec<u16> = (1..=20).map(|id| id + i as u16 * 100).collect();
-            assert_eq!(acked, want, "device {i}: every QoS 1 PUBLISH once, in order");
+            assert_eq!(
+                acked, want,
+                "device {i}: every QoS 1 PUBLISH once, in order"
+            );
         }
         // A PINGREQ gets its PINGRESP; a packet split across writes is answered once whole.
         let d = &mut devices[0];
@@ -292,14 +296,21 @@ mod tests {
         bad.write_all(&[0x82, 1, 0]).unwrap(); // SUBSCRIBE: not answered by the floor
         let mut rest = Vec::new();
         bad.read_to_end(&mut rest).unwrap();
-        assert!(rest.is_empty(), "the bad connection is closed with no answer");
+        assert!(
+            rest.is_empty(),
+            "the bad connection is closed with no answer"
+        );
         let mut buf = connect(v);
         buf.extend(publish(v, QoS::AtLeastOnce, 7));
         buf.extend([0xe0, 0]); // DISCONNECT
         leaving.write_all(&buf).unwrap();
         let mut got = Vec::new();
         leaving.read_to_end(&mut got).unwrap();
-        assert_eq!(got, [0x20, 3, 0, 0, 0, 0x40, 2, 0, 7], "answers, then closed");
+        assert_eq!(
+            got,
+            [0x20, 3, 0, 0, 0, 0x40, 2, 0, 7],
+            "answers, then closed"
+        );
         let mut buf = connect(v);
         buf.extend(publish(v, QoS::AtLeastOnce, 9));
         good.write_all(&buf).unwrap();

@@ -110,7 +110,11 @@ impl Ring {
             .setup_defer_taskrun()
             .setup_cqsize(CQ_ENTRIES)
             .build(SQ_ENTRIES)
-            .or_else(|_| IoUring::builder().setup_cqsize(CQ_ENTRIES).build(SQ_ENTRIES))?;
+            .or_else(|_| {
+                IoUring::builder()
+                    .setup_cqsize(CQ_ENTRIES)
+                    .build(SQ_ENTRIES)
+            })?;
         let layout = std::alloc::Layout::from_size_align(
             usize::from(BUFFERS) * std::mem::size_of::<BufRingEntry>(),
             4096,
@@ -281,7 +285,9 @@ impl Ring {
             self.sends.resize_with(slot + 1, || None);
         }
         if self.sends[slot].is_some() {
-            return Err(io::Error::other("a write is already in flight on this connection"));
+            return Err(io::Error::other(
+                "a write is already in flight on this connection",
+            ));
         }
         let len = u32::try_from(buf.len()).map_err(io::Error::other)?;
         let entry = if self.is_fixed(conn) {
@@ -361,7 +367,11 @@ impl Ring {
                         .unwrap_or_default();
                     events.push(Event::Sent {
                         conn,
-                        result: if res >= 0 { Ok(res as usize) } else { Err(error()) },
+                        result: if res >= 0 {
+                            Ok(res as usize)
+                        } else {
+                            Err(error())
+                        },
                         buf,
                     });
                 }
@@ -395,7 +405,10 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         ring.attach(0, stream.as_raw_fd());
-        assert!(ring.is_fixed(0), "the socket is addressed by its file-table slot");
+        assert!(
+            ring.is_fixed(0),
+            "the socket is addressed by its file-table slot"
+        );
         ring.detach(0);
         assert!(!ring.is_fixed(0));
     }
