@@ -159,7 +159,10 @@ async fn four_devices_through_the_epoll_and_the_io_uring_floor() -> anyhow::Resu
     }
     let table = markdown(&report);
     assert!(table.contains("| floor | floor-uring |"), "{table}");
-    assert!(table.contains("`floor-uring` (the same floor over io_uring)"), "{table}");
+    assert!(
+        table.contains("`floor-uring` (the same floor over io_uring)"),
+        "{table}"
+    );
     Ok(())
 }
 
