@@ -78,6 +78,8 @@ enum Command {
     /// device load is what terminating the devices' TCP connections costs this machine's kernel
     /// (reads, writes, loopback delivery, wake-ups): the floor under any gateway's CPU per
     /// message. `scenario core --sut floor` (or `--sut all`) measures it beside the gateways.
+    /// `--io uring` serves the same answers over io_uring completions instead (`scenario core
+    /// --sut floor,floor-uring` compares the two in one run; ADR 0016).
     /// Prints "listening on HOST:PORT" on stdout, then serves until killed.
     Floor(FloorArgs),
     /// The adaptor floor: a minimal MQTT → HTTP relay that POSTs every QoS 1 PUBLISH to a

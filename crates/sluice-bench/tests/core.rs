@@ -1,6 +1,7 @@
 //! `scenario core` at tiny scale against all three systems under test: sluice and the bridge
 //! deliver everything, the floor acknowledges everything and forwards nothing, and the report
-//! sets each gateway's CPU against the floor's; two dashboards held open on sluice stream.
+//! sets each gateway's CPU against the floor's; two dashboards held open on sluice stream; the
+//! io_uring floor beside the epoll one.
 
 mod sluice_binary;
 
@@ -98,6 +99,70 @@ async fn four_devices_through_sluice_the_bridge_and_the_floor() -> anyhow::Resul
     assert!(table.contains("| floor |"), "{table}");
     assert!(table.contains("n/a (forwards nothing)"), "{table}");
     assert!(table.contains("**Floor.**"), "{table}");
+    Ok(())
+}
+
+/// `--sut floor,floor-uring`: the io_uring floor answers every QoS 1 PUBLISH of devices driven
+/// by the scenario like the epoll floor, and the report sets it against the epoll floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_devices_through_the_epoll_and_the_io_uring_floor() -> anyhow::Result<()> {
+    let config = CoreScenario {
+        devices: 4,
+        rate_per_device: 20.0,
+        duration: Duration::from_secs(3),
+        ramp: Duration::from_millis(300),
+        settle: Duration::from_millis(200),
+        payload: PayloadSize {
+            min: 100,
+            max: 1024,
+        },
+        protocol: ProtocolVersion::V311,
+        qos: QoS::AtLeastOnce,
+        arrivals: Arrivals::Periodic,
+        suts: vec![Sut::Floor, Sut::FloorUring],
+        sluice_bin: PathBuf::from("unused"),
+        floor_bin: PathBuf::from(env!("CARGO_BIN_EXE_sluice-bench")),
+        sluice_shards: 1,
+        sluice_aggregate: AggregateOpts::off(),
+        drain_idle: Duration::from_secs(2),
+        drain_max: Duration::from_secs(5),
+        command_line: "test".to_string(),
+        progress_every: None,
+        device_tls: false,
+        sluice_extra: None,
+        dashboards: 0,
+    };
+    let report = run_core(&config).await?;
+    assert_eq!(report.runs.len(), 2);
+    for run in &report.runs {
+        let name = run.sut.name();
+        assert!(run.sent >= 4 * 20 * 2, "{name}: sent only {}", run.sent);
+        assert_eq!(
+            run.devices.acknowledged, run.sent,
+            "{name}: every QoS 1 PUBLISH acknowledged"
+        );
+        assert_eq!(
+            (run.devices.reconnects, run.devices.connect_failures),
+            (0, 0),
+            "{name}"
+        );
+        assert_eq!(run.unique_received, 0, "{name} forwards nothing");
+        assert_eq!(run.drain_s, 0.0, "{name}: nothing to drain");
+    }
+    assert!(report.runs[1].sut_config.ends_with("--io uring"));
+    let floor = report.floor.as_ref().expect("the floor ran");
+    let uring = report.runs[1].sut_cpu_us_per_msg;
+    assert_eq!(floor.floor_uring_us_per_msg, Some(uring));
+    if floor.floor_us_per_msg > 0.0 {
+        let ratio = floor.uring_over_epoll.expect("both measured");
+        assert!((ratio - uring / floor.floor_us_per_msg).abs() < 0.001);
+    }
+    let table = markdown(&report);
+    assert!(table.contains("| floor | floor-uring |"), "{table}");
+    assert!(
+        table.contains("`floor-uring` (the same floor over io_uring)"),
+        "{table}"
+    );
     Ok(())
 }
 

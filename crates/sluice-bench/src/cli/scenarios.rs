@@ -29,6 +29,8 @@ pub(crate) enum SutChoice {
     Both,
     /// `sluice-bench floor`: answers every PUBLISH and forwards nothing (the kernel floor).
     Floor,
+    /// `sluice-bench floor --io uring`: the same floor over io_uring (ADR 0016).
+    FloorUring,
     /// sluice, the bridge, then the floor: the comparison table plus each one's CPU above the
     /// floor.
     All,
@@ -41,9 +43,11 @@ pub(crate) struct CoreArgs {
     devices: u32,
     #[command(flatten)]
     load: LoadArgs,
-    /// System(s) under test.
-    #[arg(long, value_enum, default_value = "both")]
-    sut: SutChoice,
+    /// System(s) under test, run in the order given; a comma-separated list runs each in turn
+    /// in one invocation (e.g. `floor,floor-uring,floor-uring,floor` for two alternating
+    /// pairs of the two floors).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "both")]
+    sut: Vec<SutChoice>,
     /// The sluice binary (build it with `cargo build --release -p sluice`).
     #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
     sluice_bin: PathBuf,
@@ -410,13 +414,18 @@ pub(crate) struct ConnectionsArgs {
 }
 
 pub(crate) async fn core(args: CoreArgs) -> anyhow::Result<()> {
-    let suts = match args.sut {
-        SutChoice::Sluice => vec![Sut::Sluice],
-        SutChoice::MosquittoBridge => vec![Sut::MosquittoBridge],
-        SutChoice::Both => vec![Sut::Sluice, Sut::MosquittoBridge],
-        SutChoice::Floor => vec![Sut::Floor],
-        SutChoice::All => vec![Sut::Sluice, Sut::MosquittoBridge, Sut::Floor],
-    };
+    let suts: Vec<Sut> = args
+        .sut
+        .iter()
+        .flat_map(|choice| match choice {
+            SutChoice::Sluice => vec![Sut::Sluice],
+            SutChoice::MosquittoBridge => vec![Sut::MosquittoBridge],
+            SutChoice::Both => vec![Sut::Sluice, Sut::MosquittoBridge],
+            SutChoice::Floor => vec![Sut::Floor],
+            SutChoice::FloorUring => vec![Sut::FloorUring],
+            SutChoice::All => vec![Sut::Sluice, Sut::MosquittoBridge, Sut::Floor],
+        })
+        .collect();
     if args.load.ramp + args.load.settle >= args.load.duration {
         bail!(
             "--ramp plus --settle must be shorter than --duration (CPU is measured between them)"

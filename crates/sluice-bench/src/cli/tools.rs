@@ -155,6 +155,18 @@ pub(crate) struct FloorArgs {
     /// Plain-TCP MQTT address to listen on (port 0: any free port, printed on stdout).
     #[arg(long, default_value = "127.0.0.1:1883", value_name = "HOST:PORT")]
     listen: SocketAddr,
+    /// The I/O interface: `epoll` (readiness, one read and one write per ready device) or
+    /// `uring` (io_uring completions: one `io_uring_enter` per loop turn carrying many
+    /// devices' receives and PUBACK writes; needs Linux ≥ 5.19; ADR 0016).
+    #[arg(long, value_enum, default_value = "epoll")]
+    io: FloorIo,
+}
+
+/// `floor --io`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub(crate) enum FloorIo {
+    Epoll,
+    Uring,
 }
 
 #[derive(Args)]
@@ -418,9 +430,15 @@ pub(crate) async fn idle(args: IdleArgs) -> anyhow::Result<()> {
     run_idle_worker(config, args.hold_max).await
 }
 
-/// `floor`: a plain epoll loop on this thread, no runtime, so nothing but the floor's own work.
+/// `floor`: a plain epoll (or io_uring) loop on this thread, no runtime, so nothing but the
+/// floor's own work.
 pub(crate) fn floor(args: &FloorArgs) -> ExitCode {
-    let served = sluice_bench::sinks::floor::run_floor(args.listen, print_listening);
+    let served = match args.io {
+        FloorIo::Epoll => sluice_bench::sinks::floor::run_floor(args.listen, print_listening),
+        FloorIo::Uring => {
+            sluice_bench::sinks::floor_uring::run_floor_uring(args.listen, print_listening)
+        }
+    };
     exit_code("floor", args.listen, served)
 }
 

@@ -43,6 +43,9 @@ pub enum Sut {
     /// `sluice-bench floor`: answers every PUBLISH at once and forwards nothing, so its CPU is
     /// the kernel's cost of the device connections alone (see [`crate::sinks::floor`]).
     Floor,
+    /// `sluice-bench floor --io uring`: the same floor over io_uring completions (see
+    /// [`crate::sinks::floor_uring`], ADR 0016).
+    FloorUring,
 }
 
 impl Sut {
@@ -51,7 +54,13 @@ impl Sut {
             Sut::Sluice => "sluice",
             Sut::MosquittoBridge => "mosquitto-bridge",
             Sut::Floor => "floor",
+            Sut::FloorUring => "floor-uring",
         }
+    }
+
+    /// A floor (epoll or io_uring): answers the devices and forwards nothing.
+    pub fn is_floor(self) -> bool {
+        matches!(self, Sut::Floor | Sut::FloorUring)
     }
 }
 
@@ -188,12 +197,17 @@ pub async fn start_sut(
                 _process: SutProcess::Bridge { _edge: edge },
             })
         }
-        Sut::Floor => {
+        Sut::Floor | Sut::FloorUring => {
             if config.device_tls {
                 bail!("the floor has no TLS listener: leave it out of a --device-tls run");
             }
             let bin = config.floor_bin.clone();
-            let args = ["floor", "--listen", "127.0.0.1:0"].map(String::from);
+            let io = if kind == Sut::FloorUring {
+                "uring"
+            } else {
+                "epoll"
+            };
+            let args = ["floor", "--listen", "127.0.0.1:0", "--io", io].map(String::from);
             let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin, &args))
                 .await
                 .context("floor start-up panicked")??;
@@ -201,7 +215,7 @@ pub async fn start_sut(
                 pid: child.child.id(),
                 device_addr: child.addr,
                 config_text: format!(
-                    "{} floor --listen {}",
+                    "{} floor --listen {} --io {io}",
                     config.floor_bin.display(),
                     child.addr
                 ),

@@ -248,6 +248,10 @@ pub struct FloorComparison {
     pub sluice_above_floor_us: Option<f64>,
     /// bridge − floor.
     pub bridge_above_floor_us: Option<f64>,
+    /// The io_uring floor's µs per message, when it ran too (`--sut floor,floor-uring`).
+    pub floor_uring_us_per_msg: Option<f64>,
+    /// io_uring floor ÷ epoll floor, same run (first run of each).
+    pub uring_over_epoll: Option<f64>,
 }
 
 /// Run the `core` scenario for every configured SUT, one after the other.
@@ -261,7 +265,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
     if config.suts.contains(&Sut::Sluice) {
         require_sluice_bin(&config.sluice_bin)?;
     }
-    if config.suts.contains(&Sut::Floor) && !config.floor_bin.is_file() {
+    if config.suts.iter().any(|s| s.is_floor()) && !config.floor_bin.is_file() {
         bail!(
             "sluice-bench binary {} not found",
             config.floor_bin.display()
@@ -402,7 +406,7 @@ async fn run_one(config: &CoreScenario, sut_kind: Sut) -> anyhow::Result<SutRun>
     let devices_report = devices.wait().await?;
 
     // The floor forwards nothing: there is nothing to wait for.
-    let drain = if sut_kind == Sut::Floor {
+    let drain = if sut_kind.is_floor() {
         Duration::ZERO
     } else {
         phases.drain(&sink, devices_report.sent).await
@@ -502,6 +506,7 @@ fn compare_floor(runs: &[SutRun]) -> Option<FloorComparison> {
             .map(|r| r.sut_cpu_us_per_msg)
     };
     let (sluice, bridge) = (us(Sut::Sluice), us(Sut::MosquittoBridge));
+    let uring = us(Sut::FloorUring);
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
     Some(FloorComparison {
         floor_us_per_msg: floor,
@@ -510,6 +515,10 @@ fn compare_floor(runs: &[SutRun]) -> Option<FloorComparison> {
         floor_share_of_bridge: bridge.filter(|b| *b > 0.0).map(|b| round2(floor / b)),
         sluice_above_floor_us: sluice.map(|s| round2(s - floor)),
         bridge_above_floor_us: bridge.map(|b| round2(b - floor)),
+        floor_uring_us_per_msg: uring,
+        uring_over_epoll: uring
+            .filter(|_| floor > 0.0)
+            .map(|u| (u / floor * 1000.0).round() / 1000.0),
     })
 }
 
@@ -718,13 +727,20 @@ pub fn markdown(report: &ScenarioReport) -> String {
                 let _ = writeln!(out, "{name} above the floor: {above:.2} µs per message.");
             }
         }
+        if let (Some(u), Some(r)) = (f.floor_uring_us_per_msg, f.uring_over_epoll) {
+            let _ = writeln!(
+                out,
+                "`floor-uring` (the same floor over io_uring): {u:.2} µs per message, {r:.3} of \
+                 the epoll floor's."
+            );
+        }
     }
     out
 }
 
 /// A cell about what reached the cloud; the floor forwards nothing.
 fn forwarded(r: &SutRun, cell: impl FnOnce() -> String) -> String {
-    if r.sut == Sut::Floor {
+    if r.sut.is_floor() {
         "n/a (forwards nothing)".to_string()
     } else {
         cell()

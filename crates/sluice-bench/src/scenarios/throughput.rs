@@ -384,7 +384,9 @@ async fn start_sut(
         Sut::Sluice if config.sluice_shards > 0 => u64::from(config.sluice_shards),
         Sut::Sluice => sluice_auto_shards(),
         Sut::MosquittoBridge => 1,
-        Sut::Floor => bail!("the floor is measured by `scenario core`, not `scenario throughput`"),
+        Sut::Floor | Sut::FloorUring => {
+            bail!("the floor is measured by `scenario core`, not `scenario throughput`")
+        }
     };
     let side = match kind {
         Sut::Sluice => {
@@ -412,7 +414,7 @@ async fn start_sut(
                 _bridge: Some(edge),
             }
         }
-        Sut::Floor => unreachable!("refused above"),
+        Sut::Floor | Sut::FloorUring => unreachable!("refused above"),
     };
     // Wait until the SUT's uplink(s) are connected to the cloud.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -420,7 +422,7 @@ async fn start_sut(
         Some(broker) => {
             let needle = match kind {
                 Sut::Sluice => "as sluice-gw",
-                Sut::MosquittoBridge | Sut::Floor => "sluice-edge-bridge",
+                Sut::MosquittoBridge | Sut::Floor | Sut::FloorUring => "sluice-edge-bridge",
             };
             broker
                 .wait_for_log_async(needle, Duration::from_secs(15))
@@ -464,7 +466,7 @@ async fn run_one(
         Some(_) => match sut_kind {
             Sut::Sluice if config.sluice_shards > 0 => u64::from(config.sluice_shards),
             Sut::Sluice => sluice_auto_shards(),
-            Sut::MosquittoBridge | Sut::Floor => 1,
+            Sut::MosquittoBridge | Sut::Floor | Sut::FloorUring => 1,
         },
     };
 

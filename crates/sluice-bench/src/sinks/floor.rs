@@ -9,7 +9,8 @@
 //! the adaptor floor ([`super::adaptor_floor`]) shares: the framing with a PUBLISH handler
 //! ([`respond_with`]: the PUBLISH's topic, packet id and payload, answered now or later) and
 //! the device connection ([`DeviceConn`]) and the event loop ([`serve_devices`] with a
-//! [`FloorHandler`]). Does not own: the MQTT codec (the
+//! [`FloorHandler`]), and with the io_uring floor ([`super::floor_uring`]) a connection's
+//! framing state ([`Framer`]). Does not own: the MQTT codec (the
 //! framing here is the minimum to find packet types, ids, topics and payloads; a malformed
 //! stream only closes its connection) or any forwarding.
 //!
@@ -210,22 +211,56 @@ fn frame(buf: &[u8]) -> Result<Option<(usize, usize)>, FloorError> {
     }
 }
 
-/// One device connection: its stream, the start of a packet whose rest has not arrived, and
-/// the answers the socket did not take yet.
+/// A connection's inbound framing state: the start of a packet whose rest has not arrived, and
+/// whether its CONNECT said MQTT 5. Shared by the epoll floor ([`DeviceConn`]) and the
+/// io_uring floor ([`super::floor_uring`]), which differ only in how bytes come and go.
+#[derive(Debug, Default)]
+pub struct Framer {
+    rbuf: Vec<u8>,
+    v5: bool,
+}
+
+impl Framer {
+    /// Answer the whole packets of what was kept plus `chunk` through [`respond_with`],
+    /// appending the answers to `out`, and keep only an incomplete packet's start (the buffer
+    /// is freed once empty). `Ok(true)`: the client sent DISCONNECT (close after writing).
+    pub fn feed(
+        &mut self,
+        chunk: &[u8],
+        out: &mut Vec<u8>,
+        on_publish: &mut impl FnMut(Publish<'_>, &mut Vec<u8>) -> Result<(), FloorError>,
+    ) -> Result<bool, FloorError> {
+        let answered = if self.rbuf.is_empty() {
+            let answered = respond_with(chunk, &mut self.v5, out, on_publish)?;
+            self.rbuf.extend_from_slice(&chunk[answered.consumed..]);
+            answered
+        } else {
+            self.rbuf.extend_from_slice(chunk);
+            let answered = respond_with(&self.rbuf, &mut self.v5, out, on_publish)?;
+            self.rbuf.drain(..answered.consumed);
+            answered
+        };
+        if self.rbuf.is_empty() {
+            self.rbuf = Vec::new();
+        }
+        Ok(answered.disconnect)
+    }
+}
+
+/// One device connection: its stream, its framing state, and the answers the socket did not
+/// take yet.
 pub struct DeviceConn {
     stream: TcpStream,
-    rbuf: Vec<u8>,
+    framer: Framer,
     pending: Vec<u8>,
-    v5: bool,
 }
 
 impl DeviceConn {
     pub fn new(stream: TcpStream) -> DeviceConn {
         DeviceConn {
             stream,
-            rbuf: Vec::new(),
+            framer: Framer::default(),
             pending: Vec::new(),
-            v5: false,
         }
     }
 
@@ -249,23 +284,12 @@ impl DeviceConn {
         let invalid = |e| io::Error::new(io::ErrorKind::InvalidData, e);
         while let Some(n) = read_some(&mut self.stream, scratch)? {
             out.clear();
-            let answered = if self.rbuf.is_empty() {
-                let answered =
-                    respond_with(&scratch[..n], &mut self.v5, out, on_publish).map_err(invalid)?;
-                self.rbuf.extend_from_slice(&scratch[answered.consumed..n]);
-                answered
-            } else {
-                self.rbuf.extend_from_slice(&scratch[..n]);
-                let answered =
-                    respond_with(&self.rbuf, &mut self.v5, out, on_publish).map_err(invalid)?;
-                self.rbuf.drain(..answered.consumed);
-                answered
-            };
-            if self.rbuf.is_empty() {
-                self.rbuf = Vec::new();
-            }
+            let disconnect = self
+                .framer
+                .feed(&scratch[..n], out, on_publish)
+                .map_err(invalid)?;
             self.send(out)?;
-            if answered.disconnect {
+            if disconnect {
                 return Err(io::ErrorKind::ConnectionAborted.into());
             }
         }
