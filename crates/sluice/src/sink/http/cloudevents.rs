@@ -53,14 +53,51 @@ impl CloudEvent {
     /// The headers of a binary-mode POST of this event to `host` (hyper adds
     /// `Content-Length`). Values are percent-encoded or checked ASCII without CR/LF, so every
     /// one is a valid header value; one that were not would be left out rather than sent.
+    ///
+    /// Built once per event with one buffer for every value that is not a constant (each
+    /// value a shared slice of it, so cloning the map for an attempt copies no value and
+    /// allocates none for them), and the constant ones static: the same headers as
+    /// [`Self::headers`], in the same order.
     pub fn header_map(&self, host: &str) -> hyper::HeaderMap {
+        use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
         let mut map = hyper::HeaderMap::with_capacity(8);
-        if let Ok(v) = hyper::header::HeaderValue::from_str(host) {
-            map.insert(hyper::header::HOST, v);
-        }
-        for (name, value) in self.headers() {
-            if let Ok(v) = hyper::header::HeaderValue::try_from(value) {
+        let mut buf = bytes::BytesMut::with_capacity(
+            host.len()
+                + self.id.len()
+                + 3 * (self.source.len() + self.subject.len())
+                + TIME_LEN
+                + self.content_type.len(),
+        );
+        let mut put = |map: &mut hyper::HeaderMap, name: HeaderName, buf: &mut bytes::BytesMut| {
+            if let Ok(v) = HeaderValue::from_maybe_shared(buf.split().freeze()) {
                 map.insert(name, v);
+            }
+        };
+        buf.extend_from_slice(host.as_bytes());
+        put(&mut map, HOST, &mut buf);
+        map.insert(
+            HeaderName::from_static("ce-specversion"),
+            HeaderValue::from_static("1.0"),
+        );
+        encode_into(&mut buf, &self.id);
+        put(&mut map, HeaderName::from_static("ce-id"), &mut buf);
+        encode_into(&mut buf, &self.source);
+        put(&mut map, HeaderName::from_static("ce-source"), &mut buf);
+        map.insert(
+            HeaderName::from_static("ce-type"),
+            HeaderValue::from_static(EVENT_TYPE),
+        );
+        encode_into(&mut buf, &self.subject);
+        put(&mut map, HeaderName::from_static("ce-subject"), &mut buf);
+        let _ = write!(buf, "{}", rfc3339_display(self.time));
+        put(&mut map, HeaderName::from_static("ce-time"), &mut buf);
+        match self.content_type.as_str() {
+            OCTET_STREAM => {
+                map.insert(CONTENT_TYPE, HeaderValue::from_static(OCTET_STREAM));
+            }
+            ct => {
+                buf.extend_from_slice(ct.as_bytes());
+                put(&mut map, CONTENT_TYPE, &mut buf);
             }
         }
         map
@@ -90,29 +127,46 @@ pub fn content_type(mqtt_content_type: Option<&str>, payload: &[u8]) -> String {
     }
     match sluice_proto::senml::sniff(payload) {
         Some(f) => f.content_type().to_owned(),
-        None => "application/octet-stream".to_owned(),
+        None => OCTET_STREAM.to_owned(),
     }
 }
 
 /// Percent-encode a header value (binding §3.1.3.2).
 pub fn encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
+    let mut out = bytes::BytesMut::with_capacity(value.len());
+    encode_into(&mut out, value);
+    // Only printable ASCII was written.
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// [`encode`] appending to `out`.
+fn encode_into(out: &mut bytes::BytesMut, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in value.as_bytes() {
         if (0x21..=0x7E).contains(&b) && b != b'"' && b != b'%' {
-            out.push(b as char);
+            out.extend_from_slice(&[b]);
         } else {
-            let _ = write!(out, "%{b:02X}");
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
         }
     }
-    out
 }
+
+/// The media type of data that is neither MQTT-5-typed nor SenML.
+const OCTET_STREAM: &str = "application/octet-stream";
+/// Length of an [`rfc3339`] time (`2024-01-02T03:04:05.500Z`).
+const TIME_LEN: usize = 24;
 
 /// `time` as RFC 3339 in UTC with milliseconds, e.g. `2024-01-02T03:04:05.500Z`
 /// (`humantime`). Clamped to 1970-01-01 … 9999-12-31T23:59:59 (humantime panics before the
 /// epoch and fails after year 9999; a gateway without a real-time clock may be anywhere).
 pub fn rfc3339(time: SystemTime) -> String {
+    rfc3339_display(time).to_string()
+}
+
+/// [`rfc3339`] without the `String`.
+fn rfc3339_display(time: SystemTime) -> humantime::Rfc3339Timestamp {
     let last = UNIX_EPOCH + std::time::Duration::from_secs(253_402_300_799);
-    humantime::format_rfc3339_millis(time.clamp(UNIX_EPOCH, last)).to_string()
+    humantime::format_rfc3339_millis(time.clamp(UNIX_EPOCH, last))
 }
 
 #[cfg(test)]
@@ -147,6 +201,38 @@ mod tests {
         assert_eq!(encode("100%\"ok\""), "100%25%22ok%22");
         assert_eq!(encode("température"), "temp%C3%A9rature");
         assert_eq!(encode("plain-id_1.2:3"), "plain-id_1.2:3");
+    }
+
+    /// `header_map` builds its values in one shared buffer: they must stay what `headers()`
+    /// says, byte for byte, for every kind of value (encoded, static, typed).
+    #[test]
+    fn the_header_map_carries_exactly_the_binary_mode_headers() {
+        for (device, topic, ct) in [
+            ("dév 1", "a b/\"c\"/100%", None),
+            ("d", "t", Some("text/plain; charset=utf-8")),
+            ("", "x", None),
+        ] {
+            let e = CloudEvent::for_message(
+                "gw",
+                device,
+                topic,
+                "ff-1-9".into(),
+                UNIX_EPOCH + Duration::from_millis(1_704_164_645_500),
+                &content_type(ct, b"\x00"),
+            );
+            let map = e.header_map("h:1");
+            let got: Vec<(String, String)> = map
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+                .collect();
+            let mut want = vec![("host".to_owned(), "h:1".to_owned())];
+            want.extend(
+                e.headers()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_ascii_lowercase(), v)),
+            );
+            assert_eq!(got, want);
+        }
     }
 
     #[test]

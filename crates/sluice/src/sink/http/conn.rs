@@ -589,6 +589,52 @@ mod tests {
         assert!(matches!(err, CallError::BodyTooLarge), "{err}");
     }
 
+    /// Issue 32: each connection's hyper driver was a task of its own, so every exchange was a
+    /// hand-off between two tasks (the request's and the driver's); the request's task drives
+    /// it now. Before the change one task stayed alive per open connection.
+    #[tokio::test]
+    async fn an_open_connection_has_no_task_of_its_own() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        // A thread of its own, so the runtime under test counts none of the server's tasks.
+        let listener = listener.into_std().unwrap();
+        let server = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                let (mut s, _) = listener.accept().await.unwrap();
+                for _ in 0..2 {
+                    let mut req = Vec::new();
+                    while !req.ends_with(b"\r\n\r\nx") {
+                        let mut buf = [0u8; 1024];
+                        let n = s.read(&mut buf).await.unwrap();
+                        assert!(n > 0, "closed early");
+                        req.extend_from_slice(&buf[..n]);
+                    }
+                    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .unwrap();
+                }
+                let _ = stop_rx.await;
+            });
+        });
+        let tasks = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        let before = tasks();
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        for _ in 0..2 {
+            let a = conn.call(&request(), &|_| {}).await.unwrap();
+            assert_eq!((a.status, &a.body[..]), (200, &b"ok"[..]));
+            assert_eq!(tasks(), before, "no task per connection");
+        }
+        drop(conn);
+        let _ = stop_tx.send(());
+        server.join().unwrap();
+    }
+
     #[tokio::test]
     async fn one_connection_carries_several_requests_and_says_when_each_was_written() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
