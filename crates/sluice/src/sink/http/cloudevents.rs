@@ -68,7 +68,7 @@ impl CloudEvent {
                 + TIME_LEN
                 + self.content_type.len(),
         );
-        let mut put = |map: &mut hyper::HeaderMap, name: HeaderName, buf: &mut bytes::BytesMut| {
+        let put = |map: &mut hyper::HeaderMap, name: HeaderName, buf: &mut bytes::BytesMut| {
             if let Ok(v) = HeaderValue::from_maybe_shared(buf.split().freeze()) {
                 map.insert(name, v);
             }
