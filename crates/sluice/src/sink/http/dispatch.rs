@@ -50,7 +50,7 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, QoS};
 use tokio::sync::mpsc;
 
-use super::cloudevents::{self, CloudEvent};
+use super::cloudevents;
 use super::conn::{Answer, CallError, Conn, Outgoing, Pool, Target};
 use super::{Overflow, Publish};
 use crate::config::FunctionConfig;
@@ -598,18 +598,20 @@ impl Transport for FunctionTransport {
         self.next_id += 1;
         let id = SendId(self.next_id);
         let time = SystemTime::now() - msg.received_at.elapsed();
-        let event = CloudEvent::for_message(
+        // The event's headers straight from the message (no CloudEvent strings first).
+        let headers = cloudevents::message_header_map(
+            &self.host,
             &self.gateway,
             &msg.device,
             &msg.topic,
-            format!("{}{}", self.id_prefix, self.next_id),
+            &self.id_prefix,
+            self.next_id,
             time,
-            &cloudevents::content_type(msg.content_type.as_deref(), &msg.payload),
+            cloudevents::content_type_of(msg.content_type.as_deref(), &msg.payload),
         );
-        // The head's own buffer grows to hold the payload: one allocation, no copy of the head.
         let request = Rc::new(Outgoing {
             path: self.uri.clone(),
-            headers: event.header_map(&self.host),
+            headers,
             body: msg.payload.clone(),
         });
         self.jobs.insert(
