@@ -233,9 +233,7 @@ impl Conn {
         request: &Outgoing,
         written: &dyn Fn(Instant),
     ) -> Result<Answer, CallError> {
-        let Conn {
-            sender, driver, ..
-        } = self;
+        let Conn { sender, driver, .. } = self;
         drive(driver, sender.ready()).await?;
         self.read_any.store(false, Ordering::Relaxed);
         let mut req = Request::new(Full::new(request.body.clone()));
@@ -622,7 +620,11 @@ mod tests {
                 let _ = stop_rx.await;
             });
         });
-        let tasks = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
         let before = tasks();
         let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
         for _ in 0..2 {
