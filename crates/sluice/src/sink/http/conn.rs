@@ -11,10 +11,20 @@
 //! requests in flight, each on its own connection). A response that says `Connection: close`
 //! (or is HTTP/1.0), or any error, ends the connection; otherwise it goes back to the pool.
 //! Connections idle for more than [`IDLE_REOPEN`] are not reused, so a server's keep-alive
-//! timeout never closes one under a request. Each connection's hyper driver is a task of its
-//! own; it ends when the connection's [`Conn`] is dropped or the server closes.
+//! timeout never closes one under a request.
+//!
+//! Per request, the cost is kept near what any HTTP client must pay (issue 32; figures in
+//! docs/perf/functions.md): hyper's connection driver is polled by the request's own task
+//! ([`Conn::call`] drives it while waiting for readiness, the answer and its body) instead of
+//! being a task of its own, so an exchange is no hand-off between two tasks; and the quick-ACK
+//! request is made only before a read that the socket's readiness says will happen (hyper
+//! polls for reads several times per exchange, most of which find nothing and cost nothing).
+//! An idle pooled connection is not polled: a server that closed it meanwhile is noticed at
+//! its next use (a failure before any answer byte on a reused connection, which `dispatch.rs`
+//! sends again at once on a new one).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,10 +101,15 @@ pub struct Answer {
     pub content_type: Option<ByteString>,
 }
 
+/// hyper's half of a connection that reads and writes the socket; it makes progress only
+/// while polled (by [`drive`], from the task that runs the exchange).
+type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+
 /// One open connection.
-#[derive(Debug)]
 pub struct Conn {
     sender: SendRequest<Full<Bytes>>,
+    /// `None` once it finished (the server closed the connection, or it failed).
+    driver: Option<Driver>,
     /// When the connection last wrote bytes (set by its socket, read after an exchange).
     wrote_at: Arc<Mutex<Option<Instant>>>,
     /// The socket read a byte since the exchange began (set by its socket): an error after
@@ -104,6 +119,39 @@ pub struct Conn {
     /// It carried an exchange before (a failure before any answer byte may be a stale
     /// keep-alive connection the server closed meanwhile).
     pub reused: bool,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("open", &self.driver.is_some())
+            .field("idle_since", &self.idle_since)
+            .field("reused", &self.reused)
+            .finish()
+    }
+}
+
+/// Polls `fut` to its end, polling the connection's `driver` whenever `fut` waits (hyper's
+/// request, answer and body futures complete only as the driver reads and writes). A driver
+/// that finished is set to `None` and not polled again; hyper then fails the pending futures
+/// of that connection (closed), so `fut` still ends.
+async fn drive<F: Future>(driver: &mut Option<Driver>, fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(v);
+        }
+        let Some(d) = driver.as_mut() else {
+            return Poll::Pending;
+        };
+        if d.as_mut().poll(cx).is_ready() {
+            // Its error reaches `fut` (hyper fails the exchange that was running).
+            *driver = None;
+        }
+        // The driver may have completed `fut` (written the request, read the answer).
+        fut.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// Where a connection goes.
@@ -128,9 +176,7 @@ impl Conn {
             stream,
             wrote_at: wrote_at.clone(),
             read_any: read_any.clone(),
-            before_read: |s: &TcpStream| {
-                let _ = socket2::SockRef::from(s).set_tcp_quickack(true);
-            },
+            read: read_quickack,
         };
         Conn::start(socket, wrote_at, read_any).await
     }
@@ -148,7 +194,9 @@ impl Conn {
             stream: io,
             wrote_at: Arc::new(Mutex::new(None)),
             read_any: read_any.clone(),
-            before_read: |_: &T| {},
+            read: |s: &mut T, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>| {
+                Pin::new(s).poll_read(cx, buf)
+            },
         };
         // Its write time is never read: `call` only reads `Conn::wrote_at`, a fresh one here.
         Conn::start(socket, Arc::new(Mutex::new(None)), read_any).await
@@ -169,12 +217,9 @@ impl Conn {
             .handshake(io)
             .await
             .map_err(|e| CallError::Io(std::io::Error::other(e)))?;
-        tokio::spawn(async move {
-            // Ends with the connection; its errors reach the exchange that was running.
-            let _ = driver.await;
-        });
         Ok(Conn {
             sender,
+            driver: Some(Box::pin(driver)),
             wrote_at,
             read_any,
             idle_since: Instant::now(),
@@ -188,7 +233,8 @@ impl Conn {
         request: &Outgoing,
         written: &dyn Fn(Instant),
     ) -> Result<Answer, CallError> {
-        self.sender.ready().await?;
+        let Conn { sender, driver, .. } = self;
+        drive(driver, sender.ready()).await?;
         self.read_any.store(false, Ordering::Relaxed);
         let mut req = Request::new(Full::new(request.body.clone()));
         *req.method_mut() = Method::POST;
@@ -196,9 +242,8 @@ impl Conn {
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = request.headers.clone();
         *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        let response = self
-            .sender
-            .send_request(req)
+        let sent = self.sender.send_request(req);
+        let response = drive(&mut self.driver, sent)
             .await
             .map_err(|e| self.classify(e))?;
         if let Some(at) = *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -218,8 +263,8 @@ impl Conn {
             .get(CONTENT_TYPE)
             .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
             .map(|s| ByteString::from(s.trim()));
-        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
-            .collect()
+        let collect = Limited::new(response.into_body(), MAX_BODY_BYTES).collect();
+        let body = drive(&mut self.driver, collect)
             .await
             .map_err(|e| match e.downcast::<hyper::Error>() {
                 Ok(h) => self.classify(*h),
@@ -249,16 +294,34 @@ impl Conn {
 }
 
 /// The connection's socket for hyper: asks the kernel to acknowledge at once before every
-/// read (a server that writes its head and body apart with Nagle on — Python's http.server —
-/// would otherwise hold the body until our delayed ACK, 40 ms per request; the kernel leaves
-/// quick-ack mode by itself), and notes when it last wrote (the dispatch latency's end) and
-/// that it read an answer byte. Generic over the stream for [`Conn::over`].
+/// read of a TCP stream ([`read_quickack`]), and notes when it last wrote (the dispatch
+/// latency's end) and that it read an answer byte. Generic over the stream for
+/// [`Conn::over`].
 struct Socket<S> {
     stream: S,
     wrote_at: Arc<Mutex<Option<Instant>>>,
     read_any: Arc<AtomicBool>,
-    /// Run before every read (the quick-ack request on a TCP stream).
-    before_read: fn(&S),
+    /// How to read (a TCP stream: [`read_quickack`]).
+    read: ReadFn<S>,
+}
+
+type ReadFn<S> = fn(&mut S, &mut Context<'_>, &mut ReadBuf<'_>) -> Poll<std::io::Result<()>>;
+
+/// A read of a function's TCP connection, preceded by the quick-ACK request (a server that
+/// writes its head and body apart with Nagle on — Python's http.server — would otherwise
+/// hold the body until our delayed ACK, 40 ms per request; the kernel leaves quick-ack mode
+/// by itself). The request is made only when the socket is readable, just before the read
+/// that takes the bytes (what the adaptor floor does): hyper polls for a read several times
+/// per exchange, and a poll that finds the socket not ready asks nothing of the kernel.
+fn read_quickack(
+    s: &mut TcpStream,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<std::io::Result<()>> {
+    std::task::ready!(s.poll_read_ready(cx))?;
+    let _ = socket2::SockRef::from(&*s).set_tcp_quickack(true);
+    // Ready, so this reads (or, on stale readiness, clears it and waits again).
+    Pin::new(s).poll_read(cx, buf)
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Socket<S> {
@@ -268,9 +331,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for Socket<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        (this.before_read)(&this.stream);
         let before = buf.filled().len();
-        let r = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let r = (this.read)(&mut this.stream, cx, buf);
         if buf.filled().len() > before {
             this.read_any.store(true, Ordering::Relaxed);
         }
@@ -523,6 +585,56 @@ mod tests {
         let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
         let err = conn.call(&request(), &|_| {}).await.unwrap_err();
         assert!(matches!(err, CallError::BodyTooLarge), "{err}");
+    }
+
+    /// Issue 32: each connection's hyper driver was a task of its own, so every exchange was a
+    /// hand-off between two tasks (the request's and the driver's); the request's task drives
+    /// it now. Before the change one task stayed alive per open connection.
+    #[tokio::test]
+    async fn an_open_connection_has_no_task_of_its_own() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        // A thread of its own, so the runtime under test counts none of the server's tasks.
+        let listener = listener.into_std().unwrap();
+        let server = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                let (mut s, _) = listener.accept().await.unwrap();
+                for _ in 0..2 {
+                    let mut req = Vec::new();
+                    while !req.ends_with(b"\r\n\r\nx") {
+                        let mut buf = [0u8; 1024];
+                        let n = s.read(&mut buf).await.unwrap();
+                        assert!(n > 0, "closed early");
+                        req.extend_from_slice(&buf[..n]);
+                    }
+                    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .unwrap();
+                }
+                let _ = stop_rx.await;
+            });
+        });
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = tasks();
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        for _ in 0..2 {
+            let a = conn.call(&request(), &|_| {}).await.unwrap();
+            assert_eq!((a.status, &a.body[..]), (200, &b"ok"[..]));
+            assert_eq!(tasks(), before, "no task per connection");
+        }
+        drop(conn);
+        let _ = stop_tx.send(());
+        server.join().unwrap();
     }
 
     #[tokio::test]

@@ -15,6 +15,11 @@
 //! counts as a failed attempt, outcome `timeout`), then a task
 //! writes it on a pooled connection and reads the answer, bounded by `timeout` (by
 //! `start_timeout` on an instance that has not answered yet: its start-up is part of the wait).
+//! The bound is kept by one timer per dispatcher, not one per request ([`FunctionTransport`]'s
+//! `sweep`: armed at the earliest deadline of the requests under way and moved only when it
+//! fires, which aborts the requests past theirs): registering a timer earlier than the
+//! runtime's next one wakes the shard's event loop through its eventfd, which a timer per
+//! request did once per event (issue 32, docs/perf/functions.md).
 //! - **2xx**: acknowledged ([`Feedback::Acked`]: the device's QoS 1 ack follows the outbox's
 //!   rule); a non-empty body is published on `reply_topic` when one is set.
 //! - **5xx, 408, 429, timeout, connection failure**: retried after `retry_min`, doubling up to
@@ -35,6 +40,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -44,7 +50,7 @@ use bytestring::ByteString;
 use sluice_proto::mqtt::{Properties, QoS};
 use tokio::sync::mpsc;
 
-use super::cloudevents::{self, CloudEvent};
+use super::cloudevents;
 use super::conn::{Answer, CallError, Conn, Outgoing, Pool, Target};
 use super::{Overflow, Publish};
 use crate::config::FunctionConfig;
@@ -73,9 +79,21 @@ struct Job {
 /// A request task's result.
 struct Done {
     id: SendId,
+    /// The job's attempt it answers (a late answer of an attempt that timed out is ignored).
+    attempt: u32,
     result: Result<Answer, Failure>,
     instance: Arc<Instance>,
     took: Duration,
+}
+
+/// A request under way (its task's abort handle and deadline).
+struct Running {
+    attempt: u32,
+    abort: tokio::task::AbortHandle,
+    deadline: Instant,
+    limit: Duration,
+    started: Instant,
+    instance: Arc<Instance>,
 }
 
 #[derive(Debug)]
@@ -103,6 +121,11 @@ pub struct FunctionTransport {
     counted_waiting: usize,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
+    /// Requests under way, by event.
+    running: HashMap<SendId, Running>,
+    /// The one timer of the requests' deadlines, armed at `sweep_at` (`None`: disarmed).
+    sweep: Pin<Box<tokio::time::Sleep>>,
+    sweep_at: Option<Instant>,
     feedback: Vec<Feedback>,
     /// Replies and dead letters to route (in `settle`).
     outgoing: Vec<DeviceMessage>,
@@ -153,6 +176,9 @@ impl FunctionTransport {
             counted_waiting: 0,
             done_tx,
             done_rx,
+            running: HashMap::new(),
+            sweep: Box::pin(tokio::time::sleep_until(tokio::time::Instant::now())),
+            sweep_at: None,
             feedback: Vec::new(),
             outgoing: Vec::new(),
             overflow,
@@ -209,45 +235,106 @@ impl FunctionTransport {
             self.cfg.start_timeout.max(self.cfg.timeout)
         };
         let request = job.request.clone();
-        let first = job.attempts == 1;
+        let attempt = job.attempts;
+        let first = attempt == 1;
         let received_at = job.received_at;
         let tx = self.done_tx.clone();
         let pool = self.pool.clone();
         let handle = self.handle.clone();
-        tokio::task::spawn_local(async move {
+        let started = Instant::now();
+        let instance = inst.clone();
+        let task = tokio::task::spawn_local(async move {
             let _slot = slot;
             let observed = std::cell::Cell::new(false);
-            let started = Instant::now();
-            let result = match tokio::time::timeout(
-                limit,
-                exchange(&pool, inst.id, &target, &request, |at| {
-                    if first && !observed.replace(true) {
-                        handle
-                            .metrics
-                            .dispatch_latency
-                            .observe(at.saturating_duration_since(received_at));
-                    }
-                }),
-            )
+            let result = exchange(&pool, inst.id, &target, &request, |at| {
+                if first && !observed.replace(true) {
+                    handle
+                        .metrics
+                        .dispatch_latency
+                        .observe(at.saturating_duration_since(received_at));
+                }
+            })
             .await
-            {
-                Ok(Ok(a)) => Ok(a),
-                Ok(Err(e)) => Err(Failure::Call(e)),
-                Err(_) => Err(Failure::Timeout(limit)),
-            };
+            .map_err(Failure::Call);
             let _ = tx.send(Done {
                 id,
+                attempt,
                 result,
                 instance: inst,
                 took: started.elapsed(),
             });
         });
+        let deadline = started + limit;
+        self.running.insert(
+            id,
+            Running {
+                attempt,
+                abort: task.abort_handle(),
+                deadline,
+                limit,
+                started,
+                instance,
+            },
+        );
+        // Moved only to an earlier deadline (rare: a cold instance's longer limit came
+        // first); otherwise it fires at the deadline it has and is re-armed then.
+        if self.sweep_at.is_none_or(|at| deadline < at) {
+            self.arm_sweep(deadline);
+        }
     }
 
+    fn arm_sweep(&mut self, at: Instant) {
+        self.sweep.as_mut().reset(at.into());
+        self.sweep_at = Some(at);
+    }
+
+    /// The sweep timer fired: every request past its deadline is aborted and fails as a
+    /// timeout; the timer is re-armed at the earliest deadline left.
+    fn expire_running(&mut self) {
+        self.sweep_at = None;
+        let now = Instant::now();
+        let expired: Vec<SendId> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            let Some(r) = self.running.remove(&id) else {
+                continue;
+            };
+            // Dropping the exchange drops its connection and frees its slot.
+            r.abort.abort();
+            self.finish(Done {
+                id,
+                attempt: r.attempt,
+                result: Err(Failure::Timeout(r.limit)),
+                instance: r.instance,
+                took: now.saturating_duration_since(r.started),
+            });
+        }
+        if let Some(next) = self.running.values().map(|r| r.deadline).min() {
+            self.arm_sweep(next);
+        }
+    }
+
+    /// A request task's result: taken when it answers the attempt under way (not one that
+    /// already timed out).
     fn on_done(&mut self, done: Done) {
+        match self.running.get(&done.id) {
+            Some(r) if r.attempt == done.attempt => {
+                self.running.remove(&done.id);
+                self.finish(done);
+            }
+            _ => {}
+        }
+    }
+
+    fn finish(&mut self, done: Done) {
         let m = &self.handle.metrics;
         let Done {
             id,
+            attempt: _,
             result,
             instance,
             took,
@@ -511,18 +598,20 @@ impl Transport for FunctionTransport {
         self.next_id += 1;
         let id = SendId(self.next_id);
         let time = SystemTime::now() - msg.received_at.elapsed();
-        let event = CloudEvent::for_message(
+        // The event's headers straight from the message (no CloudEvent strings first).
+        let headers = cloudevents::message_header_map(
+            &self.host,
             &self.gateway,
             &msg.device,
             &msg.topic,
-            format!("{}{}", self.id_prefix, self.next_id),
+            &self.id_prefix,
+            self.next_id,
             time,
-            &cloudevents::content_type(msg.content_type.as_deref(), &msg.payload),
+            cloudevents::content_type_of(msg.content_type.as_deref(), &msg.payload),
         );
-        // The head's own buffer grows to hold the payload: one allocation, no copy of the head.
         let request = Rc::new(Outgoing {
             path: self.uri.clone(),
-            headers: event.header_map(&self.host),
+            headers,
             body: msg.payload.clone(),
         });
         self.jobs.insert(
@@ -591,6 +680,9 @@ impl Transport for FunctionTransport {
                 self.due_retries();
                 self.expire_waiting();
             }
+            _ = self.sweep.as_mut(), if self.sweep_at.is_some() => {
+                self.expire_running();
+            }
             _ = changed, if waiting => {}
             _ = overflow.wake.notified() => {}
         }
@@ -614,6 +706,7 @@ impl Transport for FunctionTransport {
         self.jobs.clear();
         self.ready.clear();
         self.retries.clear();
+        self.running.clear();
         self.sync_waiting();
     }
 }
