@@ -34,11 +34,14 @@
 //! aliases, writes), `will` (the end of a connection: will, session expiry timer).
 
 mod inbound;
+mod lazy;
 mod outbound;
 mod subscribe;
 mod will;
 
-use std::collections::{HashMap, VecDeque};
+use lazy::{LazyAcks, LazyMap};
+
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +56,6 @@ use sluice_proto::mqtt::{
 use crate::control::acl::Subject;
 use crate::control::priority::Priority;
 use crate::edge::mqtt::session::{OutStage, Session};
-use crate::message::ack::DeviceAcks;
 use crate::shard::metrics::CloseReason;
 use crate::shard::{Adopted, ShardContext};
 
@@ -198,60 +200,6 @@ struct Connection {
     /// briefly before closing, so unread input does not turn the close into a reset that
     /// destroys the DISCONNECT before the device reads it.
     linger: bool,
-}
-
-/// A map that costs one pointer until its first entry (topic aliases: most devices use
-/// none, and an empty `HashMap` inline is 48 bytes in every connection).
-// Boxed on purpose: `Option<Box<_>>` is one word, `Option<HashMap>` 48 bytes.
-#[allow(clippy::box_collection)]
-struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
-
-impl<K, V> Default for LazyMap<K, V> {
-    fn default() -> Self {
-        LazyMap(None)
-    }
-}
-
-impl<K: std::hash::Hash + Eq, V> LazyMap<K, V> {
-    fn get(&self, key: &K) -> Option<&V> {
-        self.0.as_ref()?.get(key)
-    }
-    fn insert(&mut self, key: K, value: V) -> Option<V> {
-        self.0
-            .get_or_insert_with(Default::default)
-            .insert(key, value)
-    }
-    fn remove(&mut self, key: &K) -> Option<V> {
-        self.0.as_mut()?.remove(key)
-    }
-}
-
-/// The connection's [`DeviceAcks`], created when first used (the first QoS 1/2 PUBLISH):
-/// a device that never sends one — most idle devices — never pays for it.
-struct LazyAcks {
-    acks: std::cell::OnceCell<Rc<DeviceAcks>>,
-    /// The session's wake-up, which the acks share.
-    notify: Rc<tokio::sync::Notify>,
-}
-
-impl LazyAcks {
-    fn new(notify: Rc<tokio::sync::Notify>) -> LazyAcks {
-        LazyAcks {
-            acks: std::cell::OnceCell::new(),
-            notify,
-        }
-    }
-    fn created(&self) -> bool {
-        self.acks.get().is_some()
-    }
-}
-
-impl std::ops::Deref for LazyAcks {
-    type Target = Rc<DeviceAcks>;
-    fn deref(&self) -> &Rc<DeviceAcks> {
-        self.acks
-            .get_or_init(|| DeviceAcks::with_notify(self.notify.clone()))
-    }
 }
 
 /// Close now, for this reason; for MQTT 5 with this reason code in a DISCONNECT.
@@ -789,6 +737,7 @@ fn resp(packet_id: u16) -> PubResponse {
 #[cfg(test)]
 mod sizes {
     use super::*;
+    use crate::message::ack::DeviceAcks;
     use std::mem::size_of;
 
     fn future_size<A, B, F: std::future::Future>(_: fn(A, B) -> F) -> usize {
