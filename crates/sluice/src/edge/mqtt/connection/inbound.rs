@@ -221,19 +221,11 @@ impl Connection {
                     // messages may complete (a spool commit, a cloud ack): acknowledge them now,
                     // so a waiting publish never holds back PUBACKs the device is owed. The main
                     // loop re-checks everything this wake-up may also have been for.
-                    _ = self.acks.notify.notified() => {
-                        self.on_cloud_acks();
-                        if let Err(reason) = self.flush().await {
-                            return Err(Close(reason, None));
-                        }
-                    }
+                    _ = self.acks.notify.notified() => self.acks_while_withheld().await?,
                     // Meanwhile the device is read ahead, for its PINGREQs (module docs of
                     // `connection`); what else it sent is handled after this publish, in order.
                     read = self.rd.read_more(&mut self.rbuf), if self.may_read_ahead() => {
-                        self.on_read_ahead(read)?;
-                        if let Err(reason) = self.flush().await {
-                            return Err(Close(reason, None));
-                        }
+                        self.read_ahead_while_withheld(read).await?
                     }
                 }
             }
@@ -245,6 +237,22 @@ impl Connection {
         // its rate: that silence was the gateway's, not the device's.
         self.last_read = Instant::now();
         Ok(())
+    }
+
+    /// While a publish is withheld: acknowledge what the cloud completed meanwhile.
+    async fn acks_while_withheld(&mut self) -> Result<(), Close> {
+        self.on_cloud_acks();
+        self.flush().await.map_err(|reason| Close(reason, None))
+    }
+
+    /// While a publish is withheld: take what the read-ahead brought (its PINGREQs are
+    /// answered) and write the answers.
+    async fn read_ahead_while_withheld(
+        &mut self,
+        read: std::io::Result<usize>,
+    ) -> Result<(), Close> {
+        self.on_read_ahead(read)?;
+        self.flush().await.map_err(|reason| Close(reason, None))
     }
 
     /// Stop reading the device for `pause` (its `[limits]` publish rate), acknowledging
@@ -260,17 +268,9 @@ impl Connection {
             tokio::select! {
                 biased;
                 () = &mut until => return Ok(()),
-                _ = self.acks.notify.notified() => {
-                    self.on_cloud_acks();
-                    if let Err(reason) = self.flush().await {
-                        return Err(Close(reason, None));
-                    }
-                }
+                _ = self.acks.notify.notified() => self.acks_while_withheld().await?,
                 read = self.rd.read_more(&mut self.rbuf), if self.may_read_ahead() => {
-                    self.on_read_ahead(read)?;
-                    if let Err(reason) = self.flush().await {
-                        return Err(Close(reason, None));
-                    }
+                    self.read_ahead_while_withheld(read).await?
                 }
             }
         }
