@@ -606,13 +606,7 @@ mod tests {
                 let listener = TcpListener::from_std(listener).unwrap();
                 let (mut s, _) = listener.accept().await.unwrap();
                 for _ in 0..2 {
-                    let mut req = Vec::new();
-                    while !req.ends_with(b"\r\n\r\nx") {
-                        let mut buf = [0u8; 1024];
-                        let n = s.read(&mut buf).await.unwrap();
-                        assert!(n > 0, "closed early");
-                        req.extend_from_slice(&buf[..n]);
-                    }
+                    read_request(&mut s).await;
                     s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                         .await
                         .unwrap();
@@ -637,6 +631,18 @@ mod tests {
         server.join().unwrap();
     }
 
+    /// Read one test request (its body is the single byte `x`) from the server's side.
+    async fn read_request(s: &mut tokio::net::TcpStream) -> Vec<u8> {
+        let mut req = Vec::new();
+        while !req.ends_with(b"\r\n\r\nx") {
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed early");
+            req.extend_from_slice(&buf[..n]);
+        }
+        req
+    }
+
     #[tokio::test]
     async fn one_connection_carries_several_requests_and_says_when_each_was_written() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -644,13 +650,7 @@ mod tests {
         let accepted = tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();
             for _ in 0..3 {
-                let mut req = Vec::new();
-                while !req.ends_with(b"\r\n\r\nx") {
-                    let mut buf = [0u8; 1024];
-                    let n = s.read(&mut buf).await.unwrap();
-                    assert!(n > 0, "closed early");
-                    req.extend_from_slice(&buf[..n]);
-                }
+                let req = read_request(&mut s).await;
                 assert!(req.starts_with(b"POST / HTTP/1.1\r\n"));
                 s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
                     .await
