@@ -53,6 +53,7 @@
 
 mod handle;
 pub mod http;
+pub mod kafka;
 mod metrics;
 pub mod mqtt;
 pub mod onem2m;
