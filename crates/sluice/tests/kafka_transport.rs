@@ -40,7 +40,12 @@ impl Cluster {
         // A base port per test process, so parallel test binaries do not collide.
         let base = 20_000 + (std::process::id() % 400) * 100;
         let out = Command::new(script())
-            .args(["start", dir.path().to_str().unwrap(), "3", &base.to_string()])
+            .args([
+                "start",
+                dir.path().to_str().unwrap(),
+                "3",
+                &base.to_string(),
+            ])
             .output()
             .unwrap();
         assert!(
@@ -125,7 +130,12 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
         t.flush().await.expect("flush");
     }
     while acked.len() < ids.len() {
-        assert!(Instant::now() < deadline, "{} of {} acknowledged", acked.len(), ids.len());
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged",
+            acked.len(),
+            ids.len()
+        );
         let mut fb = Vec::new();
         tokio::time::timeout(Duration::from_secs(30), t.poll(&mut fb))
             .await
@@ -153,13 +163,13 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
         &(DEVICES * EACH).to_string(),
         "--timeout-ms",
         "30000",
-        "--property",
+        "--formatter-property",
         "print.key=true",
-        "--property",
+        "--formatter-property",
         "print.headers=true",
-        "--property",
+        "--formatter-property",
         "key.separator=|",
-        "--property",
+        "--formatter-property",
         "headers.separator=;",
     ]);
     let mut next = vec![0usize; DEVICES];

@@ -65,6 +65,8 @@ use wire::{Outcome, WireError};
 pub const MAX_INFLIGHT_PER_PARTITION: usize = 5;
 /// Topics whose leaders the transport remembers (the topic template may name many).
 pub const MAX_TOPICS: usize = 4096;
+/// The pause before asking again for a topic whose metadata was unusable.
+pub const METADATA_RETRY: Duration = Duration::from_millis(200);
 /// The largest Kafka topic name.
 pub const MAX_TOPIC_LEN: usize = 249;
 
@@ -144,6 +146,9 @@ pub struct KafkaTransport {
     /// Records of topics whose metadata was asked for and not yet known.
     unrouted: HashMap<Arc<str>, Vec<Pending>>,
     metadata_asked: bool,
+    /// When to ask again for topics whose metadata came back unusable (a topic being
+    /// created answers LEADER_NOT_AVAILABLE for a moment).
+    metadata_retry_at: Option<Instant>,
     producer_id: i64,
     epoch: i16,
     next_corr: i32,
@@ -163,6 +168,7 @@ impl KafkaTransport {
             topics: HashMap::new(),
             unrouted: HashMap::new(),
             metadata_asked: false,
+            metadata_retry_at: None,
             producer_id: -1,
             epoch: -1,
             next_corr: 0,
@@ -285,9 +291,10 @@ impl KafkaTransport {
             let waiting = self.unrouted.remove(&name);
             if t.error_code != 0 || t.partitions.is_empty() {
                 // Asked again with the next record of this topic.
-                tracing::warn!(topic = %name, error_code = t.error_code, "Kafka has no usable metadata for this topic");
+                tracing::debug!(topic = %name, error_code = t.error_code, "Kafka has no usable metadata for this topic yet");
                 if let Some(w) = waiting {
                     self.unrouted.insert(name, w);
+                    self.metadata_retry_at = Some(Instant::now() + METADATA_RETRY);
                 }
                 continue;
             }
@@ -298,11 +305,14 @@ impl KafkaTransport {
                 }
             }
             let n = leaders.len();
-            let state = self.topics.entry(name.clone()).or_insert_with(|| TopicState {
-                name: name.clone(),
-                leaders: Vec::new(),
-                partitions: Vec::new(),
-            });
+            let state = self
+                .topics
+                .entry(name.clone())
+                .or_insert_with(|| TopicState {
+                    name: name.clone(),
+                    leaders: Vec::new(),
+                    partitions: Vec::new(),
+                });
             state.leaders = leaders;
             state.partitions.resize_with(n, PartitionState::default);
             for rec in waiting.into_iter().flatten() {
@@ -316,7 +326,7 @@ impl KafkaTransport {
 
     /// Encode a Metadata request for the topics still unrouted into the control connection.
     fn ask_metadata(&mut self) -> Result<(), UplinkError> {
-        if self.metadata_asked || self.unrouted.is_empty() {
+        if self.metadata_asked || self.metadata_retry_at.is_some() || self.unrouted.is_empty() {
             return Ok(());
         }
         let mut req = MetadataRequest::default();
@@ -405,8 +415,11 @@ impl KafkaTransport {
                     let mut req = ProduceRequest::default();
                     req.transactional_id = None;
                     req.acks = -1;
-                    req.timeout_ms = self.params.request_timeout.as_millis().min(i32::MAX as u128)
-                        as i32;
+                    req.timeout_ms = self
+                        .params
+                        .request_timeout
+                        .as_millis()
+                        .min(i32::MAX as u128) as i32;
                     (req, Vec::new())
                 });
                 let mut pd = PartitionProduceData::default();
@@ -481,15 +494,23 @@ impl KafkaTransport {
             }
             match waiting {
                 Waiting::Metadata => {
-                    let meta: MetadataResponse =
-                        wire::decode_response(frame, ApiKey::Metadata, wire::METADATA_V, "metadata")
-                            .map_err(protocol)?;
+                    let meta: MetadataResponse = wire::decode_response(
+                        frame,
+                        ApiKey::Metadata,
+                        wire::METADATA_V,
+                        "metadata",
+                    )
+                    .map_err(protocol)?;
                     self.learn(meta);
                 }
                 Waiting::Produce(sent) => {
-                    let resp: ProduceResponse =
-                        wire::decode_response(frame, ApiKey::Produce, wire::PRODUCE_V, "produce answer")
-                            .map_err(protocol)?;
+                    let resp: ProduceResponse = wire::decode_response(
+                        frame,
+                        ApiKey::Produce,
+                        wire::PRODUCE_V,
+                        "produce answer",
+                    )
+                    .map_err(protocol)?;
                     self.on_produced(sent, resp, feedback)?;
                 }
             }
@@ -536,12 +557,11 @@ impl KafkaTransport {
                 Outcome::Refuse { code, class } => {
                     tracing::warn!(topic = %batch.topic, partition = batch.partition, error_code = answer.error_code,
                         "Kafka refused records");
-                    feedback.extend(
-                        batch
-                            .ids
-                            .into_iter()
-                            .map(|id| Feedback::Refused { id, code, class }),
-                    );
+                    feedback.extend(batch.ids.into_iter().map(|id| Feedback::Refused {
+                        id,
+                        code,
+                        class,
+                    }));
                 }
             }
         }
@@ -595,14 +615,31 @@ impl Transport for KafkaTransport {
         init.transaction_timeout_ms = 60_000;
         init.producer_id = ProducerId(-1);
         init.producer_epoch = -1;
-        let resp: InitProducerIdResponse = self
-            .call(
-                ApiKey::InitProducerId,
-                wire::INIT_PRODUCER_ID_V,
-                &init,
-                "producer id answer",
-            )
-            .await?;
+        // A cluster just started answers COORDINATOR_LOAD_IN_PROGRESS (14) or
+        // COORDINATOR_NOT_AVAILABLE (15) for a while: retriable codes are asked again, with
+        // a growing pause, within the request timeout.
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        let resp = loop {
+            let resp: InitProducerIdResponse = self
+                .call(
+                    ApiKey::InitProducerId,
+                    wire::INIT_PRODUCER_ID_V,
+                    &init,
+                    "producer id answer",
+                )
+                .await?;
+            use kafka_protocol::error::ParseResponseErrorCode;
+            let retriable = resp.error_code.err().is_some_and(|e| e.is_retriable());
+            if resp.error_code == 0
+                || !retriable
+                || started.elapsed() + pause > self.params.request_timeout
+            {
+                break resp;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        };
         if resp.error_code != 0 {
             return Err(UplinkError::Protocol(format!(
                 "Kafka refused a producer id: error {}",
@@ -670,7 +707,11 @@ impl Transport for KafkaTransport {
     fn pending_bytes(&self) -> usize {
         self.ready_bytes
             + self.control.out.len()
-            + self.brokers.values().map(|(_, c)| c.out.len()).sum::<usize>()
+            + self
+                .brokers
+                .values()
+                .map(|(_, c)| c.out.len())
+                .sum::<usize>()
     }
 
     async fn flush(&mut self) -> Result<(), UplinkError> {
@@ -732,10 +773,16 @@ impl Transport for KafkaTransport {
             }
             Poll::Pending
         });
+        let retry_at = self.metadata_retry_at;
         let (which, r) = tokio::select! {
             x = read => x,
             _ = sleep_until_opt(deadline), if deadline.is_some() => {
                 return Err(UplinkError::ResponseTimeout(self.params.request_timeout));
+            }
+            _ = sleep_until_opt(retry_at), if retry_at.is_some() => {
+                // The request goes out with the next flush (pending bytes).
+                self.metadata_retry_at = None;
+                return self.ask_metadata();
             }
         };
         match r {
@@ -763,6 +810,7 @@ impl Transport for KafkaTransport {
         self.topics.clear();
         self.unrouted.clear();
         self.metadata_asked = false;
+        self.metadata_retry_at = None;
         self.ready_bytes = 0;
         self.producer_id = -1;
         self.epoch = -1;

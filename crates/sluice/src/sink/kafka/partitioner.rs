@@ -61,7 +61,12 @@ mod tests {
         ("dev-1", -1811837231, 0, 9),
         ("dev-1023", 1276898023, 1, 7),
         ("sensor/ÄÖ-42", -682408879, 1, 1),
-        ("a-much-longer-device-identifier-0123456789", 1083749509, 1, 1),
+        (
+            "a-much-longer-device-identifier-0123456789",
+            1083749509,
+            1,
+            1,
+        ),
     ];
 
     #[test]

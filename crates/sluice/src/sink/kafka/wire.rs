@@ -252,7 +252,10 @@ mod tests {
     fn error_codes_reconnect_or_refuse_as_the_table_says() {
         assert_eq!(classify(code::NOT_LEADER_OR_FOLLOWER), Outcome::Reconnect);
         assert_eq!(classify(code::NOT_ENOUGH_REPLICAS), Outcome::Reconnect);
-        assert_eq!(classify(code::OUT_OF_ORDER_SEQUENCE_NUMBER), Outcome::Reconnect);
+        assert_eq!(
+            classify(code::OUT_OF_ORDER_SEQUENCE_NUMBER),
+            Outcome::Reconnect
+        );
         assert_eq!(classify(code::UNKNOWN_PRODUCER_ID), Outcome::Reconnect);
         assert!(matches!(
             classify(code::MESSAGE_TOO_LARGE),
