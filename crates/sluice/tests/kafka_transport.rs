@@ -7,7 +7,6 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -94,18 +93,15 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    let mut t = KafkaTransport::new(
-        KafkaParams {
-            brokers: cluster.bootstrap.split(',').map(String::from).collect(),
-            topic: "{topic}".into(),
-            compression: Compression::Lz4,
-            tls: None,
-            client_id: "sluice-test-0".into(),
-            request_timeout: Duration::from_secs(30),
-            window: 1000,
-        },
-        Arc::default(),
-    );
+    let mut t = KafkaTransport::new(KafkaParams {
+        brokers: cluster.bootstrap.split(',').map(String::from).collect(),
+        topic: "{topic}".into(),
+        compression: Compression::Lz4,
+        tls: None,
+        client_id: "sluice-test-0".into(),
+        request_timeout: Duration::from_secs(30),
+        window: 1000,
+    });
     t.connect().await.expect("connects to the cluster");
     const DEVICES: usize = 10;
     const EACH: usize = 100;

@@ -37,6 +37,7 @@
 //! [`MAX_TOPICS`] topics; beyond that it is cleared and learnt again.
 
 pub mod partitioner;
+pub mod scram;
 pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
@@ -58,7 +59,7 @@ use kafka_protocol::records::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::sink::transport::{Feedback, LinkLimits, SendId, Transport, Unit, Unsendable};
-use crate::sink::{UplinkError, UplinkMessage, UplinkMetrics};
+use crate::sink::{UplinkError, UplinkMessage};
 use wire::{Outcome, WireError};
 
 /// Batches of one partition unanswered at once (Kafka's limit for the idempotent producer).
@@ -137,7 +138,6 @@ struct TopicState {
 /// The producer (see the module docs).
 pub struct KafkaTransport {
     params: KafkaParams,
-    metrics: Arc<UplinkMetrics>,
     client_id: StrBytes,
     /// The bootstrap connection (Metadata requests).
     control: Conn,
@@ -158,11 +158,10 @@ pub struct KafkaTransport {
 }
 
 impl KafkaTransport {
-    pub fn new(params: KafkaParams, metrics: Arc<UplinkMetrics>) -> KafkaTransport {
+    pub fn new(params: KafkaParams) -> KafkaTransport {
         KafkaTransport {
             client_id: StrBytes::from_string(params.client_id.clone()),
             params,
-            metrics,
             control: Conn::default(),
             brokers: HashMap::new(),
             topics: HashMap::new(),
