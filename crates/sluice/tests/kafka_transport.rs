@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use bytestring::ByteString;
 use kafka_protocol::records::Compression;
-use sluice::sink::kafka::{KafkaParams, KafkaTransport};
+use sluice::sink::kafka::scram::Mechanism;
+use sluice::sink::kafka::{KafkaParams, KafkaTransport, SaslParams};
 use sluice::sink::transport::{Feedback, Transport, Unit};
 use sluice::sink::UplinkMessage;
 use sluice_proto::mqtt::QoS;
@@ -101,6 +102,7 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
         client_id: "sluice-test-0".into(),
         request_timeout: Duration::from_secs(30),
         window: 1000,
+        sasl: None,
     });
     t.connect().await.expect("connects to the cluster");
     const DEVICES: usize = 10;
@@ -187,4 +189,66 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
         read += 1;
     }
     assert_eq!(read, DEVICES * EACH, "every record read back once");
+}
+
+#[tokio::test]
+async fn with_sasl_scram_the_transport_authenticates_and_a_wrong_password_is_refused() {
+    std::env::set_var("KAFKA_SCRAM", "sluice:s3cret-pw");
+    let cluster = Cluster::start();
+    std::env::remove_var("KAFKA_SCRAM");
+    let Some(cluster) = cluster else {
+        return;
+    };
+    let sasl_bootstrap = std::fs::read_to_string(cluster.dir.path().join("bootstrap-sasl"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let params = |mechanism, password: &str| KafkaParams {
+        brokers: sasl_bootstrap.split(',').map(String::from).collect(),
+        topic: "scram-test".into(),
+        compression: Compression::Zstd,
+        tls: None,
+        client_id: "sluice-test-0".into(),
+        request_timeout: Duration::from_secs(30),
+        window: 100,
+        sasl: Some(SaslParams {
+            mechanism,
+            username: "sluice".into(),
+            password: password.into(),
+        }),
+    };
+    for mechanism in [Mechanism::Sha256, Mechanism::Sha512] {
+        let mut t = KafkaTransport::new(params(mechanism, "s3cret-pw"));
+        t.connect().await.expect("authenticates and connects");
+        let m = msg("dev-1", "x", 1);
+        let id = t
+            .encode(Unit::Message {
+                msg: &m,
+                resend: false,
+            })
+            .unwrap()
+            .unwrap();
+        t.flush().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut acked = false;
+        while !acked {
+            assert!(Instant::now() < deadline, "acknowledged within 30 s");
+            let mut fb = Vec::new();
+            t.poll(&mut fb).await.unwrap();
+            acked = fb.contains(&Feedback::Acked(id));
+            if t.pending_bytes() > 0 {
+                t.flush().await.unwrap();
+            }
+        }
+    }
+    let mut wrong = KafkaTransport::new(params(Mechanism::Sha256, "not-the-password"));
+    let err = wrong
+        .connect()
+        .await
+        .err()
+        .expect("a wrong password is refused");
+    assert!(
+        err.to_string().contains("SASL authentication"),
+        "the error says so: {err}"
+    );
 }

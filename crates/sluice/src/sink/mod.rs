@@ -368,6 +368,10 @@ pub enum UplinkError {
     Http(#[from] onem2m::http::HttpError),
     #[error("no response from the oneM2M CSE for {0:?}")]
     ResponseTimeout(Duration),
+
+    // --- Kafka (`kafka/`) ---
+    #[error("SASL authentication with the Kafka broker failed: {0} (check username, password_file and sasl_mechanism)")]
+    SaslFailed(String),
 }
 
 impl UplinkError {
@@ -407,7 +411,8 @@ impl UplinkError {
             | AllPathsDown(_)
             | AeRegistration { .. }
             | Http(_)
-            | ResponseTimeout(_) => Blame::Cloud,
+            | ResponseTimeout(_)
+            | SaslFailed(_) => Blame::Cloud,
         }
     }
 }

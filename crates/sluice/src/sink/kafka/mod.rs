@@ -50,7 +50,8 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, ProducerId, TopicName,
+    ProduceRequest, ProduceResponse, ProducerId, SaslAuthenticateRequest, SaslAuthenticateResponse,
+    SaslHandshakeRequest, SaslHandshakeResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
@@ -87,6 +88,25 @@ pub struct KafkaParams {
     pub request_timeout: Duration,
     /// Messages unacknowledged at once (the outbox's window).
     pub window: usize,
+    /// `Some`: every connection authenticates with SASL/SCRAM first.
+    pub sasl: Option<SaslParams>,
+}
+
+/// SASL/SCRAM credentials.
+#[derive(Clone)]
+pub struct SaslParams {
+    pub mechanism: scram::Mechanism,
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for SaslParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaslParams")
+            .field("mechanism", &self.mechanism)
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
 }
 
 trait Io: AsyncRead + AsyncWrite + Unpin {}
@@ -208,7 +228,7 @@ impl KafkaTransport {
             })?;
         let _ = tcp.set_nodelay(true);
         let Some(tls) = &self.params.tls else {
-            return Ok(Box::new(tcp));
+            return self.authenticated(Box::new(tcp)).await;
         };
         let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
         let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -218,10 +238,78 @@ impl KafkaTransport {
             .connect(name, tcp)
             .await
             .map_err(UplinkError::TlsHandshake)?;
-        Ok(Box::new(tls))
+        self.authenticated(Box::new(tls)).await
     }
 
-    /// One request on `conn` and its answer, waited for (used while connecting).
+    /// With SASL/SCRAM configured, authenticate `io` before anything else is sent on it
+    /// (SaslHandshake, then two SaslAuthenticate rounds; the server's signature checked).
+    async fn authenticated(&self, mut io: Box<dyn Io>) -> Result<Box<dyn Io>, UplinkError> {
+        let Some(sasl) = &self.params.sasl else {
+            return Ok(io);
+        };
+        let call = Call {
+            client_id: &self.client_id,
+            timeout: self.params.request_timeout,
+        };
+        let mut rbuf = BytesMut::new();
+        let mut hs = SaslHandshakeRequest::default();
+        hs.mechanism = StrBytes::from_static_str(sasl.mechanism.name());
+        let resp: SaslHandshakeResponse = call
+            .exchange(
+                &mut io,
+                &mut rbuf,
+                1,
+                ApiKey::SaslHandshake,
+                1,
+                &hs,
+                "SASL handshake answer",
+            )
+            .await?;
+        if resp.error_code != 0 {
+            let offered: Vec<&str> = resp.mechanisms.iter().map(|m| m.as_str()).collect();
+            return Err(UplinkError::SaslFailed(format!(
+                "the broker does not take {} (it offers {offered:?})",
+                sasl.mechanism.name()
+            )));
+        }
+        let mut scram = scram::ScramClient::new(sasl.mechanism, &sasl.username, &sasl.password);
+        let mut auth = SaslAuthenticateRequest::default();
+        auth.auth_bytes = Bytes::from(scram.client_first());
+        let first: SaslAuthenticateResponse = call
+            .exchange(
+                &mut io,
+                &mut rbuf,
+                2,
+                ApiKey::SaslAuthenticate,
+                2,
+                &auth,
+                "SASL answer",
+            )
+            .await?;
+        sasl_ok(&first)?;
+        let fin = scram
+            .client_final(&first.auth_bytes)
+            .map_err(|e| UplinkError::SaslFailed(e.to_string()))?;
+        auth.auth_bytes = Bytes::from(fin);
+        let last: SaslAuthenticateResponse = call
+            .exchange(
+                &mut io,
+                &mut rbuf,
+                3,
+                ApiKey::SaslAuthenticate,
+                2,
+                &auth,
+                "SASL answer",
+            )
+            .await?;
+        sasl_ok(&last)?;
+        scram
+            .verify_server_final(&last.auth_bytes)
+            .map_err(|e| UplinkError::SaslFailed(e.to_string()))?;
+        Ok(io)
+    }
+
+    /// One request on the control connection and its answer, waited for (while connecting).
     async fn call<Req, Resp>(
         &mut self,
         key: ApiKey,
@@ -234,35 +322,14 @@ impl KafkaTransport {
         Resp: kafka_protocol::protocol::Decodable,
     {
         let corr = self.corr();
-        let mut out = BytesMut::new();
-        wire::encode_request(&mut out, key, version, corr, &self.client_id, req)
-            .map_err(protocol)?;
-        let timeout = self.params.request_timeout;
         let conn = &mut self.control;
         let io = conn.io.as_mut().ok_or(UplinkError::ClosedByCloud)?;
-        let exchange = async {
-            io.write_all(&out).await?;
-            io.flush().await?;
-            loop {
-                if let Some(frame) = wire::next_frame(&mut conn.rbuf).map_err(to_io)? {
-                    return Ok::<_, std::io::Error>(frame);
-                }
-                let n = io.read_buf(&mut conn.rbuf).await?;
-                if n == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-            }
+        let call = Call {
+            client_id: &self.client_id,
+            timeout: self.params.request_timeout,
         };
-        let frame = tokio::time::timeout(timeout, exchange)
+        call.exchange(io, &mut conn.rbuf, corr, key, version, req, what)
             .await
-            .map_err(|_| UplinkError::ResponseTimeout(timeout))?
-            .map_err(UplinkError::ConnectionLost)?;
-        if wire::peek_correlation_id(&frame).map_err(protocol)? != corr {
-            return Err(UplinkError::Protocol(format!(
-                "the Kafka broker answered another request than the {what}"
-            )));
-        }
-        wire::decode_response(frame, key, version, what).map_err(protocol)
     }
 
     /// Learn the leaders of `topics` from a Metadata answer.
@@ -573,6 +640,68 @@ impl KafkaTransport {
             .chain(self.brokers.values().map(|(_, c)| c))
             .filter_map(|c| c.waiting.front().map(|w| w.2 + self.params.request_timeout))
             .min()
+    }
+}
+
+/// A SaslAuthenticate answer's error, if any.
+fn sasl_ok(resp: &SaslAuthenticateResponse) -> Result<(), UplinkError> {
+    if resp.error_code == 0 {
+        return Ok(());
+    }
+    Err(UplinkError::SaslFailed(format!(
+        "error {}: {}",
+        resp.error_code,
+        resp.error_message.as_deref().unwrap_or("(no message)")
+    )))
+}
+
+/// One request and its answer on a connection nothing else is using yet.
+struct Call<'a> {
+    client_id: &'a StrBytes,
+    timeout: Duration,
+}
+
+impl Call<'_> {
+    #[allow(clippy::too_many_arguments)]
+    async fn exchange<Req, Resp>(
+        &self,
+        io: &mut Box<dyn Io>,
+        rbuf: &mut BytesMut,
+        corr: i32,
+        key: ApiKey,
+        version: i16,
+        req: &Req,
+        what: &'static str,
+    ) -> Result<Resp, UplinkError>
+    where
+        Req: kafka_protocol::protocol::Encodable + kafka_protocol::protocol::HeaderVersion,
+        Resp: kafka_protocol::protocol::Decodable,
+    {
+        let mut out = BytesMut::new();
+        wire::encode_request(&mut out, key, version, corr, self.client_id, req)
+            .map_err(protocol)?;
+        let exchange = async {
+            io.write_all(&out).await?;
+            io.flush().await?;
+            loop {
+                if let Some(frame) = wire::next_frame(rbuf).map_err(to_io)? {
+                    return Ok::<_, std::io::Error>(frame);
+                }
+                if io.read_buf(rbuf).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+        };
+        let frame = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| UplinkError::ResponseTimeout(self.timeout))?
+            .map_err(UplinkError::ConnectionLost)?;
+        if wire::peek_correlation_id(&frame).map_err(protocol)? != corr {
+            return Err(UplinkError::Protocol(format!(
+                "the Kafka broker answered another request than the {what}"
+            )));
+        }
+        wire::decode_response(frame, key, version, what).map_err(protocol)
     }
 }
 
