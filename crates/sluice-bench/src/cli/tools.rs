@@ -202,9 +202,9 @@ pub(crate) struct RelayFloorArgs {
     /// MQTT client id of the cloud session (MQTT 3.1.1, clean session).
     #[arg(long, default_value = "relay-floor")]
     client_id: String,
-    /// Messages awaiting the cloud's PUBACK, at most (a power of two up to 32768); a device
-    /// PUBLISH that finds the window full closes its device.
-    #[arg(long, default_value_t = 4096)]
+    /// Messages awaiting the cloud's PUBACK, at most (1 to 65535, the packet id space); a
+    /// device PUBLISH that finds the window full closes its device.
+    #[arg(long, default_value_t = 65535)]
     max_inflight: usize,
 }
 

@@ -19,11 +19,11 @@
 //! `writev`. When the cloud socket is ready, everything it holds is read and decrypted at
 //! once, and each device's PUBACKs of that read go out in one `write` per device.
 //!
-//! Bounds and overflow: at most `max_inflight` messages (a power of two, at most 32,768)
-//! await the cloud's PUBACK, in a ring indexed by packet id (16 bytes a slot); a PUBLISH that
-//! finds the next id's slot still taken is refused, which closes its device (the device
-//! resends after reconnecting). The TLS write buffer then holds at most `max_inflight`
-//! PUBLISHes. QoS 2 closes the device. A cloud PUBACK whose device has closed since is
+//! Bounds and overflow: at most `max_inflight` messages (default and most: 65,535, the packet
+//! id space) await the cloud's PUBACK, in a queue in packet-id order (16 bytes a message,
+//! grown to the largest number in flight); a PUBLISH that finds it full is refused, which
+//! closes its device (the device resends after reconnecting). The TLS write buffer then holds
+//! at most `max_inflight` PUBLISHes. QoS 2 closes the device. A cloud PUBACK whose device has closed since is
 //! dropped (device tokens are never reused, so it cannot reach another device). The cloud
 //! session failing — closed, a TLS error, a packet other than PUBACK or PINGRESP, a PUBACK for
 //! no message in flight — ends the relay floor with an error: it has no reconnect.
@@ -66,15 +66,15 @@ pub struct RelayFloor {
     pub ca_file: PathBuf,
     /// The cloud session's MQTT client id.
     pub client_id: String,
-    /// Messages awaiting the cloud's PUBACK, at most: a power of two, 1 ..= 32,768.
+    /// Messages awaiting the cloud's PUBACK, at most: 1 ..= 65,535.
     pub max_inflight: usize,
     /// TCP connect, TLS handshake and CONNACK, each at most this long.
     pub connect_timeout: Duration,
 }
 
 impl RelayFloor {
-    /// Defaults: client id `relay-floor`, 4,096 in flight, 10 s to connect; the server name is
-    /// the cloud's IP address.
+    /// Defaults: client id `relay-floor`, 65,535 in flight, 10 s to connect; the server name
+    /// is the cloud's IP address.
     pub fn new(listen: SocketAddr, cloud: SocketAddr, ca_file: PathBuf) -> RelayFloor {
         RelayFloor {
             listen,
@@ -82,7 +82,7 @@ impl RelayFloor {
             server_name: cloud.ip().to_string(),
             ca_file,
             client_id: "relay-floor".to_string(),
-            max_inflight: 4096,
+            max_inflight: usize::from(u16::MAX),
             connect_timeout: Duration::from_secs(10),
         }
     }
@@ -92,30 +92,63 @@ impl RelayFloor {
 /// killed or the cloud session fails. `ready` gets the bound device address once the cloud's
 /// CONNACK arrived and the listener accepts connections.
 pub fn run_relay_floor(cfg: &RelayFloor, ready: impl FnOnce(SocketAddr)) -> io::Result<()> {
-    if !cfg.max_inflight.is_power_of_two() || cfg.max_inflight > 1 << 15 {
+    if !(1..=usize::from(u16::MAX)).contains(&cfg.max_inflight) {
         return Err(invalid_input(format!(
-            "max_inflight {} is not a power of two between 1 and 32768",
+            "max_inflight {} is not between 1 and 65535",
             cfg.max_inflight
         )));
     }
     serve_devices(cfg.listen, ready, |registry| Relay::connect(cfg, registry))
 }
 
-/// A message sent to the cloud and not yet acknowledged by it.
+/// A message sent to the cloud: the device's token ([`NO_DEVICE`] for QoS 0) and its packet
+/// id; `acked` once the cloud's PUBACK came (it leaves the queue when all before it did too).
 #[derive(Debug, Clone, Copy)]
 struct Slot {
-    /// The cloud packet id; 0: the slot is free.
-    cloud_id: u16,
-    /// The device's token ([`NO_DEVICE`] for QoS 0) and its packet id.
     device: usize,
     device_id: [u8; 2],
+    acked: bool,
 }
 
-const FREE: Slot = Slot {
-    cloud_id: 0,
-    device: NO_DEVICE,
-    device_id: [0; 2],
-};
+/// The cloud packet id of the `seq`-th message sent: 1, 2, …, 65535, 1, …
+fn cloud_id(seq: u64) -> u16 {
+    (seq % u64::from(u16::MAX)) as u16 + 1
+}
+
+/// The messages sent to the cloud and not yet acknowledged, oldest first; the `i`-th has
+/// sequence number `base + i`, so cloud packet id [`cloud_id`]`(base + i)`.
+#[derive(Debug, Default)]
+struct Inflight {
+    slots: std::collections::VecDeque<Slot>,
+    base: u64,
+}
+
+impl Inflight {
+    /// Queue a message; its cloud packet id.
+    fn push(&mut self, slot: Slot) -> u16 {
+        self.slots.push_back(slot);
+        cloud_id(self.base + self.slots.len() as u64 - 1)
+    }
+
+    /// The message the cloud acknowledged with `id` (`None`: not in flight), removed with every
+    /// acknowledged one before it.
+    fn ack(&mut self, id: u16) -> Option<Slot> {
+        let max = u64::from(u16::MAX);
+        let first = u64::from(cloud_id(self.base));
+        let index = (u64::from(id) + max - first) % max;
+        let slot = self.slots.get_mut(usize::try_from(index).ok()?)?;
+        if id == 0 || slot.acked {
+            return None;
+        }
+        slot.acked = true;
+        let taken = *slot;
+        while self.slots.front().is_some_and(|s| s.acked) {
+            self.slots.pop_front();
+            self.base += 1;
+        }
+        Some(taken)
+    }
+}
 
 /// The cloud side: the TLS session and what is in flight on it.
 struct Relay {
@@ -126,10 +159,8 @@ struct Relay {
     out: Vec<u8>,
     /// Cloud plaintext: an incomplete packet's start.
     rbuf: Vec<u8>,
-    /// Slot `id & mask` holds the message with cloud packet id `id`.
-    inflight: Vec<Slot>,
-    mask: usize,
-    next_id: u16,
+    inflight: Inflight,
+    max_inflight: usize,
     /// The PUBACKs of one cloud read, (device, device packet id), in the cloud's order.
     acks: Vec<(usize, [u8; 2])>,
     ackbuf: Vec<u8>,
@@ -209,9 +240,8 @@ impl Relay {
             registry: registry.try_clone()?,
             out: Vec::with_capacity(16 * 1024),
             rbuf: got[4..].to_vec(),
-            inflight: vec![FREE; cfg.max_inflight],
-            mask: cfg.max_inflight - 1,
-            next_id: 1,
+            inflight: Inflight::default(),
+            max_inflight: cfg.max_inflight,
             acks: Vec::new(),
             ackbuf: Vec::new(),
             last_write: Instant::now(),
@@ -293,14 +323,12 @@ impl Relay {
                         break;
                     };
                     let id = u16::from_be_bytes([id[0], id[1]]);
-                    let slot = &mut self.inflight[usize::from(id) & self.mask];
-                    if id == 0 || slot.cloud_id != id {
+                    let Some(slot) = self.inflight.ack(id) else {
                         return Err(cloud_error(format!("a PUBACK for {id}, not in flight")));
-                    }
+                    };
                     if slot.device != NO_DEVICE {
                         self.acks.push((slot.device, slot.device_id));
                     }
-                    *slot = FREE;
                     at += 4;
                 }
                 [0xd0, 0] => at += 2,
@@ -328,20 +356,14 @@ impl FloorHandler for Relay {
             1 => device,
             _ => return Err(FloorError::Refused("QoS 2 is not relayed")),
         };
-        let id = self.next_id;
-        let slot = &mut self.inflight[usize::from(id) & self.mask];
-        if slot.cloud_id != 0 {
+        if self.inflight.slots.len() >= self.max_inflight {
             return Err(FloorError::Refused("the cloud's in-flight window is full"));
         }
-        *slot = Slot {
-            cloud_id: id,
+        let id = self.inflight.push(Slot {
             device,
             device_id: p.packet_id,
-        };
-        self.next_id = match id.wrapping_add(1) {
-            0 => 1,
-            next => next,
-        };
+            acked: false,
+        });
         encode_publish(&mut self.out, id, p.topic, p.payload);
         Ok(())
     }
@@ -421,6 +443,40 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use sluice_proto::mqtt::{Decoder, QoS};
+
+    fn slot(device: usize) -> Slot {
+        Slot {
+            device,
+            device_id: [0, device as u8],
+            acked: false,
+        }
+    }
+
+    #[test]
+    fn cloud_ids_run_1_to_65535_and_acks_in_any_order_find_their_message_once() {
+        let mut inflight = Inflight::default();
+        // Start near the wrap so ids 65534, 65535, 1, 2, … are in flight together.
+        inflight.base = u64::from(u16::MAX) - 2;
+        let ids: Vec<u16> = (0..6).map(|d| inflight.push(slot(d))).collect();
+        assert_eq!(ids, [65534, 65535, 1, 2, 3, 4]);
+        assert!(inflight.ack(0).is_none(), "0 is no packet id");
+        assert!(inflight.ack(5).is_none(), "not sent yet");
+        assert_eq!(inflight.ack(1).map(|s| s.device), Some(2));
+        assert!(inflight.ack(1).is_none(), "a second PUBACK for 1");
+        assert_eq!(inflight.slots.len(), 6, "the oldest is still out");
+        assert_eq!(inflight.ack(65534).map(|s| s.device), Some(0));
+        assert_eq!(inflight.ack(65535).map(|s| s.device), Some(1));
+        assert_eq!(
+            inflight.slots.len(),
+            3,
+            "acknowledged in front leave the queue"
+        );
+        for (id, device) in [(4, 5), (2, 3), (3, 4)] {
+            assert_eq!(inflight.ack(id).map(|s| s.device), Some(device));
+        }
+        assert!(inflight.slots.is_empty());
+        assert_eq!(inflight.push(slot(9)), 5, "ids go on after the last");
+    }
 
     #[test]
     fn a_forwarded_publish_decodes_with_its_topic_payload_and_fresh_id() {
