@@ -6,11 +6,12 @@
 //! under the same device load as the gateways, so its CPU per message is what terminating the
 //! device connections costs on this machine — the socket reads and writes, the loopback
 //! delivery and the wake-ups — which no user-space gateway can go below. Also owns the pieces
-//! the adaptor floor ([`super::adaptor_floor`]) shares: the framing with a PUBLISH handler
-//! ([`respond_with`]: the PUBLISH's topic, packet id and payload, answered now or later) and
-//! the device connection ([`DeviceConn`]) and the event loop ([`serve_devices`] with a
-//! [`FloorHandler`]), and with the io_uring floor ([`super::floor_uring`]) a connection's
-//! framing state ([`Framer`]). Does not own: the MQTT codec (the
+//! the adaptor floor ([`super::adaptor_floor`]) and the relay floor ([`super::relay_floor`])
+//! share: the framing with a PUBLISH handler ([`respond_with`]: the PUBLISH's topic, packet id
+//! and payload, answered now or later) and the device connection ([`DeviceConn`]) and the
+//! event loop ([`serve_devices`] with a [`FloorHandler`], whose turn-end hook lets a handler
+//! write what a whole turn gathered at once), and with the io_uring floor
+//! ([`super::floor_uring`]) a connection's framing state ([`Framer`]). Does not own: the MQTT codec (the
 //! framing here is the minimum to find packet types, ids, topics and payloads; a malformed
 //! stream only closes its connection) or any forwarding.
 //!
