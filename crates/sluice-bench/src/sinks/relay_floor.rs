@@ -454,9 +454,11 @@ mod tests {
 
     #[test]
     fn cloud_ids_run_1_to_65535_and_acks_in_any_order_find_their_message_once() {
-        let mut inflight = Inflight::default();
         // Start near the wrap so ids 65534, 65535, 1, 2, … are in flight together.
-        inflight.base = u64::from(u16::MAX) - 2;
+        let mut inflight = Inflight {
+            base: u64::from(u16::MAX) - 2,
+            ..Inflight::default()
+        };
         let ids: Vec<u16> = (0..6).map(|d| inflight.push(slot(d))).collect();
         assert_eq!(ids, [65534, 65535, 1, 2, 3, 4]);
         assert!(inflight.ack(0).is_none(), "0 is no packet id");
