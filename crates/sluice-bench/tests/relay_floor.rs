@@ -223,3 +223,54 @@ async fn scenario_core_measures_the_relay_floor_beside_the_floor_and_sluice() ->
     );
     Ok(())
 }
+
+/// A full in-flight window closes the device whose PUBLISH found it full (no PUBACK for it),
+/// and the relay goes on serving: the held message is acknowledged once the cloud is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_in_flight_window_closes_the_device_that_overflows_it() -> anyhow::Result<()> {
+    let (pki, cloud) = tokio::task::spawn_blocking(|| -> anyhow::Result<_> {
+        let pki = TestPki::try_generate()?;
+        let cloud = Mosquitto::builder()
+            .tls(&pki)
+            .plain_listener(false)
+            .start()?;
+        Ok((pki, cloud))
+    })
+    .await??;
+    let cloud_pid = cloud.pid().expect("the cloud broker runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut cfg = RelayFloor::new(
+        "127.0.0.1:0".parse()?,
+        cloud.tls_addr(),
+        pki.ca_path().to_path_buf(),
+    );
+    cfg.max_inflight = 1;
+    std::thread::spawn(move || run_relay_floor(&cfg, |addr| tx.send(addr).unwrap()));
+    let relay =
+        tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(15))).await??;
+    let (mut first, _) = TestClient::connect(relay, ConnectOpts::v311("first")).await?;
+    let (mut second, _) = TestClient::connect(relay, ConnectOpts::v311("second")).await?;
+
+    signal(cloud_pid, "STOP");
+    let resume = Continue(cloud_pid);
+    let held = first
+        .publish_no_wait("bench/1", &b"held"[..], QoS::AtLeastOnce, false)
+        .await?
+        .expect("a QoS 1 packet id");
+    // The relay answers this PINGREQ after reading the PUBLISH before it: that one is in flight.
+    first.ping().await?;
+    second
+        .publish_no_wait("bench/2", &b"overflow"[..], QoS::AtLeastOnce, false)
+        .await?;
+    assert!(
+        second.recv_packet(Duration::from_secs(5)).await.is_err(),
+        "the overflowing device is closed, without a PUBACK"
+    );
+    drop(resume);
+    assert_eq!(
+        first.wait_ack(held).await?,
+        0,
+        "the held message, once the cloud is back"
+    );
+    Ok(())
+}

@@ -22,7 +22,8 @@
 //! Bounds and overflow: at most `max_inflight` messages (default and most: 65,535, the packet
 //! id space) await the cloud's PUBACK, in a queue in packet-id order (16 bytes a message,
 //! grown to the largest number in flight); a PUBLISH that finds it full is refused, which
-//! closes its device (the device resends after reconnecting). The TLS write buffer then holds
+//! closes its device (the device resends after reconnecting; a line on stderr at the 1st,
+//! 2nd, 4th, … time). The TLS write buffer then holds
 //! at most `max_inflight` PUBLISHes. QoS 2 closes the device. A cloud PUBACK whose device has closed since is
 //! dropped (device tokens are never reused, so it cannot reach another device). The cloud
 //! session failing — closed, a TLS error, a packet other than PUBACK or PINGRESP, a PUBACK for
@@ -161,6 +162,8 @@ struct Relay {
     rbuf: Vec<u8>,
     inflight: Inflight,
     max_inflight: usize,
+    /// Devices closed because the window was full.
+    window_full: u64,
     /// The PUBACKs of one cloud read, (device, device packet id), in the cloud's order.
     acks: Vec<(usize, [u8; 2])>,
     ackbuf: Vec<u8>,
@@ -242,6 +245,7 @@ impl Relay {
             rbuf: got[4..].to_vec(),
             inflight: Inflight::default(),
             max_inflight: cfg.max_inflight,
+            window_full: 0,
             acks: Vec::new(),
             ackbuf: Vec::new(),
             last_write: Instant::now(),
@@ -357,6 +361,15 @@ impl FloorHandler for Relay {
             _ => return Err(FloorError::Refused("QoS 2 is not relayed")),
         };
         if self.inflight.slots.len() >= self.max_inflight {
+            // Said on stderr at the 1st, 2nd, 4th, 8th, … time: a run that lost devices shows why.
+            self.window_full += 1;
+            if self.window_full.is_power_of_two() {
+                eprintln!(
+                    "sluice-bench relay-floor: {} messages await the cloud's PUBACK: closed a \
+                     device ({} times so far)",
+                    self.max_inflight, self.window_full
+                );
+            }
             return Err(FloorError::Refused("the cloud's in-flight window is full"));
         }
         let id = self.inflight.push(Slot {
