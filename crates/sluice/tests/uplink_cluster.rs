@@ -222,9 +222,12 @@ fn check_delivery(acked: &[(String, Vec<u64>)], seen: &Seen) -> Result<(u64, u64
         if let Some(w) = first.windows(2).find(|w| w[1] <= w[0]) {
             return Err(format!("{id}: {} arrived before {} for the first time", w[0], w[1]));
         }
-        if let Some(missing) = seqs.iter().find(|s| !have.contains(s)) {
+        let missing: Vec<u64> = seqs.iter().copied().filter(|s| !have.contains(s)).collect();
+        if !missing.is_empty() {
             return Err(format!(
-                "{id}: message {missing} was acknowledged to the device but never arrived ({} acknowledged, {} arrived)",
+                "{id}: {} messages were acknowledged to the device but never arrived (first ones: {:?}; {} acknowledged, {} arrived)",
+                missing.len(),
+                &missing[..missing.len().min(20)],
                 seqs.len(),
                 have.len()
             ));
@@ -236,7 +239,8 @@ fn check_delivery(acked: &[(String, Vec<u64>)], seen: &Seen) -> Result<(u64, u64
 
 /// Wait (up to 15 s) until every acknowledged message arrived; the counts, or what is wrong.
 async fn settle(acked: &[(String, Vec<u64>)], seen: &Seen) -> Result<(u64, u64), String> {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let patience = std::env::var("SLUICE_TEST_SETTLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let deadline = Instant::now() + Duration::from_secs(patience);
     loop {
         match check_delivery(acked, seen) {
             Ok(r) => return Ok(r),
@@ -310,9 +314,56 @@ async fn run_failover(
         "shard 0 left node {victim} (port {victim_port}) for {moved_to} after {:?}; {before} messages had arrived before the kill",
         killed_at.elapsed()
     );
+    // `sluice status` (the admin overview) names the nodes the shards are on and the failover.
+    // The overview is computed on the admin thread's tick: ask until it caught up.
+    let admin = format!("http://{}", gw.admin_addr.expect("admin listener"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let admin = admin.clone();
+        let (overview, table) = tokio::task::spawn_blocking(move || {
+            let doc = sluice::top::Target::new(&admin, None, None)
+                .expect("admin url")
+                .overview()
+                .expect("GET /api/v1/overview");
+            let table = sluice::top::render(&doc, &admin);
+            (doc, table)
+        })
+        .await
+        .expect("overview task");
+        let lane = &overview["uplinks"][0]["lanes"][0];
+        let nodes: Vec<u16> = lane["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .map(|n| port_of(n["node"].as_str().expect("a url")))
+            .collect();
+        if lane["failovers"].as_u64() >= Some(1) && !nodes.contains(&victim_port) {
+            assert!(table.contains("failovers "), "sluice status shows the failover:\n{table}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the overview still shows no failover, or a shard on the dead node: {lane}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Traffic continues (a cluster may hold publishes while it re-elects leaders).
     let at_failover = arrived(seen);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(arrived(seen) > at_failover, "traffic continues after the failover");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while arrived(seen) < at_failover + 100 {
+        assert!(
+            Instant::now() < deadline,
+            "traffic did not continue within 20s of the failover; status: {:#}",
+            gw.status_json()["shards"]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "traffic flowing again {:?} after the kill; failovers: {}",
+        killed_at.elapsed(),
+        failovers(gw)
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
     let mut acked = Vec::new();
     for d in devices {
@@ -339,7 +390,7 @@ async fn killing_the_connected_nats_node_moves_the_uplink_and_loses_nothing_ackn
     let gw = gateway(
         2,
         &format!(
-            "[[uplink]]\nname = \"cloud\"\nurls = [{}]\nca_file = \"{}\"\nserver_name = \"localhost\"\nprotocol = \"3.1.1\"\nclient_id = \"gw\"\nforward = [\"t/#\"]\nreconnect_min = \"50ms\"\nreconnect_max = \"500ms\"\n",
+            "[[uplink]]\nname = \"cloud\"\nurls = [{}]\nca_file = \"{}\"\nserver_name = \"localhost\"\nprotocol = \"3.1.1\"\nconnect_timeout = \"3s\"\nclient_id = \"gw\"\nforward = [\"t/#\"]\nreconnect_min = \"50ms\"\nreconnect_max = \"500ms\"\n",
             urls.join(", "),
             pki.ca_path().display()
         ),
