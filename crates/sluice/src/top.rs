@@ -440,7 +440,11 @@ pub fn render(doc: &Value, addr: &str) -> String {
                     let _ = writeln!(
                         o,
                         "    nodes {}   failovers {failovers}",
-                        if list.is_empty() { "-".to_string() } else { list.join(", ") },
+                        if list.is_empty() {
+                            "-".to_string()
+                        } else {
+                            list.join(", ")
+                        },
                     );
                 }
                 for p in l["paths"].as_array().into_iter().flatten() {
@@ -704,7 +708,13 @@ mod tests {
                 "nodes": [{"node": "mqtts://one:8883", "shards": 2}]}]}],
         });
         let text = render(&doc, "127.0.0.1:9100");
-        assert!(text.contains("nodes mqtts://b:8883 x2   failovers 1"), "{text}");
-        assert!(!text.contains("mqtts://one"), "one url and no failover: no node line\n{text}");
+        assert!(
+            text.contains("nodes mqtts://b:8883 x2   failovers 1"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("mqtts://one"),
+            "one url and no failover: no node line\n{text}"
+        );
     }
 }

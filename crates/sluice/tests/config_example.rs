@@ -59,7 +59,8 @@ fn every_key_set() -> Config {
     u.tc_rate = Some("10mbit".into());
     c.uplink.push(u);
     // `urls` instead of `url` (printed without `url`).
-    let mut cluster = UplinkConfig::new("cluster", "mqtts://node1.example.com".parse().expect("url"));
+    let mut cluster =
+        UplinkConfig::new("cluster", "mqtts://node1.example.com".parse().expect("url"));
     cluster.urls = vec![
         cluster.url.clone(),
         "mqtts://node2.example.com".parse().expect("url"),

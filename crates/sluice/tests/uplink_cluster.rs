@@ -87,8 +87,8 @@ impl NatsCluster {
     }
 
     fn log_tail(&self, i: usize) -> String {
-        let text =
-            std::fs::read_to_string(self.dir.path().join(format!("n{}.log", i + 1))).unwrap_or_default();
+        let text = std::fs::read_to_string(self.dir.path().join(format!("n{}.log", i + 1)))
+            .unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(15)..].join("\n")
     }
@@ -96,7 +96,10 @@ impl NatsCluster {
 
 impl Drop for NatsCluster {
     fn drop(&mut self) {
-        let _ = Command::new(script()).arg("stop").arg(self.dir.path()).status();
+        let _ = Command::new(script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -220,7 +223,10 @@ fn check_delivery(acked: &[(String, Vec<u64>)], seen: &Seen) -> Result<(u64, u64
             }
         }
         if let Some(w) = first.windows(2).find(|w| w[1] <= w[0]) {
-            return Err(format!("{id}: {} arrived before {} for the first time", w[0], w[1]));
+            return Err(format!(
+                "{id}: {} arrived before {} for the first time",
+                w[0], w[1]
+            ));
         }
         let missing: Vec<u64> = seqs.iter().copied().filter(|s| !have.contains(s)).collect();
         if !missing.is_empty() {
@@ -239,7 +245,10 @@ fn check_delivery(acked: &[(String, Vec<u64>)], seen: &Seen) -> Result<(u64, u64
 
 /// Wait (up to 15 s) until every acknowledged message arrived; the counts, or what is wrong.
 async fn settle(acked: &[(String, Vec<u64>)], seen: &Seen) -> Result<(u64, u64), String> {
-    let patience = std::env::var("SLUICE_TEST_SETTLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let patience = std::env::var("SLUICE_TEST_SETTLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
     let deadline = Instant::now() + Duration::from_secs(patience);
     loop {
         match check_delivery(acked, seen) {
@@ -259,7 +268,10 @@ fn connected_node(gw: &RunningGateway, shard: usize) -> Option<String> {
 }
 
 fn port_of(url: &str) -> u16 {
-    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("url with a port")
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("url with a port")
 }
 
 fn failovers(gw: &RunningGateway) -> f64 {
@@ -280,8 +292,14 @@ async fn run_failover(
     })
     .await;
     // Spread: each shard starts at its own node.
-    let on: Vec<u16> = (0..2).map(|s| port_of(&connected_node(gw, s).unwrap())).collect();
-    assert_eq!(on, [node_ports[0], node_ports[1]], "shard i starts at node i mod n");
+    let on: Vec<u16> = (0..2)
+        .map(|s| port_of(&connected_node(gw, s).unwrap()))
+        .collect();
+    assert_eq!(
+        on,
+        [node_ports[0], node_ports[1]],
+        "shard i starts at node i mod n"
+    );
 
     let ids: Vec<String> = ids_on_shards("dev", 2, DEVICES_PER_SHARD).concat();
     let stop = Arc::new(AtomicBool::new(false));
@@ -292,7 +310,10 @@ async fn run_failover(
     let before = arrived(seen);
     assert!(before > 0, "messages flow before the kill");
     let victim_port = port_of(&connected_node(gw, 0).expect("shard 0 connected"));
-    let victim = node_ports.iter().position(|&p| p == victim_port).expect("a known node");
+    let victim = node_ports
+        .iter()
+        .position(|&p| p == victim_port)
+        .expect("a known node");
     assert_eq!(failovers(gw), 0.0);
     let killed_at = Instant::now();
     kill(victim);
@@ -338,7 +359,10 @@ async fn run_failover(
             .map(|n| port_of(n["node"].as_str().expect("a url")))
             .collect();
         if lane["failovers"].as_u64() >= Some(1) && !nodes.contains(&victim_port) {
-            assert!(table.contains("failovers "), "sluice status shows the failover:\n{table}");
+            assert!(
+                table.contains("failovers "),
+                "sluice status shows the failover:\n{table}"
+            );
             break;
         }
         assert!(
@@ -386,7 +410,10 @@ async fn killing_the_connected_nats_node_moves_the_uplink_and_loses_nothing_ackn
     // The subscriber is on the node no shard starts at.
     let seen = Seen::default();
     let reader = start_reader(subscriber(&pki, ports[2], "cloud-app").await, seen.clone());
-    let urls: Vec<String> = ports.iter().map(|p| format!("\"mqtts://127.0.0.1:{p}\"")).collect();
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|p| format!("\"mqtts://127.0.0.1:{p}\""))
+        .collect();
     let gw = gateway(
         2,
         &format!(
@@ -420,7 +447,8 @@ async fn killing_the_connected_nats_node_moves_the_uplink_and_loses_nothing_ackn
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_connected_one_of_three_mosquitto_brokers_moves_the_uplink_and_loses_nothing_acknowledged() {
+async fn killing_the_connected_one_of_three_mosquitto_brokers_moves_the_uplink_and_loses_nothing_acknowledged(
+) {
     // Three separate brokers (no shared sessions): the cloud application subscribes on each.
     let pki = TestPki::generate();
     let mut brokers: Vec<Mosquitto> = (0..3)
@@ -439,7 +467,10 @@ async fn killing_the_connected_one_of_three_mosquitto_brokers_moves_the_uplink_a
         let sub = subscriber(&pki, *p, &format!("cloud-app-{i}")).await;
         readers.push(start_reader(sub, seen.clone()));
     }
-    let urls: Vec<String> = ports.iter().map(|p| format!("\"mqtts://127.0.0.1:{p}\"")).collect();
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|p| format!("\"mqtts://127.0.0.1:{p}\""))
+        .collect();
     let gw = gateway(
         2,
         &format!(
@@ -455,7 +486,9 @@ async fn killing_the_connected_one_of_three_mosquitto_brokers_moves_the_uplink_a
         &seen,
     )
     .await;
-    let (total, duplicates) = settle(&acked, &seen).await.unwrap_or_else(|e| panic!("{e}"));
+    let (total, duplicates) = settle(&acked, &seen)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{total} messages acknowledged to devices, all arrived at a subscriber ({duplicates} repeated)");
     assert!(total > 0);
     for r in readers {

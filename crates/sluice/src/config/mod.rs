@@ -673,20 +673,21 @@ fn deserialize(text: &str) -> Result<Config, ConfigError> {
             cluster::check_raw(&table)?;
         }
     }
-    let mut config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
-        let key = match e.path().to_string() {
-            p if p == "." || p.is_empty() => "(top level)".to_string(),
-            p => p,
-        };
-        let inner = e.into_inner();
-        let (line, column) = line_column(text, inner.span());
-        ConfigError::Value {
-            key,
-            message: one_line(inner.message()),
-            line,
-            column,
-        }
-    })?;
+    let mut config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text))
+        .map_err(|e| {
+            let key = match e.path().to_string() {
+                p if p == "." || p.is_empty() => "(top level)".to_string(),
+                p => p,
+            };
+            let inner = e.into_inner();
+            let (line, column) = line_column(text, inner.span());
+            ConfigError::Value {
+                key,
+                message: one_line(inner.message()),
+                line,
+                column,
+            }
+        })?;
     cluster::fill_first_node(&mut config.uplink);
     Ok(config)
 }

@@ -63,7 +63,10 @@ impl NodeCursor {
         metrics: &UplinkMetrics,
     ) -> bool {
         let nodes = cfg.nodes();
-        let taken = nodes.get(index).map(ToString::to_string).unwrap_or_default();
+        let taken = nodes
+            .get(index)
+            .map(ToString::to_string)
+            .unwrap_or_default();
         metrics.set_node(Some(taken.clone()));
         let previous = self.connected.replace(index);
         let Some(left) = previous.filter(|&p| p != index) else {
@@ -136,7 +139,10 @@ mod tests {
         let m = UplinkMetrics::new();
         let mut c = NodeCursor::new(1);
         let first = c.take_next(3);
-        assert!(!c.connected(first, &cfg, 1, Lane::Normal, &m), "the first connect is no failover");
+        assert!(
+            !c.connected(first, &cfg, 1, Lane::Normal, &m),
+            "the first connect is no failover"
+        );
         assert_eq!(m.node().as_deref(), Some("mqtt://node1:1883"));
         // The link drops; the reconnect goes to the next node.
         let second = c.take_next(3);

@@ -236,7 +236,8 @@ impl MqttTransport {
             self.encode_subscribe(connack.session_present)?;
         }
         self.conn = Some(conn);
-        self.nodes.connected(index, &cfg, self.shard, self.lane, &self.metrics);
+        self.nodes
+            .connected(index, &cfg, self.shard, self.lane, &self.metrics);
         if let Some(f) = &self.on_port {
             f(Some(local_port));
         }
