@@ -249,10 +249,17 @@ async fn settle(acked: &[(String, Vec<u64>)], seen: &Seen) -> Result<(u64, u64),
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
-    let deadline = Instant::now() + Duration::from_secs(patience);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(patience);
     loop {
         match check_delivery(acked, seen) {
-            Ok(r) => return Ok(r),
+            Ok(r) => {
+                eprintln!(
+                    "every acknowledged message had arrived {:?} after the devices stopped",
+                    started.elapsed()
+                );
+                return Ok(r);
+            }
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
