@@ -3,7 +3,9 @@
 //! `scripts/nats-cluster` from the Go module proxy) carries devices' QoS 1 messages from
 //! sluice to a subscriber on another node; the node sluice is connected to is killed under
 //! load. Nothing acknowledged to a device may be lost, and each device's messages keep their
-//! order (at-least-once: a resend may repeat some). Where NATS cannot be built (no Go >= 1.26),
+//! order (at-least-once: a resend may repeat some; a message the broker itself redelivered to
+//! the subscriber, DUP set, is checked for presence only, see [`check_delivery`]). Where NATS
+//! cannot be built (no Go >= 1.26),
 //! the NATS test skips with the reason printed; the same failover then still runs against three
 //! separate Mosquitto brokers, a subscriber on each.
 
