@@ -22,7 +22,8 @@ use cli::scenarios::{
 use cli::state::StateArgs;
 use cli::storage::StorageArgs;
 use cli::tools::{
-    AgentArgs, DevicesArgs, FastsinkArgs, FloorArgs, FnFloorArgs, IdleArgs, SinkArgs,
+    AgentArgs, DevicesArgs, FastsinkArgs, FloorArgs, FnFloorArgs, IdleArgs, RelayFloorArgs,
+    SinkArgs,
 };
 
 /// sluice-bench — load generator and scenario runner for the sluice IoT gateway.
@@ -92,6 +93,21 @@ enum Command {
     /// `scenario functions --part adaptor` measures it beside sluice. Prints "listening on
     /// HOST:PORT" on stdout, then serves until killed.
     FnFloor(FnFloorArgs),
+    /// The relay floor: a minimal MQTT forwarder that relays every device PUBLISH over one
+    /// TLS 1.3 session to a cloud broker and PUBACKs the device after the cloud's PUBACK.
+    ///
+    /// Devices: plain-TCP MQTT 3.1.1 or 5, the floor's framing and epoll loop (one thread).
+    /// Cloud: one MQTT 3.1.1 session (clean session, keep-alive 60 s) over TLS 1.3 (rustls,
+    /// trusting only --ca-file); each device PUBLISH goes up as a QoS 1 PUBLISH with the same
+    /// topic and payload and a fresh packet id, and a QoS 1 device PUBLISH is acknowledged only
+    /// when the cloud acknowledged it. Batched: the PUBLISHes read in one loop turn go to the
+    /// cloud in one TLS write; each cloud read's PUBACKs reach each device in one write. No
+    /// spool, routing, metrics, ACL, retries or reconnect (the cloud session failing ends it):
+    /// its CPU under a device load is the least a forwarding gateway costs on this machine.
+    /// `scenario core --sut relay-floor` measures it beside sluice and the bridge. Prints
+    /// "listening on HOST:PORT" on stdout once the cloud session is up, then serves until
+    /// killed.
+    RelayFloor(RelayFloorArgs),
     /// The storage study: append N records with T threads, then read them all back, for the
     /// sluice spool, SQLite and PostgreSQL under the same durability policy.
     ///
@@ -248,6 +264,9 @@ fn main() -> ExitCode {
     if let Command::FnFloor(args) = &cli.command {
         return cli::tools::fn_floor(args);
     }
+    if let Command::RelayFloor(args) = &cli.command {
+        return cli::tools::relay_floor(args);
+    }
     if let Command::FnEcho = &cli.command {
         // Served before any runtime or logger: its start-up is part of what a cold start costs.
         return match sluice_bench::scenarios::functions::echo::serve() {
@@ -318,7 +337,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Scenario(ScenarioCommand::Hostile(args)) => cli::hostile::hostile(args).await,
         Command::Scenario(ScenarioCommand::Faults(args)) => cli::faults::faults(args).await,
-        Command::Floor(_) | Command::FnFloor(_) | Command::FnEcho => {
+        Command::Floor(_) | Command::FnFloor(_) | Command::RelayFloor(_) | Command::FnEcho => {
             unreachable!("served in main without a runtime")
         }
     }

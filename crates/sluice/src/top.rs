@@ -428,6 +428,25 @@ pub fn render(doc: &Value, addr: &str) -> String {
                     ms(&l["ack_latency"]["p50_ms"]),
                     ms(&l["ack_latency"]["p99_ms"]),
                 );
+                // A cluster uplink (`urls`): which nodes the sessions are on, once that says
+                // more than the one url would (several nodes, or a failover happened).
+                let nodes = l["nodes"].as_array().cloned().unwrap_or_default();
+                let failovers = l["failovers"].as_u64().unwrap_or(0);
+                if nodes.len() > 1 || failovers > 0 {
+                    let list: Vec<String> = nodes
+                        .iter()
+                        .map(|n| format!("{} x{}", n["node"].as_str().unwrap_or("?"), n["shards"]))
+                        .collect();
+                    let _ = writeln!(
+                        o,
+                        "    nodes {}   failovers {failovers}",
+                        if list.is_empty() {
+                            "-".to_string()
+                        } else {
+                            list.join(", ")
+                        },
+                    );
+                }
                 for p in l["paths"].as_array().into_iter().flatten() {
                     let _ = writeln!(
                         o,
@@ -675,6 +694,27 @@ mod tests {
         assert!(
             text.contains("lifecycle removed (id 3, 12 acknowledged unsent)"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_uplink_shows_the_nodes_its_shards_are_on_and_its_failovers() {
+        let doc = serde_json::json!({
+            "uplinks": [{"name": "cloud", "lanes": [{"lane": "normal", "state": "connected",
+                "connected_shards": 2, "shards": 2, "paths": [], "failovers": 1,
+                "nodes": [{"node": "mqtts://b:8883", "shards": 2}]}]},
+                {"name": "single", "lanes": [{"lane": "normal", "state": "connected",
+                "connected_shards": 2, "shards": 2, "paths": [], "failovers": 0,
+                "nodes": [{"node": "mqtts://one:8883", "shards": 2}]}]}],
+        });
+        let text = render(&doc, "127.0.0.1:9100");
+        assert!(
+            text.contains("nodes mqtts://b:8883 x2   failovers 1"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("mqtts://one"),
+            "one url and no failover: no node line\n{text}"
         );
     }
 }

@@ -58,6 +58,15 @@ fn every_key_set() -> Config {
     u.tc_interface = Some("eth0".into());
     u.tc_rate = Some("10mbit".into());
     c.uplink.push(u);
+    // `urls` instead of `url` (printed without `url`).
+    let mut cluster =
+        UplinkConfig::new("cluster", "mqtts://node1.example.com".parse().expect("url"));
+    cluster.urls = vec![
+        cluster.url.clone(),
+        "mqtts://node2.example.com".parse().expect("url"),
+    ];
+    cluster.ca_file = Some("ca.pem".into());
+    c.uplink.push(cluster);
     let mut f: config::FunctionConfig =
         toml::from_str("name = \"f\"\ntopics = [\"#\"]\ncommand = [\"true\"]\ndir = \"/tmp\"\n")
             .expect("function");

@@ -31,6 +31,10 @@ pub(crate) enum SutChoice {
     Floor,
     /// `sluice-bench floor --io uring`: the same floor over io_uring (ADR 0016).
     FloorUring,
+    /// `sluice-bench relay-floor`: forwards every PUBLISH over one TLS 1.3 session to the
+    /// cloud, acknowledging after the cloud's PUBACK, and does nothing else (the floor under
+    /// any forwarder); with sluice, the table gains a sluice ÷ relay-floor column.
+    RelayFloor,
     /// sluice, the bridge, then the floor: the comparison table plus each one's CPU above the
     /// floor.
     All,
@@ -423,6 +427,7 @@ pub(crate) async fn core(args: CoreArgs) -> anyhow::Result<()> {
             SutChoice::Both => vec![Sut::Sluice, Sut::MosquittoBridge],
             SutChoice::Floor => vec![Sut::Floor],
             SutChoice::FloorUring => vec![Sut::FloorUring],
+            SutChoice::RelayFloor => vec![Sut::RelayFloor],
             SutChoice::All => vec![Sut::Sluice, Sut::MosquittoBridge, Sut::Floor],
         })
         .collect();

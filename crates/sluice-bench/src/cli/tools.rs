@@ -1,4 +1,4 @@
-//! The single tools: `devices`, `sink`, `fastsink`, `floor`, `fn-floor`, and the hidden
+//! The single tools: `devices`, `sink`, `fastsink`, `floor`, `fn-floor`, `relay-floor`, and the hidden
 //! `agent` and `idle` that scenarios start as child processes.
 
 use std::net::SocketAddr;
@@ -184,6 +184,49 @@ pub(crate) struct FnFloorArgs {
     /// connection closed).
     #[arg(long, default_value_t = 4096)]
     max_waiting: usize,
+}
+
+#[derive(Args)]
+pub(crate) struct RelayFloorArgs {
+    /// Plain-TCP MQTT address to listen on for devices (port 0: any free port, printed on
+    /// stdout).
+    #[arg(long, default_value = "127.0.0.1:1883", value_name = "HOST:PORT")]
+    listen: SocketAddr,
+    /// The cloud broker: mqtts://HOST[:PORT] (TLS 1.3 only; port 8883 if none). The
+    /// certificate is verified against HOST (an IP address: the certificate's IP SANs).
+    #[arg(long, value_name = "URL", value_parser = parse_mqtts_url)]
+    cloud: (String, u16),
+    /// CA certificate(s), PEM, that signed the cloud's certificate (no system roots).
+    #[arg(long, value_name = "FILE")]
+    ca_file: PathBuf,
+    /// MQTT client id of the cloud session (MQTT 3.1.1, clean session).
+    #[arg(long, default_value = "relay-floor")]
+    client_id: String,
+    /// Messages awaiting the cloud's PUBACK, at most (1 to 65535, the packet id space); a
+    /// device PUBLISH that finds the window full closes its device.
+    #[arg(long, default_value_t = 65535)]
+    max_inflight: usize,
+}
+
+/// `--cloud mqtts://HOST[:PORT]` → (HOST, PORT).
+fn parse_mqtts_url(url: &str) -> Result<(String, u16), String> {
+    let rest = url
+        .strip_prefix("mqtts://")
+        .ok_or("expected mqtts://HOST[:PORT] (the relay floor speaks TLS only)")?;
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(':') && !port.contains(']') => (
+            host,
+            port.parse::<u16>()
+                .map_err(|_| format!("{port:?} is not a port number"))?,
+        ),
+        _ => (rest, 8883),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err("no host in the URL".to_string());
+    }
+    Ok((host.to_string(), port))
 }
 
 #[derive(Args)]
@@ -458,6 +501,32 @@ pub(crate) fn fn_floor(args: &FnFloorArgs) -> ExitCode {
     )
 }
 
+/// `relay-floor`: the relay floor, like `floor` on this thread with no runtime.
+pub(crate) fn relay_floor(args: &RelayFloorArgs) -> ExitCode {
+    use sluice_bench::sinks::relay_floor::{run_relay_floor, RelayFloor};
+    use std::net::ToSocketAddrs as _;
+    let (host, port) = &args.cloud;
+    let cloud = match (host.as_str(), *port)
+        .to_socket_addrs()
+        .map(|mut a| a.next())
+    {
+        Ok(Some(addr)) => addr,
+        Ok(None) | Err(_) => {
+            eprintln!("sluice-bench relay-floor: cannot resolve the cloud host {host:?}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut cfg = RelayFloor::new(args.listen, cloud, args.ca_file.clone());
+    cfg.server_name = host.clone();
+    cfg.client_id = args.client_id.clone();
+    cfg.max_inflight = args.max_inflight;
+    exit_code(
+        "relay-floor",
+        args.listen,
+        run_relay_floor(&cfg, print_listening),
+    )
+}
+
 /// The line a parent reads to learn the bound address.
 fn print_listening(addr: SocketAddr) {
     println!("listening on {addr}");
@@ -471,5 +540,22 @@ fn exit_code(command: &str, listen: SocketAddr, served: std::io::Result<()>) -> 
             eprintln!("sluice-bench {command}: {listen}: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_mqtts_url;
+
+    #[test]
+    fn the_cloud_url_gives_host_and_port_and_only_mqtts_is_taken() {
+        let ok = |url: &str| parse_mqtts_url(url).unwrap();
+        assert_eq!(ok("mqtts://127.0.0.1:18883"), ("127.0.0.1".into(), 18883));
+        assert_eq!(ok("mqtts://cloud.example"), ("cloud.example".into(), 8883));
+        assert_eq!(ok("mqtts://[::1]:9000/"), ("::1".into(), 9000));
+        assert_eq!(ok("mqtts://[::1]"), ("::1".into(), 8883));
+        assert!(parse_mqtts_url("mqtt://127.0.0.1:1883").is_err());
+        assert!(parse_mqtts_url("mqtts://host:port").is_err());
+        assert!(parse_mqtts_url("mqtts://").is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! The systems under test as processes: sluice (generated config, child process), an edge
-//! Mosquitto bridging to the cloud, and the kernel floor; starting one waits until its uplink is
-//! connected, dropping it stops it.
+//! Mosquitto bridging to the cloud, the kernel floor and the relay floor; starting one waits
+//! until its uplink is connected, dropping it stops it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,6 +46,10 @@ pub enum Sut {
     /// `sluice-bench floor --io uring`: the same floor over io_uring completions (see
     /// [`crate::sinks::floor_uring`], ADR 0016).
     FloorUring,
+    /// `sluice-bench relay-floor`: forwards every PUBLISH over one TLS 1.3 session to the
+    /// cloud and acknowledges after the cloud, with nothing else (see
+    /// [`crate::sinks::relay_floor`]): the floor under any forwarder's CPU.
+    RelayFloor,
 }
 
 impl Sut {
@@ -55,12 +59,18 @@ impl Sut {
             Sut::MosquittoBridge => "mosquitto-bridge",
             Sut::Floor => "floor",
             Sut::FloorUring => "floor-uring",
+            Sut::RelayFloor => "relay-floor",
         }
     }
 
     /// A floor (epoll or io_uring): answers the devices and forwards nothing.
     pub fn is_floor(self) -> bool {
         matches!(self, Sut::Floor | Sut::FloorUring)
+    }
+
+    /// Served by a `sluice-bench` child process (the floors and the relay floor).
+    pub fn runs_bench_bin(self) -> bool {
+        matches!(self, Sut::Floor | Sut::FloorUring | Sut::RelayFloor)
     }
 }
 
@@ -219,6 +229,32 @@ pub async fn start_sut(
                     config.floor_bin.display(),
                     child.addr
                 ),
+                _process: SutProcess::Floor { _child: child },
+            })
+        }
+        Sut::RelayFloor => {
+            if config.device_tls {
+                bail!("the relay floor has no TLS device listener: leave it out of a --device-tls run");
+            }
+            let bin = config.floor_bin.clone();
+            let args = [
+                "relay-floor".to_string(),
+                "--listen".to_string(),
+                "127.0.0.1:0".to_string(),
+                "--cloud".to_string(),
+                format!("mqtts://127.0.0.1:{}", cloud.tls_port()),
+                "--ca-file".to_string(),
+                pki.ca_path().display().to_string(),
+            ];
+            let command = format!("{} {}", bin.display(), args.join(" "));
+            // It prints its address only once the cloud's CONNACK arrived.
+            let child = tokio::task::spawn_blocking(move || FloorChild::start(&bin, &args))
+                .await
+                .context("relay floor start-up panicked")??;
+            Ok(RunningSut {
+                pid: child.child.id(),
+                device_addr: child.addr,
+                config_text: command.replace("127.0.0.1:0", &child.addr.to_string()),
                 _process: SutProcess::Floor { _child: child },
             })
         }

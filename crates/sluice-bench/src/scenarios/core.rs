@@ -1,7 +1,8 @@
 //! Scenario runner: the whole device → system under test → cloud comparison on this machine.
 //!
 //! Owns: the `core` scenario — certificates, a cloud Mosquitto (TLS 1.3 listener only), the
-//! system under test (sluice as a child process, or an edge Mosquitto bridging to the cloud),
+//! system under test (sluice as a child process, an edge Mosquitto bridging to the cloud, the
+//! kernel floor that forwards nothing, or the relay floor that forwards with nothing else),
 //! an in-process sink and device fleet, resource sampling of the SUT, and the report (JSON and a
 //! Markdown summary). Does not own: the gateway or the brokers themselves.
 //!
@@ -231,6 +232,24 @@ pub struct ScenarioReport {
     pub comparison: Option<Vec<ComparisonRow>>,
     /// Present when the floor ran: each gateway's CPU per message against it.
     pub floor: Option<FloorComparison>,
+    /// Present when the relay floor ran: each gateway's CPU per message against it.
+    pub relay_floor: Option<RelayFloorComparison>,
+}
+
+/// CPU per message against the relay floor measured in the same invocation (first run of each).
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayFloorComparison {
+    /// µs of CPU per message for forwarding with nothing else (one TLS session, ack after ack).
+    pub relay_floor_us_per_msg: f64,
+    /// sluice ÷ relay floor.
+    pub sluice_over_relay_floor: Option<f64>,
+    /// bridge ÷ relay floor.
+    pub bridge_over_relay_floor: Option<f64>,
+    /// relay floor ÷ floor: the least share above the kernel floor any forwarder pays
+    /// (issue 32 asks sluice ≤ 1.5× the floor).
+    pub relay_floor_over_floor: Option<f64>,
+    /// relay floor ÷ bridge (issue 32 asks sluice ≤ 0.6× the bridge).
+    pub relay_floor_over_bridge: Option<f64>,
 }
 
 /// CPU per message of the gateways against the floor measured in the same invocation.
@@ -265,7 +284,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
     if config.suts.contains(&Sut::Sluice) {
         require_sluice_bin(&config.sluice_bin)?;
     }
-    if config.suts.iter().any(|s| s.is_floor()) && !config.floor_bin.is_file() {
+    if config.suts.iter().any(|s| s.runs_bench_bin()) && !config.floor_bin.is_file() {
         bail!(
             "sluice-bench binary {} not found",
             config.floor_bin.display()
@@ -289,6 +308,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
     }
     let comparison = compare(&runs);
     let floor = compare_floor(&runs);
+    let relay_floor = compare_relay_floor(&runs);
     Ok(ScenarioReport {
         scenario: "core",
         machine,
@@ -317,6 +337,7 @@ pub async fn run_core(config: &CoreScenario) -> anyhow::Result<ScenarioReport> {
         runs,
         comparison,
         floor,
+        relay_floor,
     })
 }
 
@@ -522,6 +543,26 @@ fn compare_floor(runs: &[SutRun]) -> Option<FloorComparison> {
     })
 }
 
+fn compare_relay_floor(runs: &[SutRun]) -> Option<RelayFloorComparison> {
+    let us = |sut| {
+        runs.iter()
+            .find(|r| r.sut == sut)
+            .map(|r| r.sut_cpu_us_per_msg)
+    };
+    let relay = us(Sut::RelayFloor)?;
+    let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) if y > 0.0 => Some((x / y * 1000.0).round() / 1000.0),
+        _ => None,
+    };
+    Some(RelayFloorComparison {
+        relay_floor_us_per_msg: relay,
+        sluice_over_relay_floor: ratio(us(Sut::Sluice), Some(relay)),
+        bridge_over_relay_floor: ratio(us(Sut::MosquittoBridge), Some(relay)),
+        relay_floor_over_floor: ratio(Some(relay), us(Sut::Floor)),
+        relay_floor_over_bridge: ratio(Some(relay), us(Sut::MosquittoBridge)),
+    })
+}
+
 /// One line per run, for stderr.
 fn run_summary_line(r: &SutRun) -> String {
     format!(
@@ -545,7 +586,8 @@ fn run_summary_line(r: &SutRun) -> String {
     )
 }
 
-/// The Markdown summary: one column per run (and sluice ÷ bridge when both ran).
+/// The Markdown summary: one column per run, and sluice ÷ bridge and sluice ÷ relay-floor when
+/// those ran beside sluice.
 pub fn markdown(report: &ScenarioReport) -> String {
     let mut out = String::new();
     let m = &report.machine;
@@ -561,15 +603,24 @@ pub fn markdown(report: &ScenarioReport) -> String {
     let _ = writeln!(out, "{}\n", machine_line(m, &[loadavg_item(m)]));
     let _ = writeln!(out, "`{}`\n", m.command_line);
     let _ = writeln!(out, "{}\n", sluice_line(&p.sluice_aggregate));
-    let both = report.comparison.is_some();
+    let run = |sut| report.runs.iter().find(|r| r.sut == sut);
+    // Ratio columns: sluice ÷ each of these that ran beside it (first run of each).
+    let ratio_columns: Vec<(&SutRun, &SutRun)> = [Sut::MosquittoBridge, Sut::RelayFloor]
+        .into_iter()
+        .filter_map(|other| Some((run(Sut::Sluice)?, run(other)?)))
+        .collect();
     let mut header = String::from("| metric |");
     let mut rule = String::from("|---|");
     for r in &report.runs {
         let _ = write!(header, " {} |", r.sut.name());
         rule.push_str("---:|");
     }
-    if both {
-        header.push_str(" sluice ÷ bridge |");
+    for (_, other) in &ratio_columns {
+        let _ = write!(
+            header,
+            " sluice ÷ {} |",
+            other.sut.name().trim_start_matches("mosquitto-")
+        );
         rule.push_str("---:|");
     }
     let _ = writeln!(out, "{header}\n{rule}");
@@ -686,23 +737,21 @@ pub fn markdown(report: &ScenarioReport) -> String {
             None,
         ),
     ];
-    let sluice = report.runs.iter().find(|r| r.sut == Sut::Sluice);
-    let bridge = report.runs.iter().find(|r| r.sut == Sut::MosquittoBridge);
     for (name, cell, ratio) in rows {
         let mut line = format!("| {name} |");
         for r in &report.runs {
             let _ = write!(line, " {} |", cell(r));
         }
-        if both {
-            let text = match (ratio, sluice, bridge) {
-                (Some(f), Some(s), Some(b)) if f(b) != 0.0 => format!("{:.2}", f(s) / f(b)),
+        for (s, other) in &ratio_columns {
+            let text = match ratio {
+                Some(f) if f(other) != 0.0 => format!("{:.2}", f(s) / f(other)),
                 _ => String::new(),
             };
             let _ = write!(line, " {text} |");
         }
         let _ = writeln!(out, "{line}");
     }
-    if both {
+    if !ratio_columns.is_empty() {
         let _ = writeln!(out, "\nWhere a cell holds several figures, the ratio is of the p99 (latencies) or the peak (RSS).");
     }
     if let Some(f) = &report.floor {
@@ -733,6 +782,25 @@ pub fn markdown(report: &ScenarioReport) -> String {
                 "`floor-uring` (the same floor over io_uring): {u:.2} µs per message, {r:.3} of \
                  the epoll floor's."
             );
+        }
+    }
+    if let Some(r) = &report.relay_floor {
+        let _ = writeln!(
+            out,
+            "\n**Relay floor.** `relay-floor` forwards each PUBLISH over one TLS 1.3 session and \
+             acknowledges after the cloud, with nothing else: {:.2} µs of CPU per message is the \
+             least a forwarding gateway costs here.",
+            r.relay_floor_us_per_msg
+        );
+        for (what, ratio) in [
+            ("relay-floor ÷ floor", r.relay_floor_over_floor),
+            ("relay-floor ÷ bridge", r.relay_floor_over_bridge),
+            ("sluice ÷ relay-floor", r.sluice_over_relay_floor),
+            ("bridge ÷ relay-floor", r.bridge_over_relay_floor),
+        ] {
+            if let Some(ratio) = ratio {
+                let _ = writeln!(out, "{what}: {ratio:.3}.");
+            }
         }
     }
     out

@@ -384,8 +384,8 @@ async fn start_sut(
         Sut::Sluice if config.sluice_shards > 0 => u64::from(config.sluice_shards),
         Sut::Sluice => sluice_auto_shards(),
         Sut::MosquittoBridge => 1,
-        Sut::Floor | Sut::FloorUring => {
-            bail!("the floor is measured by `scenario core`, not `scenario throughput`")
+        Sut::Floor | Sut::FloorUring | Sut::RelayFloor => {
+            bail!("the floors are measured by `scenario core`, not `scenario throughput`")
         }
     };
     let side = match kind {
@@ -414,7 +414,7 @@ async fn start_sut(
                 _bridge: Some(edge),
             }
         }
-        Sut::Floor | Sut::FloorUring => unreachable!("refused above"),
+        Sut::Floor | Sut::FloorUring | Sut::RelayFloor => unreachable!("refused above"),
     };
     // Wait until the SUT's uplink(s) are connected to the cloud.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -422,7 +422,9 @@ async fn start_sut(
         Some(broker) => {
             let needle = match kind {
                 Sut::Sluice => "as sluice-gw",
-                Sut::MosquittoBridge | Sut::Floor | Sut::FloorUring => "sluice-edge-bridge",
+                Sut::MosquittoBridge | Sut::Floor | Sut::FloorUring | Sut::RelayFloor => {
+                    "sluice-edge-bridge"
+                }
             };
             broker
                 .wait_for_log_async(needle, Duration::from_secs(15))
@@ -466,7 +468,7 @@ async fn run_one(
         Some(_) => match sut_kind {
             Sut::Sluice if config.sluice_shards > 0 => u64::from(config.sluice_shards),
             Sut::Sluice => sluice_auto_shards(),
-            Sut::MosquittoBridge | Sut::Floor | Sut::FloorUring => 1,
+            Sut::MosquittoBridge | Sut::Floor | Sut::FloorUring | Sut::RelayFloor => 1,
         },
     };
 

@@ -6,11 +6,12 @@
 //! under the same device load as the gateways, so its CPU per message is what terminating the
 //! device connections costs on this machine — the socket reads and writes, the loopback
 //! delivery and the wake-ups — which no user-space gateway can go below. Also owns the pieces
-//! the adaptor floor ([`super::adaptor_floor`]) shares: the framing with a PUBLISH handler
-//! ([`respond_with`]: the PUBLISH's topic, packet id and payload, answered now or later) and
-//! the device connection ([`DeviceConn`]) and the event loop ([`serve_devices`] with a
-//! [`FloorHandler`]), and with the io_uring floor ([`super::floor_uring`]) a connection's
-//! framing state ([`Framer`]). Does not own: the MQTT codec (the
+//! the adaptor floor ([`super::adaptor_floor`]) and the relay floor ([`super::relay_floor`])
+//! share: the framing with a PUBLISH handler ([`respond_with`]: the PUBLISH's topic, packet id
+//! and payload, answered now or later) and the device connection ([`DeviceConn`]) and the
+//! event loop ([`serve_devices`] with a [`FloorHandler`], whose turn-end hook lets a handler
+//! write what a whole turn gathered at once), and with the io_uring floor
+//! ([`super::floor_uring`]) a connection's framing state ([`Framer`]). Does not own: the MQTT codec (the
 //! framing here is the minimum to find packet types, ids, topics and payloads; a malformed
 //! stream only closes its connection) or any forwarding.
 //!
@@ -358,6 +359,18 @@ pub trait FloorHandler {
         _scratch: &mut [u8],
     ) {
     }
+
+    /// The end of one loop turn, after every ready socket was served: write what the turn
+    /// gathered (the relay floor's one TLS write per turn). `Err` ends the loop (and the floor).
+    fn turn_end(&mut self, _devices: &mut HashMap<usize, DeviceConn>) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// The longest the loop sleeps in `epoll_wait` before a turn without events (`None`: until
+    /// an event), for a handler with timers of its own (the relay floor's keep-alive).
+    fn poll_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// The kernel floor's handler: [`answer_at_once`].
@@ -377,7 +390,8 @@ pub fn run_floor(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> io::Resu
 
 /// The floors' event loop, until the process is killed: accept devices on `listen` (`ready`
 /// gets the bound address), serve each ready device with the handler `make` builds (given the
-/// loop's registry, for sockets of its own) and pass it the events of its own sockets.
+/// loop's registry, for sockets of its own), pass it the events of its own sockets and end
+/// each turn with [`FloorHandler::turn_end`] (whose error ends the loop).
 pub fn serve_devices<H: FloorHandler>(
     listen: SocketAddr,
     ready: impl FnOnce(SocketAddr),
@@ -395,7 +409,7 @@ pub fn serve_devices<H: FloorHandler>(
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut scratch = vec![0u8; READ_CHUNK];
     loop {
-        if let Err(e) = poll.poll(&mut events, None) {
+        if let Err(e) = poll.poll(&mut events, handler.poll_timeout()) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
@@ -423,6 +437,7 @@ pub fn serve_devices<H: FloorHandler>(
                 }
             }
         }
+        handler.turn_end(&mut devices)?;
     }
 }
 

@@ -311,6 +311,23 @@ impl GatewayStatus {
                         })
                     })
                     .collect();
+                // Cluster nodes (`urls`) the connected shards are on, and failovers so far.
+                let mut nodes: Vec<(String, usize)> = Vec::new();
+                for m in &ms {
+                    if m.uplink_state() != crate::sink::UplinkState::Connected {
+                        continue;
+                    }
+                    let Some(node) = m.node() else { continue };
+                    match nodes.iter_mut().find(|(n, _)| *n == node) {
+                        Some((_, c)) => *c += 1,
+                        None => nodes.push((node, 1)),
+                    }
+                }
+                let node_rows: Vec<Value> = nodes
+                    .iter()
+                    .map(|(n, c)| json!({ "node": n, "shards": c }))
+                    .collect();
+                let failovers: u64 = ms.iter().map(|m| m.failovers.get()).sum();
                 match lane_totals.iter_mut().find(|(l, ..)| *l == lane.as_str()) {
                     Some(t) => {
                         t.1 += inflight;
@@ -333,6 +350,8 @@ impl GatewayStatus {
                     "bytes_per_second": bytes_rate,
                     "ack_latency": latency,
                     "paths": path_rows,
+                    "nodes": node_rows,
+                    "failovers": failovers,
                 }));
             }
             let removed_unsent: u64 = entry

@@ -185,6 +185,11 @@ impl AdminSource for GatewayStatus {
                                     lane.as_str().to_string(),
                                     serde_json::json!({
                                         "state": m.state(),
+                                        // The cluster node (`urls`) the session is on.
+                                        "node": (m.uplink_state() == crate::sink::UplinkState::Connected)
+                                            .then(|| m.node())
+                                            .flatten(),
+                                        "failovers": m.failovers.get(),
                                         "queued": m.queue_messages.get(),
                                         "inflight": m.inflight.get(),
                                         "packs_sent": m.packs_sent.get(),

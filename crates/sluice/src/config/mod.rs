@@ -18,6 +18,7 @@
 //! The file format is documented option by option in `config/sluice.example.toml`.
 
 mod acl;
+mod cluster;
 mod coap;
 mod function;
 mod lanes;
@@ -207,14 +208,20 @@ impl Config {
             file.uplink.retain(|u| u.function.is_none());
             return file.to_toml();
         }
-        if !self.uplink.iter().any(UplinkConfig::is_onem2m) {
+        if !self
+            .uplink
+            .iter()
+            .any(|u| u.is_onem2m() || !u.urls.is_empty())
+        {
             return toml::to_string(self).expect("Config is always representable as TOML");
         }
-        // oneM2M uplinks print their url as http(s):// and without MQTT keys (`onem2m.rs`).
+        // oneM2M uplinks print their url as http(s):// and without MQTT keys (`onem2m.rs`);
+        // an uplink with `urls` prints no `url` (`cluster.rs`).
         let mut table =
             toml::Table::try_from(self).expect("Config is always representable as TOML");
         if let Some(toml::Value::Array(uplinks)) = table.get_mut("uplink") {
             onem2m::fix_printed_uplinks(uplinks, &self.uplink);
+            cluster::fix_printed_uplinks(uplinks, &self.uplink);
         }
         toml::to_string(&table).expect("a TOML table is always representable as TOML")
     }
@@ -661,22 +668,28 @@ fn deserialize(text: &str) -> Result<Config, ConfigError> {
             });
         }
         // Keys of the other protocol on an uplink (serde's defaults would hide them).
-        Ok(table) => onem2m::check_raw(&table)?,
-    }
-    serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
-        let key = match e.path().to_string() {
-            p if p == "." || p.is_empty() => "(top level)".to_string(),
-            p => p,
-        };
-        let inner = e.into_inner();
-        let (line, column) = line_column(text, inner.span());
-        ConfigError::Value {
-            key,
-            message: one_line(inner.message()),
-            line,
-            column,
+        Ok(table) => {
+            onem2m::check_raw(&table)?;
+            cluster::check_raw(&table)?;
         }
-    })
+    }
+    let mut config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text))
+        .map_err(|e| {
+            let key = match e.path().to_string() {
+                p if p == "." || p.is_empty() => "(top level)".to_string(),
+                p => p,
+            };
+            let inner = e.into_inner();
+            let (line, column) = line_column(text, inner.span());
+            ConfigError::Value {
+                key,
+                message: one_line(inner.message()),
+                line,
+                column,
+            }
+        })?;
+    cluster::fill_first_node(&mut config.uplink);
+    Ok(config)
 }
 
 /// toml's messages may span lines ("invalid table header\nexpected `.`, `]`").

@@ -38,6 +38,7 @@ pub const MQTT_ONLY_KEYS: &[&str] = &[
     "path_reconnect_max",
     "paths",
     "aggregate",
+    "urls",
 ];
 
 /// Keys that only a oneM2M uplink may set.
@@ -158,6 +159,7 @@ pub(super) fn check_raw(table: &toml::Table) -> Result<(), ConfigError> {
                     "aggregate" => "SenML aggregation cannot apply to oneM2M: a pack mixes devices, and every contentInstance belongs to one device's container",
                     "paths" | "lane_path" | "path_timeout" | "path_keep_alive" | "path_reconnect_max" => "per-path sessions are MQTT only; a oneM2M uplink uses one pool of HTTP connections per shard and lane",
                     "mptcp" => "MPTCP uplinks are MQTT only for now",
+                    "urls" => "several cluster nodes are MQTT only; a oneM2M uplink has one url (put a load balancer in front of several CSEs)",
                     _ => "applies only to MQTT uplinks, and this uplink has protocol = \"onem2m\"",
                 };
                 return Err(invalid(format!("uplink[{i}].{key}"), why));

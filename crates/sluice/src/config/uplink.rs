@@ -27,7 +27,15 @@ pub struct UplinkConfig {
     /// Unique among uplinks, `[a-zA-Z0-9_-]+`; used as a metric label.
     pub name: String,
     /// `mqtts://host[:port]` (default port 8883) or `mqtt://host[:port]` (default 1883).
+    /// With `urls` (set instead of `url`), the first of them: the loader fills it in
+    /// (`cluster.rs`), so code reading the scheme or the first host reads it here.
+    #[serde(default = "UplinkUrl::unset")]
     pub url: UplinkUrl,
+    /// Several nodes of ONE broker cluster, instead of `url`: shard `i` starts at node
+    /// `i mod n` and a session moves to the next node when a connect fails or its link drops
+    /// (`sink/mqtt/link.rs`). Empty: the single `url`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<UplinkUrl>,
     /// Allow an `mqtt://` (unencrypted) url.
     #[serde(default)]
     pub allow_plaintext: bool,
@@ -262,6 +270,7 @@ impl UplinkConfig {
         UplinkConfig {
             name: name.into(),
             url,
+            urls: Vec::new(),
             allow_plaintext: false,
             ca_file: None,
             cert_file: None,
@@ -312,6 +321,21 @@ impl UplinkConfig {
     /// The name used for TLS SNI and certificate verification.
     pub fn tls_server_name(&self) -> &str {
         self.server_name.as_deref().unwrap_or(&self.url.host)
+    }
+
+    /// The broker nodes this uplink may connect to, in order: `urls`, else the one `url`.
+    pub fn nodes(&self) -> &[UplinkUrl] {
+        if self.urls.is_empty() {
+            std::slice::from_ref(&self.url)
+        } else {
+            &self.urls
+        }
+    }
+
+    /// The TLS name of one node: `server_name` when set (one name for the whole cluster),
+    /// else the node's own host.
+    pub fn tls_server_name_of<'a>(&'a self, node: &'a UplinkUrl) -> &'a str {
+        self.server_name.as_deref().unwrap_or(&node.host)
     }
 
     /// The MQTT client id of this uplink's normal-lane session on `shard`.
@@ -380,6 +404,18 @@ pub struct UplinkUrl {
     /// A DNS name or IP address; IPv6 without brackets.
     pub host: String,
     pub port: u16,
+}
+
+impl UplinkUrl {
+    /// What `url` holds between serde and the loader when `urls` is set (never seen by the
+    /// gateway: the loader refuses a table with neither key, see `cluster.rs`).
+    pub(super) fn unset() -> UplinkUrl {
+        UplinkUrl {
+            tls: true,
+            host: String::new(),
+            port: 0,
+        }
+    }
 }
 
 /// Why a broker URL did not parse.

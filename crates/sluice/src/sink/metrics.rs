@@ -121,6 +121,12 @@ pub struct UplinkMetrics {
     pub connects: Counter,
     /// Connection attempts that failed before a successful CONNACK.
     pub connect_failures: Counter,
+    /// Connections made to another node of the cluster (`urls`) than the one last connected
+    /// to (`sink/mqtt/failover.rs`).
+    pub failovers: Counter,
+    /// The node (url) the session last reached CONNACK success on; with `paths`, the last of
+    /// the lane's path sessions to connect. Written once per connection.
+    node: arc_swap::ArcSwapOption<String>,
     /// PUBLISH packets written (including resends).
     pub messages_sent: Counter,
     /// PUBLISH packets written again after a reconnect (DUP set).
@@ -182,6 +188,8 @@ impl Default for UplinkMetrics {
             state: Gauge::default(),
             connects: Counter::default(),
             connect_failures: Counter::default(),
+            failovers: Counter::default(),
+            node: arc_swap::ArcSwapOption::empty(),
             messages_sent: Counter::default(),
             messages_resent: Counter::default(),
             messages_returned: Counter::default(),
@@ -329,6 +337,15 @@ impl UplinkMetrics {
         port.set(i64::from(marks.local_port));
     }
 
+    /// The node the session last connected to (see the field).
+    pub fn node(&self) -> Option<String> {
+        self.node.load_full().map(|n| String::clone(&n))
+    }
+
+    pub(crate) fn set_node(&self, node: Option<String>) {
+        self.node.store(node.map(std::sync::Arc::new));
+    }
+
     pub fn render(&self, w: &mut PromWriter, shard: &str, uplink: &str, lane: &str) {
         let l: &[(&str, &str)] = &[("shard", shard), ("uplink", uplink), ("lane", lane)];
         w.state(
@@ -350,6 +367,12 @@ impl UplinkMetrics {
             "Connection attempts to the cloud broker that failed before CONNACK success.",
             l,
             self.connect_failures.get(),
+        );
+        w.counter(
+            "sluice_uplink_failovers_total",
+            "Connections made to another node of the broker cluster (urls) than the one last connected to.",
+            l,
+            self.failovers.get(),
         );
         w.counter(
             "sluice_uplink_messages_sent_total",

@@ -245,6 +245,7 @@ mod tests {
             "gateway.shards",
             "spool.dir",
             "uplink.cloud.url",
+            "uplink.cloud.urls",
             "uplink.new (added)",
             "function",
             "coap.listen",

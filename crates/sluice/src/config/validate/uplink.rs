@@ -77,6 +77,50 @@ pub(super) fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(
     } else {
         ("mqtts://", "mqtt://")
     };
+    // Every node of `urls` follows the rules of a single `url`, and all are reached the same
+    // way (one TLS setup, one set of credentials for the whole cluster).
+    let node_key = |j: usize| {
+        if u.urls.is_empty() {
+            key("url")
+        } else {
+            format!("uplink[{i}].urls[{j}]")
+        }
+    };
+    for (j, node) in u.nodes().iter().enumerate() {
+        if node.tls != u.url.tls {
+            return invalid(
+                &node_key(j),
+                &format!(
+                    "{node} mixes {secure} and {plain} nodes; every node of one cluster is reached the same way"
+                ),
+            );
+        }
+        if let Some(k) = u.nodes()[..j].iter().position(|n| n == node) {
+            return invalid(
+                &node_key(j),
+                &format!("{node} is listed twice (also urls[{k}])"),
+            );
+        }
+        if node.tls {
+            let name = u.tls_server_name_of(node);
+            if rustls::pki_types::ServerName::try_from(name).is_err() {
+                let field = if u.server_name.is_some() {
+                    key("server_name")
+                } else {
+                    node_key(j)
+                };
+                return invalid(&field, &format!("{name:?} is not a valid TLS server name"));
+            }
+        } else if !u.allow_plaintext {
+            return invalid(
+                &node_key(j),
+                &format!(
+                    "{plain}{}:{} is unencrypted; use {secure}, or set allow_plaintext = true to accept that",
+                    node.host, node.port
+                ),
+            );
+        }
+    }
     if u.url.tls {
         if u.ca_file.is_none() {
             return invalid(
@@ -87,28 +131,7 @@ pub(super) fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(
                 ),
             );
         }
-        let name = u.tls_server_name();
-        if rustls::pki_types::ServerName::try_from(name).is_err() {
-            let field = if u.server_name.is_some() {
-                "server_name"
-            } else {
-                "url"
-            };
-            return invalid(
-                &key(field),
-                &format!("{name:?} is not a valid TLS server name"),
-            );
-        }
     } else {
-        if !u.allow_plaintext {
-            return invalid(
-                &key("url"),
-                &format!(
-                    "{plain}{}:{} is unencrypted; use {secure}, or set allow_plaintext = true to accept that",
-                    u.url.host, u.url.port
-                ),
-            );
-        }
         for (field, set) in [
             ("ca_file", u.ca_file.is_some()),
             ("cert_file", u.cert_file.is_some()),

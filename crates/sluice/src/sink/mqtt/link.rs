@@ -1,6 +1,7 @@
 //! Establishing one MQTT connection to the cloud broker, and what its answers mean.
 //!
-//! Owns: TCP (with the lane's socket marks), TLS, CONNECT/CONNACK and what the CONNACK says
+//! Owns: TCP (with the lane's socket marks) to the node [`super::failover::NodeCursor`] picks,
+//! TLS, CONNECT/CONNACK and what the CONNACK says
 //! about the link ([`LinkLimits`]), naming TLS failures precisely, and [`classify_refusal`]
 //! (PUBACK failure codes → [`RefusalClass`]). Does not own: what is sent on the connection
 //! (`wire.rs`) or the retry policy (the outbox).
@@ -75,11 +76,16 @@ impl MqttTransport {
     pub(super) async fn open(&mut self) -> Result<LinkLimits, UplinkError> {
         crate::sink::transport::Transport::abort(self);
         let cfg = self.cfg.clone();
-        let host = cfg.url.host.as_str();
-        let port = cfg.url.port;
-        let tls = if cfg.url.tls {
+        // Which node of the cluster (`urls`; one node for `url`): the one after the last
+        // attempt's, so a failed connect or a dropped link moves on (see `failover.rs`).
+        let nodes = cfg.nodes();
+        let index = self.nodes.take_next(nodes.len());
+        let node = &nodes[index];
+        let host = node.host.as_str();
+        let port = node.port;
+        let tls = if node.tls {
             let connector = self.tls.clone().ok_or(UplinkError::TlsConfigMissing)?;
-            let name = cfg.server_name.clone().unwrap_or_else(|| host.to_owned());
+            let name = cfg.tls_server_name_of(node).to_owned();
             let server_name = ServerName::try_from(name.clone())
                 .map_err(|_| UplinkError::InvalidServerName(name))?;
             Some((connector, server_name))
@@ -96,6 +102,8 @@ impl MqttTransport {
         };
 
         let lowat = u32::try_from(cfg.notsent_lowat.as_u64()).unwrap_or(u32::MAX);
+        // Resolved on every attempt (`socket::connect` looks the name up each time), so a
+        // node that moved to another address is found again.
         let (tcp, mptcp_socket): (TcpStream, bool) =
             socket::connect(host, port, self.lane, lowat, &self.dial)
                 .await
@@ -228,6 +236,8 @@ impl MqttTransport {
             self.encode_subscribe(connack.session_present)?;
         }
         self.conn = Some(conn);
+        self.nodes
+            .connected(index, &cfg, self.shard, self.lane, &self.metrics);
         if let Some(f) = &self.on_port {
             f(Some(local_port));
         }

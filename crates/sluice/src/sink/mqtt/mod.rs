@@ -11,6 +11,11 @@
 //! shutdown, and reporting the high lane's source port. Does not own: any queueing,
 //! packing, ordering, windowing, retry or spool logic (the outbox's).
 //!
+//! Cluster (`urls`): each attempt connects to one node, shard `i` first to node `i mod n`,
+//! then the node after the previous attempt's, whether that attempt failed or its link
+//! dropped (`failover.rs`); the outbox resends what was unacknowledged, as after any
+//! reconnect, and the host name is resolved again on every attempt.
+//!
 //! Per connection: TCP (`connect_timeout` covers TCP, TLS and CONNACK) → TLS 1.3 → CONNECT
 //! (client id `"{client_id}-{shard}"`; clean, except the downlink session: shard 0's normal
 //! lane when `receive` is set, persistent) → CONNACK → for the downlink session, SUBSCRIBE
@@ -52,6 +57,7 @@
 //! Invariant: a packet id handed out as a [`crate::sink::transport::SendId`] is not reused until its PUBACK came or
 //! the connection ended.
 
+mod failover;
 mod link;
 pub mod route;
 pub mod socket;
@@ -191,6 +197,8 @@ pub struct MqttTransport {
     no_downlink: bool,
     /// The current connection's key in `metrics.mptcp` (0: none kept).
     mptcp_key: u64,
+    /// Which node of `urls` the next attempt takes (`failover.rs`).
+    nodes: failover::NodeCursor,
 }
 
 impl MqttTransport {
@@ -242,6 +250,7 @@ impl MqttTransport {
             },
             no_downlink: false,
             mptcp_key: 0,
+            nodes: failover::NodeCursor::new(shard),
         }
     }
 
