@@ -192,6 +192,39 @@ fn example_file_loads_with_a_relative_ca_file_resolved_against_its_directory() {
     );
 }
 
+/// The commented Kafka uplink of the example, uncommented, parses as a Kafka uplink with its
+/// brokers as nodes, SASL over TLS, and the default topic and compression.
+#[test]
+fn example_kafka_uplink_parses_with_its_brokers_and_sasl_over_tls() {
+    let text = example_text();
+    let start = text
+        .find("# --- Kafka uplink example (begin) ---")
+        .expect("the example has a Kafka uplink");
+    let end = text
+        .find("# --- Kafka uplink example (end) ---")
+        .expect("its end marker");
+    let block: String = text[start..end]
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| {
+            l.starts_with("[[") || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' '))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = config::parse_unchecked_files(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+    let u = &config.uplink[0];
+    assert!(u.is_kafka());
+    assert_eq!(u.protocol, MqttProtocol::Kafka);
+    assert_eq!(u.nodes().len(), 2);
+    assert!(u.url.tls, "sasl_ssl is TLS");
+    assert_eq!(u.kafka_topic(), "{topic}");
+    assert_eq!(
+        u.security_protocol,
+        Some(sluice::config::kafka::SecurityProtocol::SaslSsl)
+    );
+}
+
 /// The commented oneM2M uplink of the example, uncommented, parses as a oneM2M uplink whose
 /// container template turns PHD topics into `{system-id}/{metric}`.
 #[test]

@@ -4,9 +4,10 @@
 //! order, keyed by the device and carrying the MQTT topic as a header.
 //!
 //! Skipped with a printed reason when Java or Maven is missing (scripts/test installs them).
+//! The gateway end to end (devices → sluice → Kafka, a leader killed): `uplink_kafka.rs`.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,62 +19,7 @@ use sluice::sink::transport::{Feedback, Transport, Unit};
 use sluice::sink::UplinkMessage;
 use sluice_proto::mqtt::QoS;
 
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-cluster")
-}
-
-/// A running cluster, stopped when dropped.
-struct Cluster {
-    dir: tempfile::TempDir,
-    bootstrap: String,
-}
-
-impl Cluster {
-    fn start() -> Option<Cluster> {
-        for tool in ["java", "mvn"] {
-            if Command::new(tool).arg("-version").output().is_err() {
-                eprintln!("SKIP: `{tool}` not found (scripts/test installs it); no Kafka cluster");
-                return None;
-            }
-        }
-        let dir = tempfile::tempdir().unwrap();
-        // A base port per test process, so parallel test binaries do not collide.
-        let base = 20_000 + (std::process::id() % 400) * 100;
-        let out = Command::new(script())
-            .args([
-                "start",
-                dir.path().to_str().unwrap(),
-                "3",
-                &base.to_string(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "kafka-cluster start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let bootstrap = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        Some(Cluster { dir, bootstrap })
-    }
-
-    fn tool(&self, args: &[&str]) -> String {
-        let out = Command::new(script())
-            .arg("tool")
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(script())
-            .args(["stop", self.dir.path().to_str().unwrap()])
-            .status();
-    }
-}
+use common::kafka::KafkaCluster;
 
 fn msg(device: &str, topic: &str, n: usize) -> UplinkMessage {
     UplinkMessage {
@@ -91,7 +37,7 @@ fn msg(device: &str, topic: &str, n: usize) -> UplinkMessage {
 
 #[tokio::test]
 async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_device() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = KafkaCluster::start(None) else {
         return;
     };
     let mut t = KafkaTransport::new(KafkaParams {
@@ -99,6 +45,7 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
         topic: "{topic}".into(),
         compression: Compression::Lz4,
         tls: None,
+        server_name: None,
         client_id: "sluice-test-0".into(),
         request_timeout: Duration::from_secs(30),
         window: 1000,
@@ -150,39 +97,17 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
         }
     }
     // Kafka's own consumer reads them all back: key, header and value, in order per device.
-    let out = cluster.tool(&[
-        "org.apache.kafka.tools.consumer.ConsoleConsumer",
-        "--bootstrap-server",
-        &cluster.bootstrap,
-        "--topic",
-        "site.telemetry",
-        "--from-beginning",
-        "--max-messages",
-        &(DEVICES * EACH).to_string(),
-        "--timeout-ms",
-        "30000",
-        "--formatter-property",
-        "print.key=true",
-        "--formatter-property",
-        "print.headers=true",
-        "--formatter-property",
-        "key.separator=|",
-        "--formatter-property",
-        "headers.separator=;",
-    ]);
+    let records = cluster.consume("site.telemetry", DEVICES * EACH);
     let mut next = vec![0usize; DEVICES];
     let mut read = 0;
-    for line in out.lines() {
-        // headers|key|value
-        let parts: Vec<&str> = line.splitn(3, '|').collect();
-        assert_eq!(parts.len(), 3, "line {line:?}");
+    for (headers, key, value) in &records {
         assert!(
-            parts[0].contains("mqtt_topic:site/telemetry"),
-            "header in {line:?}"
+            headers.contains("mqtt_topic:site/telemetry"),
+            "header in {headers:?}"
         );
-        let d: usize = parts[1].trim_start_matches("dev-").parse().unwrap();
-        let (dev, n) = parts[2].split_once(' ').unwrap();
-        assert_eq!(dev, parts[1], "keyed by its device");
+        let d: usize = key.trim_start_matches("dev-").parse().unwrap();
+        let (dev, n) = value.split_once(' ').unwrap();
+        assert_eq!(dev, key, "keyed by its device");
         let n: usize = n.parse().unwrap();
         assert_eq!(n, next[d], "device {d}'s records in order");
         next[d] += 1;
@@ -193,21 +118,16 @@ async fn records_are_acknowledged_after_acks_all_and_read_back_in_order_per_devi
 
 #[tokio::test]
 async fn with_sasl_scram_the_transport_authenticates_and_a_wrong_password_is_refused() {
-    std::env::set_var("KAFKA_SCRAM", "sluice:s3cret-pw");
-    let cluster = Cluster::start();
-    std::env::remove_var("KAFKA_SCRAM");
-    let Some(cluster) = cluster else {
+    let Some(cluster) = KafkaCluster::start(Some("sluice:s3cret-pw")) else {
         return;
     };
-    let sasl_bootstrap = std::fs::read_to_string(cluster.dir.path().join("bootstrap-sasl"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let sasl_bootstrap = cluster.sasl_bootstrap();
     let params = |mechanism, password: &str| KafkaParams {
         brokers: sasl_bootstrap.split(',').map(String::from).collect(),
         topic: "scram-test".into(),
         compression: Compression::Zstd,
         tls: None,
+        server_name: None,
         client_id: "sluice-test-0".into(),
         request_timeout: Duration::from_secs(30),
         window: 100,

@@ -35,6 +35,10 @@ pub(super) fn check_raw(table: &toml::Table) -> Result<(), ConfigError> {
     };
     for (i, up) in uplinks.iter().enumerate() {
         let Some(up) = up.as_table() else { continue };
+        // A Kafka uplink names its nodes with `brokers` (`kafka.rs`).
+        if super::kafka::is_kafka_table(up) {
+            continue;
+        }
         match (up.get("url"), up.get("urls")) {
             (Some(_), Some(_)) => {
                 return Err(invalid(

@@ -21,6 +21,7 @@ mod acl;
 mod cluster;
 mod coap;
 mod function;
+pub mod kafka;
 mod lanes;
 mod limits;
 mod mqtt_tls;
@@ -211,7 +212,7 @@ impl Config {
         if !self
             .uplink
             .iter()
-            .any(|u| u.is_onem2m() || !u.urls.is_empty())
+            .any(|u| u.is_onem2m() || u.is_kafka() || !u.urls.is_empty())
         {
             return toml::to_string(self).expect("Config is always representable as TOML");
         }
@@ -222,6 +223,7 @@ impl Config {
         if let Some(toml::Value::Array(uplinks)) = table.get_mut("uplink") {
             onem2m::fix_printed_uplinks(uplinks, &self.uplink);
             cluster::fix_printed_uplinks(uplinks, &self.uplink);
+            kafka::fix_printed_uplinks(uplinks, &self.uplink);
         }
         toml::to_string(&table).expect("a TOML table is always representable as TOML")
     }
@@ -671,6 +673,7 @@ fn deserialize(text: &str) -> Result<Config, ConfigError> {
         Ok(table) => {
             onem2m::check_raw(&table)?;
             cluster::check_raw(&table)?;
+            kafka::check_raw(&table)?;
         }
     }
     let mut config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text))
@@ -688,6 +691,7 @@ fn deserialize(text: &str) -> Result<Config, ConfigError> {
                 column,
             }
         })?;
+    kafka::fill_brokers(&mut config.uplink);
     cluster::fill_first_node(&mut config.uplink);
     Ok(config)
 }

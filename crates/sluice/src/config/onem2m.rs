@@ -130,6 +130,10 @@ pub(super) fn check_raw(table: &toml::Table) -> Result<(), ConfigError> {
     };
     for (i, up) in uplinks.iter().enumerate() {
         let Some(up) = up.as_table() else { continue };
+        // A Kafka uplink's keys are checked in `kafka.rs`.
+        if super::kafka::is_kafka_table(up) {
+            continue;
+        }
         let onem2m = up
             .get("protocol")
             .and_then(toml::Value::as_str)

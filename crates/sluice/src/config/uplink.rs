@@ -180,6 +180,23 @@ pub struct UplinkConfig {
     )]
     pub request_timeout: Option<Duration>,
     // --- end oneM2M ---
+    // --- Kafka (`protocol = "kafka"`, `sink/kafka/`; checked in `kafka.rs`) ---
+    /// The cluster's bootstrap brokers, `host:port`; `url`/`urls` are filled in from them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub brokers: Vec<String>,
+    /// `ssl` (default), `sasl_ssl`, `plaintext` or `sasl_plaintext` (Kafka's names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_protocol: Option<super::kafka::SecurityProtocol>,
+    /// `SCRAM-SHA-512` (default) or `SCRAM-SHA-256`, with `username` and `password_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl_mechanism: Option<super::kafka::SaslMechanism>,
+    /// The Kafka topic: `{topic}` is the local topic with `/` as `.`; default `"{topic}"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Record batch compression: `lz4` (default), `zstd` or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<super::kafka::KafkaCompression>,
+    // --- end Kafka ---
     /// SenML aggregation of normal-priority records (a table, so it comes last).
     #[serde(default)]
     pub aggregate: AggregateConfig,
@@ -314,6 +331,11 @@ impl UplinkConfig {
             function: None,
             pipeline: None,
             request_timeout: None,
+            brokers: Vec::new(),
+            security_protocol: None,
+            sasl_mechanism: None,
+            topic: None,
+            compression: None,
             aggregate: AggregateConfig::default(),
         }
     }
@@ -546,6 +568,8 @@ pub enum MqttProtocol {
     V5,
     /// oneM2M Mca over HTTP/1.1 (`sink/onem2m/`).
     OneM2m,
+    /// Apache Kafka, the idempotent producer (`sink/kafka/`).
+    Kafka,
 }
 
 impl MqttProtocol {
@@ -554,6 +578,7 @@ impl MqttProtocol {
             MqttProtocol::V311 => "3.1.1",
             MqttProtocol::V5 => "5",
             MqttProtocol::OneM2m => "onem2m",
+            MqttProtocol::Kafka => "kafka",
         }
     }
 }
@@ -565,7 +590,7 @@ impl fmt::Display for MqttProtocol {
 }
 
 const PROTOCOL_EXPECTED: &str =
-    "protocol must be the string \"5\" or \"3.1.1\" (MQTT), or \"onem2m\" (oneM2M over HTTP)";
+    "protocol must be the string \"5\" or \"3.1.1\" (MQTT), \"onem2m\" (oneM2M over HTTP) or \"kafka\" (Apache Kafka)";
 
 impl Serialize for MqttProtocol {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -579,13 +604,14 @@ impl<'de> Deserialize<'de> for MqttProtocol {
         impl Visitor<'_> for ProtocolVisitor {
             type Value = MqttProtocol;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("\"5\", \"3.1.1\" or \"onem2m\"")
+                f.write_str("\"5\", \"3.1.1\", \"onem2m\" or \"kafka\"")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<MqttProtocol, E> {
                 match v.trim() {
                     "5" => Ok(MqttProtocol::V5),
                     "3.1.1" => Ok(MqttProtocol::V311),
                     "onem2m" => Ok(MqttProtocol::OneM2m),
+                    "kafka" => Ok(MqttProtocol::Kafka),
                     _ => Err(E::custom(PROTOCOL_EXPECTED)),
                 }
             }

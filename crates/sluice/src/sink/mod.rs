@@ -84,6 +84,8 @@ pub fn spawn(
         http::spawn(seed, shutdown)
     } else if seed.cfg.is_onem2m() {
         onem2m::spawn(seed, shutdown)
+    } else if seed.cfg.is_kafka() {
+        kafka::spawn(seed, shutdown)
     } else if seed.cfg.paths.is_empty() {
         mqtt::spawn(seed, shutdown)
     } else {

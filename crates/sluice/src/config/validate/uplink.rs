@@ -74,13 +74,18 @@ pub(super) fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(
     // Transport and TLS.
     let (secure, plain) = if u.is_onem2m() {
         ("https://", "http://")
+    } else if u.is_kafka() {
+        // Brokers are host:port; TLS or not is `security_protocol`'s (`config/kafka.rs`).
+        ("ssl://", "plaintext://")
     } else {
         ("mqtts://", "mqtt://")
     };
     // Every node of `urls` follows the rules of a single `url`, and all are reached the same
     // way (one TLS setup, one set of credentials for the whole cluster).
     let node_key = |j: usize| {
-        if u.urls.is_empty() {
+        if u.is_kafka() {
+            format!("uplink[{i}].brokers[{j}]")
+        } else if u.urls.is_empty() {
             key("url")
         } else {
             format!("uplink[{i}].urls[{j}]")
@@ -111,6 +116,14 @@ pub(super) fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(
                 };
                 return invalid(&field, &format!("{name:?} is not a valid TLS server name"));
             }
+        } else if !u.allow_plaintext && u.is_kafka() {
+            return invalid(
+                &key("security_protocol"),
+                &format!(
+                    "{}:{} would be reached unencrypted; use security_protocol = \"ssl\" (or \"sasl_ssl\"), or set allow_plaintext = true to accept that",
+                    node.host, node.port
+                ),
+            );
         } else if !u.allow_plaintext {
             return invalid(
                 &node_key(j),
@@ -235,9 +248,12 @@ pub(super) fn check_uplink(i: usize, u: &UplinkConfig, files: Files) -> Result<(
         );
     }
 
-    // The MQTT keys above hold their defaults on a oneM2M uplink (`onem2m::check_raw`).
+    // The MQTT keys above hold their defaults on a oneM2M or Kafka uplink (`check_raw`).
     if u.is_onem2m() {
         crate::config::onem2m::check(i, u)?;
+    }
+    if u.is_kafka() {
+        crate::config::kafka::check(i, u)?;
     }
     check_files(i, u, files)
 }

@@ -72,6 +72,80 @@ pub const METADATA_RETRY: Duration = Duration::from_millis(200);
 /// The largest Kafka topic name.
 pub const MAX_TOPIC_LEN: usize = 249;
 
+/// Start the outbox of one Kafka uplink lane on this shard. Must be called inside a
+/// `LocalSet`. Runs until `shutdown`.
+pub fn spawn(
+    seed: crate::sink::SessionSeed,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let transport = KafkaTransport::new(KafkaParams::from_config(
+        &seed.cfg,
+        seed.shard,
+        seed.tls.clone(),
+    ));
+    let outbox =
+        crate::sink::outbox::Outbox::new(crate::sink::outbox::OutboxSeed::from(seed), transport);
+    tokio::task::spawn_local(outbox.run(shutdown))
+}
+
+impl KafkaParams {
+    /// The transport's parameters for `cfg` (validated) on `shard`; `tls` is `Some` when the
+    /// uplink's `security_protocol` is TLS.
+    pub fn from_config(
+        cfg: &crate::config::UplinkConfig,
+        shard: usize,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> KafkaParams {
+        use crate::config::kafka::{KafkaCompression, SaslMechanism};
+        let security = cfg.security_protocol.unwrap_or_default();
+        let sasl = if security.sasl() {
+            // Validated: username and a readable password file are set. A file gone since
+            // then gives an empty password, which the broker refuses (logged there).
+            let password = cfg
+                .read_password(0)
+                .ok()
+                .flatten()
+                .map(|p| p.expose().to_string())
+                .unwrap_or_default();
+            Some(SaslParams {
+                mechanism: match cfg.sasl_mechanism.unwrap_or_default() {
+                    SaslMechanism::ScramSha256 => scram::Mechanism::Sha256,
+                    SaslMechanism::ScramSha512 => scram::Mechanism::Sha512,
+                },
+                username: cfg.username.clone().unwrap_or_default(),
+                password,
+            })
+        } else {
+            None
+        };
+        KafkaParams {
+            brokers: cfg
+                .nodes()
+                .iter()
+                .map(|n| {
+                    if n.host.contains(':') {
+                        format!("[{}]:{}", n.host, n.port)
+                    } else {
+                        format!("{}:{}", n.host, n.port)
+                    }
+                })
+                .collect(),
+            topic: cfg.kafka_topic().to_string(),
+            compression: match cfg.compression.unwrap_or_default() {
+                KafkaCompression::None => Compression::None,
+                KafkaCompression::Lz4 => Compression::Lz4,
+                KafkaCompression::Zstd => Compression::Zstd,
+            },
+            tls: if security.tls() { tls } else { None },
+            server_name: cfg.server_name.clone(),
+            client_id: cfg.session_client_id(shard),
+            request_timeout: cfg.kafka_request_timeout(),
+            window: usize::from(cfg.inflight).max(1),
+            sasl,
+        }
+    }
+}
+
 /// What a Kafka transport is told by its uplink's config.
 #[derive(Clone)]
 pub struct KafkaParams {
@@ -82,6 +156,9 @@ pub struct KafkaParams {
     pub compression: Compression,
     /// `Some`: every connection is TLS, verified with this configuration.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The name every broker's certificate is verified for; `None`: each broker's own host
+    /// (as the cluster advertises it).
+    pub server_name: Option<String>,
     /// Our client id towards the cluster (`{client_id}-{shard}`).
     pub client_id: String,
     /// How long a request may stay unanswered.
@@ -231,7 +308,11 @@ impl KafkaTransport {
             return self.authenticated(Box::new(tcp)).await;
         };
         let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let host = self
+            .params
+            .server_name
+            .as_deref()
+            .unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
         let name = rustls::pki_types::ServerName::try_from(host.to_string())
             .map_err(|_| UplinkError::InvalidServerName(host.to_string()))?;
         let tls = tokio_rustls::TlsConnector::from(tls.clone())

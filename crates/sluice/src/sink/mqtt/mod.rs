@@ -214,8 +214,8 @@ impl MqttTransport {
     ) -> MqttTransport {
         let version = match cfg.protocol {
             MqttProtocol::V311 => ProtocolVersion::V311,
-            // A oneM2M uplink never builds an MQTT transport (`sink::spawn`).
-            MqttProtocol::V5 | MqttProtocol::OneM2m => ProtocolVersion::V5,
+            // A oneM2M or Kafka uplink never builds an MQTT transport (`sink::spawn`).
+            MqttProtocol::V5 | MqttProtocol::OneM2m | MqttProtocol::Kafka => ProtocolVersion::V5,
         };
         let client_id = match lane {
             Lane::Normal => cfg.session_client_id(shard),
