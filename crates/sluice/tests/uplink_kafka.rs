@@ -101,6 +101,7 @@ async fn killing_the_partition_leader_under_load_loses_nothing_acknowledged() {
     );
     const DEVICES: usize = 4;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for d in 0..DEVICES {
         let mut c = device_opts(
@@ -110,6 +111,7 @@ async fn killing_the_partition_leader_under_load_loses_nothing_acknowledged() {
         .await;
         c.set_ack_timeout(Duration::from_secs(90));
         let stop = stop.clone();
+        let acks = acks.clone();
         tasks.push(tokio::spawn(async move {
             // (message number, when its PUBACK came)
             let mut acked = Vec::new();
@@ -121,6 +123,7 @@ async fn killing_the_partition_leader_under_load_loses_nothing_acknowledged() {
                     .expect("PUBACK");
                 assert_eq!(code, 0, "PUBACK of dev-{d} {n}");
                 acked.push((n, Instant::now()));
+                acks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 n += 1;
             }
             acked
@@ -128,8 +131,19 @@ async fn killing_the_partition_leader_under_load_loses_nothing_acknowledged() {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let killed_at = Instant::now();
+    let at_kill = acks.load(std::sync::atomic::Ordering::Relaxed);
     cluster.kill(leader);
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Kafka moves the leadership once its controller has fenced the dead broker (its
+    // session timeout, 9 s by default): wait until acknowledgements flow again, then 3 s more.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while acks.load(std::sync::atomic::Ordering::Relaxed) < at_kill + 50 {
+        assert!(
+            Instant::now() < deadline,
+            "no acknowledgement 90 s after the leader was killed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut acked_by_dev = Vec::new();
     for t in tasks {
