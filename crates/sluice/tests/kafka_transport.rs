@@ -172,3 +172,61 @@ async fn with_sasl_scram_the_transport_authenticates_and_a_wrong_password_is_ref
         "the error says so: {err}"
     );
 }
+
+#[tokio::test]
+async fn over_tls_the_brokers_are_verified_and_an_untrusted_one_is_refused() {
+    let pki = sluice_testkit::TestPki::generate();
+    let Some(cluster) =
+        KafkaCluster::start_with(None, Some((pki.server_cert_path(), pki.server_key_path())))
+    else {
+        return;
+    };
+    let params = |tls| KafkaParams {
+        brokers: cluster
+            .tls_bootstrap()
+            .split(',')
+            .map(String::from)
+            .collect(),
+        topic: "tls-test".into(),
+        compression: Compression::Lz4,
+        tls: Some(tls),
+        server_name: None,
+        client_id: "sluice-test-0".into(),
+        request_timeout: Duration::from_secs(30),
+        window: 100,
+        sasl: None,
+    };
+    let mut t = KafkaTransport::new(params(pki.rustls_client_config(false)));
+    t.connect()
+        .await
+        .expect("TLS to the brokers, verified against the CA");
+    let m = msg("dev-1", "x", 1);
+    let id = t
+        .encode(Unit::Message {
+            msg: &m,
+            resend: false,
+        })
+        .unwrap()
+        .unwrap();
+    t.flush().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut acked = false;
+    while !acked {
+        assert!(Instant::now() < deadline, "acknowledged within 30 s");
+        let mut fb = Vec::new();
+        t.poll(&mut fb).await.unwrap();
+        acked = fb.contains(&Feedback::Acked(id));
+        if t.pending_bytes() > 0 {
+            t.flush().await.unwrap();
+        }
+    }
+    // Another CA: the brokers' certificates are not trusted.
+    let other = sluice_testkit::TestPki::generate();
+    let mut wrong = KafkaTransport::new(params(other.rustls_client_config(false)));
+    let err = wrong
+        .connect()
+        .await
+        .err()
+        .expect("an untrusted broker is refused");
+    assert!(err.to_string().contains("TLS"), "the error says so: {err}");
+}

@@ -19,6 +19,15 @@ pub struct KafkaCluster {
 impl KafkaCluster {
     /// Three nodes; `scram`: also SASL_PLAINTEXT listeners with `user:password` stored.
     pub fn start(scram: Option<&str>) -> Option<KafkaCluster> {
+        Self::start_with(scram, None)
+    }
+
+    /// [`KafkaCluster::start`], and with `tls` (certificate chain, key: PEM files) also TLS
+    /// listeners.
+    pub fn start_with(
+        scram: Option<&str>,
+        tls: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Option<KafkaCluster> {
         for tool in ["java", "mvn"] {
             if Command::new(tool).arg("-version").output().is_err() {
                 eprintln!("SKIP: `{tool}` not found (scripts/test installs it); no Kafka cluster");
@@ -40,6 +49,9 @@ impl KafkaCluster {
         if let Some(s) = scram {
             cmd.env("KAFKA_SCRAM", s);
         }
+        if let Some((cert, key)) = tls {
+            cmd.env("KAFKA_TLS", format!("{}:{}", cert.display(), key.display()));
+        }
         let out = cmd.output().unwrap();
         assert!(
             out.status.success(),
@@ -53,6 +65,14 @@ impl KafkaCluster {
     /// The SASL_PLAINTEXT bootstrap list (after `start(Some(..))`).
     pub fn sasl_bootstrap(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("bootstrap-sasl"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// The TLS bootstrap list (after `start_with(_, Some(..))`).
+    pub fn tls_bootstrap(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("bootstrap-tls"))
             .unwrap()
             .trim()
             .to_string()
