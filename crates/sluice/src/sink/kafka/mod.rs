@@ -36,9 +36,14 @@
 //! batch is answered (bounded by the outbox's window). The topic table holds at most
 //! [`MAX_TOPICS`] topics; beyond that it is cleared and learnt again.
 
+mod conn;
+mod params;
 pub mod partitioner;
+mod produce;
 pub mod scram;
 pub mod wire;
+
+pub use params::{KafkaParams, SaslParams};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -47,21 +52,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, ProducerId, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse, TopicName,
+    ProduceResponse, ProducerId, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::sink::transport::{Feedback, LinkLimits, SendId, Transport, Unit, Unsendable};
 use crate::sink::{UplinkError, UplinkMessage};
-use wire::{Outcome, WireError};
+use conn::{write_out, Call};
+use wire::WireError;
 
 /// Batches of one partition unanswered at once (Kafka's limit for the idempotent producer).
 pub const MAX_INFLIGHT_PER_PARTITION: usize = 5;
@@ -86,104 +87,6 @@ pub fn spawn(
     let outbox =
         crate::sink::outbox::Outbox::new(crate::sink::outbox::OutboxSeed::from(seed), transport);
     tokio::task::spawn_local(outbox.run(shutdown))
-}
-
-impl KafkaParams {
-    /// The transport's parameters for `cfg` (validated) on `shard`; `tls` is `Some` when the
-    /// uplink's `security_protocol` is TLS.
-    pub fn from_config(
-        cfg: &crate::config::UplinkConfig,
-        shard: usize,
-        tls: Option<Arc<rustls::ClientConfig>>,
-    ) -> KafkaParams {
-        use crate::config::kafka::{KafkaCompression, SaslMechanism};
-        let security = cfg.security_protocol.unwrap_or_default();
-        let sasl = if security.sasl() {
-            // Validated: username and a readable password file are set. A file gone since
-            // then gives an empty password, which the broker refuses (logged there).
-            let password = cfg
-                .read_password(0)
-                .ok()
-                .flatten()
-                .map(|p| p.expose().to_string())
-                .unwrap_or_default();
-            Some(SaslParams {
-                mechanism: match cfg.sasl_mechanism.unwrap_or_default() {
-                    SaslMechanism::ScramSha256 => scram::Mechanism::Sha256,
-                    SaslMechanism::ScramSha512 => scram::Mechanism::Sha512,
-                },
-                username: cfg.username.clone().unwrap_or_default(),
-                password,
-            })
-        } else {
-            None
-        };
-        KafkaParams {
-            brokers: cfg
-                .nodes()
-                .iter()
-                .map(|n| {
-                    if n.host.contains(':') {
-                        format!("[{}]:{}", n.host, n.port)
-                    } else {
-                        format!("{}:{}", n.host, n.port)
-                    }
-                })
-                .collect(),
-            topic: cfg.kafka_topic().to_string(),
-            compression: match cfg.compression.unwrap_or_default() {
-                KafkaCompression::None => Compression::None,
-                KafkaCompression::Lz4 => Compression::Lz4,
-                KafkaCompression::Zstd => Compression::Zstd,
-            },
-            tls: if security.tls() { tls } else { None },
-            server_name: cfg.server_name.clone(),
-            client_id: cfg.session_client_id(shard),
-            request_timeout: cfg.kafka_request_timeout(),
-            window: usize::from(cfg.inflight).max(1),
-            sasl,
-        }
-    }
-}
-
-/// What a Kafka transport is told by its uplink's config.
-#[derive(Clone)]
-pub struct KafkaParams {
-    /// `host:port` of the bootstrap brokers, tried in order.
-    pub brokers: Vec<String>,
-    /// The topic template: `{topic}` is the local topic with `/` as `.`.
-    pub topic: String,
-    pub compression: Compression,
-    /// `Some`: every connection is TLS, verified with this configuration.
-    pub tls: Option<Arc<rustls::ClientConfig>>,
-    /// The name every broker's certificate is verified for; `None`: each broker's own host
-    /// (as the cluster advertises it).
-    pub server_name: Option<String>,
-    /// Our client id towards the cluster (`{client_id}-{shard}`).
-    pub client_id: String,
-    /// How long a request may stay unanswered.
-    pub request_timeout: Duration,
-    /// Messages unacknowledged at once (the outbox's window).
-    pub window: usize,
-    /// `Some`: every connection authenticates with SASL/SCRAM first.
-    pub sasl: Option<SaslParams>,
-}
-
-/// SASL/SCRAM credentials.
-#[derive(Clone)]
-pub struct SaslParams {
-    pub mechanism: scram::Mechanism,
-    pub username: String,
-    pub password: String,
-}
-
-impl std::fmt::Debug for SaslParams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SaslParams")
-            .field("mechanism", &self.mechanism)
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
 }
 
 trait Io: AsyncRead + AsyncWrite + Unpin {}
@@ -294,100 +197,6 @@ impl KafkaTransport {
     fn corr(&mut self) -> i32 {
         self.next_corr = self.next_corr.wrapping_add(1);
         self.next_corr
-    }
-
-    async fn dial(&self, addr: &str) -> Result<Box<dyn Io>, UplinkError> {
-        let tcp = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|source| UplinkError::CloudUnreachable {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let _ = tcp.set_nodelay(true);
-        let Some(tls) = &self.params.tls else {
-            return self.authenticated(Box::new(tcp)).await;
-        };
-        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-        let host = self
-            .params
-            .server_name
-            .as_deref()
-            .unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
-        let name = rustls::pki_types::ServerName::try_from(host.to_string())
-            .map_err(|_| UplinkError::InvalidServerName(host.to_string()))?;
-        let tls = tokio_rustls::TlsConnector::from(tls.clone())
-            .connect(name, tcp)
-            .await
-            .map_err(UplinkError::TlsHandshake)?;
-        self.authenticated(Box::new(tls)).await
-    }
-
-    /// With SASL/SCRAM configured, authenticate `io` before anything else is sent on it
-    /// (SaslHandshake, then two SaslAuthenticate rounds; the server's signature checked).
-    async fn authenticated(&self, mut io: Box<dyn Io>) -> Result<Box<dyn Io>, UplinkError> {
-        let Some(sasl) = &self.params.sasl else {
-            return Ok(io);
-        };
-        let call = Call {
-            client_id: &self.client_id,
-            timeout: self.params.request_timeout,
-        };
-        let mut rbuf = BytesMut::new();
-        let mut hs = SaslHandshakeRequest::default();
-        hs.mechanism = StrBytes::from_static_str(sasl.mechanism.name());
-        let resp: SaslHandshakeResponse = call
-            .exchange(
-                &mut io,
-                &mut rbuf,
-                1,
-                ApiKey::SaslHandshake,
-                1,
-                &hs,
-                "SASL handshake answer",
-            )
-            .await?;
-        if resp.error_code != 0 {
-            let offered: Vec<&str> = resp.mechanisms.iter().map(|m| m.as_str()).collect();
-            return Err(UplinkError::SaslFailed(format!(
-                "the broker does not take {} (it offers {offered:?})",
-                sasl.mechanism.name()
-            )));
-        }
-        let mut scram = scram::ScramClient::new(sasl.mechanism, &sasl.username, &sasl.password);
-        let mut auth = SaslAuthenticateRequest::default();
-        auth.auth_bytes = Bytes::from(scram.client_first());
-        let first: SaslAuthenticateResponse = call
-            .exchange(
-                &mut io,
-                &mut rbuf,
-                2,
-                ApiKey::SaslAuthenticate,
-                2,
-                &auth,
-                "SASL answer",
-            )
-            .await?;
-        sasl_ok(&first)?;
-        let fin = scram
-            .client_final(&first.auth_bytes)
-            .map_err(|e| UplinkError::SaslFailed(e.to_string()))?;
-        auth.auth_bytes = Bytes::from(fin);
-        let last: SaslAuthenticateResponse = call
-            .exchange(
-                &mut io,
-                &mut rbuf,
-                3,
-                ApiKey::SaslAuthenticate,
-                2,
-                &auth,
-                "SASL answer",
-            )
-            .await?;
-        sasl_ok(&last)?;
-        scram
-            .verify_server_final(&last.auth_bytes)
-            .map_err(|e| UplinkError::SaslFailed(e.to_string()))?;
-        Ok(io)
     }
 
     /// One request on the control connection and its answer, waited for (while connecting).
@@ -505,112 +314,6 @@ impl KafkaTransport {
         Ok(())
     }
 
-    /// Move ready records into one Produce request per leader (a record batch per partition
-    /// with room for another batch in flight).
-    fn build_produce(&mut self) -> Result<(), UplinkError> {
-        let opts = RecordEncodeOptions {
-            version: 2,
-            compression: self.params.compression,
-        };
-        let mut per_leader: HashMap<i32, (ProduceRequest, Vec<SentBatch>)> = HashMap::new();
-        for state in self.topics.values_mut() {
-            for (p, part) in state.partitions.iter_mut().enumerate() {
-                if part.ready.is_empty() || part.inflight >= MAX_INFLIGHT_PER_PARTITION {
-                    continue;
-                }
-                let leader = state.leaders[p];
-                if leader < 0 || !self.brokers.contains_key(&leader) {
-                    return Err(UplinkError::Protocol(format!(
-                        "partition {p} of Kafka topic {} has no leader now",
-                        state.name
-                    )));
-                }
-                let records: Vec<Record> = part
-                    .ready
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| Record {
-                        transactional: false,
-                        control: false,
-                        delete_horizon: false,
-                        partition_leader_epoch: -1,
-                        producer_id: self.producer_id,
-                        producer_epoch: self.epoch,
-                        timestamp_type: TimestampType::Creation,
-                        offset: i as i64,
-                        sequence: part.sequence.wrapping_add(i as i32),
-                        timestamp: r.timestamp,
-                        key: Some(r.key.clone()),
-                        value: Some(r.value.clone()),
-                        headers: r.headers.clone(),
-                    })
-                    .collect();
-                let mut batch = BytesMut::new();
-                RecordBatchEncoder::encode(&mut batch, &records, &opts).map_err(|e| {
-                    protocol(WireError::Encode {
-                        what: "record batch",
-                        detail: e.to_string(),
-                    })
-                })?;
-                part.sequence = part.sequence.wrapping_add(records.len() as i32);
-                part.inflight += 1;
-                let ids: Vec<SendId> = part.ready.iter().map(|r| r.id).collect();
-                for r in part.ready.drain(..) {
-                    self.ready_bytes -= r.key.len() + r.value.len();
-                }
-                let (req, sent) = per_leader.entry(leader).or_insert_with(|| {
-                    let mut req = ProduceRequest::default();
-                    req.transactional_id = None;
-                    req.acks = -1;
-                    req.timeout_ms = self
-                        .params
-                        .request_timeout
-                        .as_millis()
-                        .min(i32::MAX as u128) as i32;
-                    (req, Vec::new())
-                });
-                let mut pd = PartitionProduceData::default();
-                pd.index = p as i32;
-                pd.records = Some(batch.freeze());
-                match req
-                    .topic_data
-                    .iter_mut()
-                    .find(|t| t.name.0.as_str() == &*state.name)
-                {
-                    Some(t) => t.partition_data.push(pd),
-                    None => {
-                        let mut td = TopicProduceData::default();
-                        td.name = TopicName(StrBytes::from_string(state.name.to_string()));
-                        td.partition_data.push(pd);
-                        req.topic_data.push(td);
-                    }
-                }
-                sent.push(SentBatch {
-                    topic: state.name.clone(),
-                    partition: p as i32,
-                    ids,
-                });
-            }
-        }
-        for (leader, (req, sent)) in per_leader {
-            self.next_corr = self.next_corr.wrapping_add(1);
-            let corr = self.next_corr;
-            let conn = &mut self.brokers.get_mut(&leader).expect("checked above").1;
-            wire::encode_request(
-                &mut conn.out,
-                ApiKey::Produce,
-                wire::PRODUCE_V,
-                corr,
-                &self.client_id,
-                &req,
-            )
-            .map_err(protocol)?;
-            conn.waiting
-                .push_back((corr, Waiting::Produce(sent), Instant::now()));
-        }
-        Ok(())
-    }
-
     /// Handle every complete answer buffered on a connection (`None`: the control one).
     fn take_answers(
         &mut self,
@@ -664,125 +367,12 @@ impl KafkaTransport {
         }
     }
 
-    fn on_produced(
-        &mut self,
-        sent: Vec<SentBatch>,
-        resp: ProduceResponse,
-        feedback: &mut Vec<Feedback>,
-    ) -> Result<(), UplinkError> {
-        for batch in sent {
-            if let Some(part) = self
-                .topics
-                .get_mut(&batch.topic)
-                .and_then(|t| t.partitions.get_mut(batch.partition as usize))
-            {
-                part.inflight = part.inflight.saturating_sub(1);
-            }
-            let answer = resp
-                .responses
-                .iter()
-                .filter(|t| t.name.0.as_str() == &*batch.topic)
-                .flat_map(|t| t.partition_responses.iter())
-                .find(|p| p.index == batch.partition);
-            let Some(answer) = answer else {
-                return Err(UplinkError::Protocol(format!(
-                    "the Kafka broker's produce answer left out partition {} of {}",
-                    batch.partition, batch.topic
-                )));
-            };
-            if answer.error_code == 0 {
-                feedback.extend(batch.ids.into_iter().map(Feedback::Acked));
-                continue;
-            }
-            match wire::classify(answer.error_code) {
-                Outcome::Reconnect => {
-                    return Err(UplinkError::Protocol(format!(
-                        "Kafka answered error {} for partition {} of {} (the cluster changed; reconnecting)",
-                        answer.error_code, batch.partition, batch.topic
-                    )));
-                }
-                Outcome::Refuse { code, class } => {
-                    tracing::warn!(topic = %batch.topic, partition = batch.partition, error_code = answer.error_code,
-                        "Kafka refused records");
-                    feedback.extend(batch.ids.into_iter().map(|id| Feedback::Refused {
-                        id,
-                        code,
-                        class,
-                    }));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The oldest unanswered request's deadline.
     fn deadline(&self) -> Option<Instant> {
         std::iter::once(&self.control)
             .chain(self.brokers.values().map(|(_, c)| c))
             .filter_map(|c| c.waiting.front().map(|w| w.2 + self.params.request_timeout))
             .min()
-    }
-}
-
-/// A SaslAuthenticate answer's error, if any.
-fn sasl_ok(resp: &SaslAuthenticateResponse) -> Result<(), UplinkError> {
-    if resp.error_code == 0 {
-        return Ok(());
-    }
-    Err(UplinkError::SaslFailed(format!(
-        "error {}: {}",
-        resp.error_code,
-        resp.error_message.as_deref().unwrap_or("(no message)")
-    )))
-}
-
-/// One request and its answer on a connection nothing else is using yet.
-struct Call<'a> {
-    client_id: &'a StrBytes,
-    timeout: Duration,
-}
-
-impl Call<'_> {
-    #[allow(clippy::too_many_arguments)]
-    async fn exchange<Req, Resp>(
-        &self,
-        io: &mut Box<dyn Io>,
-        rbuf: &mut BytesMut,
-        corr: i32,
-        key: ApiKey,
-        version: i16,
-        req: &Req,
-        what: &'static str,
-    ) -> Result<Resp, UplinkError>
-    where
-        Req: kafka_protocol::protocol::Encodable + kafka_protocol::protocol::HeaderVersion,
-        Resp: kafka_protocol::protocol::Decodable,
-    {
-        let mut out = BytesMut::new();
-        wire::encode_request(&mut out, key, version, corr, self.client_id, req)
-            .map_err(protocol)?;
-        let exchange = async {
-            io.write_all(&out).await?;
-            io.flush().await?;
-            loop {
-                if let Some(frame) = wire::next_frame(rbuf).map_err(to_io)? {
-                    return Ok::<_, std::io::Error>(frame);
-                }
-                if io.read_buf(rbuf).await? == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-            }
-        };
-        let frame = tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| UplinkError::ResponseTimeout(self.timeout))?
-            .map_err(UplinkError::ConnectionLost)?;
-        if wire::peek_correlation_id(&frame).map_err(protocol)? != corr {
-            return Err(UplinkError::Protocol(format!(
-                "the Kafka broker answered another request than the {what}"
-            )));
-        }
-        wire::decode_response(frame, key, version, what).map_err(protocol)
     }
 }
 
@@ -1023,25 +613,6 @@ impl Transport for KafkaTransport {
         self.ready_bytes = 0;
         self.producer_id = -1;
         self.epoch = -1;
-    }
-}
-
-async fn write_out(
-    io: &mut Box<dyn Io>,
-    out: &mut BytesMut,
-    timeout: Duration,
-) -> Result<(), UplinkError> {
-    let write = async {
-        io.write_all(out).await?;
-        io.flush().await
-    };
-    match tokio::time::timeout(timeout, write).await {
-        Ok(Ok(())) => {
-            out.clear();
-            Ok(())
-        }
-        Ok(Err(e)) => Err(UplinkError::ConnectionLost(e)),
-        Err(_) => Err(UplinkError::WriteTimeout(timeout)),
     }
 }
 
