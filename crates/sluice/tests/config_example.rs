@@ -192,18 +192,17 @@ fn example_file_loads_with_a_relative_ca_file_resolved_against_its_directory() {
     );
 }
 
-/// The commented Kafka uplink of the example, uncommented, parses as a Kafka uplink with its
-/// brokers as nodes, SASL over TLS, and the default topic and compression.
-#[test]
-fn example_kafka_uplink_parses_with_its_brokers_and_sasl_over_tls() {
+/// The example's commented block `# --- {name} uplink example (begin) ---` … `(end)`, its
+/// key lines uncommented (comment prose left out).
+fn uncommented_example(name: &str) -> String {
     let text = example_text();
     let start = text
-        .find("# --- Kafka uplink example (begin) ---")
-        .expect("the example has a Kafka uplink");
+        .find(&format!("# --- {name} uplink example (begin) ---"))
+        .unwrap_or_else(|| panic!("the example has a {name} uplink"));
     let end = text
-        .find("# --- Kafka uplink example (end) ---")
+        .find(&format!("# --- {name} uplink example (end) ---"))
         .expect("its end marker");
-    let block: String = text[start..end]
+    text[start..end]
         .lines()
         .skip(1)
         .filter_map(|l| l.strip_prefix("# "))
@@ -211,7 +210,14 @@ fn example_kafka_uplink_parses_with_its_brokers_and_sasl_over_tls() {
             l.starts_with("[[") || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' '))
         })
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+/// The commented Kafka uplink of the example, uncommented, parses as a Kafka uplink with its
+/// brokers as nodes, SASL over TLS, and the default topic and compression.
+#[test]
+fn example_kafka_uplink_parses_with_its_brokers_and_sasl_over_tls() {
+    let block = uncommented_example("Kafka");
     let config = config::parse_unchecked_files(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
     let u = &config.uplink[0];
     assert!(u.is_kafka());
@@ -229,22 +235,7 @@ fn example_kafka_uplink_parses_with_its_brokers_and_sasl_over_tls() {
 /// container template turns PHD topics into `{system-id}/{metric}`.
 #[test]
 fn example_onem2m_uplink_parses_and_names_phd_containers_by_system_id_and_metric() {
-    let text = example_text();
-    let start = text
-        .find("# --- oneM2M uplink example (begin) ---")
-        .expect("the example has a oneM2M uplink");
-    let end = text
-        .find("# --- oneM2M uplink example (end) ---")
-        .expect("its end marker");
-    let block: String = text[start..end]
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.strip_prefix("# "))
-        .filter(|l| {
-            l.starts_with("[[") || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' '))
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let block = uncommented_example("oneM2M");
     let config = config::parse_unchecked_files(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
     let u = &config.uplink[0];
     assert!(u.is_onem2m());
