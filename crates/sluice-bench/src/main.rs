@@ -17,7 +17,8 @@ use cli::functions::FunctionsArgs;
 use cli::hostile::HostileArgs;
 use cli::multipath::MultipathArgs;
 use cli::scenarios::{
-    ConnectionsArgs, CoreArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs, ThroughputArgs,
+    ConnectionsArgs, CoreArgs, KafkaArgs, OneM2mArgs, OutageArgs, PriorityArgs, SeganetArgs,
+    ThroughputArgs,
 };
 use cli::state::StateArgs;
 use cli::storage::StorageArgs;
@@ -171,6 +172,10 @@ enum ScenarioCommand {
     /// (the CSE's maximum), then MQTT devices through sluice's oneM2M uplink; both and their
     /// ratio (needs `acmecse` on PATH).
     Onem2m(OneM2mArgs),
+    /// Records per second into a real three-node Apache Kafka cluster (`scripts/kafka-cluster`,
+    /// Java 17+ and Maven): Kafka's own `kafka-producer-perf-test` (the cluster's maximum), then
+    /// MQTT devices through sluice's Kafka uplink; sluice's CPU per message and PUBACK p99.
+    Kafka(KafkaArgs),
     /// Priority lanes (SegaNet §4.3) over a rate-limited uplink: 4 devices (1 high, client id
     /// bench-hi-0), each 100 msg/s × 1 KB, through sluice to a TLS 1.3 cloud Mosquitto over a
     /// veth link the normal devices saturate. Needs root.
@@ -322,6 +327,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Scenario(ScenarioCommand::Priority(args)) => cli::scenarios::priority(args).await,
         Command::Scenario(ScenarioCommand::Onem2m(args)) => cli::scenarios::onem2m(args).await,
+        Command::Scenario(ScenarioCommand::Kafka(args)) => cli::scenarios::kafka(args).await,
         Command::Scenario(ScenarioCommand::Outage(args)) => cli::scenarios::outage(args).await,
         Command::Scenario(ScenarioCommand::State(args)) => cli::state::state(args).await,
         Command::Scenario(ScenarioCommand::Coap(args)) => cli::coap::coap(args).await,

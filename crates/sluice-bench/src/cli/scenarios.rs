@@ -659,6 +659,56 @@ pub(crate) async fn priority(args: PriorityArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Args, Debug)]
+pub(crate) struct KafkaArgs {
+    /// MQTT 5 devices publishing QoS 1 to sluice.
+    #[arg(long, default_value_t = 100)]
+    devices: u32,
+    /// Messages per second per device.
+    #[arg(long, default_value_t = 50.0)]
+    msg_rate: f64,
+    /// Payload bytes (the perf test's record size too).
+    #[arg(long, default_value_t = 200)]
+    payload: usize,
+    /// Records `kafka-producer-perf-test` sends.
+    #[arg(long, default_value_t = 300_000)]
+    perf_records: u64,
+    /// The sluice phase's run, ramp and settle included (e.g. "30s").
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// The sluice binary (build it with `cargo build --release -p sluice`).
+    #[arg(long, default_value = "target/release/sluice", value_name = "FILE")]
+    sluice_bin: PathBuf,
+    /// `[gateway] shards` of sluice.
+    #[arg(long, default_value_t = 1)]
+    sluice_shards: u32,
+    /// The script that fetches, starts and stops the Kafka cluster (needs Java 17+ and Maven).
+    #[arg(long, default_value = "scripts/kafka-cluster", value_name = "FILE")]
+    cluster_script: PathBuf,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also write the Markdown summary here.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+pub(crate) async fn kafka(args: KafkaArgs) -> anyhow::Result<()> {
+    use sluice_bench::scenarios::kafka::{self as k, KafkaScenario};
+    let mut config = KafkaScenario::new(args.sluice_bin);
+    config.devices = args.devices;
+    config.rate_per_device = args.msg_rate;
+    config.payload = args.payload;
+    config.perf_records = args.perf_records;
+    config.duration = args.duration;
+    config.sluice_shards = args.sluice_shards;
+    config.cluster_script = args.cluster_script;
+    config.command_line = command_line();
+    let report = k::run_kafka(&config).await?;
+    let table = k::markdown(&report);
+    write_outputs(&report, &table, args.out.as_ref(), args.markdown.as_ref())
+}
+
+#[derive(Args, Debug)]
 pub(crate) struct OneM2mArgs {
     /// HTTP connections: the plain client's, and sluice's `connections` per shard.
     #[arg(long, default_value_t = 4)]
