@@ -103,7 +103,8 @@ struct Cluster {
 impl Cluster {
     fn start(script: &Path) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("sluice-kafka-").tempdir()?;
-        let base = 20_000 + (std::process::id() % 390) * 100;
+        // Below the kernel's ephemeral ports (32768 and up).
+        let base = 20_000 + (std::process::id() % 110) * 100;
         let out = Command::new(script)
             .args([
                 "start",

@@ -38,7 +38,8 @@ impl KafkaCluster {
         // A base port per test process (and per call), so parallel tests do not collide.
         static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let base = 20_000 + ((std::process::id() * 7 + call * 13) % 390) * 100;
+        // Below the kernel's ephemeral ports (32768 and up), so no outgoing connection holds one.
+        let base = 20_000 + ((std::process::id() * 7 + call * 13) % 110) * 100;
         let mut cmd = Command::new(script());
         cmd.args([
             "start",
