@@ -580,6 +580,70 @@ mod tests {
         req
     }
 
+    /// Issue 32 item 6: the request goes out as one buffer (head and body), in origin form,
+    /// with the dispatcher's headers and our own `Content-Length` (any in the map dropped).
+    #[test]
+    fn a_request_is_encoded_whole_in_one_buffer() {
+        let mut r = request();
+        r.path = hyper::Uri::from_static("/fn/a?x=1");
+        r.headers
+            .insert(hyper::header::CONTENT_LENGTH, "99".parse().unwrap());
+        r.headers.insert("ce-id", "7".parse().unwrap());
+        r.body = Bytes::from_static(b"body");
+        let mut out = BytesMut::new();
+        r.encode(&mut out);
+        assert_eq!(
+            &out[..],
+            &b"POST /fn/a?x=1 HTTP/1.1\r\nhost: f\r\nce-id: 7\r\ncontent-length: 4\r\n\r\nbody"[..]
+        );
+    }
+
+    /// Bytes after a complete answer (a server that answers twice, or pipelines junk) leave
+    /// the connection in an unknown state: it is not pooled.
+    #[tokio::test]
+    async fn bytes_after_the_answer_end_the_connection() {
+        let a = answer_with(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1"]).await;
+        assert_eq!((a.status, &a.body[..], a.close), (200, &b"ok"[..], true));
+    }
+
+    /// A pooled connection the server closed while it was idle (here after a `408`, as
+    /// servers do at their keep-alive timeout) fails as closed before any answer — what
+    /// `dispatch.rs` sends again at once on a new connection — and the request is not
+    /// written to it.
+    #[tokio::test]
+    async fn a_reused_connection_the_server_closed_while_idle_fails_as_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_request(&mut s).await;
+            s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .await
+                .unwrap();
+            s.write_all(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            s.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+            rest
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        // (The 408 may arrive with the 204: then the first answer already ends the connection.)
+        let first = conn.call(&request(), &|_| {}).await.unwrap();
+        assert_eq!(first.status, 204);
+        let mut pool = Pool::default();
+        pool.put(1, conn);
+        let mut conn = pool.take(1).expect("pooled");
+        if let Io::Tcp(s) = &conn.io {
+            s.readable().await.unwrap();
+        }
+        let err = conn.call(&request(), &|_| {}).await.unwrap_err();
+        assert!(matches!(err, CallError::Closed), "{err:?}");
+        drop(conn);
+        assert_eq!(server.await.unwrap(), b"", "no second request written");
+    }
+
     #[tokio::test]
     async fn one_connection_carries_several_requests_and_says_when_each_was_written() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
