@@ -11,8 +11,9 @@
 //!
 //! A connection is used by one request at a time (no pipelining: Knative's concurrency is
 //! requests in flight, each on its own connection). A response that says `Connection: close`
-//! (or is HTTP/1.0, or has a body that runs to the close), bytes after the answer, or any
-//! error, ends the connection; otherwise it goes back to the pool. Connections idle for more
+//! (or is HTTP/1.0, or has a body that runs to the close), or any error, ends the
+//! connection; otherwise it goes back to the pool (bytes after an answer make its next use
+//! fail as a stale connection's). Connections idle for more
 //! than [`IDLE_REOPEN`] are not reused, so a server's keep-alive timeout never closes one
 //! under a request.
 //!
@@ -153,6 +154,10 @@ pub struct Conn {
     out: BytesMut,
     /// Received bytes and the answer's decoding.
     rx: ResponseBuf,
+    /// Bytes came after the last answer: not ours to guess at, so the connection's next use
+    /// fails as a stale one (whatever the timing of those bytes: they may as well arrive
+    /// while it is idle).
+    spoke_unasked: bool,
     idle_since: Instant,
     /// It carried an exchange before (a failure before any answer byte may be a stale
     /// keep-alive connection the server closed meanwhile).
@@ -203,6 +208,7 @@ impl Conn {
             io,
             out: BytesMut::new(),
             rx: ResponseBuf::one_at_a_time(),
+            spoke_unasked: false,
             idle_since: Instant::now(),
             reused: false,
         }
@@ -230,7 +236,10 @@ impl Conn {
             self.out = BytesMut::new();
         }
         let r = self.answer().await;
-        if self.rx.unparsed_mut().capacity() > KEEP_BUF_BYTES {
+        if !self.rx.is_empty() {
+            self.spoke_unasked = true;
+        }
+        if !self.rx.is_empty() || self.rx.unparsed_mut().capacity() > KEEP_BUF_BYTES {
             self.rx = ResponseBuf::one_at_a_time();
         }
         r
@@ -242,8 +251,7 @@ impl Conn {
         let mut read_any = false;
         loop {
             if let Some(r) = self.rx.decode()? {
-                // Bytes after the answer: not ours to guess at; the connection ends.
-                let close = r.close || !self.rx.is_empty();
+                let close = r.close;
                 return Ok(answer_of(r, close));
             }
             let n = match read(&mut self.io, self.rx.unparsed_mut()).await {
@@ -263,11 +271,15 @@ impl Conn {
         }
     }
 
-    /// Before reusing an idle connection: if the reactor already saw it readable, the server
-    /// closed it (or spoke unasked, such as a 408 before closing) — a stale connection,
+    /// Before reusing an idle connection: if bytes came after its last answer, or the
+    /// reactor already saw it readable, the server closed it (or spoke unasked, such as a
+    /// 408 before closing) — a stale connection,
     /// failed as closed before any answer (`dispatch.rs` opens a new one). Costs a system
     /// call only when the socket is readable.
     fn check_idle(&mut self) -> Result<(), CallError> {
+        if self.spoke_unasked {
+            return Err(CallError::Closed);
+        }
         let Io::Tcp(s) = &mut self.io else {
             return Ok(());
         };
@@ -599,11 +611,30 @@ mod tests {
     }
 
     /// Bytes after a complete answer (a server that answers twice, or pipelines junk) leave
-    /// the connection in an unknown state: it is not pooled.
+    /// the connection in an unknown state: the answer stands, and the connection's next use
+    /// fails as a stale one's (sent again on a new connection by `dispatch.rs`) without
+    /// writing to it.
     #[tokio::test]
-    async fn bytes_after_the_answer_end_the_connection() {
-        let a = answer_with(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1"]).await;
-        assert_eq!((a.status, &a.body[..], a.close), (200, &b"ok"[..], true));
+    async fn bytes_after_the_answer_make_the_connection_stale() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_request(&mut s).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1")
+                .await
+                .unwrap();
+            let mut rest = [0u8; 64];
+            s.read(&mut rest).await.unwrap()
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let a = conn.call(&request(), &|_| {}).await.unwrap();
+        assert_eq!((a.status, &a.body[..]), (200, &b"ok"[..]));
+        conn.reused = true;
+        let err = conn.call(&request(), &|_| {}).await.unwrap_err();
+        assert!(matches!(err, CallError::Closed), "{err:?}");
+        drop(conn);
+        assert_eq!(server.await.unwrap(), 0, "no second request written");
     }
 
     /// A pooled connection the server closed while it was idle (here after a `408`, as
