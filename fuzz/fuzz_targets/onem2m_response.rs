@@ -29,8 +29,16 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(whole, pieces, "result depends on how the input was split");
     assert_eq!(whole, bytes, "result differs when read one byte at a time");
     let whole = single([data]);
-    assert_eq!(whole, single([&data[..split], &data[split..]]), "one at a time: split");
-    assert_eq!(whole, single(data.chunks(1)), "one at a time: one byte per read");
+    assert_eq!(
+        whole,
+        single([&data[..split], &data[split..]]),
+        "one at a time: split"
+    );
+    assert_eq!(
+        whole,
+        single(data.chunks(1)),
+        "one at a time: one byte per read"
+    );
 });
 
 /// The first answer on a one-request-at-a-time connection, then the close.

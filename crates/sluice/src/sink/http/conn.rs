@@ -28,8 +28,8 @@
 //! `dispatch.rs` sends again at once on a new one.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::task::Context;
 use std::time::{Duration, Instant};
 
@@ -300,9 +300,7 @@ fn answer_of(r: crate::sink::onem2m::http::Response, close: bool) -> Answer {
         status: r.status,
         body: r.body,
         close,
-        content_type: r
-            .content_type
-            .and_then(|c| ByteString::try_from(c).ok()),
+        content_type: r.content_type.and_then(|c| ByteString::try_from(c).ok()),
     }
 }
 

@@ -521,7 +521,11 @@ fn a_101_is_an_error_not_an_interim_response() {
     let wire = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
     for split in 0..=wire.len() {
         let (got, err) = decode_pieces([&wire[..split], &wire[split..]]);
-        assert_eq!((got, err), (vec![], Some(HttpError::Upgrade)), "split {split}");
+        assert_eq!(
+            (got, err),
+            (vec![], Some(HttpError::Upgrade)),
+            "split {split}"
+        );
         assert_eq!(
             single_then_close([&wire[..split], &wire[split..]]),
             Err(HttpError::Upgrade)
