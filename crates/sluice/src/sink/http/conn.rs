@@ -313,14 +313,15 @@ fn io_truncated(_: std::io::Error) -> HttpError {
 async fn read(io: &mut Io, buf: &mut BytesMut) -> std::io::Result<usize> {
     buf.reserve(READ_CHUNK);
     match io {
-        Io::Tcp(s) => loop {
+        Io::Tcp(s) => {
             s.readable().await?;
             quickack(s);
-            match s.try_read_buf(buf) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                r => return r,
-            }
-        },
+            // Through `AsyncRead` rather than `try_read_buf`: a read shorter than the room
+            // given clears the socket's readiness (tokio), so the next exchange's reuse check
+            // and read cost no `recvfrom` that finds nothing (one per event otherwise, seen
+            // with `scripts/fn-syscalls-per-event`).
+            s.read_buf(buf).await
+        }
         Io::Other(s) => s.read_buf(buf).await,
     }
 }
