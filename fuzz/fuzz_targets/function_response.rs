@@ -3,8 +3,9 @@
 //!
 //! The input is the function's side of one keep-alive connection: sluice sends one CloudEvent
 //! POST over an in-memory pipe and the input answers it, whole or in two writes split at an
-//! input-chosen offset, then the pipe closes. hyper parses the HTTP/1.1 framing; what is
-//! fuzzed is sluice's use of it: the head limit, the body bound (`MAX_BODY_BYTES`), the
+//! input-chosen offset, then the pipe closes. The sans-IO decoder (`ResponseBuf`, fuzzed
+//! on its own by `onem2m_response`) parses the HTTP/1.1 framing; what is fuzzed here is the
+//! exchange around it: the head limit, the body bound (`MAX_BODY_BYTES`), the
 //! `Connection: close` / HTTP/1.0 rule, the `Content-Type` an answer carries into its MQTT 5
 //! reply, and the error mapping.
 //!

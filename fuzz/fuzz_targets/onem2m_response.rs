@@ -8,10 +8,15 @@
 //! (bytes examined ≤ 3 per input byte plus a constant per call) however it was split: a head
 //! is searched and parsed (2 per byte) and its status prefix checked (≤ 7 bytes of a head of
 //! at least 14).
+//!
+//! The same three ways again in the one-request-at-a-time mode of the functions' HTTP sink
+//! (`ResponseBuf::one_at_a_time`, then `finish` as the connection closes): the same first
+//! answer or the same failure however split, a body within the bound and a close-delimited
+//! answer always `close`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice::sink::onem2m::http::{Response, ResponseBuf, MAX_BODY_BYTES};
+use sluice::sink::onem2m::http::{HttpError, Response, ResponseBuf, MAX_BODY_BYTES};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&split, data)) = data.split_first() else {
@@ -23,7 +28,36 @@ fuzz_target!(|data: &[u8]| {
     let bytes = drain(data.chunks(1));
     assert_eq!(whole, pieces, "result depends on how the input was split");
     assert_eq!(whole, bytes, "result differs when read one byte at a time");
+    let whole = single([data]);
+    assert_eq!(
+        whole,
+        single([&data[..split], &data[split..]]),
+        "one at a time: split"
+    );
+    assert_eq!(
+        whole,
+        single(data.chunks(1)),
+        "one at a time: one byte per read"
+    );
 });
+
+/// The first answer on a one-request-at-a-time connection, then the close.
+fn single<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Result<Option<Response>, HttpError> {
+    let mut buf = ResponseBuf::one_at_a_time();
+    let answer = 'feed: {
+        for chunk in chunks {
+            buf.extend_from_slice(chunk);
+            if let Some(r) = buf.decode()? {
+                break 'feed Some(r);
+            }
+        }
+        buf.finish()?
+    };
+    if let Some(r) = &answer {
+        assert!(r.body.len() <= MAX_BODY_BYTES);
+    }
+    Ok(answer)
+}
 
 fn drain<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> (Vec<Response>, bool) {
     let mut buf = ResponseBuf::new();

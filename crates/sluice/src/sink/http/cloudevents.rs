@@ -50,7 +50,7 @@ impl CloudEvent {
         }
     }
 
-    /// The headers of a binary-mode POST of this event to `host` (hyper adds
+    /// The headers of a binary-mode POST of this event to `host` (`conn.rs` adds
     /// `Content-Length`). Values are percent-encoded or checked ASCII without CR/LF, so every
     /// one is a valid header value; one that were not would be left out rather than sent.
     ///

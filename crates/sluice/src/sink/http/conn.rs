@@ -2,52 +2,54 @@
 //! idle connections per instance.
 //!
 //! Owns: connecting (an instance's loopback address, or a remote function's host), sending one
-//! request and reading its response through hyper's client connection
-//! (`hyper::client::conn::http1`: the head, fixed-length, chunked and close-delimited bodies,
-//! keep-alive), the body bounded by [`MAX_BODY_BYTES`], and keeping idle connections for
-//! reuse. Does not own: timeouts, retries or what an answer means (`dispatch.rs`).
+//! request and reading its response directly on the socket — the request's head and body
+//! encoded into one buffer and written at once, the answer decoded by the sans-IO decoder
+//! of the oneM2M transport ([`ResponseBuf::one_at_a_time`]: the head, fixed-length, chunked
+//! and close-delimited bodies, `Connection: close` and HTTP/1.0) — the body bounded by
+//! [`MAX_BODY_BYTES`], and keeping idle connections for reuse. Does not own: timeouts,
+//! retries or what an answer means (`dispatch.rs`).
 //!
 //! A connection is used by one request at a time (no pipelining: Knative's concurrency is
 //! requests in flight, each on its own connection). A response that says `Connection: close`
-//! (or is HTTP/1.0), or any error, ends the connection; otherwise it goes back to the pool.
-//! Connections idle for more than [`IDLE_REOPEN`] are not reused, so a server's keep-alive
-//! timeout never closes one under a request.
+//! (or is HTTP/1.0, or has a body that runs to the close), or any error, ends the
+//! connection; otherwise it goes back to the pool (bytes after an answer make its next use
+//! fail as a stale connection's). Connections idle for more
+//! than [`IDLE_REOPEN`] are not reused, so a server's keep-alive timeout never closes one
+//! under a request.
 //!
 //! Per request, the cost is kept near what any HTTP client must pay (issue 32; figures in
-//! docs/perf/functions.md): hyper's connection driver is polled by the request's own task
-//! ([`Conn::call`] drives it while waiting for readiness, the answer and its body) instead of
-//! being a task of its own, so an exchange is no hand-off between two tasks; and the quick-ACK
-//! request is made only before a read that the socket's readiness says will happen (hyper
-//! polls for reads several times per exchange, most of which find nothing and cost nothing).
-//! An idle pooled connection is not polled: a server that closed it meanwhile is noticed at
-//! its next use (a failure before any answer byte on a reused connection, which `dispatch.rs`
-//! sends again at once on a new one).
+//! docs/perf/functions.md): the exchange runs in the request's own task with no HTTP
+//! library's connection machinery between it and the socket (one write; a read only when the
+//! socket's readiness says bytes are there, and none once the answer is whole), and the
+//! quick-ACK request is made only before such a read. An idle pooled connection is not
+//! polled: a server that closed it meanwhile (or said something, such as a 408, before
+//! closing) is noticed at its next use, without a system call when the reactor already saw
+//! it readable, else as a failure before any answer byte on a reused connection, which
+//! `dispatch.rs` sends again at once on a new one.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use bytestring::ByteString;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderMap, CONNECTION, CONTENT_TYPE};
-use hyper::{Method, Request, Version};
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use hyper::header::{HeaderMap, CONTENT_LENGTH, TRANSFER_ENCODING};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::sink::onem2m::http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
+use crate::sink::onem2m::http::{HttpError, ResponseBuf, MAX_BODY_BYTES};
 
 /// An idle connection older than this is closed instead of reused.
 pub const IDLE_REOPEN: Duration = Duration::from_secs(2);
 /// Idle connections kept per instance on one shard.
 pub const MAX_IDLE_PER_INSTANCE: usize = 64;
+/// Room made in the receive buffer before each read.
+const READ_CHUNK: usize = 4096;
+/// A pooled connection keeps buffers up to this capacity between exchanges (larger ones, left
+/// by a large request or answer, are dropped).
+const KEEP_BUF_BYTES: usize = 8 * 1024;
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,32 +63,67 @@ pub enum CallError {
     Closed,
     /// A malformed answer, or one cut short after its first byte.
     #[error("malformed or truncated HTTP response: {0}")]
-    Http(#[source] hyper::Error),
+    Http(#[source] HttpError),
     #[error("response body larger than {MAX_BODY_BYTES} bytes")]
     BodyTooLarge,
     /// `101 Switching Protocols` to a request that asked for no upgrade: not an answer, and
-    /// the connection no longer speaks HTTP/1.1 (hyper hands a 101 over as final).
+    /// the connection no longer speaks HTTP/1.1.
     #[error("the function answered 101 Switching Protocols to a request without Upgrade")]
     Upgrade,
 }
 
-impl From<hyper::Error> for CallError {
-    fn from(e: hyper::Error) -> CallError {
-        if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
-            CallError::Closed
-        } else {
-            CallError::Http(e)
+impl From<HttpError> for CallError {
+    fn from(e: HttpError) -> CallError {
+        match e {
+            HttpError::BodyTooLarge(_) => CallError::BodyTooLarge,
+            HttpError::Upgrade => CallError::Upgrade,
+            e => CallError::Http(e),
         }
     }
 }
 
 /// One request as the dispatcher builds it once per event: path, headers (`Host`, `ce-*`,
-/// `Content-Type`; hyper adds `Content-Length`) and body.
+/// `Content-Type`; [`Conn::call`] adds `Content-Length`) and body.
 #[derive(Debug, Clone)]
 pub struct Outgoing {
     pub path: hyper::Uri,
     pub headers: HeaderMap,
     pub body: Bytes,
+}
+
+impl Outgoing {
+    /// Append the request (`POST`, HTTP/1.1) to `out`: head and body in one buffer.
+    fn encode(&self, out: &mut BytesMut) {
+        let target = match self.path.scheme() {
+            // Origin form, what a server expects from a client that is no proxy.
+            None => self.path.path_and_query().map_or("/", |p| p.as_str()),
+            Some(_) => "",
+        };
+        let mut len = 64 + target.len() + self.body.len();
+        for (name, value) in &self.headers {
+            len += name.as_str().len() + value.len() + 4;
+        }
+        out.reserve(len);
+        out.put_slice(b"POST ");
+        if target.is_empty() {
+            out.put_slice(self.path.to_string().as_bytes());
+        } else {
+            out.put_slice(target.as_bytes());
+        }
+        out.put_slice(b" HTTP/1.1\r\n");
+        for (name, value) in &self.headers {
+            // The body's framing is ours to state (header values hold no CR or LF).
+            if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+                continue;
+            }
+            out.put_slice(name.as_str().as_bytes());
+            out.put_slice(b": ");
+            out.put_slice(value.as_bytes());
+            out.put_slice(b"\r\n");
+        }
+        let _ = write!(out, "content-length: {}\r\n\r\n", self.body.len());
+        out.put_slice(&self.body);
+    }
 }
 
 /// A function's answer.
@@ -101,20 +138,26 @@ pub struct Answer {
     pub content_type: Option<ByteString>,
 }
 
-/// hyper's half of a connection that reads and writes the socket; it makes progress only
-/// while polled (by [`drive`], from the task that runs the exchange).
-type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+/// Any byte stream, for [`Conn::over`].
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
+
+enum Io {
+    Tcp(TcpStream),
+    Other(Box<dyn Stream>),
+}
 
 /// One open connection.
 pub struct Conn {
-    sender: SendRequest<Full<Bytes>>,
-    /// `None` once it finished (the server closed the connection, or it failed).
-    driver: Option<Driver>,
-    /// When the connection last wrote bytes (set by its socket, read after an exchange).
-    wrote_at: Arc<Mutex<Option<Instant>>>,
-    /// The socket read a byte since the exchange began (set by its socket): an error after
-    /// that is a malformed or truncated answer, not a connection closed before answering.
-    read_any: Arc<AtomicBool>,
+    io: Io,
+    /// The request being written (kept between exchanges, within [`KEEP_BUF_BYTES`]).
+    out: BytesMut,
+    /// Received bytes and the answer's decoding.
+    rx: ResponseBuf,
+    /// Bytes came after the last answer: not ours to guess at, so the connection's next use
+    /// fails as a stale one (whatever the timing of those bytes: they may as well arrive
+    /// while it is idle).
+    spoke_unasked: bool,
     idle_since: Instant,
     /// It carried an exchange before (a failure before any answer byte may be a stale
     /// keep-alive connection the server closed meanwhile).
@@ -124,34 +167,11 @@ pub struct Conn {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
-            .field("open", &self.driver.is_some())
+            .field("tcp", &matches!(self.io, Io::Tcp(_)))
             .field("idle_since", &self.idle_since)
             .field("reused", &self.reused)
             .finish()
     }
-}
-
-/// Polls `fut` to its end, polling the connection's `driver` whenever `fut` waits (hyper's
-/// request, answer and body futures complete only as the driver reads and writes). A driver
-/// that finished is set to `None` and not polled again; hyper then fails the pending futures
-/// of that connection (closed), so `fut` still ends.
-async fn drive<F: Future>(driver: &mut Option<Driver>, fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(v);
-        }
-        let Some(d) = driver.as_mut() else {
-            return Poll::Pending;
-        };
-        if d.as_mut().poll(cx).is_ready() {
-            // Its error reaches `fut` (hyper fails the exchange that was running).
-            *driver = None;
-        }
-        // The driver may have completed `fut` (written the request, read the answer).
-        fut.as_mut().poll(cx)
-    })
-    .await
 }
 
 /// Where a connection goes.
@@ -170,61 +190,28 @@ impl Conn {
         }
         .map_err(CallError::Connect)?;
         let _ = stream.set_nodelay(true);
-        let wrote_at = Arc::new(Mutex::new(None));
-        let read_any = Arc::new(AtomicBool::new(false));
-        let socket = Socket {
-            stream,
-            wrote_at: wrote_at.clone(),
-            read_any: read_any.clone(),
-            read: read_quickack,
-        };
-        Conn::start(socket, wrote_at, read_any).await
+        Ok(Conn::with(Io::Tcp(stream)))
     }
 
-    /// A connection over any byte stream (the write time is never noted, so `call`'s
-    /// `written` is not called). For the fuzz target `function_response`, which answers
-    /// from memory; not an API.
+    /// A connection over any byte stream (no quick-ACK; `call`'s `written` is still told).
+    /// For the fuzz target `function_response`, which answers from memory; not an API.
     #[doc(hidden)]
     pub async fn over<T>(io: T) -> Result<Conn, CallError>
     where
         T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let read_any = Arc::new(AtomicBool::new(false));
-        let socket = Socket {
-            stream: io,
-            wrote_at: Arc::new(Mutex::new(None)),
-            read_any: read_any.clone(),
-            read: |s: &mut T, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>| {
-                Pin::new(s).poll_read(cx, buf)
-            },
-        };
-        // Its write time is never read: `call` only reads `Conn::wrote_at`, a fresh one here.
-        Conn::start(socket, Arc::new(Mutex::new(None)), read_any).await
+        Ok(Conn::with(Io::Other(Box::new(io))))
     }
 
-    async fn start<T>(
-        io: T,
-        wrote_at: Arc<Mutex<Option<Instant>>>,
-        read_any: Arc<AtomicBool>,
-    ) -> Result<Conn, CallError>
-    where
-        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    {
-        let io = TokioIo::new(io);
-        let (sender, driver) = hyper::client::conn::http1::Builder::new()
-            // Bounds the head (hyper reads the body in pieces; `Limited` bounds it).
-            .max_buf_size(MAX_HEAD_BYTES.max(8192))
-            .handshake(io)
-            .await
-            .map_err(|e| CallError::Io(std::io::Error::other(e)))?;
-        Ok(Conn {
-            sender,
-            driver: Some(Box::pin(driver)),
-            wrote_at,
-            read_any,
+    fn with(io: Io) -> Conn {
+        Conn {
+            io,
+            out: BytesMut::new(),
+            rx: ResponseBuf::one_at_a_time(),
+            spoke_unasked: false,
             idle_since: Instant::now(),
             reused: false,
-        })
+        }
     }
 
     /// Send `request`, tell `written` when it was in the socket, and read its answer.
@@ -233,159 +220,119 @@ impl Conn {
         request: &Outgoing,
         written: &dyn Fn(Instant),
     ) -> Result<Answer, CallError> {
-        let Conn { sender, driver, .. } = self;
-        drive(driver, sender.ready()).await?;
-        self.read_any.store(false, Ordering::Relaxed);
-        let mut req = Request::new(Full::new(request.body.clone()));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = request.path.clone();
-        *req.version_mut() = Version::HTTP_11;
-        *req.headers_mut() = request.headers.clone();
-        *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        let sent = self.sender.send_request(req);
-        let response = drive(&mut self.driver, sent)
-            .await
-            .map_err(|e| self.classify(e))?;
-        if let Some(at) = *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) {
-            written(at);
+        if self.reused {
+            self.check_idle()?;
         }
-        let status = response.status().as_u16();
-        if status == 101 {
-            return Err(CallError::Upgrade);
+        self.out.clear();
+        request.encode(&mut self.out);
+        let sent = match &mut self.io {
+            Io::Tcp(s) => s.write_all(&self.out).await,
+            Io::Other(s) => s.write_all(&self.out).await,
+        };
+        // A write that fails found the connection closed (or reset) before any answer.
+        sent.map_err(CallError::Io)?;
+        written(Instant::now());
+        if self.out.capacity() > KEEP_BUF_BYTES {
+            self.out = BytesMut::new();
         }
-        let close = response.version() < Version::HTTP_11
-            || response.headers().get_all(CONNECTION).iter().any(|v| {
-                v.to_str()
-                    .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
-            });
-        let content_type = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(|s| ByteString::from(s.trim()));
-        let collect = Limited::new(response.into_body(), MAX_BODY_BYTES).collect();
-        let body = drive(&mut self.driver, collect)
-            .await
-            .map_err(|e| match e.downcast::<hyper::Error>() {
-                Ok(h) => self.classify(*h),
-                Err(_) => CallError::BodyTooLarge,
-            })?
-            .to_bytes();
-        Ok(Answer {
-            status,
-            body,
-            close,
-            content_type,
-        })
+        let r = self.answer().await;
+        if !self.rx.is_empty() {
+            self.spoke_unasked = true;
+        }
+        if !self.rx.is_empty() || self.rx.unparsed_mut().capacity() > KEEP_BUF_BYTES {
+            self.rx = ResponseBuf::one_at_a_time();
+        }
+        r
+    }
+
+    /// Read until the answer is whole.
+    async fn answer(&mut self) -> Result<Answer, CallError> {
+        self.rx.clear();
+        let mut read_any = false;
+        loop {
+            if let Some(r) = self.rx.decode()? {
+                let close = r.close;
+                return Ok(answer_of(r, close));
+            }
+            let n = match read(&mut self.io, self.rx.unparsed_mut()).await {
+                Ok(n) => n,
+                Err(e) if read_any => return Err(CallError::Http(io_truncated(e))),
+                Err(e) => return Err(CallError::Io(e)),
+            };
+            if n == 0 {
+                return match self.rx.finish() {
+                    Ok(Some(r)) => Ok(answer_of(r, true)),
+                    Ok(None) if !read_any => Err(CallError::Closed),
+                    Ok(None) => Err(CallError::Http(HttpError::Truncated)),
+                    Err(e) => Err(e.into()),
+                };
+            }
+            read_any = true;
+        }
+    }
+
+    /// Before reusing an idle connection: if bytes came after its last answer, or the
+    /// reactor already saw it readable, the server closed it (or spoke unasked, such as a
+    /// 408 before closing) — a stale connection,
+    /// failed as closed before any answer (`dispatch.rs` opens a new one). Costs a system
+    /// call only when the socket is readable.
+    fn check_idle(&mut self) -> Result<(), CallError> {
+        if self.spoke_unasked {
+            return Err(CallError::Closed);
+        }
+        let Io::Tcp(s) = &mut self.io else {
+            return Ok(());
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if s.poll_read_ready(&mut cx).is_pending() {
+            return Ok(());
+        }
+        let mut probe = [0u8; 1];
+        match s.try_read(&mut probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+            _ => Err(CallError::Closed),
+        }
     }
 }
 
-impl Conn {
-    /// An exchange's error: `Closed` only when no answer byte arrived (hyper reports a head
-    /// that fails to parse after arriving in pieces as a closed connection).
-    fn classify(&self, e: hyper::Error) -> CallError {
-        let cut = e.is_incomplete_message() || e.is_canceled() || e.is_closed();
-        if cut && self.read_any.load(Ordering::Relaxed) {
-            CallError::Http(e)
-        } else {
-            CallError::from(e)
-        }
+fn answer_of(r: crate::sink::onem2m::http::Response, close: bool) -> Answer {
+    Answer {
+        status: r.status,
+        body: r.body,
+        close,
+        content_type: r.content_type.and_then(|c| ByteString::try_from(c).ok()),
     }
 }
 
-/// The connection's socket for hyper: asks the kernel to acknowledge at once before every
-/// read of a TCP stream ([`read_quickack`]), and notes when it last wrote (the dispatch
-/// latency's end) and that it read an answer byte. Generic over the stream for
-/// [`Conn::over`].
-struct Socket<S> {
-    stream: S,
-    wrote_at: Arc<Mutex<Option<Instant>>>,
-    read_any: Arc<AtomicBool>,
-    /// How to read (a TCP stream: [`read_quickack`]).
-    read: ReadFn<S>,
+/// An I/O error after some of the answer arrived: a truncated answer.
+fn io_truncated(_: std::io::Error) -> HttpError {
+    HttpError::Truncated
 }
 
-type ReadFn<S> = fn(&mut S, &mut Context<'_>, &mut ReadBuf<'_>) -> Poll<std::io::Result<()>>;
+/// Read what is there into `buf` (0: end of stream).
+async fn read(io: &mut Io, buf: &mut BytesMut) -> std::io::Result<usize> {
+    buf.reserve(READ_CHUNK);
+    match io {
+        Io::Tcp(s) => {
+            s.readable().await?;
+            quickack(s);
+            // Through `AsyncRead` rather than `try_read_buf`: a read shorter than the room
+            // given clears the socket's readiness (tokio), so the next exchange's reuse check
+            // and read cost no `recvfrom` that finds nothing (one per event otherwise, seen
+            // with `scripts/fn-syscalls-per-event`).
+            s.read_buf(buf).await
+        }
+        Io::Other(s) => s.read_buf(buf).await,
+    }
+}
 
-/// A read of a function's TCP connection, preceded by the quick-ACK request (a server that
+/// The quick-ACK request before a read of a function's TCP connection (a server that
 /// writes its head and body apart with Nagle on — Python's http.server — would otherwise
 /// hold the body until our delayed ACK, 40 ms per request; the kernel leaves quick-ack mode
-/// by itself). The request is made only when the socket is readable, just before the read
-/// that takes the bytes (what the adaptor floor does): hyper polls for a read several times
-/// per exchange, and a poll that finds the socket not ready asks nothing of the kernel.
-fn read_quickack(
-    s: &mut TcpStream,
-    cx: &mut Context<'_>,
-    buf: &mut ReadBuf<'_>,
-) -> Poll<std::io::Result<()>> {
-    std::task::ready!(s.poll_read_ready(cx))?;
-    let _ = socket2::SockRef::from(&*s).set_tcp_quickack(true);
-    // Ready, so this reads (or, on stale readiness, clears it and waits again).
-    Pin::new(s).poll_read(cx, buf)
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Socket<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = (this.read)(&mut this.stream, cx, buf);
-        if buf.filled().len() > before {
-            this.read_any.store(true, Ordering::Relaxed);
-        }
-        r
-    }
-}
-
-impl<S> Socket<S> {
-    fn wrote(&self, n: usize) {
-        if n > 0 {
-            *self.wrote_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Socket<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.stream).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            this.wrote(n);
-        }
-        r
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = r {
-            this.wrote(n);
-        }
-        r
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
+/// by itself). Made only when the socket is readable, just before the read that takes the
+/// bytes (what the adaptor floor does).
+fn quickack(s: &TcpStream) {
+    let _ = socket2::SockRef::from(s).set_tcp_quickack(true);
 }
 
 /// Idle connections per instance id, on one shard.
@@ -425,6 +372,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sink::onem2m::http::MAX_HEAD_BYTES;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -641,6 +589,89 @@ mod tests {
             req.extend_from_slice(&buf[..n]);
         }
         req
+    }
+
+    /// Issue 32 item 6: the request goes out as one buffer (head and body), in origin form,
+    /// with the dispatcher's headers and our own `Content-Length` (any in the map dropped).
+    #[test]
+    fn a_request_is_encoded_whole_in_one_buffer() {
+        let mut r = request();
+        r.path = hyper::Uri::from_static("/fn/a?x=1");
+        r.headers
+            .insert(hyper::header::CONTENT_LENGTH, "99".parse().unwrap());
+        r.headers.insert("ce-id", "7".parse().unwrap());
+        r.body = Bytes::from_static(b"body");
+        let mut out = BytesMut::new();
+        r.encode(&mut out);
+        assert_eq!(
+            &out[..],
+            &b"POST /fn/a?x=1 HTTP/1.1\r\nhost: f\r\nce-id: 7\r\ncontent-length: 4\r\n\r\nbody"[..]
+        );
+    }
+
+    /// Bytes after a complete answer (a server that answers twice, or pipelines junk) leave
+    /// the connection in an unknown state: the answer stands, and the connection's next use
+    /// fails as a stale one's (sent again on a new connection by `dispatch.rs`) without
+    /// writing to it.
+    #[tokio::test]
+    async fn bytes_after_the_answer_make_the_connection_stale() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_request(&mut s).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1")
+                .await
+                .unwrap();
+            let mut rest = [0u8; 64];
+            s.read(&mut rest).await.unwrap()
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        let a = conn.call(&request(), &|_| {}).await.unwrap();
+        assert_eq!((a.status, &a.body[..]), (200, &b"ok"[..]));
+        conn.reused = true;
+        let err = conn.call(&request(), &|_| {}).await.unwrap_err();
+        assert!(matches!(err, CallError::Closed), "{err:?}");
+        drop(conn);
+        assert_eq!(server.await.unwrap(), 0, "no second request written");
+    }
+
+    /// A pooled connection the server closed while it was idle (here after a `408`, as
+    /// servers do at their keep-alive timeout) fails as closed before any answer — what
+    /// `dispatch.rs` sends again at once on a new connection — and the request is not
+    /// written to it.
+    #[tokio::test]
+    async fn a_reused_connection_the_server_closed_while_idle_fails_as_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_request(&mut s).await;
+            s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .await
+                .unwrap();
+            s.write_all(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            s.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+            rest
+        });
+        let mut conn = Conn::open(&Target::Addr(addr)).await.unwrap();
+        // (The 408 may arrive with the 204: then the first answer already ends the connection.)
+        let first = conn.call(&request(), &|_| {}).await.unwrap();
+        assert_eq!(first.status, 204);
+        let mut pool = Pool::default();
+        pool.put(1, conn);
+        let mut conn = pool.take(1).expect("pooled");
+        if let Io::Tcp(s) = &conn.io {
+            s.readable().await.unwrap();
+        }
+        let err = conn.call(&request(), &|_| {}).await.unwrap_err();
+        assert!(matches!(err, CallError::Closed), "{err:?}");
+        drop(conn);
+        assert_eq!(server.await.unwrap(), b"", "no second request written");
     }
 
     #[tokio::test]

@@ -13,8 +13,16 @@
 //! Wire format (RFC 9112, the subset a CSE answers with): a status line `HTTP/1.x NNN reason`,
 //! header fields, then a body delimited by `Content-Length` or `Transfer-Encoding: chunked`
 //! (chunk extensions ignored, trailers skipped), or empty for 1xx/204/304. `1xx` interim
-//! responses are skipped. A response with neither length nor chunking is refused: with
-//! pipelining only a delimited body can be told apart from the next response.
+//! responses are skipped, except `101 Switching Protocols`: no request here asks for an
+//! upgrade, and after a 101 the connection no longer speaks HTTP/1.1, so it is an error. A
+//! response with neither length nor chunking is refused: with pipelining only a delimited
+//! body can be told apart from the next response.
+//!
+//! A connection that carries one request at a time (the functions' HTTP sink,
+//! [`ResponseBuf::one_at_a_time`]) also accepts a body delimited by the connection's close
+//! (RFC 9112 §6.3 rule 8): it is collected as it arrives, within [`MAX_BODY_BYTES`], and
+//! [`ResponseBuf::finish`] completes it when the server closes; such a response, and any
+//! HTTP/1.0 one, always closes the connection.
 //!
 //! Bounds: the head (status line and headers) at most [`MAX_HEAD_BYTES`] and
 //! [`MAX_HEADERS`] fields, the body at most [`MAX_BODY_BYTES`], a chunk-size line at most
@@ -55,6 +63,10 @@ pub enum HttpError {
     BadChunk,
     #[error("response body without Content-Length or chunking cannot be pipelined")]
     Undelimited,
+    #[error("101 Switching Protocols to a request that asked for no upgrade")]
+    Upgrade,
+    #[error("the connection closed in the middle of a response")]
+    Truncated,
 }
 
 /// One decoded response.
@@ -91,6 +103,9 @@ pub struct ResponseBuf {
     buf: BytesMut,
     state: State,
     examined: u64,
+    /// One request at a time on the connection: a body may run to the close, HTTP/1.0
+    /// always closes ([`ResponseBuf::one_at_a_time`]).
+    single: bool,
 }
 
 enum State {
@@ -113,6 +128,8 @@ enum BodyAt {
     ChunkData { remaining: usize },
     /// The CRLF after a chunk's data.
     ChunkEnd,
+    /// A body that ends when the connection closes (only [`ResponseBuf::one_at_a_time`]).
+    UntilClose,
     /// Trailer lines (`total` bytes of them so far); no CRLF starts before `buf[scanned]`.
     Trailers { scanned: usize, total: usize },
 }
@@ -142,6 +159,41 @@ impl ResponseBuf {
             buf: BytesMut::new(),
             state: State::Head { scanned: 0 },
             examined: 0,
+            single: false,
+        }
+    }
+
+    /// The receive buffer of a connection that carries one request at a time (no
+    /// pipelining): a response with neither `Content-Length` nor chunking has a body that runs
+    /// until the server closes ([`ResponseBuf::finish`] completes it), and an HTTP/1.0
+    /// response always closes the connection (keep-alive or not).
+    pub fn one_at_a_time() -> ResponseBuf {
+        ResponseBuf {
+            single: true,
+            ..ResponseBuf::new()
+        }
+    }
+
+    /// The server closed the connection (end of stream): the response whose body runs to the
+    /// close, complete now; `Ok(None)` when no byte of a response had arrived;
+    /// [`HttpError::Truncated`] when a response was cut short. Call after
+    /// [`ResponseBuf::decode`] returned `Ok(None)`.
+    pub fn finish(&mut self) -> Result<Option<Response>, HttpError> {
+        match std::mem::replace(&mut self.state, State::Head { scanned: 0 }) {
+            State::Body {
+                head,
+                body,
+                at: BodyAt::UntilClose,
+            } => {
+                let mut r = head.into_response(body.freeze());
+                r.close = true;
+                Ok(Some(r))
+            }
+            State::Head { .. } if self.buf.iter().all(|&b| b == b'\r' || b == b'\n') => {
+                self.buf.clear();
+                Ok(None)
+            }
+            _ => Err(HttpError::Truncated),
         }
     }
 
@@ -187,17 +239,25 @@ impl ResponseBuf {
             buf,
             state,
             examined,
+            single,
         } = self;
         loop {
             match state {
                 State::Head { scanned } => {
-                    let Some((head_len, head)) = next_head(buf, scanned, examined)? else {
+                    let Some((head_len, mut head)) = next_head(buf, scanned, examined, *single)?
+                    else {
                         return Ok(None);
                     };
                     buf.advance(head_len);
                     *scanned = 0;
+                    if head.status == 101 {
+                        return Err(HttpError::Upgrade);
+                    }
                     if (100..200).contains(&head.status) {
                         continue;
+                    }
+                    if *single && head.http10 {
+                        head.close = true;
                     }
                     let at = match head.framing {
                         Framing::Empty => return Ok(Some(head.into_response(Bytes::new()))),
@@ -206,6 +266,10 @@ impl ResponseBuf {
                             remaining: n as usize,
                         },
                         Framing::Chunked => BodyAt::ChunkLine { scanned: 0 },
+                        Framing::UntilClose => {
+                            head.close = true;
+                            BodyAt::UntilClose
+                        }
                     };
                     *state = State::Body {
                         head,
@@ -232,10 +296,14 @@ enum Framing {
     Empty,
     Length(u64),
     Chunked,
+    /// Until the connection closes (only when `parse_head` is told the connection carries
+    /// one request at a time).
+    UntilClose,
 }
 
 struct Head {
     status: u16,
+    http10: bool,
     rsc: Option<u32>,
     ri: Option<Bytes>,
     close: bool,
@@ -260,7 +328,9 @@ impl Head {
 const STATUS_PREFIX: &[u8] = b"HTTP/1.";
 
 /// Parse a head that ends `buf`: `Ok(None)` when httparse wants more.
-fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HttpError> {
+/// `single`: the connection carries one request at a time, so an undelimited body runs to
+/// the close.
+fn parse_head(buf: &[u8], single: bool) -> Result<Option<(usize, Head)>, HttpError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut res = httparse::Response::new(&mut headers);
     let head_len = match res.parse(buf) {
@@ -333,6 +403,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HttpError> {
             return Err(HttpError::BodyTooLarge(n));
         }
         Framing::Length(n)
+    } else if single {
+        Framing::UntilClose
     } else {
         return Err(HttpError::Undelimited);
     };
@@ -340,6 +412,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HttpError> {
         head_len,
         Head {
             status,
+            http10,
             rsc,
             ri,
             close,
@@ -356,6 +429,7 @@ fn next_head(
     buf: &mut BytesMut,
     scanned: &mut usize,
     examined: &mut u64,
+    single: bool,
 ) -> Result<Option<(usize, Head)>, HttpError> {
     if *scanned == 0 {
         // RFC 9112 §2.2: empty lines before a message are ignored.
@@ -394,7 +468,7 @@ fn next_head(
             return Ok(None);
         };
         *examined += end as u64;
-        if let Some(done) = parse_head(&buf[..end])? {
+        if let Some(done) = parse_head(&buf[..end], single)? {
             return Ok(Some(done));
         }
         // Not the head's end after all (httparse wants more): search on from past it.
@@ -457,6 +531,16 @@ fn body_step(
                     return Ok(true);
                 }
                 *at = BodyAt::ChunkEnd;
+            }
+            BodyAt::UntilClose => {
+                let n = buf.len();
+                if body.len() + n > MAX_BODY_BYTES {
+                    return Err(HttpError::BodyTooLarge((body.len() + n) as u64));
+                }
+                body.extend_from_slice(buf);
+                buf.clear();
+                *examined += n as u64;
+                return Ok(false);
             }
             BodyAt::ChunkEnd => {
                 if buf.len() < 2 {
