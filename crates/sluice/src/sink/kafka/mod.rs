@@ -469,17 +469,17 @@ impl Transport for KafkaTransport {
         let mut headers = IndexMap::new();
         headers.insert(
             StrBytes::from_static_str("mqtt_topic"),
-            Some(Bytes::copy_from_slice(msg.topic.as_bytes())),
+            Some(msg.topic.as_bytes().clone()),
         );
         if let Some(ct) = &msg.content_type {
             headers.insert(
                 StrBytes::from_static_str("content_type"),
-                Some(Bytes::copy_from_slice(ct.as_bytes())),
+                Some(ct.as_bytes().clone()),
             );
         }
         let rec = Pending {
             id,
-            key: Bytes::copy_from_slice(msg.device.as_bytes()),
+            key: msg.device.as_bytes().clone(),
             value: msg.payload.clone(),
             headers,
             timestamp: SystemTime::now()

@@ -15,7 +15,7 @@ use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, T
 
 use super::wire::{self, Outcome, WireError};
 use super::{protocol, KafkaTransport, SentBatch, Waiting, MAX_INFLIGHT_PER_PARTITION};
-use crate::sink::transport::{Feedback, SendId};
+use crate::sink::transport::Feedback;
 use crate::sink::UplinkError;
 
 impl KafkaTransport {
@@ -39,11 +39,14 @@ impl KafkaTransport {
                         state.name
                     )));
                 }
-                let records: Vec<Record> = part
-                    .ready
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| Record {
+                // The ready records move into the batch (on an error the connection ends and
+                // the outbox resends them all).
+                let mut ids = Vec::with_capacity(part.ready.len());
+                let mut records = Vec::with_capacity(part.ready.len());
+                for (i, r) in part.ready.drain(..).enumerate() {
+                    self.ready_bytes -= r.key.len() + r.value.len();
+                    ids.push(r.id);
+                    records.push(Record {
                         transactional: false,
                         control: false,
                         delete_horizon: false,
@@ -54,11 +57,11 @@ impl KafkaTransport {
                         offset: i as i64,
                         sequence: part.sequence.wrapping_add(i as i32),
                         timestamp: r.timestamp,
-                        key: Some(r.key.clone()),
-                        value: Some(r.value.clone()),
-                        headers: r.headers.clone(),
-                    })
-                    .collect();
+                        key: Some(r.key),
+                        value: Some(r.value),
+                        headers: r.headers,
+                    });
+                }
                 let mut batch = BytesMut::new();
                 RecordBatchEncoder::encode(&mut batch, &records, &opts).map_err(|e| {
                     protocol(WireError::Encode {
@@ -68,10 +71,6 @@ impl KafkaTransport {
                 })?;
                 part.sequence = part.sequence.wrapping_add(records.len() as i32);
                 part.inflight += 1;
-                let ids: Vec<SendId> = part.ready.iter().map(|r| r.id).collect();
-                for r in part.ready.drain(..) {
-                    self.ready_bytes -= r.key.len() + r.value.len();
-                }
                 let (req, sent) = per_leader.entry(leader).or_insert_with(|| {
                     let mut req = ProduceRequest::default();
                     req.transactional_id = None;
