@@ -6,8 +6,6 @@
 //! Skipped with a printed reason when Java or Maven is missing (scripts/test installs them).
 //! The gateway end to end (devices → sluice → Kafka, a leader killed): `uplink_kafka.rs`.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -20,7 +18,7 @@ use sluice::sink::transport::{Feedback, Transport, Unit};
 use sluice::sink::UplinkMessage;
 use sluice_proto::mqtt::QoS;
 
-use common::kafka::KafkaCluster;
+use sluice_testkit::KafkaCluster;
 
 fn msg(device: &str, topic: &str, n: usize) -> UplinkMessage {
     UplinkMessage {

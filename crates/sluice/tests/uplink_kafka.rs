@@ -12,10 +12,10 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::kafka::KafkaCluster;
 use common::{device_opts, gateway, metric_sum};
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use sluice_testkit::ConnectOpts;
+use sluice_testkit::KafkaCluster;
 
 fn kafka_uplink(bootstrap: &str, extra: &str) -> String {
     let brokers: Vec<String> = bootstrap.split(',').map(|b| format!("{b:?}")).collect();

@@ -14,13 +14,13 @@
 //! message. The machine runs the cluster (three JVMs), sluice and the devices on the same
 //! cores: the figures are CPU-limited, and reported as such.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use serde::Serialize;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
+use sluice_testkit::KafkaCluster;
 
 use crate::harness::machine::{machine, Machine};
 use crate::harness::procfs::{cpu_time, Pid};
@@ -93,88 +93,39 @@ pub struct KafkaReport {
     pub ratio: f64,
 }
 
-/// A running cluster, stopped when dropped.
-struct Cluster {
-    script: PathBuf,
-    dir: tempfile::TempDir,
-    bootstrap: String,
+/// Create `topic` (3 partitions, replication factor 3).
+fn create_topic(cluster: &KafkaCluster, topic: &str) -> anyhow::Result<()> {
+    let out = cluster.tool(&[
+        "org.apache.kafka.tools.TopicCommand",
+        "--bootstrap-server",
+        &cluster.bootstrap,
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+    ]);
+    if !out.contains("Created topic") {
+        bail!("creating topic {topic}: {out}");
+    }
+    Ok(())
 }
 
-impl Cluster {
-    fn start(script: &Path) -> anyhow::Result<Cluster> {
-        let dir = tempfile::Builder::new().prefix("sluice-kafka-").tempdir()?;
-        // Below the kernel's ephemeral ports (32768 and up).
-        let base = 20_000 + (std::process::id() % 110) * 100;
-        let out = Command::new(script)
-            .args([
-                "start",
-                dir.path().to_str().unwrap_or("."),
-                "3",
-                &base.to_string(),
-            ])
-            .output()
-            .with_context(|| format!("running {}", script.display()))?;
-        if !out.status.success() {
-            bail!(
-                "{} start failed: {}",
-                script.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let bootstrap = String::from_utf8(out.stdout)?.trim().to_string();
-        Ok(Cluster {
-            script: script.to_path_buf(),
-            dir,
-            bootstrap,
-        })
-    }
-
-    fn tool(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(&self.script).arg("tool").args(args).output()?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    fn create_topic(&self, topic: &str) -> anyhow::Result<()> {
-        let out = self.tool(&[
-            "org.apache.kafka.tools.TopicCommand",
-            "--bootstrap-server",
-            &self.bootstrap,
-            "--create",
-            "--topic",
-            topic,
-            "--partitions",
-            "3",
-            "--replication-factor",
-            "3",
-        ])?;
-        if !out.contains("Created topic") {
-            bail!("creating topic {topic}: {out}");
-        }
-        Ok(())
-    }
-
-    /// The sum of the topic's end offsets (records stored).
-    fn records(&self, topic: &str) -> anyhow::Result<u64> {
-        let out = self.tool(&[
+/// The sum of the topic's end offsets (records stored).
+fn records(cluster: &KafkaCluster, topic: &str) -> u64 {
+    cluster
+        .tool(&[
             "org.apache.kafka.tools.GetOffsetShell",
             "--bootstrap-server",
-            &self.bootstrap,
+            &cluster.bootstrap,
             "--topic",
             topic,
-        ])?;
-        Ok(out
-            .lines()
-            .filter_map(|l| l.rsplit(':').next()?.trim().parse::<u64>().ok())
-            .sum())
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.script)
-            .args(["stop", self.dir.path().to_str().unwrap_or(".")])
-            .status();
-    }
+        ])
+        .lines()
+        .filter_map(|l| l.rsplit(':').next()?.trim().parse::<u64>().ok())
+        .sum()
 }
 
 pub async fn run_kafka(s: &KafkaScenario) -> anyhow::Result<KafkaReport> {
@@ -189,13 +140,14 @@ pub async fn run_kafka(s: &KafkaScenario) -> anyhow::Result<KafkaReport> {
         s.cluster_script.display()
     );
     let script = s.cluster_script.clone();
-    let cluster = tokio::task::spawn_blocking(move || Cluster::start(&script)).await??;
+    let cluster =
+        tokio::task::spawn_blocking(move || KafkaCluster::launch(&script, None, None)).await??;
 
     eprintln!(
         "kafka: phase 1, kafka-producer-perf-test ({} records of {} B)",
         s.perf_records, s.payload
     );
-    cluster.create_topic("perf")?;
+    create_topic(&cluster, "perf")?;
     let perf_line = cluster
         .tool(&[
             "org.apache.kafka.tools.ProducerPerformance",
@@ -213,7 +165,7 @@ pub async fn run_kafka(s: &KafkaScenario) -> anyhow::Result<KafkaReport> {
             "enable.idempotence=true",
             "compression.type=lz4",
             "linger.ms=5",
-        ])?
+        ])
         .lines()
         .rev()
         .find(|l| l.contains("records sent"))
@@ -228,7 +180,7 @@ pub async fn run_kafka(s: &KafkaScenario) -> anyhow::Result<KafkaReport> {
     eprintln!("kafka: {perf_line}");
 
     eprintln!("kafka: phase 2, MQTT devices → sluice → Kafka ({window:?} window)");
-    cluster.create_topic("sluice")?;
+    create_topic(&cluster, "sluice")?;
     let mqtt_port = sluice_testkit::free_port()?;
     let sluice = SluiceChild::spawn(
         &s.sluice_bin,
@@ -267,7 +219,7 @@ pub async fn run_kafka(s: &KafkaScenario) -> anyhow::Result<KafkaReport> {
     let cpu = (cpu1 - cpu0).as_secs_f64();
     let sluice_rate = acked as f64 / elapsed.as_secs_f64();
     drop(sluice);
-    let records_in_topic = cluster.records("sluice")?;
+    let records_in_topic = records(&cluster, "sluice");
     if records_in_topic < report.acknowledged {
         bail!(
             "Kafka holds {records_in_topic} records, fewer than the {} acknowledged",

@@ -5,7 +5,6 @@
 
 pub mod coap;
 pub mod fault_broker;
-pub mod kafka;
 pub mod packets;
 
 use std::net::SocketAddr;

@@ -1,16 +1,21 @@
-//! A real Apache Kafka cluster for the Kafka tests: three KRaft nodes of Kafka 4.4.0 started
-//! by `scripts/kafka-cluster` (jars from the Maven repository, Java 17+), stopped when
-//! dropped. `None` (with a printed SKIP) only where Java or Maven is missing.
+//! A real Apache Kafka cluster for the Kafka tests and `sluice-bench scenario kafka`: three
+//! KRaft nodes of Kafka 4.4.0 started by the repository's `scripts/kafka-cluster` (jars from the
+//! Maven repository, Java 17+), stopped when dropped. [`KafkaCluster::start`] gives `None`
+//! (with a printed SKIP) only where Java or Maven is missing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn script() -> PathBuf {
+use anyhow::Context as _;
+
+/// `scripts/kafka-cluster` of this checkout.
+pub fn default_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-cluster")
 }
 
 /// A running cluster, stopped when dropped.
 pub struct KafkaCluster {
+    script: PathBuf,
     pub dir: tempfile::TempDir,
     /// `host:port,…` of the PLAINTEXT listeners.
     pub bootstrap: String,
@@ -34,16 +39,28 @@ impl KafkaCluster {
                 return None;
             }
         }
-        let dir = tempfile::tempdir().unwrap();
-        // A base port per test process (and per call), so parallel tests do not collide.
+        Some(
+            Self::launch(&default_script(), scram, tls)
+                .unwrap_or_else(|e| panic!("kafka-cluster start failed: {e:#}")),
+        )
+    }
+
+    /// Start three nodes with `script`; an error says why.
+    pub fn launch(
+        script: &Path,
+        scram: Option<&str>,
+        tls: Option<(&Path, &Path)>,
+    ) -> anyhow::Result<KafkaCluster> {
+        let dir = tempfile::Builder::new().prefix("sluice-kafka-").tempdir()?;
+        // A base port per process (and per call), so parallel tests do not collide; below the
+        // kernel's ephemeral ports (32768 and up), so no outgoing connection holds one.
         static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Below the kernel's ephemeral ports (32768 and up), so no outgoing connection holds one.
         let base = 20_000 + ((std::process::id() * 7 + call * 13) % 110) * 100;
-        let mut cmd = Command::new(script());
+        let mut cmd = Command::new(script);
         cmd.args([
             "start",
-            dir.path().to_str().unwrap(),
+            &dir.path().to_string_lossy(),
             "3",
             &base.to_string(),
         ]);
@@ -53,14 +70,22 @@ impl KafkaCluster {
         if let Some((cert, key)) = tls {
             cmd.env("KAFKA_TLS", format!("{}:{}", cert.display(), key.display()));
         }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "kafka-cluster start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let bootstrap = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        Some(KafkaCluster { dir, bootstrap })
+        let out = cmd
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "{} start: {}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let bootstrap = String::from_utf8(out.stdout)?.trim().to_string();
+        Ok(KafkaCluster {
+            script: script.to_path_buf(),
+            dir,
+            bootstrap,
+        })
     }
 
     /// The SASL_PLAINTEXT bootstrap list (after `start(Some(..))`).
@@ -81,7 +106,7 @@ impl KafkaCluster {
 
     /// Run one of Kafka's own tools; its standard output.
     pub fn tool(&self, args: &[&str]) -> String {
-        let out = Command::new(script())
+        let out = Command::new(&self.script)
             .arg("tool")
             .args(args)
             .output()
@@ -136,7 +161,7 @@ impl KafkaCluster {
 
     /// SIGKILL node `node` (1-based, as `scripts/kafka-cluster` numbers them).
     pub fn kill(&self, node: u32) {
-        let status = Command::new(script())
+        let status = Command::new(&self.script)
             .args(["kill", self.dir.path().to_str().unwrap(), &node.to_string()])
             .status()
             .unwrap();
@@ -181,7 +206,7 @@ impl KafkaCluster {
 
 impl Drop for KafkaCluster {
     fn drop(&mut self) {
-        let _ = Command::new(script())
+        let _ = Command::new(&self.script)
             .args(["stop", self.dir.path().to_str().unwrap()])
             .status();
     }
