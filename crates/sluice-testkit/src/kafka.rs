@@ -168,6 +168,30 @@ impl KafkaCluster {
         assert!(status.success());
     }
 
+    /// Send `signal` (e.g. `"STOP"`, `"CONT"`) to every node's JVM.
+    fn signal_all(&self, signal: &str) {
+        for entry in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
+            let pid = entry.path().join("pid");
+            if let Ok(pid) = std::fs::read_to_string(&pid) {
+                let _ = Command::new("kill")
+                    .args([&format!("-{signal}"), pid.trim()])
+                    .status();
+            }
+        }
+    }
+
+    /// Freeze every node (SIGSTOP): the cluster accepts connections but answers nothing, as
+    /// an overloaded or unreachable cloud does. Undo with [`KafkaCluster::resume`] within
+    /// Kafka's session timeout (9 s) to keep the leaders where they are.
+    pub fn pause(&self) {
+        self.signal_all("STOP");
+    }
+
+    /// Thaw every node after [`KafkaCluster::pause`] (SIGCONT).
+    pub fn resume(&self) {
+        self.signal_all("CONT");
+    }
+
     /// Every record of `topic` from the start: `(headers, key, value)` per line, as Kafka's
     /// console consumer prints them, stopping after `max` or 20 s without a record.
     pub fn consume(&self, topic: &str, max: usize) -> Vec<(String, String, String)> {
@@ -206,6 +230,8 @@ impl KafkaCluster {
 
 impl Drop for KafkaCluster {
     fn drop(&mut self) {
+        // A paused node would ignore the SIGTERM below until its SIGKILL.
+        self.resume();
         let _ = Command::new(&self.script)
             .args(["stop", self.dir.path().to_str().unwrap()])
             .status();

@@ -97,12 +97,22 @@ enum Command {
     #[command(after_help = "Example:\n    printf '%s' 's3cret' | sluice passwd")]
     Passwd,
     /// Show a running gateway's devices, rates, uplinks, queue and spool, and drops, read
-    /// from its admin endpoint (GET /api/v1/overview). Exits 1 when it cannot be reached.
+    /// from its admin endpoint (GET /api/v1/overview); with --devices, which gateway holds
+    /// which device (GET /api/v1/devices). Give --admin once per gateway of a site to see
+    /// them all. Exits 1 when a gateway cannot be reached.
+    #[command(
+        after_help = "Examples:\n    sluice status\n    sluice status --watch\n    sluice status --devices --admin http://gw1:9100 --admin http://gw2:9100"
+    )]
     Status {
-        /// The admin endpoint (admin.listen), as http://host:port, or https://host:port when
-        /// admin.cert_file is set.
+        /// An admin endpoint (admin.listen), as http://host:port, or https://host:port when
+        /// admin.cert_file is set. Repeat it for several gateways (the same --ca-file and
+        /// --token-file are used for each).
         #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9100")]
-        admin: String,
+        admin: Vec<String>,
+        /// List the MQTT devices each gateway holds (client id, gateway, shard, time
+        /// connected) instead of the overview.
+        #[arg(long)]
+        devices: bool,
         /// With https://: the CA (PEM) that signed admin.cert_file; default the system CA
         /// bundle. The certificate must name the URL's host (DNS name or IP address).
         #[arg(long, value_name = "FILE")]
@@ -194,20 +204,32 @@ fn main() -> ExitCode {
         Command::Run { config } => run(config, manager),
         Command::Status {
             admin,
+            devices,
             ca_file,
             token_file,
             watch,
             interval,
-        } => match sluice::top::Target::new(&admin, token_file.as_deref(), ca_file.as_deref()) {
-            Ok(target) => {
-                let code = sluice::top::run(&target, watch.then_some(interval));
-                ExitCode::from(u8::try_from(code).unwrap_or(1))
+        } => {
+            let targets: Result<Vec<_>, _> = admin
+                .iter()
+                .map(|a| sluice::top::Target::new(a, token_file.as_deref(), ca_file.as_deref()))
+                .collect();
+            match targets {
+                Ok(targets) => {
+                    let show = if devices {
+                        sluice::top::Show::Devices
+                    } else {
+                        sluice::top::Show::Overview
+                    };
+                    let code = sluice::top::run(&targets, show, watch.then_some(interval));
+                    ExitCode::from(u8::try_from(code).unwrap_or(1))
+                }
+                Err(error) => {
+                    eprintln!("sluice status: {error}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(error) => {
-                eprintln!("sluice status: {error}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Man => {
             let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
             match page.render(&mut std::io::stdout().lock()) {

@@ -22,6 +22,8 @@ use rustls::pki_types::ServerName;
 
 use serde_json::Value;
 
+pub mod devices;
+
 /// Longest wait for connecting, and for the whole answer.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest answer read.
@@ -131,6 +133,20 @@ impl Target {
     /// `GET /api/v1/overview`, parsed.
     pub fn overview(&self) -> Result<Value, StatusError> {
         let body = self.get("/api/v1/overview")?;
+        serde_json::from_slice(&body).map_err(|e| StatusError::Malformed {
+            addr: self.addr.clone(),
+            why: e.to_string(),
+        })
+    }
+
+    /// `GET /api/v1/devices?after=…&limit=…`, parsed.
+    pub fn devices_page(&self, after: Option<&str>, limit: usize) -> Result<Value, StatusError> {
+        let mut path = format!("/api/v1/devices?limit={limit}");
+        if let Some(a) = after {
+            path.push_str("&after=");
+            path.push_str(&devices::encode(a));
+        }
+        let body = self.get(&path)?;
         serde_json::from_slice(&body).map_err(|e| StatusError::Malformed {
             addr: self.addr.clone(),
             why: e.to_string(),
@@ -317,8 +333,9 @@ pub fn render(doc: &Value, addr: &str) -> String {
     let shards = doc["shards"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
         o,
-        "sluice {} at {} · up {} · {} shard{}",
+        "sluice {} {} at {} · up {} · {} shard{}",
         doc["version"].as_str().unwrap_or("?"),
+        doc["gateway"].as_str().unwrap_or("?"),
         addr,
         uptime(doc["uptime_seconds"].as_u64().unwrap_or(0)),
         shards.len(),
@@ -560,26 +577,62 @@ pub fn render(doc: &Value, addr: &str) -> String {
     o
 }
 
-/// Runs `sluice status`: prints once, or with `watch` redraws every `interval` until killed.
-/// Returns the process's exit code: 0 printed, 1 when (not watching) the overview could not be
-/// had.
-pub fn run(target: &Target, watch: Option<Duration>) -> i32 {
+/// What `sluice status` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Show {
+    /// Each gateway's overview table.
+    Overview,
+    /// Which gateway holds which device (`--devices`).
+    Devices,
+}
+
+/// One screen for every target, and an error line per target that did not answer.
+fn screen(targets: &[Target], show: Show) -> (String, Vec<String>) {
+    let mut out = String::new();
+    let mut errors = Vec::new();
+    let mut held = Vec::new();
+    for target in targets {
+        let asked = match show {
+            Show::Overview => target.overview().map(|doc| {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                out.push_str(&render(&doc, &target.addr));
+            }),
+            Show::Devices => devices::fetch(target).map(|d| held.push(d)),
+        };
+        if let Err(error) = asked {
+            errors.push(format!("sluice status: {error}"));
+        }
+    }
+    if show == Show::Devices && !held.is_empty() {
+        out.push_str(&devices::render(&held));
+    }
+    (out, errors)
+}
+
+/// Runs `sluice status` for one or several gateways: prints once, or with `watch` redraws
+/// every `interval` until killed. Returns the process's exit code: 0 printed, 1 when (not
+/// watching) a gateway could not be asked (what the others answered is still printed; the
+/// errors go to standard error).
+pub fn run(targets: &[Target], show: Show, watch: Option<Duration>) -> i32 {
     match watch {
-        None => match target.overview() {
-            Ok(doc) => {
-                print!("{}", render(&doc, &target.addr));
-                0
+        None => {
+            let (text, errors) = screen(targets, show);
+            print!("{text}");
+            for e in &errors {
+                eprintln!("{e}");
             }
-            Err(error) => {
-                eprintln!("sluice status: {error}");
-                1
-            }
-        },
+            i32::from(!errors.is_empty())
+        }
         Some(interval) => loop {
-            let screen = match target.overview() {
-                Ok(doc) => render(&doc, &target.addr),
-                Err(error) => format!("sluice status: {error}\n(retrying every {interval:?})\n"),
-            };
+            let (mut screen, errors) = screen(targets, show);
+            for e in &errors {
+                let _ = writeln!(screen, "{e}");
+            }
+            if !errors.is_empty() {
+                let _ = writeln!(screen, "(retrying every {interval:?})");
+            }
             // Home, clear, draw: one write so the terminal never shows half a table.
             let mut out = std::io::stdout().lock();
             let _ = write!(out, "\x1b[H\x1b[2J{screen}");

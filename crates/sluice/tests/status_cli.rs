@@ -215,3 +215,117 @@ fn status_reads_an_https_admin_endpoint_verified_against_its_ca() {
     let (code, _, err) = status(&["--admin", &format!("http://127.0.0.1:{port}")]);
     assert_eq!(code, 1, "{err}");
 }
+
+/// A site of two gateways: `sluice status --devices` with both admin endpoints says which
+/// gateway holds which device; `/api/v1/devices` pages by client id; a device that moves
+/// shows up on its new gateway only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_devices_says_which_gateway_of_a_site_holds_which_device() {
+    let gw_a = gateway_sections("shards = 2\nname = \"gw-a\"", "", "");
+    let gw_b = gateway_sections("shards = 1\nname = \"gw-b\"", "", "");
+    let mut on_a = Vec::new();
+    for id in ["dev-3", "dev-1", "dev-2"] {
+        on_a.push(device(&gw_a, id, ProtocolVersion::V5).await);
+    }
+    let moving = device(&gw_a, "dev-9", ProtocolVersion::V311).await;
+    let _on_b = device(&gw_b, "dev-5", ProtocolVersion::V311).await;
+    let url_a = format!("http://{}", gw_a.admin_addr.expect("admin"));
+    let url_b = format!("http://{}", gw_b.admin_addr.expect("admin"));
+
+    // The registry hears of connections through the control plane: wait for all five.
+    let args = ["--devices", "--admin", &url_a, "--admin", &url_b].map(String::from);
+    let run = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || {
+            status(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (code, out, err) = run(args.to_vec()).await;
+        assert_eq!(code, 0, "{err}");
+        if out.contains("5 devices on 2 gateways") {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "not every device listed:\n{out}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("{text}");
+    let rows: Vec<(String, String)> = text
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_string(), f[1].to_string())
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("dev-1", "gw-a"),
+        ("dev-2", "gw-a"),
+        ("dev-3", "gw-a"),
+        ("dev-5", "gw-b"),
+        ("dev-9", "gw-a"),
+    ]
+    .iter()
+    .map(|(d, g)| (d.to_string(), g.to_string()))
+    .collect();
+    assert_eq!(rows, want, "{text}");
+    assert!(text.contains("gw-a 4, gw-b 1"), "{text}");
+
+    // The API pages in client id order.
+    let target = sluice::top::Target::new(&url_a, None, None).unwrap();
+    let page = tokio::task::spawn_blocking(move || {
+        let first = target.devices_page(None, 2).unwrap();
+        let next = first["next"].as_str().unwrap().to_string();
+        (first, target.devices_page(Some(&next), 2).unwrap())
+    })
+    .await
+    .unwrap();
+    assert_eq!(page.0["gateway"], "gw-a");
+    assert_eq!(page.0["total"], 4);
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["client_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&page.0), ["dev-1", "dev-2"]);
+    assert_eq!(ids(&page.1), ["dev-3", "dev-9"]);
+    assert!(page.1["next"].is_null(), "{}", page.1);
+
+    // dev-9 loses gw-a and reconnects to gw-b.
+    drop(moving);
+    let _moved = device(&gw_b, "dev-9", ProtocolVersion::V311).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, out, err) = run(args.to_vec()).await;
+        assert_eq!(code, 0, "{err}");
+        let row = out.lines().find(|l| l.starts_with("dev-9 "));
+        if out.contains("gw-a 3, gw-b 2") && row.is_some_and(|r| r.contains("gw-b")) {
+            assert_eq!(out.matches("dev-9 ").count(), 1, "{out}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "dev-9 not moved:\n{out}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // One gateway down: the other's devices still print, the error goes to stderr, exit 1.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("http://127.0.0.1:{port}");
+    let (code, out, err) = run(["--devices", "--admin", &url_b, "--admin", &dead]
+        .map(String::from)
+        .to_vec())
+    .await;
+    assert_eq!(code, 1);
+    assert!(out.contains("2 devices on 1 gateway: gw-b 2"), "{out}");
+    assert!(err.contains("cannot reach the admin endpoint"), "{err}");
+    drop(on_a);
+}

@@ -81,6 +81,13 @@ pub trait AdminSource: Send + Sync + 'static {
     fn overview(&self) -> serde_json::Value {
         serde_json::json!({})
     }
+    /// `GET /api/v1/devices`: up to `limit` connected devices whose client id sorts after
+    /// `after`, with the gateway's name (which gateway holds which device). `None`: this
+    /// source has no device list (404).
+    fn devices(&self, after: Option<&str>, limit: usize) -> Option<serde_json::Value> {
+        let _ = (after, limit);
+        None
+    }
     /// `POST /api/v1/reload`: re-read the config file and apply what can change live
     /// (blocking: called on the blocking pool). The answer's status and JSON body; `None`:
     /// this source does not reload (404).
@@ -311,6 +318,7 @@ const INDEX: &str = "sluice admin endpoint\n\
 GET /                  the dashboard (in a browser; this list otherwise)\n\
 GET /metrics           Prometheus metrics (text format 0.0.4)\n\
 GET /api/v1/status     gateway status (JSON)\n\
+GET /api/v1/devices    the MQTT devices this gateway holds, by client id (JSON; ?after=ID&limit=N)\n\
 GET /api/v1/overview   the dashboard's numbers, with rates (JSON, new each second)\n\
 GET /api/v1/history    the last minutes of the overview's series (JSON)\n\
 GET /api/v1/events     the overview as server-sent events, one per second\n\
@@ -529,6 +537,7 @@ fn respond(
             body.push(b'\n');
             with_type(StatusCode::OK, "application/json", body)
         }
+        "/api/v1/devices" => devices(source, request.uri().query()),
         "/api/v1/overview" => {
             with_bytes(StatusCode::OK, "application/json", live.hub.latest_json())
         }
@@ -545,6 +554,70 @@ fn respond(
             "not found; GET / lists the endpoints\n".to_string(),
         ),
     }
+}
+
+/// Devices one `/api/v1/devices` answer lists unless `limit` says otherwise.
+pub const DEVICES_PAGE: usize = 1000;
+
+/// `/api/v1/devices?after=ID&limit=N` (both optional; `after` percent-encoded).
+fn devices(source: &dyn AdminSource, query: Option<&str>) -> Response<AdminBody> {
+    let mut after = None;
+    let mut limit = DEVICES_PAGE;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "after" => match percent_decode(value) {
+                Some(v) => after = Some(v),
+                None => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "after: not valid percent-encoded UTF-8\n".to_string(),
+                    )
+                }
+            },
+            "limit" => match value.parse::<usize>() {
+                Ok(n) if (1..=crate::control::registry::MAX_PAGE).contains(&n) => limit = n,
+                _ => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "limit: a number from 1 to {}\n",
+                            crate::control::registry::MAX_PAGE
+                        ),
+                    )
+                }
+            },
+            _ => {}
+        }
+    }
+    match source.devices(after.as_deref(), limit) {
+        Some(doc) => {
+            let mut body = doc.to_string().into_bytes();
+            body.push(b'\n');
+            with_type(StatusCode::OK, "application/json", body)
+        }
+        None => text(
+            StatusCode::NOT_FOUND,
+            "not found; GET / lists the endpoints\n".to_string(),
+        ),
+    }
+}
+
+/// `%XX` and `+` decoded; `None` for a bad escape or bytes that are not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hex = [bytes.next()?, bytes.next()?];
+                out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 fn text(status: StatusCode, body: String) -> Response<AdminBody> {

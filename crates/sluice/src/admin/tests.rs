@@ -16,6 +16,9 @@ impl AdminSource for FakeSource {
     fn status(&self) -> serde_json::Value {
         serde_json::json!({ "shards": 2, "uplinks": [{ "name": "cloud", "connected": true }] })
     }
+    fn devices(&self, after: Option<&str>, limit: usize) -> Option<serde_json::Value> {
+        Some(serde_json::json!({ "after": after, "limit": limit }))
+    }
 }
 
 struct Server {
@@ -158,6 +161,31 @@ async fn status_endpoint_serves_the_sources_json() {
     assert_eq!(reply.header("content-type"), Some("application/json"));
     let doc: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
     assert_eq!(doc, FakeSource.status());
+}
+
+#[tokio::test]
+async fn devices_endpoint_decodes_after_and_bounds_limit() {
+    let server = start_default().await;
+    let reply = get(server.addr, "/api/v1/devices").await;
+    assert_eq!(reply.status_line, "HTTP/1.1 200 OK");
+    let doc: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(
+        doc,
+        serde_json::json!({ "after": null, "limit": DEVICES_PAGE })
+    );
+    let reply = get(server.addr, "/api/v1/devices?after=a%20b%2F%C3%BC&limit=7").await;
+    let doc: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(doc, serde_json::json!({ "after": "a b/ü", "limit": 7 }));
+    for bad in [
+        "limit=0",
+        "limit=100001",
+        "limit=x",
+        "after=%zz",
+        "after=%ff",
+    ] {
+        let reply = get(server.addr, &format!("/api/v1/devices?{bad}")).await;
+        assert_eq!(reply.status_line, "HTTP/1.1 400 Bad Request", "{bad}");
+    }
 }
 
 #[tokio::test]

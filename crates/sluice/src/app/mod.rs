@@ -544,7 +544,9 @@ impl Gateway {
             },
         ));
         let status = Arc::new(GatewayStatus {
+            name: config.gateway.effective_name(),
             started: Instant::now(),
+            device_table: plane.device_table(),
             uplinks: uplink_table,
             shard_metrics,
             devices_per_shard: plane.devices_per_shard(),

@@ -580,6 +580,7 @@ impl GatewayStatus {
             .as_millis() as u64;
         json!({
             "version": env!("CARGO_PKG_VERSION"),
+            "gateway": self.name,
             "time_ms": time_ms,
             "uptime_seconds": self.started.elapsed().as_secs(),
             "interval_seconds": round(dt),

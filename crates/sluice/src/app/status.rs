@@ -15,7 +15,11 @@ use crate::telemetry::metrics::{Gauge, PromWriter};
 
 /// What the admin endpoint shows.
 pub(super) struct GatewayStatus {
+    /// `[gateway] name` or the host name.
+    pub(super) name: String,
     pub(super) started: Instant,
+    /// Which devices are connected on which shard (`/api/v1/devices`).
+    pub(super) device_table: crate::control::registry::DeviceTable,
     /// Every sink (uplink or function sink) by stable id, with its `[shard]` lane and spool
     /// counters and its `install_tc` status (`uplinks.rs`, ADR 0013).
     pub(super) uplinks: Arc<super::uplinks::UplinkTable>,
@@ -158,6 +162,28 @@ impl AdminSource for GatewayStatus {
         self.overview_doc()
     }
 
+    fn devices(&self, after: Option<&str>, limit: usize) -> Option<serde_json::Value> {
+        let page = self.device_table.page(after, limit);
+        let now = std::time::SystemTime::now();
+        let devices: Vec<serde_json::Value> = page
+            .devices
+            .iter()
+            .map(|(id, held)| {
+                serde_json::json!({
+                    "client_id": &**id,
+                    "shard": held.shard,
+                    "connected_seconds": now.duration_since(held.since).map_or(0, |d| d.as_secs()),
+                })
+            })
+            .collect();
+        Some(serde_json::json!({
+            "gateway": self.name,
+            "total": page.total,
+            "devices": devices,
+            "next": page.next.as_deref(),
+        }))
+    }
+
     fn reload(&self) -> Option<(hyper::StatusCode, serde_json::Value)> {
         let outcome = self.reloads.reload(super::reload::ReloadTrigger::Api);
         let status = match outcome {
@@ -233,6 +259,7 @@ impl AdminSource for GatewayStatus {
             .collect();
         serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
+            "gateway": self.name,
             "uptime_seconds": self.started.elapsed().as_secs(),
             "devices": self.control.devices_connected.get(),
             "spool": self.spool_summary(),

@@ -316,6 +316,10 @@ impl Config {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewayConfig {
+    /// This gateway's name in `sluice status`, `/api/v1/status` and `/api/v1/devices`, so a
+    /// site of several gateways says which one holds which device. Absent: the host name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Data-plane shards (threads); 0 means one per available core but one, at least one
     /// ([`GatewayConfig::auto_shards`]).
     pub shards: usize,
@@ -338,6 +342,7 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
+            name: None,
             shards: 0,
             pin_threads: true,
             mailbox_capacity: 4096,
@@ -352,6 +357,20 @@ impl Default for GatewayConfig {
 impl GatewayConfig {
     /// Most shards a config may ask for.
     pub const MAX_SHARDS: usize = 1024;
+    /// Longest `name`, in bytes.
+    pub const MAX_NAME: usize = 64;
+
+    /// `name`, else the host name (from /proc), else `sluice`.
+    pub fn effective_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "sluice".to_owned())
+    }
 
     /// The number of shards to run: `shards`, or for 0 [`Self::auto_shards`] of the
     /// available cores.

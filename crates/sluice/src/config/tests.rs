@@ -30,6 +30,7 @@ pub(super) fn tls_uplink(extra: &str) -> String {
 pub(super) fn everything_set() -> Config {
     let mut c = Config {
         gateway: GatewayConfig {
+            name: Some("site-a-gw1".to_string()),
             shards: 3,
             pin_threads: false,
             mailbox_capacity: 17,

@@ -153,6 +153,17 @@ fn invalid(key: &str, reason: &str) -> Result<(), ConfigError> {
 
 fn check_gateway(config: &Config) -> Result<(), ConfigError> {
     let g = &config.gateway;
+    if let Some(name) = &g.name {
+        if name.is_empty() || name.len() > super::GatewayConfig::MAX_NAME {
+            return invalid(
+                "gateway.name",
+                &format!("must be 1 to {} bytes long", super::GatewayConfig::MAX_NAME),
+            );
+        }
+        if name.chars().any(char::is_control) {
+            return invalid("gateway.name", "must not contain control characters");
+        }
+    }
     if g.shards > super::GatewayConfig::MAX_SHARDS {
         return invalid(
             "gateway.shards",

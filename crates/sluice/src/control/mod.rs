@@ -216,6 +216,11 @@ impl ControlPlane {
         self.devices.per_shard()
     }
 
+    /// Which devices are connected on which shard, for the admin's device list.
+    pub fn device_table(&self) -> registry::DeviceTable {
+        self.devices.table()
+    }
+
     /// Apply commands until every sender is gone. Commands that arrive together are applied
     /// together and published in one snapshot.
     pub async fn run(mut self, mut inbox: mpsc::Receiver<ControlCmd>) {
