@@ -9,8 +9,11 @@
 //! `balance leastconn` (a gateway that comes back is filled first), health checks every
 //! [`CHECK_INTERVAL`] marking a backend down after two failed checks, `on-marked-down
 //! shutdown-sessions` (devices of a dead gateway are disconnected at once, so they reconnect
-//! to a live one), and `option redispatch` with retries (a connection refused by a dead
+//! to a live one), and `option redispatch 1` with retries (a connection refused by a dead
 //! backend is tried on another).
+//!
+//! `maxconn 8000`: each proxied connection holds two descriptors, and this machine allows a
+//! process 20,000.
 //!
 //! Invariants: the process never outlives its [`Haproxy`] handle (Drop sends SIGKILL and reaps
 //! it). Starting blocks the calling thread until the frontend port accepts, within
@@ -61,9 +64,9 @@ pub fn haproxy_bin() -> Option<PathBuf> {
 pub fn config(listen: SocketAddr, backends: &[SocketAddr]) -> String {
     let ms = CHECK_INTERVAL.as_millis();
     let mut c = format!(
-        "global\n    maxconn 20000\n\n\
+        "global\n    maxconn 8000\n\n\
 defaults\n    mode tcp\n    timeout connect 1s\n    timeout client 10m\n    timeout server 10m\n    \
-retries 3\n    option redispatch\n\n\
+retries 3\n    option redispatch 1\n\n\
 frontend devices\n    bind {listen}\n    default_backend gateways\n\n\
 backend gateways\n    balance leastconn\n    \
 default-server check inter {ms}ms fall 2 rise 2 on-marked-down shutdown-sessions\n"

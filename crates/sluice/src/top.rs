@@ -153,7 +153,8 @@ impl Target {
         })
     }
 
-    fn get(&self, path: &str) -> Result<Vec<u8>, StatusError> {
+    /// `GET path` on the admin endpoint: the body of a 200 answer (e.g. `/metrics`).
+    pub fn get(&self, path: &str) -> Result<Vec<u8>, StatusError> {
         let unreachable = |source| StatusError::Unreachable {
             addr: self.addr.clone(),
             source,
