@@ -176,6 +176,11 @@ enum ScenarioCommand {
     /// Java 17+ and Maven): Kafka's own `kafka-producer-perf-test` (the cluster's maximum), then
     /// MQTT devices through sluice's Kafka uplink; sluice's CPU per message and PUBACK p99.
     Kafka(KafkaArgs),
+    /// A site of 1, 2, 3 … gateways (`sluice run` children, one shard each) behind one HAProxy
+    /// in TCP mode, into a real three-node Kafka cluster: the same devices and load each
+    /// time; msg/s, each gateway's CPU and the sum per message, HAProxy's CPU, PUBACK p99.
+    /// Needs haproxy, Java 17+ and Maven.
+    Site(cli::site::SiteArgs),
     /// Priority lanes (SegaNet §4.3) over a rate-limited uplink: 4 devices (1 high, client id
     /// bench-hi-0), each 100 msg/s × 1 KB, through sluice to a TLS 1.3 cloud Mosquitto over a
     /// veth link the normal devices saturate. Needs root.
@@ -328,6 +333,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Priority(args)) => cli::scenarios::priority(args).await,
         Command::Scenario(ScenarioCommand::Onem2m(args)) => cli::scenarios::onem2m(args).await,
         Command::Scenario(ScenarioCommand::Kafka(args)) => cli::scenarios::kafka(args).await,
+        Command::Scenario(ScenarioCommand::Site(args)) => cli::site::site(args).await,
         Command::Scenario(ScenarioCommand::Outage(args)) => cli::scenarios::outage(args).await,
         Command::Scenario(ScenarioCommand::State(args)) => cli::state::state(args).await,
         Command::Scenario(ScenarioCommand::Coap(args)) => cli::coap::coap(args).await,

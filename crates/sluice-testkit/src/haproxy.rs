@@ -106,6 +106,11 @@ impl Haproxy {
         Ok(Some(h))
     }
 
+    /// The process id (for CPU accounting).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its log (stdout and stderr).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("haproxy.log")).unwrap_or_default()

@@ -12,6 +12,7 @@ pub(crate) mod functions;
 pub(crate) mod hostile;
 pub(crate) mod multipath;
 pub(crate) mod scenarios;
+pub(crate) mod site;
 pub(crate) mod state;
 pub(crate) mod storage;
 pub(crate) mod tools;

@@ -94,7 +94,7 @@ pub struct KafkaReport {
 }
 
 /// Create `topic` (3 partitions, replication factor 3).
-fn create_topic(cluster: &KafkaCluster, topic: &str) -> anyhow::Result<()> {
+pub(crate) fn create_topic(cluster: &KafkaCluster, topic: &str) -> anyhow::Result<()> {
     let out = cluster.tool(&[
         "org.apache.kafka.tools.TopicCommand",
         "--bootstrap-server",
@@ -114,7 +114,7 @@ fn create_topic(cluster: &KafkaCluster, topic: &str) -> anyhow::Result<()> {
 }
 
 /// The sum of the topic's end offsets (records stored).
-fn records(cluster: &KafkaCluster, topic: &str) -> u64 {
+pub(crate) fn records(cluster: &KafkaCluster, topic: &str) -> u64 {
     cluster
         .tool(&[
             "org.apache.kafka.tools.GetOffsetShell",

@@ -15,6 +15,7 @@
 //! | [`priority`] | priority lanes over a rate-limited veth uplink (root) | `docs/perf/priority.md` |
 //! | [`outage`] | a cloud outage under load with the durable spool: backlog, drain, order | `docs/perf/outage.md` |
 //! | [`kafka`] | records/s into a real 3-node Kafka cluster: Kafka's own `kafka-producer-perf-test` (the cluster's maximum) vs MQTT devices through sluice's Kafka uplink, sluice's CPU per message, PUBACK p99 | `docs/perf/kafka.md` |
+//! | [`site`] | a site of 1, 2, 3 gateways behind HAProxy (TCP) into a 3-node Kafka cluster, the same load spread over more gateways: msg/s, each gateway's CPU, HAProxy's, PUBACK p99 | `docs/perf/site.md` |
 //! | [`onem2m`] | contentInstances/s into a real ACME CSE: a plain pipelined HTTP client (the CSE's maximum) vs MQTT devices through sluice's oneM2M uplink, and the ratio | `docs/perf/onem2m.md` |
 //! | [`functions`] | edge functions (issue 19): sluice's CPU per event beside a local Python / compiled echo function's, idle CPU and per-thread wake-ups with the function scaled to zero, cold/warm start latency and sluice's part of it, pre-warm policies on synthetic traces | `docs/perf/functions.md` |
 //! | [`hostile`] | issue 28's findings replayed by a hostile sender against a sluice binary: bytes in/out at the attacker, RSS growth, healthy devices' p99, a verdict per finding | `docs/reliability.md` |
@@ -62,6 +63,7 @@ pub mod onem2m;
 pub mod outage;
 pub mod priority;
 pub mod seganet;
+pub mod site;
 pub mod state;
 pub mod storage;
 pub mod throughput;
