@@ -30,6 +30,7 @@ fn msg(device: &str, topic: &str, n: usize) -> UplinkMessage {
         received_at: Instant::now(),
         ack: None,
         content_type: None,
+        user_properties: None,
         stored: None,
     }
 }

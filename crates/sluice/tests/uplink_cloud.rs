@@ -127,6 +127,7 @@ fn message(d: usize, i: usize, acks: &Rc<DeviceAcks>) -> UplinkMessage {
         // Device packet ids 1..=PER_DEVICE.
         ack: Some(AckToken::new(acks, (i + 1) as u16)),
         content_type: None,
+        user_properties: None,
         stored: None,
     }
 }

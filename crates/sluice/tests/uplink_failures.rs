@@ -121,6 +121,7 @@ fn message(topic: &str, payload: Bytes, acks: &Rc<DeviceAcks>, packet_id: u16) -
         received_at: Instant::now(),
         ack: Some(AckToken::new(acks, packet_id)),
         content_type: None,
+        user_properties: None,
         stored: None,
     }
 }

@@ -21,10 +21,10 @@ use serde::Serialize;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use sluice_testkit::{Haproxy, KafkaCluster};
 
+use super::kafka::{create_topic, records};
 use crate::harness::machine::{machine, Machine};
 use crate::harness::procfs::{cpu_time, Pid};
 use crate::harness::sut::SluiceChild;
-use super::kafka::{create_topic, records};
 use crate::load::devices::{spawn_devices, DevicesConfig, PayloadSize};
 use crate::stats::LatencySummary;
 

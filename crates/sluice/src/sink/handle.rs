@@ -170,6 +170,11 @@ impl Sink {
             received_at: msg.received_at,
             ack: msg.ack.as_ref().map(AckToken::share),
             content_type: msg.properties.as_ref().and_then(|p| p.content_type.clone()),
+            user_properties: msg
+                .properties
+                .as_ref()
+                .filter(|p| !p.user_properties.is_empty())
+                .map(|p| std::sync::Arc::from(p.user_properties.as_slice())),
             stored: None,
         };
         offer.counters.forwarded();

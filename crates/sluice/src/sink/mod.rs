@@ -202,6 +202,9 @@ pub struct UplinkMessage {
     /// The MQTT 5 Content Type the device gave (a function's event carries it); `None` for
     /// other devices and for spool records (the spool does not store properties).
     pub content_type: Option<ByteString>,
+    /// The MQTT 5 User Properties the device gave, in order (the Kafka uplink makes them
+    /// record headers); `None` when it gave none, and for spool records (as `content_type`).
+    pub user_properties: Option<std::sync::Arc<[(ByteString, ByteString)]>>,
     /// `Some` for a record read from a spool: acknowledged there when the message is
     /// finished, before `ack`. Dropping the message unfinished acknowledges nothing (the
     /// record is sent again after a restart).
@@ -211,7 +214,11 @@ pub struct UplinkMessage {
 impl UplinkMessage {
     /// Bytes this message holds in an [`UplinkQueue`] from push until it is finished.
     pub fn cost(&self) -> usize {
-        self.topic.len() + self.payload.len() + MESSAGE_OVERHEAD_BYTES
+        let props = self
+            .user_properties
+            .as_deref()
+            .map_or(0, |p| p.iter().map(|(k, v)| k.len() + v.len() + 32).sum());
+        self.topic.len() + self.payload.len() + props + MESSAGE_OVERHEAD_BYTES
     }
 
     /// The flow whose order this message keeps: its device.

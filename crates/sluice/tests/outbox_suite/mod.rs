@@ -162,6 +162,7 @@ pub fn message(device: usize, n: usize, qos: QoS, acks: &Rc<DeviceAcks>) -> Upli
         received_at: Instant::now(),
         ack: Some(AckToken::new(acks, n as u16 + 1)),
         content_type: None,
+        user_properties: None,
         stored: None,
     }
 }

@@ -14,8 +14,10 @@
 //! # A record
 //! Key: the device id, so one device's records go to one partition (Kafka's default
 //! partitioner, `partitioner.rs`: the partition any Kafka client picks for that key) and stay
-//! in order there. Value: the payload, unchanged. Headers: `mqtt_topic` (the local topic) and,
-//! when the device gave one, `content_type`. Timestamp: when the transport encoded it (create
+//! in order there. Value: the payload, unchanged. Headers: the device's MQTT 5 User Properties
+//! (name and value as given; a name given twice keeps its last value, as Kafka's record type
+//! here holds headers as a map), then `mqtt_topic` (the local topic) and, when the device gave
+//! one, `content_type` (these two win a clash with a user property). Timestamp: when the transport encoded it (create
 //! time). Topic: the template with `{topic}` replaced by the local topic with `/` as `.`.
 //!
 //! # Delivery and order
@@ -467,6 +469,13 @@ impl Transport for KafkaTransport {
         self.next_id += 1;
         let id = SendId(self.next_id);
         let mut headers = IndexMap::new();
+        // The device's MQTT 5 User Properties first, so the two below win a name clash.
+        // (A ByteString is UTF-8, so `from_utf8` only re-checks it, sharing the buffer.)
+        for (name, value) in msg.user_properties.iter().flat_map(|p| p.iter()) {
+            if let Ok(name) = StrBytes::from_utf8(name.as_bytes().clone()) {
+                headers.insert(name, Some(value.as_bytes().clone()));
+            }
+        }
         headers.insert(
             StrBytes::from_static_str("mqtt_topic"),
             Some(msg.topic.as_bytes().clone()),

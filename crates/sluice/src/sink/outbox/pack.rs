@@ -236,6 +236,7 @@ mod tests {
             received_at: Instant::now(),
             ack: None,
             content_type: None,
+            user_properties: None,
             stored: None,
         }
     }

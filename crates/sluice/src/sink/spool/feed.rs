@@ -388,6 +388,7 @@ impl UplinkSpool {
                 received_at: now.checked_sub(age).unwrap_or(now),
                 ack: device,
                 content_type: None,
+                user_properties: None,
                 stored: Some(Stored {
                     spool: self.clone(),
                     seq: r.seq.0,

@@ -14,6 +14,7 @@ fn msg(topic: &str, payload_len: usize, qos: QoS) -> UplinkMessage {
         received_at: Instant::now(),
         ack: None,
         content_type: None,
+        user_properties: None,
         stored: None,
     }
 }
