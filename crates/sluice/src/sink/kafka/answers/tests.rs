@@ -664,3 +664,55 @@ fn as_many_brokers_as_fit_are_read_and_a_count_beyond_the_bytes_left_is_refused_
     assert!(got.topics.is_empty());
     assert!(refused_up_front(decode::<MetadataAnswer>(&metadata(n + 2))));
 }
+
+/// The fuzz target's seeds (fuzz/seeds/kafka_response: a split byte, then a broker's bytes)
+/// decode as the answers they were written as, and the saved finding is refused.
+#[test]
+fn the_fuzz_seeds_decode_as_the_answers_they_were_written_as() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/kafka_response");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let bytes = std::fs::read(&path).unwrap();
+        let mut rbuf = BytesMut::from(&bytes[1..]);
+        let mut frames = Vec::new();
+        while let Some(f) = next_frame(&mut rbuf).unwrap() {
+            frames.push(f);
+        }
+        assert!(rbuf.is_empty() && !frames.is_empty(), "{name}");
+        let f = &frames[0];
+        match name.as_str() {
+            "metadata" => {
+                let m = decode::<MetadataAnswer>(f).unwrap();
+                assert_eq!(m.brokers.len(), 2);
+                assert_eq!(m.topics[0].partitions.len(), 2);
+            }
+            "produce" => {
+                let p = decode::<ProduceAnswer>(f).unwrap();
+                assert_eq!(p.topics[0].partitions[1].error_code, 10);
+            }
+            "init_producer_id" | "init_producer_id_tagged" => {
+                decode::<InitProducerIdAnswer>(f).unwrap();
+            }
+            "sasl_handshake" => {
+                let h = decode::<SaslHandshakeAnswer>(f).unwrap();
+                assert_eq!(h.mechanisms, ["SCRAM-SHA-256", "SCRAM-SHA-512"]);
+            }
+            "sasl_authenticate" => {
+                decode::<SaslAuthenticateAnswer>(f).unwrap();
+            }
+            "two_frames" => {
+                decode::<InitProducerIdAnswer>(&frames[0]).unwrap();
+                decode::<SaslHandshakeAnswer>(&frames[1]).unwrap();
+            }
+            "crash-sasl-handshake-huge-array" => {
+                assert!(refused_up_front(decode::<SaslHandshakeAnswer>(f)));
+            }
+            other => panic!("a seed this test does not know: {other}"),
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 8);
+}
