@@ -1,23 +1,24 @@
 //! Fuzz target for how the Kafka uplink reads a broker's answers
-//! (crates/sluice/src/sink/kafka/wire.rs): cutting length-prefixed frames out of a read buffer
-//! (`next_frame`, bounded by `MAX_RESPONSE`), the correlation id, and decoding each frame as
-//! every answer the transport asks for (Metadata v9, Produce v9, InitProducerId v4,
-//! SaslHandshake v1, SaslAuthenticate v2) with `kafka-protocol`'s decoders.
+//! (crates/sluice/src/sink/kafka/wire.rs and answers.rs): cutting length-prefixed frames out
+//! of a read buffer (`next_frame`, bounded by `MAX_RESPONSE`), the correlation id, and
+//! decoding each frame as every answer the transport asks for (Metadata v9, Produce v9,
+//! InitProducerId v4, SaslHandshake v1, SaslAuthenticate v2) with sluice's own bounded
+//! decoders (`decode_response`).
 //!
-//! Checks, besides "no panic": the same frames (or the same refusal) whether the bytes arrive
-//! whole or in two reads split at an input-chosen offset, and no frame above `MAX_RESPONSE`.
+//! Checks, besides "no panic" (and no allocation failure: `kafka-protocol`'s decoders, used
+//! before, aborted on an array count larger than the frame): the same frames (or the same
+//! refusal) whether the bytes arrive whole or in two reads split at an input-chosen offset, no
+//! frame above `MAX_RESPONSE`, and no decoded answer holding more elements than its frame has
+//! bytes.
 #![no_main]
 
 use bytes::BytesMut;
-use kafka_protocol::messages::{
-    ApiKey, InitProducerIdResponse, MetadataResponse, ProduceResponse, SaslAuthenticateResponse,
-    SaslHandshakeResponse,
-};
 use libfuzzer_sys::fuzz_target;
-use sluice::sink::kafka::wire::{
-    decode_response, next_frame, peek_correlation_id, INIT_PRODUCER_ID_V, MAX_RESPONSE, METADATA_V,
-    PRODUCE_V,
+use sluice::sink::kafka::answers::{
+    InitProducerIdAnswer, MetadataAnswer, ProduceAnswer, SaslAuthenticateAnswer,
+    SaslHandshakeAnswer,
 };
+use sluice::sink::kafka::wire::{decode_response, next_frame, peek_correlation_id, MAX_RESPONSE};
 
 /// The frames cut from `bytes` fed in two reads at `split`, then whether it ended refused.
 fn frames(bytes: &[u8], split: usize) -> (Vec<Vec<u8>>, bool) {
@@ -51,15 +52,21 @@ fuzz_target!(|data: &[u8]| {
     for f in &whole.0 {
         assert!(f.len() <= MAX_RESPONSE);
         let _ = peek_correlation_id(f);
-        let b = || BytesMut::from(&f[..]);
-        let _: Result<MetadataResponse, _> =
-            decode_response(b(), ApiKey::Metadata, METADATA_V, "m");
-        let _: Result<ProduceResponse, _> = decode_response(b(), ApiKey::Produce, PRODUCE_V, "p");
-        let _: Result<InitProducerIdResponse, _> =
-            decode_response(b(), ApiKey::InitProducerId, INIT_PRODUCER_ID_V, "i");
-        let _: Result<SaslHandshakeResponse, _> =
-            decode_response(b(), ApiKey::SaslHandshake, 1, "h");
-        let _: Result<SaslAuthenticateResponse, _> =
-            decode_response(b(), ApiKey::SaslAuthenticate, 2, "a");
+        let n = f.len();
+        if let Ok(m) = decode_response::<MetadataAnswer>(f, "m") {
+            let partitions: usize = m.topics.iter().map(|t| t.partitions.len()).sum();
+            assert!(m.brokers.len() + m.topics.len() + partitions <= n);
+        }
+        if let Ok(p) = decode_response::<ProduceAnswer>(f, "p") {
+            let partitions: usize = p.topics.iter().map(|t| t.partitions.len()).sum();
+            assert!(p.topics.len() + partitions <= n);
+        }
+        let _ = decode_response::<InitProducerIdAnswer>(f, "i");
+        if let Ok(h) = decode_response::<SaslHandshakeAnswer>(f, "h") {
+            assert!(h.mechanisms.len() <= n);
+        }
+        if let Ok(a) = decode_response::<SaslAuthenticateAnswer>(f, "a") {
+            assert!(a.auth_bytes.len() <= n);
+        }
     }
 });

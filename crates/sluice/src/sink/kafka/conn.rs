@@ -8,13 +8,11 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{
-    ApiKey, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
-    SaslHandshakeResponse,
-};
+use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
 use kafka_protocol::protocol::StrBytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::answers::{Answer, SaslAuthenticateAnswer, SaslHandshakeAnswer};
 use super::{protocol, scram, to_io, wire, Io, KafkaTransport};
 use crate::sink::UplinkError;
 
@@ -58,19 +56,11 @@ impl KafkaTransport {
         let mut rbuf = BytesMut::new();
         let mut hs = SaslHandshakeRequest::default();
         hs.mechanism = StrBytes::from_static_str(sasl.mechanism.name());
-        let resp: SaslHandshakeResponse = call
-            .exchange(
-                &mut io,
-                &mut rbuf,
-                1,
-                ApiKey::SaslHandshake,
-                1,
-                &hs,
-                "SASL handshake answer",
-            )
+        let resp: SaslHandshakeAnswer = call
+            .exchange(&mut io, &mut rbuf, 1, &hs, "SASL handshake answer")
             .await?;
         if resp.error_code != 0 {
-            let offered: Vec<&str> = resp.mechanisms.iter().map(|m| m.as_str()).collect();
+            let offered = &resp.mechanisms;
             return Err(UplinkError::SaslFailed(format!(
                 "the broker does not take {} (it offers {offered:?})",
                 sasl.mechanism.name()
@@ -79,32 +69,16 @@ impl KafkaTransport {
         let mut scram = scram::ScramClient::new(sasl.mechanism, &sasl.username, &sasl.password);
         let mut auth = SaslAuthenticateRequest::default();
         auth.auth_bytes = Bytes::from(scram.client_first());
-        let first: SaslAuthenticateResponse = call
-            .exchange(
-                &mut io,
-                &mut rbuf,
-                2,
-                ApiKey::SaslAuthenticate,
-                2,
-                &auth,
-                "SASL answer",
-            )
+        let first: SaslAuthenticateAnswer = call
+            .exchange(&mut io, &mut rbuf, 2, &auth, "SASL answer")
             .await?;
         sasl_ok(&first)?;
         let fin = scram
             .client_final(&first.auth_bytes)
             .map_err(|e| UplinkError::SaslFailed(e.to_string()))?;
         auth.auth_bytes = Bytes::from(fin);
-        let last: SaslAuthenticateResponse = call
-            .exchange(
-                &mut io,
-                &mut rbuf,
-                3,
-                ApiKey::SaslAuthenticate,
-                2,
-                &auth,
-                "SASL answer",
-            )
+        let last: SaslAuthenticateAnswer = call
+            .exchange(&mut io, &mut rbuf, 3, &auth, "SASL answer")
             .await?;
         sasl_ok(&last)?;
         scram
@@ -115,7 +89,7 @@ impl KafkaTransport {
 }
 
 /// A SaslAuthenticate answer's error, if any.
-fn sasl_ok(resp: &SaslAuthenticateResponse) -> Result<(), UplinkError> {
+fn sasl_ok(resp: &SaslAuthenticateAnswer) -> Result<(), UplinkError> {
     if resp.error_code == 0 {
         return Ok(());
     }
@@ -133,24 +107,29 @@ pub(super) struct Call<'a> {
 }
 
 impl Call<'_> {
-    #[allow(clippy::too_many_arguments)]
+    /// Send `req` as the request `Resp` answers (its api key and version), read the answer.
     pub(super) async fn exchange<Req, Resp>(
         &self,
         io: &mut Box<dyn Io>,
         rbuf: &mut BytesMut,
         corr: i32,
-        key: ApiKey,
-        version: i16,
         req: &Req,
         what: &'static str,
     ) -> Result<Resp, UplinkError>
     where
         Req: kafka_protocol::protocol::Encodable + kafka_protocol::protocol::HeaderVersion,
-        Resp: kafka_protocol::protocol::Decodable,
+        Resp: Answer,
     {
         let mut out = BytesMut::new();
-        wire::encode_request(&mut out, key, version, corr, self.client_id, req)
-            .map_err(protocol)?;
+        wire::encode_request(
+            &mut out,
+            Resp::KEY,
+            Resp::VERSION,
+            corr,
+            self.client_id,
+            req,
+        )
+        .map_err(protocol)?;
         let exchange = async {
             io.write_all(&out).await?;
             io.flush().await?;
@@ -172,7 +151,7 @@ impl Call<'_> {
                 "the Kafka broker answered another request than the {what}"
             )));
         }
-        wire::decode_response(frame, key, version, what).map_err(protocol)
+        wire::decode_response(&frame, what).map_err(protocol)
     }
 }
 

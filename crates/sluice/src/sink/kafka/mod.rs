@@ -1,7 +1,8 @@
 //! The Kafka transport: device messages become records in an Apache Kafka cluster, produced
 //! with `acks = all` by the idempotent producer. The fourth [`Transport`] behind an outbox,
-//! for `protocol = "kafka"` uplinks. Why our own producer on the `kafka-protocol` codec and
-//! not librdkafka: docs/adr/0017-kafka-client.md.
+//! for `protocol = "kafka"` uplinks. Why our own producer on the `kafka-protocol` codec (for
+//! requests and record batches; the answers are decoded by our own bounded decoders,
+//! `answers.rs`) and not librdkafka: docs/adr/0017-kafka-client.md.
 //!
 //! Owns: the connections to the cluster (one to a bootstrap broker for cluster requests, one
 //! per partition leader for records), the cluster's metadata as far as this transport needs
@@ -38,6 +39,7 @@
 //! batch is answered (bounded by the outbox's window). The topic table holds at most
 //! [`MAX_TOPICS`] topics; beyond that it is cleared and learnt again.
 
+pub mod answers;
 mod conn;
 mod params;
 pub mod partitioner;
@@ -55,14 +57,14 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    ApiKey, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse,
-    ProduceResponse, ProducerId, TopicName,
+    ApiKey, InitProducerIdRequest, MetadataRequest, ProducerId, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::sink::transport::{Feedback, LinkLimits, SendId, Transport, Unit, Unsendable};
 use crate::sink::{UplinkError, UplinkMessage};
+use answers::{Answer, InitProducerIdAnswer, MetadataAnswer, ProduceAnswer};
 use conn::{write_out, Call};
 use wire::WireError;
 
@@ -201,17 +203,12 @@ impl KafkaTransport {
         self.next_corr
     }
 
-    /// One request on the control connection and its answer, waited for (while connecting).
-    async fn call<Req, Resp>(
-        &mut self,
-        key: ApiKey,
-        version: i16,
-        req: &Req,
-        what: &'static str,
-    ) -> Result<Resp, UplinkError>
+    /// One request on the control connection and its answer, waited for (while connecting;
+    /// the request goes out as the answer's api key and version).
+    async fn call<Req, Resp>(&mut self, req: &Req, what: &'static str) -> Result<Resp, UplinkError>
     where
         Req: kafka_protocol::protocol::Encodable + kafka_protocol::protocol::HeaderVersion,
-        Resp: kafka_protocol::protocol::Decodable,
+        Resp: Answer,
     {
         let corr = self.corr();
         let conn = &mut self.control;
@@ -220,12 +217,11 @@ impl KafkaTransport {
             client_id: &self.client_id,
             timeout: self.params.request_timeout,
         };
-        call.exchange(io, &mut conn.rbuf, corr, key, version, req, what)
-            .await
+        call.exchange(io, &mut conn.rbuf, corr, req, what).await
     }
 
     /// Learn the leaders of `topics` from a Metadata answer.
-    fn learn(&mut self, meta: MetadataResponse) {
+    fn learn(&mut self, meta: MetadataAnswer) {
         for b in &meta.brokers {
             let addr = if b.host.contains(':') {
                 format!("[{}]:{}", b.host, b.port)
@@ -234,7 +230,7 @@ impl KafkaTransport {
             };
             let entry = self
                 .brokers
-                .entry(b.node_id.0)
+                .entry(b.node_id)
                 .or_insert_with(|| (addr.clone(), Conn::default()));
             if entry.0 != addr {
                 *entry = (addr, Conn::default());
@@ -245,7 +241,7 @@ impl KafkaTransport {
         }
         for t in meta.topics {
             let Some(name) = t.name else { continue };
-            let name: Arc<str> = Arc::from(name.0.as_str());
+            let name: Arc<str> = Arc::from(name);
             let waiting = self.unrouted.remove(&name);
             if t.error_code != 0 || t.partitions.is_empty() {
                 // Asked again with the next record of this topic.
@@ -259,7 +255,7 @@ impl KafkaTransport {
             let mut leaders = vec![-1; t.partitions.len()];
             for p in &t.partitions {
                 if let Some(l) = leaders.get_mut(p.partition_index as usize) {
-                    *l = p.leader_id.0;
+                    *l = p.leader_id;
                 }
             }
             let n = leaders.len();
@@ -346,23 +342,13 @@ impl KafkaTransport {
             }
             match waiting {
                 Waiting::Metadata => {
-                    let meta: MetadataResponse = wire::decode_response(
-                        frame,
-                        ApiKey::Metadata,
-                        wire::METADATA_V,
-                        "metadata",
-                    )
-                    .map_err(protocol)?;
+                    let meta: MetadataAnswer =
+                        wire::decode_response(&frame, "metadata").map_err(protocol)?;
                     self.learn(meta);
                 }
                 Waiting::Produce(sent) => {
-                    let resp: ProduceResponse = wire::decode_response(
-                        frame,
-                        ApiKey::Produce,
-                        wire::PRODUCE_V,
-                        "produce answer",
-                    )
-                    .map_err(protocol)?;
+                    let resp: ProduceAnswer =
+                        wire::decode_response(&frame, "produce answer").map_err(protocol)?;
                     self.on_produced(sent, resp, feedback)?;
                 }
             }
@@ -405,9 +391,7 @@ impl Transport for KafkaTransport {
         // The brokers and their addresses (no topics: those are asked as they are needed).
         let mut req = MetadataRequest::default();
         req.topics = Some(Vec::new());
-        let meta: MetadataResponse = self
-            .call(ApiKey::Metadata, wire::METADATA_V, &req, "metadata")
-            .await?;
+        let meta: MetadataAnswer = self.call(&req, "metadata").await?;
         self.learn(meta);
         let mut init = InitProducerIdRequest::default();
         // Not transactional: null (kafka-protocol's default is the empty string, which the
@@ -422,14 +406,7 @@ impl Transport for KafkaTransport {
         let started = Instant::now();
         let mut pause = Duration::from_millis(50);
         let resp = loop {
-            let resp: InitProducerIdResponse = self
-                .call(
-                    ApiKey::InitProducerId,
-                    wire::INIT_PRODUCER_ID_V,
-                    &init,
-                    "producer id answer",
-                )
-                .await?;
+            let resp: InitProducerIdAnswer = self.call(&init, "producer id answer").await?;
             use kafka_protocol::error::ParseResponseErrorCode;
             let retriable = resp.error_code.err().is_some_and(|e| e.is_retriable());
             if resp.error_code == 0
@@ -447,7 +424,7 @@ impl Transport for KafkaTransport {
                 resp.error_code
             )));
         }
-        self.producer_id = resp.producer_id.0;
+        self.producer_id = resp.producer_id;
         self.epoch = resp.producer_epoch;
         Ok(LinkLimits {
             window: self.params.window.max(1),

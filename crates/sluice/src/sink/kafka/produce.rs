@@ -9,10 +9,11 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 
+use super::answers::ProduceAnswer;
 use super::wire::{self, Outcome, WireError};
 use super::{protocol, KafkaTransport, SentBatch, Waiting, MAX_INFLIGHT_PER_PARTITION};
 use crate::sink::transport::Feedback;
@@ -127,7 +128,7 @@ impl KafkaTransport {
     pub(super) fn on_produced(
         &mut self,
         sent: Vec<SentBatch>,
-        resp: ProduceResponse,
+        resp: ProduceAnswer,
         feedback: &mut Vec<Feedback>,
     ) -> Result<(), UplinkError> {
         for batch in sent {
@@ -139,10 +140,10 @@ impl KafkaTransport {
                 part.inflight = part.inflight.saturating_sub(1);
             }
             let answer = resp
-                .responses
+                .topics
                 .iter()
-                .filter(|t| t.name.0.as_str() == &*batch.topic)
-                .flat_map(|t| t.partition_responses.iter())
+                .filter(|t| t.name == *batch.topic)
+                .flat_map(|t| t.partitions.iter())
                 .find(|p| p.index == batch.partition);
             let Some(answer) = answer else {
                 return Err(UplinkError::Protocol(format!(
@@ -163,7 +164,7 @@ impl KafkaTransport {
                 }
                 Outcome::Refuse { code, class } => {
                     tracing::warn!(topic = %batch.topic, partition = batch.partition, error_code = answer.error_code,
-                        "Kafka refused records");
+                        error_message = answer.error_message.as_deref().unwrap_or(""), "Kafka refused records");
                     feedback.extend(batch.ids.into_iter().map(|id| Feedback::Refused {
                         id,
                         code,

@@ -1,17 +1,22 @@
-//! Kafka's framing around the `kafka-protocol` codec: a request is a 4-byte length, the
-//! request header (api key, version, correlation id, client id) and the body; a response is a
-//! 4-byte length, the response header (correlation id) and the body.
+//! Kafka's framing: a request is a 4-byte length, the request header (api key, version,
+//! correlation id, client id) and the body, encoded with the `kafka-protocol` codec; a
+//! response is a 4-byte length, the response header (correlation id, then tagged fields for a
+//! flexible answer) and the body, decoded by sluice's own bounded decoders (`answers.rs`;
+//! `kafka-protocol`'s preallocate arrays from counts on the wire).
 //!
 //! Owns: encoding requests into a write buffer, cutting responses out of a read buffer within
-//! [`MAX_RESPONSE`], and what a broker's error code means for a record ([`classify`]). Does
-//! not own: which requests to send (the transport) or the message schemas (`kafka-protocol`).
+//! [`MAX_RESPONSE`], the response header, and what a broker's error code means for a record
+//! ([`classify`]). Does not own: which requests to send (the transport), the request schemas
+//! (`kafka-protocol`) or the answer bodies (`answers.rs`).
 //!
 //! The versions sluice speaks are fixed ([`METADATA_V`], [`INIT_PRODUCER_ID_V`],
 //! [`PRODUCE_V`]): every broker since Kafka 3.0 takes them.
 
 use bytes::{Buf, BufMut, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use kafka_protocol::messages::{ApiKey, RequestHeader};
+use kafka_protocol::protocol::{Encodable, HeaderVersion, StrBytes};
+
+use super::answers::{Answer, Reader};
 
 use crate::sink::transport::RefusalClass;
 use crate::sink::RejectReason;
@@ -99,19 +104,15 @@ pub fn peek_correlation_id(frame: &[u8]) -> Result<i32, WireError> {
         })
 }
 
-/// Decode a response frame's header (the version `key`/`version` imply) and then its body.
-pub fn decode_response<T: Decodable>(
-    mut frame: BytesMut,
-    key: ApiKey,
-    version: i16,
-    what: &'static str,
-) -> Result<T, WireError> {
-    let decode_err = |e: anyhow::Error| WireError::Decode {
-        what,
-        detail: e.to_string(),
-    };
-    ResponseHeader::decode(&mut frame, key.response_header_version(version)).map_err(decode_err)?;
-    T::decode(&mut frame, version).map_err(decode_err)
+/// Decode a response frame: its header (v1 with tagged fields for a flexible answer, v0
+/// otherwise) and then the body, with sluice's bounded decoders (`answers.rs`).
+pub fn decode_response<A: Answer>(frame: &[u8], what: &'static str) -> Result<A, WireError> {
+    let mut r = Reader::new(frame, what);
+    r.i32()?; // correlation id, already matched by the caller
+    if A::FLEXIBLE {
+        r.tagged_fields()?;
+    }
+    A::read(&mut r)
 }
 
 /// What a broker's error code for a partition's records means (0 is success and never asked).
@@ -191,7 +192,9 @@ pub fn classify(error_code: i16) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
+    use crate::sink::kafka::answers::MetadataAnswer;
+    use kafka_protocol::messages::MetadataRequest;
+    use kafka_protocol::protocol::Decodable;
 
     #[test]
     fn a_request_is_framed_with_its_length_and_header() {
@@ -238,9 +241,8 @@ mod tests {
             } else {
                 let frame = got.unwrap();
                 assert_eq!(peek_correlation_id(&frame).unwrap(), 42);
-                let m: MetadataResponse =
-                    decode_response(frame, ApiKey::Metadata, METADATA_V, "metadata").unwrap();
-                assert_eq!(m.throttle_time_ms, 5);
+                let m: MetadataAnswer = decode_response(&frame, "metadata").unwrap();
+                assert_eq!(m, MetadataAnswer::default());
             }
         }
         let mut huge = BytesMut::new();
@@ -281,8 +283,7 @@ mod tests {
             let mut rbuf = BytesMut::from(&bytes[..]);
             while let Ok(Some(frame)) = next_frame(&mut rbuf) {
                 let _ = peek_correlation_id(&frame);
-                let _: Result<MetadataResponse, _> =
-                    decode_response(frame, ApiKey::Metadata, METADATA_V, "metadata");
+                let _: Result<MetadataAnswer, _> = decode_response(&frame, "metadata");
             }
         }
     }
