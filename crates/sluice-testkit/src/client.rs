@@ -293,6 +293,35 @@ impl TestClient {
         qos: QoS,
         retain: bool,
     ) -> anyhow::Result<Option<u16>> {
+        self.publish_no_wait_with(topic, payload, qos, retain, None)
+            .await
+    }
+
+    /// [`TestClient::publish`] with MQTT 5 properties (e.g. user properties).
+    pub async fn publish_with(
+        &mut self,
+        topic: &str,
+        payload: impl Into<Bytes>,
+        qos: QoS,
+        properties: Properties,
+    ) -> anyhow::Result<u8> {
+        match self
+            .publish_no_wait_with(topic, payload, qos, false, Some(Box::new(properties)))
+            .await?
+        {
+            None => Ok(reason::SUCCESS),
+            Some(packet_id) => self.wait_ack(packet_id).await,
+        }
+    }
+
+    async fn publish_no_wait_with(
+        &mut self,
+        topic: &str,
+        payload: impl Into<Bytes>,
+        qos: QoS,
+        retain: bool,
+        properties: Option<Box<Properties>>,
+    ) -> anyhow::Result<Option<u16>> {
         let packet_id = if qos == QoS::AtMostOnce {
             None
         } else {
@@ -304,7 +333,7 @@ impl TestClient {
             retain,
             topic: ByteString::from(topic),
             packet_id,
-            properties: None,
+            properties,
             payload: payload.into(),
         };
         self.send_packet(&Packet::Publish(publish))

@@ -58,8 +58,32 @@ async fn device_messages_become_records_keyed_by_device_in_order_with_the_topic_
             assert_eq!(code, 0, "PUBACK of dev-{d} {n}");
         }
     }
-    let records = cluster.consume("site.telemetry", DEVICES * EACH);
-    assert_eq!(records.len(), DEVICES * EACH, "every message once");
+    // MQTT 5 User Properties become record headers beside the topic.
+    let props = sluice_proto::mqtt::Properties {
+        user_properties: vec![
+            ("site".into(), "north".into()),
+            ("unit".into(), "degC".into()),
+        ],
+        ..Default::default()
+    };
+    let code = devs[0]
+        .publish_with("site/telemetry", "dev-0 50", QoS::AtLeastOnce, props)
+        .await
+        .expect("PUBACK");
+    assert_eq!(code, 0);
+    let records = cluster.consume("site.telemetry", DEVICES * EACH + 1);
+    assert_eq!(records.len(), DEVICES * EACH + 1, "every message once");
+    let with_props = records
+        .iter()
+        .find(|(_, _, v)| v == "dev-0 50")
+        .expect("the message with properties");
+    for want in ["site:north", "unit:degC", "mqtt_topic:site/telemetry"] {
+        assert!(with_props.0.contains(want), "{want} in {:?}", with_props.0);
+    }
+    assert!(
+        !records[0].0.contains("site:north") || records[0].2 == "dev-0 50",
+        "only that message has them"
+    );
     let mut next: HashMap<String, usize> = HashMap::new();
     for (headers, key, value) in &records {
         assert!(headers.contains("mqtt_topic:site/telemetry"), "{headers:?}");
