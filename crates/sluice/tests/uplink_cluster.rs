@@ -5,7 +5,7 @@
 //! load. Nothing acknowledged to a device may be lost, and each device's messages keep their
 //! order (at-least-once: a resend may repeat some; a message the broker itself redelivered to
 //! the subscriber, DUP set, is checked for presence only, see [`check_delivery`]). Where NATS
-//! cannot be built (no Go >= 1.26),
+//! cannot be built (no Go >= 1.26 on PATH and none from the Go module proxy),
 //! the NATS test skips with the reason printed; the same failover then still runs against three
 //! separate Mosquitto brokers, a subscriber on each. There the node is frozen (SIGSTOP), not
 //! killed: separate brokers share nothing, so one killed right after acknowledging a message
