@@ -229,6 +229,34 @@ impl DevicesConfig {
         }
     }
 
+    /// What the uplink scenarios (kafka, onem2m, site) offer: `devices` MQTT 5 devices × `rate`
+    /// QoS 1 messages per second of exactly `payload` bytes on `{topic_prefix}/…`, for
+    /// `duration` with `ramp` and `settle`, no progress lines.
+    pub fn steady_qos1(
+        target: std::net::SocketAddr,
+        devices: u32,
+        rate: f64,
+        payload: usize,
+        (duration, ramp, settle): (Duration, Duration, Duration),
+        topic_prefix: &str,
+    ) -> DevicesConfig {
+        let mut c = DevicesConfig::new(target);
+        c.devices = devices;
+        c.rate_per_device = rate;
+        c.payload = PayloadSize {
+            min: payload,
+            max: payload,
+        };
+        c.qos = QoS::AtLeastOnce;
+        c.protocol = ProtocolVersion::V5;
+        c.duration = duration;
+        c.ramp = ramp;
+        c.settle = settle;
+        c.topic_prefix = topic_prefix.to_string();
+        c.progress_every = None;
+        c
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         if self.devices == 0 {
             bail!("at least one device is needed");

@@ -19,13 +19,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use serde::Serialize;
-use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use sluice_testkit::KafkaCluster;
 
 use crate::harness::machine::{machine, Machine};
 use crate::harness::procfs::{cpu_time, Pid};
 use crate::harness::sut::SluiceChild;
-use crate::load::devices::{spawn_devices, DevicesConfig, PayloadSize};
+use crate::load::devices::{spawn_devices, DevicesConfig};
 use crate::stats::LatencySummary;
 
 /// The parameters (CLI defaults in [`KafkaScenario::new`]).
@@ -188,21 +187,14 @@ pub async fn run_kafka(s: &KafkaScenario) -> anyhow::Result<KafkaReport> {
         sluice_toml(s, mqtt_port, &cluster.bootstrap),
     )?;
     sluice.wait_ready().await?;
-    let mut config = DevicesConfig::new(sluice.device_addr());
-    config.devices = s.devices;
-    config.rate_per_device = s.rate_per_device;
-    config.payload = PayloadSize {
-        min: s.payload,
-        max: s.payload,
-    };
-    config.qos = QoS::AtLeastOnce;
-    config.protocol = ProtocolVersion::V5;
-    config.duration = s.duration;
-    config.ramp = s.ramp;
-    config.settle = s.settle;
-    config.topic_prefix = "k".into();
-    config.progress_every = None;
-    let run = spawn_devices(config)?;
+    let run = spawn_devices(DevicesConfig::steady_qos1(
+        sluice.device_addr(),
+        s.devices,
+        s.rate_per_device,
+        s.payload,
+        (s.duration, s.ramp, s.settle),
+        "k",
+    ))?;
     tokio::time::sleep(s.ramp + s.settle).await;
     let pid = Pid::Other(sluice.pid());
     let (start, cpu0, t0) = (run.counters().snapshot(), cpu_time(pid)?, Instant::now());

@@ -27,13 +27,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use bytes::BytesMut;
 use serde::Serialize;
-use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use sluice_testkit::Acme;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::harness::machine::{machine, Machine};
 use crate::harness::sut::SluiceChild;
-use crate::load::devices::{spawn_devices, DevicesConfig, PayloadSize};
+use crate::load::devices::{spawn_devices, DevicesConfig};
 
 /// The parameters (CLI defaults in [`OneM2mScenario::new`]).
 #[derive(Debug, Clone)]
@@ -170,21 +169,14 @@ async fn through_sluice(
     let mqtt_port = sluice_testkit::free_port()?;
     let sluice = SluiceChild::spawn(&s.sluice_bin, mqtt_port, sluice_toml(s, mqtt_port, cse))?;
     sluice.wait_ready().await?;
-    let mut config = DevicesConfig::new(sluice.device_addr());
-    config.devices = devices;
-    config.rate_per_device = s.rate_per_device;
-    config.payload = PayloadSize {
-        min: s.payload,
-        max: s.payload,
-    };
-    config.qos = QoS::AtLeastOnce;
-    config.protocol = ProtocolVersion::V5;
-    config.duration = s.duration;
-    config.ramp = s.ramp;
-    config.settle = s.settle;
-    config.topic_prefix = "m".into();
-    config.progress_every = None;
-    let run = spawn_devices(config)?;
+    let run = spawn_devices(DevicesConfig::steady_qos1(
+        sluice.device_addr(),
+        devices,
+        s.rate_per_device,
+        s.payload,
+        (s.duration, s.ramp, s.settle),
+        "m",
+    ))?;
     tokio::time::sleep(s.ramp + s.settle).await;
     let start = run.counters().snapshot();
     let t0 = Instant::now();

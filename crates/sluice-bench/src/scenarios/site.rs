@@ -18,14 +18,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use serde::Serialize;
-use sluice_proto::mqtt::{ProtocolVersion, QoS};
 use sluice_testkit::{Haproxy, KafkaCluster};
 
 use super::kafka::{create_topic, records};
 use crate::harness::machine::{machine, Machine};
 use crate::harness::procfs::{cpu_time, Pid};
 use crate::harness::sut::SluiceChild;
-use crate::load::devices::{spawn_devices, DevicesConfig, PayloadSize};
+use crate::load::devices::{spawn_devices, DevicesConfig};
 use crate::stats::LatencySummary;
 
 /// The parameters (CLI defaults in [`SiteScenario::new`]).
@@ -130,21 +129,14 @@ async fn run_one(s: &SiteScenario, cluster: &KafkaCluster, n: u32) -> anyhow::Re
     let haproxy = Haproxy::start(&backends)?.context(
         "haproxy is not installed (apt install haproxy): the site's one address is HAProxy",
     )?;
-    let mut config = DevicesConfig::new(haproxy.addr);
-    config.devices = s.devices;
-    config.rate_per_device = s.rate_per_device;
-    config.payload = PayloadSize {
-        min: s.payload,
-        max: s.payload,
-    };
-    config.qos = QoS::AtLeastOnce;
-    config.protocol = ProtocolVersion::V5;
-    config.duration = s.duration;
-    config.ramp = s.ramp;
-    config.settle = s.settle;
-    config.topic_prefix = "site".into();
-    config.progress_every = None;
-    let run = spawn_devices(config)?;
+    let run = spawn_devices(DevicesConfig::steady_qos1(
+        haproxy.addr,
+        s.devices,
+        s.rate_per_device,
+        s.payload,
+        (s.duration, s.ramp, s.settle),
+        "site",
+    ))?;
     tokio::time::sleep(s.ramp + s.settle).await;
     let pids: Vec<Pid> = gws.iter().map(|g| Pid::Other(g.pid())).collect();
     let hpid = Pid::Other(haproxy.pid());
