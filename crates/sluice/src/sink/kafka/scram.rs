@@ -127,11 +127,13 @@ impl ScramClient {
         let server_first =
             std::str::from_utf8(server_first).map_err(|_| ScramError::Malformed("not UTF-8"))?;
         let (mut nonce, mut salt, mut iters) = (None, None, None);
+        // RFC 5802 gives each attribute once: one given twice is refused rather than one of
+        // the two picked (found by the scram_server fuzz target, whose oracle read the first).
         for attr in server_first.split(',') {
             match attr.split_once('=') {
-                Some(("r", v)) => nonce = Some(v),
-                Some(("s", v)) => salt = Some(v),
-                Some(("i", v)) => iters = Some(v),
+                Some(("r", v)) => once(&mut nonce, v)?,
+                Some(("s", v)) => once(&mut salt, v)?,
+                Some(("i", v)) => once(&mut iters, v)?,
                 Some(("e", v)) => return Err(ScramError::ServerError(v.to_string())),
                 Some(("m", _)) => return Err(ScramError::Malformed("mandatory extension")),
                 _ => {}
@@ -208,6 +210,14 @@ impl ScramClient {
     }
 }
 
+/// Fill `slot` with `v` unless it already holds a value.
+fn once<'a>(slot: &mut Option<&'a str>, v: &'a str) -> Result<(), ScramError> {
+    match slot.replace(v) {
+        None => Ok(()),
+        Some(_) => Err(ScramError::Malformed("an attribute given twice")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +266,21 @@ mod tests {
             c.client_final(b"e=invalid-proof"),
             Err(ScramError::ServerError(_))
         ));
+        // An attribute given twice (the scram_server fuzz target's finding: a second i= after
+        // one that is not a number) is refused, whichever copy is valid.
+        for twice in [
+            &b"r=abcdef,s=AAAA,i=4O96,i=4096"[..],
+            b"r=abcdef,s=AAAA,i=4096,i=4096",
+            b"r=abcdef,r=abcxyz,s=AAAA,i=4096",
+            b"r=abcdef,s=AAAA,s=BBBB,i=4096",
+        ] {
+            assert_eq!(
+                c.client_final(twice),
+                Err(ScramError::Malformed("an attribute given twice")),
+                "{}",
+                String::from_utf8_lossy(twice)
+            );
+        }
         // No final message before a client-final: nothing to check against.
         assert_eq!(
             ScramClient::with_nonce(Mechanism::Sha256, "u", "p", "n")
