@@ -1,7 +1,7 @@
 //! The Kafka side of `[[uplink]]` (`protocol = "kafka"`, issue 33): its keys, their checks,
 //! their defaults, and printing a Kafka uplink back as TOML.
 //!
-//! Owns: the key lists ([`KAFKA_ONLY_KEYS`], [`NOT_FOR_KAFKA`]), the raw-TOML check that a
+//! Owns: the key lists ([`KAFKA_ONLY_KEYS`], [`SHARED_WITH_KAFKA`], [`not_for_kafka`]), the raw-TOML check that a
 //! Kafka uplink names its cluster with `brokers` (not `url`/`urls`) and sets no key of another
 //! protocol, filling `url`/`urls` in from `brokers` after serde ([`fill_brokers`], so the TLS,
 //! server-name and duplicate checks every node of an uplink gets apply to the brokers too),
@@ -26,38 +26,24 @@ pub const KAFKA_ONLY_KEYS: &[&str] = &[
     "compression",
 ];
 
-/// Keys of other protocols a Kafka uplink may not set (MQTT's and oneM2M's, except those
-/// Kafka shares: `client_id`, `username`, `password_file`, `inflight`, `request_timeout`,
-/// and the TLS and reconnect keys).
-pub const NOT_FOR_KAFKA: &[&str] = &[
-    "url",
-    "urls",
-    "receive",
-    "topic_prefix",
-    "topic_template",
-    "keep_alive",
-    "downlink_session_expiry",
-    "install_tc",
-    "tc_interface",
-    "tc_rate",
-    "mptcp",
-    "lane_path",
-    "path_timeout",
-    "path_keep_alive",
-    "path_reconnect_max",
-    "paths",
-    "aggregate",
-    "cse_id",
-    "cse_name",
-    "originator",
-    "ae_name",
-    "app_id",
-    "container",
-    "mni",
-    "mbs",
-    "connections",
-    "pipeline",
+/// The keys of MQTT and oneM2M uplinks that a Kafka uplink shares with them (each with the
+/// same meaning).
+pub const SHARED_WITH_KAFKA: &[&str] = &[
+    "client_id",
+    "username",
+    "password_file",
+    "inflight",
+    "request_timeout",
 ];
+
+/// A key of another protocol that a Kafka uplink may not set: `url`, and every MQTT-only and
+/// oneM2M-only key except [`SHARED_WITH_KAFKA`].
+pub fn not_for_kafka(key: &str) -> bool {
+    key == "url"
+        || ((super::onem2m::MQTT_ONLY_KEYS.contains(&key)
+            || super::onem2m::ONEM2M_ONLY_KEYS.contains(&key))
+            && !SHARED_WITH_KAFKA.contains(&key))
+}
 
 /// Default `topic`: the local topic, `/` written as `.`.
 pub const DEFAULT_TOPIC: &str = "{topic}";
@@ -144,7 +130,7 @@ pub(super) fn is_kafka_table(up: &toml::Table) -> bool {
 }
 
 /// Before serde: a Kafka uplink sets `brokers` (a non-empty list of at most [`MAX_BROKERS`]
-/// `host:port` strings) and none of [`NOT_FOR_KAFKA`]; no other uplink sets a Kafka key.
+/// `host:port` strings) and no key [`not_for_kafka`]; no other uplink sets a Kafka key.
 pub(super) fn check_raw(table: &toml::Table) -> Result<(), ConfigError> {
     let Some(toml::Value::Array(uplinks)) = table.get("uplink") else {
         return Ok(());
@@ -161,7 +147,7 @@ pub(super) fn check_raw(table: &toml::Table) -> Result<(), ConfigError> {
             continue;
         }
         for key in up.keys() {
-            if NOT_FOR_KAFKA.contains(&key.as_str()) {
+            if not_for_kafka(key) {
                 let why = match key.as_str() {
                     "url" | "urls" => "a Kafka uplink names its bootstrap brokers with brokers = [\"host:9093\", …]",
                     "aggregate" => "SenML aggregation cannot apply to Kafka: a pack mixes devices, and a record's key is its device",
@@ -250,9 +236,7 @@ pub(super) fn fix_printed_uplinks(uplinks: &mut [toml::Value], config: &[UplinkC
         let Some(t) = value.as_table_mut() else {
             continue;
         };
-        for key in NOT_FOR_KAFKA {
-            t.remove(*key);
-        }
+        t.retain(|key, _| !not_for_kafka(key));
     }
 }
 
