@@ -91,6 +91,18 @@ impl Phases {
     }
 }
 
+/// The measured window of the uplink scenarios (kafka, onem2m, site): from `ramp + settle`
+/// to 2 s before the devices stop, so their last acknowledgements are not cut off.
+pub fn uplink_window(
+    duration: Duration,
+    ramp: Duration,
+    settle: Duration,
+) -> anyhow::Result<Duration> {
+    duration
+        .checked_sub(ramp + settle + Duration::from_secs(2))
+        .ok_or_else(|| anyhow::anyhow!("--duration must exceed ramp + settle + 2 s"))
+}
+
 /// The measuring sink on the cloud broker: TLS 1.3 with the run's CA, subscribed to `#` (QoS 1)
 /// before anything is published.
 pub async fn cloud_sink(

@@ -130,10 +130,7 @@ pub(crate) fn records(cluster: &KafkaCluster, topic: &str) -> u64 {
 pub async fn run_kafka(s: &KafkaScenario) -> anyhow::Result<KafkaReport> {
     crate::harness::sut::require_sluice_bin(&s.sluice_bin)?;
     let machine = machine(&s.command_line);
-    let window = s
-        .duration
-        .checked_sub(s.ramp + s.settle + Duration::from_secs(2))
-        .context("--duration must exceed ramp + settle + 2 s")?;
+    let window = crate::harness::phases::uplink_window(s.duration, s.ramp, s.settle)?;
     eprintln!(
         "kafka: starting a three-node cluster ({})",
         s.cluster_script.display()

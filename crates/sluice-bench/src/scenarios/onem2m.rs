@@ -107,10 +107,7 @@ pub struct OneM2mReport {
 pub async fn run_onem2m(s: &OneM2mScenario) -> anyhow::Result<OneM2mReport> {
     crate::harness::sut::require_sluice_bin(&s.sluice_bin)?;
     let machine = machine(&s.command_line);
-    let window = s
-        .duration
-        .checked_sub(s.ramp + s.settle + Duration::from_secs(2))
-        .context("--duration must exceed ramp + settle + 2 s")?;
+    let window = crate::harness::phases::uplink_window(s.duration, s.ramp, s.settle)?;
 
     eprintln!("onem2m: phase 1, plain pipelined HTTP client → ACME ({window:?})");
     let acme = tokio::task::spawn_blocking(Acme::start).await??;

@@ -108,10 +108,7 @@ inflight = 1024\nforward = [\"#\"]\n",
 }
 
 async fn run_one(s: &SiteScenario, cluster: &KafkaCluster, n: u32) -> anyhow::Result<SiteRun> {
-    let window = s
-        .duration
-        .checked_sub(s.ramp + s.settle + Duration::from_secs(2))
-        .context("--duration must exceed ramp + settle + 2 s")?;
+    let window = crate::harness::phases::uplink_window(s.duration, s.ramp, s.settle)?;
     let topic = format!("site{n}");
     create_topic(cluster, &topic)?;
     let mut gws = Vec::new();
