@@ -12,11 +12,12 @@
 //! Invariants: each sink that takes a message takes its own share of the device's
 //! [`AckToken`]; the router completes its own share after asking every sink, so the device
 //! is answered once every sink is done. What is worked out once per message (its priority,
-//! the spool record body) is worked out on first need and shared by every sink ([`Offer`]).
+//! the spool record body, its user properties) is worked out on first need and shared by every sink ([`Offer`]).
 
 use std::cell::{Cell, OnceCell};
 use std::rc::Rc;
 
+use bytestring::ByteString;
 use sluice_proto::mqtt::QoS;
 
 use super::spool::{Appended, UplinkSpool};
@@ -69,6 +70,8 @@ pub struct Offer<'m> {
     priority: Cell<Option<Priority>>,
     /// The spool record body, encoded once for all sinks (`None` inside: not encodable).
     spool_body: OnceCell<Option<Vec<u8>>>,
+    /// The device's MQTT 5 User Properties, copied once into a shared slice for all sinks.
+    user_properties: OnceCell<Option<std::sync::Arc<[(ByteString, ByteString)]>>>,
 }
 
 impl<'m> Offer<'m> {
@@ -85,6 +88,7 @@ impl<'m> Offer<'m> {
             counters,
             priority: Cell::new(None),
             spool_body: OnceCell::new(),
+            user_properties: OnceCell::new(),
         }
     }
 
@@ -106,6 +110,18 @@ impl<'m> Offer<'m> {
         } else {
             QoS::AtLeastOnce
         }
+    }
+
+    fn user_properties(&self) -> Option<std::sync::Arc<[(ByteString, ByteString)]>> {
+        self.user_properties
+            .get_or_init(|| {
+                self.msg
+                    .properties
+                    .as_ref()
+                    .filter(|p| !p.user_properties.is_empty())
+                    .map(|p| std::sync::Arc::from(p.user_properties.as_slice()))
+            })
+            .clone()
     }
 
     fn spool_body(&self) -> &Option<Vec<u8>> {
@@ -170,11 +186,7 @@ impl Sink {
             received_at: msg.received_at,
             ack: msg.ack.as_ref().map(AckToken::share),
             content_type: msg.properties.as_ref().and_then(|p| p.content_type.clone()),
-            user_properties: msg
-                .properties
-                .as_ref()
-                .filter(|p| !p.user_properties.is_empty())
-                .map(|p| std::sync::Arc::from(p.user_properties.as_slice())),
+            user_properties: offer.user_properties(),
             stored: None,
         };
         offer.counters.forwarded();
