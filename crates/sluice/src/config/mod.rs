@@ -312,6 +312,15 @@ impl Config {
     }
 }
 
+/// The machine's host name (from /proc), else `sluice`.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "sluice".to_owned())
+}
+
 /// `[gateway]`: threads and memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -360,16 +369,9 @@ impl GatewayConfig {
     /// Longest `name`, in bytes.
     pub const MAX_NAME: usize = 64;
 
-    /// `name`, else the host name (from /proc), else `sluice`.
+    /// `name`, else [`host_name`].
     pub fn effective_name(&self) -> String {
-        if let Some(n) = &self.name {
-            return n.clone();
-        }
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "sluice".to_owned())
+        self.name.clone().unwrap_or_else(host_name)
     }
 
     /// The number of shards to run: `shards`, or for 0 [`Self::auto_shards`] of the

@@ -164,7 +164,9 @@ impl FunctionTransport {
             window: (cfg.max_in_flight() * 2).max(2),
             cfg,
             handle,
-            gateway: gateway_name(),
+            // `ce-source`'s gateway: the host name (not `[gateway] name`, which changes
+            // nothing the cloud receives).
+            gateway: crate::config::host_name(),
             host,
             uri,
             target_remote,
@@ -568,15 +570,6 @@ async fn exchange(
         pool.borrow_mut().put(instance, conn);
     }
     Ok(answer)
-}
-
-/// The gateway's name in `ce-source`: the host name (from /proc), else `sluice`.
-fn gateway_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "sluice".to_owned())
 }
 
 impl Transport for FunctionTransport {
