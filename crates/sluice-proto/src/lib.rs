@@ -14,4 +14,5 @@ pub mod coap;
 pub mod mqtt;
 pub mod phd;
 pub mod senml;
+pub mod uri;
 pub mod websocket;

@@ -603,21 +603,9 @@ fn devices(source: &dyn AdminSource, query: Option<&str>) -> Response<AdminBody>
     }
 }
 
-/// `%XX` and `+` decoded; `None` for a bad escape or bytes that are not UTF-8.
+/// `%XX` decoded (RFC 3986); `None` for a bad escape or bytes that are not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'%' => {
-                let hex = [bytes.next()?, bytes.next()?];
-                out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-    }
-    String::from_utf8(out).ok()
+    String::from_utf8(sluice_proto::uri::percent_decode(s)?).ok()
 }
 
 fn text(status: StatusCode, body: String) -> Response<AdminBody> {

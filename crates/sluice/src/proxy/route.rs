@@ -230,21 +230,9 @@ fn split_authority(authority: &str) -> Result<(&str, Option<u16>), Code> {
 }
 
 fn percent_decode(s: &str) -> Result<Bytes, Code> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3).ok_or(Code::BAD_OPTION)?;
-            let hex = std::str::from_utf8(hex).map_err(|_| Code::BAD_OPTION)?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| Code::BAD_OPTION)?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Ok(Bytes::from(out))
+    sluice_proto::uri::percent_decode(s)
+        .map(Bytes::from)
+        .ok_or(Code::BAD_OPTION)
 }
 
 #[cfg(test)]
