@@ -21,11 +21,12 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::process::SluiceProcess;
 use common::{metric_sum, Cloud};
 use sluice::top::Target;
 use sluice_proto::mqtt::{ProtocolVersion, QoS};
@@ -36,18 +37,17 @@ const GATEWAYS: usize = 3;
 const LOAD_DEVICES: usize = 24;
 const CMD_DEVICES: usize = 6;
 
-/// One `sluice run` child.
+/// One gateway of the site: a `sluice run` child and its addresses.
 struct GatewayProc {
     name: String,
-    config: PathBuf,
     spool: PathBuf,
     mqtt: SocketAddr,
     admin: SocketAddr,
-    child: Option<Child>,
+    process: SluiceProcess,
 }
 
 impl GatewayProc {
-    fn spawn(dir: &Path, i: usize, bootstrap: &str, cloud: &Cloud) -> GatewayProc {
+    async fn spawn(dir: &Path, i: usize, bootstrap: &str, cloud: &Cloud) -> GatewayProc {
         let name = format!("gw-{i}");
         let mqtt: SocketAddr = format!("127.0.0.1:{}", sluice_testkit::free_port().unwrap())
             .parse()
@@ -68,53 +68,28 @@ allow_plaintext = true\ntopic = \"site\"\nforward = [\"site/#\"]\nreconnect_min 
         );
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, text).unwrap();
+        let logs = dir.join(&name);
+        std::fs::create_dir_all(&logs).unwrap();
+        let process = SluiceProcess::new(&config, &logs);
         let mut g = GatewayProc {
             name,
-            config,
             spool,
             mqtt,
             admin,
-            child: None,
+            process,
         };
-        g.start();
+        g.start().await;
         g
     }
 
-    fn start(&mut self) {
-        let log = std::fs::File::create(self.config.with_extension("log")).unwrap();
-        let child = Command::new(SLUICE)
-            .args(["run", "-c"])
-            .arg(&self.config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn sluice run");
-        self.child = Some(child);
-        sluice_testkit::wait_for_port_blocking(self.mqtt, Duration::from_secs(20))
-            .unwrap_or_else(|e| panic!("{} did not listen: {e}\n{}", self.name, self.log()));
-        sluice_testkit::wait_for_port_blocking(self.admin, Duration::from_secs(20)).unwrap();
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.config.with_extension("log")).unwrap_or_default()
+    async fn start(&mut self) {
+        self.process.start();
+        self.process.wait_accepting(self.mqtt).await;
+        self.process.wait_accepting(self.admin).await;
     }
 
     fn target(&self) -> Target {
         Target::new(&format!("http://{}", self.admin), None, None).unwrap()
-    }
-}
-
-impl Drop for GatewayProc {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -286,9 +261,10 @@ async fn a_site_of_three_gateways_behind_haproxy_survives_losing_one() {
     kafka.create_topic("site", 3);
     let cloud = Cloud::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut gws: Vec<GatewayProc> = (0..GATEWAYS)
-        .map(|i| GatewayProc::spawn(dir.path(), i, &kafka.bootstrap, &cloud))
-        .collect();
+    let mut gws = Vec::new();
+    for i in 0..GATEWAYS {
+        gws.push(GatewayProc::spawn(dir.path(), i, &kafka.bootstrap, &cloud).await);
+    }
     let backends: Vec<SocketAddr> = gws.iter().map(|g| g.mqtt).collect();
     let haproxy = Haproxy::start(&backends)
         .unwrap()
@@ -355,7 +331,7 @@ async fn a_site_of_three_gateways_behind_haproxy_survives_losing_one() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let acks_at_kill = acks.load(Ordering::Relaxed);
     let killed_at = Instant::now();
-    gws[victim].kill();
+    gws[victim].process.kill_9();
     println!(
         "killed {} holding {} devices",
         gws[victim].name,
@@ -424,7 +400,7 @@ async fn a_site_of_three_gateways_behind_haproxy_survives_losing_one() {
     // Restarted under load, it drains its own spool. HAProxy sends it no device (they all
     // stay connected where they are), so every record it sends is backlog.
     let restarted = Instant::now();
-    gws[victim].start();
+    gws[victim].start().await;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let m = metrics(&gws[victim]).await;
@@ -441,7 +417,7 @@ async fn a_site_of_three_gateways_behind_haproxy_survives_losing_one() {
         assert!(
             Instant::now() < deadline,
             "the restarted gateway did not drain its spool: acked {sent}, unacked {left}\n{}",
-            gws[victim].log()
+            gws[victim].process.stderr_tail()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -16,10 +16,11 @@
 //! No timing assertions; the whole test is bounded (well under a minute when healthy) and
 //! every child process is killed by a guard, also on panic.
 
+mod common;
+
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,6 +31,8 @@ use rand::{Rng, SeedableRng};
 use sluice_proto::mqtt::{Packet, Publish, QoS};
 use sluice_testkit::{ConnectOpts, Mosquitto, TestClient, TestPki};
 
+use common::process::SluiceProcess;
+
 const DEVICES: u32 = 16;
 /// QoS 1 PUBLISHes a device keeps unacknowledged at most.
 const WINDOW: usize = 4;
@@ -38,8 +41,6 @@ const KILLS: u32 = 24;
 const LIFETIME_MS: std::ops::Range<u64> = 150..600;
 /// After the load stops: the longest wait for every acknowledged message at the cloud.
 const DRAIN_MAX: Duration = Duration::from_secs(30);
-/// Longest wait for a restarted sluice to accept device connections.
-const START_MAX: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_message_reaches_the_cloud_across_repeated_kill_9() {
@@ -236,93 +237,6 @@ fn is_tmpfs(dir: &Path) -> bool {
         .filter(|(mount, _)| dir.starts_with(mount))
         .max_by_key(|(mount, _)| mount.as_os_str().len())
         .is_some_and(|(_, fs)| fs == "tmpfs")
-}
-
-/// The sluice child process; dropping it kills it (also when the test panics).
-struct SluiceProcess {
-    config: PathBuf,
-    stderr_path: PathBuf,
-    child: Option<Child>,
-    kills: u32,
-}
-
-impl SluiceProcess {
-    fn new(config: &Path, dir: &Path) -> SluiceProcess {
-        SluiceProcess {
-            config: config.to_path_buf(),
-            stderr_path: dir.join("sluice.stderr"),
-            child: None,
-            kills: 0,
-        }
-    }
-
-    fn start(&mut self) {
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.stderr_path)
-            .expect("open sluice's stderr file");
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("run")
-            .arg("-c")
-            .arg(&self.config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn sluice");
-        self.child = Some(child);
-    }
-
-    /// SIGKILL and reap.
-    fn kill_9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL sluice");
-            child.wait().expect("reap sluice");
-            self.kills += 1;
-        }
-    }
-
-    /// Wait until the device port accepts connections; fail if sluice exited.
-    async fn wait_accepting(&mut self, addr: SocketAddr) {
-        let deadline = Instant::now() + START_MAX;
-        loop {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                return;
-            }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "sluice exited ({status}) after {} kills; stderr:\n{}",
-                        self.kills,
-                        self.stderr_tail()
-                    );
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sluice did not accept connections within {START_MAX:?} after {} kills; stderr:\n{}",
-                self.kills,
-                self.stderr_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    fn stderr_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for SluiceProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// One device: publishes `"{device}:{seq}:"` plus filler on `crash/{device}` with up to

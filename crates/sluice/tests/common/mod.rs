@@ -6,6 +6,7 @@
 pub mod coap;
 pub mod fault_broker;
 pub mod packets;
+pub mod process;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
