@@ -54,6 +54,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
+use bytestring::ByteString;
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
@@ -159,13 +160,17 @@ pub struct KafkaTransport {
     next_id: u64,
     ready_bytes: usize,
     scratch: Box<[u8]>,
+    /// `topic` has no `{topic}`: every message goes to the same Kafka topic.
+    fixed_topic: bool,
+    /// The template's last rendering (local topic, Kafka topic), so a run of messages on one
+    /// topic (or any message, with a fixed topic) renders and checks it once.
+    last_topic: Option<(ByteString, Arc<str>)>,
 }
 
 impl KafkaTransport {
     pub fn new(params: KafkaParams) -> KafkaTransport {
         KafkaTransport {
             client_id: StrBytes::from_string(params.client_id.clone()),
-            params,
             control: Conn::default(),
             brokers: HashMap::new(),
             topics: HashMap::new(),
@@ -178,7 +183,22 @@ impl KafkaTransport {
             next_id: 0,
             ready_bytes: 0,
             scratch: vec![0; 16 * 1024].into_boxed_slice(),
+            fixed_topic: !params.topic.contains("{topic}"),
+            last_topic: None,
+            params,
         }
+    }
+
+    /// [`Self::topic_for`] of `local`, rendered again only when it differs from the last.
+    fn kafka_topic(&mut self, local: &ByteString) -> Result<Arc<str>, Unsendable> {
+        if let Some((last, topic)) = &self.last_topic {
+            if self.fixed_topic || last == local {
+                return Ok(topic.clone());
+            }
+        }
+        let topic: Arc<str> = Arc::from(Self::topic_for(&self.params.topic, local)?);
+        self.last_topic = Some((local.clone(), topic.clone()));
+        Ok(topic)
     }
 
     /// The topic a message goes to: the template rendered, checked against Kafka's rules.
@@ -442,7 +462,7 @@ impl Transport for KafkaTransport {
                 ))
             }
         };
-        let topic: Arc<str> = Arc::from(Self::topic_for(&self.params.topic, &msg.topic)?);
+        let topic = self.kafka_topic(&msg.topic)?;
         self.next_id += 1;
         let id = SendId(self.next_id);
         let mut headers = IndexMap::new();
@@ -634,5 +654,33 @@ mod tests {
             );
         }
         assert!(KafkaTransport::topic_for("{topic}", &"x".repeat(250)).is_err());
+    }
+
+    #[test]
+    fn the_rendered_topic_is_reused_while_it_cannot_differ() {
+        let transport = |topic: &str| {
+            KafkaTransport::new(KafkaParams {
+                brokers: vec!["127.0.0.1:9092".into()],
+                topic: topic.into(),
+                compression: kafka_protocol::records::Compression::None,
+                tls: None,
+                server_name: None,
+                client_id: "t".into(),
+                request_timeout: Duration::from_secs(1),
+                window: 1,
+                sasl: None,
+            })
+        };
+        let mut fixed = transport("iot");
+        let a = fixed.kafka_topic(&"a/b".into()).unwrap();
+        let b = fixed.kafka_topic(&"c/d".into()).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "a fixed topic is rendered once");
+        let mut per_topic = transport("{topic}");
+        let a = per_topic.kafka_topic(&"a/b".into()).unwrap();
+        let again = per_topic.kafka_topic(&"a/b".into()).unwrap();
+        assert!(Arc::ptr_eq(&a, &again));
+        assert_eq!(&*per_topic.kafka_topic(&"c/d".into()).unwrap(), "c.d");
+        assert!(per_topic.kafka_topic(&"bad topic".into()).is_err());
+        assert_eq!(&*per_topic.kafka_topic(&"a/b".into()).unwrap(), "a.b");
     }
 }
